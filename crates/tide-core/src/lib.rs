@@ -1,0 +1,20 @@
+//! Server-independent core of pg_tide: everything that can be specified and
+//! tested without PostgreSQL.
+//!
+//! * [`lsn`]: WAL positions and their `X/Y` text form.
+//! * [`wire`]: the versioned binary format between the output plugin and the
+//!   worker (documented in `docs/wire-format.md`).
+//! * [`json`]: rendering decoded rows as JSON for the outbox, exactly
+//!   rebuildable with `jsonb_populate_record`.
+//! * [`reconcile`]: the DBLog watermark reconciler merging backfill chunks
+//!   into the change stream.
+//!
+//! The crate uses only `std`, never panics while decoding untrusted input,
+//! and does no I/O.
+
+pub mod json;
+pub mod lsn;
+pub mod reconcile;
+pub mod wire;
+
+pub use lsn::Lsn;

@@ -1,0 +1,1048 @@
+//! The binary format between the output plugin and the worker.
+//!
+//! Owns the version-1 encoding of one logical-decoding message (see
+//! `docs/wire-format.md`, which this module implements). Guarantees:
+//!
+//! * the `put_*` functions are the only encoder; [`encode`] is built from
+//!   them, so a plugin writing piecewise produces exactly what [`encode`]
+//!   would, and the round-trip tests cover both;
+//! * [`decode`] is zero-copy (strings and values borrow the input), never
+//!   panics on any input, rejects invalid UTF-8, unknown tags or kinds, short
+//!   input and trailing bytes, and checks every length and count against
+//!   the remaining input before allocating anything sized by it.
+
+use crate::lsn::Lsn;
+use std::fmt;
+
+/// The format version implemented here; the plugin option `proto_version`
+/// must be exactly this number.
+pub const PROTO_VERSION: u32 = 1;
+
+/// [`Column::flags`] bit: the column is part of the replica-identity key.
+pub const COLUMN_KEY: u8 = 0x01;
+/// [`Message::Truncate`] flags bit: `TRUNCATE ... CASCADE`.
+pub const TRUNCATE_CASCADE: u8 = 0x01;
+/// [`Message::Truncate`] flags bit: `TRUNCATE ... RESTART IDENTITY`.
+pub const TRUNCATE_RESTART_IDENTITY: u8 = 0x02;
+
+const TAG_BEGIN: u8 = b'B';
+const TAG_COMMIT: u8 = b'C';
+const TAG_RELATION: u8 = b'R';
+const TAG_INSERT: u8 = b'I';
+const TAG_UPDATE: u8 = b'U';
+const TAG_DELETE: u8 = b'D';
+const TAG_TRUNCATE: u8 = b'T';
+const TAG_SIGNAL: u8 = b'M';
+const TAG_KEEPALIVE: u8 = b'K';
+const KIND_NULL: u8 = b'n';
+const KIND_UNCHANGED: u8 = b'u';
+const KIND_TEXT: u8 = b't';
+
+/// Smallest encoding of one column description (empty name).
+const MIN_COLUMN_LEN: usize = 4 + 4 + 4 + 1;
+/// Smallest encoding of one tuple value (a kind byte).
+const MIN_VALUE_LEN: usize = 1;
+
+/// One decoded logical-decoding message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Message<'a> {
+    /// Start of a committed transaction.
+    Begin {
+        /// Transaction id.
+        xid: u32,
+        /// LSN of the transaction's commit record.
+        final_lsn: Lsn,
+        /// Commit time, microseconds since 2000-01-01 00:00 UTC (`TimestampTz`).
+        commit_time: i64,
+    },
+    /// End of the transaction opened by the preceding [`Message::Begin`].
+    Commit {
+        /// Transaction id.
+        xid: u32,
+        /// LSN of the commit record.
+        commit_lsn: Lsn,
+        /// LSN just past the commit record.
+        end_lsn: Lsn,
+        /// Commit time, microseconds since 2000-01-01 00:00 UTC (`TimestampTz`).
+        commit_time: i64,
+    },
+    /// Description of a relation; replaces any earlier one for `relid`.
+    Relation {
+        /// Relation OID.
+        relid: u32,
+        /// Schema name.
+        namespace: &'a str,
+        /// Relation name.
+        name: &'a str,
+        /// The columns every tuple of this relation carries, in order.
+        columns: Vec<Column<'a>>,
+    },
+    /// A row was inserted.
+    Insert {
+        /// Relation OID.
+        relid: u32,
+        /// The new row.
+        new: Tuple<'a>,
+    },
+    /// A row was updated.
+    Update {
+        /// Relation OID.
+        relid: u32,
+        /// The old key (or whole old row under `REPLICA IDENTITY FULL`);
+        /// present only if the server logged it: the key changed, a key
+        /// column is stored out of line, or the identity is full. Take the
+        /// key from here when present (the new tuple may then have
+        /// [`Value::Unchanged`] in a key column).
+        old_key: Option<Tuple<'a>>,
+        /// The new row.
+        new: Tuple<'a>,
+    },
+    /// A row was deleted.
+    Delete {
+        /// Relation OID.
+        relid: u32,
+        /// The old key (or whole old row under `REPLICA IDENTITY FULL`).
+        old_key: Tuple<'a>,
+    },
+    /// One `TRUNCATE` statement.
+    Truncate {
+        /// [`TRUNCATE_CASCADE`] | [`TRUNCATE_RESTART_IDENTITY`].
+        flags: u8,
+        /// OIDs of all truncated relations.
+        relids: Vec<u32>,
+    },
+    /// The body of a transactional logical message with prefix `pg_tide`
+    /// (`pg_logical_emit_message(true, 'pg_tide', ...)`), at its position in
+    /// its transaction. pg_tide's control markers (add_table, remove_table).
+    Signal {
+        /// The message body, uninterpreted.
+        body: &'a [u8],
+    },
+    /// Outside any transaction: every transaction that committed before
+    /// `end_lsn` has been decoded and had nothing to emit. The reader may
+    /// advance its slot to `end_lsn` once everything before it is applied.
+    Keepalive {
+        /// End of the last skipped transaction's commit record.
+        end_lsn: Lsn,
+    },
+}
+
+/// One column of a [`Message::Relation`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Column<'a> {
+    /// Column name.
+    pub name: &'a str,
+    /// Type OID (`pg_attribute.atttypid`).
+    pub type_oid: u32,
+    /// Type modifier (`pg_attribute.atttypmod`, -1 if none).
+    pub typmod: i32,
+    /// Bit set; see [`COLUMN_KEY`].
+    pub flags: u8,
+}
+
+/// A row image: one value per column of the relation's latest description.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tuple<'a> {
+    /// The values, in column order.
+    pub values: Vec<Value<'a>>,
+}
+
+/// One column value of a [`Tuple`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Value<'a> {
+    /// SQL NULL.
+    Null,
+    /// An unchanged out-of-line (TOAST) value that was not sent.
+    Unchanged,
+    /// The type's text output.
+    Text(&'a str),
+}
+
+// ---------------------------------------------------------------- encoding
+
+fn put_u8(buf: &mut Vec<u8>, v: u8) {
+    buf.push(v);
+}
+fn put_u16(buf: &mut Vec<u8>, v: u16) {
+    buf.extend_from_slice(&v.to_be_bytes());
+}
+fn put_u32(buf: &mut Vec<u8>, v: u32) {
+    buf.extend_from_slice(&v.to_be_bytes());
+}
+fn put_u64(buf: &mut Vec<u8>, v: u64) {
+    buf.extend_from_slice(&v.to_be_bytes());
+}
+
+/// Writes a u32 length and the bytes.
+///
+/// Panics if `b` is longer than `u32::MAX`: PostgreSQL limits any datum to
+/// 1 GB and names to 63 bytes, so a longer input is a caller bug, not data.
+fn put_bytes(buf: &mut Vec<u8>, b: &[u8]) {
+    let len = u32::try_from(b.len()).expect("wire: field longer than u32::MAX bytes");
+    put_u32(buf, len);
+    buf.extend_from_slice(b);
+}
+
+/// Writes a [`Message::Begin`].
+pub fn put_begin(buf: &mut Vec<u8>, xid: u32, final_lsn: Lsn, commit_time: i64) {
+    put_u8(buf, TAG_BEGIN);
+    put_u32(buf, xid);
+    put_u64(buf, final_lsn.0);
+    buf.extend_from_slice(&commit_time.to_be_bytes());
+}
+
+/// Writes a [`Message::Commit`].
+pub fn put_commit(buf: &mut Vec<u8>, xid: u32, commit_lsn: Lsn, end_lsn: Lsn, commit_time: i64) {
+    put_u8(buf, TAG_COMMIT);
+    put_u32(buf, xid);
+    put_u64(buf, commit_lsn.0);
+    put_u64(buf, end_lsn.0);
+    buf.extend_from_slice(&commit_time.to_be_bytes());
+}
+
+/// Starts a [`Message::Relation`]; exactly `ncols` [`put_column`] calls must follow.
+///
+/// # Panics
+/// If a name is longer than `u32::MAX` bytes (PostgreSQL names are at most 63).
+pub fn put_relation_header(buf: &mut Vec<u8>, relid: u32, namespace: &str, name: &str, ncols: u16) {
+    put_u8(buf, TAG_RELATION);
+    put_u32(buf, relid);
+    put_bytes(buf, namespace.as_bytes());
+    put_bytes(buf, name.as_bytes());
+    put_u16(buf, ncols);
+}
+
+/// Writes one column description of a [`Message::Relation`].
+///
+/// # Panics
+/// If `name` is longer than `u32::MAX` bytes.
+pub fn put_column(buf: &mut Vec<u8>, name: &str, type_oid: u32, typmod: i32, flags: u8) {
+    put_bytes(buf, name.as_bytes());
+    put_u32(buf, type_oid);
+    buf.extend_from_slice(&typmod.to_be_bytes());
+    put_u8(buf, flags);
+}
+
+/// Starts a [`Message::Insert`]; the new tuple must follow.
+pub fn put_insert_header(buf: &mut Vec<u8>, relid: u32) {
+    put_u8(buf, TAG_INSERT);
+    put_u32(buf, relid);
+}
+
+/// Starts a [`Message::Update`]; the old-key tuple follows if `has_old_key`,
+/// then the new tuple.
+pub fn put_update_header(buf: &mut Vec<u8>, relid: u32, has_old_key: bool) {
+    put_u8(buf, TAG_UPDATE);
+    put_u32(buf, relid);
+    put_u8(buf, u8::from(has_old_key));
+}
+
+/// Starts a [`Message::Delete`]; the old-key tuple must follow.
+pub fn put_delete_header(buf: &mut Vec<u8>, relid: u32) {
+    put_u8(buf, TAG_DELETE);
+    put_u32(buf, relid);
+}
+
+/// Writes a [`Message::Truncate`].
+///
+/// # Panics
+/// If `relids` has more than `u32::MAX` entries.
+pub fn put_truncate(buf: &mut Vec<u8>, flags: u8, relids: &[u32]) {
+    put_u8(buf, TAG_TRUNCATE);
+    put_u8(buf, flags);
+    let n = u32::try_from(relids.len()).expect("wire: more than u32::MAX truncated relations");
+    put_u32(buf, n);
+    for &r in relids {
+        put_u32(buf, r);
+    }
+}
+
+/// Writes a [`Message::Signal`].
+///
+/// # Panics
+/// If `body` is longer than `u32::MAX` bytes.
+pub fn put_signal(buf: &mut Vec<u8>, body: &[u8]) {
+    put_u8(buf, TAG_SIGNAL);
+    put_bytes(buf, body);
+}
+
+/// Writes a [`Message::Keepalive`].
+pub fn put_keepalive(buf: &mut Vec<u8>, end_lsn: Lsn) {
+    put_u8(buf, TAG_KEEPALIVE);
+    put_u64(buf, end_lsn.0);
+}
+
+/// Starts a tuple; exactly `ncols` values ([`put_null`], [`put_unchanged`],
+/// [`put_text`]) must follow.
+pub fn put_tuple_header(buf: &mut Vec<u8>, ncols: u16) {
+    put_u16(buf, ncols);
+}
+
+/// Writes a NULL tuple value.
+pub fn put_null(buf: &mut Vec<u8>) {
+    put_u8(buf, KIND_NULL);
+}
+
+/// Writes an unchanged-TOAST tuple value (the value itself is not sent).
+pub fn put_unchanged(buf: &mut Vec<u8>) {
+    put_u8(buf, KIND_UNCHANGED);
+}
+
+/// Writes a text tuple value: the type output function's bytes, which must
+/// be UTF-8 for the reader to accept the message.
+///
+/// # Panics
+/// If `text` is longer than `u32::MAX` bytes (a datum is at most 1 GB).
+pub fn put_text(buf: &mut Vec<u8>, text: &[u8]) {
+    put_u8(buf, KIND_TEXT);
+    put_bytes(buf, text);
+}
+
+fn put_tuple(buf: &mut Vec<u8>, t: &Tuple<'_>) {
+    put_tuple_header(buf, count_u16(t.values.len()));
+    for v in &t.values {
+        match v {
+            Value::Null => put_null(buf),
+            Value::Unchanged => put_unchanged(buf),
+            Value::Text(s) => put_text(buf, s.as_bytes()),
+        }
+    }
+}
+
+/// Column counts are u16 on the wire; PostgreSQL allows at most 1664.
+fn count_u16(n: usize) -> u16 {
+    u16::try_from(n).expect("wire: more than u16::MAX columns")
+}
+
+/// Appends the encoding of `msg` to `buf`, using the `put_*` functions.
+///
+/// # Panics
+/// If the message cannot be represented: more than `u16::MAX` columns in a
+/// relation or tuple, or a string or value longer than `u32::MAX` bytes.
+/// Neither can come from PostgreSQL.
+pub fn encode(msg: &Message<'_>, buf: &mut Vec<u8>) {
+    match msg {
+        Message::Begin {
+            xid,
+            final_lsn,
+            commit_time,
+        } => put_begin(buf, *xid, *final_lsn, *commit_time),
+        Message::Commit {
+            xid,
+            commit_lsn,
+            end_lsn,
+            commit_time,
+        } => put_commit(buf, *xid, *commit_lsn, *end_lsn, *commit_time),
+        Message::Relation {
+            relid,
+            namespace,
+            name,
+            columns,
+        } => {
+            put_relation_header(buf, *relid, namespace, name, count_u16(columns.len()));
+            for c in columns {
+                put_column(buf, c.name, c.type_oid, c.typmod, c.flags);
+            }
+        }
+        Message::Insert { relid, new } => {
+            put_insert_header(buf, *relid);
+            put_tuple(buf, new);
+        }
+        Message::Update {
+            relid,
+            old_key,
+            new,
+        } => {
+            put_update_header(buf, *relid, old_key.is_some());
+            if let Some(old) = old_key {
+                put_tuple(buf, old);
+            }
+            put_tuple(buf, new);
+        }
+        Message::Delete { relid, old_key } => {
+            put_delete_header(buf, *relid);
+            put_tuple(buf, old_key);
+        }
+        Message::Truncate { flags, relids } => put_truncate(buf, *flags, relids),
+        Message::Signal { body } => put_signal(buf, body),
+        Message::Keepalive { end_lsn } => put_keepalive(buf, *end_lsn),
+    }
+}
+
+// ---------------------------------------------------------------- decoding
+
+/// Why a buffer is not a valid message. Offsets are from the buffer start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    /// The input ended (or a length or count exceeds what is left) where
+    /// `needed` bytes of `expected` had to start at `offset`.
+    Truncated {
+        /// What was being read.
+        expected: &'static str,
+        /// Where it starts.
+        offset: usize,
+        /// Bytes it needs (at least).
+        needed: usize,
+        /// Bytes left at `offset`.
+        available: usize,
+    },
+    /// The first byte is not a message tag.
+    UnknownTag {
+        /// The byte found.
+        tag: u8,
+    },
+    /// A tuple value's kind byte is not `n`, `u` or `t`.
+    UnknownValueKind {
+        /// The byte found.
+        kind: u8,
+        /// Its offset.
+        offset: usize,
+    },
+    /// The old-key presence byte of an update is not 0 or 1.
+    InvalidOldKeyFlag {
+        /// The byte found.
+        value: u8,
+        /// Its offset.
+        offset: usize,
+    },
+    /// A string or text value is not valid UTF-8.
+    InvalidUtf8 {
+        /// Which field.
+        expected: &'static str,
+        /// Offset of the field's first byte (after its length).
+        offset: usize,
+    },
+    /// Bytes remain after a complete message.
+    TrailingBytes {
+        /// Where the message ended.
+        offset: usize,
+        /// How many bytes follow it.
+        count: usize,
+    },
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DecodeError::Truncated { expected, offset, needed, available } => write!(
+                f,
+                "expected {expected} ({needed} bytes) at offset {offset}, only {available} bytes left"
+            ),
+            DecodeError::UnknownTag { tag } => {
+                write!(f, "expected a message tag at offset 0, found byte 0x{tag:02X}")
+            }
+            DecodeError::UnknownValueKind { kind, offset } => write!(
+                f,
+                "expected a value kind (n, u or t) at offset {offset}, found byte 0x{kind:02X}"
+            ),
+            DecodeError::InvalidOldKeyFlag { value, offset } => write!(
+                f,
+                "expected old-key flag 0 or 1 at offset {offset}, found {value}"
+            ),
+            DecodeError::InvalidUtf8 { expected, offset } => {
+                write!(f, "expected UTF-8 {expected} at offset {offset}, found invalid bytes")
+            }
+            DecodeError::TrailingBytes { offset, count } => write!(
+                f,
+                "expected end of message at offset {offset}, found {count} more bytes"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+/// Cursor over the input; every read is bounds-checked.
+struct Reader<'a> {
+    rest: &'a [u8],
+    offset: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn truncated(&self, expected: &'static str, needed: usize) -> DecodeError {
+        DecodeError::Truncated {
+            expected,
+            offset: self.offset,
+            needed,
+            available: self.rest.len(),
+        }
+    }
+
+    fn take(&mut self, n: usize, expected: &'static str) -> Result<&'a [u8], DecodeError> {
+        let (head, tail) = self
+            .rest
+            .split_at_checked(n)
+            .ok_or_else(|| self.truncated(expected, n))?;
+        self.rest = tail;
+        self.offset += n;
+        Ok(head)
+    }
+
+    fn array<const N: usize>(&mut self, expected: &'static str) -> Result<[u8; N], DecodeError> {
+        let (head, tail) = self
+            .rest
+            .split_first_chunk::<N>()
+            .ok_or_else(|| self.truncated(expected, N))?;
+        self.rest = tail;
+        self.offset += N;
+        Ok(*head)
+    }
+
+    fn u8(&mut self, expected: &'static str) -> Result<u8, DecodeError> {
+        self.array(expected).map(u8::from_be_bytes)
+    }
+    fn u16(&mut self, expected: &'static str) -> Result<u16, DecodeError> {
+        self.array(expected).map(u16::from_be_bytes)
+    }
+    fn u32(&mut self, expected: &'static str) -> Result<u32, DecodeError> {
+        self.array(expected).map(u32::from_be_bytes)
+    }
+    fn i32(&mut self, expected: &'static str) -> Result<i32, DecodeError> {
+        self.array(expected).map(i32::from_be_bytes)
+    }
+    fn i64(&mut self, expected: &'static str) -> Result<i64, DecodeError> {
+        self.array(expected).map(i64::from_be_bytes)
+    }
+    fn lsn(&mut self, expected: &'static str) -> Result<Lsn, DecodeError> {
+        self.array(expected).map(|b| Lsn(u64::from_be_bytes(b)))
+    }
+
+    /// A u32 length followed by that many UTF-8 bytes.
+    fn str(&mut self, expected: &'static str) -> Result<&'a str, DecodeError> {
+        let len = self.u32(expected)?;
+        let offset = self.offset;
+        // A u32 always fits in usize on the 32- and 64-bit targets PostgreSQL
+        // supports; saturating keeps a hypothetical 16-bit target panic-free.
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        let bytes = self.take(len, expected)?;
+        std::str::from_utf8(bytes).map_err(|_| DecodeError::InvalidUtf8 { expected, offset })
+    }
+
+    /// Checks that `count` items of at least `min_len` bytes each can fit
+    /// in the rest of the input, so `Vec::with_capacity(count)` is bounded
+    /// by the input size.
+    fn check_count(
+        &self,
+        count: usize,
+        min_len: usize,
+        expected: &'static str,
+    ) -> Result<(), DecodeError> {
+        let needed = count.saturating_mul(min_len);
+        if needed > self.rest.len() {
+            return Err(self.truncated(expected, needed));
+        }
+        Ok(())
+    }
+
+    fn tuple(&mut self) -> Result<Tuple<'a>, DecodeError> {
+        let n = usize::from(self.u16("tuple column count")?);
+        self.check_count(n, MIN_VALUE_LEN, "tuple values")?;
+        let mut values = Vec::with_capacity(n);
+        for _ in 0..n {
+            let offset = self.offset;
+            values.push(match self.u8("value kind")? {
+                KIND_NULL => Value::Null,
+                KIND_UNCHANGED => Value::Unchanged,
+                KIND_TEXT => Value::Text(self.str("text value")?),
+                kind => return Err(DecodeError::UnknownValueKind { kind, offset }),
+            });
+        }
+        Ok(Tuple { values })
+    }
+
+    fn column(&mut self) -> Result<Column<'a>, DecodeError> {
+        Ok(Column {
+            name: self.str("column name")?,
+            type_oid: self.u32("column type oid")?,
+            typmod: self.i32("column typmod")?,
+            flags: self.u8("column flags")?,
+        })
+    }
+
+    fn message(&mut self) -> Result<Message<'a>, DecodeError> {
+        let tag = self.u8("message tag")?;
+        let msg = match tag {
+            TAG_BEGIN => Message::Begin {
+                xid: self.u32("xid")?,
+                final_lsn: self.lsn("final lsn")?,
+                commit_time: self.i64("commit time")?,
+            },
+            TAG_COMMIT => Message::Commit {
+                xid: self.u32("xid")?,
+                commit_lsn: self.lsn("commit lsn")?,
+                end_lsn: self.lsn("end lsn")?,
+                commit_time: self.i64("commit time")?,
+            },
+            TAG_RELATION => {
+                let relid = self.u32("relid")?;
+                let namespace = self.str("namespace")?;
+                let name = self.str("relation name")?;
+                let n = usize::from(self.u16("column count")?);
+                self.check_count(n, MIN_COLUMN_LEN, "columns")?;
+                let mut columns = Vec::with_capacity(n);
+                for _ in 0..n {
+                    columns.push(self.column()?);
+                }
+                Message::Relation {
+                    relid,
+                    namespace,
+                    name,
+                    columns,
+                }
+            }
+            TAG_INSERT => Message::Insert {
+                relid: self.u32("relid")?,
+                new: self.tuple()?,
+            },
+            TAG_UPDATE => {
+                let relid = self.u32("relid")?;
+                let offset = self.offset;
+                let old_key = match self.u8("old-key flag")? {
+                    0 => None,
+                    1 => Some(self.tuple()?),
+                    value => return Err(DecodeError::InvalidOldKeyFlag { value, offset }),
+                };
+                Message::Update {
+                    relid,
+                    old_key,
+                    new: self.tuple()?,
+                }
+            }
+            TAG_DELETE => Message::Delete {
+                relid: self.u32("relid")?,
+                old_key: self.tuple()?,
+            },
+            TAG_TRUNCATE => {
+                let flags = self.u8("truncate flags")?;
+                let count = self.u32("relation count")?;
+                let n = usize::try_from(count).unwrap_or(usize::MAX);
+                self.check_count(n, 4, "truncated relids")?;
+                let mut relids = Vec::with_capacity(n);
+                for _ in 0..n {
+                    relids.push(self.u32("relid")?);
+                }
+                Message::Truncate { flags, relids }
+            }
+            TAG_SIGNAL => {
+                let len = self.u32("signal length")?;
+                let len = usize::try_from(len).unwrap_or(usize::MAX);
+                Message::Signal {
+                    body: self.take(len, "signal body")?,
+                }
+            }
+            TAG_KEEPALIVE => Message::Keepalive {
+                end_lsn: self.lsn("keepalive end lsn")?,
+            },
+            tag => return Err(DecodeError::UnknownTag { tag }),
+        };
+        Ok(msg)
+    }
+}
+
+/// Decodes exactly one message occupying all of `buf`.
+///
+/// # Errors
+/// A [`DecodeError`] naming what was expected and at which offset, if `buf`
+/// is not exactly one well-formed version-1 message.
+pub fn decode(buf: &[u8]) -> Result<Message<'_>, DecodeError> {
+    let mut r = Reader {
+        rest: buf,
+        offset: 0,
+    };
+    let msg = r.message()?;
+    if !r.rest.is_empty() {
+        return Err(DecodeError::TrailingBytes {
+            offset: r.offset,
+            count: r.rest.len(),
+        });
+    }
+    Ok(msg)
+}
+
+/// Fuzzing entry point: decodes `data` and discards the result. Must never
+/// panic, whatever `data` is.
+pub fn fuzz_decode(data: &[u8]) {
+    let _ = decode(data);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn roundtrip(msg: &Message<'_>) -> Vec<u8> {
+        let mut buf = Vec::new();
+        encode(msg, &mut buf);
+        assert_eq!(decode(&buf).as_ref(), Ok(msg));
+        buf
+    }
+
+    fn tuple<'a>(values: &[Value<'a>]) -> Tuple<'a> {
+        Tuple {
+            values: values.to_vec(),
+        }
+    }
+
+    #[test]
+    fn begin_layout() {
+        let buf = roundtrip(&Message::Begin {
+            xid: 0x0102_0304,
+            final_lsn: Lsn(0x0A0B),
+            commit_time: -2,
+        });
+        let mut want = vec![b'B', 1, 2, 3, 4, 0, 0, 0, 0, 0, 0, 0x0A, 0x0B];
+        want.extend_from_slice(&(-2i64).to_be_bytes());
+        assert_eq!(buf, want);
+    }
+
+    #[test]
+    fn commit_layout() {
+        let buf = roundtrip(&Message::Commit {
+            xid: 7,
+            commit_lsn: Lsn(1),
+            end_lsn: Lsn(u64::MAX),
+            commit_time: 760_000_000_000_000,
+        });
+        assert_eq!(buf.len(), 1 + 4 + 8 + 8 + 8);
+        assert_eq!(buf[0], b'C');
+        assert_eq!(&buf[13..21], &[0xFF; 8]);
+    }
+
+    #[test]
+    fn relation_layout() {
+        let buf = roundtrip(&Message::Relation {
+            relid: 16384,
+            namespace: "public",
+            name: "tâble",
+            columns: vec![
+                Column {
+                    name: "id",
+                    type_oid: 23,
+                    typmod: -1,
+                    flags: COLUMN_KEY,
+                },
+                Column {
+                    name: "n",
+                    type_oid: 1700,
+                    typmod: 655366,
+                    flags: 0,
+                },
+            ],
+        });
+        let mut want = vec![b'R', 0, 0, 0x40, 0, 0, 0, 0, 6];
+        want.extend_from_slice(b"public");
+        want.extend_from_slice(&[0, 0, 0, 6]);
+        want.extend_from_slice("tâble".as_bytes());
+        want.extend_from_slice(&[
+            0, 2, 0, 0, 0, 2, b'i', b'd', 0, 0, 0, 23, 0xFF, 0xFF, 0xFF, 0xFF, 1,
+        ]);
+        want.extend_from_slice(&[0, 0, 0, 1, b'n', 0, 0, 0x06, 0xA4, 0, 0x0A, 0, 0x06, 0]);
+        assert_eq!(buf, want);
+    }
+
+    #[test]
+    fn insert_layout() {
+        let buf = roundtrip(&Message::Insert {
+            relid: 1,
+            new: tuple(&[
+                Value::Text("42"),
+                Value::Null,
+                Value::Unchanged,
+                Value::Text(""),
+            ]),
+        });
+        assert_eq!(
+            buf,
+            [b'I', 0, 0, 0, 1, 0, 4, b't', 0, 0, 0, 2, b'4', b'2', b'n', b'u', b't', 0, 0, 0, 0]
+        );
+    }
+
+    #[test]
+    fn update_with_and_without_old_key() {
+        let new = tuple(&[Value::Text("1"), Value::Unchanged]);
+        let buf = roundtrip(&Message::Update {
+            relid: 9,
+            old_key: None,
+            new: new.clone(),
+        });
+        assert_eq!(&buf[..6], &[b'U', 0, 0, 0, 9, 0]);
+        let old = tuple(&[Value::Text("0"), Value::Null]);
+        let buf = roundtrip(&Message::Update {
+            relid: 9,
+            old_key: Some(old),
+            new,
+        });
+        assert_eq!(&buf[..6], &[b'U', 0, 0, 0, 9, 1]);
+    }
+
+    #[test]
+    fn delete_and_empty_tuple() {
+        roundtrip(&Message::Delete {
+            relid: 3,
+            old_key: tuple(&[Value::Text("x"), Value::Null]),
+        });
+        let buf = roundtrip(&Message::Delete {
+            relid: 3,
+            old_key: Tuple::default(),
+        });
+        assert_eq!(buf, [b'D', 0, 0, 0, 3, 0, 0]);
+    }
+
+    #[test]
+    fn truncate_layout() {
+        let buf = roundtrip(&Message::Truncate {
+            flags: TRUNCATE_CASCADE | TRUNCATE_RESTART_IDENTITY,
+            relids: vec![1, 0xFFFF_FFFF],
+        });
+        assert_eq!(
+            buf,
+            [b'T', 3, 0, 0, 0, 2, 0, 0, 0, 1, 0xFF, 0xFF, 0xFF, 0xFF]
+        );
+        roundtrip(&Message::Truncate {
+            flags: 0,
+            relids: vec![],
+        });
+    }
+
+    /// The example in docs/wire-format.md, byte for byte.
+    #[test]
+    fn doc_example() {
+        let mut buf = Vec::new();
+        put_relation_header(&mut buf, 16384, "public", "t", 2);
+        put_column(&mut buf, "id", 23, -1, COLUMN_KEY);
+        put_column(&mut buf, "note", 25, -1, 0);
+        let hex = "52 00004000 00000006 7075626c6963 00000001 74 0002 \
+                   00000002 6964 00000017 FFFFFFFF 01 00000004 6e6f7465 00000019 FFFFFFFF 00";
+        assert_eq!(buf, unhex(hex));
+        buf.clear();
+        put_insert_header(&mut buf, 16384);
+        put_tuple_header(&mut buf, 2);
+        put_text(&mut buf, b"1");
+        put_null(&mut buf);
+        assert_eq!(buf, unhex("49 00004000 0002 74 00000001 31 6E"));
+    }
+
+    fn unhex(s: &str) -> Vec<u8> {
+        let digits: Vec<u8> = s.bytes().filter(u8::is_ascii_hexdigit).collect();
+        digits
+            .chunks(2)
+            .map(|p| u8::from_str_radix(std::str::from_utf8(p).unwrap(), 16).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn errors_say_what_and_where() {
+        assert_eq!(
+            decode(&[]),
+            Err(DecodeError::Truncated {
+                expected: "message tag",
+                offset: 0,
+                needed: 1,
+                available: 0
+            })
+        );
+        assert_eq!(decode(b"X"), Err(DecodeError::UnknownTag { tag: b'X' }));
+        assert_eq!(
+            decode(&[b'I', 0, 0, 0, 1, 0, 1, b'z']),
+            Err(DecodeError::UnknownValueKind {
+                kind: b'z',
+                offset: 7
+            })
+        );
+        assert_eq!(
+            decode(&[b'U', 0, 0, 0, 1, 2]),
+            Err(DecodeError::InvalidOldKeyFlag {
+                value: 2,
+                offset: 5
+            })
+        );
+        assert_eq!(
+            decode(&[b'I', 0, 0, 0, 1, 0, 1, b't', 0, 0, 0, 2, 0xC3, 0x28]),
+            Err(DecodeError::InvalidUtf8 {
+                expected: "text value",
+                offset: 12
+            })
+        );
+        assert_eq!(
+            decode(&[b'D', 0, 0, 0, 1, 0, 0, 0]),
+            Err(DecodeError::TrailingBytes {
+                offset: 7,
+                count: 1
+            })
+        );
+        let e = decode(&[b'B', 0, 0]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "expected xid (4 bytes) at offset 1, only 2 bytes left"
+        );
+    }
+
+    #[test]
+    fn huge_lengths_and_counts_fail_before_allocating() {
+        // A text value claiming 4 GB.
+        let e = decode(&[b'I', 0, 0, 0, 1, 0, 1, b't', 0xFF, 0xFF, 0xFF, 0xFF]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DecodeError::Truncated {
+                    needed: 0xFFFF_FFFF,
+                    available: 0,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        // 4 billion relids in 0 bytes.
+        let e = decode(&[b'T', 0, 0xFF, 0xFF, 0xFF, 0xFF]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DecodeError::Truncated {
+                    expected: "truncated relids",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        // 65535 columns in 0 bytes.
+        let e = decode(&[b'R', 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DecodeError::Truncated {
+                    expected: "columns",
+                    needed: 851_955,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    // --------------------------------------------------------- properties
+
+    /// Strings for generated messages; leaked so that messages can borrow
+    /// them for `'static` (test-only, a few KB per run).
+    fn leaked_str() -> impl Strategy<Value = &'static str> {
+        prop_oneof![
+            any::<String>(),
+            proptest::string::string_regex("[a-z_\"\\\\ \n\u{e9}\u{1F600}]{0,12}").unwrap(),
+        ]
+        .prop_map(|s| &*Box::leak(s.into_boxed_str()))
+    }
+
+    fn value() -> impl Strategy<Value = Value<'static>> {
+        prop_oneof![
+            Just(Value::Null),
+            Just(Value::Unchanged),
+            leaked_str().prop_map(Value::Text)
+        ]
+    }
+
+    fn tuple_s() -> impl Strategy<Value = Tuple<'static>> {
+        prop::collection::vec(value(), 0..8).prop_map(|values| Tuple { values })
+    }
+
+    fn column() -> impl Strategy<Value = Column<'static>> {
+        (leaked_str(), any::<u32>(), any::<i32>(), any::<u8>()).prop_map(
+            |(name, type_oid, typmod, flags)| Column {
+                name,
+                type_oid,
+                typmod,
+                flags,
+            },
+        )
+    }
+
+    fn message() -> impl Strategy<Value = Message<'static>> {
+        prop_oneof![
+            (any::<u32>(), any::<u64>(), any::<i64>()).prop_map(|(xid, l, commit_time)| {
+                Message::Begin {
+                    xid,
+                    final_lsn: Lsn(l),
+                    commit_time,
+                }
+            }),
+            (any::<u32>(), any::<u64>(), any::<u64>(), any::<i64>()).prop_map(
+                |(xid, c, e, commit_time)| {
+                    Message::Commit {
+                        xid,
+                        commit_lsn: Lsn(c),
+                        end_lsn: Lsn(e),
+                        commit_time,
+                    }
+                }
+            ),
+            (
+                any::<u32>(),
+                leaked_str(),
+                leaked_str(),
+                prop::collection::vec(column(), 0..6)
+            )
+                .prop_map(|(relid, namespace, name, columns)| Message::Relation {
+                    relid,
+                    namespace,
+                    name,
+                    columns
+                }),
+            (any::<u32>(), tuple_s()).prop_map(|(relid, new)| Message::Insert { relid, new }),
+            (any::<u32>(), proptest::option::of(tuple_s()), tuple_s()).prop_map(
+                |(relid, old_key, new)| Message::Update {
+                    relid,
+                    old_key,
+                    new
+                }
+            ),
+            (any::<u32>(), tuple_s())
+                .prop_map(|(relid, old_key)| Message::Delete { relid, old_key }),
+            (any::<u8>(), prop::collection::vec(any::<u32>(), 0..6))
+                .prop_map(|(flags, relids)| Message::Truncate { flags, relids }),
+            prop::collection::vec(any::<u8>(), 0..64).prop_map(|b| Message::Signal {
+                body: &*Box::leak(b.into_boxed_slice())
+            }),
+            any::<u64>().prop_map(|l| Message::Keepalive { end_lsn: Lsn(l) }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        #[test]
+        fn encode_decode_is_identity(msg in message()) {
+            let mut buf = Vec::new();
+            encode(&msg, &mut buf);
+            prop_assert_eq!(decode(&buf), Ok(msg));
+        }
+
+        #[test]
+        fn strict_prefixes_are_errors(msg in message()) {
+            let mut buf = Vec::new();
+            encode(&msg, &mut buf);
+            for len in 0..buf.len() {
+                prop_assert!(decode(&buf[..len]).is_err(), "prefix of {} bytes decoded", len);
+            }
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(
+            tag in prop::sample::select(b"BCRIUDTx".to_vec()),
+            mut data in prop::collection::vec(any::<u8>(), 0..64),
+        ) {
+            fuzz_decode(&data);
+            data.insert(0, tag);
+            fuzz_decode(&data);
+        }
+
+        /// Mutations of valid messages reach deep paths random bytes do not.
+        #[test]
+        fn mutated_messages_never_panic(msg in message(), pos: prop::sample::Index, byte: u8) {
+            let mut buf = Vec::new();
+            encode(&msg, &mut buf);
+            if !buf.is_empty() {
+                let i = pos.index(buf.len());
+                buf[i] = byte;
+            }
+            fuzz_decode(&buf);
+        }
+    }
+}

@@ -1,0 +1,781 @@
+//! End-to-end test harness for pg_tide.
+//!
+//! Every e2e suite runs against real scratch PostgreSQL 15 clusters made by
+//! `scripts/cluster.sh` (as the `postgres` OS user, on 127.0.0.1, trust auth).
+//! The pg_tide extension must already be installed into the system PostgreSQL
+//! (`scripts/install.sh`; `scripts/test.sh` does that before running these).
+//!
+//! ```no_run
+//! use pg_test::*;
+//! use std::time::Duration;
+//!
+//! let c = Cluster::builder("my_test").conf("tide.database='postgres'").start();
+//! c.execute("CREATE EXTENSION pg_tide");
+//! c.wait_until("the launcher to appear", Duration::from_secs(30), Duration::from_millis(200), || {
+//!     Ok(c.query_scalar::<i64>("SELECT count(*) FROM pg_stat_activity
+//!                                WHERE backend_type = 'pg_tide launcher'") == 1)
+//! });
+//! let err = c.try_execute("SELECT tide.check()").unwrap_err();
+//! assert_db_error(&err, "55000", Some("wal_level"));
+//! ```
+//!
+//! Clusters get a unique name (`t_<name>_<pid>_<seq>`) so suites may run in
+//! parallel; `scripts/test.sh` runs them with `--test-threads=1`. On drop a
+//! cluster is stopped and removed, except when the test is panicking: then it
+//! is stopped and kept, and the path of its server log is printed.
+
+use std::fmt::Debug;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+pub use postgres;
+pub use postgres::error::{DbError, SqlState};
+pub use postgres::{Client, NoTls, Row};
+
+/// Error type for closures given to [`wait_until`]: `?` works on any error.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// Result type for closures given to [`wait_until`].
+pub type TestResult<T> = Result<T, BoxError>;
+
+/// PostgreSQL 15 binaries (override with `TIDE_PG_BIN`).
+pub fn pg_bin() -> PathBuf {
+    std::env::var_os("TIDE_PG_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/lib/postgresql/15/bin"))
+}
+
+/// The repository root (`pg_test/..`).
+pub fn repo_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .expect("pg_test lives inside the repository")
+        .to_path_buf()
+}
+
+fn cluster_script() -> PathBuf {
+    repo_root().join("scripts").join("cluster.sh")
+}
+
+fn run_cluster_script(args: &[&str]) -> Output {
+    let output = Command::new("bash")
+        .arg(cluster_script())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("could not run scripts/cluster.sh {args:?}: {e}"));
+    output
+}
+
+fn cluster_script_ok(args: &[&str]) -> String {
+    let out = run_cluster_script(args);
+    if !out.status.success() {
+        panic!(
+            "scripts/cluster.sh {} failed ({}):\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Whether the current process is running as the given OS user.
+fn current_user_is(user: &str) -> bool {
+    let out = Command::new("id").arg("-un").output();
+    matches!(out, Ok(o) if String::from_utf8_lossy(&o.stdout).trim() == user)
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// A `Command` that runs `program` as the `postgres` OS user
+/// (directly, via `runuser` as root, else via `sudo -n`).
+pub fn command_as_postgres(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    if current_user_is("postgres") {
+        Command::new(program)
+    } else if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(program);
+        c
+    } else {
+        let mut c = Command::new("sudo");
+        c.args(["-n", "-u", "postgres", "--"]).arg(program);
+        c
+    }
+}
+
+static SEQ: AtomicUsize = AtomicUsize::new(0);
+
+fn unique_name(base: &str) -> String {
+    let clean: String = base
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(24)
+        .collect();
+    format!(
+        "t_{}_{}_{}",
+        clean,
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+/// How to stop a cluster (`pg_ctl -m`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopMode {
+    Fast,
+    Immediate,
+    Smart,
+}
+
+impl StopMode {
+    fn as_str(self) -> &'static str {
+        match self {
+            StopMode::Fast => "fast",
+            StopMode::Immediate => "immediate",
+            StopMode::Smart => "smart",
+        }
+    }
+}
+
+/// Options for a scratch cluster; see [`Cluster::builder`].
+#[derive(Clone, Debug)]
+pub struct ClusterBuilder {
+    base_name: String,
+    preload: bool,
+    wal_level: Option<String>,
+    conf: Vec<String>,
+}
+
+impl ClusterBuilder {
+    /// Leave `shared_preload_libraries` empty (pg_tide is not preloaded).
+    pub fn no_preload(mut self) -> Self {
+        self.preload = false;
+        self
+    }
+
+    /// `wal_level` (default `logical`).
+    pub fn wal_level(mut self, level: &str) -> Self {
+        self.wal_level = Some(level.to_string());
+        self
+    }
+
+    /// One extra `postgresql.conf` line, e.g. `conf("tide.database='x'")`.
+    pub fn conf(mut self, line: &str) -> Self {
+        self.conf.push(line.to_string());
+        self
+    }
+
+    /// Initialize the cluster without starting it.
+    pub fn init(self) -> Cluster {
+        let name = unique_name(&self.base_name);
+        let mut args: Vec<String> = vec!["init".into(), name.clone()];
+        if !self.preload {
+            args.push("--no-preload".into());
+        }
+        if let Some(level) = &self.wal_level {
+            args.push("--wal-level".into());
+            args.push(level.clone());
+        }
+        for c in &self.conf {
+            args.push("--conf".into());
+            args.push(c.clone());
+        }
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        cluster_script_ok(&argv);
+        let port: u16 = cluster_script_ok(&["port", &name])
+            .parse()
+            .expect("scripts/cluster.sh port printed a number");
+        let log_path = PathBuf::from(cluster_script_ok(&["log", &name]));
+        Cluster {
+            name,
+            port,
+            log_path,
+        }
+    }
+
+    /// Initialize and start the cluster (waits until it accepts connections).
+    pub fn start(self) -> Cluster {
+        let c = self.init();
+        c.start();
+        c
+    }
+}
+
+/// A scratch PostgreSQL 15 cluster made by `scripts/cluster.sh`.
+#[derive(Debug)]
+pub struct Cluster {
+    name: String,
+    port: u16,
+    log_path: PathBuf,
+}
+
+impl Cluster {
+    /// A started cluster with pg_tide preloaded and `wal_level=logical`.
+    pub fn new(name: &str) -> Cluster {
+        Cluster::builder(name).start()
+    }
+
+    pub fn builder(name: &str) -> ClusterBuilder {
+        ClusterBuilder {
+            base_name: name.to_string(),
+            preload: true,
+            wal_level: None,
+            conf: Vec::new(),
+        }
+    }
+
+    /// The unique cluster name (as understood by `scripts/cluster.sh`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Path of the server log.
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// The whole server log so far (empty if unreadable).
+    pub fn log(&self) -> String {
+        std::fs::read(&self.log_path)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// The last `n` lines of the server log.
+    pub fn log_tail(&self, n: usize) -> String {
+        let log = self.log();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// How many times `needle` occurs in the server log.
+    pub fn log_count(&self, needle: &str) -> usize {
+        self.log().matches(needle).count()
+    }
+
+    /// Start (no-op if running); panics with the log tail if it fails.
+    pub fn start(&self) {
+        cluster_script_ok(&["start", &self.name]);
+    }
+
+    /// Stop (no-op if stopped).
+    pub fn stop(&self, mode: StopMode) {
+        cluster_script_ok(&["stop", &self.name, mode.as_str()]);
+    }
+
+    /// Fast stop, then start.
+    pub fn restart(&self) {
+        cluster_script_ok(&["restart", &self.name]);
+    }
+
+    /// Whether the postmaster is running.
+    pub fn is_running(&self) -> bool {
+        run_cluster_script(&["status", &self.name]).status.success()
+    }
+
+    /// Connection settings for database `db`.
+    pub fn config(&self, db: &str) -> postgres::Config {
+        let mut cfg = postgres::Config::new();
+        cfg.host("127.0.0.1")
+            .port(self.port)
+            .user("postgres")
+            .dbname(db)
+            .application_name("pg_test")
+            .connect_timeout(Duration::from_secs(10));
+        cfg
+    }
+
+    /// Connect to database `db`.
+    pub fn try_connect_db(&self, db: &str) -> Result<Client, postgres::Error> {
+        self.config(db).connect(NoTls)
+    }
+
+    /// Connect to database `db`; panics with the server log tail on failure.
+    pub fn connect_db(&self, db: &str) -> Client {
+        self.try_connect_db(db).unwrap_or_else(|e| {
+            panic!(
+                "cannot connect to cluster {} (port {}) db {db}: {e}\n{}",
+                self.name,
+                self.port,
+                self.log_context()
+            )
+        })
+    }
+
+    /// Connect to database `postgres`.
+    pub fn try_client(&self) -> Result<Client, postgres::Error> {
+        self.try_connect_db("postgres")
+    }
+
+    /// Connect to database `postgres`; panics with the server log tail on failure.
+    pub fn client(&self) -> Client {
+        self.connect_db("postgres")
+    }
+
+    /// Run one or more statements (simple protocol) in database `postgres`.
+    pub fn try_execute(&self, sql: &str) -> Result<(), postgres::Error> {
+        self.try_client()?.batch_execute(sql)
+    }
+
+    /// Run statements; panics with the error (code, message, hint) and log tail.
+    pub fn execute(&self, sql: &str) {
+        if let Err(e) = self.try_execute(sql) {
+            panic!(
+                "SQL failed: {sql}\n{}\n{}",
+                describe_error(&e),
+                self.log_context()
+            );
+        }
+    }
+
+    /// Run statements in database `db`.
+    pub fn execute_in(&self, db: &str, sql: &str) {
+        if let Err(e) = self
+            .try_connect_db(db)
+            .and_then(|mut c| c.batch_execute(sql))
+        {
+            panic!(
+                "SQL failed in db {db}: {sql}\n{}\n{}",
+                describe_error(&e),
+                self.log_context()
+            );
+        }
+    }
+
+    /// All rows of a query (no parameters).
+    pub fn try_query(&self, sql: &str) -> Result<Vec<Row>, postgres::Error> {
+        self.try_client()?.query(sql, &[])
+    }
+
+    pub fn query(&self, sql: &str) -> Vec<Row> {
+        self.try_query(sql).unwrap_or_else(|e| {
+            panic!(
+                "query failed: {sql}\n{}\n{}",
+                describe_error(&e),
+                self.log_context()
+            )
+        })
+    }
+
+    /// Exactly one row.
+    pub fn try_query_one(&self, sql: &str) -> Result<Row, postgres::Error> {
+        self.try_client()?.query_one(sql, &[])
+    }
+
+    pub fn query_one(&self, sql: &str) -> Row {
+        self.try_query_one(sql).unwrap_or_else(|e| {
+            panic!(
+                "query failed: {sql}\n{}\n{}",
+                describe_error(&e),
+                self.log_context()
+            )
+        })
+    }
+
+    /// The first column of exactly one row, e.g. `query_scalar::<i64>("SELECT count(*) ...")`.
+    pub fn try_query_scalar<T>(&self, sql: &str) -> Result<T, postgres::Error>
+    where
+        T: for<'a> postgres::types::FromSql<'a>,
+    {
+        self.try_query_one(sql)?.try_get(0)
+    }
+
+    pub fn query_scalar<T>(&self, sql: &str) -> T
+    where
+        T: for<'a> postgres::types::FromSql<'a>,
+    {
+        self.try_query_scalar(sql).unwrap_or_else(|e| {
+            panic!(
+                "query failed: {sql}\n{}\n{}",
+                describe_error(&e),
+                self.log_context()
+            )
+        })
+    }
+
+    /// Like [`wait_until`], but the timeout panic also shows the server log tail.
+    #[track_caller]
+    pub fn wait_until<F>(&self, what: &str, timeout: Duration, poll: Duration, f: F) -> Duration
+    where
+        F: FnMut() -> TestResult<bool>,
+    {
+        match poll_until(timeout, poll, f) {
+            Ok(elapsed) => elapsed,
+            Err(msg) => panic!(
+                "timed out waiting for {what}: {msg}\n{}",
+                self.log_context()
+            ),
+        }
+    }
+
+    /// Run pgbench against this cluster; see [`Pgbench`].
+    pub fn pgbench(&self, script: &str) -> Pgbench<'_> {
+        Pgbench::new(self, script)
+    }
+
+    fn log_context(&self) -> String {
+        format!(
+            "--- last 30 lines of {} ---\n{}\n--- end of server log ---",
+            self.log_path.display(),
+            self.log_tail(30)
+        )
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = run_cluster_script(&["stop", &self.name, "fast"]);
+            eprintln!(
+                "pg_test: test failed; kept cluster {} (port {}). Server log: {}\n\
+                 pg_test: remove it with: scripts/cluster.sh destroy {}",
+                self.name,
+                self.port,
+                self.log_path.display(),
+                self.name
+            );
+        } else {
+            let out = run_cluster_script(&["destroy", &self.name]);
+            if !out.status.success() {
+                eprintln!(
+                    "pg_test: could not destroy cluster {}: {}",
+                    self.name,
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+    }
+}
+
+fn poll_until<F>(timeout: Duration, poll: Duration, mut f: F) -> Result<Duration, String>
+where
+    F: FnMut() -> TestResult<bool>,
+{
+    let start = Instant::now();
+    let mut attempts = 0u64;
+    let mut last: String;
+    loop {
+        attempts += 1;
+        match f() {
+            Ok(true) => return Ok(start.elapsed()),
+            Ok(false) => last = "condition was false".to_string(),
+            Err(e) => last = format!("error: {e}"),
+        }
+        if start.elapsed() >= timeout {
+            return Err(format!(
+                "not true after {:.1?} ({attempts} attempts, polled every {poll:?}); last: {last}",
+                start.elapsed()
+            ));
+        }
+        std::thread::sleep(poll);
+    }
+}
+
+/// Poll `f` every `poll` until it returns `Ok(true)`; errors count as "not yet".
+/// Panics, naming the caller's line, if it is not true within `timeout`.
+/// Returns how long it took.
+#[track_caller]
+pub fn wait_until<F>(timeout: Duration, poll: Duration, f: F) -> Duration
+where
+    F: FnMut() -> TestResult<bool>,
+{
+    match poll_until(timeout, poll, f) {
+        Ok(elapsed) => elapsed,
+        Err(msg) => panic!("wait_until timed out: {msg}"),
+    }
+}
+
+/// One line describing a `postgres::Error`: SQLSTATE, severity, message, detail, hint.
+pub fn describe_error(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!(
+            "{} SQLSTATE {}: {}{}{}",
+            db.severity(),
+            db.code().code(),
+            db.message(),
+            db.detail()
+                .map(|d| format!("\nDETAIL: {d}"))
+                .unwrap_or_default(),
+            db.hint()
+                .map(|h| format!("\nHINT: {h}"))
+                .unwrap_or_default()
+        ),
+        None => format!("(not a server error) {e}"),
+    }
+}
+
+/// The `DbError` of an `Err`, panicking if the result is `Ok` or not a server error.
+#[track_caller]
+pub fn expect_db_error<T: Debug>(res: Result<T, postgres::Error>) -> DbError {
+    match res {
+        Ok(v) => panic!("expected a server error, got Ok({v:?})"),
+        Err(e) => match e.as_db_error() {
+            Some(db) => db.clone(),
+            None => panic!("expected a server error, got: {e}"),
+        },
+    }
+}
+
+/// Assert that `err` is a server error with SQLSTATE `code` (e.g. `"55000"`) and,
+/// if `hint_contains` is given, a HINT containing that substring.
+#[track_caller]
+pub fn assert_db_error(err: &postgres::Error, code: &str, hint_contains: Option<&str>) {
+    let db = err
+        .as_db_error()
+        .unwrap_or_else(|| panic!("expected SQLSTATE {code}, got a non-server error: {err}"));
+    assert_eq!(
+        db.code().code(),
+        code,
+        "expected SQLSTATE {code}, got {}",
+        describe_error(err)
+    );
+    if let Some(needle) = hint_contains {
+        match db.hint() {
+            Some(hint) => assert!(
+                hint.contains(needle),
+                "expected a HINT containing {needle:?}, got {}",
+                describe_error(err)
+            ),
+            None => panic!(
+                "expected a HINT containing {needle:?}, got no hint: {}",
+                describe_error(err)
+            ),
+        }
+    }
+}
+
+/// Assert that `res` failed with SQLSTATE `code` (and a hint containing `hint_contains`).
+#[track_caller]
+pub fn assert_sql_fails<T: Debug>(
+    res: Result<T, postgres::Error>,
+    code: &str,
+    hint_contains: Option<&str>,
+) {
+    match res {
+        Ok(v) => panic!("expected SQLSTATE {code}, but the statement succeeded: {v:?}"),
+        Err(e) => assert_db_error(&e, code, hint_contains),
+    }
+}
+
+/// A pgbench run against a [`Cluster`] with a custom script, run as the
+/// `postgres` OS user (`pgbench -n`: no vacuum, no pgbench tables needed).
+///
+/// ```no_run
+/// # let c = pg_test::Cluster::new("x");
+/// let out = c.pgbench("INSERT INTO t VALUES (1);")
+///     .clients(4)
+///     .duration(std::time::Duration::from_secs(10))
+///     .rate(500.0)
+///     .run();
+/// let tps = pg_test::pgbench_tps(&out).unwrap();
+/// ```
+pub struct Pgbench<'a> {
+    cluster: &'a Cluster,
+    script: String,
+    clients: u32,
+    jobs: Option<u32>,
+    duration: Duration,
+    rate: Option<f64>,
+    db: String,
+    extra: Vec<String>,
+}
+
+impl<'a> Pgbench<'a> {
+    pub fn new(cluster: &'a Cluster, script: &str) -> Self {
+        Pgbench {
+            cluster,
+            script: script.to_string(),
+            clients: 1,
+            jobs: None,
+            duration: Duration::from_secs(5),
+            rate: None,
+            db: "postgres".into(),
+            extra: Vec::new(),
+        }
+    }
+
+    /// `-c` (default 1).
+    pub fn clients(mut self, n: u32) -> Self {
+        self.clients = n.max(1);
+        self
+    }
+
+    /// `-j` (default: min(clients, available cores)).
+    pub fn jobs(mut self, n: u32) -> Self {
+        self.jobs = Some(n.max(1));
+        self
+    }
+
+    /// `-T`, rounded up to whole seconds (default 5 s).
+    pub fn duration(mut self, d: Duration) -> Self {
+        self.duration = d;
+        self
+    }
+
+    /// `-R` target transactions per second (default: as fast as possible).
+    pub fn rate(mut self, tps: f64) -> Self {
+        self.rate = Some(tps);
+        self
+    }
+
+    /// Database (default `postgres`).
+    pub fn db(mut self, db: &str) -> Self {
+        self.db = db.to_string();
+        self
+    }
+
+    /// Any other pgbench argument, e.g. `.arg("-P").arg("1")` or `.arg("-Dn=10")`.
+    pub fn arg(mut self, a: &str) -> Self {
+        self.extra.push(a.to_string());
+        self
+    }
+
+    /// Run it; returns pgbench's stdout. Panics with stderr if pgbench fails.
+    pub fn run(self) -> String {
+        run_pgbench(
+            self.cluster,
+            &self.script,
+            self.clients,
+            self.jobs,
+            self.duration,
+            self.rate,
+            &self.db,
+            &self.extra,
+        )
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_pgbench(
+    cluster: &Cluster,
+    script: &str,
+    clients: u32,
+    jobs: Option<u32>,
+    duration: Duration,
+    rate: Option<f64>,
+    db: &str,
+    extra: &[String],
+) -> String {
+    // The script file must be readable by the postgres OS user: a 0644 file in the temp dir.
+    let path = std::env::temp_dir().join(format!(
+        "pg_tide_pgbench_{}_{}.sql",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::SeqCst)
+    ));
+    {
+        let mut f = std::fs::File::create(&path)
+            .unwrap_or_else(|e| panic!("cannot write pgbench script {}: {e}", path.display()));
+        f.write_all(script.as_bytes())
+            .expect("write pgbench script");
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
+            .expect("chmod pgbench script");
+    }
+
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1);
+    let jobs = jobs.unwrap_or_else(|| clients.min(cores)).min(clients);
+    let secs = duration.as_secs() + u64::from(duration.subsec_nanos() > 0);
+    let mut cmd = command_as_postgres(pg_bin().join("pgbench"));
+    cmd.current_dir("/")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &cluster.port().to_string(),
+            "-U",
+            "postgres",
+        ])
+        .arg("-n")
+        .arg("-f")
+        .arg(&path)
+        .args(["-c", &clients.to_string(), "-j", &jobs.to_string()])
+        .args(["-T", &secs.max(1).to_string()]);
+    if let Some(r) = rate {
+        cmd.args(["-R", &format!("{r}")]);
+    }
+    cmd.args(extra).arg(db).stdin(Stdio::null());
+
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("could not run pgbench: {e}"));
+    let _ = std::fs::remove_file(&path);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        panic!(
+            "pgbench failed ({}): {:?}\n--- script ---\n{script}\n--- stderr ---\n{}\n--- stdout ---\n{stdout}",
+            out.status,
+            cmd,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    stdout
+}
+
+/// The `tps = N` figure from pgbench output.
+pub fn pgbench_tps(output: &str) -> Option<f64> {
+    output
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("tps = "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tps_is_parsed() {
+        let out = "latency average = 1.2 ms\ntps = 812.345678 (without initial connection time)\n";
+        assert_eq!(pgbench_tps(out), Some(812.345678));
+        assert_eq!(pgbench_tps("nothing"), None);
+    }
+
+    #[test]
+    fn names_are_unique_and_short() {
+        let a = unique_name("a very/long name with spaces and more");
+        let b = unique_name("a very/long name with spaces and more");
+        assert_ne!(a, b);
+        assert!(a.starts_with("t_a_very_long_name_with_sp"));
+        assert!(a.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+    }
+
+    #[test]
+    fn wait_until_returns_and_times_out() {
+        let mut n = 0;
+        wait_until(Duration::from_secs(5), Duration::from_millis(1), || {
+            n += 1;
+            Ok(n >= 3)
+        });
+        let r = poll_until(Duration::from_millis(20), Duration::from_millis(5), || {
+            Err("boom".into())
+        });
+        assert!(r.unwrap_err().contains("boom"));
+    }
+}

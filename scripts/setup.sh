@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Install what this machine lacks to build, install and test pg_tide.
+# Idempotent: when everything is already there it only checks, and quickly.
+#
+#   scripts/setup.sh
+#
+# Works as root (CI, Docker) and as a sudo-capable user.
+# Environment: PGRX_HOME (default ~/.pgrx), CARGO_TARGET_DIR (default <repo>/target).
+set -euo pipefail
+# shellcheck source=scripts/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+PGRX_VERSION=0.18.0
+log() { tide_log setup "$@"; }
+
+# --- 1. Debian packages ------------------------------------------------------
+# pgbench and pg_ctl ship in postgresql-15, psql in postgresql-client-15; on
+# Debian 12 postgresql-15 also Provides postgresql-contrib-15 (no such real package).
+PACKAGES=(
+    postgresql-15 postgresql-client-15 postgresql-server-dev-15
+    libclang-dev clang pkg-config build-essential ca-certificates
+    sudo python3 iproute2 util-linux
+)
+
+pkg_installed() {
+    [[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" == "install ok installed" ]]
+}
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+    pkg_installed "$p" || missing+=("$p")
+done
+contrib_missing=0
+[[ -f /usr/share/postgresql/15/extension/pg_stat_statements.control ]] || contrib_missing=1
+
+if ((${#missing[@]} > 0 || contrib_missing)); then
+    command -v apt-get >/dev/null || tide_die setup "missing ${missing[*]} and no apt-get: install them by hand"
+    if ! tide_is_root && ! command -v sudo >/dev/null; then
+        tide_die setup "missing ${missing[*]}; need root or sudo to install them"
+    fi
+    what="${missing[*]:-}"
+    ((contrib_missing)) && what="$what contrib-modules"
+    log "apt-get update (missing: $what)"
+    as_root apt-get update -qq
+    # A real postgresql-contrib-15 package exists on some distributions (not Debian 12).
+    if ((contrib_missing)) && apt-cache policy postgresql-contrib-15 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+        missing+=(postgresql-contrib-15)
+    fi
+    if ((${#missing[@]} > 0)); then
+        log "apt-get install ${missing[*]}"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    fi
+else
+    log "Debian packages: all present (${PACKAGES[*]})"
+fi
+[[ -x "$TIDE_PG_CONFIG" ]] || tide_die setup "$TIDE_PG_CONFIG not found after installing postgresql-server-dev-15"
+[[ -x "$TIDE_PG_BIN/pgbench" ]] || tide_die setup "$TIDE_PG_BIN/pgbench not found"
+getent passwd "$TIDE_PG_USER" >/dev/null || tide_die setup "no '$TIDE_PG_USER' OS user (postgresql-15 creates it)"
+
+# --- 2. cargo-pgrx -------------------------------------------------------------
+command -v cargo >/dev/null || tide_die setup "cargo not found: install a Rust toolchain with rustup first"
+
+pgrx_version() { cargo pgrx --version 2>/dev/null | awk '{print $2}' || true; }
+
+have="$(pgrx_version)"
+if [[ "$have" != "$PGRX_VERSION" ]]; then
+    # Do not race a `cargo install cargo-pgrx` that is already running.
+    if command -v pgrep >/dev/null; then
+        waited=0
+        while pgrep -f 'cargo install cargo-pgrx' >/dev/null && ((waited < 1800)); do
+            ((waited % 60 == 0)) && log "waiting for a running 'cargo install cargo-pgrx' to finish (${waited}s)"
+            sleep 5
+            waited=$((waited + 5))
+        done
+        have="$(pgrx_version)"
+    fi
+fi
+if [[ "$have" != "$PGRX_VERSION" ]]; then
+    log "cargo-pgrx is '${have:-absent}', want $PGRX_VERSION: cargo install cargo-pgrx --version $PGRX_VERSION --locked"
+    cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
+    have="$(pgrx_version)"
+    [[ "$have" == "$PGRX_VERSION" ]] || tide_die setup "cargo pgrx --version reports '$have' after install"
+else
+    log "cargo-pgrx $have: ok"
+fi
+
+# --- 3. cargo pgrx init ----------------------------------------------------------
+pgrx_config="${PGRX_HOME:-$HOME/.pgrx}/config.toml"
+if [[ -f "$pgrx_config" ]] && grep -Eq '^[[:space:]]*pg15[[:space:]]*=' "$pgrx_config"; then
+    configured="$(sed -nE 's/^[[:space:]]*pg15[[:space:]]*=[[:space:]]*"(.*)".*/\1/p' "$pgrx_config")"
+    if [[ "$configured" != "$TIDE_PG_CONFIG" ]]; then
+        log "WARNING: $pgrx_config has pg15 = \"$configured\", not $TIDE_PG_CONFIG;"
+        log "         #[pg_test]s will use that PostgreSQL. Re-run: cargo pgrx init --pg15 $TIDE_PG_CONFIG"
+    else
+        log "pgrx: pg15 -> $configured: ok"
+    fi
+else
+    log "cargo pgrx init --pg15 $TIDE_PG_CONFIG --no-run"
+    cargo pgrx init --pg15 "$TIDE_PG_CONFIG" --no-run
+fi
+
+# --- 4. the postgres OS user must reach the repository and its build output ----------
+# (pgrx's test runner starts postgres via sudo from the repository directory, and
+# the e2e harness runs psql/pgbench as postgres.)
+pg_can() { as_pg test "$@" 2>/dev/null; }
+
+target_dir="${CARGO_TARGET_DIR:-$TIDE_REPO/target}"
+fixed=0
+dir="$TIDE_REPO"
+ancestors=()
+while [[ "$dir" != "/" ]]; do
+    ancestors=("$dir" "${ancestors[@]}")
+    dir="$(dirname "$dir")"
+done
+for d in "${ancestors[@]}"; do
+    if ! pg_can -x "$d"; then
+        log "chmod o+x $d (so '$TIDE_PG_USER' can traverse it)"
+        as_root chmod o+x "$d"
+        fixed=1
+    fi
+done
+if [[ -d "$target_dir" ]] && ! { pg_can -r "$target_dir" && pg_can -x "$target_dir"; }; then
+    log "chmod -R o+rX $target_dir (so '$TIDE_PG_USER' can read the build output)"
+    as_root chmod -R o+rX "$target_dir"
+    fixed=1
+fi
+((fixed)) || log "'$TIDE_PG_USER' can reach $TIDE_REPO: ok"
+
+log "done"

@@ -1,0 +1,583 @@
+//! The SQL surface: validate arguments, call into `catalog`, map failures to ERRORs with a
+//! specific SQLSTATE and a hint. Nothing here runs in a worker.
+
+use crate::catalog;
+use crate::error::{OrRaise, TideError, TideResult};
+use crate::shmem;
+use crate::sql;
+use crate::worker::launcher::{LAUNCHER_TYPE, WORKER_TYPE};
+use pgrx::prelude::*;
+use pgrx::{JsonB, PgRelation};
+
+/// Target kinds this version can write.
+const TARGETS: &[&str] = &["outbox"];
+/// Target kinds designed but not yet available.
+const PLANNED_TARGETS: &[&str] = &["table", "postgres"];
+/// Longest pipeline name (the slot name `tide_<name>` must fit in 63 bytes).
+const MAX_NAME: usize = 48;
+
+/// pg_tide's version.
+#[pg_extern(immutable, parallel_safe)]
+fn version() -> &'static str {
+    env!("CARGO_PKG_VERSION")
+}
+
+/// Check that the server can run pipelines; ERROR with the fix in the hint otherwise.
+#[pg_extern]
+fn check() -> String {
+    check_server().or_raise()
+}
+
+fn setting(name: &str) -> TideResult<String> {
+    Ok(sql::one::<String>("SELECT current_setting($1)", &[name.into()])?.unwrap_or_default())
+}
+
+/// The prerequisites of every function that needs the worker.
+pub fn check_server() -> TideResult<String> {
+    if !shmem::preloaded() {
+        return Err(TideError::not_preloaded());
+    }
+    let wal_level = setting("wal_level")?;
+    if wal_level != "logical" {
+        return Err(TideError::prerequisite(format!("wal_level is \"{wal_level}\"; pg_tide needs \"logical\""))
+            .detail("pg_tide reads changes through logical decoding, which needs wal_level = logical.")
+            .hint("Set wal_level = logical in postgresql.conf (ALTER SYSTEM SET wal_level = logical) and restart the server."));
+    }
+    let db = crate::gucs::database();
+    let here = sql::one::<String>("SELECT current_database()::text", &[])?.unwrap_or_default();
+    if here != db {
+        return Err(TideError::prerequisite(format!("pg_tide runs in database \"{db}\", not in \"{here}\""))
+            .hint(format!("Connect to database \"{db}\", or set tide.database = '{here}' and reload the configuration.")));
+    }
+    let encoding = sql::one::<String>("SELECT pg_encoding_to_char(encoding)::text FROM pg_database WHERE datname = current_database()", &[])?
+        .unwrap_or_default();
+    if encoding != "UTF8" {
+        return Err(TideError::unsupported(format!(
+            "database encoding is {encoding}; pg_tide needs UTF8"
+        ))
+        .hint("Create the database with ENCODING 'UTF8'."));
+    }
+    let launcher = match shmem::launcher_pid() {
+        Some(pid) => format!("launcher running (pid {pid})"),
+        None => "launcher not running yet".to_string(),
+    };
+    Ok(format!(
+        "pg_tide {} ready: preloaded, wal_level = logical, database \"{db}\", {launcher}",
+        env!("CARGO_PKG_VERSION")
+    ))
+}
+
+/// Live state of the pipeline workers (used by the `tide.pipelines` view).
+#[pg_extern]
+fn _worker_status() -> TableIterator<
+    'static,
+    (
+        name!(pipeline, String),
+        name!(pid, i32),
+        name!(state, String),
+        name!(started_at, Option<pgrx::datum::TimestampWithTimeZone>),
+        name!(events, i64),
+        name!(txns, i64),
+        name!(drained, bool),
+        name!(last_poll, Option<pgrx::datum::TimestampWithTimeZone>),
+    ),
+> {
+    let ts = |us: i64| -> Option<pgrx::datum::TimestampWithTimeZone> {
+        if us == 0 {
+            None
+        } else {
+            // SAFETY of the conversion: a TimestampTz is an i64 of microseconds; any value is valid.
+            unsafe {
+                pgrx::datum::TimestampWithTimeZone::from_datum(pg_sys::Datum::from(us), false)
+            }
+        }
+    };
+    let rows: Vec<_> = shmem::snapshot()
+        .into_iter()
+        .map(|w| {
+            (
+                w.name().to_string(),
+                w.pid,
+                w.state.as_str().to_string(),
+                ts(w.started_at),
+                w.events as i64,
+                w.txns as i64,
+                w.drained,
+                ts(w.last_poll),
+            )
+        })
+        .collect();
+    TableIterator::new(rows)
+}
+
+fn require_replication_privilege() -> TideResult<()> {
+    let ok = sql::one::<bool>(
+        "SELECT rolsuper OR rolreplication FROM pg_roles WHERE rolname = current_user",
+        &[],
+    )?
+    .unwrap_or(false);
+    if ok {
+        Ok(())
+    } else {
+        Err(TideError::privilege("must be superuser or have the REPLICATION attribute to manage pg_tide pipelines")
+            .hint("Run as a superuser, or ALTER ROLE ... REPLICATION and GRANT EXECUTE on the tide functions."))
+    }
+}
+
+fn validate_name(name: &str) -> TideResult<()> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && !name.as_bytes()[0].is_ascii_digit();
+    if ok {
+        Ok(())
+    } else {
+        Err(TideError::invalid(format!("invalid pipeline name \"{name}\""))
+            .hint(format!("Use 1 to {MAX_NAME} lower-case letters, digits and underscores, starting with a letter or underscore (the slot is named tide_<name>).")))
+    }
+}
+
+fn pipeline_exists(name: &str) -> TideResult<bool> {
+    Ok(sql::one::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM tide.pipeline WHERE name = $1)",
+        &[name.into()],
+    )?
+    .unwrap_or(false))
+}
+
+fn require_pipeline(name: &str) -> TideResult<()> {
+    if pipeline_exists(name)? {
+        Ok(())
+    } else {
+        Err(TideError::undefined(format!("pipeline \"{name}\" does not exist"))
+            .hint("SELECT name FROM tide.pipelines lists the pipelines; tide.create_pipeline creates one."))
+    }
+}
+
+/// Wake a process once the calling transaction commits (never before: it must see the change).
+fn wake_on_commit(pid: Option<i32>) {
+    if let Some(pid) = pid {
+        pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, move || shmem::wake(pid));
+    }
+}
+
+/// Create a pipeline: its replication slot, its catalog row, and (after commit) its worker.
+#[pg_extern]
+fn create_pipeline(
+    name: &str,
+    target: default!(&str, "'outbox'"),
+    options: default!(JsonB, "'{}'"),
+) {
+    create_pipeline_impl(name, target, options).or_raise()
+}
+
+fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> TideResult<()> {
+    check_server()?;
+    require_replication_privilege()?;
+    validate_name(name)?;
+    if !TARGETS.contains(&target) {
+        if PLANNED_TARGETS.contains(&target) {
+            return Err(TideError::unsupported(format!("target \"{target}\" is not available in this version of pg_tide"))
+                .hint("This version writes to the outbox: tide.create_pipeline(name, 'outbox'), then read tide.outbox."));
+        }
+        return Err(
+            TideError::invalid(format!("unknown target kind \"{target}\""))
+                .hint("Target kinds: 'outbox' (the table tide.outbox)."),
+        );
+    }
+    match &options.0 {
+        serde_json::Value::Object(map) => {
+            if let Some(k) = map.keys().next() {
+                return Err(TideError::invalid(format!(
+                    "unknown option \"{k}\" for target \"{target}\""
+                ))
+                .hint("The outbox target takes no options: pass '{}'."));
+            }
+        }
+        other => {
+            return Err(
+                TideError::invalid(format!("options must be a JSON object, not {other}"))
+                    .hint("Pass options as a jsonb object, for example '{}'."),
+            );
+        }
+    }
+    if pipeline_exists(name)? {
+        return Err(
+            TideError::duplicate(format!("pipeline \"{name}\" already exists")).hint(format!(
+                "Pick another name, or drop it first with tide.drop_pipeline('{name}')."
+            )),
+        );
+    }
+    let slot = catalog::slot_name(name);
+    if sql::one::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1::name)",
+        &[slot.clone().into()],
+    )?
+    .unwrap_or(false)
+    {
+        return Err(TideError::duplicate(format!("replication slot \"{slot}\" already exists"))
+            .hint(format!("A slot of that name is left from elsewhere; drop it with SELECT pg_drop_replication_slot('{slot}') if nothing uses it.")));
+    }
+    let (used, max) = sql::two::<i64, i64>(
+        "SELECT (SELECT count(*) FROM pg_replication_slots), current_setting('max_replication_slots')::int8",
+        &[],
+    )?;
+    let (used, max) = (used.unwrap_or(0), max.unwrap_or(0));
+    if used >= max {
+        return Err(TideError::limit(format!("all replication slots are in use ({used} of max_replication_slots = {max})"))
+            .hint("Drop unused slots (SELECT * FROM pg_replication_slots) or raise max_replication_slots and restart."));
+    }
+    let pipelines = sql::one::<i64>("SELECT count(*) FROM tide.pipeline", &[])?.unwrap_or(0);
+    if pipelines as usize >= shmem::MAX_PIPELINES {
+        return Err(TideError::limit(format!(
+            "pg_tide runs at most {} pipelines",
+            shmem::MAX_PIPELINES
+        ))
+        .hint("Drop a pipeline you no longer need."));
+    }
+    let (workers, max_workers) = sql::two::<i64, i64>(&format!(
+        "SELECT (SELECT count(*) FROM pg_stat_activity WHERE backend_type IN ('{LAUNCHER_TYPE}', '{WORKER_TYPE}', 'logical replication launcher', 'logical replication worker', 'parallel worker')),
+                current_setting('max_worker_processes')::int8"
+    ), &[])?;
+    if workers.unwrap_or(0) + 1 > max_workers.unwrap_or(0) {
+        return Err(TideError::limit(format!(
+            "no background worker slot is free for the pipeline's worker (max_worker_processes = {})",
+            max_workers.unwrap_or(0)
+        ))
+        .hint("Raise max_worker_processes (one per pipeline, plus one for the launcher) and restart."));
+    }
+    if sql::one::<bool>("SELECT pg_current_xact_id_if_assigned() IS NOT NULL", &[])?
+        .unwrap_or(false)
+    {
+        return Err(TideError::new(
+            pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_ACTIVE_SQL_TRANSACTION,
+            "tide.create_pipeline must run before any write in its transaction",
+        )
+        .hint("Creating a logical replication slot is impossible in a transaction that has written: call tide.create_pipeline first, or in its own transaction."));
+    }
+    catalog::allow_output_plugin()?;
+    // Held until this transaction ends, so the launcher does not take the new slot for an orphan.
+    sql::one::<bool>(
+        "SELECT true FROM pg_advisory_xact_lock(hashtext($1))",
+        &[catalog::slot_lock_key(&slot).into()],
+    )?;
+    sql::one::<bool>(
+        "SELECT true FROM pg_create_logical_replication_slot($1::name, 'pg_tide')",
+        &[slot.clone().into()],
+    )?;
+    sql::exec(
+        "INSERT INTO tide.pipeline (name, target, options, slot_name) VALUES ($1, $2, $3, $4::name)",
+        &[name.into(), target.into(), options.into(), slot.into()],
+    )?;
+    wake_on_commit(shmem::launcher_pid());
+    Ok(())
+}
+
+/// Drop a pipeline: stop its worker, drop its slot and forget its tables. Its outbox rows stay.
+#[pg_extern]
+fn drop_pipeline(name: &str) {
+    drop_pipeline_impl(name).or_raise()
+}
+
+fn drop_pipeline_impl(name: &str) -> TideResult<()> {
+    require_pipeline(name)?;
+    require_replication_privilege()?;
+    let slot = catalog::slot_name(name);
+    // Waits for a running iteration of the worker (which holds this lock shared) to end and keeps
+    // new iterations out until we commit; they then find the pipeline gone and exit.
+    sql::exec(
+        "SELECT pg_advisory_xact_lock(hashtext($1))",
+        &[catalog::pipeline_lock_key(name).into()],
+    )?;
+    sql::exec("DELETE FROM tide.pipeline WHERE name = $1", &[name.into()])?;
+    if let Some(pid) = shmem::worker_pid(name) {
+        sql::exec("SELECT pg_terminate_backend($1)", &[pid.into()])?;
+        wait_for_exit(pid, 30)?;
+    }
+    let mut attempts = 0;
+    loop {
+        let state = sql::one::<bool>(
+            "SELECT active FROM pg_replication_slots WHERE slot_name = $1::name",
+            &[slot.clone().into()],
+        )?;
+        match state {
+            None => break,
+            Some(false) => {
+                sql::exec(
+                    "SELECT pg_drop_replication_slot($1::name)",
+                    &[slot.clone().into()],
+                )?;
+                break;
+            }
+            Some(true) if attempts < 300 => {
+                attempts += 1;
+                sleep_ms(100);
+            }
+            Some(true) => {
+                return Err(TideError::prerequisite(format!("replication slot \"{slot}\" is still in use"))
+                    .hint("Another process uses the slot (see pg_replication_slots.active_pid); stop it and call tide.drop_pipeline again."));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn sleep_ms(ms: u64) {
+    unsafe {
+        pg_sys::WaitLatch(
+            pg_sys::MyLatch,
+            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+            ms as _,
+            pg_sys::PG_WAIT_EXTENSION,
+        );
+        pg_sys::ResetLatch(pg_sys::MyLatch);
+        pg_sys::check_for_interrupts!();
+    }
+}
+
+fn wait_for_exit(pid: i32, seconds: u64) -> TideResult<()> {
+    for _ in 0..seconds * 10 {
+        let alive = sql::one::<bool>(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)",
+            &[pid.into()],
+        )?
+        .unwrap_or(false);
+        if !alive {
+            return Ok(());
+        }
+        sleep_ms(100);
+    }
+    Err(TideError::prerequisite(format!(
+        "the worker (pid {pid}) did not stop within {seconds} s"
+    ))
+    .hint(
+        "Look at the server log for the worker; call tide.drop_pipeline again once it has stopped.",
+    ))
+}
+
+/// Stop applying changes; the slot keeps them until resume.
+#[pg_extern]
+fn pause_pipeline(name: &str) {
+    set_enabled(name, false).or_raise()
+}
+
+/// Resume a paused pipeline from where it stopped.
+#[pg_extern]
+fn resume_pipeline(name: &str) {
+    set_enabled(name, true).or_raise()
+}
+
+fn set_enabled(name: &str, enabled: bool) -> TideResult<()> {
+    require_pipeline(name)?;
+    sql::exec(
+        "UPDATE tide.pipeline SET enabled = $2 WHERE name = $1",
+        &[name.into(), enabled.into()],
+    )?;
+    wake_on_commit(shmem::worker_pid(name));
+    Ok(())
+}
+
+/// Wait until the pipeline has applied every change committed before this call. Returns false
+/// on timeout (for example while the pipeline is paused or failing).
+#[pg_extern]
+fn wait_for_pipeline(name: &str, timeout: default!(pgrx::datum::Interval, "'1 minute'")) -> bool {
+    wait_for_pipeline_impl(name, timeout).or_raise()
+}
+
+fn wait_for_pipeline_impl(name: &str, timeout: pgrx::datum::Interval) -> TideResult<bool> {
+    check_server()?;
+    require_pipeline(name)?;
+    let target = sql::one::<String>("SELECT pg_current_wal_lsn()::text", &[])?
+        .and_then(|s| s.parse::<tide_core::lsn::Lsn>().ok())
+        .ok_or_else(|| TideError::internal("cannot read the current WAL position"))?;
+    let micros = interval_micros(&timeout);
+    let deadline =
+        std::time::Instant::now() + std::time::Duration::from_micros(micros.max(0) as u64);
+    loop {
+        if shmem::caught_up_lsn(name).is_some_and(|l| l >= target.0) {
+            return Ok(true);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Ok(false);
+        }
+        if let Some(pid) = shmem::worker_pid(name) {
+            shmem::wake(pid);
+        }
+        sleep_ms(20);
+    }
+}
+
+fn interval_micros(i: &pgrx::datum::Interval) -> i64 {
+    i.micros() + (i.days() as i64) * 86_400_000_000 + (i.months() as i64) * 30 * 86_400_000_000
+}
+
+/// Information about a table to capture, from the catalogs.
+struct SourceInfo {
+    qualified: String,
+    relkind: String,
+    persistence: String,
+    namespace: String,
+    replident: String,
+    key_columns: Vec<String>,
+}
+
+fn source_info(relid: pg_sys::Oid) -> TideResult<SourceInfo> {
+    Spi::connect(|c| {
+        let row = c
+            .select(
+                "SELECT format('%I.%I', n.nspname, c.relname), c.relkind::text, c.relpersistence::text, n.nspname::text, c.relreplident::text,
+                        ARRAY(SELECT a.attname::text
+                                FROM pg_index i
+                                JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
+                                JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                               WHERE i.indrelid = c.oid
+                                 AND CASE WHEN c.relreplident = 'i' THEN i.indisreplident ELSE i.indisprimary END
+                               ORDER BY k.ord)
+                   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
+                None,
+                &[relid.into()],
+            )?
+            .first();
+        let qualified = row.get::<String>(1)?.ok_or_else(|| {
+            TideError::undefined(format!(
+                "relation with OID {} does not exist",
+                relid.to_u32()
+            ))
+        })?;
+        Ok(SourceInfo {
+            qualified,
+            relkind: row.get::<String>(2)?.unwrap_or_default(),
+            persistence: row.get::<String>(3)?.unwrap_or_default(),
+            namespace: row.get::<String>(4)?.unwrap_or_default(),
+            replident: row.get::<String>(5)?.unwrap_or_default(),
+            key_columns: row.get::<Vec<String>>(6)?.unwrap_or_default(),
+        })
+    })
+}
+
+/// Check that a relation can be captured; returns its description.
+fn validate_source(relid: pg_sys::Oid) -> TideResult<SourceInfo> {
+    let s = source_info(relid)?;
+    let q = &s.qualified;
+    match s.relkind.as_str() {
+        "r" => {}
+        "p" => {
+            return Err(TideError::unsupported(format!("\"{q}\" is a partitioned table"))
+                .hint("Capture its partitions instead: call tide.add_table for each partition (SELECT inhrelid::regclass FROM pg_inherits WHERE inhparent = '...'::regclass)."))
+        }
+        "v" | "m" => {
+            return Err(TideError::wrong_object(format!("\"{q}\" is a view, which has no changes to capture"))
+                .hint("Capture the tables the view reads from."))
+        }
+        "f" => return Err(TideError::wrong_object(format!("\"{q}\" is a foreign table, whose changes are not in this server's WAL")).hint("Capture the table on the server that owns it.")),
+        _ => return Err(TideError::wrong_object(format!("\"{q}\" is not a table")).hint("tide.add_table takes an ordinary table.")),
+    }
+    match s.persistence.as_str() {
+        "t" => {
+            return Err(TideError::unsupported(format!(
+                "\"{q}\" is a temporary table, which is not written to the WAL"
+            ))
+            .hint("Capture a permanent table."))
+        }
+        "u" => {
+            return Err(TideError::unsupported(format!(
+                "\"{q}\" is an unlogged table, which is not written to the WAL"
+            ))
+            .hint(format!("Make it logged first: ALTER TABLE {q} SET LOGGED.")))
+        }
+        _ => {}
+    }
+    if s.namespace == "tide" {
+        return Err(TideError::wrong_object(format!(
+            "\"{q}\" belongs to pg_tide and cannot be captured"
+        ))
+        .hint("Capture your own tables."));
+    }
+    if s.replident == "n" {
+        return Err(TideError::prerequisite(format!("\"{q}\" has REPLICA IDENTITY NOTHING, so its updates and deletes carry no key"))
+            .hint(format!("ALTER TABLE {q} REPLICA IDENTITY DEFAULT (with a primary key) or REPLICA IDENTITY USING INDEX ...")));
+    }
+    if s.key_columns.is_empty() {
+        return Err(TideError::prerequisite(format!("\"{q}\" has no primary key"))
+            .hint(format!("Add one (ALTER TABLE {q} ADD PRIMARY KEY (...)) or name a unique index on NOT NULL columns: ALTER TABLE {q} REPLICA IDENTITY USING INDEX ...")));
+    }
+    let can_select = sql::one::<bool>("SELECT has_table_privilege($1, 'SELECT')", &[relid.into()])?
+        .unwrap_or(false);
+    if !can_select {
+        return Err(
+            TideError::privilege(format!("permission denied to capture \"{q}\"")).hint(format!(
+                "GRANT SELECT ON {q} TO the role calling tide.add_table."
+            )),
+        );
+    }
+    Ok(s)
+}
+
+/// Start capturing a table: every change committed after this call commits is delivered.
+#[pg_extern]
+fn add_table(pipeline: &str, source: PgRelation) {
+    add_table_impl(pipeline, source.oid()).or_raise()
+}
+
+fn add_table_impl(pipeline: &str, relid: pg_sys::Oid) -> TideResult<()> {
+    check_server()?;
+    require_pipeline(pipeline)?;
+    let s = validate_source(relid)?;
+    let already = sql::one::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM tide.pipeline_table WHERE pipeline = $1 AND relid = $2)",
+        &[pipeline.into(), relid.into()],
+    )?
+    .unwrap_or(false);
+    if already {
+        return Err(TideError::duplicate(format!(
+            "pipeline \"{pipeline}\" already captures \"{}\"",
+            s.qualified
+        ))
+        .hint("SELECT * FROM tide.tables lists what each pipeline captures."));
+    }
+    sql::exec(
+        "INSERT INTO tide.pipeline_table (pipeline, relid, relation, key_columns) VALUES ($1, $2, $3, $4)",
+        &[pipeline.into(), relid.into(), s.qualified.clone().into(), s.key_columns.into()],
+    )?;
+    emit_signal("add_table", pipeline, relid)?;
+    wake_on_commit(shmem::worker_pid(pipeline));
+    Ok(())
+}
+
+/// Stop capturing a table. Changes committed after this call commits are not delivered.
+#[pg_extern]
+fn remove_table(pipeline: &str, source: PgRelation) {
+    remove_table_impl(pipeline, source.oid()).or_raise()
+}
+
+fn remove_table_impl(pipeline: &str, relid: pg_sys::Oid) -> TideResult<()> {
+    require_pipeline(pipeline)?;
+    let removed = sql::one::<i64>(
+        "WITH d AS (DELETE FROM tide.pipeline_table WHERE pipeline = $1 AND relid = $2 RETURNING 1) SELECT count(*) FROM d",
+        &[pipeline.into(), relid.into()],
+    )?
+    .unwrap_or(0);
+    if removed == 0 {
+        return Err(TideError::undefined(format!(
+            "pipeline \"{pipeline}\" does not capture relation {}",
+            relid.to_u32()
+        ))
+        .hint("SELECT * FROM tide.tables lists what each pipeline captures."));
+    }
+    emit_signal("remove_table", pipeline, relid)?;
+    wake_on_commit(shmem::worker_pid(pipeline));
+    Ok(())
+}
+
+/// Write a pg_tide marker into the WAL, transactionally: the worker sees it exactly at this
+/// transaction's commit position in the stream.
+fn emit_signal(op: &str, pipeline: &str, relid: pg_sys::Oid) -> TideResult<()> {
+    let body = format!("{op}\t{pipeline}\t{}", relid.to_u32());
+    sql::exec(
+        "SELECT pg_logical_emit_message(true, $1, $2)",
+        &[crate::plugin::MESSAGE_PREFIX.into(), body.into()],
+    )?;
+    Ok(())
+}

@@ -1,0 +1,268 @@
+//! The only code that reads and writes pg_tide's catalog tables (`tide.pipeline`,
+//! `tide.pipeline_table`) and its replication slots. Every statement uses `$n` parameters; every
+//! SPI error is returned to the caller.
+
+use crate::error::{TideError, TideResult};
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+
+/// A pipeline row, as the worker needs it at the start of an iteration.
+#[derive(Debug, Clone)]
+pub struct PipelineRow {
+    pub name: String,
+    pub target: String,
+    pub slot_name: String,
+    pub enabled: bool,
+    /// End LSN of the last source transaction applied, as text (`X/Y`), if any.
+    pub applied_lsn: Option<String>,
+    /// The slot's confirmed flush LSN, if the slot exists.
+    pub confirmed_lsn: Option<String>,
+    pub has_error: bool,
+}
+
+/// A captured table of a pipeline.
+#[derive(Debug, Clone)]
+pub struct TableRow {
+    pub relid: u32,
+    /// True once the worker has passed the add_table marker in the stream.
+    pub capturing: bool,
+}
+
+/// The slot name of a pipeline.
+pub fn slot_name(pipeline: &str) -> String {
+    format!("tide_{pipeline}")
+}
+
+/// The key used with `pg_advisory_xact_lock(hashtext(...))` while a transaction creates a slot.
+pub fn slot_lock_key(slot: &str) -> String {
+    format!("pg_tide slot {slot}")
+}
+
+/// The advisory lock key that serialises `drop_pipeline` against the worker's iterations.
+pub fn pipeline_lock_key(pipeline: &str) -> String {
+    format!("pg_tide pipeline {pipeline}")
+}
+
+/// Take the pipeline's advisory lock in shared mode (so `drop_pipeline`, which takes it
+/// exclusively, waits for this iteration, and this iteration waits for a drop in progress), then
+/// read the pipeline row. Neither assigns a transaction id: an idle worker writes no WAL.
+pub fn lock_pipeline(c: &mut SpiClient<'_>, name: &str) -> TideResult<Option<PipelineRow>> {
+    c.select(
+        "SELECT true FROM pg_advisory_xact_lock_shared(hashtext($1))",
+        None,
+        &[pipeline_lock_key(name).into()],
+    )?;
+    let rows = c.select(
+        "SELECT p.name, p.target, p.slot_name::text, p.enabled, p.applied_lsn::text,
+                (SELECT s.confirmed_flush_lsn::text FROM pg_catalog.pg_replication_slots s WHERE s.slot_name = p.slot_name),
+                p.last_error IS NOT NULL
+           FROM tide.pipeline p WHERE p.name = $1",
+        None,
+        &[name.into()],
+    )?;
+    for r in rows {
+        return Ok(Some(PipelineRow {
+            name: r.get::<String>(1)?.unwrap_or_default(),
+            target: r.get::<String>(2)?.unwrap_or_default(),
+            slot_name: r.get::<String>(3)?.unwrap_or_default(),
+            enabled: r.get::<bool>(4)?.unwrap_or(false),
+            applied_lsn: r.get::<String>(5)?,
+            confirmed_lsn: r.get::<String>(6)?,
+            has_error: r.get::<bool>(7)?.unwrap_or(false),
+        }));
+    }
+    Ok(None)
+}
+
+/// The tables a pipeline captures.
+pub fn tables(c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<Vec<TableRow>> {
+    let rows = c.select(
+        "SELECT relid::int8, added_lsn IS NOT NULL FROM tide.pipeline_table WHERE pipeline = $1 ORDER BY relid",
+        None,
+        &[pipeline.into()],
+    )?;
+    let mut out = Vec::new();
+    for r in rows {
+        out.push(TableRow {
+            relid: r.get::<i64>(1)?.unwrap_or(0) as u32,
+            capturing: r.get::<bool>(2)?.unwrap_or(false),
+        });
+    }
+    Ok(out)
+}
+
+/// Record that the worker reached a table's add_table marker at commit LSN `lsn`.
+pub fn mark_capturing(
+    c: &mut SpiClient<'_>,
+    pipeline: &str,
+    relid: u32,
+    lsn: &str,
+) -> TideResult<()> {
+    c.update(
+        "UPDATE tide.pipeline_table SET added_lsn = $3::pg_lsn WHERE pipeline = $1 AND relid = $2::int8::oid AND added_lsn IS NULL",
+        None,
+        &[pipeline.into(), (relid as i64).into(), lsn.into()],
+    )?;
+    Ok(())
+}
+
+/// Record the applied position in the same transaction as the events: the heart of
+/// exactly-once. Also clears a previous error.
+pub fn record_applied(
+    c: &mut SpiClient<'_>,
+    pipeline: &str,
+    end_lsn: &str,
+    commit_time_us: Option<i64>,
+) -> TideResult<()> {
+    c.update(
+        "UPDATE tide.pipeline
+            SET applied_lsn = $2::pg_lsn,
+                applied_commit_time = coalesce('2000-01-01 00:00:00+00'::timestamptz + make_interval(secs => $3::float8 / 1000000), applied_commit_time),
+                last_error = NULL, last_error_sqlstate = NULL, last_error_at = NULL, remedy = NULL
+          WHERE name = $1",
+        None,
+        &[pipeline.into(), end_lsn.into(), commit_time_us.map(|t| t as f64).into()],
+    )?;
+    Ok(())
+}
+
+/// Clear the error columns after a successful iteration that applied nothing.
+pub fn clear_error(c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<()> {
+    c.update(
+        "UPDATE tide.pipeline SET last_error = NULL, last_error_sqlstate = NULL, last_error_at = NULL, remedy = NULL
+          WHERE name = $1 AND last_error IS NOT NULL",
+        None,
+        &[pipeline.into()],
+    )?;
+    Ok(())
+}
+
+/// Record a failed iteration (in its own transaction, after the failed one was aborted).
+pub fn record_error(pipeline: &str, e: &TideError) -> TideResult<()> {
+    let remedy = e.hint.clone().unwrap_or_else(|| default_remedy(e));
+    let message = match &e.detail {
+        Some(d) => format!("{} ({d})", e.message),
+        None => e.message.clone(),
+    };
+    Spi::run_with_args(
+        "UPDATE tide.pipeline SET last_error = $2, last_error_sqlstate = $3, last_error_at = now(), remedy = $4 WHERE name = $1",
+        &[pipeline.into(), message.into(), e.sqlstate().into(), remedy.into()],
+    )?;
+    Ok(())
+}
+
+fn default_remedy(e: &TideError) -> String {
+    format!(
+        "The worker retries with back-off. If the error persists, fix its cause (see the server log around the time in last_error_at, SQLSTATE {}) or drop and re-create the pipeline.",
+        e.sqlstate()
+    )
+}
+
+/// Advance a slot, after the target committed everything up to `lsn`.
+pub fn advance_slot(slot: &str, lsn: &str) -> TideResult<()> {
+    crate::sql::one::<bool>(
+        "SELECT true FROM pg_catalog.pg_replication_slot_advance($1::name, $2::pg_lsn)",
+        &[slot.into(), lsn.into()],
+    )?;
+    Ok(())
+}
+
+/// Drop `tide_*` slots of this database that no pipeline owns and whose creating transaction
+/// is not in progress (it holds the slot's advisory lock until it ends).
+pub fn drop_orphan_slots() -> TideResult<()> {
+    Spi::connect_mut(|c| -> TideResult<()> {
+        let rows = c.select(
+            "SELECT s.slot_name::text FROM pg_catalog.pg_replication_slots s
+              WHERE s.plugin = 'pg_tide' AND s.database = current_database() AND NOT s.active
+                AND s.slot_name LIKE 'tide\\_%'
+                AND NOT EXISTS (SELECT 1 FROM tide.pipeline p WHERE p.slot_name = s.slot_name)",
+            None,
+            &[],
+        )?;
+        let mut orphans = Vec::new();
+        for r in rows {
+            if let Some(s) = r.get::<String>(1)? {
+                orphans.push(s);
+            }
+        }
+        for slot in orphans {
+            let locked = c
+                .select(
+                    "SELECT pg_catalog.pg_try_advisory_xact_lock(hashtext($1))",
+                    None,
+                    &[slot_lock_key(&slot).into()],
+                )?
+                .first()
+                .get_one::<bool>()?
+                .unwrap_or(false);
+            if !locked {
+                continue;
+            }
+            // Re-check with a snapshot taken after the lock: the creator may have just committed.
+            let still_orphan = c
+                .update(
+                    "SELECT NOT EXISTS (SELECT 1 FROM tide.pipeline WHERE slot_name = $1::name)
+                        AND EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = $1::name AND NOT active)",
+                    None,
+                    &[slot.clone().into()],
+                )?
+                .first()
+                .get_one::<bool>()?
+                .unwrap_or(false);
+            if still_orphan {
+                c.update(
+                    "SELECT pg_catalog.pg_drop_replication_slot($1::name)",
+                    None,
+                    &[slot.clone().into()],
+                )?;
+                log!(
+                    "pg_tide launcher: dropped replication slot \"{slot}\", which no pipeline owns"
+                );
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Newer PostgreSQL minor releases only let slots use output plugins listed in
+/// `output_plugin_libraries` (a superuser-settable list). A superuser creating a pipeline has
+/// evidently chosen pg_tide, so the list is extended for this transaction only; anyone else gets
+/// the exact setting to ask for.
+pub fn allow_output_plugin() -> TideResult<()> {
+    let exists = crate::sql::one::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM pg_settings WHERE name = 'output_plugin_libraries')",
+        &[],
+    )?
+    .unwrap_or(false);
+    if !exists {
+        return Ok(());
+    }
+    let current =
+        crate::sql::one::<String>("SELECT current_setting('output_plugin_libraries')", &[])?
+            .unwrap_or_default();
+    if current
+        .split(',')
+        .any(|l| l.trim().trim_matches('"') == "pg_tide")
+    {
+        return Ok(());
+    }
+    let superuser = crate::sql::one::<bool>(
+        "SELECT rolsuper FROM pg_roles WHERE rolname = current_user",
+        &[],
+    )?
+    .unwrap_or(false);
+    if !superuser {
+        return Err(TideError::prerequisite("pg_tide is not in output_plugin_libraries")
+            .hint(format!("Ask a superuser to run ALTER SYSTEM SET output_plugin_libraries = '{}pg_tide' and SELECT pg_reload_conf().", if current.trim().is_empty() { String::new() } else { format!("{current}, ") })));
+    }
+    let list = if current.trim().is_empty() {
+        "pg_tide".to_string()
+    } else {
+        format!("{current}, pg_tide")
+    };
+    crate::sql::one::<String>(
+        "SELECT set_config('output_plugin_libraries', $1, true)",
+        &[list.into()],
+    )?;
+    Ok(())
+}

@@ -1,0 +1,66 @@
+//! Every pg_tide setting, one documented static each (prefix `tide.`).
+
+use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
+use std::ffi::CStr;
+
+/// `tide.database`: the database the launcher connects to and where pipelines live.
+pub static DATABASE: GucSetting<Option<std::ffi::CString>> =
+    GucSetting::<Option<std::ffi::CString>>::new(Some(c"postgres"));
+/// `tide.poll_interval`: how long (ms) a pipeline worker sleeps when the slot had nothing new.
+pub static POLL_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(50);
+/// `tide.batch_events`: events after which a worker closes its target transaction (at the next
+/// source-transaction boundary; a source transaction is never split).
+pub static BATCH_EVENTS: GucSetting<i32> = GucSetting::<i32>::new(5000);
+/// `tide.max_retry_delay`: cap (s) of the exponential back-off after a failed worker iteration.
+pub static MAX_RETRY_DELAY_S: GucSetting<i32> = GucSetting::<i32>::new(30);
+
+pub fn init() {
+    GucRegistry::define_string_guc(
+        c"tide.database",
+        c"Database the pg_tide launcher connects to.",
+        c"Pipelines are created and run in this database. Changing it takes effect when the launcher restarts (on reload it exits and is restarted).",
+        &DATABASE,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"tide.poll_interval",
+        c"Milliseconds a pipeline worker waits when its slot had nothing new.",
+        c"Lower values lower latency and raise idle CPU use.",
+        &POLL_INTERVAL_MS,
+        1,
+        60_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"tide.batch_events",
+        c"Events after which a pipeline worker commits its target transaction.",
+        c"The worker commits at the next source transaction boundary after this many events; a source transaction is never split.",
+        &BATCH_EVENTS,
+        1,
+        10_000_000,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"tide.max_retry_delay",
+        c"Longest back-off, in seconds, after a failed pipeline iteration.",
+        c"",
+        &MAX_RETRY_DELAY_S,
+        1,
+        3600,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
+}
+
+/// The configured database name.
+pub fn database() -> String {
+    DATABASE
+        .get()
+        .as_deref()
+        .map(CStr::to_string_lossy)
+        .map(|s| s.into_owned())
+        .unwrap_or_else(|| "postgres".to_string())
+}

@@ -1,0 +1,109 @@
+//! pg_tide: change data capture with watermark backfill, inside PostgreSQL.
+//!
+//! Modules:
+//! - [`gucs`]: every `tide.*` setting;
+//! - [`shmem`]: launcher identity and live worker statistics;
+//! - [`api`]: the SQL functions (validate, call, map errors);
+//! - [`catalog`]: the only code touching `tide.*` tables and slots;
+//! - [`plugin`]: the logical decoding output plugin `pg_tide`;
+//! - [`worker`]: the launcher, the pipeline worker and the transaction helper;
+//! - [`schema`]: catalog tables, the outbox, views and privileges.
+//! Server-independent logic (wire codec, JSON rendering, reconciler) is in the `tide-core` crate.
+
+use pgrx::prelude::*;
+
+::pgrx::pg_module_magic!(name, version);
+
+pub mod api;
+pub mod catalog;
+pub mod error;
+pub mod gucs;
+pub mod plugin;
+pub mod schema;
+pub mod shmem;
+pub mod sql;
+pub mod worker;
+
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    gucs::init();
+    if unsafe { !pg_sys::process_shared_preload_libraries_in_progress } {
+        // Loaded by CREATE EXTENSION, a function call or as an output plugin: no worker.
+        return;
+    }
+    unsafe { shmem::PRELOADED = true };
+    use shmem::REGISTRY;
+    pgrx::pg_shmem_init!(REGISTRY);
+    worker::launcher::register();
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn version_is_the_crate_version() {
+        assert_eq!(
+            Spi::get_one::<String>("SELECT tide.version()")
+                .unwrap()
+                .unwrap(),
+            env!("CARGO_PKG_VERSION")
+        );
+    }
+
+    #[pg_test]
+    fn check_reports_a_ready_server() {
+        let s = Spi::get_one::<String>("SELECT tide.check()")
+            .unwrap()
+            .unwrap();
+        assert!(s.contains("wal_level = logical"), "{s}");
+    }
+
+    #[pg_test]
+    fn sqlstate_text_decodes_packed_codes() {
+        use pgrx::pg_sys::errcodes::PgSqlErrorCode;
+        assert_eq!(
+            crate::error::sqlstate_text(PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+            "55000"
+        );
+        assert_eq!(
+            crate::error::sqlstate_text(PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE),
+            "22023"
+        );
+    }
+
+    #[pg_test(error = "pipeline \"nope\" does not exist")]
+    fn drop_unknown_pipeline_is_an_error() {
+        Spi::run("SELECT tide.drop_pipeline('nope')").unwrap();
+    }
+
+    #[pg_test]
+    fn outbox_and_views_exist() {
+        assert_eq!(
+            Spi::get_one::<i64>("SELECT count(*) FROM tide.pipelines").unwrap(),
+            Some(0)
+        );
+        assert_eq!(
+            Spi::get_one::<i64>("SELECT count(*) FROM tide.outbox").unwrap(),
+            Some(0)
+        );
+    }
+}
+
+/// Required by `cargo pgrx test`.
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    #[must_use]
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec![
+            "shared_preload_libraries = 'pg_tide'",
+            "wal_level = logical",
+            "tide.database = 'pgrx_tests'",
+            "max_replication_slots = 10",
+            "max_worker_processes = 20",
+        ]
+    }
+}

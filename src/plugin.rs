@@ -1,0 +1,545 @@
+//! pg_tide's logical decoding output plugin.
+//!
+//! Owns: turning decoded heap changes into the versioned binary wire format of
+//! `docs/wire-format.md` (encoded by `tide_core::wire`, the same code the worker decodes with).
+//!
+//! Guarantees:
+//! - Only the relations listed in the `tables` option are emitted (plus pg_tide's transactional
+//!   logical messages with prefix `pg_tide`). Without a `tables` option every user table outside
+//!   the `tide` schema is emitted, which is handy for `pg_logical_slot_peek_binary_changes` by hand.
+//!   pg_tide's own catalog and outbox tables are never emitted, so its writes cannot feed back.
+//! - Transactions that emit nothing are not emitted at all (Begin is written lazily).
+//! - A `Relation` message precedes the first change of a relation in a decoding session and
+//!   follows every relcache invalidation of it, so every change is read with the shape it was
+//!   written with (DDL does not stop the stream).
+//! - An unchanged TOAST value is sent as "unchanged", never as a placeholder or a stale value.
+//! - Values are the type's text output, produced under a per-change memory context that is reset
+//!   after each change, so memory does not grow with transaction size.
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::ffi::CStr;
+use tide_core::lsn::Lsn;
+use tide_core::wire;
+
+/// Prefix of the transactional logical messages pg_tide writes (`pg_logical_emit_message`).
+pub const MESSAGE_PREFIX: &str = "pg_tide";
+
+/// Per-decoding-session state, owned by `ctx->output_plugin_private`.
+struct PluginState {
+    /// `None`: emit every user table outside the `tide` schema.
+    tables: Option<HashSet<pg_sys::Oid>>,
+    /// Whether the current transaction's Begin has been written.
+    begun: bool,
+    /// Scratch buffer for one message.
+    buf: Vec<u8>,
+    /// Type output function per type OID.
+    out_funcs: HashMap<pg_sys::Oid, pg_sys::Oid>,
+    /// Short-lived context reset after every change.
+    change_cx: pg_sys::MemoryContext,
+    /// OID of the `tide` schema, when it exists.
+    tide_namespace: Option<pg_sys::Oid>,
+    /// Transactions skipped (nothing emitted) since the last message, and the end LSN of the last
+    /// transaction reported (emitted or keepalive).
+    skipped: u32,
+    reported_end: u64,
+}
+
+/// A Keepalive is written after this many skipped transactions...
+const KEEPALIVE_TXNS: u32 = 64;
+/// ...or this much WAL, whichever comes first.
+const KEEPALIVE_BYTES: u64 = 1 << 20;
+
+thread_local! {
+    /// Relations whose description was sent in this decoding session and not invalidated since.
+    static SENT: RefCell<HashSet<pg_sys::Oid>> = RefCell::new(HashSet::new());
+    static CALLBACK_REGISTERED: RefCell<bool> = const { RefCell::new(false) };
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn relcache_invalidated(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    SENT.with(|s| {
+        let mut s = s.borrow_mut();
+        if relid == pg_sys::InvalidOid {
+            s.clear();
+        } else {
+            s.remove(&relid);
+        }
+    });
+}
+
+/// Entry point PostgreSQL looks up when a slot uses the plugin `pg_tide`.
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub unsafe extern "C-unwind" fn _PG_output_plugin_init(cb: *mut pg_sys::OutputPluginCallbacks) {
+    unsafe {
+        (*cb).startup_cb = Some(startup);
+        (*cb).begin_cb = Some(begin);
+        (*cb).change_cb = Some(change);
+        (*cb).truncate_cb = Some(truncate);
+        (*cb).commit_cb = Some(commit);
+        (*cb).message_cb = Some(message);
+        (*cb).shutdown_cb = Some(shutdown);
+    }
+}
+
+unsafe fn state<'a>(ctx: *mut pg_sys::LogicalDecodingContext) -> &'a mut PluginState {
+    // SAFETY: startup stores a leaked Box<PluginState> here before any other callback runs, and
+    // shutdown is the only place that frees it.
+    unsafe { &mut *((*ctx).output_plugin_private as *mut PluginState) }
+}
+
+fn option_string(def: *mut pg_sys::DefElem) -> (String, String) {
+    unsafe {
+        let name = CStr::from_ptr((*def).defname)
+            .to_string_lossy()
+            .into_owned();
+        let value = if (*def).arg.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(pg_sys::defGetString(def))
+                .to_string_lossy()
+                .into_owned()
+        };
+        (name, value)
+    }
+}
+
+fn invalid_option(message: String) -> ! {
+    crate::error::TideError::invalid(message)
+        .hint("pg_tide accepts the options proto_version ('1') and tables (comma-separated relation OIDs).")
+        .raise()
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn startup(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    opt: *mut pg_sys::OutputPluginOptions,
+    _is_init: bool,
+) {
+    unsafe {
+        (*opt).output_type = pg_sys::OutputPluginOutputType::OUTPUT_PLUGIN_BINARY_OUTPUT;
+        (*opt).receive_rewrites = false;
+
+        let mut tables = None;
+        let list = (*ctx).output_plugin_options;
+        if !list.is_null() {
+            for i in 0..(*list).length {
+                let def = (*(*list).elements.add(i as usize)).ptr_value as *mut pg_sys::DefElem;
+                let (name, value) = option_string(def);
+                match name.as_str() {
+                    "proto_version" => {
+                        if value.trim() != wire::PROTO_VERSION.to_string() {
+                            invalid_option(format!(
+                                "pg_tide output plugin: unsupported proto_version \"{value}\" (this server speaks {})",
+                                wire::PROTO_VERSION
+                            ));
+                        }
+                    }
+                    "tables" => {
+                        let mut set = HashSet::new();
+                        for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+                            match part.parse::<u32>() {
+                                Ok(oid) => {
+                                    set.insert(pg_sys::Oid::from(oid));
+                                }
+                                Err(_) => invalid_option(format!(
+                                    "pg_tide output plugin: \"{part}\" in option tables is not a relation OID"
+                                )),
+                            }
+                        }
+                        tables = Some(set);
+                    }
+                    other => {
+                        invalid_option(format!("pg_tide output plugin: unknown option \"{other}\""))
+                    }
+                }
+            }
+        }
+
+        let change_cx = pg_sys::AllocSetContextCreateInternal(
+            (*ctx).context,
+            c"pg_tide change".as_ptr(),
+            pg_sys::ALLOCSET_DEFAULT_MINSIZE as usize,
+            pg_sys::ALLOCSET_DEFAULT_INITSIZE as usize,
+            pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
+        );
+        let ns = pg_sys::get_namespace_oid(c"tide".as_ptr(), true);
+        let tide_namespace = if ns == pg_sys::InvalidOid {
+            None
+        } else {
+            Some(ns)
+        };
+
+        let state = Box::new(PluginState {
+            tables,
+            begun: false,
+            buf: Vec::with_capacity(8192),
+            out_funcs: HashMap::new(),
+            change_cx,
+            tide_namespace,
+            skipped: 0,
+            reported_end: 0,
+        });
+        (*ctx).output_plugin_private = Box::into_raw(state) as *mut std::ffi::c_void;
+
+        SENT.with(|s| s.borrow_mut().clear());
+        CALLBACK_REGISTERED.with(|r| {
+            if !*r.borrow() {
+                pg_sys::CacheRegisterRelcacheCallback(
+                    Some(relcache_invalidated),
+                    pg_sys::Datum::from(0),
+                );
+                *r.borrow_mut() = true;
+            }
+        });
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn shutdown(ctx: *mut pg_sys::LogicalDecodingContext) {
+    unsafe {
+        let p = (*ctx).output_plugin_private as *mut PluginState;
+        if !p.is_null() {
+            drop(Box::from_raw(p));
+            (*ctx).output_plugin_private = std::ptr::null_mut();
+        }
+    }
+}
+
+/// Hand the scratch buffer to PostgreSQL as one output message.
+unsafe fn flush(ctx: *mut pg_sys::LogicalDecodingContext, st: &mut PluginState, last: bool) {
+    unsafe {
+        pg_sys::OutputPluginPrepareWrite(ctx, last);
+        pg_sys::appendBinaryStringInfo(
+            (*ctx).out,
+            st.buf.as_ptr() as *const _,
+            st.buf.len() as i32,
+        );
+        pg_sys::OutputPluginWrite(ctx, last);
+    }
+    st.buf.clear();
+}
+
+unsafe fn ensure_begun(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    st: &mut PluginState,
+    txn: *mut pg_sys::ReorderBufferTXN,
+) {
+    if st.begun {
+        return;
+    }
+    unsafe {
+        wire::put_begin(
+            &mut st.buf,
+            u32::from((*txn).xid),
+            Lsn((*txn).final_lsn),
+            (*txn).xact_time.commit_time,
+        );
+        flush(ctx, st, false);
+    }
+    st.begun = true;
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn begin(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    _txn: *mut pg_sys::ReorderBufferTXN,
+) {
+    unsafe { state(ctx).begun = false };
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn commit(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    txn: *mut pg_sys::ReorderBufferTXN,
+    commit_lsn: pg_sys::XLogRecPtr,
+) {
+    unsafe {
+        let st = state(ctx);
+        let end = (*txn).end_lsn;
+        if !st.begun {
+            // Nothing emitted: let the reader advance past skipped transactions now and then, so
+            // an idle pipeline on a busy server does not retain WAL or re-decode it forever.
+            st.skipped += 1;
+            if st.skipped >= KEEPALIVE_TXNS
+                || end.saturating_sub(st.reported_end) >= KEEPALIVE_BYTES
+            {
+                wire::put_keepalive(&mut st.buf, Lsn(end));
+                flush(ctx, st, true);
+                st.skipped = 0;
+                st.reported_end = end;
+            }
+            return;
+        }
+        st.skipped = 0;
+        st.reported_end = end;
+        wire::put_commit(
+            &mut st.buf,
+            u32::from((*txn).xid),
+            Lsn(commit_lsn),
+            Lsn((*txn).end_lsn),
+            (*txn).xact_time.commit_time,
+        );
+        flush(ctx, st, true);
+        st.begun = false;
+    }
+}
+
+fn wanted(st: &PluginState, rel: pg_sys::Relation) -> bool {
+    unsafe {
+        let relid = (*rel).rd_id;
+        match &st.tables {
+            Some(set) => set.contains(&relid),
+            None => {
+                let ns = (*(*rel).rd_rel).relnamespace;
+                Some(ns) != st.tide_namespace
+                    && ns != pg_sys::Oid::from(pg_sys::PG_CATALOG_NAMESPACE)
+            }
+        }
+    }
+}
+
+/// Attribute numbers (1-based) of the relation's key: the replica identity index, else the
+/// primary key.
+unsafe fn key_bitmap(rel: pg_sys::Relation) -> *mut pg_sys::Bitmapset {
+    unsafe {
+        let ident = pg_sys::RelationGetIndexAttrBitmap(
+            rel,
+            pg_sys::IndexAttrBitmapKind::INDEX_ATTR_BITMAP_IDENTITY_KEY,
+        );
+        if !ident.is_null() {
+            return ident;
+        }
+        pg_sys::RelationGetIndexAttrBitmap(
+            rel,
+            pg_sys::IndexAttrBitmapKind::INDEX_ATTR_BITMAP_PRIMARY_KEY,
+        )
+    }
+}
+
+unsafe fn attr(desc: pg_sys::TupleDesc, i: usize) -> *mut pg_sys::FormData_pg_attribute {
+    unsafe { (*desc).attrs.as_mut_ptr().add(i) }
+}
+
+/// Whether a column is sent at all: dropped and generated columns are not.
+unsafe fn sent_column(a: *mut pg_sys::FormData_pg_attribute) -> bool {
+    unsafe { !(*a).attisdropped && (*a).attgenerated == 0 }
+}
+
+unsafe fn send_relation_if_needed(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    st: &mut PluginState,
+    rel: pg_sys::Relation,
+) {
+    unsafe {
+        let relid = (*rel).rd_id;
+        if SENT.with(|s| s.borrow().contains(&relid)) {
+            return;
+        }
+        let desc = (*rel).rd_att;
+        let natts = (*desc).natts as usize;
+        let keys = key_bitmap(rel);
+        let nsname_ptr = pg_sys::get_namespace_name((*(*rel).rd_rel).relnamespace);
+        let nsname = if nsname_ptr.is_null() {
+            ""
+        } else {
+            CStr::from_ptr(nsname_ptr).to_str().unwrap_or("")
+        };
+        let relname = CStr::from_ptr((*(*rel).rd_rel).relname.data.as_ptr())
+            .to_str()
+            .unwrap_or("");
+        let ncols = (0..natts).filter(|&i| sent_column(attr(desc, i))).count();
+        wire::put_relation_header(&mut st.buf, relid.to_u32(), nsname, relname, ncols as u16);
+        for i in 0..natts {
+            let a = attr(desc, i);
+            if !sent_column(a) {
+                continue;
+            }
+            let name = CStr::from_ptr((*a).attname.data.as_ptr())
+                .to_str()
+                .unwrap_or("");
+            let is_key = pg_sys::bms_is_member(
+                (*a).attnum as i32 - pg_sys::FirstLowInvalidHeapAttributeNumber,
+                keys,
+            );
+            let flags = if is_key { wire::COLUMN_KEY } else { 0 };
+            wire::put_column(
+                &mut st.buf,
+                name,
+                (*a).atttypid.to_u32(),
+                (*a).atttypmod,
+                flags,
+            );
+        }
+        flush(ctx, st, false);
+        SENT.with(|s| s.borrow_mut().insert(relid));
+    }
+}
+
+/// `VARATT_IS_EXTERNAL_ONDISK`: a TOAST pointer to a value stored out of line. In a decoded
+/// tuple this is only ever an unchanged value of an UPDATE (changed ones are reassembled).
+unsafe fn is_external_ondisk(ptr: *const pg_sys::varlena) -> bool {
+    unsafe {
+        pgrx::varlena::varatt_is_1b_e(ptr)
+            && pgrx::varlena::vartag_external(ptr) as pg_sys::vartag_external::Type
+                == pg_sys::vartag_external::VARTAG_ONDISK
+    }
+}
+
+unsafe fn put_tuple(
+    st: &mut PluginState,
+    rel: pg_sys::Relation,
+    tuple: *mut pg_sys::ReorderBufferTupleBuf,
+) {
+    unsafe {
+        let desc = (*rel).rd_att;
+        let natts = (*desc).natts as usize;
+        let mut values = vec![pg_sys::Datum::from(0); natts];
+        let mut nulls = vec![false; natts];
+        pg_sys::heap_deform_tuple(
+            &mut (*tuple).tuple,
+            desc,
+            values.as_mut_ptr(),
+            nulls.as_mut_ptr(),
+        );
+        let ncols = (0..natts).filter(|&i| sent_column(attr(desc, i))).count();
+        wire::put_tuple_header(&mut st.buf, ncols as u16);
+        for i in 0..natts {
+            let a = attr(desc, i);
+            if !sent_column(a) {
+                continue;
+            }
+            if nulls[i] {
+                wire::put_null(&mut st.buf);
+                continue;
+            }
+            let datum = values[i];
+            if (*a).attlen == -1 && is_external_ondisk(datum.cast_mut_ptr()) {
+                wire::put_unchanged(&mut st.buf);
+                continue;
+            }
+            let typid = (*a).atttypid;
+            let func = *st.out_funcs.entry(typid).or_insert_with(|| {
+                let mut f = pg_sys::InvalidOid;
+                let mut varlena = false;
+                pg_sys::getTypeOutputInfo(typid, &mut f, &mut varlena);
+                f
+            });
+            let text = pg_sys::OidOutputFunctionCall(func, datum);
+            wire::put_text(&mut st.buf, CStr::from_ptr(text).to_bytes());
+        }
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn change(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    txn: *mut pg_sys::ReorderBufferTXN,
+    rel: pg_sys::Relation,
+    change: *mut pg_sys::ReorderBufferChange,
+) {
+    unsafe {
+        let st = state(ctx);
+        if !wanted(st, rel) {
+            return;
+        }
+        let old_cx = pg_sys::MemoryContextSwitchTo(st.change_cx);
+        ensure_begun(ctx, st, txn);
+        send_relation_if_needed(ctx, st, rel);
+        let relid = (*rel).rd_id.to_u32();
+        let tp = (*change).data.tp;
+        use pg_sys::ReorderBufferChangeType::*;
+        let mut emitted = true;
+        match (*change).action {
+            REORDER_BUFFER_CHANGE_INSERT if !tp.newtuple.is_null() => {
+                wire::put_insert_header(&mut st.buf, relid);
+                put_tuple(st, rel, tp.newtuple);
+            }
+            REORDER_BUFFER_CHANGE_UPDATE if !tp.newtuple.is_null() => {
+                let has_old = !tp.oldtuple.is_null();
+                wire::put_update_header(&mut st.buf, relid, has_old);
+                if has_old {
+                    put_tuple(st, rel, tp.oldtuple);
+                }
+                put_tuple(st, rel, tp.newtuple);
+            }
+            REORDER_BUFFER_CHANGE_DELETE if !tp.oldtuple.is_null() => {
+                wire::put_delete_header(&mut st.buf, relid);
+                put_tuple(st, rel, tp.oldtuple);
+            }
+            REORDER_BUFFER_CHANGE_DELETE => {
+                // REPLICA IDENTITY NOTHING: the key of the deleted row is not in the WAL.
+                pgrx::warning!(
+                    "pg_tide: a DELETE on relation {} carries no key (REPLICA IDENTITY NOTHING) and cannot be captured",
+                    relid
+                );
+                emitted = false;
+            }
+            _ => emitted = false,
+        }
+        if emitted {
+            flush(ctx, st, true);
+        } else {
+            st.buf.clear();
+        }
+        pg_sys::MemoryContextSwitchTo(old_cx);
+        pg_sys::MemoryContextReset(st.change_cx);
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn truncate(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    txn: *mut pg_sys::ReorderBufferTXN,
+    nrelations: std::ffi::c_int,
+    relations: *mut pg_sys::Relation,
+    change: *mut pg_sys::ReorderBufferChange,
+) {
+    unsafe {
+        let st = state(ctx);
+        let rels: Vec<pg_sys::Relation> = (0..nrelations as usize)
+            .map(|i| *relations.add(i))
+            .filter(|&r| wanted(st, r))
+            .collect();
+        if rels.is_empty() {
+            return;
+        }
+        ensure_begun(ctx, st, txn);
+        for &r in &rels {
+            send_relation_if_needed(ctx, st, r);
+        }
+        let t = (*change).data.truncate;
+        let flags = (t.cascade as u8) | ((t.restart_seqs as u8) << 1);
+        let relids: Vec<u32> = rels.iter().map(|&r| (*r).rd_id.to_u32()).collect();
+        wire::put_truncate(&mut st.buf, flags, &relids);
+        flush(ctx, st, true);
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn message(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    txn: *mut pg_sys::ReorderBufferTXN,
+    _lsn: pg_sys::XLogRecPtr,
+    transactional: bool,
+    prefix: *const std::ffi::c_char,
+    size: pg_sys::Size,
+    content: *const std::ffi::c_char,
+) {
+    unsafe {
+        if !transactional
+            || txn.is_null()
+            || CStr::from_ptr(prefix).to_bytes() != MESSAGE_PREFIX.as_bytes()
+        {
+            return;
+        }
+        let st = state(ctx);
+        ensure_begun(ctx, st, txn);
+        let body = std::slice::from_raw_parts(content as *const u8, size);
+        wire::put_signal(&mut st.buf, body);
+        flush(ctx, st, true);
+    }
+}

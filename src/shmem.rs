@@ -1,0 +1,225 @@
+//! Shared memory: the launcher's identity and one slot of live statistics per pipeline worker.
+//!
+//! Nothing here is persisted: it is rebuilt from scratch at every server start (and after a
+//! crash restart). Durable pipeline state lives in the `tide.pipeline` catalog table.
+//! Writers: the launcher sets `launcher_pid` and `db_ok`; a pipeline worker claims one slot at
+//! start, updates it after every iteration and clears it when it exits. Readers: the SQL API (to
+//! wake or stop workers) and the `tide.pipelines` view (through `tide._worker_status()`).
+
+use pgrx::prelude::*;
+use pgrx::{PGRXSharedMemory, PgLwLock};
+
+/// How many pipelines can run at once.
+pub const MAX_PIPELINES: usize = 64;
+const NAME_LEN: usize = 64;
+
+/// Worker state as the worker reports it. Set only by the pipeline worker; not persisted (the
+/// catalog keeps the last error; "stopped" is what the view shows when no worker is alive).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub enum WorkerState {
+    /// Slot free or worker not yet running.
+    #[default]
+    None = 0,
+    /// Worker started, first iteration not finished.
+    Starting = 1,
+    /// Worker applied (or found nothing to apply) in its last iteration.
+    Streaming = 2,
+    /// The pipeline is disabled by `tide.pause_pipeline`.
+    Paused = 3,
+    /// The last iteration failed; the worker is backing off before retrying.
+    Error = 4,
+}
+
+impl WorkerState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerState::None => "stopped",
+            WorkerState::Starting => "starting",
+            WorkerState::Streaming => "streaming",
+            WorkerState::Paused => "paused",
+            WorkerState::Error => "error",
+        }
+    }
+}
+
+/// Live statistics of one pipeline worker.
+#[derive(Copy, Clone, Debug)]
+pub struct WorkerSlot {
+    pub in_use: bool,
+    pub name: [u8; NAME_LEN],
+    pub pid: i32,
+    pub state: WorkerState,
+    /// Worker start time (TimestampTz, µs since 2000-01-01).
+    pub started_at: i64,
+    pub events: u64,
+    pub txns: u64,
+    /// Commit time of the last source transaction applied (TimestampTz), 0 if none.
+    pub last_commit_time: i64,
+    /// True when the last iteration consumed everything the slot had: no backlog.
+    pub drained: bool,
+    /// Time of the last finished iteration (TimestampTz).
+    pub last_poll: i64,
+    /// Every source transaction that committed before this LSN has been applied (set after an
+    /// iteration that drained the slot: the WAL flush position read when it started).
+    pub caught_up_lsn: u64,
+}
+
+impl Default for WorkerSlot {
+    fn default() -> Self {
+        WorkerSlot {
+            in_use: false,
+            name: [0; NAME_LEN],
+            pid: 0,
+            state: WorkerState::None,
+            started_at: 0,
+            events: 0,
+            txns: 0,
+            last_commit_time: 0,
+            drained: false,
+            last_poll: 0,
+            caught_up_lsn: 0,
+        }
+    }
+}
+
+impl WorkerSlot {
+    pub fn name(&self) -> &str {
+        let end = self.name.iter().position(|&b| b == 0).unwrap_or(NAME_LEN);
+        std::str::from_utf8(&self.name[..end]).unwrap_or("")
+    }
+    fn set_name(&mut self, name: &str) {
+        self.name = [0; NAME_LEN];
+        let n = name.len().min(NAME_LEN - 1);
+        self.name[..n].copy_from_slice(&name.as_bytes()[..n]);
+    }
+}
+
+/// Everything pg_tide keeps in shared memory.
+#[derive(Copy, Clone)]
+pub struct Registry {
+    pub launcher_pid: i32,
+    /// False after the launcher failed to find its database: the next launcher start checks for
+    /// it without connecting (so a missing database is logged once, not on every restart).
+    pub db_ok: bool,
+    pub workers: [WorkerSlot; MAX_PIPELINES],
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry {
+            launcher_pid: 0,
+            db_ok: true,
+            workers: [WorkerSlot::default(); MAX_PIPELINES],
+        }
+    }
+}
+
+unsafe impl PGRXSharedMemory for Registry {}
+
+pub static REGISTRY: PgLwLock<Registry> = unsafe { PgLwLock::new(c"pg_tide_registry") };
+
+/// Whether `_PG_init` ran in the postmaster (library preloaded), so the registry exists.
+pub fn preloaded() -> bool {
+    unsafe { PRELOADED }
+}
+
+pub(crate) static mut PRELOADED: bool = false;
+
+/// Claim (or re-claim) the slot of a pipeline for the calling worker.
+pub fn claim(name: &str, pid: i32, now: i64) -> Option<usize> {
+    let mut reg = REGISTRY.exclusive();
+    let idx = reg
+        .workers
+        .iter()
+        .position(|w| w.in_use && w.name() == name)
+        .or_else(|| reg.workers.iter().position(|w| !w.in_use))?;
+    let w = &mut reg.workers[idx];
+    *w = WorkerSlot::default();
+    w.in_use = true;
+    w.set_name(name);
+    w.pid = pid;
+    w.state = WorkerState::Starting;
+    w.started_at = now;
+    Some(idx)
+}
+
+/// Release a slot if it still belongs to `pid`.
+pub fn release(idx: usize, pid: i32) {
+    let mut reg = REGISTRY.exclusive();
+    if let Some(w) = reg.workers.get_mut(idx) {
+        if w.in_use && w.pid == pid {
+            *w = WorkerSlot::default();
+        }
+    }
+}
+
+/// Update a worker's slot.
+pub fn update(idx: usize, f: impl FnOnce(&mut WorkerSlot)) {
+    let mut reg = REGISTRY.exclusive();
+    if let Some(w) = reg.workers.get_mut(idx) {
+        f(w)
+    }
+}
+
+/// The pid of the live worker of a pipeline, if any.
+pub fn worker_pid(name: &str) -> Option<i32> {
+    if !preloaded() {
+        return None;
+    }
+    let reg = REGISTRY.share();
+    reg.workers
+        .iter()
+        .find(|w| w.in_use && w.name() == name)
+        .map(|w| w.pid)
+        .filter(|&p| p > 0)
+}
+
+/// How far a pipeline's worker is known to have caught up (see [`WorkerSlot::caught_up_lsn`]).
+pub fn caught_up_lsn(name: &str) -> Option<u64> {
+    if !preloaded() {
+        return None;
+    }
+    let reg = REGISTRY.share();
+    reg.workers
+        .iter()
+        .find(|w| w.in_use && w.name() == name)
+        .map(|w| w.caught_up_lsn)
+}
+
+/// The launcher's pid, if it is running.
+pub fn launcher_pid() -> Option<i32> {
+    if !preloaded() {
+        return None;
+    }
+    let p = REGISTRY.share().launcher_pid;
+    (p > 0).then_some(p)
+}
+
+/// A copy of all worker slots in use.
+pub fn snapshot() -> Vec<WorkerSlot> {
+    if !preloaded() {
+        return Vec::new();
+    }
+    REGISTRY
+        .share()
+        .workers
+        .iter()
+        .filter(|w| w.in_use)
+        .copied()
+        .collect()
+}
+
+/// Set a process's latch by signalling it (SIGUSR1 sets the latch of any backend or worker).
+pub fn wake(pid: i32) {
+    if pid > 0 {
+        unsafe {
+            libc_kill(pid, pg_sys::SIGUSR1 as i32);
+        }
+    }
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}

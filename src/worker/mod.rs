@@ -1,0 +1,6 @@
+//! Background workers: the launcher, the per-pipeline worker, and the one transaction helper
+//! both use.
+
+pub mod launcher;
+pub mod pipeline;
+pub mod tx;
