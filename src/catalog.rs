@@ -60,18 +60,18 @@ pub fn lock_pipeline(c: &mut SpiClient<'_>, name: &str) -> TideResult<Option<Pip
         None,
         &[name.into()],
     )?;
-    for r in rows {
-        return Ok(Some(PipelineRow {
-            name: r.get::<String>(1)?.unwrap_or_default(),
-            target: r.get::<String>(2)?.unwrap_or_default(),
-            slot_name: r.get::<String>(3)?.unwrap_or_default(),
-            enabled: r.get::<bool>(4)?.unwrap_or(false),
-            applied_lsn: r.get::<String>(5)?,
-            confirmed_lsn: r.get::<String>(6)?,
-            has_error: r.get::<bool>(7)?.unwrap_or(false),
-        }));
-    }
-    Ok(None)
+    let Some(r) = rows.into_iter().next() else {
+        return Ok(None);
+    };
+    Ok(Some(PipelineRow {
+        name: r.get::<String>(1)?.unwrap_or_default(),
+        target: r.get::<String>(2)?.unwrap_or_default(),
+        slot_name: r.get::<String>(3)?.unwrap_or_default(),
+        enabled: r.get::<bool>(4)?.unwrap_or(false),
+        applied_lsn: r.get::<String>(5)?,
+        confirmed_lsn: r.get::<String>(6)?,
+        has_error: r.get::<bool>(7)?.unwrap_or(false),
+    }))
 }
 
 /// The tables a pipeline captures.
@@ -160,6 +160,11 @@ fn default_remedy(e: &TideError) -> String {
 
 /// Advance a slot, after the target committed everything up to `lsn`.
 pub fn advance_slot(slot: &str, lsn: &str) -> TideResult<()> {
+    // Advancing decodes too, which logs "starting logical decoding" at LOG: keep the log quiet.
+    crate::sql::one::<String>(
+        "SELECT set_config('log_min_messages', 'warning', true)",
+        &[],
+    )?;
     crate::sql::one::<bool>(
         "SELECT true FROM pg_catalog.pg_replication_slot_advance($1::name, $2::pg_lsn)",
         &[slot.into(), lsn.into()],

@@ -8,6 +8,7 @@
 //! - [`plugin`]: the logical decoding output plugin `pg_tide`;
 //! - [`worker`]: the launcher, the pipeline worker and the transaction helper;
 //! - [`schema`]: catalog tables, the outbox, views and privileges.
+//!
 //! Server-independent logic (wire codec, JSON rendering, reconciler) is in the `tide-core` crate.
 
 use pgrx::prelude::*;
@@ -78,8 +79,28 @@ mod tests {
         Spi::run("SELECT tide.drop_pipeline('nope')").unwrap();
     }
 
+    #[pg_test(error = "no pipeline captures public.uncaptured")]
+    fn backfill_of_an_uncaptured_table_is_an_error() {
+        Spi::run("CREATE TABLE public.uncaptured (id int PRIMARY KEY)").unwrap();
+        Spi::run("SELECT tide.start_backfill('public.uncaptured')").unwrap();
+    }
+
+    #[pg_test(error = "pipeline \"nope\" does not exist")]
+    fn add_table_to_unknown_pipeline_is_an_error() {
+        Spi::run("CREATE TABLE public.t1 (id int PRIMARY KEY)").unwrap();
+        Spi::run("SELECT tide.add_table('nope', 'public.t1')").unwrap();
+    }
+
     #[pg_test]
     fn outbox_and_views_exist() {
+        assert_eq!(
+            Spi::get_one::<i64>("SELECT count(*) FROM tide.backfills").unwrap(),
+            Some(0)
+        );
+        assert_eq!(
+            Spi::get_one::<i64>("SELECT count(*) FROM tide.readiness").unwrap(),
+            Some(0)
+        );
         assert_eq!(
             Spi::get_one::<i64>("SELECT count(*) FROM tide.pipelines").unwrap(),
             Some(0)

@@ -62,6 +62,70 @@ COMMENT ON COLUMN tide.outbox.position IS 'Position of the event within its sour
 COMMENT ON COLUMN tide.outbox.key IS 'The key columns (replica identity / primary key) of the row, as jsonb.';
 COMMENT ON COLUMN tide.outbox."row" IS 'The new row as jsonb (NULL for delete and truncate); jsonb_populate_record(NULL::source, row) rebuilds it. Columns listed in unchanged are absent.';
 COMMENT ON COLUMN tide.outbox.unchanged IS 'Columns whose value did not change and was not sent (unchanged TOAST); keep the value you have.';
+
+-- The signal table: the worker's watermark writes. One row per pipeline, updated in place, so it
+-- stays one row whatever the number of chunks. Written only by pipeline workers.
+CREATE TABLE tide.signal (
+    pipeline     text PRIMARY KEY,
+    watermark    bigint NOT NULL,       -- unique per watermark pair, never reused (tide.watermark_seq)
+    kind         text NOT NULL CHECK (kind IN ('low', 'high')),
+    backfill_id  bigint NOT NULL,
+    chunk        bigint NOT NULL,
+    written_at   timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+COMMENT ON TABLE tide.signal IS 'Watermark writes of the backfill (low/high per chunk). Written only by pg_tide workers.';
+CREATE SEQUENCE tide.watermark_seq;
+
+-- Backfills: one row per (re-)seed of a table for a pipeline.
+CREATE TABLE tide.backfill (
+    id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    pipeline        text NOT NULL REFERENCES tide.pipeline(name) ON DELETE CASCADE,
+    relid           oid NOT NULL,
+    relation        text NOT NULL,
+    key_columns     text[] NOT NULL,
+    owner           name NOT NULL,          -- the chunk SELECTs run as this role
+    -- queued, running, paused, done, cancelled, failed. Set by the SQL API (queued, paused,
+    -- cancelled, running on resume) and by the worker (running, done, failed).
+    state           text NOT NULL DEFAULT 'queued'
+                    CHECK (state IN ('queued', 'running', 'paused', 'done', 'cancelled', 'failed')),
+    generation      integer NOT NULL,
+    chunk_size      integer NOT NULL CHECK (chunk_size > 0),
+    rows_per_second integer CHECK (rows_per_second > 0),
+    condition       text,
+    -- Durable progress, written by the worker in the same transaction as the chunk's rows.
+    chunks_done     bigint NOT NULL DEFAULT 0,
+    rows_read       bigint NOT NULL DEFAULT 0,
+    rows_dropped    bigint NOT NULL DEFAULT 0,
+    rows_emitted    bigint NOT NULL DEFAULT 0,
+    last_key        text[],                 -- key (text output per key column) of the last row emitted
+    read_complete   boolean NOT NULL DEFAULT false,  -- the last chunk has been read
+    estimated_rows  bigint,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    started_at      timestamptz,
+    finished_at     timestamptz,
+    finished_lsn    pg_lsn,                 -- commit LSN of the last chunk's high watermark
+    error           text,
+    remedy          text
+);
+CREATE UNIQUE INDEX backfill_one_active ON tide.backfill (pipeline, relid)
+    WHERE state IN ('queued', 'running', 'paused');
+COMMENT ON TABLE tide.backfill IS 'Backfills (watermark snapshots) per pipeline and table; read tide.backfills.';
+
+-- Recent chunks (bounded: the worker keeps the last 1000 per backfill).
+CREATE TABLE tide.chunk (
+    backfill_id   bigint NOT NULL REFERENCES tide.backfill(id) ON DELETE CASCADE,
+    chunk         bigint NOT NULL,
+    key_from      text[],
+    key_to        text[],
+    low_lsn       pg_lsn,
+    high_lsn      pg_lsn,
+    rows_read     integer NOT NULL,
+    rows_dropped  integer NOT NULL,
+    rows_emitted  integer NOT NULL,
+    read_at       timestamptz NOT NULL,
+    emitted_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (backfill_id, chunk)
+);
 "#,
     name = "catalog",
     bootstrap
@@ -107,6 +171,48 @@ SELECT t.pipeline, t.relation, t.relid::regclass AS source, t.key_columns, t.add
        t.added_lsn IS NOT NULL AS capturing
   FROM tide.pipeline_table t;
 COMMENT ON VIEW tide.tables IS 'Tables captured by each pipeline; capturing is true once the worker reached the add_table point in the stream.';
+
+CREATE VIEW tide.backfills AS
+SELECT b.id, b.pipeline, b.relation, b.relid::regclass AS source, b.state, b.generation, b.chunk_size,
+       b.rows_per_second, b.condition, b.chunks_done, b.rows_read, b.rows_dropped, b.rows_emitted,
+       b.last_key, b.estimated_rows,
+       CASE WHEN b.state = 'done' THEN 1.0
+            WHEN coalesce(b.estimated_rows, 0) <= 0 THEN NULL
+            ELSE least(1.0, b.rows_read::float8 / b.estimated_rows) END          AS fraction_done,
+       r.rows_per_second_now,
+       CASE WHEN b.state IN ('running', 'queued') AND r.rows_per_second_now > 0 AND b.estimated_rows IS NOT NULL
+            THEN make_interval(secs => greatest(0, b.estimated_rows - b.rows_read) / r.rows_per_second_now) END
+                                                                                   AS estimated_time_left,
+       b.created_at, b.started_at, b.finished_at, b.finished_lsn, b.error, b.remedy
+  FROM tide.backfill b
+  LEFT JOIN LATERAL (
+       SELECT CASE WHEN count(*) >= 2 AND extract(epoch FROM max(c.emitted_at) - min(c.read_at)) > 0
+                   THEN sum(c.rows_read) / extract(epoch FROM max(c.emitted_at) - min(c.read_at)) END::float8
+                   AS rows_per_second_now
+         FROM (SELECT * FROM tide.chunk c WHERE c.backfill_id = b.id ORDER BY c.chunk DESC LIMIT 10) c
+  ) r ON true;
+COMMENT ON VIEW tide.backfills IS 'One row per backfill: state, progress, speed, estimated time left, error and remedy.';
+
+CREATE VIEW tide.chunks AS
+SELECT c.backfill_id, b.pipeline, b.relation, c.chunk, c.key_from, c.key_to, c.low_lsn, c.high_lsn,
+       c.rows_read, c.rows_dropped, c.rows_emitted, c.emitted_at - c.read_at AS duration, c.read_at, c.emitted_at
+  FROM tide.chunk c JOIN tide.backfill b ON b.id = c.backfill_id;
+COMMENT ON VIEW tide.chunks IS 'Recent backfill chunks (the last 1000 per backfill).';
+
+CREATE VIEW tide.readiness AS
+SELECT t.pipeline, t.relation, t.relid::regclass AS source, b.id AS backfill_id, b.state AS backfill_state,
+       coalesce(b.state = 'done' OR b.read_complete, false)                     AS snapshot_read_complete,
+       coalesce(b.state = 'done', false)                                       AS snapshot_emitted,
+       coalesce(b.state = 'done' AND w.caught_up_lsn::pg_lsn >= b.finished_lsn, false)  AS target_caught_up,
+       CASE WHEN b.id IS NULL THEN 'no backfill'
+            WHEN b.state <> 'done' THEN 'backfilling'
+            WHEN w.caught_up_lsn::pg_lsn >= b.finished_lsn THEN 'ready'
+            ELSE 'catching up' END                                              AS readiness
+  FROM tide.pipeline_table t
+  LEFT JOIN LATERAL (SELECT * FROM tide.backfill b WHERE b.pipeline = t.pipeline AND b.relid = t.relid
+                      ORDER BY b.id DESC LIMIT 1) b ON true
+  LEFT JOIN tide._worker_status() w ON w.pipeline = t.pipeline;
+COMMENT ON VIEW tide.readiness IS 'Per pipeline and table: snapshot read complete, snapshot emitted, target caught up past the completion position.';
 
 -- Nothing in pg_tide is for PUBLIC by default: grant what a role needs explicitly.
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA tide FROM PUBLIC;

@@ -9,6 +9,8 @@ use crate::worker::launcher::{LAUNCHER_TYPE, WORKER_TYPE};
 use pgrx::prelude::*;
 use pgrx::{JsonB, PgRelation};
 
+pub mod backfill;
+
 /// Target kinds this version can write.
 const TARGETS: &[&str] = &["outbox"];
 /// Target kinds designed but not yet available.
@@ -69,6 +71,7 @@ pub fn check_server() -> TideResult<String> {
 
 /// Live state of the pipeline workers (used by the `tide.pipelines` view).
 #[pg_extern]
+#[allow(clippy::type_complexity)]
 fn _worker_status() -> TableIterator<
     'static,
     (
@@ -80,6 +83,7 @@ fn _worker_status() -> TableIterator<
         name!(txns, i64),
         name!(drained, bool),
         name!(last_poll, Option<pgrx::datum::TimestampWithTimeZone>),
+        name!(caught_up_lsn, String),
     ),
 > {
     let ts = |us: i64| -> Option<pgrx::datum::TimestampWithTimeZone> {
@@ -104,6 +108,7 @@ fn _worker_status() -> TableIterator<
                 w.txns as i64,
                 w.drained,
                 ts(w.last_poll),
+                tide_core::lsn::Lsn(w.caught_up_lsn).to_string(),
             )
         })
         .collect();
@@ -147,7 +152,7 @@ fn pipeline_exists(name: &str) -> TideResult<bool> {
     .unwrap_or(false))
 }
 
-fn require_pipeline(name: &str) -> TideResult<()> {
+pub(crate) fn require_pipeline(name: &str) -> TideResult<()> {
     if pipeline_exists(name)? {
         Ok(())
     } else {
@@ -157,7 +162,7 @@ fn require_pipeline(name: &str) -> TideResult<()> {
 }
 
 /// Wake a process once the calling transaction commits (never before: it must see the change).
-fn wake_on_commit(pid: Option<i32>) {
+pub(crate) fn wake_on_commit(pid: Option<i32>) {
     if let Some(pid) = pid {
         pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, move || shmem::wake(pid));
     }
@@ -292,6 +297,10 @@ fn drop_pipeline_impl(name: &str) -> TideResult<()> {
         &[catalog::pipeline_lock_key(name).into()],
     )?;
     sql::exec("DELETE FROM tide.pipeline WHERE name = $1", &[name.into()])?;
+    sql::exec(
+        "DELETE FROM tide.signal WHERE pipeline = $1",
+        &[name.into()],
+    )?;
     if let Some(pid) = shmem::worker_pid(name) {
         sql::exec("SELECT pg_terminate_backend($1)", &[pid.into()])?;
         wait_for_exit(pid, 30)?;
@@ -324,7 +333,7 @@ fn drop_pipeline_impl(name: &str) -> TideResult<()> {
     Ok(())
 }
 
-fn sleep_ms(ms: u64) {
+pub(crate) fn sleep_ms(ms: u64) {
     unsafe {
         pg_sys::WaitLatch(
             pg_sys::MyLatch,
@@ -409,7 +418,7 @@ fn wait_for_pipeline_impl(name: &str, timeout: pgrx::datum::Interval) -> TideRes
     }
 }
 
-fn interval_micros(i: &pgrx::datum::Interval) -> i64 {
+pub(crate) fn interval_micros(i: &pgrx::datum::Interval) -> i64 {
     i.micros() + (i.days() as i64) * 86_400_000_000 + (i.months() as i64) * 30 * 86_400_000_000
 }
 
@@ -515,13 +524,14 @@ fn validate_source(relid: pg_sys::Oid) -> TideResult<SourceInfo> {
     Ok(s)
 }
 
-/// Start capturing a table: every change committed after this call commits is delivered.
+/// Start capturing a table: every change committed after this call commits is delivered, and
+/// (unless `backfill => false`) the rows that already exist are backfilled.
 #[pg_extern]
-fn add_table(pipeline: &str, source: PgRelation) {
-    add_table_impl(pipeline, source.oid()).or_raise()
+fn add_table(pipeline: &str, source: PgRelation, backfill: default!(bool, true)) {
+    add_table_impl(pipeline, source.oid(), backfill).or_raise()
 }
 
-fn add_table_impl(pipeline: &str, relid: pg_sys::Oid) -> TideResult<()> {
+fn add_table_impl(pipeline: &str, relid: pg_sys::Oid, backfill: bool) -> TideResult<()> {
     check_server()?;
     require_pipeline(pipeline)?;
     let s = validate_source(relid)?;
@@ -542,6 +552,10 @@ fn add_table_impl(pipeline: &str, relid: pg_sys::Oid) -> TideResult<()> {
         &[pipeline.into(), relid.into(), s.qualified.clone().into(), s.key_columns.into()],
     )?;
     emit_signal("add_table", pipeline, relid)?;
+    if backfill {
+        // Queued now; the worker starts it once it has passed the add_table marker.
+        backfill::start_backfill_impl(relid, Some(pipeline), None, None)?;
+    }
     wake_on_commit(shmem::worker_pid(pipeline));
     Ok(())
 }

@@ -28,6 +28,7 @@ use crate::catalog::{self, PipelineRow};
 use crate::error::{TideError, TideResult};
 use crate::gucs;
 use crate::shmem::{self, WorkerState};
+use crate::worker::backfill::Backfiller;
 use crate::worker::tx;
 use pgrx::bgworkers::*;
 use pgrx::prelude::*;
@@ -43,10 +44,10 @@ const FLUSH_ROWS: usize = 1000;
 /// Rows fetched from the decoding cursor at a time.
 const FETCH_ROWS: i64 = 1000;
 
-struct OwnedColumn {
-    name: String,
-    type_oid: u32,
-    key: bool,
+pub(crate) struct OwnedColumn {
+    pub name: String,
+    pub type_oid: u32,
+    pub key: bool,
 }
 
 impl ColumnDesc for OwnedColumn {
@@ -80,6 +81,8 @@ struct Outcome {
     drained: bool,
     /// WAL flush position read before decoding started.
     start_flush: Lsn,
+    /// Backfill rows emitted at high watermarks.
+    backfill_rows: u64,
 }
 
 /// Main function of a pipeline worker. The pipeline name is in `bgw_extra`, the database OID in
@@ -98,8 +101,22 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
         return;
     };
     log!("pg_tide worker for pipeline \"{name}\" started");
+    // Deterministic text output for every value the worker renders (stream and backfill alike).
+    if let Err(e) = tx::run(|| {
+        crate::sql::text_rows(
+            "SELECT set_config('DateStyle', 'ISO, YMD', false), set_config('IntervalStyle', 'postgres', false),
+                    set_config('extra_float_digits', '1', false), set_config('bytea_output', 'hex', false),
+                    set_config('TimeZone', 'UTC', false)",
+            &[],
+            1,
+            false,
+        )
+    }) {
+        log!("pg_tide worker \"{name}\": could not set output settings: {e}");
+    }
 
     let mut failures: u32 = 0;
+    let mut bf = Backfiller::default();
     loop {
         if BackgroundWorker::sigterm_received() {
             break;
@@ -107,7 +124,7 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
         if BackgroundWorker::sighup_received() {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
-        let result = tx::run(|| iterate(&name));
+        let result = tx::run(|| iterate(&name, &mut bf));
         let wait: Duration = match result {
             Ok(o) if o.gone => {
                 log!("pg_tide worker: pipeline \"{name}\" was dropped; exiting");
@@ -148,13 +165,28 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
                     }
                     w.last_poll = now_us();
                 });
-                if o.drained {
+                // Between iterations: read the next backfill chunk when one is due. Its high
+                // watermark is then in the slot, so the next iteration runs at once.
+                let mut stepped = false;
+                if !bf.has_pending() {
+                    match bf.step(&name) {
+                        Ok(()) => stepped = bf.has_pending(),
+                        Err(e) => log!(
+                            "pg_tide worker \"{name}\": reading a backfill chunk failed (SQLSTATE {}): {e}{}",
+                            e.sqlstate(),
+                            e.hint.as_deref().map(|h| format!(". Hint: {h}")).unwrap_or_default()
+                        ),
+                    }
+                }
+                if o.drained && !stepped {
                     Duration::from_millis(gucs::POLL_INTERVAL_MS.get().max(1) as u64)
                 } else {
                     Duration::ZERO
                 }
             }
             Err(e) => {
+                // The chunk in memory may have seen part of a stream that will be replayed.
+                bf.forget();
                 failures = (failures + 1).min(16);
                 let delay = Duration::from_millis(
                     (250u64 << failures.min(10)).min(gucs::MAX_RETRY_DELAY_S.get() as u64 * 1000),
@@ -190,7 +222,7 @@ fn now_us() -> i64 {
 }
 
 /// One iteration, inside a transaction.
-fn iterate(name: &str) -> TideResult<Outcome> {
+fn iterate(name: &str, bf: &mut Backfiller) -> TideResult<Outcome> {
     Spi::connect_mut(|c| {
         let Some(p) = catalog::lock_pipeline(c, name)? else {
             return Ok(Outcome {
@@ -222,7 +254,7 @@ fn iterate(name: &str) -> TideResult<Outcome> {
             "SELECT set_config('log_min_messages', 'warning', true)",
             &[],
         )?;
-        stream(c, &p)
+        stream(c, &p, bf)
     })
 }
 
@@ -233,8 +265,10 @@ struct TableSets {
     pending: HashSet<u32>,
 }
 
-fn stream(c: &mut SpiClient<'_>, p: &PipelineRow) -> TideResult<Outcome> {
+fn stream(c: &mut SpiClient<'_>, p: &PipelineRow, bf: &mut Backfiller) -> TideResult<Outcome> {
     let tables = catalog::tables(c, &p.name)?;
+    let signal_relid = crate::sql::one::<i64>("SELECT 'tide.signal'::regclass::oid::int8", &[])?
+        .unwrap_or(0) as u32;
     let mut sets = TableSets {
         capturing: tables
             .iter()
@@ -249,7 +283,9 @@ fn stream(c: &mut SpiClient<'_>, p: &PipelineRow) -> TideResult<Outcome> {
     };
     let filter: String = tables
         .iter()
-        .map(|t| t.relid.to_string())
+        .map(|t| t.relid)
+        .chain(std::iter::once(signal_relid))
+        .map(|r| r.to_string())
         .collect::<Vec<_>>()
         .join(",");
     let applied = match &p.applied_lsn {
@@ -363,12 +399,34 @@ fn stream(c: &mut SpiClient<'_>, p: &PipelineRow) -> TideResult<Outcome> {
                         }
                     }
                 }
+                Message::Insert { relid, new }
+                | Message::Update {
+                    relid,
+                    new,
+                    old_key: _,
+                } if relid == signal_relid => {
+                    if let Some(t) = txn.as_mut() {
+                        if !t.skip {
+                            let rel = rel_desc(&rels, relid)?;
+                            if let Some((pipeline, watermark, kind)) = parse_watermark(rel, &new) {
+                                if pipeline == p.name {
+                                    if let Some(e) =
+                                        bf.on_signal(c, &mut sink, t, watermark, &kind)?
+                                    {
+                                        out.backfill_rows += e.rows;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
                 Message::Insert { relid, new } => {
                     if let Some(t) = txn.as_mut() {
                         if !t.skip && sets.capturing.contains(&relid) {
                             let rel = rel_desc(&rels, relid)?;
                             let mut key = String::new();
                             json::render_key(&rel.columns, &new, &mut key).map_err(render_err)?;
+                            bf.on_change(relid, &key);
                             emit_row(&mut sink, c, t, rel, "insert", key, &new)?;
                         }
                     }
@@ -400,6 +458,10 @@ fn stream(c: &mut SpiClient<'_>, p: &PipelineRow) -> TideResult<Outcome> {
                                 }
                                 Err(e) => return Err(render_err(e)),
                             }
+                            if let Some(old) = &old {
+                                bf.on_change(relid, old);
+                            }
+                            bf.on_change(relid, &new_key);
                             match old {
                                 Some(old) if old != new_key => {
                                     // A key change is a delete of the old key and an insert of the new row.
@@ -426,6 +488,7 @@ fn stream(c: &mut SpiClient<'_>, p: &PipelineRow) -> TideResult<Outcome> {
                             let rel = rel_desc(&rels, relid)?;
                             let mut k = String::new();
                             json::render_key(&rel.columns, &old_key, &mut k).map_err(render_err)?;
+                            bf.on_change(relid, &k);
                             t.position += 1;
                             sink.push(c, t, &rel.qualified, "delete", Some(k), None, None)?;
                         }
@@ -436,6 +499,7 @@ fn stream(c: &mut SpiClient<'_>, p: &PipelineRow) -> TideResult<Outcome> {
                         if !t.skip {
                             for relid in relids {
                                 if sets.capturing.contains(&relid) {
+                                    bf.on_truncate(relid);
                                     let rel = rel_desc(&rels, relid)?;
                                     t.position += 1;
                                     sink.push(c, t, &rel.qualified, "truncate", None, None, None)?;
@@ -451,7 +515,7 @@ fn stream(c: &mut SpiClient<'_>, p: &PipelineRow) -> TideResult<Outcome> {
                 } => {
                     let Some(t) = txn.take() else { continue };
                     high = high.max(end_lsn);
-                    if !t.skip {
+                    if !t.skip && t.position > 0 {
                         out.txns += 1;
                         out.events += t.position as u64;
                         events_in_batch += t.position as u64;
@@ -495,13 +559,29 @@ fn stream(c: &mut SpiClient<'_>, p: &PipelineRow) -> TideResult<Outcome> {
     Ok(out)
 }
 
-struct Txn {
-    xid: u32,
-    lsn: Lsn,
-    commit_time: i64,
-    skip: bool,
-    position: i32,
-    barrier: bool,
+pub(crate) struct Txn {
+    pub xid: u32,
+    pub lsn: Lsn,
+    pub commit_time: i64,
+    pub skip: bool,
+    pub position: i32,
+    pub barrier: bool,
+}
+
+/// The (pipeline, watermark, kind) of a `tide.signal` row.
+fn parse_watermark(rel: &RelDesc, t: &Tuple<'_>) -> Option<(String, u64, String)> {
+    let get = |name: &str| -> Option<&str> {
+        let i = rel.columns.iter().position(|c| c.name == name)?;
+        match t.values.get(i)? {
+            wire::Value::Text(s) => Some(*s),
+            _ => None,
+        }
+    };
+    Some((
+        get("pipeline")?.to_string(),
+        get("watermark")?.parse().ok()?,
+        get("kind")?.to_string(),
+    ))
 }
 
 fn parse_signal(body: &[u8]) -> Option<(&str, &str, u32)> {
@@ -559,7 +639,7 @@ fn quote_ident(s: &str) -> String {
 }
 
 /// Buffers outbox rows and writes them with one multi-row INSERT per [`FLUSH_ROWS`].
-struct OutboxSink {
+pub(crate) struct OutboxSink {
     pipeline: String,
     lsn: Vec<String>,
     xid: Vec<i64>,
@@ -570,6 +650,8 @@ struct OutboxSink {
     key: Vec<Option<String>>,
     row: Vec<Option<String>>,
     unchanged: Vec<Option<String>>,
+    backfill: Vec<Option<i64>>,
+    chunk: Vec<Option<i64>>,
 }
 
 impl OutboxSink {
@@ -585,7 +667,34 @@ impl OutboxSink {
             key: Vec::new(),
             row: Vec::new(),
             unchanged: Vec::new(),
+            backfill: Vec::new(),
+            chunk: Vec::new(),
         }
+    }
+
+    /// A backfill row, emitted at a high watermark.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn push_read(
+        &mut self,
+        c: &mut SpiClient<'_>,
+        t: &Txn,
+        rel: &str,
+        key: String,
+        row: String,
+        backfill_id: i64,
+        chunk: i64,
+    ) -> TideResult<()> {
+        self.push_full(
+            c,
+            t,
+            rel,
+            "read",
+            Some(key),
+            Some(row),
+            None,
+            Some(backfill_id),
+            Some(chunk),
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -599,6 +708,24 @@ impl OutboxSink {
         row: Option<String>,
         unchanged: Option<String>,
     ) -> TideResult<()> {
+        self.push_full(c, t, rel, op, key, row, unchanged, None, None)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn push_full(
+        &mut self,
+        c: &mut SpiClient<'_>,
+        t: &Txn,
+        rel: &str,
+        op: &str,
+        key: Option<String>,
+        row: Option<String>,
+        unchanged: Option<String>,
+        backfill_id: Option<i64>,
+        chunk: Option<i64>,
+    ) -> TideResult<()> {
+        self.backfill.push(backfill_id);
+        self.chunk.push(chunk);
         self.lsn.push(t.lsn.to_string());
         self.xid.push(t.xid as i64);
         self.time.push(t.commit_time);
@@ -619,12 +746,14 @@ impl OutboxSink {
             return Ok(());
         }
         c.update(
-            "INSERT INTO tide.outbox (pipeline, commit_lsn, xid, commit_time, position, relation, op, key, \"row\", unchanged)
+            "INSERT INTO tide.outbox (pipeline, commit_lsn, xid, commit_time, position, relation, op, key, \"row\", unchanged, backfill_id, chunk)
              SELECT $1, u.l::pg_lsn, u.x, '2000-01-01 00:00:00+00'::timestamptz + u.t * interval '1 microsecond',
                     u.p, u.r, u.o, u.k::jsonb, u.w::jsonb,
-                    CASE WHEN u.n IS NULL THEN NULL ELSE ARRAY(SELECT jsonb_array_elements_text(u.n::jsonb)) END
-               FROM unnest($2::text[], $3::int8[], $4::int8[], $5::int4[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[])
-                    AS u(l, x, t, p, r, o, k, w, n)",
+                    CASE WHEN u.n IS NULL THEN NULL ELSE ARRAY(SELECT jsonb_array_elements_text(u.n::jsonb)) END,
+                    u.b, u.c
+               FROM unnest($2::text[], $3::int8[], $4::int8[], $5::int4[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[],
+                           $11::int8[], $12::int8[])
+                    AS u(l, x, t, p, r, o, k, w, n, b, c)",
             None,
             &[
                 self.pipeline.clone().into(),
@@ -637,6 +766,8 @@ impl OutboxSink {
                 std::mem::take(&mut self.key).into(),
                 std::mem::take(&mut self.row).into(),
                 std::mem::take(&mut self.unchanged).into(),
+                std::mem::take(&mut self.backfill).into(),
+                std::mem::take(&mut self.chunk).into(),
             ],
         )?;
         Ok(())

@@ -1,0 +1,379 @@
+//! The backfill SQL surface: start (or re-seed), pause, resume, cancel, alter, wait.
+//!
+//! A backfill row is created here in state `queued`; the pipeline worker runs it (see
+//! `worker::backfill`). States and who sets them:
+//! - `queued`: set here by start/resume; the worker picks the oldest queued backfill of its
+//!   pipeline once the table is capturing and no other backfill of the pipeline is running;
+//! - `running`: set by the worker when it reads the first chunk;
+//! - `paused`: set here; the worker reads no new chunk (one already read is still emitted);
+//! - `done`: set by the worker in the transaction that emits the last chunk;
+//! - `cancelled`: set here;
+//! - `failed`: set by the worker when the table cannot be read as it was added (key changed,
+//!   table dropped), with an error and a remedy.
+//!
+//! All states are persisted in `tide.backfill`.
+
+use super::{check_server, require_pipeline, sleep_ms};
+use crate::error::{OrRaise, TideError, TideResult};
+use crate::shmem;
+use crate::sql;
+use pgrx::prelude::*;
+use pgrx::PgRelation;
+
+/// Default rows per chunk.
+pub const DEFAULT_CHUNK_SIZE: i32 = 5000;
+
+/// Resolve which pipeline a call means: the named one, or the only one capturing the table.
+fn resolve_pipeline(relid: pg_sys::Oid, pipeline: Option<&str>) -> TideResult<String> {
+    let qualified = relation_name(relid)?;
+    match pipeline {
+        Some(p) => {
+            require_pipeline(p)?;
+            let captured = sql::one::<bool>(
+                "SELECT EXISTS (SELECT 1 FROM tide.pipeline_table WHERE pipeline = $1 AND relid = $2)",
+                &[p.into(), relid.into()],
+            )?
+            .unwrap_or(false);
+            if !captured {
+                return Err(TideError::prerequisite(format!(
+                    "pipeline \"{p}\" does not capture {qualified}"
+                ))
+                .hint(format!(
+                    "Add it first: SELECT tide.add_table('{p}', '{qualified}')."
+                )));
+            }
+            Ok(p.to_string())
+        }
+        None => {
+            let rows = sql::text_rows(
+                "SELECT pipeline FROM tide.pipeline_table WHERE relid = $1::oid ORDER BY pipeline",
+                &[Some(&relid.to_u32().to_string())],
+                0,
+                false,
+            )?;
+            let names: Vec<String> = rows
+                .into_iter()
+                .filter_map(|r| r.into_iter().next().flatten())
+                .collect();
+            match names.len() {
+                0 => Err(TideError::prerequisite(format!("no pipeline captures {qualified}"))
+                    .hint(format!("Add it to a pipeline first: SELECT tide.add_table('<pipeline>', '{qualified}')."))),
+                1 => Ok(names.into_iter().next().unwrap_or_default()),
+                _ => Err(TideError::new(
+                    pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_AMBIGUOUS_PARAMETER,
+                    format!("{qualified} is captured by several pipelines ({})", names.join(", ")),
+                )
+                .hint("Name the pipeline: pass pipeline => '<name>'.")),
+            }
+        }
+    }
+}
+
+fn relation_name(relid: pg_sys::Oid) -> TideResult<String> {
+    sql::one::<String>("SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1", &[relid.into()])?
+        .ok_or_else(|| TideError::undefined(format!("relation with OID {} does not exist", relid.to_u32())))
+}
+
+/// Check a backfill condition now, with the caller's privileges, rather than later in the worker.
+fn validate_condition(qualified: &str, condition: &str) -> TideResult<()> {
+    if condition.contains(';') {
+        return Err(TideError::new(pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_SYNTAX_ERROR, "a backfill condition is one boolean expression")
+            .hint("Write a WHERE-clause expression on the table's columns, without ';', e.g. 'created_at >= ''2024-01-01'''."));
+    }
+    // EXPLAIN parses and analyses (unknown columns, wrong type, syntax) without reading rows.
+    let probe = format!("EXPLAIN (COSTS OFF) SELECT 1 FROM ONLY {qualified} WHERE ({condition})");
+    let outcome = pgrx::PgTryBuilder::new(|| sql::text_rows(&probe, &[], 0, false).map(|_| ()))
+        .catch_others(|e| {
+            let (code, msg) = match &e {
+                pgrx::pg_sys::panic::CaughtError::PostgresError(r) | pgrx::pg_sys::panic::CaughtError::ErrorReport(r) => {
+                    (r.sql_error_code(), r.message().to_string())
+                }
+                pgrx::pg_sys::panic::CaughtError::RustPanic { ereport, .. } => (ereport.sql_error_code(), ereport.message().to_string()),
+            };
+            Err(TideError::new(code, format!("invalid backfill condition: {msg}"))
+                .hint(format!("The condition must be a boolean SQL expression on the columns of {qualified}, as in SELECT ... FROM {qualified} WHERE <condition>.")))
+        })
+        .execute();
+    outcome
+}
+
+/// Start (or re-seed) the backfill of one table for one pipeline; returns its id.
+#[pg_extern]
+fn start_backfill(
+    source: PgRelation,
+    pipeline: default!(Option<&str>, "NULL"),
+    chunk_size: default!(Option<i32>, "NULL"),
+    condition: default!(Option<&str>, "NULL"),
+) -> i64 {
+    start_backfill_impl(source.oid(), pipeline, chunk_size, condition).or_raise()
+}
+
+pub(crate) fn start_backfill_impl(
+    relid: pg_sys::Oid,
+    pipeline: Option<&str>,
+    chunk_size: Option<i32>,
+    condition: Option<&str>,
+) -> TideResult<i64> {
+    check_server()?;
+    let pipeline = resolve_pipeline(relid, pipeline)?;
+    let qualified = relation_name(relid)?;
+    let chunk_size = chunk_size.unwrap_or(DEFAULT_CHUNK_SIZE);
+    if chunk_size <= 0 {
+        return Err(
+            TideError::invalid(format!("chunk_size must be positive, not {chunk_size}")).hint(
+                format!("Omit it for the default ({DEFAULT_CHUNK_SIZE} rows)."),
+            ),
+        );
+    }
+    let condition = condition.map(str::trim).filter(|c| !c.is_empty());
+    if let Some(c) = condition {
+        validate_condition(&qualified, c)?;
+    }
+    // The key must still be the one recorded when the table was added.
+    let (stored, now) = sql::two::<Vec<String>, Vec<String>>(
+        "SELECT t.key_columns, ARRAY(SELECT a.attname::text
+                FROM pg_index i
+                JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
+                JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+               WHERE i.indrelid = t.relid
+                 AND CASE WHEN c.relreplident = 'i' THEN i.indisreplident ELSE i.indisprimary END
+               ORDER BY k.ord)
+           FROM tide.pipeline_table t JOIN pg_class c ON c.oid = t.relid WHERE t.pipeline = $1 AND t.relid = $2",
+        &[pipeline.clone().into(), relid.into()],
+    )?;
+    let (stored, now) = (stored.unwrap_or_default(), now.unwrap_or_default());
+    if stored != now {
+        return Err(TideError::prerequisite(format!(
+            "the key of {qualified} changed since it was added to pipeline \"{pipeline}\" (was ({}), now ({}))",
+            stored.join(", "),
+            now.join(", ")
+        ))
+        .hint(format!("Remove and re-add the table so pg_tide learns the new key: SELECT tide.remove_table('{pipeline}', '{qualified}'); SELECT tide.add_table('{pipeline}', '{qualified}').")));
+    }
+    let active = sql::one::<String>(
+        "SELECT state FROM tide.backfill WHERE pipeline = $1 AND relid = $2 AND state IN ('queued', 'running', 'paused')",
+        &[pipeline.clone().into(), relid.into()],
+    )?;
+    if let Some(state) = active {
+        return Err(TideError::new(
+            pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_OBJECT_IN_USE,
+            format!("a backfill of {qualified} for pipeline \"{pipeline}\" is already {state}"),
+        )
+        .hint(
+            "Watch it in tide.backfills; cancel it with tide.cancel_backfill first to start over.",
+        ));
+    }
+    let id = insert_backfill(&pipeline, relid, chunk_size, condition)?;
+    super::wake_on_commit(shmem::worker_pid(&pipeline));
+    Ok(id)
+}
+
+fn insert_backfill(
+    pipeline: &str,
+    relid: pg_sys::Oid,
+    chunk_size: i32,
+    condition: Option<&str>,
+) -> TideResult<i64> {
+    let rows = Spi::connect_mut(|c| -> TideResult<Option<i64>> {
+        Ok(sql::first::<i64>(c.update(
+            "INSERT INTO tide.backfill (pipeline, relid, relation, key_columns, owner, generation, chunk_size, condition, estimated_rows)
+             SELECT t.pipeline, t.relid, t.relation, t.key_columns, current_user,
+                    coalesce((SELECT max(generation) FROM tide.backfill WHERE pipeline = $1 AND relid = $2), 0) + 1,
+                    $3, $4, (SELECT CASE WHEN reltuples < 0 THEN NULL ELSE reltuples::int8 END FROM pg_class WHERE oid = $2)
+               FROM tide.pipeline_table t WHERE t.pipeline = $1 AND t.relid = $2
+             RETURNING id",
+            None,
+            &[pipeline.into(), relid.into(), chunk_size.into(), condition.into()],
+        )?)?)
+    })?;
+    rows.ok_or_else(|| TideError::internal("the backfill row was not inserted"))
+}
+
+/// The active (queued, running or paused) backfill of a table, if any: (id, state).
+fn active_backfill(relid: pg_sys::Oid, pipeline: &str) -> TideResult<Option<(i64, String)>> {
+    let (id, state) = sql::two::<i64, String>(
+        "SELECT id, state FROM tide.backfill WHERE pipeline = $1 AND relid = $2 AND state IN ('queued', 'running', 'paused')",
+        &[pipeline.into(), relid.into()],
+    )?;
+    Ok(id.zip(state))
+}
+
+fn set_state(
+    source: PgRelation,
+    pipeline: Option<&str>,
+    from: &[&str],
+    to: &str,
+    verb: &str,
+) -> TideResult<()> {
+    let relid = source.oid();
+    let pipeline = resolve_pipeline(relid, pipeline)?;
+    let qualified = relation_name(relid)?;
+    let Some((id, state)) = active_backfill(relid, &pipeline)? else {
+        return Err(TideError::prerequisite(format!(
+            "no backfill of {qualified} is active for pipeline \"{pipeline}\", nothing to {verb}"
+        ))
+        .hint("tide.backfills lists the backfills; tide.start_backfill starts one."));
+    };
+    if !from.contains(&state.as_str()) {
+        return Err(TideError::prerequisite(format!("the backfill of {qualified} for pipeline \"{pipeline}\" is {state}, so it cannot {verb}"))
+            .hint(format!("Only a backfill that is {} can {verb}.", from.join(" or "))));
+    }
+    sql::exec(
+        "UPDATE tide.backfill SET state = $2, finished_at = CASE WHEN $2 = 'cancelled' THEN now() END WHERE id = $1",
+        &[id.into(), to.into()],
+    )?;
+    super::wake_on_commit(shmem::worker_pid(&pipeline));
+    Ok(())
+}
+
+/// Pause a queued or running backfill; the stream keeps running.
+#[pg_extern]
+fn pause_backfill(source: PgRelation, pipeline: default!(Option<&str>, "NULL")) {
+    set_state(source, pipeline, &["queued", "running"], "paused", "pause").or_raise()
+}
+
+/// Resume a paused backfill from the chunk after the last one emitted.
+#[pg_extern]
+fn resume_backfill(source: PgRelation, pipeline: default!(Option<&str>, "NULL")) {
+    set_state(source, pipeline, &["paused"], "queued", "resume").or_raise()
+}
+
+/// Cancel a queued, running or paused backfill. Rows already emitted stay at the target.
+#[pg_extern]
+fn cancel_backfill(source: PgRelation, pipeline: default!(Option<&str>, "NULL")) {
+    set_state(
+        source,
+        pipeline,
+        &["queued", "running", "paused"],
+        "cancelled",
+        "cancel",
+    )
+    .or_raise()
+}
+
+/// Change a backfill's chunk size and/or throttle (rows per second, 0 = unlimited) while it
+/// runs; the next chunk uses them.
+#[pg_extern]
+fn alter_backfill(
+    source: PgRelation,
+    pipeline: default!(Option<&str>, "NULL"),
+    chunk_size: default!(Option<i32>, "NULL"),
+    rows_per_second: default!(Option<i32>, "NULL"),
+) {
+    alter_backfill_impl(source, pipeline, chunk_size, rows_per_second).or_raise()
+}
+
+fn alter_backfill_impl(
+    source: PgRelation,
+    pipeline: Option<&str>,
+    chunk_size: Option<i32>,
+    rows_per_second: Option<i32>,
+) -> TideResult<()> {
+    let relid = source.oid();
+    let pipeline = resolve_pipeline(relid, pipeline)?;
+    let qualified = relation_name(relid)?;
+    if let Some(c) = chunk_size {
+        if c <= 0 {
+            return Err(
+                TideError::invalid(format!("chunk_size must be positive, not {c}"))
+                    .hint("Pass a number of rows per chunk, e.g. 5000."),
+            );
+        }
+    }
+    if let Some(r) = rows_per_second {
+        if r < 0 {
+            return Err(TideError::invalid(format!(
+                "rows_per_second must be zero (unlimited) or positive, not {r}"
+            ))
+            .hint("Pass 0 to remove the throttle."));
+        }
+    }
+    let Some((id, _)) = active_backfill(relid, &pipeline)? else {
+        return Err(TideError::prerequisite(format!(
+            "no backfill of {qualified} is active for pipeline \"{pipeline}\""
+        ))
+        .hint("tide.backfills lists the backfills; tide.start_backfill starts one."));
+    };
+    sql::exec(
+        "UPDATE tide.backfill SET chunk_size = coalesce($2, chunk_size),
+                rows_per_second = CASE WHEN $3 IS NULL THEN rows_per_second WHEN $3 = 0 THEN NULL ELSE $3 END
+          WHERE id = $1",
+        &[id.into(), chunk_size.into(), rows_per_second.into()],
+    )?;
+    super::wake_on_commit(shmem::worker_pid(&pipeline));
+    Ok(())
+}
+
+/// Wait until the table's latest backfill is done and the pipeline has applied everything up to
+/// where it finished. False on timeout; an ERROR if the backfill failed or was cancelled.
+#[pg_extern]
+fn wait_for_backfill(
+    source: PgRelation,
+    pipeline: default!(Option<&str>, "NULL"),
+    timeout: default!(pgrx::datum::Interval, "'1 hour'"),
+) -> bool {
+    wait_for_backfill_impl(source.oid(), pipeline, timeout).or_raise()
+}
+
+fn wait_for_backfill_impl(
+    relid: pg_sys::Oid,
+    pipeline: Option<&str>,
+    timeout: pgrx::datum::Interval,
+) -> TideResult<bool> {
+    check_server()?;
+    let pipeline = resolve_pipeline(relid, pipeline)?;
+    let qualified = relation_name(relid)?;
+    let deadline = std::time::Instant::now()
+        + std::time::Duration::from_micros(super::interval_micros(&timeout).max(0) as u64);
+    let relid_text = relid.to_u32().to_string();
+    loop {
+        // A fresh snapshot each time: the worker commits the progress.
+        let rows = sql::text_rows(
+            "SELECT state, finished_lsn::text, error FROM tide.backfill WHERE pipeline = $1 AND relid = $2::oid ORDER BY id DESC LIMIT 1",
+            &[Some(&pipeline), Some(&relid_text)],
+            1,
+            true,
+        )?;
+        let Some(row) = rows.into_iter().next() else {
+            return Err(TideError::prerequisite(format!(
+                "{qualified} has no backfill for pipeline \"{pipeline}\""
+            ))
+            .hint("Start one with tide.start_backfill."));
+        };
+        let state = row[0].clone().unwrap_or_default();
+        match state.as_str() {
+            "done" => {
+                let finished = row[1]
+                    .as_deref()
+                    .and_then(|s| s.parse::<tide_core::lsn::Lsn>().ok())
+                    .unwrap_or_default();
+                if shmem::caught_up_lsn(&pipeline).is_some_and(|l| l >= finished.0) {
+                    return Ok(true);
+                }
+            }
+            "failed" => {
+                return Err(TideError::prerequisite(format!(
+                    "the backfill of {qualified} for pipeline \"{pipeline}\" failed: {}",
+                    row[2].clone().unwrap_or_default()
+                ))
+                .hint(
+                    "See tide.backfills for the remedy; start a new one with tide.start_backfill.",
+                ))
+            }
+            "cancelled" => {
+                return Err(TideError::prerequisite(format!(
+                    "the backfill of {qualified} for pipeline \"{pipeline}\" was cancelled"
+                ))
+                .hint("Start a new one with tide.start_backfill."))
+            }
+            _ => {}
+        }
+        if std::time::Instant::now() >= deadline {
+            return Ok(false);
+        }
+        if let Some(pid) = shmem::worker_pid(&pipeline) {
+            shmem::wake(pid);
+        }
+        sleep_ms(50);
+    }
+}

@@ -1,0 +1,480 @@
+//! The backfill half of a pipeline worker: watermark writes, keyset chunk reads and the
+//! reconciliation of each chunk with the stream (the DBLog algorithm; `tide_core::reconcile`).
+//!
+//! For one chunk:
+//! 1. transaction 1 writes the low watermark (LW) into `tide.signal` and commits;
+//! 2. transaction 2, whose snapshot is therefore taken after the LW commit, SELECTs the chunk
+//!    (`WHERE (k1, k2, ...) > (last key) ORDER BY k1, k2, ... LIMIT n`, as the role that started
+//!    the backfill, under AccessShareLock only) and writes the high watermark (HW), then commits;
+//! 3. the chunk waits in memory; the stream iteration feeds every change of a captured table to
+//!    the reconciler, which drops the chunk's keys changed between LW and HW, and at the HW the
+//!    surviving rows are written to the target as `read` events, at that position of the stream,
+//!    in the same target transaction as the backfill's progress (last key, counters, done).
+//!
+//! Guarantees: at most one chunk is in memory per pipeline (memory = one chunk); no transaction
+//! opened here outlives one chunk; the stream never waits for a chunk. A crash loses only the
+//! chunk in memory: durable progress points at the last emitted chunk, so the chunk is read again
+//! under new watermarks (watermark ids come from a sequence and are never reused). Any failed
+//! stream iteration forgets the chunk for the same reason.
+
+use crate::error::{TideError, TideResult};
+use crate::sql;
+use crate::worker::pipeline::{OutboxSink, OwnedColumn, Txn};
+use crate::worker::tx;
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+use std::time::{Duration, Instant};
+use tide_core::json;
+use tide_core::lsn::Lsn;
+use tide_core::reconcile::Reconciler;
+use tide_core::wire::{Tuple, Value};
+
+/// A chunk read and waiting for its high watermark.
+struct PendingChunk {
+    watermark: u64,
+    backfill_id: i64,
+    chunk_no: i64,
+    relid: u32,
+    relation: String,
+    key_from: Option<Vec<String>>,
+    /// Key of the last row read (text output per key column).
+    key_to: Option<Vec<String>>,
+    rows_read: usize,
+    is_last: bool,
+    read_at: i64,
+    low_lsn: Option<Lsn>,
+    /// A TRUNCATE of the table inside the window invalidates every row of the chunk.
+    truncated: bool,
+}
+
+/// In-memory backfill state of one worker.
+pub struct Backfiller {
+    reconciler: Reconciler<u32, String, String>,
+    pending: Option<PendingChunk>,
+    not_before: Instant,
+}
+
+impl Default for Backfiller {
+    fn default() -> Self {
+        Backfiller {
+            reconciler: Reconciler::new(),
+            pending: None,
+            not_before: Instant::now(),
+        }
+    }
+}
+
+/// What the HW of a chunk produced in the current iteration.
+pub struct Emitted {
+    pub rows: u64,
+}
+
+impl Backfiller {
+    /// Forget the chunk in memory (after a failed iteration): it will be read again.
+    pub fn forget(&mut self) {
+        self.reconciler.forget_all();
+        self.pending = None;
+    }
+
+    /// Whether a chunk waits for its high watermark.
+    pub fn has_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// A change of a captured table, in stream order.
+    pub fn on_change(&mut self, relid: u32, key: &str) {
+        if self.pending.is_some() {
+            self.reconciler.on_change(&relid, &key.to_string());
+        }
+    }
+
+    /// A TRUNCATE of a captured table, in stream order.
+    pub fn on_truncate(&mut self, relid: u32) {
+        if let Some(p) = self.pending.as_mut() {
+            if p.relid == relid {
+                p.truncated = true;
+            }
+        }
+    }
+
+    /// A write to `tide.signal` by this pipeline, in stream order. At a high watermark, the
+    /// surviving rows are written through `sink` at the current position, with the progress.
+    pub(crate) fn on_signal(
+        &mut self,
+        c: &mut SpiClient<'_>,
+        sink: &mut OutboxSink,
+        t: &mut Txn,
+        watermark: u64,
+        kind: &str,
+    ) -> TideResult<Option<Emitted>> {
+        let Some(p) = self.pending.as_mut() else {
+            return Ok(None);
+        };
+        if p.watermark != watermark {
+            return Ok(None);
+        }
+        if kind == "low" {
+            if self.reconciler.on_low_watermark(watermark) {
+                p.low_lsn = Some(t.lsn);
+            }
+            return Ok(None);
+        }
+        if kind != "high" {
+            return Ok(None);
+        }
+        let Some(result) = self.reconciler.on_high_watermark(watermark) else {
+            // LW never seen (cannot happen for a chunk read after its LW committed): read again.
+            self.pending = None;
+            return Ok(None);
+        };
+        let Some(p) = self.pending.take() else {
+            return Ok(None);
+        };
+        let rows = if p.truncated { Vec::new() } else { result.rows };
+        let dropped = if p.truncated {
+            result.read
+        } else {
+            result.dropped
+        };
+        // Progress first: if the backfill was cancelled meanwhile, nothing is emitted.
+        let still_active = sql::first::<bool>(c
+            .update(
+                "UPDATE tide.backfill
+                    SET chunks_done = chunks_done + 1, rows_read = rows_read + $2, rows_dropped = rows_dropped + $3,
+                        rows_emitted = rows_emitted + $4, last_key = coalesce($5, last_key),
+                        state = CASE WHEN $6 THEN 'done' ELSE state END,
+                        finished_at = CASE WHEN $6 THEN now() END,
+                        finished_lsn = CASE WHEN $6 THEN $7::pg_lsn END,
+                        error = NULL, remedy = NULL
+                  WHERE id = $1 AND state IN ('running', 'paused', 'queued')
+                  RETURNING true",
+                None,
+                &[
+                    p.backfill_id.into(),
+                    (p.rows_read as i64).into(),
+                    (dropped as i64).into(),
+                    (rows.len() as i64).into(),
+                    p.key_to.clone().into(),
+                    p.is_last.into(),
+                    t.lsn.to_string().into(),
+                ],
+            )?)?
+            .unwrap_or(false);
+        if !still_active {
+            return Ok(None);
+        }
+        c.update(
+            "INSERT INTO tide.chunk (backfill_id, chunk, key_from, key_to, low_lsn, high_lsn, rows_read, rows_dropped, rows_emitted, read_at)
+             VALUES ($1, $2, $3, $4, $5::pg_lsn, $6::pg_lsn, $7, $8, $9, '2000-01-01 00:00:00+00'::timestamptz + $10 * interval '1 microsecond')
+             ON CONFLICT (backfill_id, chunk) DO NOTHING",
+            None,
+            &[
+                p.backfill_id.into(),
+                p.chunk_no.into(),
+                p.key_from.clone().into(),
+                p.key_to.clone().into(),
+                p.low_lsn.map(|l| l.to_string()).into(),
+                t.lsn.to_string().into(),
+                (p.rows_read as i32).into(),
+                (dropped as i32).into(),
+                (rows.len() as i32).into(),
+                p.read_at.into(),
+            ],
+        )?;
+        if p.chunk_no % 100 == 0 {
+            c.update(
+                "DELETE FROM tide.chunk WHERE backfill_id = $1 AND chunk <= $2 - 1000",
+                None,
+                &[p.backfill_id.into(), p.chunk_no.into()],
+            )?;
+        }
+        let n = rows.len() as u64;
+        for (key, row) in rows {
+            t.position += 1;
+            sink.push_read(c, t, &p.relation, key, row, p.backfill_id, p.chunk_no)?;
+        }
+        Ok(Some(Emitted { rows: n }))
+    }
+
+    /// Read the next chunk of the pipeline's active backfill, if one is due. Runs its own two
+    /// transactions; call it between stream iterations.
+    pub fn step(&mut self, pipeline: &str) -> TideResult<()> {
+        if self.pending.is_some() || Instant::now() < self.not_before {
+            return Ok(());
+        }
+        let Some(job) = tx::run(|| low_watermark(pipeline))? else {
+            // Nothing to do: look again in a while (start_backfill wakes the worker anyway).
+            self.not_before = Instant::now() + Duration::from_millis(500);
+            return Ok(());
+        };
+        let started = Instant::now();
+        let read = tx::run(|| read_chunk(pipeline, &job));
+        let read = match read {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = tx::run(|| fail_backfill(job.backfill_id, &e));
+                return Err(e);
+            }
+        };
+        let n = read.rows.len();
+        let last_key = read.rows.last().map(|r| r.key_values.clone());
+        let rows: Vec<(String, String)> = read.rows.into_iter().map(|r| (r.key, r.row)).collect();
+        self.reconciler.add_chunk(job.watermark, job.relid, rows);
+        self.pending = Some(PendingChunk {
+            watermark: job.watermark,
+            backfill_id: job.backfill_id,
+            chunk_no: job.chunk_no,
+            relid: job.relid,
+            relation: read.relation,
+            key_from: job.last_key.clone(),
+            key_to: last_key.or(job.last_key.clone()),
+            rows_read: n,
+            is_last: read.is_last,
+            read_at: read.read_at,
+            low_lsn: None,
+            truncated: false,
+        });
+        // Throttle: spread the rows of this chunk over rows / rows_per_second seconds.
+        self.not_before = match job.rows_per_second {
+            Some(rps) if rps > 0 => started + Duration::from_secs_f64(n as f64 / rps as f64),
+            _ => Instant::now(),
+        };
+        Ok(())
+    }
+}
+
+/// The next chunk to read, after its low watermark committed.
+struct Job {
+    backfill_id: i64,
+    watermark: u64,
+    chunk_no: i64,
+    relid: u32,
+    chunk_size: i64,
+    rows_per_second: Option<i64>,
+    condition: Option<String>,
+    owner: String,
+    key_columns: Vec<String>,
+    last_key: Option<Vec<String>>,
+}
+
+/// Transaction 1: pick the backfill, mark it running, write the LW.
+fn low_watermark(pipeline: &str) -> TideResult<Option<Job>> {
+    let rows = sql::text_rows(
+        "SELECT b.id, b.relid::int8, b.chunk_size, b.rows_per_second, b.condition, b.owner::text,
+                to_json(b.key_columns)::text, to_json(b.last_key)::text, b.chunks_done + 1
+           FROM tide.backfill b
+           JOIN tide.pipeline p ON p.name = b.pipeline AND p.enabled
+           JOIN tide.pipeline_table t ON t.pipeline = b.pipeline AND t.relid = b.relid AND t.added_lsn IS NOT NULL
+          WHERE b.pipeline = $1 AND b.state IN ('queued', 'running')
+          ORDER BY b.state = 'running' DESC, b.id
+          LIMIT 1",
+        &[Some(pipeline)],
+        1,
+        false,
+    )?;
+    let Some(r) = rows.into_iter().next() else {
+        return Ok(None);
+    };
+    let int = |i: usize| -> i64 { r[i].as_deref().and_then(|s| s.parse().ok()).unwrap_or(0) };
+    let backfill_id = int(0);
+    let watermark =
+        sql::one::<i64>("SELECT nextval('tide.watermark_seq')", &[])?.unwrap_or(0) as u64;
+    let chunk_no = int(8);
+    Spi::connect_mut(|c| -> TideResult<()> {
+        c.update(
+            "UPDATE tide.backfill SET state = 'running', started_at = coalesce(started_at, now()) WHERE id = $1 AND state <> 'running'",
+            None,
+            &[backfill_id.into()],
+        )?;
+        c.update(
+            "INSERT INTO tide.signal AS s (pipeline, watermark, kind, backfill_id, chunk) VALUES ($1, $2, 'low', $3, $4)
+             ON CONFLICT (pipeline) DO UPDATE SET watermark = excluded.watermark, kind = 'low', backfill_id = excluded.backfill_id,
+                    chunk = excluded.chunk, written_at = clock_timestamp()",
+            None,
+            &[pipeline.into(), (watermark as i64).into(), backfill_id.into(), chunk_no.into()],
+        )?;
+        Ok(())
+    })?;
+    Ok(Some(Job {
+        backfill_id,
+        watermark,
+        chunk_no,
+        relid: int(1) as u32,
+        chunk_size: int(2).max(1),
+        rows_per_second: r[3].as_deref().and_then(|s| s.parse().ok()),
+        condition: r[4].clone(),
+        owner: r[5].clone().unwrap_or_default(),
+        key_columns: json_strings(r[6].as_deref().unwrap_or("[]")),
+        last_key: r[7].as_deref().map(json_strings),
+    }))
+}
+
+struct ChunkRow {
+    key: String,
+    key_values: Vec<String>,
+    row: String,
+}
+
+struct ChunkRead {
+    relation: String,
+    rows: Vec<ChunkRow>,
+    is_last: bool,
+    read_at: i64,
+}
+
+/// Transaction 2: SELECT the chunk (snapshot taken after the LW commit) and write the HW.
+fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
+    let relid = job.relid.to_string();
+    // The table as it is now: columns in attribute order, as the output plugin sends them.
+    let meta = sql::text_rows(
+        "SELECT format('%I.%I', n.nspname, c.relname), a.attname::text, a.atttypid::int8, format_type(a.atttypid, a.atttypmod)
+           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+           JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+          WHERE c.oid = $1::oid ORDER BY a.attnum",
+        &[Some(&relid)],
+        0,
+        false,
+    )?;
+    if meta.is_empty() {
+        return Err(TideError::undefined(format!(
+            "the table of backfill {} (OID {relid}) no longer exists",
+            job.backfill_id
+        ))
+        .hint("Remove it from the pipeline with tide.remove_table, or cancel the backfill."));
+    }
+    let relation = meta[0][0].clone().unwrap_or_default();
+    let columns: Vec<OwnedColumn> = meta
+        .iter()
+        .map(|m| {
+            let name = m[1].clone().unwrap_or_default();
+            OwnedColumn {
+                key: job.key_columns.contains(&name),
+                type_oid: m[2].as_deref().and_then(|s| s.parse().ok()).unwrap_or(0),
+                name,
+            }
+        })
+        .collect();
+    let mut key_types = Vec::new();
+    for k in &job.key_columns {
+        let Some(m) = meta.iter().find(|m| m[1].as_deref() == Some(k.as_str())) else {
+            return Err(TideError::prerequisite(format!("key column \"{k}\" of {relation} no longer exists"))
+                .hint(format!("Remove and re-add the table: SELECT tide.remove_table('{pipeline}', '{relation}'); SELECT tide.add_table('{pipeline}', '{relation}').")));
+        };
+        key_types.push(m[3].clone().unwrap_or_default());
+    }
+    let key_idx: Vec<usize> = job
+        .key_columns
+        .iter()
+        .filter_map(|k| columns.iter().position(|c| &c.name == k))
+        .collect();
+
+    let select_list = columns
+        .iter()
+        .map(|c| quote(&c.name))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let key_list = job
+        .key_columns
+        .iter()
+        .map(|k| quote(k))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut query = format!("SELECT {select_list} FROM ONLY {relation}");
+    let mut clauses = Vec::new();
+    let mut args: Vec<Option<&str>> = Vec::new();
+    if let Some(last) = &job.last_key {
+        let params = key_types
+            .iter()
+            .enumerate()
+            .map(|(i, t)| format!("${}::{t}", i + 1))
+            .collect::<Vec<_>>()
+            .join(", ");
+        clauses.push(format!("({key_list}) > ({params})"));
+        args.extend(last.iter().map(|s| Some(s.as_str())));
+    }
+    if let Some(cond) = &job.condition {
+        clauses.push(format!("({cond})"));
+    }
+    if !clauses.is_empty() {
+        query.push_str(" WHERE ");
+        query.push_str(&clauses.join(" AND "));
+    }
+    query.push_str(&format!(" ORDER BY {key_list} LIMIT {}", job.chunk_size));
+
+    let read_at = unsafe { pg_sys::GetCurrentTimestamp() };
+    // Read as the role that started the backfill (its condition is its own SQL).
+    sql::one::<String>(
+        "SELECT set_config('role', $1, true)",
+        &[job.owner.clone().into()],
+    )?;
+    let raw = sql::text_rows(&query, &args, 0, false)?;
+    sql::one::<String>("SELECT set_config('role', 'none', true)", &[])?;
+
+    let mut rows = Vec::with_capacity(raw.len());
+    for r in &raw {
+        let tuple = Tuple {
+            values: r
+                .iter()
+                .map(|v| v.as_deref().map_or(Value::Null, Value::Text))
+                .collect(),
+        };
+        let mut key = String::new();
+        json::render_key(&columns, &tuple, &mut key)
+            .map_err(|e| TideError::internal(format!("cannot render a chunk row: {e}")))?;
+        let mut row = String::new();
+        json::render_row(&columns, &tuple, &mut row)
+            .map_err(|e| TideError::internal(format!("cannot render a chunk row: {e}")))?;
+        let key_values = key_idx
+            .iter()
+            .map(|&i| r[i].clone().unwrap_or_default())
+            .collect();
+        rows.push(ChunkRow {
+            key,
+            key_values,
+            row,
+        });
+    }
+    let is_last = (rows.len() as i64) < job.chunk_size;
+    Spi::connect_mut(|c| -> TideResult<()> {
+        c.update(
+            "UPDATE tide.signal SET kind = 'high', written_at = clock_timestamp() WHERE pipeline = $1 AND watermark = $2",
+            None,
+            &[pipeline.into(), (job.watermark as i64).into()],
+        )?;
+        if is_last {
+            c.update(
+                "UPDATE tide.backfill SET read_complete = true WHERE id = $1",
+                None,
+                &[job.backfill_id.into()],
+            )?;
+        }
+        Ok(())
+    })?;
+    Ok(ChunkRead {
+        relation,
+        rows,
+        is_last,
+        read_at,
+    })
+}
+
+fn fail_backfill(id: i64, e: &TideError) -> TideResult<()> {
+    let remedy = e.hint.clone().unwrap_or_else(|| {
+        "Fix the cause, then start the backfill again with tide.start_backfill.".to_string()
+    });
+    sql::exec(
+        "UPDATE tide.backfill SET state = 'failed', error = $2, remedy = $3, finished_at = now() WHERE id = $1 AND state IN ('queued', 'running')",
+        &[id.into(), e.message.clone().into(), remedy.into()],
+    )
+}
+
+fn quote(ident: &str) -> String {
+    pgrx::spi::quote_identifier(ident)
+}
+
+/// Parse a JSON array of strings (`to_json(text[])`).
+fn json_strings(s: &str) -> Vec<String> {
+    serde_json::from_str::<Vec<Option<String>>>(s)
+        .map(|v| v.into_iter().map(Option::unwrap_or_default).collect())
+        .unwrap_or_default()
+}
