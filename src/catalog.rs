@@ -106,6 +106,16 @@ pub fn mark_capturing(
     Ok(())
 }
 
+/// The worker reached a table's remove marker: forget the table (unless it was re-added since).
+pub fn forget_removed(c: &mut SpiClient<'_>, pipeline: &str, relid: u32) -> TideResult<()> {
+    c.update(
+        "DELETE FROM tide.pipeline_table WHERE pipeline = $1 AND relid = $2::int8::oid AND removing",
+        None,
+        &[pipeline.into(), (relid as i64).into()],
+    )?;
+    Ok(())
+}
+
 /// Record the applied position in the same transaction as the events: the heart of
 /// exactly-once. Also clears a previous error.
 pub fn record_applied(

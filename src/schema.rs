@@ -35,6 +35,8 @@ CREATE TABLE tide.pipeline_table (
     -- Commit LSN of the add_table marker, set by the worker when it reaches it in the stream.
     -- Changes committed before it are not delivered; every change committed after it is.
     added_lsn    pg_lsn,
+    -- Set by tide.remove_table; the worker deletes the row when it reaches the remove marker.
+    removing     boolean NOT NULL DEFAULT false,
     PRIMARY KEY (pipeline, relid)
 );
 COMMENT ON TABLE tide.pipeline_table IS 'Tables captured by each pipeline. Use tide.add_table/tide.remove_table.';
@@ -168,9 +170,9 @@ COMMENT ON VIEW tide.pipelines IS 'One row per pipeline: is it healthy, how far 
 
 CREATE VIEW tide.tables AS
 SELECT t.pipeline, t.relation, t.relid::regclass AS source, t.key_columns, t.added_at, t.added_lsn,
-       t.added_lsn IS NOT NULL AS capturing
+       CASE WHEN t.removing THEN 'removing' WHEN t.added_lsn IS NULL THEN 'pending' ELSE 'capturing' END AS state
   FROM tide.pipeline_table t;
-COMMENT ON VIEW tide.tables IS 'Tables captured by each pipeline; capturing is true once the worker reached the add_table point in the stream.';
+COMMENT ON VIEW tide.tables IS 'Tables captured by each pipeline: pending until the worker reaches the add_table point in the stream, then capturing; removing until it reaches the remove_table point.';
 
 CREATE VIEW tide.backfills AS
 SELECT b.id, b.pipeline, b.relation, b.relid::regclass AS source, b.state, b.generation, b.chunk_size,

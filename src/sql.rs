@@ -46,6 +46,13 @@ pub fn first<A: FromDatum + IntoDatum>(
     }
 }
 
+/// Run a statement that writes; returns the number of rows it processed.
+pub fn exec_count(query: &str, args: &[DatumWithOid<'_>]) -> TideResult<u64> {
+    Ok(Spi::connect_mut(|c| {
+        c.update(query, None, args).map(|t| t.len() as u64)
+    })?)
+}
+
 /// Run a statement that writes.
 pub fn exec(query: &str, args: &[DatumWithOid<'_>]) -> TideResult<()> {
     Spi::run_with_args(query, args)?;

@@ -4,6 +4,10 @@
 //!
 //! Needs pg_tide installed into the system PostgreSQL 15 (`scripts/install.sh`).
 //! Each test runs on its own scratch cluster (pg_tide preloaded, `wal_level = logical`).
+//!
+//! These tests are about the change stream: tables are added with
+//! `tide.add_table(pipeline, table, backfill => false)`, so the rows a table already holds are
+//! not read, and changes committed before add_table are not delivered.
 
 use pg_test::*;
 use std::path::PathBuf;
@@ -389,8 +393,8 @@ INSERT INTO replay_lines TABLE "Order Lines";
     );
     create_pipeline(&c, "chaos");
     c.execute(
-        r#"SELECT tide.add_table('chaos', 'public.acct');
-           SELECT tide.add_table('chaos', 'public."Order Lines"');"#,
+        r#"SELECT tide.add_table('chaos', 'public.acct', backfill => false);
+           SELECT tide.add_table('chaos', 'public."Order Lines"', backfill => false);"#,
     );
     let relations: Vec<String> = c
         .query("SELECT relation FROM tide.tables WHERE pipeline = 'chaos' ORDER BY relation")
@@ -679,7 +683,7 @@ CREATE TABLE src (
 "#,
     );
     create_pipeline(&c, "types");
-    c.execute("SELECT tide.add_table('types', 'src')");
+    c.execute("SELECT tide.add_table('types', 'src', backfill => false)");
 
     c.execute(
         r#"
@@ -826,7 +830,7 @@ fn toast_unchanged_is_not_a_placeholder() {
          ALTER TABLE doc ALTER COLUMN big SET STORAGE EXTERNAL;",
     );
     create_pipeline(&c, "toast");
-    c.execute("SELECT tide.add_table('toast', 'doc')");
+    c.execute("SELECT tide.add_table('toast', 'doc', backfill => false)");
     // ~100 kB of random text, stored out of line uncompressed.
     c.execute(
         "INSERT INTO doc SELECT 1, 0, string_agg(md5(random()::text), '') FROM generate_series(1, 3200);
@@ -950,7 +954,7 @@ fn ddl_does_not_stop_the_stream() {
     let c = setup("ddl");
     c.execute("CREATE TABLE orders (id int PRIMARY KEY, total integer)");
     create_pipeline(&c, "ddl");
-    c.execute("SELECT tide.add_table('ddl', 'orders')");
+    c.execute("SELECT tide.add_table('ddl', 'orders', backfill => false)");
     c.execute("INSERT INTO orders VALUES (1, 10), (2, 20)");
     wait_pipeline(&c, "ddl", 60);
 
@@ -993,7 +997,7 @@ fn ddl_does_not_stop_the_stream() {
     assert_eq!(total5, "5.00", "numeric(12,2) must keep its scale");
 
     let r = c.query_one(
-        "SELECT state, last_error, (SELECT bool_and(capturing) FROM tide.tables WHERE pipeline = 'ddl')
+        "SELECT state, last_error, (SELECT bool_and(state = 'capturing') FROM tide.tables WHERE pipeline = 'ddl')
            FROM tide.pipelines WHERE name = 'ddl'",
     );
     let (state, err, capturing): (String, Option<String>, Option<bool>) =
@@ -1015,7 +1019,7 @@ fn add_and_remove_table_boundaries() {
         "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE TABLE other (id int PRIMARY KEY)",
     );
     create_pipeline(&c, "m");
-    c.execute("SELECT tide.add_table('m', 'other')");
+    c.execute("SELECT tide.add_table('m', 'other', backfill => false)");
     c.execute("INSERT INTO t SELECT g, 'before' FROM generate_series(1, 5) g");
 
     // A transaction that wrote before add_table but commits after it: its changes are delivered.
@@ -1023,7 +1027,7 @@ fn add_and_remove_table_boundaries() {
     straddler
         .batch_execute("BEGIN; INSERT INTO t VALUES (100, 'straddles add')")
         .unwrap();
-    c.execute("SELECT tide.add_table('m', 't')");
+    c.execute("SELECT tide.add_table('m', 't', backfill => false)");
     straddler.batch_execute("COMMIT").unwrap();
     c.execute("INSERT INTO t SELECT g, 'after add' FROM generate_series(6, 10) g");
     c.execute("UPDATE t SET v = 'updated' WHERE id = 1");
@@ -1035,7 +1039,7 @@ fn add_and_remove_table_boundaries() {
     want.push("update:1".into());
     assert_eq!(events(&c, "m", "public.t"), want, "{}", diag(&c, "m"));
     assert_eq!(events(&c, "m", "public.other"), inserts([1]));
-    let r = c.query_one("SELECT capturing, added_lsn IS NOT NULL FROM tide.tables WHERE pipeline = 'm' AND relation = 'public.t'");
+    let r = c.query_one("SELECT state = 'capturing', added_lsn IS NOT NULL FROM tide.tables WHERE pipeline = 'm' AND relation = 'public.t'");
     assert!(
         r.get::<_, bool>(0) && r.get::<_, bool>(1),
         "tide.tables does not show t as capturing"
@@ -1062,7 +1066,7 @@ fn add_and_remove_table_boundaries() {
     assert_eq!(n, 0, "t is still listed in tide.tables after remove_table");
 
     // Re-add: delivered again from the new add on.
-    c.execute("SELECT tide.add_table('m', 't')");
+    c.execute("SELECT tide.add_table('m', 't', backfill => false)");
     c.execute("INSERT INTO t SELECT g, 're-added' FROM generate_series(16, 18) g");
     c.execute("DELETE FROM t WHERE id = 3");
     wait_pipeline(&c, "m", 60);
@@ -1081,7 +1085,7 @@ fn pause_resume_and_drop() {
     let c = setup("pause");
     c.execute("CREATE TABLE t (id int PRIMARY KEY, v text)");
     create_pipeline(&c, "p1");
-    c.execute("SELECT tide.add_table('p1', 't')");
+    c.execute("SELECT tide.add_table('p1', 't', backfill => false)");
     for i in 1..=3 {
         c.execute(&format!("INSERT INTO t VALUES ({i}, 'a')"));
     }
@@ -1120,7 +1124,7 @@ fn pause_resume_and_drop() {
 
     // A second pipeline on the same table gets its own complete stream.
     create_pipeline(&c, "p2");
-    c.execute("SELECT tide.add_table('p2', 't')");
+    c.execute("SELECT tide.add_table('p2', 't', backfill => false)");
     c.execute("INSERT INTO t SELECT g, 'both' FROM generate_series(11, 20) g");
     c.execute("UPDATE t SET v = 'both updated' WHERE id = 5");
     wait_pipeline(&c, "p1", 60);
@@ -1283,7 +1287,7 @@ fn bad_inputs_have_sqlstates() {
         None,
     );
     // Tables.
-    c.execute("SELECT tide.add_table('p', 'good')");
+    c.execute("SELECT tide.add_table('p', 'good', backfill => false)");
     check("SELECT tide.add_table('p', 'good')", "42710", None);
     check("SELECT tide.add_table('p', 'v')", "42809", None);
     check("SELECT tide.add_table('p', 'mv')", "42809", None);
@@ -1324,8 +1328,8 @@ fn bad_inputs_have_sqlstates() {
     );
 
     // Valid edge cases succeed.
-    c.execute("SELECT tide.add_table('p', 'parted_1')");
-    c.execute("SELECT tide.add_table('p', 'uidx')");
+    c.execute("SELECT tide.add_table('p', 'parted_1', backfill => false)");
+    c.execute("SELECT tide.add_table('p', 'uidx', backfill => false)");
     let key: Vec<String> = c.query_scalar(
         "SELECT key_columns FROM tide.tables WHERE pipeline = 'p' AND source = 'uidx'::regclass",
     );
@@ -1429,13 +1433,14 @@ fn worker_error_is_visible_and_recovers() {
     let c = setup("worker_error");
     c.execute("CREATE TABLE t (id int PRIMARY KEY, v text)");
     create_pipeline(&c, "e");
-    c.execute("SELECT tide.add_table('e', 't')");
+    c.execute("SELECT tide.add_table('e', 't', backfill => false)");
     c.execute("INSERT INTO t VALUES (1, 'ok')");
     wait_pipeline(&c, "e", 60);
 
     c.execute("ALTER TABLE tide.outbox ADD CONSTRAINT block CHECK (op <> 'insert') NOT VALID");
     c.execute("INSERT INTO t SELECT g, 'blocked' FROM generate_series(2, 6) g");
     c.execute("UPDATE t SET v = 'blocked too' WHERE id = 1");
+    let t_blocked = Instant::now();
     c.wait_until(
         "state 'error' with the constraint in last_error",
         Duration::from_secs(30),
@@ -1466,13 +1471,25 @@ fn worker_error_is_visible_and_recovers() {
         inserts([1]),
         "events were written although the target fails"
     );
-    let ok: bool = c.query_scalar("SELECT tide.wait_for_pipeline('e', '1 second')");
+    // Waiting on a failing pipeline times out (false, not an error) ...
+    let ok: bool = c.query_scalar("SELECT tide.wait_for_pipeline('e', '2 seconds')");
     assert!(
         !ok,
         "wait_for_pipeline returned true while the pipeline fails"
     );
+    // ... and the worker keeps backing off meanwhile (0.5 s, 1 s, 2 s, ...): a handful of
+    // failed iterations in these few seconds, not one per poll of a waiting client.
+    let failures = c.log_count("pg_tide worker \"e\": iteration failed");
+    let elapsed = t_blocked.elapsed();
+    assert!(
+        failures <= 10,
+        "{failures} failed iterations in {elapsed:.1?}: the retry back-off is not respected \
+         (a waiting tide.wait_for_pipeline should not make the worker retry at once)\n{}",
+        c.log_tail(12)
+    );
 
     c.execute("ALTER TABLE tide.outbox DROP CONSTRAINT block");
+    let t_fixed = Instant::now();
     c.wait_until(
         "recovery: state 'streaming' and last_error NULL",
         Duration::from_secs(60),
@@ -1484,6 +1501,15 @@ fn worker_error_is_visible_and_recovers() {
                                     FROM tide.pipelines WHERE name = 'e'), false)",
             )?)
         },
+    );
+    let recovered = t_fixed.elapsed();
+    eprintln!(
+        "worker_error: {failures} failed iterations; recovered {recovered:.1?} after the fix"
+    );
+    // The back-off after a few seconds of failures is a few seconds, not the 30 s maximum.
+    assert!(
+        recovered < Duration::from_secs(20),
+        "recovery took {recovered:.1?} after the cause was fixed"
     );
     wait_pipeline(&c, "e", 60);
     let mut want = inserts(1..=6);

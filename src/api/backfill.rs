@@ -371,9 +371,6 @@ fn wait_for_backfill_impl(
         if std::time::Instant::now() >= deadline {
             return Ok(false);
         }
-        if let Some(pid) = shmem::worker_pid(&pipeline) {
-            shmem::wake(pid);
-        }
         sleep_ms(50);
     }
 }

@@ -404,15 +404,17 @@ fn wait_for_pipeline_impl(name: &str, timeout: pgrx::datum::Interval) -> TideRes
     let micros = interval_micros(&timeout);
     let deadline =
         std::time::Instant::now() + std::time::Duration::from_micros(micros.max(0) as u64);
+    // Wake the worker once (it may be sleeping between polls); never in the loop, which would
+    // defeat its back-off while it is failing.
+    if let Some(pid) = shmem::worker_pid(name) {
+        shmem::wake(pid);
+    }
     loop {
         if shmem::caught_up_lsn(name).is_some_and(|l| l >= target.0) {
             return Ok(true);
         }
         if std::time::Instant::now() >= deadline {
             return Ok(false);
-        }
-        if let Some(pid) = shmem::worker_pid(name) {
-            shmem::wake(pid);
         }
         sleep_ms(20);
     }
@@ -535,22 +537,34 @@ fn add_table_impl(pipeline: &str, relid: pg_sys::Oid, backfill: bool) -> TideRes
     check_server()?;
     require_pipeline(pipeline)?;
     let s = validate_source(relid)?;
-    let already = sql::one::<bool>(
-        "SELECT EXISTS (SELECT 1 FROM tide.pipeline_table WHERE pipeline = $1 AND relid = $2)",
+    let existing = sql::one::<bool>(
+        "SELECT removing FROM tide.pipeline_table WHERE pipeline = $1 AND relid = $2",
         &[pipeline.into(), relid.into()],
-    )?
-    .unwrap_or(false);
-    if already {
-        return Err(TideError::duplicate(format!(
-            "pipeline \"{pipeline}\" already captures \"{}\"",
-            s.qualified
-        ))
-        .hint("SELECT * FROM tide.tables lists what each pipeline captures."));
-    }
-    sql::exec(
-        "INSERT INTO tide.pipeline_table (pipeline, relid, relation, key_columns) VALUES ($1, $2, $3, $4)",
-        &[pipeline.into(), relid.into(), s.qualified.clone().into(), s.key_columns.into()],
     )?;
+    match existing {
+        Some(false) => {
+            return Err(TideError::duplicate(format!(
+                "pipeline \"{pipeline}\" already captures \"{}\"",
+                s.qualified
+            ))
+            .hint("SELECT * FROM tide.tables lists what each pipeline captures."));
+        }
+        Some(true) => {
+            // Removed but the worker has not reached the remove marker yet: capture it again
+            // from this add marker on.
+            sql::exec(
+                "UPDATE tide.pipeline_table SET removing = false, added_lsn = NULL, added_at = now(), relation = $3, key_columns = $4
+                  WHERE pipeline = $1 AND relid = $2",
+                &[pipeline.into(), relid.into(), s.qualified.clone().into(), s.key_columns.into()],
+            )?;
+        }
+        None => {
+            sql::exec(
+                "INSERT INTO tide.pipeline_table (pipeline, relid, relation, key_columns) VALUES ($1, $2, $3, $4)",
+                &[pipeline.into(), relid.into(), s.qualified.clone().into(), s.key_columns.into()],
+            )?;
+        }
+    }
     emit_signal("add_table", pipeline, relid)?;
     if backfill {
         // Queued now; the worker starts it once it has passed the add_table marker.
@@ -568,11 +582,13 @@ fn remove_table(pipeline: &str, source: PgRelation) {
 
 fn remove_table_impl(pipeline: &str, relid: pg_sys::Oid) -> TideResult<()> {
     require_pipeline(pipeline)?;
-    let removed = sql::one::<i64>(
-        "WITH d AS (DELETE FROM tide.pipeline_table WHERE pipeline = $1 AND relid = $2 RETURNING 1) SELECT count(*) FROM d",
+    // The row stays (marked) until the worker reaches the remove marker in the stream, so the
+    // table's changes committed before this call are still decoded and delivered; the worker
+    // deletes the row at the marker.
+    let removed = sql::exec_count(
+        "UPDATE tide.pipeline_table SET removing = true WHERE pipeline = $1 AND relid = $2 AND NOT removing",
         &[pipeline.into(), relid.into()],
-    )?
-    .unwrap_or(0);
+    )?;
     if removed == 0 {
         return Err(TideError::undefined(format!(
             "pipeline \"{pipeline}\" does not capture relation {}",
@@ -581,6 +597,11 @@ fn remove_table_impl(pipeline: &str, relid: pg_sys::Oid) -> TideResult<()> {
         .hint("SELECT * FROM tide.tables lists what each pipeline captures."));
     }
     emit_signal("remove_table", pipeline, relid)?;
+    sql::exec(
+        "UPDATE tide.backfill SET state = 'cancelled', finished_at = now(), error = 'the table was removed from the pipeline'
+          WHERE pipeline = $1 AND relid = $2 AND state IN ('queued', 'running', 'paused')",
+        &[pipeline.into(), relid.into()],
+    )?;
     wake_on_commit(shmem::worker_pid(pipeline));
     Ok(())
 }

@@ -317,6 +317,7 @@ fn stream(c: &mut SpiClient<'_>, p: &PipelineRow, bf: &mut Backfiller) -> TideRe
     let mut sink = OutboxSink::new(&p.name);
     let mut rels: HashMap<u32, RelDesc> = HashMap::new();
     let mut marks: Vec<(u32, Lsn)> = Vec::new();
+    let mut removals: Vec<u32> = Vec::new();
     let mut rows_seen: i64 = 0;
     let mut stopped = false;
     let mut high = applied.max(confirmed);
@@ -394,6 +395,9 @@ fn stream(c: &mut SpiClient<'_>, p: &PipelineRow, bf: &mut Backfiller) -> TideRe
                             "remove_table" => {
                                 sets.capturing.remove(&relid);
                                 sets.pending.remove(&relid);
+                                if !t.skip {
+                                    removals.push(relid);
+                                }
                             }
                             _ => {}
                         }
@@ -542,6 +546,9 @@ fn stream(c: &mut SpiClient<'_>, p: &PipelineRow, bf: &mut Backfiller) -> TideRe
         ));
     }
     sink.flush(c)?;
+    for relid in &removals {
+        catalog::forget_removed(c, &p.name, *relid)?;
+    }
     for (relid, lsn) in &marks {
         catalog::mark_capturing(c, &p.name, *relid, &lsn.to_string())?;
     }
