@@ -11,6 +11,9 @@ use pgrx::spi::SpiClient;
 pub struct PipelineRow {
     pub name: String,
     pub target: String,
+    pub options: serde_json::Value,
+    /// The role that created the pipeline (remote targets use its user mapping).
+    pub owner: String,
     pub slot_name: String,
     pub enabled: bool,
     /// End LSN of the last source transaction applied, as text (`X/Y`), if any.
@@ -55,7 +58,7 @@ pub fn lock_pipeline(c: &mut SpiClient<'_>, name: &str) -> TideResult<Option<Pip
     let rows = c.select(
         "SELECT p.name, p.target, p.slot_name::text, p.enabled, p.applied_lsn::text,
                 (SELECT s.confirmed_flush_lsn::text FROM pg_catalog.pg_replication_slots s WHERE s.slot_name = p.slot_name),
-                p.last_error IS NOT NULL
+                p.last_error IS NOT NULL, p.options::text, p.owner::text
            FROM tide.pipeline p WHERE p.name = $1",
         None,
         &[name.into()],
@@ -71,6 +74,9 @@ pub fn lock_pipeline(c: &mut SpiClient<'_>, name: &str) -> TideResult<Option<Pip
         applied_lsn: r.get::<String>(5)?,
         confirmed_lsn: r.get::<String>(6)?,
         has_error: r.get::<bool>(7)?.unwrap_or(false),
+        options: serde_json::from_str(&r.get::<String>(8)?.unwrap_or_default())
+            .unwrap_or(serde_json::Value::Null),
+        owner: r.get::<String>(9)?.unwrap_or_default(),
     }))
 }
 
@@ -147,6 +153,14 @@ pub fn clear_error(c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<()> {
     Ok(())
 }
 
+/// Pause a pipeline because of an error only the user can fix (the error is recorded next).
+pub fn pause_for(pipeline: &str) -> TideResult<()> {
+    crate::sql::exec(
+        "UPDATE tide.pipeline SET enabled = false WHERE name = $1",
+        &[pipeline.into()],
+    )
+}
+
 /// Record a failed iteration (in its own transaction, after the failed one was aborted).
 pub fn record_error(pipeline: &str, e: &TideError) -> TideResult<()> {
     let remedy = e.hint.clone().unwrap_or_else(|| default_remedy(e));
@@ -171,10 +185,7 @@ fn default_remedy(e: &TideError) -> String {
 /// Advance a slot, after the target committed everything up to `lsn`.
 pub fn advance_slot(slot: &str, lsn: &str) -> TideResult<()> {
     // Advancing decodes too, which logs "starting logical decoding" at LOG: keep the log quiet.
-    crate::sql::one::<String>(
-        "SELECT set_config('log_min_messages', 'warning', true)",
-        &[],
-    )?;
+    crate::sql::one::<String>("SELECT set_config('log_min_messages', 'fatal', true)", &[])?;
     crate::sql::one::<bool>(
         "SELECT true FROM pg_catalog.pg_replication_slot_advance($1::name, $2::pg_lsn)",
         &[slot.into(), lsn.into()],

@@ -22,6 +22,9 @@ pub struct TideError {
     pub detail: Option<String>,
     /// What to do about it. Shown as the HINT and as the remedy in the views.
     pub hint: Option<String>,
+    /// Set by the worker's target code: retrying cannot help until the user acts, so the
+    /// pipeline is paused (disabled) with this error as its reason.
+    pub pause_pipeline: bool,
 }
 
 pub type TideResult<T> = Result<T, TideError>;
@@ -33,6 +36,7 @@ impl TideError {
             message: message.into(),
             detail: None,
             hint: None,
+            pause_pipeline: false,
         }
     }
     pub fn hint(mut self, hint: impl Into<String>) -> Self {

@@ -22,6 +22,7 @@ pub mod gucs;
 pub mod plugin;
 pub mod schema;
 pub mod shmem;
+pub mod sink;
 pub mod sql;
 pub mod worker;
 

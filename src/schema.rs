@@ -8,8 +8,9 @@ extension_sql!(
 -- Pipelines: one logical slot, one worker, one target each.
 CREATE TABLE tide.pipeline (
     name         text PRIMARY KEY,
-    target       text NOT NULL CHECK (target IN ('outbox')),
+    target       text NOT NULL CHECK (target IN ('outbox', 'table', 'postgres')),
     options      jsonb NOT NULL DEFAULT '{}',
+    owner        name NOT NULL DEFAULT current_user,
     slot_name    name NOT NULL UNIQUE,
     enabled      boolean NOT NULL DEFAULT true,
     created_at   timestamptz NOT NULL DEFAULT now(),
@@ -37,6 +38,9 @@ CREATE TABLE tide.pipeline_table (
     added_lsn    pg_lsn,
     -- Set by tide.remove_table; the worker deletes the row when it reaches the remove marker.
     removing     boolean NOT NULL DEFAULT false,
+    -- Table targets: where the table's changes go (NULL for the outbox).
+    target_schema text,
+    target_name   text,
     PRIMARY KEY (pipeline, relid)
 );
 COMMENT ON TABLE tide.pipeline_table IS 'Tables captured by each pipeline. Use tide.add_table/tide.remove_table.';

@@ -172,7 +172,13 @@ pub fn worker_pid(name: &str) -> Option<i32> {
         .iter()
         .find(|w| w.in_use && w.name() == name)
         .map(|w| w.pid)
-        .filter(|&p| p > 0)
+        .filter(|&p| p > 0 && alive(p))
+}
+
+/// Whether a process exists (the slot of a worker killed with SIGKILL is only cleared by the
+/// crash restart that follows).
+pub fn alive(pid: i32) -> bool {
+    unsafe { libc_kill(pid, 0) == 0 }
 }
 
 /// How far a pipeline's worker is known to have caught up (see [`WorkerSlot::caught_up_lsn`]).

@@ -1265,11 +1265,31 @@ fn bad_inputs_have_sqlstates() {
     }
     // Targets and options.
     check("SELECT tide.create_pipeline('q', 'kafka')", "22023", None);
-    check("SELECT tide.create_pipeline('q', 'table')", "0A000", None);
+    // Table targets need their options; wrong types and unknown servers are refused.
+    check(
+        "SELECT tide.create_pipeline('q', 'table')",
+        "22023",
+        Some("schema"),
+    );
     check(
         "SELECT tide.create_pipeline('q', 'postgres')",
-        "0A000",
+        "22023",
+        Some("server"),
+    );
+    check(
+        "SELECT tide.create_pipeline('q', 'table', '{\"schema\": 5}')",
+        "22023",
         None,
+    );
+    check(
+        "SELECT tide.create_pipeline('q', 'table', '{\"schema\": \"r\", \"schema_changes\": \"maybe\"}')",
+        "22023",
+        Some("propagate"),
+    );
+    check(
+        "SELECT tide.create_pipeline('q', 'postgres', '{\"server\": \"nosuch\"}')",
+        "42704",
+        Some("CREATE SERVER"),
     );
     check(
         "SELECT tide.create_pipeline('q', 'outbox', '[]')",

@@ -10,11 +10,10 @@ use pgrx::prelude::*;
 use pgrx::{JsonB, PgRelation};
 
 pub mod backfill;
+pub mod targets;
 
 /// Target kinds this version can write.
-const TARGETS: &[&str] = &["outbox"];
-/// Target kinds designed but not yet available.
-const PLANNED_TARGETS: &[&str] = &["table", "postgres"];
+const TARGETS: &[&str] = &["outbox", "table", "postgres"];
 /// Longest pipeline name (the slot name `tide_<name>` must fit in 63 bytes).
 const MAX_NAME: usize = 48;
 
@@ -183,30 +182,19 @@ fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> TideResult<
     require_replication_privilege()?;
     validate_name(name)?;
     if !TARGETS.contains(&target) {
-        if PLANNED_TARGETS.contains(&target) {
-            return Err(TideError::unsupported(format!("target \"{target}\" is not available in this version of pg_tide"))
-                .hint("This version writes to the outbox: tide.create_pipeline(name, 'outbox'), then read tide.outbox."));
-        }
-        return Err(
-            TideError::invalid(format!("unknown target kind \"{target}\""))
-                .hint("Target kinds: 'outbox' (the table tide.outbox)."),
-        );
+        return Err(TideError::invalid(format!("unknown target kind \"{target}\"")).hint(
+            "Target kinds: 'outbox' (the table tide.outbox), 'table' (tables in this database, option schema), 'postgres' (tables in another PostgreSQL, option server).",
+        ));
     }
-    match &options.0 {
-        serde_json::Value::Object(map) => {
-            if let Some(k) = map.keys().next() {
-                return Err(TideError::invalid(format!(
-                    "unknown option \"{k}\" for target \"{target}\""
-                ))
-                .hint("The outbox target takes no options: pass '{}'."));
-            }
-        }
-        other => {
-            return Err(
-                TideError::invalid(format!("options must be a JSON object, not {other}"))
-                    .hint("Pass options as a jsonb object, for example '{}'."),
-            );
-        }
+    let options = JsonB(targets::validate_options(target, &options.0)?);
+    if target == "postgres" {
+        let server = options
+            .0
+            .get("server")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_string();
+        targets::check_remote(&server)?;
     }
     if pipeline_exists(name)? {
         return Err(
@@ -348,12 +336,8 @@ pub(crate) fn sleep_ms(ms: u64) {
 
 fn wait_for_exit(pid: i32, seconds: u64) -> TideResult<()> {
     for _ in 0..seconds * 10 {
-        let alive = sql::one::<bool>(
-            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)",
-            &[pid.into()],
-        )?
-        .unwrap_or(false);
-        if !alive {
+        // Not pg_stat_activity: it is a snapshot taken once per transaction.
+        if !shmem::alive(pid) {
             return Ok(());
         }
         sleep_ms(100);
@@ -529,11 +513,21 @@ fn validate_source(relid: pg_sys::Oid) -> TideResult<SourceInfo> {
 /// Start capturing a table: every change committed after this call commits is delivered, and
 /// (unless `backfill => false`) the rows that already exist are backfilled.
 #[pg_extern]
-fn add_table(pipeline: &str, source: PgRelation, backfill: default!(bool, true)) {
-    add_table_impl(pipeline, source.oid(), backfill).or_raise()
+fn add_table(
+    pipeline: &str,
+    source: PgRelation,
+    backfill: default!(bool, true),
+    target_table: default!(Option<&str>, "NULL"),
+) {
+    add_table_impl(pipeline, source.oid(), backfill, target_table).or_raise()
 }
 
-fn add_table_impl(pipeline: &str, relid: pg_sys::Oid, backfill: bool) -> TideResult<()> {
+fn add_table_impl(
+    pipeline: &str,
+    relid: pg_sys::Oid,
+    backfill: bool,
+    target_table: Option<&str>,
+) -> TideResult<()> {
     check_server()?;
     require_pipeline(pipeline)?;
     let s = validate_source(relid)?;
@@ -549,19 +543,65 @@ fn add_table_impl(pipeline: &str, relid: pg_sys::Oid, backfill: bool) -> TideRes
             ))
             .hint("SELECT * FROM tide.tables lists what each pipeline captures."));
         }
+        _ => {}
+    }
+    let (target_kind, options) = sql::two::<String, String>(
+        "SELECT target, options::text FROM tide.pipeline WHERE name = $1",
+        &[pipeline.into()],
+    )?;
+    let target_kind = target_kind.unwrap_or_default();
+    let options: serde_json::Value =
+        serde_json::from_str(&options.unwrap_or_default()).unwrap_or_default();
+    let (target_schema, target_name) = if target_kind == "outbox" {
+        if target_table.is_some() {
+            return Err(TideError::invalid(format!(
+                "pipeline \"{pipeline}\" writes to the outbox, which has no target tables"
+            ))
+            .hint("Omit target_table for outbox pipelines."));
+        }
+        (None, None)
+    } else {
+        let (s_, n_) = targets::ensure_target(
+            &target_kind,
+            &options,
+            relid,
+            &s.qualified,
+            &s.key_columns,
+            target_table,
+        )?;
+        (Some(s_), Some(n_))
+    };
+    match existing {
+        Some(false) => {}
         Some(true) => {
             // Removed but the worker has not reached the remove marker yet: capture it again
             // from this add marker on.
             sql::exec(
-                "UPDATE tide.pipeline_table SET removing = false, added_lsn = NULL, added_at = now(), relation = $3, key_columns = $4
+                "UPDATE tide.pipeline_table SET removing = false, added_lsn = NULL, added_at = now(), relation = $3, key_columns = $4,
+                        target_schema = $5, target_name = $6
                   WHERE pipeline = $1 AND relid = $2",
-                &[pipeline.into(), relid.into(), s.qualified.clone().into(), s.key_columns.into()],
+                &[
+                    pipeline.into(),
+                    relid.into(),
+                    s.qualified.clone().into(),
+                    s.key_columns.clone().into(),
+                    target_schema.clone().into(),
+                    target_name.clone().into(),
+                ],
             )?;
         }
         None => {
             sql::exec(
-                "INSERT INTO tide.pipeline_table (pipeline, relid, relation, key_columns) VALUES ($1, $2, $3, $4)",
-                &[pipeline.into(), relid.into(), s.qualified.clone().into(), s.key_columns.into()],
+                "INSERT INTO tide.pipeline_table (pipeline, relid, relation, key_columns, target_schema, target_name)
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+                &[
+                    pipeline.into(),
+                    relid.into(),
+                    s.qualified.clone().into(),
+                    s.key_columns.clone().into(),
+                    target_schema.into(),
+                    target_name.into(),
+                ],
             )?;
         }
     }

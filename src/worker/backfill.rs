@@ -18,8 +18,9 @@
 //! stream iteration forgets the chunk for the same reason.
 
 use crate::error::{TideError, TideResult};
+use crate::sink::{Event, Sink};
 use crate::sql;
-use crate::worker::pipeline::{OutboxSink, OwnedColumn, Txn};
+use crate::worker::pipeline::{OwnedColumn, Txn};
 use crate::worker::tx;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
@@ -45,6 +46,8 @@ struct PendingChunk {
     low_lsn: Option<Lsn>,
     /// A TRUNCATE of the table inside the window invalidates every row of the chunk.
     truncated: bool,
+    /// The columns of the rows, in order.
+    columns: Vec<String>,
 }
 
 /// In-memory backfill state of one worker.
@@ -102,7 +105,7 @@ impl Backfiller {
     pub(crate) fn on_signal(
         &mut self,
         c: &mut SpiClient<'_>,
-        sink: &mut OutboxSink,
+        sink: &mut Sink,
         t: &mut Txn,
         watermark: u64,
         kind: &str,
@@ -191,7 +194,20 @@ impl Backfiller {
         let n = rows.len() as u64;
         for (key, row) in rows {
             t.position += 1;
-            sink.push_read(c, t, &p.relation, key, row, p.backfill_id, p.chunk_no)?;
+            sink.push(
+                c,
+                t,
+                Event {
+                    relid: p.relid,
+                    relation: p.relation.clone(),
+                    op: "read",
+                    key: Some(key),
+                    row: Some(row),
+                    unchanged: Vec::new(),
+                    columns: p.columns.clone(),
+                    backfill: Some((p.backfill_id, p.chunk_no)),
+                },
+            )?;
         }
         Ok(Some(Emitted { rows: n }))
     }
@@ -233,6 +249,7 @@ impl Backfiller {
             read_at: read.read_at,
             low_lsn: None,
             truncated: false,
+            columns: read.columns,
         });
         // Throttle: spread the rows of this chunk over rows / rows_per_second seconds.
         self.not_before = match job.rows_per_second {
@@ -317,6 +334,7 @@ struct ChunkRow {
 
 struct ChunkRead {
     relation: String,
+    columns: Vec<String>,
     rows: Vec<ChunkRow>,
     is_last: bool,
     read_at: i64,
@@ -452,6 +470,7 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
     })?;
     Ok(ChunkRead {
         relation,
+        columns: columns.into_iter().map(|c| c.name).collect(),
         rows,
         is_last,
         read_at,

@@ -28,6 +28,7 @@ use crate::catalog::{self, PipelineRow};
 use crate::error::{TideError, TideResult};
 use crate::gucs;
 use crate::shmem::{self, WorkerState};
+use crate::sink::{Event, Sink};
 use crate::worker::backfill::Backfiller;
 use crate::worker::tx;
 use pgrx::bgworkers::*;
@@ -39,12 +40,10 @@ use tide_core::json::{self, ColumnDesc};
 use tide_core::lsn::Lsn;
 use tide_core::wire::{self, Message, Tuple};
 
-/// Rows per outbox INSERT statement.
-const FLUSH_ROWS: usize = 1000;
 /// Rows fetched from the decoding cursor at a time.
 const FETCH_ROWS: i64 = 1000;
 
-pub(crate) struct OwnedColumn {
+pub struct OwnedColumn {
     pub name: String,
     pub type_oid: u32,
     pub key: bool,
@@ -62,9 +61,9 @@ impl ColumnDesc for OwnedColumn {
     }
 }
 
-struct RelDesc {
-    qualified: String,
-    columns: Vec<OwnedColumn>,
+pub struct RelDesc {
+    pub qualified: String,
+    pub columns: Vec<OwnedColumn>,
 }
 
 /// What one successful iteration did.
@@ -90,7 +89,13 @@ struct Outcome {
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
-    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
+    // SIGTERM (pg_terminate_backend, drop_pipeline, server shutdown) ends the worker at the next
+    // CHECK_FOR_INTERRUPTS, even inside a lock wait or a long decoding call: PostgreSQL's die().
+    // Whatever the worker was doing is rolled back; the slot was not advanced past it.
+    unsafe {
+        pg_sys::pqsignal(pg_sys::SIGTERM as i32, Some(postgres_die));
+    }
     let name = BackgroundWorker::get_extra().to_string();
     let dboid = unsafe { pg_sys::Oid::from_datum(arg, false) }.unwrap_or(pg_sys::InvalidOid);
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(dboid), None);
@@ -100,6 +105,10 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
         log!("pg_tide worker: no free worker slot for pipeline \"{name}\" (at most {} pipelines run at once)", shmem::MAX_PIPELINES);
         return;
     };
+    // Free the shared-memory slot however the process ends (FATAL on SIGTERM included).
+    unsafe {
+        pg_sys::before_shmem_exit(Some(release_slot), pg_sys::Datum::from(slot_idx));
+    }
     log!("pg_tide worker for pipeline \"{name}\" started");
     // Deterministic text output for every value the worker renders (stream and backfill alike).
     if let Err(e) = tx::run(|| {
@@ -117,14 +126,13 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
 
     let mut failures: u32 = 0;
     let mut bf = Backfiller::default();
+    let mut sink: Option<Sink> = None;
     loop {
-        if BackgroundWorker::sigterm_received() {
-            break;
-        }
+        pg_sys::check_for_interrupts!();
         if BackgroundWorker::sighup_received() {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
-        let result = tx::run(|| iterate(&name, &mut bf));
+        let result = tx::run(|| iterate(&name, &mut bf, &mut sink));
         let wait: Duration = match result {
             Ok(o) if o.gone => {
                 log!("pg_tide worker: pipeline \"{name}\" was dropped; exiting");
@@ -187,6 +195,15 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
             Err(e) => {
                 // The chunk in memory may have seen part of a stream that will be replayed.
                 bf.forget();
+                if let Some(s) = sink.as_mut() {
+                    s.reset();
+                }
+                if e.pause_pipeline {
+                    // Retrying cannot help until the user acts: pause, keep the reason.
+                    if let Err(e2) = tx::run(|| catalog::pause_for(&name)) {
+                        log!("pg_tide worker \"{name}\": could not pause the pipeline: {e2}");
+                    }
+                }
                 failures = (failures + 1).min(16);
                 let delay = Duration::from_millis(
                     (250u64 << failures.min(10)).min(gucs::MAX_RETRY_DELAY_S.get() as u64 * 1000),
@@ -217,12 +234,24 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
     shmem::release(slot_idx, pid);
 }
 
+extern "C-unwind" {
+    /// PostgreSQL's own SIGTERM handler (pgrx's `pg_sys::die` is a guarded Rust wrapper, not a
+    /// signal handler).
+    #[link_name = "die"]
+    fn postgres_die(signal: std::ffi::c_int);
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn release_slot(_code: std::ffi::c_int, arg: pg_sys::Datum) {
+    shmem::release(arg.value(), unsafe { pg_sys::MyProcPid });
+}
+
 fn now_us() -> i64 {
     unsafe { pg_sys::GetCurrentTimestamp() }
 }
 
 /// One iteration, inside a transaction.
-fn iterate(name: &str, bf: &mut Backfiller) -> TideResult<Outcome> {
+fn iterate(name: &str, bf: &mut Backfiller, sink: &mut Option<Sink>) -> TideResult<Outcome> {
     Spi::connect_mut(|c| {
         let Some(p) = catalog::lock_pipeline(c, name)? else {
             return Ok(Outcome {
@@ -236,12 +265,6 @@ fn iterate(name: &str, bf: &mut Backfiller) -> TideResult<Outcome> {
                 ..Default::default()
             });
         }
-        if p.target != "outbox" {
-            return Err(TideError::unsupported(format!(
-                "pipeline \"{name}\" has target \"{}\", which this version cannot apply",
-                p.target
-            )));
-        }
         if p.confirmed_lsn.is_none() {
             return Err(TideError::undefined(format!("replication slot \"{}\" of pipeline \"{name}\" does not exist", p.slot_name))
                 .hint(format!("The slot was dropped behind pg_tide's back. Drop and re-create the pipeline: SELECT tide.drop_pipeline('{name}'); SELECT tide.create_pipeline('{name}');")));
@@ -250,11 +273,14 @@ fn iterate(name: &str, bf: &mut Backfiller) -> TideResult<Outcome> {
         // Every decoding call logs "starting logical decoding for slot" at LOG in PostgreSQL 15;
         // at one call per poll that would flood the server log. Quiet it for this transaction
         // only (the worker's own messages are logged after the transaction ends).
-        crate::sql::one::<String>(
-            "SELECT set_config('log_min_messages', 'warning', true)",
-            &[],
-        )?;
-        stream(c, &p, bf)
+        crate::sql::one::<String>("SELECT set_config('log_min_messages', 'fatal', true)", &[])?;
+        if sink.is_none() {
+            *sink = Some(Sink::for_pipeline(&p)?);
+        }
+        let Some(sink) = sink.as_mut() else {
+            return Err(TideError::internal("no sink"));
+        };
+        stream(c, &p, bf, sink)
     })
 }
 
@@ -265,8 +291,14 @@ struct TableSets {
     pending: HashSet<u32>,
 }
 
-fn stream(c: &mut SpiClient<'_>, p: &PipelineRow, bf: &mut Backfiller) -> TideResult<Outcome> {
+fn stream(
+    c: &mut SpiClient<'_>,
+    p: &PipelineRow,
+    bf: &mut Backfiller,
+    sink: &mut Sink,
+) -> TideResult<Outcome> {
     let tables = catalog::tables(c, &p.name)?;
+    sink.begin(c, &p.name)?;
     let signal_relid = crate::sql::one::<i64>("SELECT 'tide.signal'::regclass::oid::int8", &[])?
         .unwrap_or(0) as u32;
     let mut sets = TableSets {
@@ -294,6 +326,8 @@ fn stream(c: &mut SpiClient<'_>, p: &PipelineRow, bf: &mut Backfiller) -> TideRe
             .map_err(|_| TideError::internal(format!("bad applied_lsn {s}")))?,
         None => Lsn(0),
     };
+    // A remote target keeps its own applied position (written in its own transactions).
+    let applied = applied.max(sink.applied()?.unwrap_or(Lsn(0)));
     let confirmed = p
         .confirmed_lsn
         .as_deref()
@@ -314,7 +348,6 @@ fn stream(c: &mut SpiClient<'_>, p: &PipelineRow, bf: &mut Backfiller) -> TideRe
     )?;
 
     let mut out = Outcome::default();
-    let mut sink = OutboxSink::new(&p.name);
     let mut rels: HashMap<u32, RelDesc> = HashMap::new();
     let mut marks: Vec<(u32, Lsn)> = Vec::new();
     let mut removals: Vec<u32> = Vec::new();
@@ -373,6 +406,11 @@ fn stream(c: &mut SpiClient<'_>, p: &PipelineRow, bf: &mut Backfiller) -> TideRe
                                 .collect(),
                         },
                     );
+                    if sets.capturing.contains(&relid) || sets.pending.contains(&relid) {
+                        if let Some(rel) = rels.get(&relid) {
+                            sink.relation(c, relid, rel)?;
+                        }
+                    }
                 }
                 Message::Signal { body } => {
                     let Some(t) = txn.as_mut() else { continue };
@@ -414,9 +452,7 @@ fn stream(c: &mut SpiClient<'_>, p: &PipelineRow, bf: &mut Backfiller) -> TideRe
                             let rel = rel_desc(&rels, relid)?;
                             if let Some((pipeline, watermark, kind)) = parse_watermark(rel, &new) {
                                 if pipeline == p.name {
-                                    if let Some(e) =
-                                        bf.on_signal(c, &mut sink, t, watermark, &kind)?
-                                    {
+                                    if let Some(e) = bf.on_signal(c, sink, t, watermark, &kind)? {
                                         out.backfill_rows += e.rows;
                                     }
                                 }
@@ -431,7 +467,7 @@ fn stream(c: &mut SpiClient<'_>, p: &PipelineRow, bf: &mut Backfiller) -> TideRe
                             let mut key = String::new();
                             json::render_key(&rel.columns, &new, &mut key).map_err(render_err)?;
                             bf.on_change(relid, &key);
-                            emit_row(&mut sink, c, t, rel, "insert", key, &new)?;
+                            emit_row(sink, c, t, relid, rel, "insert", key, &new)?;
                         }
                     }
                 }
@@ -470,18 +506,10 @@ fn stream(c: &mut SpiClient<'_>, p: &PipelineRow, bf: &mut Backfiller) -> TideRe
                                 Some(old) if old != new_key => {
                                     // A key change is a delete of the old key and an insert of the new row.
                                     t.position += 1;
-                                    sink.push(
-                                        c,
-                                        t,
-                                        &rel.qualified,
-                                        "delete",
-                                        Some(old),
-                                        None,
-                                        None,
-                                    )?;
-                                    emit_row(&mut sink, c, t, rel, "insert", new_key, &new)?;
+                                    sink.push(c, t, key_event(relid, rel, "delete", Some(old)))?;
+                                    emit_row(sink, c, t, relid, rel, "insert", new_key, &new)?;
                                 }
-                                _ => emit_row(&mut sink, c, t, rel, "update", new_key, &new)?,
+                                _ => emit_row(sink, c, t, relid, rel, "update", new_key, &new)?,
                             }
                         }
                     }
@@ -494,7 +522,7 @@ fn stream(c: &mut SpiClient<'_>, p: &PipelineRow, bf: &mut Backfiller) -> TideRe
                             json::render_key(&rel.columns, &old_key, &mut k).map_err(render_err)?;
                             bf.on_change(relid, &k);
                             t.position += 1;
-                            sink.push(c, t, &rel.qualified, "delete", Some(k), None, None)?;
+                            sink.push(c, t, key_event(relid, rel, "delete", Some(k)))?;
                         }
                     }
                 }
@@ -506,7 +534,7 @@ fn stream(c: &mut SpiClient<'_>, p: &PipelineRow, bf: &mut Backfiller) -> TideRe
                                     bf.on_truncate(relid);
                                     let rel = rel_desc(&rels, relid)?;
                                     t.position += 1;
-                                    sink.push(c, t, &rel.qualified, "truncate", None, None, None)?;
+                                    sink.push(c, t, key_event(relid, rel, "truncate", None))?;
                                 }
                             }
                         }
@@ -545,7 +573,7 @@ fn stream(c: &mut SpiClient<'_>, p: &PipelineRow, bf: &mut Backfiller) -> TideRe
             "the decoded stream ended inside a transaction",
         ));
     }
-    sink.flush(c)?;
+    sink.finish(c, &p.name, last_applied.map(|(end, _)| end))?;
     for relid in &removals {
         catalog::forget_removed(c, &p.name, *relid)?;
     }
@@ -566,7 +594,7 @@ fn stream(c: &mut SpiClient<'_>, p: &PipelineRow, bf: &mut Backfiller) -> TideRe
     Ok(out)
 }
 
-pub(crate) struct Txn {
+pub struct Txn {
     pub xid: u32,
     pub lsn: Lsn,
     pub commit_time: i64,
@@ -613,170 +641,61 @@ fn render_err(e: json::RenderError) -> TideError {
 }
 
 #[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments)]
 fn emit_row(
-    sink: &mut OutboxSink,
+    sink: &mut Sink,
     c: &mut SpiClient<'_>,
     t: &mut Txn,
+    relid: u32,
     rel: &RelDesc,
-    op: &str,
+    op: &'static str,
     key: String,
     new: &Tuple<'_>,
 ) -> TideResult<()> {
     let mut row = String::new();
     let unchanged = json::render_row(&rel.columns, new, &mut row).map_err(render_err)?;
-    let unchanged = if unchanged.is_empty() {
-        None
-    } else {
-        let mut s = String::from("[");
-        for (i, idx) in unchanged.iter().enumerate() {
-            if i > 0 {
-                s.push(',');
-            }
-            json::push_string(&mut s, &rel.columns[*idx].name);
-        }
-        s.push(']');
-        Some(s)
-    };
+    let columns = rel
+        .columns
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !unchanged.contains(i))
+        .map(|(_, c)| c.name.clone())
+        .collect();
+    let unchanged = unchanged
+        .iter()
+        .map(|&i| rel.columns[i].name.clone())
+        .collect();
     t.position += 1;
-    sink.push(c, t, &rel.qualified, op, Some(key), Some(row), unchanged)
+    sink.push(
+        c,
+        t,
+        Event {
+            relid,
+            relation: rel.qualified.clone(),
+            op,
+            key: Some(key),
+            row: Some(row),
+            unchanged,
+            columns,
+            backfill: None,
+        },
+    )
+}
+
+/// An event without a row (delete, truncate).
+fn key_event(relid: u32, rel: &RelDesc, op: &'static str, key: Option<String>) -> Event {
+    Event {
+        relid,
+        relation: rel.qualified.clone(),
+        op,
+        key,
+        row: None,
+        unchanged: Vec::new(),
+        columns: Vec::new(),
+        backfill: None,
+    }
 }
 
 fn quote_ident(s: &str) -> String {
     pgrx::spi::quote_identifier(s)
-}
-
-/// Buffers outbox rows and writes them with one multi-row INSERT per [`FLUSH_ROWS`].
-pub(crate) struct OutboxSink {
-    pipeline: String,
-    lsn: Vec<String>,
-    xid: Vec<i64>,
-    time: Vec<i64>,
-    pos: Vec<i32>,
-    rel: Vec<String>,
-    op: Vec<String>,
-    key: Vec<Option<String>>,
-    row: Vec<Option<String>>,
-    unchanged: Vec<Option<String>>,
-    backfill: Vec<Option<i64>>,
-    chunk: Vec<Option<i64>>,
-}
-
-impl OutboxSink {
-    fn new(pipeline: &str) -> Self {
-        OutboxSink {
-            pipeline: pipeline.to_string(),
-            lsn: Vec::new(),
-            xid: Vec::new(),
-            time: Vec::new(),
-            pos: Vec::new(),
-            rel: Vec::new(),
-            op: Vec::new(),
-            key: Vec::new(),
-            row: Vec::new(),
-            unchanged: Vec::new(),
-            backfill: Vec::new(),
-            chunk: Vec::new(),
-        }
-    }
-
-    /// A backfill row, emitted at a high watermark.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn push_read(
-        &mut self,
-        c: &mut SpiClient<'_>,
-        t: &Txn,
-        rel: &str,
-        key: String,
-        row: String,
-        backfill_id: i64,
-        chunk: i64,
-    ) -> TideResult<()> {
-        self.push_full(
-            c,
-            t,
-            rel,
-            "read",
-            Some(key),
-            Some(row),
-            None,
-            Some(backfill_id),
-            Some(chunk),
-        )
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn push(
-        &mut self,
-        c: &mut SpiClient<'_>,
-        t: &Txn,
-        rel: &str,
-        op: &str,
-        key: Option<String>,
-        row: Option<String>,
-        unchanged: Option<String>,
-    ) -> TideResult<()> {
-        self.push_full(c, t, rel, op, key, row, unchanged, None, None)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn push_full(
-        &mut self,
-        c: &mut SpiClient<'_>,
-        t: &Txn,
-        rel: &str,
-        op: &str,
-        key: Option<String>,
-        row: Option<String>,
-        unchanged: Option<String>,
-        backfill_id: Option<i64>,
-        chunk: Option<i64>,
-    ) -> TideResult<()> {
-        self.backfill.push(backfill_id);
-        self.chunk.push(chunk);
-        self.lsn.push(t.lsn.to_string());
-        self.xid.push(t.xid as i64);
-        self.time.push(t.commit_time);
-        self.pos.push(t.position);
-        self.rel.push(rel.to_string());
-        self.op.push(op.to_string());
-        self.key.push(key);
-        self.row.push(row);
-        self.unchanged.push(unchanged);
-        if self.lsn.len() >= FLUSH_ROWS {
-            self.flush(c)?;
-        }
-        Ok(())
-    }
-
-    fn flush(&mut self, c: &mut SpiClient<'_>) -> TideResult<()> {
-        if self.lsn.is_empty() {
-            return Ok(());
-        }
-        c.update(
-            "INSERT INTO tide.outbox (pipeline, commit_lsn, xid, commit_time, position, relation, op, key, \"row\", unchanged, backfill_id, chunk)
-             SELECT $1, u.l::pg_lsn, u.x, '2000-01-01 00:00:00+00'::timestamptz + u.t * interval '1 microsecond',
-                    u.p, u.r, u.o, u.k::jsonb, u.w::jsonb,
-                    CASE WHEN u.n IS NULL THEN NULL ELSE ARRAY(SELECT jsonb_array_elements_text(u.n::jsonb)) END,
-                    u.b, u.c
-               FROM unnest($2::text[], $3::int8[], $4::int8[], $5::int4[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[],
-                           $11::int8[], $12::int8[])
-                    AS u(l, x, t, p, r, o, k, w, n, b, c)",
-            None,
-            &[
-                self.pipeline.clone().into(),
-                std::mem::take(&mut self.lsn).into(),
-                std::mem::take(&mut self.xid).into(),
-                std::mem::take(&mut self.time).into(),
-                std::mem::take(&mut self.pos).into(),
-                std::mem::take(&mut self.rel).into(),
-                std::mem::take(&mut self.op).into(),
-                std::mem::take(&mut self.key).into(),
-                std::mem::take(&mut self.row).into(),
-                std::mem::take(&mut self.unchanged).into(),
-                std::mem::take(&mut self.backfill).into(),
-                std::mem::take(&mut self.chunk).into(),
-            ],
-        )?;
-        Ok(())
-    }
 }

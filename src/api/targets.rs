@@ -1,0 +1,329 @@
+//! SQL-side checks of table targets: pipeline options, the remote server, and the target table
+//! of each captured table (created when missing, checked when present).
+
+use crate::error::{TideError, TideResult};
+use crate::sink::remote::RemoteSink;
+use crate::sink::table::{conninfo_for_server, holds, SchemaPolicy};
+use crate::sql;
+use pgrx::pg_sys::errcodes::PgSqlErrorCode;
+use pgrx::prelude::*;
+use std::time::Duration;
+
+const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn quote(ident: &str) -> String {
+    pgrx::spi::quote_identifier(ident)
+}
+
+fn string_opt(
+    map: &serde_json::Map<String, serde_json::Value>,
+    key: &str,
+) -> TideResult<Option<String>> {
+    match map.get(key) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) if !s.trim().is_empty() => Ok(Some(s.clone())),
+        Some(other) => Err(TideError::invalid(format!(
+            "option \"{key}\" must be a non-empty string, not {other}"
+        ))
+        .hint(format!(
+            "Pass it as a JSON string, e.g. '{{\"{key}\": \"...\"}}'."
+        ))),
+    }
+}
+
+/// Validate a pipeline's options for its target kind. Returns the normalised options.
+pub fn validate_options(
+    target: &str,
+    options: &serde_json::Value,
+) -> TideResult<serde_json::Value> {
+    let serde_json::Value::Object(map) = options else {
+        return Err(
+            TideError::invalid(format!("options must be a JSON object, not {options}"))
+                .hint("Pass options as a jsonb object, for example '{}'."),
+        );
+    };
+    let allowed: &[&str] = match target {
+        "outbox" => &[],
+        "table" => &["schema", "schema_changes"],
+        _ => &["server", "schema", "schema_changes"],
+    };
+    if let Some(k) = map.keys().find(|k| !allowed.contains(&k.as_str())) {
+        let hint = match target {
+            "outbox" => "The outbox target takes no options: pass '{}'.".to_string(),
+            _ => format!("Options of target \"{target}\": {}.", allowed.join(", ")),
+        };
+        return Err(
+            TideError::invalid(format!("unknown option \"{k}\" for target \"{target}\""))
+                .hint(hint),
+        );
+    }
+    let mut out = map.clone();
+    if let Some(p) = string_opt(map, "schema_changes")? {
+        if SchemaPolicy::parse(&p).is_none() {
+            return Err(TideError::invalid(format!("schema_changes must be 'propagate' or 'pause', not '{p}'"))
+                .hint("'propagate' (the default) applies new columns and safe type widenings to the target; 'pause' stops the pipeline with the reason."));
+        }
+    }
+    match target {
+        "table" => {
+            if string_opt(map, "schema")?.is_none() {
+                return Err(TideError::invalid("target \"table\" needs the option \"schema\"")
+                    .hint("Name the schema where the target tables live, e.g. '{\"schema\": \"replica\"}'. It must not be the source tables' schema."));
+            }
+        }
+        "postgres" => {
+            if string_opt(map, "server")?.is_none() {
+                return Err(TideError::invalid("target \"postgres\" needs the option \"server\"")
+                    .hint("Create a foreign server (CREATE SERVER s FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host ..., dbname ...)) and a user mapping, then pass '{\"server\": \"s\"}'."));
+            }
+            if string_opt(map, "schema")?.is_none() {
+                out.insert("schema".into(), serde_json::Value::String("public".into()));
+            }
+        }
+        _ => {}
+    }
+    Ok(serde_json::Value::Object(out))
+}
+
+/// Check the foreign server and user mapping, and that the server answers.
+pub fn check_remote(server: &str) -> TideResult<()> {
+    let fdw = sql::one::<String>(
+        "SELECT w.fdwname::text FROM pg_foreign_server s JOIN pg_foreign_data_wrapper w ON w.oid = s.srvfdw WHERE s.srvname = $1",
+        &[server.into()],
+    )?;
+    match fdw.as_deref() {
+        None => {
+            return Err(TideError::undefined(format!("foreign server \"{server}\" does not exist"))
+                .hint(format!("CREATE EXTENSION IF NOT EXISTS postgres_fdw; CREATE SERVER {} FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host '...', port '5432', dbname '...');", quote(server))))
+        }
+        Some("postgres_fdw") => {}
+        Some(other) => {
+            return Err(TideError::invalid(format!("foreign server \"{server}\" uses the wrapper {other}, not postgres_fdw"))
+                .hint("pg_tide reads connection details from a postgres_fdw server and its user mapping."))
+        }
+    }
+    let role = sql::one::<String>("SELECT current_user::text", &[])?.unwrap_or_default();
+    let mapped = sql::one::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM pg_user_mappings WHERE srvname = $1 AND (usename = $2 OR usename = 'public'))",
+        &[server.into(), role.clone().into()],
+    )?
+    .unwrap_or(false);
+    if !mapped {
+        return Err(TideError::undefined(format!(
+            "no user mapping for role \"{role}\" on server \"{server}\""
+        ))
+        .hint(format!(
+            "CREATE USER MAPPING FOR {} SERVER {} OPTIONS (user '...', password '...');",
+            quote(&role),
+            quote(server)
+        )));
+    }
+    let remote = RemoteSink::start(conninfo_for_server(server, &role)?, "pg_tide check");
+    remote.query("SELECT 1::text", vec![], CHECK_TIMEOUT).map_err(|e| {
+        TideError::new(PgSqlErrorCode::ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, format!("cannot reach server \"{server}\": {}", e.message))
+            .hint("Check the server's host, port and dbname options and the user mapping's user and password. (Once the pipeline exists, an outage is not an error to you: the pipeline shows it and catches up.)")
+    })?;
+    Ok(())
+}
+
+/// A source column: name, type, NOT NULL.
+struct SourceCol {
+    name: String,
+    ty: String,
+    not_null: bool,
+}
+
+fn source_columns(relid: pg_sys::Oid) -> TideResult<Vec<SourceCol>> {
+    let rows = sql::text_rows(
+        "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), a.attnotnull::text
+           FROM pg_attribute a WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+          ORDER BY a.attnum",
+        &[Some(&relid.to_u32().to_string())],
+        0,
+        false,
+    )?;
+    Ok(rows
+        .into_iter()
+        .map(|r| SourceCol {
+            name: r[0].clone().unwrap_or_default(),
+            ty: r[1].clone().unwrap_or_default(),
+            not_null: r[2].as_deref() == Some("true"),
+        })
+        .collect())
+}
+
+const TARGET_SHAPE: &str = "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod),
+        coalesce((SELECT true FROM pg_index i WHERE i.indrelid = a.attrelid AND i.indisprimary AND a.attnum = ANY (i.indkey)), false)::text
+   FROM pg_attribute a WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum";
+
+/// Make sure the target table of a captured table exists and fits; returns (schema, name).
+/// `options` are the pipeline's (validated) options.
+pub fn ensure_target(
+    target: &str,
+    options: &serde_json::Value,
+    relid: pg_sys::Oid,
+    source_qualified: &str,
+    key: &[String],
+    target_table: Option<&str>,
+) -> TideResult<(String, String)> {
+    let schema_opt = options
+        .get("schema")
+        .and_then(|v| v.as_str())
+        .unwrap_or("public")
+        .to_string();
+    let relname = sql::one::<String>(
+        "SELECT relname::text FROM pg_class WHERE oid = $1",
+        &[relid.into()],
+    )?
+    .unwrap_or_default();
+    let (schema, name) = match target_table {
+        None => (schema_opt, relname),
+        Some(t) => {
+            let parts =
+                sql::one::<Vec<String>>("SELECT parse_ident($1)", &[t.into()])?.unwrap_or_default();
+            match parts.as_slice() {
+                [n] => (schema_opt, n.clone()),
+                [s, n] => (s.clone(), n.clone()),
+                _ => {
+                    return Err(
+                        TideError::invalid(format!("invalid target table name \"{t}\"")).hint(
+                            "Pass a table name, optionally schema-qualified: 'replica.orders'.",
+                        ),
+                    )
+                }
+            }
+        }
+    };
+    let qualified = format!("{}.{}", quote(&schema), quote(&name));
+    let cols = source_columns(relid)?;
+    let remote = match target {
+        "postgres" => {
+            let server = options
+                .get("server")
+                .and_then(|v| v.as_str())
+                .unwrap_or_default();
+            let role = sql::one::<String>("SELECT current_user::text", &[])?.unwrap_or_default();
+            Some(RemoteSink::start(
+                conninfo_for_server(server, &role)?,
+                "pg_tide add_table",
+            ))
+        }
+        _ => None,
+    };
+    if remote.is_none() {
+        let same = sql::one::<bool>(
+            "SELECT to_regclass($1) = $2::regclass",
+            &[qualified.clone().into(), relid.into()],
+        )?
+        .unwrap_or(false);
+        if same {
+            return Err(TideError::invalid(format!("the target table {qualified} is the source table {source_qualified}"))
+                .hint("A local table target must live elsewhere: give the pipeline another schema option, or pass target_table => 'schema.name'."));
+        }
+    }
+    let shape: Vec<Vec<Option<String>>> = match &remote {
+        Some(r) => r
+            .query(TARGET_SHAPE, vec![Some(qualified.clone())], CHECK_TIMEOUT)
+            .map_err(|e| {
+                TideError::new(
+                    PgSqlErrorCode::ERRCODE_FDW_ERROR,
+                    format!(
+                        "cannot inspect the remote target {qualified}: {}",
+                        e.message
+                    ),
+                )
+                .hint(
+                    "Check that the server is reachable and the mapped user may read its catalogs.",
+                )
+            })?,
+        None => sql::text_rows(TARGET_SHAPE, &[Some(&qualified)], 0, true)?,
+    };
+    if shape.is_empty() {
+        let mut defs: Vec<String> = cols
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} {}{}",
+                    quote(&c.name),
+                    c.ty,
+                    if c.not_null { " NOT NULL" } else { "" }
+                )
+            })
+            .collect();
+        defs.push(format!(
+            "PRIMARY KEY ({})",
+            key.iter().map(|k| quote(k)).collect::<Vec<_>>().join(", ")
+        ));
+        let create_schema = format!("CREATE SCHEMA IF NOT EXISTS {}", quote(&schema));
+        let create = format!("CREATE TABLE {qualified} ({})", defs.join(", "));
+        match &remote {
+            Some(r) => {
+                let stmts = vec![
+                    crate::sink::remote::RemoteStatement {
+                        sql: create_schema,
+                        params: vec![],
+                    },
+                    crate::sink::remote::RemoteStatement {
+                        sql: create,
+                        params: vec![],
+                    },
+                ];
+                r.transaction(stmts, CHECK_TIMEOUT).map_err(|e| {
+                    TideError::new(PgSqlErrorCode::ERRCODE_FDW_ERROR, format!("cannot create the remote target {qualified}: {}", e.message))
+                        .hint("Grant the mapped user CREATE on the target schema, or create the table yourself with the source's columns and key.")
+                })?;
+            }
+            None => {
+                sql::exec(&create_schema, &[])?;
+                sql::exec(&create, &[])?;
+            }
+        }
+        return Ok((schema, name));
+    }
+    // The table exists: every difference is listed.
+    let mut diffs = Vec::new();
+    for c in &cols {
+        match shape
+            .iter()
+            .find(|r| r[0].as_deref() == Some(c.name.as_str()))
+        {
+            None => diffs.push(format!("column {} is missing", quote(&c.name))),
+            Some(r) => {
+                let tty = r[1].clone().unwrap_or_default();
+                if !holds(&tty, &c.ty) {
+                    diffs.push(format!(
+                        "column {} is {tty}, the source's is {}",
+                        quote(&c.name),
+                        c.ty
+                    ));
+                }
+            }
+        }
+    }
+    let mut tkey: Vec<String> = shape
+        .iter()
+        .filter(|r| r[2].as_deref() == Some("true"))
+        .filter_map(|r| r[0].clone())
+        .collect();
+    let mut skey = key.to_vec();
+    tkey.sort();
+    skey.sort();
+    if tkey != skey {
+        diffs.push(format!(
+            "its primary key is ({}), the source's key is ({})",
+            tkey.join(", "),
+            skey.join(", ")
+        ));
+    }
+    if !diffs.is_empty() {
+        return Err(TideError::new(
+            PgSqlErrorCode::ERRCODE_INVALID_TABLE_DEFINITION,
+            format!("target table {qualified} does not match {source_qualified}"),
+        )
+        .detail(diffs.join("; "))
+        .hint(format!(
+            "Fix {qualified} (or drop it and pg_tide creates it), or pass another target_table."
+        )));
+    }
+    Ok((schema, name))
+}
