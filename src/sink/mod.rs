@@ -10,7 +10,6 @@
 //! only: a target transaction never holds part of one.
 
 pub mod outbox;
-#[path = "remote_stub.rs"]
 pub mod remote;
 pub mod table;
 
