@@ -93,6 +93,20 @@ mod tests {
     }
 
     #[pg_test]
+    fn conditions_must_stay_inside_their_parentheses() {
+        use crate::api::backfill::self_contained;
+        assert!(self_contained("v % 2 = 0").is_ok());
+        assert!(self_contained("(a > 1) AND (b < 2)").is_ok());
+        assert!(self_contained("note = 'x)' AND \"odd)col\" > 1").is_ok());
+        assert!(self_contained("note = E'it\\'s)' ").is_ok());
+        assert!(self_contained("v > 0) OR (true").is_err());
+        assert!(self_contained("v > 0 -- ) OR (true").is_err());
+        assert!(self_contained("(v > 0").is_err());
+        assert!(self_contained("note = 'open").is_err());
+        assert!(self_contained("true; DROP TABLE t").is_err());
+    }
+
+    #[pg_test]
     fn outbox_and_views_exist() {
         assert_eq!(
             Spi::get_one::<i64>("SELECT count(*) FROM tide.backfills").unwrap(),

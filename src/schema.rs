@@ -211,7 +211,8 @@ SELECT t.pipeline, t.relation, t.relid::regclass AS source, b.id AS backfill_id,
        coalesce(b.state = 'done', false)                                       AS snapshot_emitted,
        coalesce(b.state = 'done' AND w.caught_up_lsn::pg_lsn >= b.finished_lsn, false)  AS target_caught_up,
        CASE WHEN b.id IS NULL THEN 'no backfill'
-            WHEN b.state <> 'done' THEN 'backfilling'
+            WHEN b.state IN ('queued', 'running', 'paused') THEN 'backfilling'
+            WHEN b.state <> 'done' THEN 'backfill ' || b.state
             WHEN w.caught_up_lsn::pg_lsn >= b.finished_lsn THEN 'ready'
             ELSE 'catching up' END                                              AS readiness
   FROM tide.pipeline_table t

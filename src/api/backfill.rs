@@ -80,9 +80,14 @@ fn validate_condition(qualified: &str, condition: &str) -> TideResult<()> {
         return Err(TideError::new(pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_SYNTAX_ERROR, "a backfill condition is one boolean expression")
             .hint("Write a WHERE-clause expression on the table's columns, without ';', e.g. 'created_at >= ''2024-01-01'''."));
     }
-    // EXPLAIN parses and analyses (unknown columns, wrong type, syntax) without reading rows.
+    if let Err(why) = self_contained(condition) {
+        return Err(TideError::new(pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_SYNTAX_ERROR, format!("invalid backfill condition: {why}"))
+            .hint("The condition is placed in parentheses in the chunk query: it must be one expression whose parentheses and quotes balance, without comments or dollar quoting."));
+    }
+    // EXPLAIN parses and analyses (unknown columns, wrong type, syntax) without reading rows. It
+    // needs read-write SPI (EXPLAIN is refused in read-only mode), hence `fresh`.
     let probe = format!("EXPLAIN (COSTS OFF) SELECT 1 FROM ONLY {qualified} WHERE ({condition})");
-    let outcome = pgrx::PgTryBuilder::new(|| sql::text_rows(&probe, &[], 0, false).map(|_| ()))
+    let outcome = pgrx::PgTryBuilder::new(|| sql::text_rows(&probe, &[], 0, true).map(|_| ()))
         .catch_others(|e| {
             let (code, msg) = match &e {
                 pgrx::pg_sys::panic::CaughtError::PostgresError(r) | pgrx::pg_sys::panic::CaughtError::ErrorReport(r) => {
@@ -95,6 +100,73 @@ fn validate_condition(qualified: &str, condition: &str) -> TideResult<()> {
         })
         .execute();
     outcome
+}
+
+/// Whether a condition stays inside the parentheses it is put in: its parentheses never close
+/// more than they opened and balance at the end, outside string literals and quoted
+/// identifiers. Comments and dollar quotes are refused (they could hide either).
+pub fn self_contained(cond: &str) -> Result<(), &'static str> {
+    if cond.contains("--") || cond.contains("/*") || cond.contains('$') || cond.contains(';') {
+        return Err("comments, dollar quotes and ';' are not allowed");
+    }
+    let b = cond.as_bytes();
+    let mut depth: i64 = 0;
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'\'' => {
+                // E'...' strings treat backslash as an escape.
+                let escapes = i > 0 && (b[i - 1] == b'E' || b[i - 1] == b'e');
+                i += 1;
+                loop {
+                    if i >= b.len() {
+                        return Err("unterminated string literal");
+                    }
+                    if escapes && b[i] == b'\\' {
+                        i += 2;
+                        continue;
+                    }
+                    if b[i] == b'\'' {
+                        if i + 1 < b.len() && b[i + 1] == b'\'' {
+                            i += 2;
+                            continue;
+                        }
+                        break;
+                    }
+                    i += 1;
+                }
+            }
+            b'"' => {
+                i += 1;
+                loop {
+                    if i >= b.len() {
+                        return Err("unterminated quoted identifier");
+                    }
+                    if b[i] == b'"' {
+                        if i + 1 < b.len() && b[i + 1] == b'"' {
+                            i += 2;
+                            continue;
+                        }
+                        break;
+                    }
+                    i += 1;
+                }
+            }
+            b'(' => depth += 1,
+            b')' => {
+                depth -= 1;
+                if depth < 0 {
+                    return Err("it closes a parenthesis it did not open");
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    if depth != 0 {
+        return Err("unbalanced parentheses");
+    }
+    Ok(())
 }
 
 /// Start (or re-seed) the backfill of one table for one pipeline; returns its id.
@@ -150,10 +222,21 @@ pub(crate) fn start_backfill_impl(
         ))
         .hint(format!("Remove and re-add the table so pg_tide learns the new key: SELECT tide.remove_table('{pipeline}', '{qualified}'); SELECT tide.add_table('{pipeline}', '{qualified}').")));
     }
-    let active = sql::one::<String>(
-        "SELECT state FROM tide.backfill WHERE pipeline = $1 AND relid = $2 AND state IN ('queued', 'running', 'paused')",
+    // Serialise concurrent starts for one table, then look with a snapshot taken after the lock.
+    sql::exec(
+        "SELECT pg_advisory_xact_lock(hashtext('pg_tide backfill ' || $1 || ' ' || $2::oid::text))",
         &[pipeline.clone().into(), relid.into()],
     )?;
+    let relid_text = relid.to_u32().to_string();
+    let active = sql::text_rows(
+        "SELECT state FROM tide.backfill WHERE pipeline = $1 AND relid = $2::oid AND state IN ('queued', 'running', 'paused')",
+        &[Some(&pipeline), Some(&relid_text)],
+        1,
+        true,
+    )?
+    .into_iter()
+    .next()
+    .and_then(|r| r.into_iter().next().flatten());
     if let Some(state) = active {
         return Err(TideError::new(
             pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_OBJECT_IN_USE,
