@@ -333,6 +333,58 @@ class TideTarget:
         return "remote table (postgres_fdw server)" if self.kind == "remote" else "local table (same database)"
 
 
+class SlotWatcher:
+    """Samples, every 0.5 s on its own connection, how much WAL lies between a slot's
+    restart_lsn and its confirmed position (what each decoding call reads again), and the
+    pg_tide pipeline's lag_bytes. Use as a context manager; read .max_reread and .max_lag."""
+
+    def __init__(self, node, pipeline):
+        self.node, self.pipeline = node, pipeline
+        self.max_reread = None
+        self.max_lag = None
+        self._stop = threading.Event()
+        self._th = None
+
+    def _loop(self):
+        try:
+            conn = self.node.connect("pg_tide_bench_slotwatch")
+        except Exception:
+            return
+        try:
+            while not self._stop.is_set():
+                try:
+                    r = conn.execute(
+                        """SELECT pg_wal_lsn_diff(s.confirmed_flush_lsn, s.restart_lsn)::float8,
+                                  (SELECT lag_bytes::float8 FROM tide.pipelines WHERE name = %s)
+                             FROM pg_replication_slots s WHERE s.slot_name = %s""",
+                        (self.pipeline, "tide_" + self.pipeline),
+                    ).fetchone()
+                    if r:
+                        if r[0] is not None:
+                            self.max_reread = max(self.max_reread or 0, int(r[0]))
+                        if r[1] is not None:
+                            self.max_lag = max(self.max_lag or 0, int(r[1]))
+                except Exception:
+                    pass
+                self._stop.wait(0.5)
+        finally:
+            conn.close()
+
+    def __enter__(self):
+        self._th = threading.Thread(target=self._loop, daemon=True)
+        self._th.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._th.join(5)
+        return False
+
+    def record(self, r):
+        r["max_slot_reread_bytes"] = self.max_reread
+        r["max_lag_bytes"] = self.max_lag
+
+
 def drop_pipeline(src, name):
     try:
         if src.val("SELECT EXISTS (SELECT 1 FROM tide.pipelines WHERE name = %s)", (name,)):
@@ -385,6 +437,9 @@ def wait_backfill(src, pipeline, relation, t0, timeout, stall=120, poll=0.25, sa
     deadline = t0 + timeout
     last_rows, last_change = -1, time.monotonic()
     row = None
+    # WAL between the slot's restart_lsn and its confirmed position: what each decoding call
+    # (pg_logical_slot_peek_binary_changes) reads again before reaching new changes.
+    window = {"max": 0}
 
     def partial():
         return {
@@ -392,18 +447,23 @@ def wait_backfill(src, pipeline, relation, t0, timeout, stall=120, poll=0.25, sa
             "rows_emitted": series[-1][1] if series else 0,
             "seconds": time.monotonic() - t0,
             "pipeline": pipeline_health(src, pipeline),
+            "max_slot_reread_bytes": window["max"],
         }
 
     while True:
         row = src.one(
             """SELECT b.id, b.state, b.rows_read, b.rows_emitted, b.chunks_done, b.error, b.remedy,
-                      b.started_at, b.finished_at, b.chunk_size
+                      b.started_at, b.finished_at, b.chunk_size,
+                      (SELECT pg_wal_lsn_diff(s.confirmed_flush_lsn, s.restart_lsn)::float8
+                         FROM pg_replication_slots s WHERE s.slot_name = 'tide_' || %s)
                  FROM tide.backfills b
                 WHERE b.pipeline = %s AND b.source = %s::regclass
                 ORDER BY b.id DESC LIMIT 1""",
-            (pipeline, relation),
+            (pipeline, pipeline, relation),
         )
         now = time.monotonic()
+        if row is not None and row[10] is not None:
+            window["max"] = max(window["max"], int(row[10]))
         if row is None:
             state, rows = "none", 0
         else:
@@ -434,6 +494,7 @@ def wait_backfill(src, pipeline, relation, t0, timeout, stall=120, poll=0.25, sa
                 "started_at": row[7],
                 "finished_at": row[8],
                 "chunk_size": row[9],
+                "max_slot_reread_bytes": window["max"],
                 "end_monotonic": t_end,
                 "series": series,
             }
@@ -724,6 +785,7 @@ class Suite:
         self.results = {
             "schema_version": 1,
             "mode": "quick" if self.quick else "full",
+            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d"),
             "started_at": dt.datetime.now(dt.timezone.utc).isoformat(),
             "params": {k: v for k, v in self.P.items()},
             "benchmarks": {},
@@ -962,6 +1024,7 @@ class Suite:
                 rate(r, n, secs)
                 r["series"] = res["series"]
                 r["chunks_done"] = res["chunks_done"]
+                r["max_slot_reread_bytes"] = res["max_slot_reread_bytes"]
                 if res["started_at"] and res["finished_at"]:
                     r["backfill_seconds"] = round((res["finished_at"] - res["started_at"]).total_seconds(), 3)
                 ch = src.one(
@@ -1215,8 +1278,10 @@ class Suite:
                             raise BenchError(f"backfill {st[0]} during the workload")
                         time.sleep(0.25)
 
-                pg, t_start, t_end = workload(rate, start_bf if with_backfill else None)
-                n_src, drain_s = drain(target.node, q, floor_id, P["b2_drain_timeout"])
+                with SlotWatcher(src, name) as sw:
+                    pg, t_start, t_end = workload(rate, start_bf if with_backfill else None)
+                    n_src, drain_s = drain(target.node, q, floor_id, P["b2_drain_timeout"])
+                sw.record(r)
                 windows = {}
                 if with_backfill:
                     if "t0" not in bf:
@@ -1446,8 +1511,10 @@ class Suite:
             remote_state["target"] = target
             r["initial_backfill_seconds"] = secs
             try:
-                tps_run(r)
-                tide_catch_up(r, name)
+                with SlotWatcher(src, name) as sw:
+                    tps_run(r)
+                    tide_catch_up(r, name)
+                sw.record(r)
             except Exception:
                 tide_teardown(target, name, schema)
                 remote_state.clear()
@@ -1466,7 +1533,9 @@ class Suite:
                     src.x("SELECT tide.add_table(%s, 'public.big', backfill => true)", (name,))
                     state["t0"] = time.monotonic()
 
-                tps_run(r, during)
+                with SlotWatcher(src, name) as sw:
+                    tps_run(r, during)
+                sw.record(r)
                 st = src.one(
                     "SELECT state, rows_emitted, started_at, finished_at FROM tide.backfills WHERE pipeline = %s AND source = 'public.big'::regclass ORDER BY id DESC LIMIT 1",
                     (name,),
@@ -1492,8 +1561,10 @@ class Suite:
             try:
                 target, secs = tide_setup("local", name, schema)
                 r["initial_backfill_seconds"] = secs
-                tps_run(r)
-                tide_catch_up(r, name)
+                with SlotWatcher(src, name) as sw:
+                    tps_run(r)
+                    tide_catch_up(r, name)
+                sw.record(r)
             finally:
                 tide_teardown(target, name, schema)
 
@@ -1602,6 +1673,7 @@ class Suite:
                 r["backfill_seconds"] = round(res["end_monotonic"] - tb, 2)
                 r["rows_per_s"] = round(rows / r["backfill_seconds"], 1)
                 r["chunks_done"] = res["chunks_done"]
+                r["max_slot_reread_bytes"] = res["max_slot_reread_bytes"]
                 ch = src.one(
                     "SELECT max(extract(epoch FROM duration))::float8, avg(extract(epoch FROM duration))::float8 FROM tide.chunks WHERE backfill_id = %s",
                     (res["backfill_id"],),
@@ -1755,13 +1827,19 @@ def write_report(res):
         tide_runs = [r for r in b["runs"] if r.get("ok") and r.get("chunk_read_to_emit_avg_s") is not None]
         if tide_runs:
             out.append("\npg_tide chunk timing (from `tide.chunks`):\n")
-            out.append("| run | chunks | read→emitted avg s | max s | chunk interval avg s |")
-            out.append("|---|---:|---:|---:|---:|")
+            out.append("| run | chunks | read→emitted avg s | max s | chunk interval avg s | max WAL re-read per decoding call MB |")
+            out.append("|---|---:|---:|---:|---:|---:|")
             for r in tide_runs:
+                rr = r.get("max_slot_reread_bytes")
                 out.append(
                     f"| {md_escape(r['label'])} | {fmt(r.get('chunks_done'))} | {fmt(r.get('chunk_read_to_emit_avg_s'), '.3f')} | "
-                    f"{fmt(r.get('chunk_read_to_emit_max_s'), '.3f')} | {fmt(r.get('chunk_interval_avg_s'), '.3f')} |"
+                    f"{fmt(r.get('chunk_read_to_emit_max_s'), '.3f')} | {fmt(r.get('chunk_interval_avg_s'), '.3f')} | "
+                    f"{fmt(rr / 1e6 if rr is not None else None, '.1f')} |"
                 )
+            out.append(
+                "\n*max WAL re-read* = largest distance seen between the pg_tide slot's `restart_lsn` and its "
+                "`confirmed_flush_lsn`: each iteration's `pg_logical_slot_peek_binary_changes` decodes that WAL again."
+            )
         out.append("\n![backfill throughput](b1_backfill_throughput.png)\n")
 
     # B2

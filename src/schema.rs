@@ -110,12 +110,47 @@ CREATE TABLE tide.backfill (
     started_at      timestamptz,
     finished_at     timestamptz,
     finished_lsn    pg_lsn,                 -- commit LSN of the last chunk's high watermark
+    -- Repairs (tide.repair): keys (text per key column) to delete at a high watermark when the
+    -- chunk covering them shows they no longer exist at the source.
+    repair_deletes  jsonb,
     error           text,
     remedy          text
 );
 CREATE UNIQUE INDEX backfill_one_active ON tide.backfill (pipeline, relid)
     WHERE state IN ('queued', 'running', 'paused');
 COMMENT ON TABLE tide.backfill IS 'Backfills (watermark snapshots) per pipeline and table; read tide.backfills.';
+
+-- Verifications (tide.verify, tide.repair): one row per run, and the ranges that differed.
+CREATE TABLE tide.verification (
+    id                 bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    pipeline           text NOT NULL REFERENCES tide.pipeline(name) ON DELETE CASCADE,
+    relid              oid NOT NULL,
+    relation           text NOT NULL,
+    started_at         timestamptz NOT NULL DEFAULT clock_timestamp(),
+    finished_at        timestamptz,
+    ranges_checked     integer,
+    ranges_differing   integer,
+    source_rows        bigint,
+    target_rows        bigint,
+    missing            bigint,
+    extra              bigint,
+    changed            bigint,
+    repair_backfill_id bigint
+);
+CREATE TABLE tide.verification_range (
+    verification_id bigint NOT NULL REFERENCES tide.verification(id) ON DELETE CASCADE,
+    range           integer NOT NULL,
+    key_from        text[],
+    key_to          text[],
+    source_rows     bigint,
+    target_rows     bigint,
+    missing         bigint,
+    extra           bigint,
+    changed         bigint,
+    kinds           text,
+    extra_keys      jsonb,
+    PRIMARY KEY (verification_id, range)
+);
 
 -- Recent chunks (bounded: the worker keeps the last 1000 per backfill).
 CREATE TABLE tide.chunk (
@@ -204,6 +239,16 @@ SELECT c.backfill_id, b.pipeline, b.relation, c.chunk, c.key_from, c.key_to, c.l
        c.rows_read, c.rows_dropped, c.rows_emitted, c.emitted_at - c.read_at AS duration, c.read_at, c.emitted_at
   FROM tide.chunk c JOIN tide.backfill b ON b.id = c.backfill_id;
 COMMENT ON VIEW tide.chunks IS 'Recent backfill chunks (the last 1000 per backfill).';
+
+CREATE VIEW tide.verifications AS
+SELECT DISTINCT ON (v.pipeline, v.relid)
+       v.pipeline, v.relation, v.relid::regclass AS source, v.id AS verification_id, v.started_at, v.finished_at,
+       v.finished_at IS NOT NULL AS finished, v.ranges_checked, v.ranges_differing, v.source_rows, v.target_rows,
+       v.missing, v.extra, v.changed, v.repair_backfill_id, b.state AS repair_state
+  FROM tide.verification v
+  LEFT JOIN tide.backfill b ON b.id = v.repair_backfill_id
+ ORDER BY v.pipeline, v.relid, v.id DESC;
+COMMENT ON VIEW tide.verifications IS 'The last verification of each captured table: when, ranges checked, differences found, repair.';
 
 CREATE VIEW tide.readiness AS
 SELECT t.pipeline, t.relation, t.relid::regclass AS source, b.id AS backfill_id, b.state AS backfill_state,

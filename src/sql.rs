@@ -46,6 +46,16 @@ pub fn first<A: FromDatum + IntoDatum>(
     }
 }
 
+/// Run a statement that writes and return the first column of its first row (RETURNING).
+pub fn write_one<A: FromDatum + IntoDatum>(
+    query: &str,
+    args: &[DatumWithOid<'_>],
+) -> TideResult<Option<A>> {
+    Ok(Spi::connect_mut(|c| {
+        first(c.update(query, Some(1), args)?)
+    })?)
+}
+
 /// Run a statement that writes; returns the number of rows it processed.
 pub fn exec_count(query: &str, args: &[DatumWithOid<'_>]) -> TideResult<u64> {
     Ok(Spi::connect_mut(|c| {

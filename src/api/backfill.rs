@@ -24,7 +24,7 @@ use pgrx::PgRelation;
 pub const DEFAULT_CHUNK_SIZE: i32 = 5000;
 
 /// Resolve which pipeline a call means: the named one, or the only one capturing the table.
-fn resolve_pipeline(relid: pg_sys::Oid, pipeline: Option<&str>) -> TideResult<String> {
+pub(crate) fn resolve_pipeline(relid: pg_sys::Oid, pipeline: Option<&str>) -> TideResult<String> {
     let qualified = relation_name(relid)?;
     match pipeline {
         Some(p) => {
@@ -69,18 +69,22 @@ fn resolve_pipeline(relid: pg_sys::Oid, pipeline: Option<&str>) -> TideResult<St
     }
 }
 
-fn relation_name(relid: pg_sys::Oid) -> TideResult<String> {
+pub(crate) fn relation_name(relid: pg_sys::Oid) -> TideResult<String> {
     sql::one::<String>("SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1", &[relid.into()])?
         .ok_or_else(|| TideError::undefined(format!("relation with OID {} does not exist", relid.to_u32())))
 }
 
 /// Check a backfill condition now, with the caller's privileges, rather than later in the worker.
-fn validate_condition(qualified: &str, condition: &str) -> TideResult<()> {
-    if condition.contains(';') {
+fn validate_condition(qualified: &str, condition: &str, trusted: bool) -> TideResult<()> {
+    if !trusted && condition.contains(';') {
         return Err(TideError::new(pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_SYNTAX_ERROR, "a backfill condition is one boolean expression")
             .hint("Write a WHERE-clause expression on the table's columns, without ';', e.g. 'created_at >= ''2024-01-01'''."));
     }
-    if let Err(why) = self_contained(condition) {
+    if let Err(why) = if trusted {
+        Ok(())
+    } else {
+        self_contained(condition)
+    } {
         return Err(TideError::new(pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_SYNTAX_ERROR, format!("invalid backfill condition: {why}"))
             .hint("The condition is placed in parentheses in the chunk query: it must be one expression whose parentheses and quotes balance, without comments or dollar quoting."));
     }
@@ -186,6 +190,36 @@ pub(crate) fn start_backfill_impl(
     chunk_size: Option<i32>,
     condition: Option<&str>,
 ) -> TideResult<i64> {
+    start_backfill_core(relid, pipeline, chunk_size, condition, false, None)
+}
+
+/// A repair: re-seed the rows matching `condition` (built by `tide.repair` from key ranges) and
+/// delete `repair_deletes` (a JSON array of key value arrays) at the high watermark of the chunk
+/// that shows they no longer exist.
+pub(crate) fn start_backfill_internal(
+    relid: pg_sys::Oid,
+    pipeline: &str,
+    condition: &str,
+    repair_deletes: &str,
+) -> TideResult<i64> {
+    start_backfill_core(
+        relid,
+        Some(pipeline),
+        None,
+        Some(condition),
+        true,
+        Some(repair_deletes),
+    )
+}
+
+fn start_backfill_core(
+    relid: pg_sys::Oid,
+    pipeline: Option<&str>,
+    chunk_size: Option<i32>,
+    condition: Option<&str>,
+    trusted_condition: bool,
+    repair_deletes: Option<&str>,
+) -> TideResult<i64> {
     check_server()?;
     let pipeline = resolve_pipeline(relid, pipeline)?;
     let qualified = relation_name(relid)?;
@@ -199,7 +233,7 @@ pub(crate) fn start_backfill_impl(
     }
     let condition = condition.map(str::trim).filter(|c| !c.is_empty());
     if let Some(c) = condition {
-        validate_condition(&qualified, c)?;
+        validate_condition(&qualified, c, trusted_condition)?;
     }
     // The key must still be the one recorded when the table was added.
     let (stored, now) = sql::two::<Vec<String>, Vec<String>>(
@@ -247,6 +281,12 @@ pub(crate) fn start_backfill_impl(
         ));
     }
     let id = insert_backfill(&pipeline, relid, chunk_size, condition)?;
+    if let Some(d) = repair_deletes {
+        sql::exec(
+            "UPDATE tide.backfill SET repair_deletes = $2::jsonb WHERE id = $1",
+            &[id.into(), d.into()],
+        )?;
+    }
     super::wake_on_commit(shmem::worker_pid(&pipeline));
     Ok(id)
 }

@@ -11,6 +11,7 @@ use pgrx::{JsonB, PgRelation};
 
 pub mod backfill;
 pub mod targets;
+pub mod verify;
 
 /// Target kinds this version can write.
 const TARGETS: &[&str] = &["outbox", "table", "postgres"];
@@ -535,15 +536,12 @@ fn add_table_impl(
         "SELECT removing FROM tide.pipeline_table WHERE pipeline = $1 AND relid = $2",
         &[pipeline.into(), relid.into()],
     )?;
-    match existing {
-        Some(false) => {
-            return Err(TideError::duplicate(format!(
-                "pipeline \"{pipeline}\" already captures \"{}\"",
-                s.qualified
-            ))
-            .hint("SELECT * FROM tide.tables lists what each pipeline captures."));
-        }
-        _ => {}
+    if existing == Some(false) {
+        return Err(TideError::duplicate(format!(
+            "pipeline \"{pipeline}\" already captures \"{}\"",
+            s.qualified
+        ))
+        .hint("SELECT * FROM tide.tables lists what each pipeline captures."));
     }
     let (target_kind, options) = sql::two::<String, String>(
         "SELECT target, options::text FROM tide.pipeline WHERE name = $1",

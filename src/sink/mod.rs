@@ -40,6 +40,7 @@ pub struct Event {
 
 /// A pipeline's target, kept by the worker across iterations (table targets cache the
 /// target tables' shapes).
+#[allow(clippy::large_enum_variant)]
 pub enum Sink {
     Outbox(outbox::OutboxSink),
     Table(Box<table::TableSink>),

@@ -52,7 +52,8 @@ struct PendingChunk {
 
 /// In-memory backfill state of one worker.
 pub struct Backfiller {
-    reconciler: Reconciler<u32, String, String>,
+    /// Rows are `Some(row)` to upsert, or `None`: a repair's delete of a key gone at the source.
+    reconciler: Reconciler<u32, String, Option<String>>,
     pending: Option<PendingChunk>,
     not_before: Instant,
 }
@@ -194,17 +195,22 @@ impl Backfiller {
         let n = rows.len() as u64;
         for (key, row) in rows {
             t.position += 1;
+            let op = if row.is_some() { "read" } else { "delete" };
             sink.push(
                 c,
                 t,
                 Event {
                     relid: p.relid,
                     relation: p.relation.clone(),
-                    op: "read",
+                    op,
                     key: Some(key),
-                    row: Some(row),
+                    columns: if row.is_some() {
+                        p.columns.clone()
+                    } else {
+                        Vec::new()
+                    },
+                    row,
                     unchanged: Vec::new(),
-                    columns: p.columns.clone(),
                     backfill: Some((p.backfill_id, p.chunk_no)),
                 },
             )?;
@@ -234,7 +240,12 @@ impl Backfiller {
         };
         let n = read.rows.len();
         let last_key = read.rows.last().map(|r| r.key_values.clone());
-        let rows: Vec<(String, String)> = read.rows.into_iter().map(|r| (r.key, r.row)).collect();
+        let mut rows: Vec<(String, Option<String>)> = read
+            .rows
+            .into_iter()
+            .map(|r| (r.key, Some(r.row)))
+            .collect();
+        rows.extend(read.deletes.into_iter().map(|k| (k, None)));
         self.reconciler.add_chunk(job.watermark, job.relid, rows);
         self.pending = Some(PendingChunk {
             watermark: job.watermark,
@@ -272,13 +283,15 @@ struct Job {
     owner: String,
     key_columns: Vec<String>,
     last_key: Option<Vec<String>>,
+    /// JSON array of key value arrays a repair deletes (see `tide.repair`).
+    repair_deletes: Option<String>,
 }
 
 /// Transaction 1: pick the backfill, mark it running, write the LW.
 fn low_watermark(pipeline: &str) -> TideResult<Option<Job>> {
     let rows = sql::text_rows(
         "SELECT b.id, b.relid::int8, b.chunk_size, b.rows_per_second, b.condition, b.owner::text,
-                to_json(b.key_columns)::text, to_json(b.last_key)::text, b.chunks_done + 1
+                to_json(b.key_columns)::text, to_json(b.last_key)::text, b.chunks_done + 1, b.repair_deletes::text
            FROM tide.backfill b
            JOIN tide.pipeline p ON p.name = b.pipeline AND p.enabled
            JOIN tide.pipeline_table t ON t.pipeline = b.pipeline AND t.relid = b.relid AND t.added_lsn IS NOT NULL
@@ -323,6 +336,7 @@ fn low_watermark(pipeline: &str) -> TideResult<Option<Job>> {
         owner: r[5].clone().unwrap_or_default(),
         key_columns: json_strings(r[6].as_deref().unwrap_or("[]")),
         last_key: r[7].as_deref().map(json_strings),
+        repair_deletes: r[9].clone(),
     }))
 }
 
@@ -333,6 +347,8 @@ struct ChunkRow {
 }
 
 struct ChunkRead {
+    /// Keys (rendered) a repair deletes at the high watermark.
+    deletes: Vec<String>,
     relation: String,
     columns: Vec<String>,
     rows: Vec<ChunkRow>,
@@ -453,6 +469,70 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
         });
     }
     let is_last = (rows.len() as i64) < job.chunk_size;
+    // A repair: keys to delete that lie in this chunk's key range and, in this same snapshot, no
+    // longer exist at the source. They are emitted as deletes at the high watermark unless the
+    // stream touches them in the window (then the stream carries the truth, as for rows).
+    let mut deletes = Vec::new();
+    if let Some(list) = &job.repair_deletes {
+        let to: Option<Vec<String>> = if is_last {
+            None
+        } else {
+            rows.last().map(|r: &ChunkRow| r.key_values.clone())
+        };
+        let elem = |i: usize, k: &str| -> String {
+            let ty = &key_types[job.key_columns.iter().position(|c| c == k).unwrap_or(0)];
+            format!("(k.v->>{i})::{ty}")
+        };
+        let elems: Vec<String> = job
+            .key_columns
+            .iter()
+            .enumerate()
+            .map(|(i, k)| elem(i, k))
+            .collect();
+        let mut clauses = vec![format!(
+            "NOT EXISTS (SELECT 1 FROM ONLY {relation} s WHERE ({}) = ({}))",
+            job.key_columns
+                .iter()
+                .map(|k| format!("s.{}", quote(k)))
+                .collect::<Vec<_>>()
+                .join(", "),
+            elems.join(", ")
+        )];
+        let mut dargs: Vec<Option<&str>> = vec![Some(list.as_str())];
+        let mut n = 2;
+        for (bound, op) in [(job.last_key.as_ref(), ">"), (to.as_ref(), "<=")] {
+            if let Some(vals) = bound {
+                let ps: Vec<String> = key_types
+                    .iter()
+                    .map(|t| {
+                        let p = format!("${n}::{t}");
+                        n += 1;
+                        p
+                    })
+                    .collect();
+                clauses.push(format!("({}) {op} ({})", elems.join(", "), ps.join(", ")));
+                dargs.extend(vals.iter().map(|s| Some(s.as_str())));
+            }
+        }
+        let q = format!(
+            "SELECT {} FROM jsonb_array_elements($1::text::jsonb) AS k(v) WHERE {}",
+            (0..job.key_columns.len())
+                .map(|i| format!("k.v->>{i}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            clauses.join(" AND ")
+        );
+        for r in sql::text_rows(&q, &dargs, 0, false)? {
+            let mut values = vec![Value::Null; columns.len()];
+            for (ki, &ci) in key_idx.iter().enumerate() {
+                values[ci] = r[ki].as_deref().map_or(Value::Null, Value::Text);
+            }
+            let mut key = String::new();
+            json::render_key(&columns, &Tuple { values }, &mut key)
+                .map_err(|e| TideError::internal(format!("cannot render a key to delete: {e}")))?;
+            deletes.push(key);
+        }
+    }
     Spi::connect_mut(|c| -> TideResult<()> {
         c.update(
             "UPDATE tide.signal SET kind = 'high', written_at = clock_timestamp() WHERE pipeline = $1 AND watermark = $2",
@@ -469,6 +549,7 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
         Ok(())
     })?;
     Ok(ChunkRead {
+        deletes,
         relation,
         columns: columns.into_iter().map(|c| c.name).collect(),
         rows,

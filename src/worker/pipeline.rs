@@ -641,7 +641,6 @@ fn render_err(e: json::RenderError) -> TideError {
 }
 
 #[allow(clippy::too_many_arguments)]
-#[allow(clippy::too_many_arguments)]
 fn emit_row(
     sink: &mut Sink,
     c: &mut SpiClient<'_>,
