@@ -1759,6 +1759,10 @@ def md_escape(s):
     return str(s).replace("|", "\\|").replace("\n", " ")
 
 
+def mb(v):
+    return fmt(v / 1e6 if v is not None else None, ".1f")
+
+
 def status(r):
     if r.get("ok"):
         return "ok"
@@ -1847,16 +1851,16 @@ def write_report(res):
     if b:
         out.append(f"Workload: {b.get('workload')}. Latency: {b.get('latency_definition')}\n")
         out.append(
-            "| method | source tx/s | applied rows/s | p50 ms | p90 ms | p99 ms | max ms | applied p50 / p99 ms | drain s | status |"
+            "| method | source tx/s | applied rows/s | p50 ms | p90 ms | p99 ms | max ms | applied p50 / p99 ms | drain s | max WAL re-read MB | status |"
         )
-        out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+        out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
         for r in b["runs"]:
             L = r.get("latency") or {}
             out.append(
                 f"| {md_escape(r.get('label'))} | {fmt(r.get('source_tps'))} | {fmt(r.get('apply_rows_per_s'))} | {fmt(L.get('p50_ms'), '.1f')} | "
                 f"{fmt(L.get('p90_ms'), '.1f')} | {fmt(L.get('p99_ms'), '.1f')} | {fmt(L.get('max_ms'), '.1f')} | "
                 f"{fmt(L.get('applied_p50_ms'), '.1f')} / {fmt(L.get('applied_p99_ms'), '.1f')} | "
-                f"{fmt(r.get('drain_seconds'), '.1f')} | {status(r)} |"
+                f"{fmt(r.get('drain_seconds'), '.1f')} | {mb(r.get('max_slot_reread_bytes'))} | {status(r)} |"
             )
         out.append(
             "\n*applied rows/s* = target rows / (last row visible at the target − first row committed at the source); "
@@ -1898,13 +1902,14 @@ def write_report(res):
             f"Workload: {b.get('workload')}. Baseline = mean of the first and last run "
             f"({fmt(b.get('baseline_tps'))} TPS, spread {fmt(b.get('baseline_spread_pct'), '.1f')} %).\n"
         )
-        out.append("| configuration | TPS | % of baseline | latency avg ms | catch-up after run s | status |")
-        out.append("|---|---:|---:|---:|---:|---|")
+        out.append("| configuration | TPS | % of baseline | latency avg ms | catch-up after run s | max WAL re-read MB | status |")
+        out.append("|---|---:|---:|---:|---:|---:|---|")
         for r in b["runs"]:
             pg = r.get("pgbench") or {}
             out.append(
                 f"| {md_escape(r.get('label'))} | {fmt(r.get('tps'))} | {fmt(r.get('pct_of_baseline'), '.1f')} | "
-                f"{fmt(pg.get('latency_avg_ms'), '.2f')} | {fmt(r.get('catch_up_after_run_s'), '.1f')} | {status(r)} |"
+                f"{fmt(pg.get('latency_avg_ms'), '.2f')} | {fmt(r.get('catch_up_after_run_s'), '.1f')} | "
+                f"{mb(r.get('max_slot_reread_bytes'))} | {status(r)} |"
             )
         for r in b["runs"]:
             if r.get("backfill_rows_emitted_during_run") is not None:

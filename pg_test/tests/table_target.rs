@@ -689,7 +689,7 @@ fn wallet_scenario(tag: &str, remote: bool) {
                  COMMIT;"
             ),
         );
-        let check = s.spawn(|| checker(tgt, schema, !remote, &stop, &bf_done));
+        let check = s.spawn(|| checker(tgt, schema, !remote, &stop, &bf_done, false));
         wait_backfill(&c, "wallets", P, 300);
         bf_done.store(true, Ordering::SeqCst);
         bf_time = t_bf.elapsed();
@@ -763,6 +763,17 @@ fn wallet_scenario(tag: &str, remote: bool) {
         tgt,
         &format!("{schema}.ledger"),
         "id, from_id, to_id, amount",
+    );
+    // The checker is sensitive: half a transfer written into the target by hand (one wallet's
+    // balance without its transfer_check and ledger rows) fails its next read.
+    tgt.execute(&format!(
+        "UPDATE {schema}.wallets SET balance = balance - 7 WHERE id = 1"
+    ));
+    let broken = checker(tgt, schema, !remote, &AtomicBool::new(false), &AtomicBool::new(true), true);
+    let msg = broken.failure.unwrap_or_default();
+    assert!(
+        msg.contains("(b)") && msg.contains("(a)"),
+        "the checker did not catch half a transfer at the target: {msg:?}"
     );
     eprintln!("wallet[{tag}]: whole test {:.1?}", t_all.elapsed());
 }
