@@ -17,13 +17,13 @@
 # Layout: ${TIDE_CLUSTERS:-/tmp/pg_tide_clusters}/NAME/{data/,server.log,port}, owned by
 # postgres; the unix socket lives in NAME/. Servers listen on 127.0.0.1 only, trust auth,
 # user postgres. All pg_ctl/initdb/psql run as the postgres OS user.
-# Environment: TIDE_CLUSTERS, TIDE_PG_BIN, TIDE_PORT_BASE (54320), TIDE_START_TIMEOUT (60 s).
+# Environment: TIDE_CLUSTERS, TIDE_PG_BIN, TIDE_PORT_BASE (25432, below the kernel's ephemeral port range so a TIME-WAIT client socket cannot take it), TIDE_START_TIMEOUT (60 s).
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 BASE="${TIDE_CLUSTERS:-/tmp/pg_tide_clusters}"
-PORT_BASE="${TIDE_PORT_BASE:-54320}"
+PORT_BASE="${TIDE_PORT_BASE:-25432}"
 PORT_SPAN=1000
 START_TIMEOUT="${TIDE_START_TIMEOUT:-60}"
 PG_CTL="$TIDE_PG_BIN/pg_ctl"

@@ -3,7 +3,8 @@
 #
 #   scripts/install.sh
 #
-# Runs scripts/setup.sh first unless TIDE_SKIP_SETUP=1. Uses `--sudo` when not root.
+# Runs scripts/setup.sh first unless TIDE_SKIP_SETUP=1; TIDE_DEBUG_BUILD=1 installs a debug build.
+# Files are put in place by rename (with sudo when not root), so running servers are not disturbed.
 # Restart running clusters that preload pg_tide to pick up a new build.
 set -euo pipefail
 # shellcheck source=scripts/common.sh
@@ -16,10 +17,21 @@ if [[ "${TIDE_SKIP_SETUP:-0}" != 1 ]]; then
 fi
 
 cd "$TIDE_REPO"
-args=(pgrx install --release --pg-config "$TIDE_PG_CONFIG")
-tide_is_root || args+=(--sudo)
+# Package, then put each file in place by rename: a running server that has the old library
+# mapped keeps its copy (overwriting the file in place would crash it).
+out="$TIDE_REPO/target/pg_tide-package"
+rm -rf "$out"
+args=(pgrx package --pg-config "$TIDE_PG_CONFIG" --out-dir "$out")
+[[ "${TIDE_DEBUG_BUILD:-0}" == 1 ]] && args+=(--debug)
 log "cargo ${args[*]}"
 cargo "${args[@]}"
+while IFS= read -r -d '' f; do
+    dest="${f#"$out"}"
+    mode=0644
+    [[ "$dest" == *.so ]] && mode=0755
+    as_root install -D -m "$mode" "$f" "$dest.tide-new"
+    as_root mv -f "$dest.tide-new" "$dest"
+done < <(find "$out" -type f -print0)
 
 pkglibdir="$("$TIDE_PG_CONFIG" --pkglibdir)"
 sharedir="$("$TIDE_PG_CONFIG" --sharedir)"

@@ -25,6 +25,8 @@ pub struct TideError {
     /// Set by the worker's target code: retrying cannot help until the user acts, so the
     /// pipeline is paused (disabled) with this error as its reason.
     pub pause_pipeline: bool,
+    /// A transient condition: try the same thing again shortly (not a failure to record).
+    pub retry: bool,
 }
 
 pub type TideResult<T> = Result<T, TideError>;
@@ -37,10 +39,15 @@ impl TideError {
             detail: None,
             hint: None,
             pause_pipeline: false,
+            retry: false,
         }
     }
     pub fn hint(mut self, hint: impl Into<String>) -> Self {
         self.hint = Some(hint.into());
+        self
+    }
+    pub fn retry_later(mut self) -> Self {
+        self.retry = true;
         self
     }
     pub fn detail(mut self, detail: impl Into<String>) -> Self {

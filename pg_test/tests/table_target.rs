@@ -483,6 +483,10 @@ struct CheckerStats {
     partial_reads: u64,
     /// Reads in which (a) was asserted (backfill done).
     full_reads: u64,
+    /// Of those, reads that began while the transfers were still running.
+    full_reads_while_writing: u64,
+    /// When a read first saw the wallets' backfill applied in its own snapshot.
+    first_done_at: Option<Instant>,
     max_ledger: i64,
     failure: Option<String>,
 }
@@ -497,12 +501,14 @@ struct CheckerStats {
 fn checker(
     tgt: &Cluster,
     schema: &str,
-    local: bool,
+    source: Option<&Cluster>,
     stop: &AtomicBool,
     bf_done: &AtomicBool,
+    writing: &AtomicBool,
     once: bool,
 ) -> CheckerStats {
     let mut st = CheckerStats::default();
+    let mut finished_lsn: Option<u64> = None;
     let mut client = match tgt.try_client() {
         Ok(c) => c,
         Err(e) => {
@@ -536,23 +542,51 @@ fn checker(
           WHERE t.net <> coalesce(l.s, 0) ORDER BY 1 LIMIT 5"
     );
     let total = WALLETS * START_BALANCE;
-    while !stop.load(Ordering::SeqCst) && !(once && st.reads > 0) {
+    while !(stop.load(Ordering::SeqCst) || (once && st.reads > 0)) {
         // Read before the snapshot: if set, the backfill was applied before the snapshot.
         let done_before = bf_done.load(Ordering::SeqCst);
+        let writers_running = writing.load(Ordering::SeqCst);
+        // Remote: the wallets' backfill's finishing position, from the source, once it is done.
+        if let (Some(src), None) = (source, finished_lsn) {
+            finished_lsn = src
+                .try_query_scalar::<Option<String>>(
+                    "SELECT (SELECT finished_lsn::text FROM tide.backfill WHERE relation = 'public.wallets' AND state = 'done' ORDER BY id DESC LIMIT 1)",
+                )
+                .ok()
+                .flatten()
+                .and_then(|s| parse_lsn(&s));
+        }
         let res = (|| -> Result<Option<String>, postgres::Error> {
             let mut tx = client.transaction()?;
             tx.batch_execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")?;
             let r = tx.query_one(q.as_str(), &[])?;
             let (nw, sum, nt, nl, b1, b2): (i64, i64, i64, i64, i64, i64) =
                 (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5));
-            let done_in_snapshot = local
-                && tx
+            // Applied in this snapshot: local, the backfill's state (set in the transaction
+            // that applies its last chunk); remote, the applied position kept with the data
+            // has passed the backfill's finishing position.
+            let done_in_snapshot = match source {
+                None => tx
                     .query_opt(
                         "SELECT state = 'done' FROM tide.backfill WHERE relation = 'public.wallets' ORDER BY id DESC LIMIT 1",
                         &[],
                     )?
                     .map(|r| r.get::<_, bool>(0))
-                    .unwrap_or(false);
+                    .unwrap_or(false),
+                Some(_) => match finished_lsn {
+                    Some(f) => tx
+                        .query_opt(
+                            "SELECT applied_lsn::text FROM public.tide_applied WHERE pipeline = 'w'",
+                            &[],
+                        )?
+                        .and_then(|r| parse_lsn(&r.get::<_, String>(0)))
+                        .is_some_and(|a| a >= f),
+                    None => false,
+                },
+            };
+            if done_in_snapshot && st.first_done_at.is_none() {
+                st.first_done_at = Some(Instant::now());
+            }
             let done = done_before || done_in_snapshot;
             st.reads += 1;
             st.max_ledger = st.max_ledger.max(nl);
@@ -560,6 +594,9 @@ fn checker(
                 st.reads_before_done += 1;
             } else {
                 st.full_reads += 1;
+                if writers_running {
+                    st.full_reads_while_writing += 1;
+                }
             }
             if nw > 0 && nw < WALLETS {
                 st.partial_reads += 1;
@@ -657,6 +694,8 @@ fn wallet_scenario(tag: &str, remote: bool) {
 
     let stop = AtomicBool::new(false);
     let bf_done = AtomicBool::new(false);
+    let writing = AtomicBool::new(true);
+    let mut added_at = Instant::now();
     let mut stats = CheckerStats::default();
     let mut bench_out = String::new();
     let mut bf_time = Duration::ZERO;
@@ -675,30 +714,34 @@ fn wallet_scenario(tag: &str, remote: bool) {
             POLL,
             || Ok(c.try_query_scalar::<i64>("SELECT count(*) FROM ledger")? >= 500),
         );
-        // Wallets and their check rows are added (with their default backfill) while the
-        // transfers run; small chunks so the backfill interleaves with them for a while.
+        // Wallets and their check rows are added, with add_table's default backfill, while the
+        // transfers run: the backfill's window overlaps them, and the target holds part of the
+        // wallets (those the stream wrote) until the backfill is applied.
         let t_bf = Instant::now();
+        added_at = t_bf;
         exec(
             &c,
             &format!(
                 "BEGIN;
                  SELECT tide.add_table('{P}', 'wallets');
                  SELECT tide.add_table('{P}', 'transfer_check');
-                 SELECT tide.alter_backfill('wallets', '{P}', chunk_size => 100);
-                 SELECT tide.alter_backfill('transfer_check', '{P}', chunk_size => 100);
                  COMMIT;"
             ),
         );
-        let check = s.spawn(|| checker(tgt, schema, !remote, &stop, &bf_done, false));
+        let source = remote.then_some(&c);
+        let (stop_r, bf_done_r, writing_r) = (&stop, &bf_done, &writing);
+        let check =
+            s.spawn(move || checker(tgt, schema, source, stop_r, bf_done_r, writing_r, false));
         wait_backfill(&c, "wallets", P, 300);
         bf_done.store(true, Ordering::SeqCst);
         bf_time = t_bf.elapsed();
-        wait_backfill(&c, "transfer_check", P, 300);
         let transfers_at_done: i64 = c.query_scalar("SELECT count(*) FROM ledger");
         eprintln!(
-            "wallet[{tag}]: wallets backfilled and applied {bf_time:.1?} after add_table, {transfers_at_done} transfers committed by then"
+            "wallet[{tag}]: tide.wait_for_backfill('wallets') returned {bf_time:.1?} after add_table, {transfers_at_done} transfers committed by then"
         );
+        wait_backfill(&c, "transfer_check", P, 300);
         bench_out = writers.join().expect("pgbench thread");
+        writing.store(false, Ordering::SeqCst);
         let t_wait = Instant::now();
         wait_pipeline(&c, P, 300);
         catch_up = t_wait.elapsed();
@@ -709,14 +752,20 @@ fn wallet_scenario(tag: &str, remote: bool) {
     });
     let transfers: i64 = c.query_scalar("SELECT count(*) FROM ledger");
     eprintln!(
+        "wallet[{tag}]: the checker first saw the wallets' backfill applied in its snapshot {:.1?} after add_table; \
+         tide.wait_for_backfill returned {bf_time:.1?} after it",
+        stats.first_done_at.map(|t| t.duration_since(added_at))
+    );
+    eprintln!(
         "wallet[{tag}]: {transfers} transfers (pgbench tps {:?}); catch-up after the writers {catch_up:.1?}; \
-         checker: {} reads ({} before the wallets' backfill was done, {} with part of the wallets, {} asserting the total), \
-         max ledger rows seen {}",
+         checker: {} reads ({} before the wallets' backfill was done, {} with part of the wallets, {} asserting the total, \
+         {} of them while the transfers ran), max ledger rows seen {}",
         pgbench_tps(&bench_out),
         stats.reads,
         stats.reads_before_done,
         stats.partial_reads,
         stats.full_reads,
+        stats.full_reads_while_writing,
         stats.max_ledger
     );
     if let Some(f) = &stats.failure {
@@ -729,6 +778,11 @@ fn wallet_scenario(tag: &str, remote: bool) {
     assert!(
         stats.reads_before_done > 0 && stats.full_reads > 0,
         "the checker must read both during and after the wallets' backfill: {stats:?}"
+    );
+    assert!(
+        stats.full_reads_while_writing > 10,
+        "the wallets' backfill was applied only after the transfers ended, so the total was never \
+         checked under load: {stats:?}"
     );
     assert!(
         transfers > 5000,
@@ -769,7 +823,15 @@ fn wallet_scenario(tag: &str, remote: bool) {
     tgt.execute(&format!(
         "UPDATE {schema}.wallets SET balance = balance - 7 WHERE id = 1"
     ));
-    let broken = checker(tgt, schema, !remote, &AtomicBool::new(false), &AtomicBool::new(true), true);
+    let broken = checker(
+        tgt,
+        schema,
+        remote.then_some(&c),
+        &AtomicBool::new(false),
+        &AtomicBool::new(true),
+        &AtomicBool::new(false),
+        true,
+    );
     let msg = broken.failure.unwrap_or_default();
     assert!(
         msg.contains("(b)") && msg.contains("(a)"),

@@ -274,7 +274,14 @@ pub fn ensure_target(
                 })?;
             }
             None => {
-                sql::exec(&create_schema, &[])?;
+                let exists = sql::one::<bool>(
+                    "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+                    &[schema.clone().into()],
+                )?
+                .unwrap_or(false);
+                if !exists {
+                    sql::exec(&create_schema, &[])?;
+                }
                 sql::exec(&create, &[])?;
             }
         }

@@ -221,6 +221,13 @@ impl TableSink {
             if !self.remote_ready {
                 remote
                     .query(
+                        &format!("CREATE SCHEMA IF NOT EXISTS {}", quote(&self.remote_schema)),
+                        vec![],
+                        REMOTE_TIMEOUT,
+                    )
+                    .map_err(remote_err)?;
+                remote
+                    .query(
                         &format!(
                             "CREATE TABLE IF NOT EXISTS {} (pipeline text PRIMARY KEY, applied_lsn pg_lsn NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
                             self.applied_table()
@@ -343,21 +350,16 @@ impl TableSink {
             match target.iter().find(|(n, _)| n == name) {
                 None => {
                     // Rows that existed when the source column was added have its default
-                    // without any change in the WAL: give the target's rows the same value.
+                    // without any change in the WAL; so do insert events decoded before the
+                    // column existed and applied after it was added here. The target column
+                    // keeps that value as its default, so both get it.
                     let stmts = match missing {
-                        Some(v) => vec![
-                            format!(
-                                "ALTER TABLE {} ADD COLUMN {} {ty} DEFAULT {}::{ty}",
-                                t.qualified(),
-                                quote(name),
-                                pgrx::spi::quote_literal(v)
-                            ),
-                            format!(
-                                "ALTER TABLE {} ALTER COLUMN {} DROP DEFAULT",
-                                t.qualified(),
-                                quote(name)
-                            ),
-                        ],
+                        Some(v) => vec![format!(
+                            "ALTER TABLE {} ADD COLUMN {} {ty} DEFAULT {}::{ty}",
+                            t.qualified(),
+                            quote(name),
+                            pgrx::spi::quote_literal(v)
+                        )],
                         None => vec![format!(
                             "ALTER TABLE {} ADD COLUMN {} {ty}",
                             t.qualified(),

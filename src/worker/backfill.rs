@@ -24,6 +24,7 @@ use crate::worker::pipeline::{OwnedColumn, Txn};
 use crate::worker::tx;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 use tide_core::json;
 use tide_core::lsn::Lsn;
@@ -48,6 +49,8 @@ struct PendingChunk {
     truncated: bool,
     /// The columns of the rows, in order.
     columns: Vec<String>,
+    /// Transactions in progress in the chunk's snapshot (32-bit xids, as decoding reports them).
+    invisible: HashSet<u32>,
 }
 
 /// In-memory backfill state of one worker.
@@ -56,6 +59,8 @@ pub struct Backfiller {
     reconciler: Reconciler<u32, String, Option<String>>,
     pending: Option<PendingChunk>,
     not_before: Instant,
+    /// The backfill whose "waiting" reason was last written to tide.backfills.
+    waiting_noted: Option<i64>,
 }
 
 impl Default for Backfiller {
@@ -64,6 +69,7 @@ impl Default for Backfiller {
             reconciler: Reconciler::new(),
             pending: None,
             not_before: Instant::now(),
+            waiting_noted: None,
         }
     }
 }
@@ -86,16 +92,24 @@ impl Backfiller {
     }
 
     /// A change of a captured table, in stream order.
-    pub fn on_change(&mut self, relid: u32, key: &str) {
-        if self.pending.is_some() {
-            self.reconciler.on_change(&relid, &key.to_string());
+    /// `xid` is the changing transaction: if the chunk's snapshot could not see it (it was in
+    /// progress then), its change drops the key even before the low watermark.
+    pub fn on_change(&mut self, relid: u32, key: &str, xid: u32) {
+        let Some(p) = &self.pending else { return };
+        let key = key.to_string();
+        if p.relid == relid && p.invisible.contains(&xid) {
+            self.reconciler.drop_key(p.watermark, &key);
+        } else {
+            self.reconciler.on_change(&relid, &key);
         }
     }
 
     /// A TRUNCATE of a captured table, in stream order.
-    pub fn on_truncate(&mut self, relid: u32) {
+    /// A TRUNCATE inside the window (or by a transaction the chunk could not see) invalidates
+    /// the whole chunk; one the chunk's snapshot already reflects does not.
+    pub fn on_truncate(&mut self, relid: u32, xid: u32) {
         if let Some(p) = self.pending.as_mut() {
-            if p.relid == relid {
+            if p.relid == relid && (p.low_lsn.is_some() || p.invisible.contains(&xid)) {
                 p.truncated = true;
             }
         }
@@ -233,6 +247,28 @@ impl Backfiller {
         let read = tx::run(|| read_chunk(pipeline, &job));
         let read = match read {
             Ok(r) => r,
+            Err(e) if e.retry => {
+                // Nothing was read: the low watermark alone is ignored by the stream. Say why
+                // in tide.backfills (once; the next emitted chunk clears it).
+                self.not_before = Instant::now() + Duration::from_millis(200);
+                if self.waiting_noted != Some(job.backfill_id) {
+                    self.waiting_noted = Some(job.backfill_id);
+                    let remedy = e.hint.clone().unwrap_or_default();
+                    if let Err(e2) = tx::run(|| {
+                        sql::exec(
+                            "UPDATE tide.backfill SET error = $2, remedy = $3 WHERE id = $1",
+                            &[
+                                job.backfill_id.into(),
+                                format!("waiting: {}", e.message).into(),
+                                remedy.into(),
+                            ],
+                        )
+                    }) {
+                        pgrx::log!("pg_tide worker \"{pipeline}\": could not note why backfill {} waits: {e2}", job.backfill_id);
+                    }
+                }
+                return Ok(());
+            }
             Err(e) => {
                 let _ = tx::run(|| fail_backfill(job.backfill_id, &e));
                 return Err(e);
@@ -261,6 +297,7 @@ impl Backfiller {
             low_lsn: None,
             truncated: false,
             columns: read.columns,
+            invisible: read.invisible,
         });
         // Throttle: spread the rows of this chunk over rows / rows_per_second seconds.
         self.not_before = match job.rows_per_second {
@@ -347,6 +384,7 @@ struct ChunkRow {
 }
 
 struct ChunkRead {
+    invisible: HashSet<u32>,
     /// Keys (rendered) a repair deletes at the high watermark.
     deletes: Vec<String>,
     relation: String,
@@ -436,6 +474,38 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
     query.push_str(&format!(" ORDER BY {key_list} LIMIT {}", job.chunk_size));
 
     let read_at = unsafe { pg_sys::GetCurrentTimestamp() };
+    // The chunk's snapshot (the transaction's, like the SELECT below: both run read-only). Its
+    // in-progress transactions may include one whose commit record is already in the WAL before
+    // the low watermark (PostgreSQL makes a transaction visible only after writing its commit
+    // record); such a transaction is invisible to the chunk although the stream delivers it
+    // before the window opens, so its keys are dropped from the chunk wherever it appears.
+    let snapshot =
+        sql::one::<String>("SELECT pg_current_snapshot()::text", &[])?.unwrap_or_default();
+    let invisible: HashSet<u32> = snapshot
+        .split(':')
+        .nth(2)
+        .unwrap_or("")
+        .split(',')
+        .filter_map(|x| x.trim().parse::<u64>().ok())
+        .map(|x| x as u32)
+        .collect();
+    // A transaction already committed in the log (and in the commit log) but not yet visible,
+    // e.g. waiting for a synchronous standby: the stream may already have delivered it, so its
+    // keys cannot be dropped from this chunk. Do not read the chunk now; try again shortly.
+    // pg_xact_status() reports such a transaction as "in progress" (it asks the process array
+    // first), so ask the commit log itself.
+    let committed_invisible = invisible
+        .iter()
+        .filter(|&&x| unsafe { pg_sys::TransactionIdDidCommit(pg_sys::TransactionId::from(x)) })
+        .count();
+    if committed_invisible > 0 {
+        return Err(TideError::new(
+            pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("{committed_invisible} committed transaction(s) are not visible yet"),
+        )
+        .hint("A transaction has committed but is still waiting (for example for a synchronous standby); the chunk is read again once it is visible.")
+        .retry_later());
+    }
     // Read as the role that started the backfill (its condition is its own SQL).
     sql::one::<String>(
         "SELECT set_config('role', $1, true)",
@@ -549,6 +619,7 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
         Ok(())
     })?;
     Ok(ChunkRead {
+        invisible,
         deletes,
         relation,
         columns: columns.into_iter().map(|c| c.name).collect(),

@@ -168,6 +168,11 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
                         w.last_commit_time = t;
                     }
                     w.drained = o.drained;
+                    // Decoding is in commit order: everything committed before the position
+                    // the slot may advance to has been applied (or had nothing to apply).
+                    if let Some((_, high)) = &o.advance {
+                        w.caught_up_lsn = w.caught_up_lsn.max(high.0);
+                    }
                     if o.drained {
                         w.caught_up_lsn = w.caught_up_lsn.max(o.start_flush.0);
                     }
@@ -466,7 +471,7 @@ fn stream(
                             let rel = rel_desc(&rels, relid)?;
                             let mut key = String::new();
                             json::render_key(&rel.columns, &new, &mut key).map_err(render_err)?;
-                            bf.on_change(relid, &key);
+                            bf.on_change(relid, &key, t.xid);
                             emit_row(sink, c, t, relid, rel, "insert", key, &new)?;
                         }
                     }
@@ -499,9 +504,9 @@ fn stream(
                                 Err(e) => return Err(render_err(e)),
                             }
                             if let Some(old) = &old {
-                                bf.on_change(relid, old);
+                                bf.on_change(relid, old, t.xid);
                             }
-                            bf.on_change(relid, &new_key);
+                            bf.on_change(relid, &new_key, t.xid);
                             match old {
                                 Some(old) if old != new_key => {
                                     // A key change is a delete of the old key and an insert of the new row.
@@ -520,7 +525,7 @@ fn stream(
                             let rel = rel_desc(&rels, relid)?;
                             let mut k = String::new();
                             json::render_key(&rel.columns, &old_key, &mut k).map_err(render_err)?;
-                            bf.on_change(relid, &k);
+                            bf.on_change(relid, &k, t.xid);
                             t.position += 1;
                             sink.push(c, t, key_event(relid, rel, "delete", Some(k)))?;
                         }
@@ -531,7 +536,7 @@ fn stream(
                         if !t.skip {
                             for relid in relids {
                                 if sets.capturing.contains(&relid) {
-                                    bf.on_truncate(relid);
+                                    bf.on_truncate(relid, t.xid);
                                     let rel = rel_desc(&rels, relid)?;
                                     t.position += 1;
                                     sink.push(c, t, key_event(relid, rel, "truncate", None))?;

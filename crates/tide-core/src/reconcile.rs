@@ -123,6 +123,26 @@ impl<T: Eq + Hash + Clone, K: Ord, R> Reconciler<T, K, R> {
         }
     }
 
+    /// Drop `key` from `chunk` whether or not its window is open: the stream
+    /// carries a change by a transaction the chunk's snapshot could not see
+    /// (PostgreSQL writes a commit record before the transaction becomes
+    /// visible, so such a transaction can commit before the LW in the log and
+    /// still be missing from the chunk). Unknown chunks are ignored.
+    pub fn drop_key(&mut self, chunk: ChunkId, key: &K) {
+        let Some(c) = self.chunks.get_mut(&chunk) else {
+            return;
+        };
+        let first = c.rows.partition_point(|(k, _)| k < key);
+        for (k, row) in c.rows.iter_mut().skip(first) {
+            if k != key {
+                break;
+            }
+            if row.take().is_some() {
+                c.dropped += 1;
+            }
+        }
+    }
+
     /// The stream reached `chunk`'s HW: close its window and return the
     /// surviving rows, to emit at this position. `None` if the chunk is
     /// unknown, or its LW was never seen (it is then discarded: its rows
@@ -199,6 +219,25 @@ mod tests {
         );
         assert_eq!(r.pending(), 0);
         r.on_change(&"t", &3); // after HW: no window
+    }
+
+    #[test]
+    fn invisible_transactions_drop_keys_before_the_window() {
+        let mut r = Reconciler::new();
+        r.add_chunk(1, "t", rows(&[1, 2, 3]));
+        // A transaction that committed before the LW but was not yet visible to the chunk.
+        r.drop_key(1, &2);
+        r.drop_key(7, &1); // unknown chunk: ignored
+        assert!(r.on_low_watermark(1));
+        let res = r.on_high_watermark(1).unwrap();
+        assert_eq!(
+            res,
+            ChunkResult {
+                rows: rows(&[1, 3]),
+                read: 3,
+                dropped: 1
+            }
+        );
     }
 
     #[test]
