@@ -58,10 +58,21 @@ struct Ctx {
     key: Vec<String>,
     /// (column, source type)
     cols: Vec<(String, String)>,
+    /// Key columns whose type has a collation: ranges compare them with COLLATE "C" on both
+    /// sides, so a target with another collation pages the same way as the source.
+    collatable: HashSet<String>,
     remote: Option<RemoteSink>,
 }
 
 impl Ctx {
+    fn collate(&self, k: &str) -> &'static str {
+        if self.collatable.contains(k) {
+            " COLLATE \"C\""
+        } else {
+            ""
+        }
+    }
+
     fn key_type(&self, k: &str) -> String {
         self.cols
             .iter()
@@ -73,7 +84,7 @@ impl Ctx {
     fn key_list(&self, alias: &str) -> String {
         self.key
             .iter()
-            .map(|k| format!("{alias}{}", quote(k)))
+            .map(|k| format!("{alias}{}{}", quote(k), self.collate(k)))
             .collect::<Vec<_>>()
             .join(", ")
     }
@@ -94,7 +105,7 @@ impl Ctx {
                     .key
                     .iter()
                     .map(|k| {
-                        let p = format!("${n}::{}", self.key_type(k));
+                        let p = format!("${n}::{}{}", self.key_type(k), self.collate(k));
                         n += 1;
                         p
                     })
@@ -178,6 +189,24 @@ fn setup(
                 .hint(format!("Wait for it (SELECT tide.wait_for_backfill('{source}', '{pipeline}')) and verify then.")));
         }
     }
+    let collatable: HashSet<String> = sql::text_rows(
+        "SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = $1::oid AND a.attnum > 0 AND a.attcollation <> 0",
+        &[Some(&relid_text)],
+        0,
+        false,
+    )?
+    .into_iter()
+    .filter_map(|r| r.into_iter().next().flatten())
+    .collect();
+    let enabled = sql::one::<bool>(
+        "SELECT enabled FROM tide.pipeline WHERE name = $1",
+        &[pipeline.clone().into()],
+    )?
+    .unwrap_or(false);
+    if !enabled || shmem::worker_pid(&pipeline).is_none() {
+        return Err(TideError::prerequisite(format!("pipeline \"{pipeline}\" is not streaming (paused or without a worker)"))
+            .hint("Verification compares the target after it has caught up with the source: resume the pipeline (tide.resume_pipeline) and look at tide.pipelines."));
+    }
     let cols: Vec<(String, String)> = sql::text_rows(
         "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
           WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' ORDER BY a.attnum",
@@ -212,6 +241,7 @@ fn setup(
         )?;
     }
     Ok(Ctx {
+        collatable,
         pipeline,
         relid,
         source,
@@ -238,8 +268,9 @@ fn read_source(
         .map(|k| quote(k))
         .collect::<Vec<_>>()
         .join(", ");
+    let order = ctx.key_list("");
     let q = format!(
-        "SELECT {}, {keys_plain} FROM ONLY {} WHERE {clause} ORDER BY {keys_plain}",
+        "SELECT {}, {keys_plain} FROM ONLY {} WHERE {clause} ORDER BY {order}",
         ctx.hash_select(false),
         ctx.source
     );
@@ -427,7 +458,12 @@ fn run_verify(ctx: &Ctx, ranges: Option<i32>) -> TideResult<Summary> {
                 &[ctx.relid.into()],
             )?
             .unwrap_or(0.0);
-            ((est / n as f64).ceil() as i64).max(1)
+            if est <= 0.0 {
+                // Never analysed: no estimate to divide.
+                DEFAULT_RANGE_ROWS
+            } else {
+                ((est / n as f64).ceil() as i64).max(1)
+            }
         }
         None => DEFAULT_RANGE_ROWS,
     };
@@ -535,6 +571,12 @@ fn run_verify(ctx: &Ctx, ranges: Option<i32>) -> TideResult<Summary> {
             extra.into(),
             changed.into(),
         ],
+    )?;
+    // Keep the last 100 verifications of a table.
+    sql::exec(
+        "DELETE FROM tide.verification WHERE pipeline = $1 AND relid = $2 AND id NOT IN
+           (SELECT id FROM tide.verification WHERE pipeline = $1 AND relid = $2 ORDER BY id DESC LIMIT 100)",
+        &[ctx.pipeline.clone().into(), ctx.relid.into()],
     )?;
     Ok(summary)
 }
