@@ -304,24 +304,7 @@ fn read_target(ctx: &Ctx, from: Option<&[String]>, to: Option<&[String]>) -> Tid
         ctx.target
     );
     let rows = match &ctx.remote {
-        Some(r) => {
-            let mut stmts: Vec<RemoteStatement> = SETTINGS
-                .iter()
-                .map(|(k, v)| RemoteStatement {
-                    sql: format!("SET LOCAL {k} = {}", pgrx::spi::quote_literal(v)),
-                    params: vec![],
-                })
-                .collect();
-            stmts.push(RemoteStatement {
-                sql: q,
-                params: params.iter().map(|p| Some(p.clone())).collect(),
-            });
-            let mut res = r.transaction(stmts, REMOTE_TIMEOUT).map_err(|e| {
-                TideError::new(pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_FDW_ERROR, format!("cannot read the remote target {}: {}", ctx.target, e.message))
-                    .hint("Check that the target server is up; verification can be run again at any time.")
-            })?;
-            res.pop().unwrap_or_default()
-        }
+        Some(r) => remote_read(r, &ctx.target, q, params)?,
         None => {
             let args: Vec<Option<&str>> = params.iter().map(|s| Some(s.as_str())).collect();
             sql::text_rows(&q, &args, 0, true)?
@@ -340,6 +323,34 @@ fn read_target(ctx: &Ctx, from: Option<&[String]>, to: Option<&[String]>) -> Tid
             )
         })
         .collect())
+}
+
+/// Run one read on the remote target under the fixed output settings; its rows as text.
+fn remote_read(
+    r: &RemoteSink,
+    target: &str,
+    q: String,
+    params: Vec<String>,
+) -> TideResult<Vec<Vec<Option<String>>>> {
+    let mut stmts: Vec<RemoteStatement> = SETTINGS
+        .iter()
+        .map(|(k, v)| RemoteStatement {
+            sql: format!("SET LOCAL {k} = {}", pgrx::spi::quote_literal(v)),
+            params: vec![],
+        })
+        .collect();
+    stmts.push(RemoteStatement {
+        sql: q,
+        params: params.into_iter().map(Some).collect(),
+    });
+    let mut res = r.transaction(stmts, REMOTE_TIMEOUT).map_err(|e| {
+        TideError::new(
+            pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_FDW_ERROR,
+            format!("cannot read the remote target {target}: {}", e.message),
+        )
+        .hint("Check that the target server is up; verification can be run again at any time.")
+    })?;
+    Ok(res.pop().unwrap_or_default())
 }
 
 /// Wait until the pipeline has applied everything committed before now.
@@ -763,25 +774,7 @@ fn sample_columns(ctx: &Ctx, n: i32) -> TideResult<Vec<(Vec<String>, Vec<String>
                 eq.join(" AND ")
             );
             let tgt = match &ctx.remote {
-                Some(r) => {
-                    let mut stmts: Vec<RemoteStatement> = SETTINGS
-                        .iter()
-                        .map(|(k, v)| RemoteStatement {
-                            sql: format!("SET LOCAL {k} = {}", pgrx::spi::quote_literal(v)),
-                            params: vec![],
-                        })
-                        .collect();
-                    stmts.push(RemoteStatement {
-                        sql: q,
-                        params: key.iter().map(|s| Some(s.clone())).collect(),
-                    });
-                    r.transaction(stmts, REMOTE_TIMEOUT)
-                        .map_err(|e| {
-                            TideError::internal(format!("remote sample read failed: {}", e.message))
-                        })?
-                        .pop()
-                        .unwrap_or_default()
-                }
+                Some(r) => remote_read(r, &ctx.target, q, key.clone())?,
                 None => sql::text_rows(&q, &args, 1, true)?,
             };
             let (Some(s), Some(t)) = (src.first(), tgt.first()) else {
