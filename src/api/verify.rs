@@ -456,6 +456,10 @@ struct Summary {
 }
 
 fn run_verify(ctx: &Ctx, ranges: Option<i32>) -> TideResult<Summary> {
+    let throttle = sql::one::<i32>(
+        "SELECT rows_per_second FROM tide.backfill WHERE pipeline = $1 AND relid = $2 ORDER BY id DESC LIMIT 1",
+        &[ctx.pipeline.clone().into(), ctx.relid.into()],
+    )?;
     let range_rows = match ranges {
         Some(n) if n <= 0 => {
             return Err(
@@ -543,6 +547,14 @@ fn run_verify(ctx: &Ctx, ranges: Option<i32>) -> TideResult<Summary> {
             break;
         }
         from = to;
+        // Honour the table's backfill throttle (rows per second), if one is set.
+        if let Some(rps) = throttle.filter(|&r| r > 0) {
+            let ms = (src.len() as u64).saturating_mul(1000) / rps as u64;
+            let until = Instant::now() + Duration::from_millis(ms);
+            while Instant::now() < until {
+                sleep_ms(20);
+            }
+        }
     }
     let (mut missing, mut extra, mut changed) = (0i64, 0i64, 0i64);
     for r in &summary.differing {
