@@ -160,6 +160,21 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
                         >= Duration::from_millis(gucs::ADVANCE_INTERVAL_MS.get().max(0) as u64);
                 if let (true, Some((slot, lsn))) = (due, &o.advance) {
                     last_advance = std::time::Instant::now();
+                    if !o.drained {
+                        // Every decoding call starts at the slot's restart_lsn, which only moves
+                        // at running-transactions records (the background writer logs one about
+                        // every 15 s). While busy, log one now, as pg_log_standby_snapshot() does
+                        // in PostgreSQL 16, so the restart point follows within about a second
+                        // instead of making every poll re-read up to 15 s of WAL.
+                        if let Err(e) = tx::run(|| {
+                            unsafe { pg_sys::LogStandbySnapshot() };
+                            Ok(())
+                        }) {
+                            warning!(
+                                "pg_tide worker \"{name}\": could not log a standby snapshot: {e}"
+                            );
+                        }
+                    }
                     let lsn_text = lsn.to_string();
                     if let Err(e) = tx::run(|| catalog::advance_slot(slot, &lsn_text)) {
                         advance_failed = Some(e);
