@@ -11,8 +11,9 @@ pub static POLL_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(50);
 /// `tide.batch_events`: events after which a worker closes its target transaction (at the next
 /// source-transaction boundary; a source transaction is never split).
 pub static BATCH_EVENTS: GucSetting<i32> = GucSetting::<i32>::new(5000);
-/// `tide.advance_interval`: while a worker is busy, how often (ms) it advances its slot.
-pub static ADVANCE_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
+/// `tide.snapshot_interval`: while a worker is busy, how often (ms) it logs a running-xacts
+/// record so that its slot's restart point (where every decoding call starts) follows.
+pub static SNAPSHOT_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 /// `tide.max_retry_delay`: cap (s) of the exponential back-off after a failed worker iteration.
 pub static MAX_RETRY_DELAY_S: GucSetting<i32> = GucSetting::<i32>::new(30);
 
@@ -46,11 +47,11 @@ pub fn init() {
         GucFlags::default(),
     );
     GucRegistry::define_int_guc(
-        c"tide.advance_interval",
-        c"While a pipeline worker is busy, how often it advances its replication slot.",
-        c"Advancing re-decodes WAL; a caught-up worker advances at once. Longer values retain more WAL meanwhile.",
-        &ADVANCE_INTERVAL_MS,
-        0,
+        c"tide.snapshot_interval",
+        c"While a pipeline worker is busy, how often it logs a running-transactions record.",
+        c"Each decoding call starts at the slot's restart point, which only moves at such records; logging one keeps the WAL re-read per call to about this interval's worth.",
+        &SNAPSHOT_INTERVAL_MS,
+        1,
         600_000,
         GucContext::Sighup,
         GucFlags::UNIT_MS,

@@ -126,7 +126,7 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
 
     let mut failures: u32 = 0;
     let mut bf = Backfiller::default();
-    let mut last_advance = std::time::Instant::now();
+    let mut last_snapshot_log = std::time::Instant::now();
     let mut sink: Option<Sink> = None;
     loop {
         pg_sys::check_for_interrupts!();
@@ -151,16 +151,15 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
             Ok(o) => {
                 failures = 0;
                 let mut advance_failed = None;
-                // Advancing decodes the WAL from the slot's restart point again (a fifth of the
-                // worker's CPU in a profiled backfill when done every iteration), so it is done
-                // at most every tide.advance_interval while busy, and at once when caught up.
-                // Not advancing only retains WAL: replays are skipped by the applied position.
-                let due = o.drained
-                    || last_advance.elapsed()
-                        >= Duration::from_millis(gucs::ADVANCE_INTERVAL_MS.get().max(0) as u64);
-                if let (true, Some((slot, lsn))) = (due, &o.advance) {
-                    last_advance = std::time::Instant::now();
-                    if !o.drained {
+                // The slot is advanced after every iteration that moved: the next peek starts at
+                // the confirmed position, and with a bounded batch (upto_nchanges) a slot left
+                // behind would return the same, already applied, rows again and again.
+                if let Some((slot, lsn)) = &o.advance {
+                    if !o.drained
+                        && last_snapshot_log.elapsed()
+                            >= Duration::from_millis(gucs::SNAPSHOT_INTERVAL_MS.get().max(1) as u64)
+                    {
+                        last_snapshot_log = std::time::Instant::now();
                         // Every decoding call starts at the slot's restart_lsn, which only moves
                         // at running-transactions records (the background writer logs one about
                         // every 15 s). While busy, log one now, as pg_log_standby_snapshot() does
