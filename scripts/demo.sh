@@ -4,7 +4,7 @@
 #   scripts/demo.sh
 #
 # Builds and installs the extension (scripts/install.sh; TIDE_SKIP_INSTALL=1 skips it),
-# creates or reuses the cluster `demo` (scripts/cluster.sh), and runs one section per
+# creates the cluster `demo` afresh (scripts/cluster.sh), and runs one section per
 # capability. The cluster is left running; the end of the output says how to stop it.
 #
 # To add a capability: add a block at the end of main() with
@@ -76,13 +76,11 @@ main() {
     fi
 
     section "A scratch cluster '$CLUSTER' with pg_tide preloaded and wal_level=logical"
+    # A fresh cluster every time: a new build needs a fresh postmaster, and an extension created
+    # by an earlier build would keep that build's SQL definitions.
+    bash "$CLUSTER_SH" destroy "$CLUSTER" >/dev/null 2>&1 || true
     bash "$CLUSTER_SH" init "$CLUSTER"
-    # A new build is only loaded by a fresh postmaster.
-    if bash "$CLUSTER_SH" status "$CLUSTER" >/dev/null 2>&1; then
-        bash "$CLUSTER_SH" restart "$CLUSTER"
-    else
-        bash "$CLUSTER_SH" start "$CLUSTER"
-    fi
+    bash "$CLUSTER_SH" start "$CLUSTER"
     bash "$CLUSTER_SH" status "$CLUSTER"
 
     section "The extension"
@@ -154,6 +152,19 @@ SELECT (jsonb_populate_record(NULL::public.orders, e.\"row\")).*
     sql "SELECT (SELECT count(*) FROM public.orders) AS source_rows, (SELECT count(*) FROM public.orders_copy) AS copy_rows,
        (SELECT count(*) FROM (TABLE public.orders EXCEPT TABLE public.orders_copy) a) AS missing_or_stale_in_copy,
        (SELECT count(*) FROM (TABLE public.orders_copy EXCEPT TABLE public.orders) b) AS extra_or_resurrected_in_copy;"
+
+    section "A table target: a live copy of public.orders in schema replica, then verify it"
+    sql "SELECT tide.create_pipeline('copy', 'table', '{\"schema\": \"replica\"}');"
+    sql "SELECT tide.add_table('copy', 'public.orders');   -- creates replica.orders, backfills it"
+    sql "SELECT tide.wait_for_backfill('public.orders', 'copy', '10 minutes');"
+    sql "UPDATE public.orders SET status = 'refunded' WHERE id % 1000 = 0;"
+    sql "SELECT tide.wait_for_pipeline('copy');"
+    sql "SELECT range, kind, source_rows, target_rows FROM tide.verify('public.orders', 'copy', ranges => 20);"
+    sql "UPDATE replica.orders SET total = 0 WHERE id = 4242;   -- damage the copy behind pg_tide's back"
+    sql "SELECT range, key_from, key_to, missing, extra, changed, kind FROM tide.verify('public.orders', 'copy', ranges => 20);"
+    sql "SELECT ranges_differing, backfill_id, action FROM tide.repair('public.orders', 'copy');"
+    sql "SELECT tide.wait_for_backfill('public.orders', 'copy', '10 minutes');"
+    sql "SELECT range, kind FROM tide.verify('public.orders', 'copy', ranges => 20);"
 }
 
 trap finish EXIT
