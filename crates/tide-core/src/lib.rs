@@ -8,13 +8,16 @@
 //!   rebuildable with `jsonb_populate_record`.
 //! * [`reconcile`]: the DBLog watermark reconciler merging backfill chunks
 //!   into the change stream.
+//! * [`spill`]: the decoder's message buffer, which moves to a temporary file
+//!   past a threshold.
 //!
 //! The crate uses only `std`, never panics while decoding untrusted input,
-//! and does no I/O.
+//! and does no I/O except [`spill`]'s temporary files.
 
 pub mod json;
 pub mod lsn;
 pub mod reconcile;
+pub mod spill;
 pub mod wire;
 
 pub use lsn::Lsn;
