@@ -182,17 +182,6 @@ fn default_remedy(e: &TideError) -> String {
     )
 }
 
-/// Advance a slot, after the target committed everything up to `lsn`.
-pub fn advance_slot(slot: &str, lsn: &str) -> TideResult<()> {
-    // Advancing decodes too, which logs "starting logical decoding" at LOG: keep the log quiet.
-    crate::sql::one::<String>("SELECT set_config('log_min_messages', 'fatal', true)", &[])?;
-    crate::sql::one::<bool>(
-        "SELECT true FROM pg_catalog.pg_replication_slot_advance($1::name, $2::pg_lsn)",
-        &[slot.into(), lsn.into()],
-    )?;
-    Ok(())
-}
-
 /// Drop `tide_*` slots of this database that no pipeline owns and whose creating transaction
 /// is not in progress (it holds the slot's advisory lock until it ends).
 pub fn drop_orphan_slots() -> TideResult<()> {

@@ -6,13 +6,15 @@ use std::ffi::CStr;
 /// `tide.database`: the database the launcher connects to and where pipelines live.
 pub static DATABASE: GucSetting<Option<std::ffi::CString>> =
     GucSetting::<Option<std::ffi::CString>>::new(Some(c"postgres"));
-/// `tide.poll_interval`: how long (ms) a pipeline worker sleeps when the slot had nothing new.
-pub static POLL_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(50);
+/// `tide.poll_interval`: how long (ms) a pipeline worker sleeps when it has read all WAL, before
+/// it compares the flush position with its decoder's position again.
+pub static POLL_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(10);
 /// `tide.batch_events`: events after which a worker closes its target transaction (at the next
 /// source-transaction boundary; a source transaction is never split).
 pub static BATCH_EVENTS: GucSetting<i32> = GucSetting::<i32>::new(5000);
 /// `tide.snapshot_interval`: while a worker is busy, how often (ms) it logs a running-xacts
-/// record so that its slot's restart point (where every decoding call starts) follows.
+/// record so that its slot's restart point (where a reopened decoder starts, and up to which WAL
+/// is retained) follows.
 pub static SNAPSHOT_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 /// `tide.max_retry_delay`: cap (s) of the exponential back-off after a failed worker iteration.
 pub static MAX_RETRY_DELAY_S: GucSetting<i32> = GucSetting::<i32>::new(30);
@@ -28,8 +30,8 @@ pub fn init() {
     );
     GucRegistry::define_int_guc(
         c"tide.poll_interval",
-        c"Milliseconds a pipeline worker waits when its slot had nothing new.",
-        c"Lower values lower latency and raise idle CPU use.",
+        c"Milliseconds a pipeline worker waits when it has read all WAL.",
+        c"After the wait it compares the WAL flush position with its own (no transaction, no query). Lower values lower the commit-to-target latency.",
         &POLL_INTERVAL_MS,
         1,
         60_000,
@@ -49,7 +51,7 @@ pub fn init() {
     GucRegistry::define_int_guc(
         c"tide.snapshot_interval",
         c"While a pipeline worker is busy, how often it logs a running-transactions record.",
-        c"Each decoding call starts at the slot's restart point, which only moves at such records; logging one keeps the WAL re-read per call to about this interval's worth.",
+        c"The slot's restart point (where a reopened decoder starts, and up to which WAL is retained) only moves at such records; logging one keeps it within about this interval of the worker.",
         &SNAPSHOT_INTERVAL_MS,
         1,
         600_000,

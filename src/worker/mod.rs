@@ -2,6 +2,7 @@
 //! both use.
 
 pub mod backfill;
+pub mod decoder;
 pub mod launcher;
 pub mod pipeline;
 pub mod tx;

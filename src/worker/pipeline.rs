@@ -1,28 +1,35 @@
 //! The pipeline worker: one per pipeline, started by the launcher.
 //!
-//! Owns: reading its slot through pg_tide's output plugin, turning the decoded changes into
-//! target writes, recording the applied position, and advancing the slot.
+//! Owns: reading its slot through pg_tide's output plugin (a [`Decoder`] kept open across
+//! iterations), turning the decoded changes into target writes, recording the applied position,
+//! and confirming the slot's position.
 //!
 //! One iteration is one transaction ([`tx::run`]):
-//! 1. lock the pipeline row `FOR KEY SHARE` (a concurrent `drop_pipeline` waits for us, and we
-//!    wait for it) and read the captured tables;
-//! 2. `pg_logical_slot_peek_binary_changes` through a cursor (peek, not get: the slot does not
-//!    move until the target has committed), decoding whole source transactions;
+//! 1. take the pipeline's advisory lock shared (a concurrent `drop_pipeline` waits for us, and we
+//!    wait for it) and read the pipeline and its captured tables;
+//! 2. decode from where the previous iteration stopped up to the flush position, or until about
+//!    `tide.batch_events` messages (whole source transactions: many per target transaction, never
+//!    part of one);
 //! 3. skip transactions at or below the applied position (replays after a crash), write the rest
-//!    to the target in batches, closing the iteration at a source-transaction boundary once
-//!    `tide.batch_events` events were written: many source transactions per target transaction,
-//!    never part of one;
+//!    to the target;
 //! 4. record the applied position in the same transaction, and commit.
 //!
-//! Then, in a second transaction, the slot is advanced to what was committed. A crash between
-//! the two replays transactions the target already has; step 3 skips them: exactly once in
-//! effect. Errors abort the iteration, land in `tide.pipelines` with a remedy and in the log,
-//! and the worker retries with exponential back-off; it never exits on an iteration error.
+//! Then the slot's confirmed position is moved to what was committed (in memory at once, on disk
+//! at the next checkpoint or restart-point change). A crash in between replays transactions the
+//! target already has; step 3 skips them: exactly once in effect. Errors abort the iteration,
+//! close the decoder (it is reopened at the slot's confirmed position), land in `tide.pipelines`
+//! with a remedy and in the log, and the worker retries with exponential back-off; it never exits
+//! on an iteration error.
+//!
+//! Between iterations, when the last one reached the end of the WAL, the worker waits
+//! `tide.poll_interval` and then compares the flush position with its decoder's position: a quiet
+//! server costs a comparison per poll, not a transaction.
 //!
 //! Table membership is exact in stream order: `tide.add_table` writes a pg_tide logical message
 //! in its own transaction; changes of the table are delivered from that message on. A table
 //! whose message the worker reaches while the plugin was not yet filtering for it ends the
-//! iteration at that transaction, and the next peek includes it.
+//! iteration at that transaction, and the decoder is reopened with the new table list (the same
+//! happens whenever the list changes).
 
 use crate::catalog::{self, PipelineRow};
 use crate::error::{TideError, TideResult};
@@ -30,6 +37,7 @@ use crate::gucs;
 use crate::shmem::{self, WorkerState};
 use crate::sink::{Event, Sink};
 use crate::worker::backfill::Backfiller;
+use crate::worker::decoder::{self, Decoder};
 use crate::worker::tx;
 use pgrx::bgworkers::*;
 use pgrx::prelude::*;
@@ -39,9 +47,6 @@ use std::time::Duration;
 use tide_core::json::{self, ColumnDesc};
 use tide_core::lsn::Lsn;
 use tide_core::wire::{self, Message, Tuple};
-
-/// Rows fetched from the decoding cursor at a time.
-const FETCH_ROWS: i64 = 1000;
 
 pub struct OwnedColumn {
     pub name: String,
@@ -74,14 +79,18 @@ struct Outcome {
     events: u64,
     txns: u64,
     last_commit_time: Option<i64>,
-    /// Slot name and where it may be advanced to (everything up to it is committed).
-    advance: Option<(String, Lsn)>,
+    /// Where the slot may be confirmed (everything committed before it is applied).
+    advance: Option<Lsn>,
+    /// The decoder must be reopened (its table list is out of date).
+    reopen: bool,
     /// The iteration consumed everything the slot had when it started.
     drained: bool,
     /// WAL flush position read before decoding started.
     start_flush: Lsn,
     /// Backfill rows emitted at high watermarks.
     backfill_rows: u64,
+    /// Bytes of decoded output that went to a temporary file.
+    spilled: u64,
 }
 
 /// Main function of a pipeline worker. The pipeline name is in `bgw_extra`, the database OID in
@@ -128,12 +137,44 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
     let mut bf = Backfiller::default();
     let mut last_snapshot_log = std::time::Instant::now();
     let mut sink: Option<Sink> = None;
+    let mut dec: Option<Decoder> = None;
+    let mut rels: HashMap<u32, RelDesc> = HashMap::new();
+    // The last iteration reached the end of the WAL and no chunk waits: poll cheaply.
+    let mut quiet = false;
+    let mut last_iteration = std::time::Instant::now();
     loop {
         pg_sys::check_for_interrupts!();
-        if BackgroundWorker::sighup_received() {
+        let sighup = BackgroundWorker::sighup_received();
+        if sighup {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
-        let result = tx::run(|| iterate(&name, &mut bf, &mut sink));
+        if quiet && !sighup && last_iteration.elapsed() < FULL_ITERATION_EVERY {
+            if let Some(d) = dec.as_ref() {
+                if !bf.has_pending() {
+                    if let Err(e) = bf.step(&name) {
+                        log_backfill_error(&name, &e);
+                    }
+                }
+                let flush = unsafe { pg_sys::GetFlushRecPtr(std::ptr::null_mut()) };
+                let position = d.position();
+                if !bf.has_pending() && flush <= position.0 {
+                    // Nothing new was written anywhere since the last read, which handed out
+                    // every transaction committed before `position`.
+                    shmem::update(slot_idx, |w| {
+                        w.caught_up_lsn = w.caught_up_lsn.max(position.0);
+                        w.last_poll = now_us();
+                    });
+                    let wait = Duration::from_millis(gucs::POLL_INTERVAL_MS.get().max(1) as u64);
+                    if !BackgroundWorker::wait_latch(Some(wait)) {
+                        break;
+                    }
+                    continue;
+                }
+            }
+        }
+        last_iteration = std::time::Instant::now();
+        quiet = false;
+        let result = tx::run(|| iterate(&name, &mut bf, &mut sink, &mut dec, &mut rels));
         let wait: Duration = match result {
             Ok(o) if o.gone => {
                 log!("pg_tide worker: pipeline \"{name}\" was dropped; exiting");
@@ -141,6 +182,10 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
             }
             Ok(o) if o.paused => {
                 failures = 0;
+                // A paused pipeline does not hold its slot.
+                if dec.is_some() {
+                    close_decoder(&name, &mut dec, &mut rels);
+                }
                 shmem::update(slot_idx, |w| {
                     w.state = WorkerState::Paused;
                     w.drained = true;
@@ -150,21 +195,22 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
             }
             Ok(o) => {
                 failures = 0;
-                let mut advance_failed = None;
-                // The slot is advanced after every iteration that moved: the next peek starts at
-                // the confirmed position, and with a bounded batch (upto_nchanges) a slot left
-                // behind would return the same, already applied, rows again and again.
-                if let Some((slot, lsn)) = &o.advance {
+                if o.spilled > 0 {
+                    log!(
+                        "pg_tide worker \"{name}\": {} bytes of decoded changes went to a temporary file (more than logical_decoding_work_mem in one read)",
+                        o.spilled
+                    );
+                }
+                if let Some(lsn) = o.advance {
                     if !o.drained
                         && last_snapshot_log.elapsed()
                             >= Duration::from_millis(gucs::SNAPSHOT_INTERVAL_MS.get().max(1) as u64)
                     {
                         last_snapshot_log = std::time::Instant::now();
-                        // Every decoding call starts at the slot's restart_lsn, which only moves
-                        // at running-transactions records (the background writer logs one about
-                        // every 15 s). While busy, log one now, as pg_log_standby_snapshot() does
-                        // in PostgreSQL 16, so the restart point follows within about a second
-                        // instead of making every poll re-read up to 15 s of WAL.
+                        // The slot's restart point (where a reopened decoder starts, and up to
+                        // which WAL is retained) moves only at running-transactions records,
+                        // which the background writer logs about every 15 s. While busy, log one
+                        // now, as pg_log_standby_snapshot() does in PostgreSQL 16.
                         if let Err(e) = tx::run(|| {
                             unsafe { pg_sys::LogStandbySnapshot() };
                             Ok(())
@@ -174,14 +220,18 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
                             );
                         }
                     }
-                    let lsn_text = lsn.to_string();
-                    if let Err(e) = tx::run(|| catalog::advance_slot(slot, &lsn_text)) {
-                        advance_failed = Some(e);
+                    if let Some(d) = dec.as_mut() {
+                        if let Err(e) = tx::run(|| {
+                            d.confirm(lsn);
+                            Ok(())
+                        }) {
+                            // The target already has the data; a replay would skip it.
+                            warning!("pg_tide worker \"{name}\": could not confirm the slot's position: {e}");
+                        }
                     }
                 }
-                if let Some(e) = advance_failed {
-                    // The target already has the data; the next iteration re-reads and skips it.
-                    warning!("pg_tide worker \"{name}\": could not advance slot: {e}");
+                if o.reopen {
+                    close_decoder(&name, &mut dec, &mut rels);
                 }
                 shmem::update(slot_idx, |w| {
                     w.state = WorkerState::Streaming;
@@ -192,8 +242,8 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
                     }
                     w.drained = o.drained;
                     // Decoding is in commit order: everything committed before the position
-                    // the slot may advance to has been applied (or had nothing to apply).
-                    if let Some((_, high)) = &o.advance {
+                    // the slot may be confirmed at has been applied (or had nothing to apply).
+                    if let Some(high) = &o.advance {
                         w.caught_up_lsn = w.caught_up_lsn.max(high.0);
                     }
                     if o.drained {
@@ -202,30 +252,29 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
                     w.last_poll = now_us();
                 });
                 // Between iterations: read the next backfill chunk when one is due. Its high
-                // watermark is then in the slot, so the next iteration runs at once.
+                // watermark is then in the WAL, so the next iteration runs at once.
                 let mut stepped = false;
                 if !bf.has_pending() {
                     match bf.step(&name) {
                         Ok(()) => stepped = bf.has_pending(),
-                        Err(e) => log!(
-                            "pg_tide worker \"{name}\": reading a backfill chunk failed (SQLSTATE {}): {e}{}",
-                            e.sqlstate(),
-                            e.hint.as_deref().map(|h| format!(". Hint: {h}")).unwrap_or_default()
-                        ),
+                        Err(e) => log_backfill_error(&name, &e),
                     }
                 }
                 if o.drained && !stepped {
+                    quiet = !bf.has_pending() && dec.is_some();
                     Duration::from_millis(gucs::POLL_INTERVAL_MS.get().max(1) as u64)
                 } else {
                     Duration::ZERO
                 }
             }
             Err(e) => {
-                // The chunk in memory may have seen part of a stream that will be replayed.
+                // The chunk in memory may have seen part of a stream that will be replayed, and
+                // the decoder has read past what the target has.
                 bf.forget();
                 if let Some(s) = sink.as_mut() {
                     s.reset();
                 }
+                close_decoder(&name, &mut dec, &mut rels);
                 if e.pause_pipeline {
                     // Retrying cannot help until the user acts: pause, keep the reason.
                     if let Err(e2) = tx::run(|| catalog::pause_for(&name)) {
@@ -259,7 +308,32 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
             pg_sys::check_for_interrupts!();
         }
     }
+    close_decoder(&name, &mut dec, &mut rels);
     shmem::release(slot_idx, pid);
+}
+
+/// A quiet worker still runs a full iteration this often (it notices a pause or a due backfill
+/// chunk even when nothing writes WAL).
+const FULL_ITERATION_EVERY: Duration = Duration::from_secs(1);
+
+/// Free the decoding context and release the slot; the next iteration opens a new one at the
+/// slot's confirmed position.
+fn close_decoder(name: &str, dec: &mut Option<Decoder>, rels: &mut HashMap<u32, RelDesc>) {
+    rels.clear();
+    if let Err(e) = decoder::release_after_error(dec.take()) {
+        log!("pg_tide worker \"{name}\": could not close its decoder: {e}");
+    }
+}
+
+fn log_backfill_error(name: &str, e: &TideError) {
+    log!(
+        "pg_tide worker \"{name}\": reading a backfill chunk failed (SQLSTATE {}): {e}{}",
+        e.sqlstate(),
+        e.hint
+            .as_deref()
+            .map(|h| format!(". Hint: {h}"))
+            .unwrap_or_default()
+    );
 }
 
 extern "C-unwind" {
@@ -279,7 +353,13 @@ fn now_us() -> i64 {
 }
 
 /// One iteration, inside a transaction.
-fn iterate(name: &str, bf: &mut Backfiller, sink: &mut Option<Sink>) -> TideResult<Outcome> {
+fn iterate(
+    name: &str,
+    bf: &mut Backfiller,
+    sink: &mut Option<Sink>,
+    dec: &mut Option<Decoder>,
+    rels: &mut HashMap<u32, RelDesc>,
+) -> TideResult<Outcome> {
     Spi::connect_mut(|c| {
         let Some(p) = catalog::lock_pipeline(c, name)? else {
             return Ok(Outcome {
@@ -298,9 +378,9 @@ fn iterate(name: &str, bf: &mut Backfiller, sink: &mut Option<Sink>) -> TideResu
                 .hint(format!("The slot was dropped behind pg_tide's back. Drop and re-create the pipeline: SELECT tide.drop_pipeline('{name}'); SELECT tide.create_pipeline('{name}');")));
         }
         catalog::allow_output_plugin()?;
-        // Every decoding call logs "starting logical decoding for slot" at LOG in PostgreSQL 15;
-        // at one call per poll that would flood the server log. Quiet it for this transaction
-        // only (the worker's own messages are logged after the transaction ends).
+        // Opening a decoder logs "starting logical decoding for slot" and the snapshot builder
+        // logs its progress, at LOG. Quiet them for this transaction only (the worker's own
+        // messages are logged after the transaction ends).
         crate::sql::one::<String>("SELECT set_config('log_min_messages', 'fatal', true)", &[])?;
         if sink.is_none() {
             *sink = Some(Sink::for_pipeline(&p)?);
@@ -308,7 +388,7 @@ fn iterate(name: &str, bf: &mut Backfiller, sink: &mut Option<Sink>) -> TideResu
         let Some(sink) = sink.as_mut() else {
             return Err(TideError::internal("no sink"));
         };
-        stream(c, &p, bf, sink)
+        stream(c, &p, bf, sink, dec, rels)
     })
 }
 
@@ -324,6 +404,8 @@ fn stream(
     p: &PipelineRow,
     bf: &mut Backfiller,
     sink: &mut Sink,
+    dec: &mut Option<Decoder>,
+    rels: &mut HashMap<u32, RelDesc>,
 ) -> TideResult<Outcome> {
     let tables = catalog::tables(c, &p.name)?;
     sink.begin(c, &p.name)?;
@@ -362,39 +444,45 @@ fn stream(
         .and_then(|s| s.parse::<Lsn>().ok())
         .unwrap_or(Lsn(0));
 
-    // Everything committed before this position is decoded by the peek below (it decodes up to
-    // the flush position at its own start, which is later).
-    let start_flush =
-        crate::sql::one::<String>("SELECT pg_catalog.pg_current_wal_flush_lsn()::text", &[])?
-            .and_then(|s| s.parse::<Lsn>().ok())
-            .unwrap_or(Lsn(0));
-    let batch_events = gucs::BATCH_EVENTS.get().max(1) as u64;
-    let limit = batch_events as i64;
-    let mut cursor = c.try_open_cursor(
-        "SELECT data FROM pg_catalog.pg_logical_slot_peek_binary_changes($1::name, NULL, $2::int4, 'proto_version', '1', 'tables', $3)",
-        &[p.slot_name.clone().into(), (limit as i32).into(), filter.into()],
-    )?;
+    // The decoder follows the catalog's table list; a changed list means a new decoding session
+    // from the confirmed position (the plugin's filter is fixed when it starts).
+    if dec
+        .as_ref()
+        .is_some_and(|d| d.filter != filter || d.slot != p.slot_name)
+    {
+        if let Some(d) = dec.take() {
+            d.close();
+        }
+    }
+    if dec.is_none() {
+        rels.clear();
+        *dec = Some(Decoder::open(&p.slot_name, &filter)?);
+    }
+    let Some(decoder) = dec.as_mut() else {
+        return Err(TideError::internal("no decoder"));
+    };
+    let batch_events = gucs::BATCH_EVENTS.get().max(1) as usize;
+    let spilled_before = decoder.spilled_total();
+    let read = decoder.read(batch_events)?;
+    let position = decoder.position();
 
-    let mut out = Outcome::default();
-    let mut rels: HashMap<u32, RelDesc> = HashMap::new();
+    let mut out = Outcome {
+        spilled: decoder.spilled_total() - spilled_before,
+        ..Default::default()
+    };
     let mut marks: Vec<(u32, Lsn)> = Vec::new();
     let mut removals: Vec<u32> = Vec::new();
-    let mut rows_seen: i64 = 0;
     let mut stopped = false;
     let mut high = applied.max(confirmed);
-    // Current transaction: (xid, commit lsn, commit time, skip?, next position, barrier?)
     let mut txn: Option<Txn> = None;
     let mut last_applied: Option<(Lsn, i64)> = None;
-    let mut events_in_batch: u64 = 0;
 
+    let mut messages = decoder.messages();
     'fetch: loop {
-        let table = cursor.fetch(FETCH_ROWS)?;
-        if table.is_empty() {
-            break;
-        }
-        for row in table {
-            rows_seen += 1;
-            let data: &[u8] = row.get::<&[u8]>(1)?.unwrap_or(&[]);
+        {
+            let Some(data) = messages.next_message()? else {
+                break;
+            };
             let msg = wire::decode(data).map_err(|e| {
                 TideError::internal(format!("cannot decode a message of the pg_tide output plugin: {e}"))
                     .hint("The server's pg_tide library and the worker disagree on the wire format; restart the server after upgrading pg_tide.")
@@ -477,7 +565,7 @@ fn stream(
                 } if relid == signal_relid => {
                     if let Some(t) = txn.as_mut() {
                         if !t.skip {
-                            let rel = rel_desc(&rels, relid)?;
+                            let rel = rel_desc(rels, relid)?;
                             if let Some((pipeline, watermark, kind)) = parse_watermark(rel, &new) {
                                 if pipeline == p.name {
                                     if let Some(e) = bf.on_signal(c, sink, t, watermark, &kind)? {
@@ -491,7 +579,7 @@ fn stream(
                 Message::Insert { relid, new } => {
                     if let Some(t) = txn.as_mut() {
                         if !t.skip && sets.capturing.contains(&relid) {
-                            let rel = rel_desc(&rels, relid)?;
+                            let rel = rel_desc(rels, relid)?;
                             let mut key = String::new();
                             json::render_key(&rel.columns, &new, &mut key).map_err(render_err)?;
                             bf.on_change(relid, &key, t.xid);
@@ -506,7 +594,7 @@ fn stream(
                 } => {
                     if let Some(t) = txn.as_mut() {
                         if !t.skip && sets.capturing.contains(&relid) {
-                            let rel = rel_desc(&rels, relid)?;
+                            let rel = rel_desc(rels, relid)?;
                             let old = match &old_key {
                                 Some(old) => {
                                     let mut k = String::new();
@@ -545,7 +633,7 @@ fn stream(
                 Message::Delete { relid, old_key } => {
                     if let Some(t) = txn.as_mut() {
                         if !t.skip && sets.capturing.contains(&relid) {
-                            let rel = rel_desc(&rels, relid)?;
+                            let rel = rel_desc(rels, relid)?;
                             let mut k = String::new();
                             json::render_key(&rel.columns, &old_key, &mut k).map_err(render_err)?;
                             bf.on_change(relid, &k, t.xid);
@@ -560,7 +648,7 @@ fn stream(
                             for relid in relids {
                                 if sets.capturing.contains(&relid) {
                                     bf.on_truncate(relid, t.xid);
-                                    let rel = rel_desc(&rels, relid)?;
+                                    let rel = rel_desc(rels, relid)?;
                                     t.position += 1;
                                     sink.push(c, t, key_event(relid, rel, "truncate", None))?;
                                 }
@@ -578,10 +666,11 @@ fn stream(
                     if !t.skip && t.position > 0 {
                         out.txns += 1;
                         out.events += t.position as u64;
-                        events_in_batch += t.position as u64;
                         last_applied = Some((end_lsn, commit_time));
                     }
-                    if t.barrier || events_in_batch >= batch_events {
+                    if t.barrier {
+                        // Later transactions were decoded without the new table: read them
+                        // again with a reopened decoder.
                         stopped = true;
                         break 'fetch;
                     }
@@ -594,7 +683,8 @@ fn stream(
             }
         }
     }
-    drop(cursor);
+    // Empties the buffer (what follows a barrier is read again after the reopen).
+    drop(messages);
     if txn.is_some() {
         // Cannot happen: the plugin writes whole transactions. Refuse to commit half of one.
         return Err(TideError::internal(
@@ -614,10 +704,16 @@ fn stream(
     } else if p.has_error {
         catalog::clear_error(c, &p.name)?;
     }
-    out.drained = !stopped && rows_seen < limit;
-    out.start_flush = start_flush;
+    out.drained = !stopped && read.reached_end;
+    out.reopen = stopped;
+    out.start_flush = read.end_of_wal;
+    if !stopped {
+        // Every transaction committed before the decoder's position has been handed out, and
+        // those with changes for us are in this transaction.
+        high = high.max(position);
+    }
     if high > confirmed {
-        out.advance = Some((p.slot_name.clone(), high));
+        out.advance = Some(high);
     }
     Ok(out)
 }

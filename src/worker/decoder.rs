@@ -1,0 +1,339 @@
+//! The pipeline worker's decoder: one logical decoding context on the pipeline's slot, kept open
+//! for as long as the worker streams (the way a walsender or pg_squeeze decode), instead of one
+//! `pg_logical_slot_peek_binary_changes` call per iteration.
+//!
+//! Owns: the slot (acquired while the decoder is open, so `pg_replication_slots.active_pid` is the
+//! worker), the decoding context with its WAL reader and reorder buffer, and the messages the
+//! pg_tide output plugin wrote since the last [`Decoder::read`].
+//!
+//! Guarantees:
+//! - WAL is read once: each [`Decoder::read`] continues where the previous one stopped (a
+//!   decoding call per iteration re-read everything from the slot's restart point, which was the
+//!   worker's largest cost). Only [`Decoder::open`] starts at the restart point, as any decoding
+//!   session must.
+//! - Reads never wait for WAL: a read stops at the flush position taken when it started.
+//! - After a read the buffer holds whole source transactions only (a transaction's changes are
+//!   replayed by its commit record, in one call), and at least `max_messages` messages unless the
+//!   read reached the flush position. Past `logical_decoding_work_mem` the buffer goes to a
+//!   temporary file under `base/pgsql_tmp` ([`SpillBuffer`]), so a huge source transaction does
+//!   not have to fit in memory.
+//! - The slot moves only through [`Decoder::confirm`], which the worker calls after the target
+//!   committed up to that position.
+//! - The worker closes the decoder after any failed iteration (the buffer and the context's
+//!   position then disagree with what the target has) and whenever the set of captured tables
+//!   changes; the next open starts again from the slot's confirmed position.
+//!
+//! Catalog caches: between reads the worker runs ordinary transactions, which fill the caches with
+//! current catalog entries; decoding needs the entries as of the decoded WAL. Every read therefore
+//! starts with `InvalidateSystemCaches()`, as PostgreSQL's SQL decoding functions do per call.
+
+use crate::error::{TideError, TideResult};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::ffi::CString;
+use tide_core::lsn::Lsn;
+use tide_core::spill::{Drain, SpillBuffer};
+
+/// PostgreSQL functions pgrx does not bind (`replication/decode.h`), or binds only as Rust
+/// wrappers where a C function pointer is needed (`access/xlogutils.h`).
+mod c {
+    use pgrx::pg_sys;
+    unsafe extern "C-unwind" {
+        pub fn LogicalDecodingProcessRecord(
+            ctx: *mut pg_sys::LogicalDecodingContext,
+            record: *mut pg_sys::XLogReaderState,
+        );
+        pub fn read_local_xlog_page(
+            state: *mut pg_sys::XLogReaderState,
+            target_page_ptr: pg_sys::XLogRecPtr,
+            req_len: std::ffi::c_int,
+            target_rec_ptr: pg_sys::XLogRecPtr,
+            cur_page: *mut std::ffi::c_char,
+        ) -> std::ffi::c_int;
+        pub fn wal_segment_open(
+            state: *mut pg_sys::XLogReaderState,
+            next_seg_no: pg_sys::XLogSegNo,
+            tli_p: *mut pg_sys::TimeLineID,
+        );
+        pub fn wal_segment_close(state: *mut pg_sys::XLogReaderState);
+    }
+}
+
+/// `LogicalDecodingProcessRecord`, with an ERROR turned into a Rust panic that pgrx reports
+/// (a longjmp must not cross Rust frames).
+unsafe fn process_record(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    record: *mut pg_sys::XLogReaderState,
+) {
+    unsafe {
+        pg_sys::ffi::pg_guard_ffi_boundary(move || c::LogicalDecodingProcessRecord(ctx, record))
+    }
+}
+
+fn io_err(e: std::io::Error) -> TideError {
+    TideError::new(
+        pgrx::PgSqlErrorCode::ERRCODE_IO_ERROR,
+        format!("pg_tide worker: cannot use its temporary file under base/pgsql_tmp: {e}"),
+    )
+    .hint("Check free space and permissions in the data directory.")
+}
+
+/// The buffer's threshold: `logical_decoding_work_mem`, the memory PostgreSQL's own reorder
+/// buffer may use before it spills.
+fn spill_threshold() -> usize {
+    (unsafe { pg_sys::logical_decoding_work_mem }.max(64) as usize) * 1024
+}
+
+/// Hands out the buffered messages in order; the buffer is emptied when this is dropped.
+pub struct Messages<'a>(Drain<'a>);
+
+impl Messages<'_> {
+    /// The next message, or `None` when all were handed out.
+    pub fn next_message(&mut self) -> TideResult<Option<&[u8]>> {
+        self.0.next_message().map_err(io_err)
+    }
+}
+
+/// Switches back to a memory context when dropped (also when an ERROR unwinds).
+struct RestoreContext(pg_sys::MemoryContext);
+
+impl Drop for RestoreContext {
+    fn drop(&mut self) {
+        unsafe { pg_sys::MemoryContextSwitchTo(self.0) };
+    }
+}
+
+/// What one [`Decoder::read`] did.
+pub struct ReadOutcome {
+    /// The flush position taken when the read started.
+    pub end_of_wal: Lsn,
+    /// The read consumed all WAL up to `end_of_wal`.
+    pub reached_end: bool,
+}
+
+/// An open decoding session on a pipeline's slot. Create and read inside a transaction; confirm
+/// and close in or outside one.
+pub struct Decoder {
+    /// Parent of the decoding context's memory; deleted on close.
+    cx: pg_sys::MemoryContext,
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    out: Box<SpillBuffer>,
+    /// The `tables` option the output plugin was started with.
+    pub filter: String,
+    pub slot: String,
+}
+
+impl Decoder {
+    /// Acquire `slot` and start decoding at its restart point, for changes committed after its
+    /// confirmed position.
+    pub fn open(slot: &str, filter: &str) -> TideResult<Decoder> {
+        let slot_c = CString::new(slot).map_err(|_| TideError::internal("slot name with NUL"))?;
+        let filter_c =
+            CString::new(filter).map_err(|_| TideError::internal("table filter with NUL"))?;
+        unsafe {
+            pg_sys::CheckLogicalDecodingRequirements();
+            let cx = pg_sys::AllocSetContextCreateInternal(
+                pg_sys::TopMemoryContext,
+                c"pg_tide decoder".as_ptr(),
+                pg_sys::ALLOCSET_DEFAULT_MINSIZE as usize,
+                pg_sys::ALLOCSET_DEFAULT_INITSIZE as usize,
+                pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
+            );
+            let mut dec = Decoder {
+                cx,
+                ctx: std::ptr::null_mut(),
+                out: Box::new(SpillBuffer::new(
+                    "base/pgsql_tmp",
+                    format!("pgsql_tmp_pg_tide.{}", { pg_sys::MyProcPid }),
+                    spill_threshold(),
+                )),
+                filter: filter.to_string(),
+                slot: slot.to_string(),
+            };
+            // An ERROR from here on drops `dec` while unwinding, which releases the slot.
+            pg_sys::ReplicationSlotAcquire(slot_c.as_ptr(), true);
+            let old = pg_sys::MemoryContextSwitchTo(cx);
+            let mut options = std::ptr::null_mut::<pg_sys::List>();
+            for (name, value) in [
+                (c"proto_version", c"1".as_ptr()),
+                (c"tables", filter_c.as_ptr()),
+            ] {
+                let def = pg_sys::makeDefElem(
+                    pg_sys::pstrdup(name.as_ptr()),
+                    pg_sys::makeString(pg_sys::pstrdup(value)) as *mut pg_sys::Node,
+                    -1,
+                );
+                options = pg_sys::lappend(options, def as *mut std::ffi::c_void);
+            }
+            let mut routine = pg_sys::XLogReaderRoutine {
+                page_read: Some(c::read_local_xlog_page),
+                segment_open: Some(c::wal_segment_open),
+                segment_close: Some(c::wal_segment_close),
+            };
+            let ctx = pg_sys::CreateDecodingContext(
+                0,
+                options,
+                false,
+                &mut routine,
+                Some(prepare_write),
+                Some(do_write),
+                None,
+            );
+            pg_sys::MemoryContextSwitchTo(old);
+            dec.ctx = ctx;
+            (*ctx).output_writer_private =
+                &mut *dec.out as *mut SpillBuffer as *mut std::ffi::c_void;
+            let restart = (*pg_sys::MyReplicationSlot).data.restart_lsn;
+            if restart == 0 {
+                dec.close();
+                return Err(TideError::prerequisite(format!(
+                    "replication slot \"{slot}\" has no restart position (it was invalidated)"
+                ))
+                .hint("The slot lost the WAL it needs (max_slot_wal_keep_size?). Drop and re-create the pipeline, then backfill its tables."));
+            }
+            pg_sys::XLogBeginRead((*ctx).reader, restart);
+            Ok(dec)
+        }
+    }
+
+    /// Decode from where the last read stopped up to the current flush position, or until at
+    /// least `max_messages` messages are buffered (at a record boundary, so after whole
+    /// transactions). Hand the messages out with [`Decoder::messages`].
+    pub fn read(&mut self, max_messages: usize) -> TideResult<ReadOutcome> {
+        unsafe {
+            let end_of_wal = pg_sys::GetFlushRecPtr(std::ptr::null_mut());
+            pg_sys::InvalidateSystemCaches();
+            self.out.set_threshold(spill_threshold());
+            let reader = (*self.ctx).reader;
+            let mut reached_end = true;
+            // The WAL reader allocates its buffers lazily in the current memory context and keeps
+            // them: read in the decoding context's memory, which lives as long as the reader
+            // (as a walsender does), not in this transaction's.
+            let old = pg_sys::MemoryContextSwitchTo((*self.ctx).context);
+            let _restore = RestoreContext(old);
+            // `XLogReadRecord` moves `(*reader).EndRecPtr` (clippy cannot see through the pointer).
+            #[allow(clippy::while_immutable_condition)]
+            while (*reader).EndRecPtr < end_of_wal {
+                let mut errm: *mut std::ffi::c_char = std::ptr::null_mut();
+                let record = pg_sys::XLogReadRecord(reader, &mut errm);
+                if !errm.is_null() {
+                    let msg = std::ffi::CStr::from_ptr(errm)
+                        .to_string_lossy()
+                        .into_owned();
+                    return Err(TideError::internal(format!(
+                        "could not read WAL for slot \"{}\": {msg}",
+                        self.slot
+                    )));
+                }
+                if !record.is_null() {
+                    process_record(self.ctx, reader);
+                }
+                pg_sys::check_for_interrupts!();
+                if self.out.len() >= max_messages && (*reader).EndRecPtr < end_of_wal {
+                    reached_end = false;
+                    break;
+                }
+            }
+            Ok(ReadOutcome {
+                end_of_wal: Lsn(end_of_wal),
+                reached_end,
+            })
+        }
+    }
+
+    /// The messages of the last read, in order; the buffer is emptied when this is dropped.
+    pub fn messages(&mut self) -> Messages<'_> {
+        Messages(self.out.drain())
+    }
+
+    /// Bytes of output written to temporary files since the decoder was opened.
+    pub fn spilled_total(&self) -> u64 {
+        self.out.spilled_total()
+    }
+
+    /// End of the last record read: every transaction committed before it has been handed out.
+    pub fn position(&self) -> Lsn {
+        unsafe { Lsn((*(*self.ctx).reader).EndRecPtr) }
+    }
+
+    /// The target has everything committed before `lsn`: let the slot move there (and release
+    /// WAL and catalog rows up to the restart point that implies).
+    pub fn confirm(&mut self, lsn: Lsn) {
+        unsafe {
+            pg_sys::LogicalConfirmReceivedLocation(lsn.0);
+            // Written at the next checkpoint (a crash before that replays, and the applied
+            // position makes the replay a no-op).
+            pg_sys::ReplicationSlotMarkDirty();
+        }
+    }
+
+    /// Free the decoding context and release the slot (what dropping the decoder does).
+    pub fn close(self) {
+        drop(self)
+    }
+}
+
+impl Drop for Decoder {
+    fn drop(&mut self) {
+        unsafe {
+            if !self.ctx.is_null() {
+                // Calls the plugin's shutdown callback, frees the reorder buffer (and its spill
+                // files) and closes the WAL segment. Needs the slot still acquired.
+                pg_sys::FreeDecodingContext(self.ctx);
+                self.ctx = std::ptr::null_mut();
+            }
+            if !pg_sys::MyReplicationSlot.is_null() {
+                pg_sys::ReplicationSlotRelease();
+            }
+            if !self.cx.is_null() {
+                pg_sys::MemoryContextDelete(self.cx);
+                self.cx = std::ptr::null_mut();
+            }
+        }
+        self.out.clear();
+    }
+}
+
+/// After a failed iteration or a failed [`Decoder::open`]: free what is left and release the slot,
+/// whatever state the ERROR left them in. Call outside a transaction.
+pub fn release_after_error(dec: Option<Decoder>) -> TideResult<()> {
+    crate::worker::tx::run(|| {
+        drop(dec);
+        unsafe {
+            if !pg_sys::MyReplicationSlot.is_null() {
+                pg_sys::ReplicationSlotRelease();
+            }
+        }
+        Ok(())
+    })
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn prepare_write(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    _lsn: pg_sys::XLogRecPtr,
+    _xid: pg_sys::TransactionId,
+    _last_write: bool,
+) {
+    unsafe { pg_sys::resetStringInfo((*ctx).out) };
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn do_write(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    _lsn: pg_sys::XLogRecPtr,
+    _xid: pg_sys::TransactionId,
+    _last_write: bool,
+) {
+    unsafe {
+        let out = (*ctx).output_writer_private as *mut SpillBuffer;
+        if out.is_null() {
+            return;
+        }
+        let s = (*ctx).out;
+        let bytes = std::slice::from_raw_parts((*s).data as *const u8, (*s).len as usize);
+        if let Err(e) = (*out).push(bytes) {
+            io_err(e).raise();
+        }
+    }
+}
