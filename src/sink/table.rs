@@ -5,11 +5,17 @@
 //! with the source (schema changes), and the applied position of remote targets.
 //!
 //! Guarantees:
-//! - Order: events are applied in stream order. Consecutive upserts of one table become one
+//! - Order: each table's events are applied in stream order, so per-key order is source
+//!   commit order. Within one target transaction (a batch of whole source transactions) the
+//!   statements are grouped per table: each table has at most one open run of upserts or of
+//!   deletes. Upserts of one table with the same column set become one
 //!   `INSERT ... SELECT FROM jsonb_populate_recordset ... ON CONFLICT (key) DO UPDATE` as long as
-//!   no key repeats (a repeated key starts a new statement), consecutive deletes one
-//!   `DELETE ... USING`; anything else starts a new statement. So per-key order is source
-//!   commit order.
+//!   no key repeats; deletes one `DELETE ... USING`. A repeated key, a delete after upserts of
+//!   the same table or the other way round, or another column set, closes the table's run
+//!   first. Every event is applied (none is merged into another). Tables are independent in a target transaction, so statements of different
+//!   tables may run in another order than the source's: what a reader sees at commit is the
+//!   same. (Constraints between target tables must therefore be `DEFERRABLE INITIALLY
+//!   DEFERRED`.)
 //! - Unchanged TOAST columns are left out of the statement: the target keeps its value.
 //! - Atomicity: local targets are written in the worker's transaction; remote targets in one
 //!   remote transaction per batch of whole source transactions, together with the applied
@@ -76,6 +82,7 @@ struct Run {
     relid: u32,
     kind: RunKind,
     items: Vec<String>,
+    /// The keys in `items` (a key appears once per run).
     keys: HashSet<String>,
 }
 
@@ -90,7 +97,8 @@ pub struct TableSink {
     shapes: HashMap<String, Vec<(String, String)>>,
     /// Source relations whose shape was checked against their target since the last reset.
     checked: HashSet<u32>,
-    run: Option<Run>,
+    /// At most one open run per source table, in the order they were opened.
+    runs: Vec<Run>,
     remote_stmts: Vec<RemoteStatement>,
     remote_applied: Option<Option<Lsn>>,
     remote_ready: bool,
@@ -176,7 +184,7 @@ impl TableSink {
             targets: HashMap::new(),
             shapes: HashMap::new(),
             checked: HashSet::new(),
-            run: None,
+            runs: Vec::new(),
             remote_stmts: Vec::new(),
             remote_applied: None,
             remote_ready: false,
@@ -186,7 +194,7 @@ impl TableSink {
     pub fn reset(&mut self) {
         self.shapes.clear();
         self.checked.clear();
-        self.run = None;
+        self.runs.clear();
         self.remote_stmts.clear();
         self.remote_applied = None;
         self.remote_ready = false;
@@ -413,7 +421,7 @@ impl TableSink {
             self.shapes.insert(t.qualified(), shape);
         }
         for (stmts, _) in ddl {
-            self.flush_run(c)?;
+            self.flush_all(c)?;
             for stmt in stmts {
                 match &self.remote {
                     Some(_) => self.remote_stmts.push(RemoteStatement {
@@ -438,24 +446,27 @@ impl TableSink {
         if !self.checked.contains(&ev.relid) {
             self.ensure_shape(c, ev.relid)?;
         }
+        let relid = ev.relid;
         match ev.op {
             "truncate" => {
-                self.flush_run(c)?;
+                // Whatever the batch holds for the table is wiped anyway; apply it first so the
+                // statements stay in stream order for this table.
+                self.flush_run(c, relid)?;
                 self.exec(c, format!("TRUNCATE {}", target.qualified()), None)?;
             }
             "delete" => {
                 let key = ev.key.unwrap_or_default();
-                let same = matches!(&self.run, Some(r) if r.relid == ev.relid && matches!(r.kind, RunKind::Delete));
-                if !same {
-                    self.flush_run(c)?;
-                    self.run = Some(Run {
-                        relid: ev.relid,
-                        kind: RunKind::Delete,
-                        items: Vec::new(),
-                        keys: HashSet::new(),
-                    });
+                let fits = self
+                    .runs
+                    .iter()
+                    .find(|r| r.relid == relid)
+                    .is_none_or(|r| matches!(r.kind, RunKind::Delete));
+                if !fits {
+                    self.flush_run(c, relid)?;
                 }
-                if let Some(r) = self.run.as_mut() {
+                let r = self.run_for(relid, RunKind::Delete);
+                // Deleting a key twice in a row is deleting it once.
+                if r.keys.insert(key.clone()) {
                     r.items.push(key);
                 }
             }
@@ -463,26 +474,50 @@ impl TableSink {
                 let key = ev.key.unwrap_or_default();
                 let row = ev.row.unwrap_or_default();
                 let cols = ev.columns;
-                let same = matches!(&self.run, Some(r) if r.relid == ev.relid
-                    && matches!(&r.kind, RunKind::Upsert { cols: rc } if *rc == cols)
-                    && !r.keys.contains(&key));
-                if !same {
-                    self.flush_run(c)?;
-                    self.run = Some(Run {
-                        relid: ev.relid,
-                        kind: RunKind::Upsert { cols },
-                        items: Vec::new(),
-                        keys: HashSet::new(),
-                    });
+                // One statement cannot write a key twice (ON CONFLICT DO UPDATE refuses to).
+                let fits = self.runs.iter().find(|r| r.relid == relid).is_none_or(|r| {
+                    matches!(&r.kind, RunKind::Upsert { cols: rc } if *rc == cols)
+                        && !r.keys.contains(&key)
+                });
+                if !fits {
+                    self.flush_run(c, relid)?;
                 }
-                if let Some(r) = self.run.as_mut() {
-                    r.items.push(row);
-                    r.keys.insert(key);
-                }
+                let r = self.run_for(relid, RunKind::Upsert { cols });
+                r.keys.insert(key);
+                r.items.push(row);
             }
         }
-        if self.run.as_ref().is_some_and(|r| r.items.len() >= RUN_ROWS) {
-            self.flush_run(c)?;
+        if self
+            .runs
+            .iter()
+            .any(|r| r.relid == relid && r.items.len() >= RUN_ROWS)
+        {
+            self.flush_run(c, relid)?;
+        }
+        Ok(())
+    }
+
+    /// The open run of `relid`, opened with `kind` if there is none.
+    fn run_for(&mut self, relid: u32, kind: RunKind) -> &mut Run {
+        let i = match self.runs.iter().position(|r| r.relid == relid) {
+            Some(i) => i,
+            None => {
+                self.runs.push(Run {
+                    relid,
+                    kind,
+                    items: Vec::new(),
+                    keys: HashSet::new(),
+                });
+                self.runs.len() - 1
+            }
+        };
+        &mut self.runs[i]
+    }
+
+    /// Write every open run.
+    fn flush_all(&mut self, c: &mut SpiClient<'_>) -> TideResult<()> {
+        while let Some(relid) = self.runs.first().map(|r| r.relid) {
+            self.flush_run(c, relid)?;
         }
         Ok(())
     }
@@ -510,10 +545,12 @@ impl TableSink {
         Ok(())
     }
 
-    fn flush_run(&mut self, c: &mut SpiClient<'_>) -> TideResult<()> {
-        let Some(run) = self.run.take() else {
+    /// Write the open run of `relid`, if any.
+    fn flush_run(&mut self, c: &mut SpiClient<'_>, relid: u32) -> TideResult<()> {
+        let Some(i) = self.runs.iter().position(|r| r.relid == relid) else {
             return Ok(());
         };
+        let run = self.runs.remove(i);
         if run.items.is_empty() {
             return Ok(());
         }
@@ -578,7 +615,7 @@ impl TableSink {
         pipeline: &str,
         applied: Option<Lsn>,
     ) -> TideResult<()> {
-        self.flush_run(c)?;
+        self.flush_all(c)?;
         let Some(remote) = &self.remote else {
             return Ok(());
         };
