@@ -2073,3 +2073,81 @@ fn statements_are_grouped_per_table() {
         );
     }
 }
+
+/// A remote target commits the stream events that precede a backfill chunk before the chunk's
+/// rows. When the chunk then fails at the target, the retried iteration must neither apply
+/// those events again nor lose any: here every `ev` row must reach the target exactly once (a
+/// trigger at the target logs each write; a second apply of an insert would be an update),
+/// while a chunk of `big` fails at the target for a while.
+#[test]
+fn chunk_failure_after_early_commit_is_exactly_once() {
+    let c = setup("tt_early");
+    let t = target_cluster("tt_early_tgt");
+    create_server(&c, "tgt", &t);
+    c.execute(
+        "CREATE TABLE ev (id bigserial PRIMARY KEY, v int NOT NULL);
+         CREATE TABLE big (id int PRIMARY KEY, pad text NOT NULL);
+         INSERT INTO big SELECT g, md5(g::text) FROM generate_series(1, 30000) g;",
+    );
+    create_pipeline(&c, "e", "postgres", r#"{"server": "tgt"}"#);
+    exec(&c, "SELECT tide.add_table('e', 'ev', backfill => false)");
+    wait_pipeline(&c, "e", 60);
+    // At the target: log every write of ev, and refuse the row id 15000 of big while
+    // boom.on is true.
+    t.execute(
+        "CREATE TABLE ev_log (seq bigserial PRIMARY KEY, id bigint NOT NULL, op text NOT NULL);
+         CREATE FUNCTION log_ev() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN INSERT INTO ev_log (id, op) VALUES (NEW.id, TG_OP); RETURN NULL; END $$;
+         CREATE TRIGGER ev_log AFTER INSERT OR UPDATE ON public.ev FOR EACH ROW EXECUTE FUNCTION log_ev();
+         ALTER TABLE public.ev ENABLE ALWAYS TRIGGER ev_log;
+         CREATE TABLE boom (on_ bool NOT NULL);
+         INSERT INTO boom VALUES (true);",
+    );
+    let script = write_script("early", "INSERT INTO ev (v) VALUES (1);\n");
+    let bench = spawn_bench(&c, &script, 2, 25, Some(300));
+    std::thread::sleep(Duration::from_secs(2));
+    // big's target is created by add_table; the trigger goes on it once it exists.
+    exec(&c, "SELECT tide.add_table('e', 'big', backfill => true)");
+    let found = poll_every(Duration::from_secs(30), POLL, || {
+        Ok(t.try_query_scalar::<bool>("SELECT to_regclass('public.big') IS NOT NULL")?)
+    });
+    assert!(found.is_ok(), "target table big not created\n{}", diag(&c));
+    t.execute(
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF NEW.id = 15000 AND (SELECT on_ FROM boom) THEN
+             RAISE EXCEPTION 'refusing row 15000 (test)';
+           END IF;
+           RETURN NEW;
+         END $$;
+         CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON public.big FOR EACH ROW EXECUTE FUNCTION refuse();
+         ALTER TABLE public.big ENABLE ALWAYS TRIGGER refuse;",
+    );
+    // The chunk holding 15000 fails, and is retried, while ev keeps streaming.
+    let failed = poll_every(Duration::from_secs(60), POLL, || {
+        Ok(c.try_query_scalar::<bool>(
+            "SELECT coalesce((SELECT last_error LIKE '%refusing row 15000%' FROM tide.pipelines WHERE name = 'e'), false)",
+        )?)
+    });
+    assert!(failed.is_ok(), "the chunk never failed\n{}", diag(&c));
+    std::thread::sleep(Duration::from_secs(3));
+    t.execute("UPDATE boom SET on_ = false");
+    let (n, ok, summary) = finish_bench(bench);
+    assert!(ok && n > 0, "pgbench failed: {summary}");
+    wait_backfill(&c, "big", "e", 120);
+    wait_pipeline(&c, "e", 120);
+
+    assert_same_rows("ev", &c, "public.ev", &t, "public.ev", "id, v");
+    assert_same_rows("big", &c, "public.big", &t, "public.big", "id, pad");
+    let twice: Vec<String> = texts(
+        &t,
+        "SELECT id || ': ' || string_agg(op, ',' ORDER BY seq) FROM ev_log GROUP BY id HAVING count(*) <> 1 OR bool_or(op <> 'INSERT') ORDER BY id LIMIT 20",
+    );
+    assert!(
+        twice.is_empty(),
+        "ev rows written more than once at the target: {twice:?}\n{}",
+        diag(&c)
+    );
+    let logged: i64 = t.query_scalar("SELECT count(*) FROM ev_log");
+    assert_eq!(logged, n as i64, "one write per ev row");
+}

@@ -107,6 +107,23 @@ impl Sink {
         }
     }
 
+    /// Where the target commits on its own (remote targets): commit what is buffered, which
+    /// ends with the source transaction ending at `applied`, in a target transaction of its own,
+    /// before more follows in this iteration. The applied position goes with it, so a later
+    /// failure replays only what follows. A no-op for targets written in the worker's
+    /// transaction.
+    pub fn commit_early(
+        &mut self,
+        c: &mut SpiClient<'_>,
+        pipeline: &str,
+        applied: Lsn,
+    ) -> TideResult<()> {
+        match self {
+            Sink::Table(s) if s.is_remote() => s.finish(c, pipeline, Some(applied)),
+            _ => Ok(()),
+        }
+    }
+
     /// Forget cached state after a failed iteration.
     pub fn reset(&mut self) {
         if let Sink::Table(s) = self {

@@ -191,6 +191,10 @@ impl TableSink {
         })
     }
 
+    pub fn is_remote(&self) -> bool {
+        self.remote.is_some()
+    }
+
     pub fn reset(&mut self) {
         self.shapes.clear();
         self.checked.clear();

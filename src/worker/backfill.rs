@@ -91,6 +91,16 @@ impl Backfiller {
         self.pending.is_some()
     }
 
+    /// Whether `watermark` is the high watermark the chunk in memory waits for (its rows are
+    /// emitted when the stream reaches it).
+    pub fn awaits(&self, watermark: u64, kind: &str) -> bool {
+        kind == "high"
+            && self
+                .pending
+                .as_ref()
+                .is_some_and(|p| p.watermark == watermark)
+    }
+
     /// A change of a captured table, in stream order.
     /// `xid` is the changing transaction: if the chunk's snapshot could not see it (it was in
     /// progress then), its change drops the key even before the low watermark.

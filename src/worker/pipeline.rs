@@ -568,6 +568,13 @@ fn stream(
                             let rel = rel_desc(rels, relid)?;
                             if let Some((pipeline, watermark, kind)) = parse_watermark(rel, &new) {
                                 if pipeline == p.name {
+                                    if bf.awaits(watermark, &kind) {
+                                        // Make the stream events before the chunk visible
+                                        // now, rather than after the chunk's rows.
+                                        if let Some((end, _)) = last_applied {
+                                            sink.commit_early(c, &p.name, end)?;
+                                        }
+                                    }
                                     if let Some(e) = bf.on_signal(c, sink, t, watermark, &kind)? {
                                         out.backfill_rows += e.rows;
                                     }
