@@ -174,6 +174,7 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
         }
         last_iteration = std::time::Instant::now();
         quiet = false;
+        let chunk_waiting = bf.has_pending();
         let result = tx::run(|| iterate(&name, &mut bf, &mut sink, &mut dec, &mut rels));
         let wait: Duration = match result {
             Ok(o) if o.gone => {
@@ -253,14 +254,19 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
                 });
                 // Between iterations: read the next backfill chunk when one is due. Its high
                 // watermark is then in the WAL, so the next iteration runs at once.
+                //
+                // Not right after the iteration that wrote a chunk, though: what committed
+                // while the chunk was written goes first (one more, short, iteration), so the
+                // stream waits for at most one of the two, never for both back to back.
+                let chunk_written = chunk_waiting && !bf.has_pending();
                 let mut stepped = false;
-                if !bf.has_pending() {
+                if !bf.has_pending() && !chunk_written {
                     match bf.step(&name) {
                         Ok(()) => stepped = bf.has_pending(),
                         Err(e) => log_backfill_error(&name, &e),
                     }
                 }
-                if o.drained && !stepped {
+                if o.drained && !stepped && !chunk_written {
                     quiet = !bf.has_pending() && dec.is_some();
                     Duration::from_millis(gucs::POLL_INTERVAL_MS.get().max(1) as u64)
                 } else {
