@@ -24,8 +24,9 @@
 //!   changes; the next open starts again from the slot's confirmed position.
 //!
 //! Catalog caches: between reads the worker runs ordinary transactions, which fill the caches with
-//! current catalog entries; decoding needs the entries as of the decoded WAL. Every read therefore
-//! starts with `InvalidateSystemCaches()`, as PostgreSQL's SQL decoding functions do per call.
+//! current catalog entries; decoding needs the entries as of the decoded WAL, and the ordinary
+//! queries after it must not see those. Every read therefore starts and ends with
+//! `InvalidateSystemCaches()`, as PostgreSQL's SQL decoding functions do around each call.
 
 use crate::error::{TideError, TideResult};
 use pgrx::pg_sys;
@@ -150,9 +151,11 @@ impl Decoder {
                 filter: filter.to_string(),
                 slot: slot.to_string(),
             };
-            // An ERROR from here on drops `dec` while unwinding, which releases the slot.
+            // An ERROR from here on drops `_restore` (back to the caller's memory context), then
+            // `dec` (which releases the slot and deletes `cx`) while unwinding.
             pg_sys::ReplicationSlotAcquire(slot_c.as_ptr(), true);
             let old = pg_sys::MemoryContextSwitchTo(cx);
+            let _restore = RestoreContext(old);
             let mut options = std::ptr::null_mut::<pg_sys::List>();
             for (name, value) in [
                 (c"proto_version", c"1".as_ptr()),
@@ -234,6 +237,10 @@ impl Decoder {
                     break;
                 }
             }
+            // Catalog entries built under the decoded transactions' historic snapshots must not
+            // serve the ordinary queries that follow (PostgreSQL's SQL decoding functions do the
+            // same after decoding; after an ERROR, `release_after_error` does it).
+            pg_sys::InvalidateSystemCaches();
             Ok(ReadOutcome {
                 end_of_wal: Lsn(end_of_wal),
                 reached_end,
@@ -303,6 +310,8 @@ pub fn release_after_error(dec: Option<Decoder>) -> TideResult<()> {
             if !pg_sys::MyReplicationSlot.is_null() {
                 pg_sys::ReplicationSlotRelease();
             }
+            // A failed read may have left entries built under a historic snapshot.
+            pg_sys::InvalidateSystemCaches();
         }
         Ok(())
     })
