@@ -6,7 +6,8 @@
 #
 # Stages (each runs even if an earlier one failed):
 #   core  cargo test -p tide-core                        (server-independent logic)
-#   pgrx  cargo pgrx test pg15 --runas postgres ...      (#[pg_test]s in a pgrx-managed server)
+#   pgrx  cargo pgrx test pg15 --runas postgres ...      (#[pg_test]s in a pgrx-managed server,
+#         and the remote sink's tests against a scratch cluster: TIDE_REMOTE_TEST_CONNINFO)
 #   e2e   scripts/install.sh, then cargo test -p pg_test -- --test-threads=1
 #         (end-to-end suites against scratch clusters of the system PostgreSQL 15;
 #         TIDE_SKIP_INSTALL=1 skips the install when the current build is installed)
@@ -115,8 +116,17 @@ stage_pgrx() {
     else
         mkdir -p "$PGRX_PGDATA"
     fi
-    echo "+ cargo pgrx test pg15 ${runas[*]} --pgdata $PGRX_PGDATA"
-    cargo pgrx test pg15 "${runas[@]}" --pgdata "$PGRX_PGDATA"
+    # The remote sink's integration tests (src/sink/remote.rs) talk to a server of their own:
+    # a scratch cluster, destroyed afterwards.
+    local remote="pgrx_remote_$$" port rc=0
+    bash "$TIDE_REPO/scripts/cluster.sh" init "$remote" --no-preload --wal-level replica
+    bash "$TIDE_REPO/scripts/cluster.sh" start "$remote"
+    port="$(bash "$TIDE_REPO/scripts/cluster.sh" port "$remote")"
+    export TIDE_REMOTE_TEST_CONNINFO="host=127.0.0.1 port=$port user=postgres dbname=postgres sslmode=disable"
+    echo "+ TIDE_REMOTE_TEST_CONNINFO='$TIDE_REMOTE_TEST_CONNINFO' cargo pgrx test pg15 ${runas[*]} --pgdata $PGRX_PGDATA"
+    cargo pgrx test pg15 "${runas[@]}" --pgdata "$PGRX_PGDATA" || rc=$?
+    bash "$TIDE_REPO/scripts/cluster.sh" destroy "$remote" >/dev/null 2>&1 || true
+    return "$rc"
 }
 
 stage_e2e() {
