@@ -468,6 +468,15 @@ impl Drop for Cluster {
     }
 }
 
+/// Poll `f` every `poll` until it returns `Ok(true)`, without panicking: Ok(how long it took) or
+/// Err(what it last saw) after `timeout`. Errors count as "not yet".
+pub fn poll_every<F>(timeout: Duration, poll: Duration, f: F) -> Result<Duration, String>
+where
+    F: FnMut() -> TestResult<bool>,
+{
+    poll_until(timeout, poll, f)
+}
+
 fn poll_until<F>(timeout: Duration, poll: Duration, mut f: F) -> Result<Duration, String>
 where
     F: FnMut() -> TestResult<bool>,
@@ -777,5 +786,78 @@ mod tests {
             Err("boom".into())
         });
         assert!(r.unwrap_err().contains("boom"));
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Shared by the suites
+// ------------------------------------------------------------------------------------------
+
+/// Init and start a cluster, retrying with another port when the start fails (a client socket
+/// in TIME-WAIT can hold the port `cluster.sh` picked).
+pub fn start_cluster(b: ClusterBuilder) -> Cluster {
+    let mut failed = Vec::new();
+    for attempt in 1..=4 {
+        let c = b.clone().init();
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| c.start())) {
+            Ok(()) => return c,
+            Err(_) => {
+                eprintln!(
+                    "pg_test: cluster {} did not start (attempt {attempt}), trying another port",
+                    c.name()
+                );
+                failed.push(c);
+            }
+        }
+    }
+    panic!("no cluster could be started in 4 attempts");
+}
+
+/// A started cluster (pg_tide preloaded, `wal_level = logical`) with the extension created and
+/// its launcher running.
+pub fn setup(name: &str) -> Cluster {
+    let c = start_cluster(Cluster::builder(name));
+    c.execute("CREATE EXTENSION pg_tide");
+    c.wait_until(
+        "the pg_tide launcher",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || {
+            Ok(c.try_query_scalar::<i64>(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_tide launcher'",
+            )? == 1)
+        },
+    );
+    c
+}
+
+/// A plain scratch cluster to serve as a remote target (pg_tide not preloaded).
+pub fn target_cluster(name: &str) -> Cluster {
+    start_cluster(Cluster::builder(name).no_preload())
+}
+
+/// On `src`: postgres_fdw, a foreign server `server` pointing at `tgt`, and a user mapping for
+/// postgres (the harness clusters use trust auth, so no password).
+pub fn create_server(src: &Cluster, server: &str, tgt: &Cluster) {
+    src.execute(&format!(
+        "CREATE EXTENSION IF NOT EXISTS postgres_fdw;
+         CREATE SERVER {server} FOREIGN DATA WRAPPER postgres_fdw
+                OPTIONS (host '127.0.0.1', port '{}', dbname 'postgres');
+         CREATE USER MAPPING FOR postgres SERVER {server} OPTIONS (user 'postgres');",
+        tgt.port()
+    ));
+}
+
+/// Rows of a query as JSON lines (for failure messages), at most `limit`.
+pub fn sample(c: &Cluster, sql: &str, limit: usize) -> String {
+    match c.try_query(&format!(
+        "SELECT row_to_json(q)::text FROM ({sql}) q LIMIT {limit}"
+    )) {
+        Ok(rows) => rows
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Err(e) => format!("(query failed: {})", describe_error(&e)),
     }
 }

@@ -24,60 +24,6 @@ const POLL: Duration = Duration::from_millis(100);
 // Helpers
 // ------------------------------------------------------------------------------------------
 
-/// A started cluster with the extension created and its launcher running.
-fn setup(name: &str) -> Cluster {
-    let c = Cluster::new(name);
-    c.execute("CREATE EXTENSION pg_tide");
-    c.wait_until(
-        "the pg_tide launcher",
-        Duration::from_secs(30),
-        POLL,
-        || {
-            Ok(c.try_query_scalar::<i64>(
-                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_tide launcher'",
-            )? == 1)
-        },
-    );
-    c
-}
-
-/// Poll without panicking; Err(message) on timeout.
-fn poll_every<F>(timeout: Duration, every: Duration, mut f: F) -> Result<Duration, String>
-where
-    F: FnMut() -> TestResult<bool>,
-{
-    let start = Instant::now();
-    let mut last: String;
-    loop {
-        match f() {
-            Ok(true) => return Ok(start.elapsed()),
-            Ok(false) => last = "condition was false".into(),
-            Err(e) => last = format!("error: {e}"),
-        }
-        if start.elapsed() >= timeout {
-            return Err(format!(
-                "not true after {:.1?}; last: {last}",
-                start.elapsed()
-            ));
-        }
-        std::thread::sleep(every);
-    }
-}
-
-/// Rows of a query as JSON lines (for failure messages), at most `limit`.
-fn sample(c: &Cluster, sql: &str, limit: usize) -> String {
-    match c.try_query(&format!(
-        "SELECT row_to_json(q)::text FROM ({sql}) q LIMIT {limit}"
-    )) {
-        Ok(rows) => rows
-            .iter()
-            .map(|r| r.get::<_, String>(0))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        Err(e) => format!("(query failed: {})", describe_error(&e)),
-    }
-}
-
 /// Pipelines, backfills and the server log tail, for failure messages.
 fn diag(c: &Cluster) -> String {
     format!(

@@ -21,13 +21,6 @@ const POLL: Duration = Duration::from_millis(100);
 // Helpers
 // ------------------------------------------------------------------------------------------
 
-/// A started cluster with the extension created and its launcher running.
-fn setup(name: &str) -> Cluster {
-    let c = Cluster::new(name);
-    init_extension(&c);
-    c
-}
-
 fn init_extension(c: &Cluster) {
     c.execute("CREATE EXTENSION pg_tide");
     c.wait_until(
@@ -148,20 +141,6 @@ fn events(c: &Cluster, pipeline: &str, relation: &str) -> Vec<String> {
 
 fn inserts(ids: impl IntoIterator<Item = i32>) -> Vec<String> {
     ids.into_iter().map(|i| format!("insert:{i}")).collect()
-}
-
-/// Rows of a query rendered as text lines (for failure messages), at most `limit`.
-fn sample(c: &Cluster, sql: &str, limit: usize) -> String {
-    match c.try_query(&format!(
-        "SELECT row_to_json(q)::text FROM ({sql}) q LIMIT {limit}"
-    )) {
-        Ok(rows) => rows
-            .iter()
-            .map(|r| r.get::<_, String>(0))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        Err(e) => format!("(query failed: {})", describe_error(&e)),
-    }
 }
 
 /// Assert that a query returns no rows; the failure shows up to 20 of them.
