@@ -12,15 +12,17 @@
 //!   `INSERT ... SELECT FROM jsonb_populate_recordset ... ON CONFLICT (key) DO UPDATE` as long as
 //!   no key repeats; deletes one `DELETE ... USING`. A repeated key, a delete after upserts of
 //!   the same table or the other way round, or another column set, closes the table's run
-//!   first. Every event is applied (none is merged into another). Tables are independent in a target transaction, so statements of different
-//!   tables may run in another order than the source's: what a reader sees at commit is the
-//!   same. (Constraints between target tables must therefore be `DEFERRABLE INITIALLY
+//!   first. Every upsert is applied (none is merged into another; a key deleted twice in one
+//!   run is deleted once). Tables are independent in a target transaction, so statements of
+//!   different tables may run in another order than the source's: what a reader sees at commit
+//!   is the same. (Constraints between target tables must therefore be `DEFERRABLE INITIALLY
 //!   DEFERRED`.)
 //! - Unchanged TOAST columns are left out of the statement: the target keeps its value.
 //! - Atomicity: local targets are written in the worker's transaction; remote targets in one
-//!   remote transaction per batch of whole source transactions, together with the applied
-//!   position (`<schema>.tide_applied`). A reader of the target never sees half of a source
-//!   transaction, across tables too.
+//!   remote transaction per batch of whole source transactions (two when a backfill chunk's rows
+//!   follow stream events in the batch: the events are committed first, see
+//!   `Sink::commit_early`), each together with the applied position (`<schema>.tide_applied`).
+//!   A reader of the target never sees half of a source transaction, across tables too.
 //! - Schema changes: before the first event that needs it, a new source column is added to the
 //!   target and a safe type widening is applied (`schema_changes = 'propagate'`, the default);
 //!   anything else — or any change under `schema_changes = 'pause'` — pauses the pipeline with
