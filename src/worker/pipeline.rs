@@ -545,7 +545,7 @@ fn stream(
                                 if sets.pending.remove(&relid) || sets.capturing.contains(&relid) {
                                     sets.capturing.insert(relid);
                                 } else {
-                                    // The plugin was not filtering for this table in this peek.
+                                    // The decoder's plugin was not filtering for this table.
                                     t.barrier = true;
                                 }
                                 if !t.skip {
