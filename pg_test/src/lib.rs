@@ -861,3 +861,65 @@ pub fn sample(c: &Cluster, sql: &str, limit: usize) -> String {
         Err(e) => format!("(query failed: {})", describe_error(&e)),
     }
 }
+
+/// `tide.wait_for_pipeline(name, secs)`, which must return true: panics with `diag()` (the
+/// calling suite's diagnostics) otherwise. Returns how long it took.
+#[track_caller]
+pub fn wait_for_pipeline(
+    c: &Cluster,
+    name: &str,
+    secs: u32,
+    diag: impl FnOnce() -> String,
+) -> Duration {
+    expect_true(
+        c,
+        "SELECT tide.wait_for_pipeline($1::text, $2::int4 * interval '1 second')",
+        &[&name, &(secs as i32)],
+        &format!("tide.wait_for_pipeline('{name}', '{secs} seconds')"),
+        diag,
+    )
+}
+
+/// `tide.wait_for_backfill(table, pipeline, secs)`, which must return true: panics with `diag()`
+/// otherwise. `pipeline` None lets the function find the table's pipeline. Returns how long it
+/// took.
+#[track_caller]
+pub fn wait_for_backfill(
+    c: &Cluster,
+    table: &str,
+    pipeline: Option<&str>,
+    secs: u32,
+    diag: impl FnOnce() -> String,
+) -> Duration {
+    expect_true(
+        c,
+        "SELECT tide.wait_for_backfill($1::text::regclass, $2::text, $3::int4 * interval '1 second')",
+        &[&table, &pipeline, &(secs as i32)],
+        &format!("tide.wait_for_backfill('{table}', {pipeline:?}, '{secs} seconds')"),
+        diag,
+    )
+}
+
+/// Run `sql`, a query of one boolean, which must return true; `what` names it in the panic.
+#[track_caller]
+fn expect_true(
+    c: &Cluster,
+    sql: &str,
+    params: &[&(dyn postgres::types::ToSql + Sync)],
+    what: &str,
+    diag: impl FnOnce() -> String,
+) -> Duration {
+    let t = Instant::now();
+    let res = c
+        .try_client()
+        .and_then(|mut cl| cl.query_one(sql, params).map(|r| r.get::<_, bool>(0)));
+    match res {
+        Ok(true) => t.elapsed(),
+        Ok(false) => panic!(
+            "{what} returned false after {:.1?}\n{}",
+            t.elapsed(),
+            diag()
+        ),
+        Err(e) => panic!("{what} failed: {}\n{}", describe_error(&e), diag()),
+    }
+}

@@ -89,39 +89,13 @@ fn add_table(c: &Cluster, pipeline: &str, table: &str, backfill: bool) {
 /// `tide.wait_for_pipeline`, which must return true within `secs`.
 #[track_caller]
 fn wait_pipeline(c: &Cluster, name: &str, secs: u32) {
-    let t = Instant::now();
-    let ok: bool = c.query_scalar(&format!(
-        "SELECT tide.wait_for_pipeline('{name}', '{secs} seconds')"
-    ));
-    if !ok {
-        panic!(
-            "tide.wait_for_pipeline('{name}', '{secs} seconds') returned false after {:.1?}\n{}",
-            t.elapsed(),
-            diag(c)
-        );
-    }
+    wait_for_pipeline(c, name, secs, || diag(c));
 }
 
 /// `tide.wait_for_backfill`, which must return true within `secs`. Returns how long it took.
 #[track_caller]
 fn wait_backfill(c: &Cluster, table: &str, secs: u32) -> Duration {
-    let t = Instant::now();
-    let res = c.try_query_scalar::<bool>(&format!(
-        "SELECT tide.wait_for_backfill('{table}', timeout => '{secs} seconds')"
-    ));
-    match res {
-        Ok(true) => t.elapsed(),
-        Ok(false) => panic!(
-            "tide.wait_for_backfill('{table}', '{secs} seconds') returned false after {:.1?}\n{}",
-            t.elapsed(),
-            diag(c)
-        ),
-        Err(e) => panic!(
-            "tide.wait_for_backfill('{table}') failed: {}\n{}",
-            describe_error(&e),
-            diag(c)
-        ),
-    }
+    wait_for_backfill(c, table, None, secs, || diag(c))
 }
 
 fn worker_pid(c: &Cluster, pipeline: &str) -> Option<i32> {

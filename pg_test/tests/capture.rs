@@ -81,17 +81,7 @@ fn wait_streaming(c: &Cluster, name: &str, timeout: Duration) {
 /// `tide.wait_for_pipeline`, which must return true within `secs`.
 #[track_caller]
 fn wait_pipeline(c: &Cluster, name: &str, secs: u32) {
-    let t = Instant::now();
-    let ok: bool = c.query_scalar(&format!(
-        "SELECT tide.wait_for_pipeline('{name}', '{secs} seconds')"
-    ));
-    if !ok {
-        panic!(
-            "tide.wait_for_pipeline('{name}', '{secs} seconds') returned false after {:.1?}\n{}",
-            t.elapsed(),
-            diag(c, name)
-        );
-    }
+    wait_for_pipeline(c, name, secs, || diag(c, name));
 }
 
 /// Poll without panicking; Err(message) on timeout.

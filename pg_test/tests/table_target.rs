@@ -103,43 +103,13 @@ fn exec(c: &Cluster, sql: &str) {
 /// `tide.wait_for_pipeline`, which must return true within `secs`. Returns how long it took.
 #[track_caller]
 fn wait_pipeline(c: &Cluster, name: &str, secs: u32) -> Duration {
-    let t = Instant::now();
-    match c.try_query_scalar::<bool>(&format!(
-        "SELECT tide.wait_for_pipeline('{name}', '{secs} seconds')"
-    )) {
-        Ok(true) => t.elapsed(),
-        Ok(false) => panic!(
-            "tide.wait_for_pipeline('{name}', '{secs} seconds') returned false after {:.1?}\n{}",
-            t.elapsed(),
-            diag(c)
-        ),
-        Err(e) => panic!(
-            "tide.wait_for_pipeline('{name}') failed: {}\n{}",
-            describe_error(&e),
-            diag(c)
-        ),
-    }
+    wait_for_pipeline(c, name, secs, || diag(c))
 }
 
 /// `tide.wait_for_backfill(table, pipeline)`, which must return true within `secs`.
 #[track_caller]
 fn wait_backfill(c: &Cluster, table: &str, pipeline: &str, secs: u32) -> Duration {
-    let t = Instant::now();
-    match c.try_query_scalar::<bool>(&format!(
-        "SELECT tide.wait_for_backfill('{table}', '{pipeline}', '{secs} seconds')"
-    )) {
-        Ok(true) => t.elapsed(),
-        Ok(false) => panic!(
-            "tide.wait_for_backfill('{table}', '{pipeline}', '{secs} seconds') returned false after {:.1?}\n{}",
-            t.elapsed(),
-            diag(c)
-        ),
-        Err(e) => panic!(
-            "tide.wait_for_backfill('{table}', '{pipeline}') failed: {}\n{}",
-            describe_error(&e),
-            diag(c)
-        ),
-    }
+    wait_for_backfill(c, table, Some(pipeline), secs, || diag(c))
 }
 
 fn worker_pid(c: &Cluster, pipeline: &str) -> Option<i32> {
