@@ -112,6 +112,60 @@ pub fn mark_capturing(
     Ok(())
 }
 
+/// The worker reached a transaction that rewrote a captured table's heap (table-rewriting
+/// `ALTER TABLE`), committed at `lsn`. Such a rewrite can change every row's values without a
+/// row event, so the rows the target already has may be stale: the table is read again.
+/// - An active backfill (queued, running or paused) starts over from the first key: chunks
+///   emitted before the rewrite are read again.
+/// - Otherwise, if the table was backfilled before (its last whole-table backfill is done), a new
+///   backfill is queued with the same owner, chunk size and throttle.
+/// - A table that was never backfilled only streams: the rewrite is logged and nothing is read.
+pub fn reread_after_rewrite(
+    c: &mut SpiClient<'_>,
+    pipeline: &str,
+    relid: u32,
+    lsn: &str,
+) -> TideResult<()> {
+    let note = format!(
+        "the table was rewritten at {lsn} (ALTER TABLE with a rewrite): reading it again from the start"
+    );
+    let restarted = c.update(
+        "UPDATE tide.backfill
+            SET last_key = NULL, read_complete = false, error = $3, remedy = NULL
+          WHERE pipeline = $1 AND relid = $2::int8::oid AND state IN ('queued', 'running', 'paused')
+          RETURNING id",
+        None,
+        &[pipeline.into(), (relid as i64).into(), note.clone().into()],
+    )?;
+    if let Some(id) = crate::sql::first::<i64>(restarted)? {
+        pgrx::log!("pg_tide worker \"{pipeline}\": backfill {id}: {note}");
+        return Ok(());
+    }
+    let queued = c.update(
+        "INSERT INTO tide.backfill (pipeline, relid, relation, key_columns, owner, generation, chunk_size,
+                                   rows_per_second, estimated_rows, error)
+         SELECT b.pipeline, b.relid, b.relation, t.key_columns, b.owner,
+                (SELECT max(generation) FROM tide.backfill WHERE pipeline = $1 AND relid = b.relid) + 1,
+                b.chunk_size, b.rows_per_second,
+                (SELECT CASE WHEN reltuples >= 0 THEN reltuples::int8 END FROM pg_class WHERE oid = b.relid), $3
+           FROM tide.backfill b
+           JOIN tide.pipeline_table t ON t.pipeline = b.pipeline AND t.relid = b.relid
+          WHERE b.pipeline = $1 AND b.relid = $2::int8::oid AND b.state = 'done'
+            AND b.condition IS NULL AND b.repair_deletes IS NULL
+          ORDER BY b.id DESC LIMIT 1
+         RETURNING id",
+        None,
+        &[pipeline.into(), (relid as i64).into(), note.clone().into()],
+    )?;
+    match crate::sql::first::<i64>(queued)? {
+        Some(id) => pgrx::log!("pg_tide worker \"{pipeline}\": backfill {id} queued: {note}"),
+        None => pgrx::log!(
+            "pg_tide worker \"{pipeline}\": table {relid} was rewritten at {lsn}; it was never backfilled, so rows already at the target keep the values they had (start a backfill to read them again)"
+        ),
+    }
+    Ok(())
+}
+
 /// The worker reached a table's remove marker: forget the table (unless it was re-added since).
 pub fn forget_removed(c: &mut SpiClient<'_>, pipeline: &str, relid: u32) -> TideResult<()> {
     c.update(

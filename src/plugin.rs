@@ -13,6 +13,9 @@
 //!   follows every relcache invalidation of it, so every change is read with the shape it was
 //!   written with (DDL does not stop the stream).
 //! - An unchanged TOAST value is sent as "unchanged", never as a placeholder or a stale value.
+//! - A transaction that rewrites an emitted relation's heap (table-rewriting `ALTER TABLE`) sends
+//!   one `Rewrite` message for it, at the position of its first rewritten row: the rows of a
+//!   rewrite are not decoded as changes of the table, yet may all have new values.
 //! - Values are the type's text output, produced under a per-change memory context that is reset
 //!   after each change, so memory does not grow with transaction size.
 
@@ -45,6 +48,8 @@ struct PluginState {
     /// transaction reported (emitted or keepalive).
     skipped: u32,
     reported_end: u64,
+    /// Relations whose rewrite the current transaction has reported (or found not wanted).
+    rewritten: HashSet<pg_sys::Oid>,
 }
 
 /// A Keepalive is written after this many skipped transactions...
@@ -109,7 +114,7 @@ fn option_string(def: *mut pg_sys::DefElem) -> (String, String) {
 
 fn invalid_option(message: String) -> ! {
     crate::error::TideError::invalid(message)
-        .hint("pg_tide accepts the options proto_version ('1') and tables (comma-separated relation OIDs).")
+        .hint("pg_tide accepts the options proto_version ('2') and tables (comma-separated relation OIDs).")
         .raise()
 }
 
@@ -121,7 +126,10 @@ unsafe extern "C-unwind" fn startup(
 ) {
     unsafe {
         (*opt).output_type = pg_sys::OutputPluginOutputType::OUTPUT_PLUGIN_BINARY_OUTPUT;
-        (*opt).receive_rewrites = false;
+        // The rows a table-rewriting ALTER TABLE writes into the new heap come to `change` on a
+        // transient relation whose `relrewrite` names the table; `change` reports each rewrite
+        // once as a `Rewrite` message.
+        (*opt).receive_rewrites = true;
 
         let mut tables = None;
         let list = (*ctx).output_plugin_options;
@@ -182,6 +190,7 @@ unsafe extern "C-unwind" fn startup(
             tide_namespace,
             skipped: 0,
             reported_end: 0,
+            rewritten: HashSet::new(),
         });
         (*ctx).output_plugin_private = Box::into_raw(state) as *mut std::ffi::c_void;
 
@@ -248,7 +257,11 @@ unsafe extern "C-unwind" fn begin(
     ctx: *mut pg_sys::LogicalDecodingContext,
     _txn: *mut pg_sys::ReorderBufferTXN,
 ) {
-    unsafe { state(ctx).begun = false };
+    unsafe {
+        let st = state(ctx);
+        st.begun = false;
+        st.rewritten.clear();
+    }
 }
 
 #[pg_guard]
@@ -443,6 +456,11 @@ unsafe extern "C-unwind" fn change(
 ) {
     unsafe {
         let st = state(ctx);
+        let rewrite_of = (*(*rel).rd_rel).relrewrite;
+        if rewrite_of != pg_sys::InvalidOid {
+            report_rewrite(ctx, st, txn, rewrite_of);
+            return;
+        }
         if !wanted(st, rel) {
             return;
         }
@@ -487,6 +505,41 @@ unsafe extern "C-unwind" fn change(
         }
         pg_sys::MemoryContextSwitchTo(old_cx);
         pg_sys::MemoryContextReset(st.change_cx);
+    }
+}
+
+/// A row written by a heap rewrite of `relid`: send one `Rewrite` message per transaction if the
+/// relation is emitted.
+unsafe fn report_rewrite(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    st: &mut PluginState,
+    txn: *mut pg_sys::ReorderBufferTXN,
+    relid: pg_sys::Oid,
+) {
+    unsafe {
+        if !st.rewritten.insert(relid) {
+            return;
+        }
+        let want = match &st.tables {
+            Some(set) => set.contains(&relid),
+            None => {
+                // Opened under the decoding's historic snapshot, like `rel` itself.
+                let orig = pg_sys::RelationIdGetRelation(relid);
+                if orig.is_null() {
+                    false
+                } else {
+                    let w = wanted(st, orig);
+                    pg_sys::RelationClose(orig);
+                    w
+                }
+            }
+        };
+        if !want {
+            return;
+        }
+        ensure_begun(ctx, st, txn);
+        wire::put_rewrite(&mut st.buf, relid.to_u32());
+        flush(ctx, st, true);
     }
 }
 

@@ -714,6 +714,14 @@ fn convergence_under_concurrent_writes_with_kill9() {
             break;
         }
         run = spawn_pgbench(&c, &script, 4, 120, Some(WRITE_TPS));
+        if k == 1 {
+            // Table rewrites while the backfills run and the writers go on: VACUUM FULL of the
+            // table being backfilled (a new relation file, the same rows: its chunks must
+            // neither stop early nor skip rows) and a rewriting ALTER COLUMN TYPE of a table
+            // whose backfill is queued (the worker answers it by reading that table again).
+            c.execute("VACUUM FULL t_int");
+            c.execute("ALTER TABLE t_uuid ALTER COLUMN v TYPE bigint");
+        }
     }
     // Keep writing, in bounded rounds, until every backfill is done.
     let mut rounds = 0;

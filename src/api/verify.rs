@@ -15,6 +15,15 @@
 //! Results are kept in `tide.verification` (one row per run) and `tide.verification_range`
 //! (the differing ranges, with the extra keys `tide.repair` needs).
 //!
+//! Table rewrites (PostgreSQL's "MVCC caveat": after TRUNCATE or a table-rewriting ALTER TABLE,
+//! a snapshot taken before the rewrite committed sees the table empty): every read here takes
+//! its snapshot while the table it reads is locked. The source is locked (ACCESS SHARE) for the
+//! whole call, so a rewrite of it waits for the verification, like for any long SELECT; a local
+//! target is locked before each of its reads takes its snapshot (the read's own lock then lasts
+//! to the end of the call, as for any SELECT in a transaction, so the worker's schema changes at
+//! the target wait for the verification). The remote target is read by one statement, which
+//! PostgreSQL locks before taking its snapshot.
+//!
 //! Known limit: the calling statement's own snapshot is held for the whole call (PostgreSQL
 //! keeps the snapshot of a running statement); each range's reads take fresh snapshots.
 
@@ -62,6 +71,8 @@ struct Ctx {
     /// sides, so a target with another collation pages the same way as the source.
     collatable: HashSet<String>,
     remote: Option<RemoteSink>,
+    /// The local target table (locked around each read), `None` for a remote target.
+    local_target: Option<pg_sys::Oid>,
 }
 
 impl Ctx {
@@ -146,6 +157,9 @@ fn setup(
     allow_running_backfill: bool,
 ) -> TideResult<Ctx> {
     check_server()?;
+    // Held to the end of the transaction: every source read below takes a fresh snapshot after
+    // this, so none of them can see a rewritten source as empty.
+    unsafe { pg_sys::LockRelationOid(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
     let pipeline = resolve_pipeline(relid, pipeline)?;
     let source = relation_name(relid)?;
     let (target, options) = sql::two::<String, String>(
@@ -234,6 +248,11 @@ fn setup(
     } else {
         None
     };
+    let local_target = if remote.is_none() {
+        sql::one::<pg_sys::Oid>("SELECT to_regclass($1)::oid", &[target.clone().into()])?
+    } else {
+        None
+    };
     for (k, v) in SETTINGS {
         sql::one::<String>(
             "SELECT set_config($1, $2, true)",
@@ -241,6 +260,7 @@ fn setup(
         )?;
     }
     Ok(Ctx {
+        local_target,
         collatable,
         pipeline,
         relid,
@@ -307,7 +327,17 @@ fn read_target(ctx: &Ctx, from: Option<&[String]>, to: Option<&[String]>) -> Tid
         Some(r) => remote_read(r, &ctx.target, q, params)?,
         None => {
             let args: Vec<Option<&str>> = params.iter().map(|s| Some(s.as_str())).collect();
-            sql::text_rows(&q, &args, 0, true)?
+            // Lock before the read's snapshot, so a rewrite of the target by the worker's schema
+            // propagation cannot make it look empty (the read's own lock outlives this one).
+            let lockmode = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+            if let Some(oid) = ctx.local_target {
+                unsafe { pg_sys::LockRelationOid(oid, lockmode) };
+            }
+            let rows = sql::text_rows(&q, &args, 0, true);
+            if let Some(oid) = ctx.local_target {
+                unsafe { pg_sys::UnlockRelationOid(oid, lockmode) };
+            }
+            rows?
         }
     };
     Ok(rows

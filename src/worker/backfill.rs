@@ -21,7 +21,7 @@ use crate::error::{TideError, TideResult};
 use crate::sink::{Event, Sink};
 use crate::sql;
 use crate::worker::pipeline::{OwnedColumn, Txn};
-use crate::worker::tx;
+use crate::worker::tx::{self, Locked};
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use std::collections::HashSet;
@@ -111,6 +111,16 @@ impl Backfiller {
             self.reconciler.drop_key(p.watermark, &key);
         } else {
             self.reconciler.on_change(&relid, &key);
+        }
+    }
+
+    /// A heap rewrite of a captured table, in stream order (its transaction's commit lies after
+    /// every high watermark already seen). A chunk of the table still waiting for its high
+    /// watermark may hold rows from before or after the rewrite: it is dropped, and the table is
+    /// read again from the start (`catalog::reread_after_rewrite`, in the same transaction).
+    pub fn on_rewrite(&mut self, relid: u32) {
+        if self.pending.as_ref().is_some_and(|p| p.relid == relid) {
+            self.forget();
         }
     }
 
@@ -254,9 +264,24 @@ impl Backfiller {
             return Ok(());
         };
         let started = Instant::now();
-        let read = tx::run(|| read_chunk(pipeline, &job));
+        // The table's lock before the chunk's snapshot (see `tx::run_locked`).
+        let read = match tx::run_locked(pg_sys::Oid::from(job.relid), || {
+            read_chunk(pipeline, &job)
+        }) {
+            Ok(Locked::Ran(r)) => Ok(r),
+            Ok(Locked::Busy) => Err(TideError::new(
+                pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
+                "the table is locked by another transaction (for example a table-rewriting ALTER TABLE, TRUNCATE, VACUUM FULL or CLUSTER, or a statement waiting for such a lock)",
+            )
+            .hint("The chunk is read once the lock is released; the stream keeps flowing meanwhile. Nothing is lost.")
+            .retry_later()),
+            Err(e) => Err(e),
+        };
         let read = match read {
-            Ok(r) => r,
+            Ok(r) => {
+                self.waiting_noted = None;
+                r
+            }
             Err(e) if e.retry => {
                 // Nothing was read: the low watermark alone is ignored by the stream. Say why
                 // in tide.backfills (once; the next emitted chunk clears it).
@@ -612,6 +637,27 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
                 .map_err(|e| TideError::internal(format!("cannot render a key to delete: {e}")))?;
             deletes.push(key);
         }
+    }
+    // Defence in depth: the chunk must have read the relation file its snapshot knows. The lock
+    // taken before the snapshot guarantees it; if it ever did not hold (a rewrite committed after
+    // the snapshot, so the rows read — possibly none — come from a file the snapshot cannot see
+    // into), a short chunk would end the backfill with rows never read. Read it again instead.
+    let (seen, current) = sql::two::<i64, i64>(
+        "SELECT relfilenode::int8, pg_relation_filenode(oid)::int8 FROM pg_class WHERE oid = $1::int8::oid",
+        &[(job.relid as i64).into()],
+    )?;
+    if seen != current {
+        pgrx::log!(
+            "pg_tide worker \"{pipeline}\": {relation} was rewritten while chunk {} of backfill {} was read (file {seen:?} in its snapshot, now {current:?}); reading the chunk again",
+            job.chunk_no,
+            job.backfill_id
+        );
+        return Err(TideError::new(
+            pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+            format!("{relation} was rewritten while a chunk was read"),
+        )
+        .hint("The chunk is read again; nothing was emitted from it.")
+        .retry_later());
     }
     Spi::connect_mut(|c| -> TideResult<()> {
         c.update(

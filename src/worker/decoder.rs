@@ -158,7 +158,7 @@ impl Decoder {
             let _restore = RestoreContext(old);
             let mut options = std::ptr::null_mut::<pg_sys::List>();
             for (name, value) in [
-                (c"proto_version", c"1".as_ptr()),
+                (c"proto_version", c"2".as_ptr()),
                 (c"tables", filter_c.as_ptr()),
             ] {
                 let def = pg_sys::makeDefElem(

@@ -478,6 +478,8 @@ fn stream(
     };
     let mut marks: Vec<(u32, Lsn)> = Vec::new();
     let mut removals: Vec<u32> = Vec::new();
+    // Captured tables rewritten by a transaction of this batch, with its commit LSN.
+    let mut rewrites: Vec<(u32, Lsn)> = Vec::new();
     let mut stopped = false;
     let mut high = applied.max(confirmed);
     let mut txn: Option<Txn> = None;
@@ -688,6 +690,16 @@ fn stream(
                         break 'fetch;
                     }
                 }
+                Message::Rewrite { relid } => {
+                    if let Some(t) = txn.as_mut() {
+                        if !t.skip && sets.capturing.contains(&relid) {
+                            // Every row may have new values that no row event carries: the
+                            // table is read again (after this transaction, in stream order).
+                            bf.on_rewrite(relid);
+                            rewrites.push((relid, t.lsn));
+                        }
+                    }
+                }
                 Message::Keepalive { end_lsn } => {
                     if txn.is_none() {
                         high = high.max(end_lsn);
@@ -710,6 +722,9 @@ fn stream(
     }
     for (relid, lsn) in &marks {
         catalog::mark_capturing(c, &p.name, *relid, &lsn.to_string())?;
+    }
+    for (relid, lsn) in &rewrites {
+        catalog::reread_after_rewrite(c, &p.name, *relid, &lsn.to_string())?;
     }
     if let Some((end, time)) = last_applied {
         catalog::record_applied(c, &p.name, &end.to_string(), Some(time))?;

@@ -11,6 +11,7 @@ use pgrx::pg_sys;
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::PgTryBuilder;
 
+
 /// Run `body` in its own transaction with a fresh snapshot. Commits on `Ok`, aborts on `Err`,
 /// on a PostgreSQL ERROR or on a panic.
 pub fn run<R>(body: impl FnOnce() -> Result<R, TideError>) -> Result<R, TideError> {
@@ -19,6 +20,47 @@ pub fn run<R>(body: impl FnOnce() -> Result<R, TideError>) -> Result<R, TideErro
         pg_sys::StartTransactionCommand();
         pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
     }
+    finish(body)
+}
+
+/// What [`run_locked`] did.
+pub enum Locked<R> {
+    /// The lock was taken before the snapshot, and `body` ran (and committed).
+    Ran(R),
+    /// Another transaction holds or waits for a conflicting lock (typically a table-rewriting
+    /// `ALTER TABLE`, `TRUNCATE`, `VACUUM FULL` or `CLUSTER`); nothing ran.
+    Busy,
+}
+
+/// Like [`run`], but the transaction takes `AccessShareLock` on `relid` **before** its
+/// snapshot exists, and holds it to the end.
+///
+/// PostgreSQL's "MVCC caveat": after TRUNCATE or a table-rewriting DDL, the table looks empty to
+/// a snapshot taken before the rewrite committed. A snapshot taken while the lock is held is
+/// safe: a rewrite either committed before the lock was granted (locks are released after the
+/// commit becomes visible, so the snapshot sees it) or waits for this transaction to end. The
+/// lock is only tried (`ConditionalLockRelationOid`): when a rewrite holds or waits for ACCESS
+/// EXCLUSIVE the worker does not wait behind it (the stream keeps flowing); the caller tries
+/// again later.
+pub fn run_locked<R>(
+    relid: pg_sys::Oid,
+    body: impl FnOnce() -> Result<R, TideError>,
+) -> Result<Locked<R>, TideError> {
+    unsafe {
+        pg_sys::SetCurrentStatementStartTimestamp();
+        pg_sys::StartTransactionCommand();
+        // Taking a lock needs no snapshot; acquiring it also processes the invalidations of a
+        // rewrite that committed meanwhile, so the relcache sees the new relation file.
+        if !pg_sys::ConditionalLockRelationOid(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) {
+            pg_sys::AbortCurrentTransaction();
+            return Ok(Locked::Busy);
+        }
+        pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+    }
+    finish(body).map(Locked::Ran)
+}
+
+fn finish<R>(body: impl FnOnce() -> Result<R, TideError>) -> Result<R, TideError> {
     let outcome = PgTryBuilder::new(std::panic::AssertUnwindSafe(body))
         .catch_others(|caught| Err(from_caught(caught)))
         .catch_rust_panic(|caught| Err(from_caught(caught)))

@@ -1,6 +1,6 @@
 //! The binary format between the output plugin and the worker.
 //!
-//! Owns the version-1 encoding of one logical-decoding message (see
+//! Owns the version-2 encoding of one logical-decoding message (see
 //! `docs/wire-format.md`, which this module implements). Guarantees:
 //!
 //! * the `put_*` functions are the only encoder; [`encode`] is built from
@@ -16,7 +16,7 @@ use std::fmt;
 
 /// The format version implemented here; the plugin option `proto_version`
 /// must be exactly this number.
-pub const PROTO_VERSION: u32 = 1;
+pub const PROTO_VERSION: u32 = 2;
 
 /// [`Column::flags`] bit: the column is part of the replica-identity key.
 pub const COLUMN_KEY: u8 = 0x01;
@@ -34,6 +34,7 @@ const TAG_DELETE: u8 = b'D';
 const TAG_TRUNCATE: u8 = b'T';
 const TAG_SIGNAL: u8 = b'M';
 const TAG_KEEPALIVE: u8 = b'K';
+const TAG_REWRITE: u8 = b'W';
 const KIND_NULL: u8 = b'n';
 const KIND_UNCHANGED: u8 = b'u';
 const KIND_TEXT: u8 = b't';
@@ -124,6 +125,15 @@ pub enum Message<'a> {
     Keepalive {
         /// End of the last skipped transaction's commit record.
         end_lsn: Lsn,
+    },
+    /// Inside a transaction: the transaction rewrote the relation's heap
+    /// (a table-rewriting `ALTER TABLE`: `ALTER COLUMN ... TYPE`, `ADD
+    /// COLUMN` with a volatile default, ...), which may have changed every
+    /// row's values without any row change being decoded. Sent once per
+    /// relation and transaction, at the position of its first rewritten row.
+    Rewrite {
+        /// Relation OID of the rewritten table.
+        relid: u32,
     },
 }
 
@@ -272,6 +282,12 @@ pub fn put_keepalive(buf: &mut Vec<u8>, end_lsn: Lsn) {
     put_u64(buf, end_lsn.0);
 }
 
+/// Writes a [`Message::Rewrite`].
+pub fn put_rewrite(buf: &mut Vec<u8>, relid: u32) {
+    put_u8(buf, TAG_REWRITE);
+    put_u32(buf, relid);
+}
+
 /// Starts a tuple; exactly `ncols` values ([`put_null`], [`put_unchanged`],
 /// [`put_text`]) must follow.
 pub fn put_tuple_header(buf: &mut Vec<u8>, ncols: u16) {
@@ -366,6 +382,7 @@ pub fn encode(msg: &Message<'_>, buf: &mut Vec<u8>) {
         Message::Truncate { flags, relids } => put_truncate(buf, *flags, relids),
         Message::Signal { body } => put_signal(buf, body),
         Message::Keepalive { end_lsn } => put_keepalive(buf, *end_lsn),
+        Message::Rewrite { relid } => put_rewrite(buf, *relid),
     }
 }
 
@@ -633,6 +650,9 @@ impl<'a> Reader<'a> {
             TAG_KEEPALIVE => Message::Keepalive {
                 end_lsn: self.lsn("keepalive end lsn")?,
             },
+            TAG_REWRITE => Message::Rewrite {
+                relid: self.u32("rewritten relid")?,
+            },
             tag => return Err(DecodeError::UnknownTag { tag }),
         };
         Ok(msg)
@@ -802,6 +822,14 @@ mod tests {
             flags: 0,
             relids: vec![],
         });
+    }
+
+    #[test]
+    fn rewrite_layout() {
+        let buf = roundtrip(&Message::Rewrite { relid: 0x0102_0304 });
+        assert_eq!(buf, [b'W', 1, 2, 3, 4]);
+        assert!(decode(&[b'W', 1, 2, 3]).is_err(), "a short Rewrite is rejected");
+        assert!(decode(&[b'W', 1, 2, 3, 4, 5]).is_err(), "trailing bytes are rejected");
     }
 
     /// The example in docs/wire-format.md, byte for byte.
@@ -1001,6 +1029,7 @@ mod tests {
                 body: &*Box::leak(b.into_boxed_slice())
             }),
             any::<u64>().prop_map(|l| Message::Keepalive { end_lsn: Lsn(l) }),
+            any::<u32>().prop_map(|relid| Message::Rewrite { relid }),
         ]
     }
 
