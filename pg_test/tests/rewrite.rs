@@ -187,7 +187,12 @@ fn assert_backfills_whole(c: &Cluster, table: &str) {
     let not_done: i64 = c.query_scalar(&format!(
         "SELECT count(*) FROM tide.backfills WHERE source = '{table}'::regclass AND state <> 'done'"
     ));
-    assert_eq!(not_done, 0, "a backfill of {table} is not done\n{}", diag(c));
+    assert_eq!(
+        not_done,
+        0,
+        "a backfill of {table} is not done\n{}",
+        diag(c)
+    );
     let short_mid: i64 = c.query_scalar(&format!(
         "SELECT count(*) FROM tide.chunks ch JOIN tide.backfills b ON b.id = ch.backfill_id
           WHERE b.source = '{table}'::regclass AND ch.rows_read < b.chunk_size
@@ -259,7 +264,10 @@ fn rewrite_case(name: &str, ddl: impl Fn(&str) -> String) {
     wait_chunks(&c, &["o", "t"], 3);
     let started = Instant::now();
     hold_rewrite(&c, &["o", "t"], &format!("{}; {}", ddl("o"), ddl("t")));
-    eprintln!("rewrite {name} held and committed in {:.1?}", started.elapsed());
+    eprintln!(
+        "rewrite {name} held and committed in {:.1?}",
+        started.elapsed()
+    );
     std::thread::sleep(Duration::from_millis(1000));
     stop.store(true, Ordering::SeqCst);
     let rounds = writer.join().expect("writer");
@@ -395,9 +403,7 @@ fn verify_and_repair_during_rewrite() {
     // is held, so a chunk whose snapshot predates the rewrite would see the table empty and
     // delete all 50 at its high watermark.
     c.execute("UPDATE tide.backfill SET rows_per_second = NULL");
-    c.execute(
-        "INSERT INTO replica.t SELECT g, 7, 'extra' FROM generate_series(100001, 100050) g",
-    );
+    c.execute("INSERT INTO replica.t SELECT g, 7, 'extra' FROM generate_series(100001, 100050) g");
     let extra: i64 =
         c.query_scalar("SELECT extra FROM tide.verify('t', 'pt') WHERE kind LIKE 'summary%'");
     assert_eq!(extra, 50, "verify did not find the 50 extra rows");
@@ -416,13 +422,21 @@ fn verify_and_repair_during_rewrite() {
     let repairs: i64 = c.query_scalar(
         "SELECT count(*) FROM tide.backfill WHERE repair_deletes IS NOT NULL AND state IN ('queued', 'running')",
     );
-    assert_eq!(repairs, 1, "the repair did not queue a backfill\n{}", diag(&c));
+    assert_eq!(
+        repairs,
+        1,
+        "the repair did not queue a backfill\n{}",
+        diag(&c)
+    );
     let mut blocker = connect(&c);
     blocker
         .batch_execute("BEGIN; LOCK TABLE t IN ACCESS SHARE MODE")
         .expect("blocker");
     let mut ddl2 = connect(&c);
-    let ddl_pid: i32 = ddl2.query_one("SELECT pg_backend_pid()", &[]).expect("pid").get(0);
+    let ddl_pid: i32 = ddl2
+        .query_one("SELECT pg_backend_pid()", &[])
+        .expect("pid")
+        .get(0);
     let runner =
         std::thread::spawn(move || ddl2.batch_execute("ALTER TABLE t ALTER COLUMN v TYPE numeric"));
     c.wait_until(
@@ -435,7 +449,9 @@ fn verify_and_repair_during_rewrite() {
             ))?)
         },
     );
-    signal_lock.batch_execute("COMMIT").expect("release the signal row");
+    signal_lock
+        .batch_execute("COMMIT")
+        .expect("release the signal row");
     std::thread::sleep(Duration::from_millis(1500));
     blocker.batch_execute("COMMIT").expect("blocker commit");
     runner

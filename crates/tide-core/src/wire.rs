@@ -828,8 +828,14 @@ mod tests {
     fn rewrite_layout() {
         let buf = roundtrip(&Message::Rewrite { relid: 0x0102_0304 });
         assert_eq!(buf, [b'W', 1, 2, 3, 4]);
-        assert!(decode(&[b'W', 1, 2, 3]).is_err(), "a short Rewrite is rejected");
-        assert!(decode(&[b'W', 1, 2, 3, 4, 5]).is_err(), "trailing bytes are rejected");
+        assert!(
+            decode(&[b'W', 1, 2, 3]).is_err(),
+            "a short Rewrite is rejected"
+        );
+        assert!(
+            decode(&[b'W', 1, 2, 3, 4, 5]).is_err(),
+            "trailing bytes are rejected"
+        );
     }
 
     /// The example in docs/wire-format.md, byte for byte.
