@@ -119,13 +119,14 @@ pub fn mark_capturing(
 ///   emitted before the rewrite are read again.
 /// - Otherwise, if the table was backfilled before (its last whole-table backfill is done), a new
 ///   backfill is queued with the same owner, chunk size and throttle.
-/// - A table that was never backfilled only streams: the rewrite is logged and nothing is read.
+/// - A table that was never backfilled only streams: nothing is read.
+/// Returns a line for the server log saying which.
 pub fn reread_after_rewrite(
     c: &mut SpiClient<'_>,
     pipeline: &str,
     relid: u32,
     lsn: &str,
-) -> TideResult<()> {
+) -> TideResult<String> {
     let note = format!(
         "the table was rewritten at {lsn} (ALTER TABLE with a rewrite): reading it again from the start"
     );
@@ -138,8 +139,7 @@ pub fn reread_after_rewrite(
         &[pipeline.into(), (relid as i64).into(), note.clone().into()],
     )?;
     if let Some(id) = crate::sql::first::<i64>(restarted)? {
-        pgrx::log!("pg_tide worker \"{pipeline}\": backfill {id}: {note}");
-        return Ok(());
+        return Ok(format!("backfill {id}: {note}"));
     }
     let queued = c.update(
         "INSERT INTO tide.backfill (pipeline, relid, relation, key_columns, owner, generation, chunk_size,
@@ -157,13 +157,12 @@ pub fn reread_after_rewrite(
         None,
         &[pipeline.into(), (relid as i64).into(), note.clone().into()],
     )?;
-    match crate::sql::first::<i64>(queued)? {
-        Some(id) => pgrx::log!("pg_tide worker \"{pipeline}\": backfill {id} queued: {note}"),
-        None => pgrx::log!(
-            "pg_tide worker \"{pipeline}\": table {relid} was rewritten at {lsn}; it was never backfilled, so rows already at the target keep the values they had (start a backfill to read them again)"
+    Ok(match crate::sql::first::<i64>(queued)? {
+        Some(id) => format!("backfill {id} queued: {note}"),
+        None => format!(
+            "table {relid} was rewritten at {lsn}; it was never backfilled, so rows already at the target keep the values they had (start a backfill to read them again)"
         ),
-    }
-    Ok(())
+    })
 }
 
 /// The worker reached a table's remove marker: forget the table (unless it was re-added since).

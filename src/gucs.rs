@@ -18,6 +18,8 @@ pub static BATCH_EVENTS: GucSetting<i32> = GucSetting::<i32>::new(5000);
 pub static SNAPSHOT_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 /// `tide.max_retry_delay`: cap (s) of the exponential back-off after a failed worker iteration.
 pub static MAX_RETRY_DELAY_S: GucSetting<i32> = GucSetting::<i32>::new(30);
+/// Longest a backfill chunk's SELECT (with its condition) may run, in milliseconds.
+pub static CHUNK_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(5000);
 
 pub fn init() {
     GucRegistry::define_string_guc(
@@ -35,6 +37,16 @@ pub fn init() {
         &POLL_INTERVAL_MS,
         1,
         60_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"tide.chunk_timeout",
+        c"Longest a backfill chunk's SELECT may run before the backfill fails.",
+        c"The stream waits while a chunk is read, so a slow condition must not hold it: past this time the chunk is cancelled and the backfill fails with the reason. Raise it, or give the condition an index, for very selective conditions on large tables.",
+        &CHUNK_TIMEOUT_MS,
+        10,
+        3_600_000,
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );

@@ -82,6 +82,18 @@ CREATE TABLE tide.signal (
 COMMENT ON TABLE tide.signal IS 'Watermark writes of the backfill (low/high per chunk). Written only by pg_tide workers.';
 CREATE SEQUENCE tide.watermark_seq;
 
+-- Markers: add_table/remove_table write a row here (and delete it in the same transaction), so
+-- the worker meets the marker exactly at that transaction's commit position in the stream. Only
+-- pg_tide can write this table, so a marker cannot be forged (a logical message could be: any
+-- role may call pg_logical_emit_message).
+CREATE TABLE tide.marker (
+    id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    pipeline  text NOT NULL,
+    op        text NOT NULL CHECK (op IN ('add_table', 'remove_table')),
+    relid     oid NOT NULL
+);
+COMMENT ON TABLE tide.marker IS 'add_table/remove_table markers, decoded by the worker at their commit position. Written only by pg_tide.';
+
 -- Backfills: one row per (re-)seed of a table for a pipeline.
 CREATE TABLE tide.backfill (
     id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -174,6 +186,17 @@ CREATE TABLE tide.chunk (
 
 extension_sql!(
     r#"
+-- Whether the current user may see a pipeline owned by role `owner`: its owner, a member of the
+-- owning role, or a superuser (RLS-style filtering of every view below).
+CREATE FUNCTION tide._visible(owner name) RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
+                    WHERE r.rolname = current_user AND r.rolsuper)
+        OR EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
+                    WHERE r.rolname = owner AND pg_catalog.pg_has_role(r.oid, 'MEMBER'))
+$$;
+COMMENT ON FUNCTION tide._visible(name) IS 'pg_tide internal: may the current user see pipelines owned by this role?';
+
 CREATE VIEW tide.pipelines AS
 SELECT p.name,
        p.target,
@@ -197,26 +220,35 @@ SELECT p.name,
        coalesce(w.txns, 0)                                            AS transactions_applied,
        w.started_at                                                   AS worker_started_at,
        (SELECT count(*) FROM tide.pipeline_table t WHERE t.pipeline = p.name) AS tables,
-       p.last_error,
+       -- (the error can show row values: only for viewers who may SELECT every captured table)
+       CASE WHEN p.last_error IS NULL
+              OR NOT EXISTS (SELECT 1 FROM tide.pipeline_table t
+                              WHERE t.pipeline = p.name
+                                AND NOT coalesce(has_table_privilege(t.relid, 'SELECT'), true))
+            THEN p.last_error
+            ELSE 'hidden: the error may show values of a table you cannot SELECT' END AS last_error,
        p.last_error_sqlstate,
        p.last_error_at,
        p.remedy,
        p.created_at
   FROM tide.pipeline p
   LEFT JOIN pg_replication_slots s ON s.slot_name = p.slot_name
-  LEFT JOIN tide._worker_status() w ON w.pipeline = p.name;
+  LEFT JOIN tide._worker_status() w ON w.pipeline = p.name
+ WHERE tide._visible(p.owner);
 COMMENT ON VIEW tide.pipelines IS 'One row per pipeline: is it healthy, how far behind, and why not.';
 
 CREATE VIEW tide.tables AS
 SELECT t.pipeline, t.relation, t.relid::regclass AS source, t.key_columns, t.added_at, t.added_lsn,
        CASE WHEN t.removing THEN 'removing' WHEN t.added_lsn IS NULL THEN 'pending' ELSE 'capturing' END AS state
-  FROM tide.pipeline_table t;
+  FROM tide.pipeline_table t
+ WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = t.pipeline));
 COMMENT ON VIEW tide.tables IS 'Tables captured by each pipeline: pending until the worker reaches the add_table point in the stream, then capturing; removing until it reaches the remove_table point.';
 
 CREATE VIEW tide.backfills AS
 SELECT b.id, b.pipeline, b.relation, b.relid::regclass AS source, b.state, b.generation, b.chunk_size,
        b.rows_per_second, b.condition, b.chunks_done, b.rows_read, b.rows_dropped, b.rows_emitted,
-       b.last_key, b.estimated_rows,
+       CASE WHEN coalesce(has_table_privilege(b.relid, 'SELECT'), false) THEN b.last_key END AS last_key,
+       b.estimated_rows,
        CASE WHEN b.state = 'done' THEN 1.0
             WHEN coalesce(b.estimated_rows, 0) <= 0 THEN NULL
             ELSE least(1.0, b.rows_read::float8 / b.estimated_rows) END          AS fraction_done,
@@ -224,20 +256,28 @@ SELECT b.id, b.pipeline, b.relation, b.relid::regclass AS source, b.state, b.gen
        CASE WHEN b.state IN ('running', 'queued') AND r.rows_per_second_now > 0 AND b.estimated_rows IS NOT NULL
             THEN make_interval(secs => greatest(0, b.estimated_rows - b.rows_read) / r.rows_per_second_now) END
                                                                                    AS estimated_time_left,
-       b.created_at, b.started_at, b.finished_at, b.finished_lsn, b.error, b.remedy
+       b.created_at, b.started_at, b.finished_at, b.finished_lsn,
+       CASE WHEN b.error IS NULL OR coalesce(has_table_privilege(b.relid, 'SELECT'), false) THEN b.error
+            ELSE 'hidden: the error may show values of a table you cannot SELECT' END AS error,
+       b.remedy
   FROM tide.backfill b
   LEFT JOIN LATERAL (
        SELECT CASE WHEN count(*) >= 2 AND extract(epoch FROM max(c.emitted_at) - min(c.read_at)) > 0
                    THEN sum(c.rows_read) / extract(epoch FROM max(c.emitted_at) - min(c.read_at)) END::float8
                    AS rows_per_second_now
          FROM (SELECT * FROM tide.chunk c WHERE c.backfill_id = b.id ORDER BY c.chunk DESC LIMIT 10) c
-  ) r ON true;
+  ) r ON true
+ WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = b.pipeline));
 COMMENT ON VIEW tide.backfills IS 'One row per backfill: state, progress, speed, estimated time left, error and remedy.';
 
 CREATE VIEW tide.chunks AS
-SELECT c.backfill_id, b.pipeline, b.relation, c.chunk, c.key_from, c.key_to, c.low_lsn, c.high_lsn,
+SELECT c.backfill_id, b.pipeline, b.relation, c.chunk,
+       CASE WHEN coalesce(has_table_privilege(b.relid, 'SELECT'), false) THEN c.key_from END AS key_from,
+       CASE WHEN coalesce(has_table_privilege(b.relid, 'SELECT'), false) THEN c.key_to END AS key_to,
+       c.low_lsn, c.high_lsn,
        c.rows_read, c.rows_dropped, c.rows_emitted, c.emitted_at - c.read_at AS duration, c.read_at, c.emitted_at
-  FROM tide.chunk c JOIN tide.backfill b ON b.id = c.backfill_id;
+  FROM tide.chunk c JOIN tide.backfill b ON b.id = c.backfill_id
+ WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = b.pipeline));
 COMMENT ON VIEW tide.chunks IS 'Recent backfill chunks (the last 1000 per backfill).';
 
 CREATE VIEW tide.verifications AS
@@ -247,6 +287,7 @@ SELECT DISTINCT ON (v.pipeline, v.relid)
        v.missing, v.extra, v.changed, v.repair_backfill_id, b.state AS repair_state
   FROM tide.verification v
   LEFT JOIN tide.backfill b ON b.id = v.repair_backfill_id
+ WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = v.pipeline))
  ORDER BY v.pipeline, v.relid, v.id DESC;
 COMMENT ON VIEW tide.verifications IS 'The last verification of each captured table: when, ranges checked, differences found, repair.';
 
@@ -263,12 +304,41 @@ SELECT t.pipeline, t.relation, t.relid::regclass AS source, b.id AS backfill_id,
   FROM tide.pipeline_table t
   LEFT JOIN LATERAL (SELECT * FROM tide.backfill b WHERE b.pipeline = t.pipeline AND b.relid = t.relid
                       ORDER BY b.id DESC LIMIT 1) b ON true
-  LEFT JOIN tide._worker_status() w ON w.pipeline = t.pipeline;
+  LEFT JOIN tide._worker_status() w ON w.pipeline = t.pipeline
+ WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = t.pipeline));
 COMMENT ON VIEW tide.readiness IS 'Per pipeline and table: snapshot read complete, snapshot emitted, target caught up past the completion position.';
 
 -- Nothing in pg_tide is for PUBLIC by default: grant what a role needs explicitly.
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA tide FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA tide FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA tide FROM PUBLIC;
+
+-- The outbox: a consumer reads (and trims) the events of the pipelines it owns (or whose
+-- owning role it is a member of), nothing else. Only pg_tide's worker writes it.
+ALTER TABLE tide.outbox ENABLE ROW LEVEL SECURITY;
+CREATE POLICY outbox_owned_pipelines ON tide.outbox FOR SELECT
+    USING (pipeline IN (SELECT tide._owned_pipelines()));
+CREATE POLICY outbox_trim_owned_pipelines ON tide.outbox FOR DELETE
+    USING (pipeline IN (SELECT tide._owned_pipelines()));
+
+-- The one documented grant: GRANT tide_admin TO <role>. Members may create pipelines, use the
+-- whole API on the pipelines they own, read the views (filtered to those pipelines) and read
+-- and trim their pipelines' outbox events. pg_tide's own tables stay out of reach: the API
+-- writes them as pg_tide, after checking the caller. (A role outlives DROP EXTENSION.)
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'tide_admin') THEN
+        CREATE ROLE tide_admin NOLOGIN;
+    END IF;
+END
+$$;
+COMMENT ON ROLE tide_admin IS 'pg_tide: members may create and run pg_tide pipelines (see the pg_tide README, Security).';
+GRANT USAGE ON SCHEMA tide TO tide_admin;
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA tide TO tide_admin;
+GRANT SELECT ON tide.pipelines, tide.tables, tide.backfills, tide.chunks, tide.verifications, tide.readiness TO tide_admin;
+GRANT SELECT, DELETE ON tide.outbox TO tide_admin;
+-- Used by the outbox's row security for any reader; it only lists the caller's own pipelines.
+GRANT EXECUTE ON FUNCTION tide._owned_pipelines() TO PUBLIC;
 "#,
     name = "views",
     finalize

@@ -17,6 +17,7 @@ use super::{check_server, require_pipeline, sleep_ms};
 use crate::error::{OrRaise, TideError, TideResult};
 use crate::shmem;
 use crate::sql;
+use crate::tsql;
 use pgrx::prelude::*;
 use pgrx::PgRelation;
 
@@ -29,7 +30,7 @@ pub(crate) fn resolve_pipeline(relid: pg_sys::Oid, pipeline: Option<&str>) -> Ti
     match pipeline {
         Some(p) => {
             require_pipeline(p)?;
-            let captured = sql::one::<bool>(
+            let captured = tsql::one::<bool>(
                 "SELECT EXISTS (SELECT 1 FROM tide.pipeline_table WHERE pipeline = $1 AND relid = $2)",
                 &[p.into(), relid.into()],
             )?
@@ -45,7 +46,7 @@ pub(crate) fn resolve_pipeline(relid: pg_sys::Oid, pipeline: Option<&str>) -> Ti
             Ok(p.to_string())
         }
         None => {
-            let rows = sql::text_rows(
+            let rows = tsql::text_rows(
                 "SELECT pipeline FROM tide.pipeline_table WHERE relid = $1::oid ORDER BY pipeline",
                 &[Some(&relid.to_u32().to_string())],
                 0,
@@ -58,7 +59,11 @@ pub(crate) fn resolve_pipeline(relid: pg_sys::Oid, pipeline: Option<&str>) -> Ti
             match names.len() {
                 0 => Err(TideError::prerequisite(format!("no pipeline captures {qualified}"))
                     .hint(format!("Add it to a pipeline first: SELECT tide.add_table('<pipeline>', '{qualified}')."))),
-                1 => Ok(names.into_iter().next().unwrap_or_default()),
+                1 => {
+                    let name = names.into_iter().next().unwrap_or_default();
+                    require_pipeline(&name)?;
+                    Ok(name)
+                }
                 _ => Err(TideError::new(
                     pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_AMBIGUOUS_PARAMETER,
                     format!("{qualified} is captured by several pipelines ({})", names.join(", ")),
@@ -71,26 +76,24 @@ pub(crate) fn resolve_pipeline(relid: pg_sys::Oid, pipeline: Option<&str>) -> Ti
 
 pub(crate) fn relation_name(relid: pg_sys::Oid) -> TideResult<String> {
     sql::one::<String>("SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1", &[relid.into()])?
-        .ok_or_else(|| TideError::undefined(format!("relation with OID {} does not exist", relid.to_u32())))
+        .ok_or_else(|| {
+            TideError::new(
+                pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+                format!("relation with OID {} does not exist", relid.to_u32()),
+            )
+            .hint("Pass an existing table, e.g. 'public.orders'.")
+        })
 }
 
 /// Check a backfill condition now, with the caller's privileges, rather than later in the worker.
 fn validate_condition(qualified: &str, condition: &str, trusted: bool) -> TideResult<()> {
-    if !trusted && condition.contains(';') {
-        return Err(TideError::new(pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_SYNTAX_ERROR, "a backfill condition is one boolean expression")
-            .hint("Write a WHERE-clause expression on the table's columns, without ';', e.g. 'created_at >= ''2024-01-01'''."));
-    }
-    if let Err(why) = if trusted {
-        Ok(())
-    } else {
-        self_contained(condition)
-    } {
-        return Err(TideError::new(pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_SYNTAX_ERROR, format!("invalid backfill condition: {why}"))
-            .hint("The condition is placed in parentheses in the chunk query: it must be one expression whose parentheses and quotes balance, without comments or dollar quoting."));
+    if !trusted {
+        one_expression(condition)?;
     }
     // EXPLAIN parses and analyses (unknown columns, wrong type, syntax) without reading rows. It
     // needs read-write SPI (EXPLAIN is refused in read-only mode), hence `fresh`.
-    let probe = format!("EXPLAIN (COSTS OFF) SELECT 1 FROM ONLY {qualified} WHERE ({condition})");
+    let probe =
+        format!("EXPLAIN (COSTS OFF) SELECT 1 FROM ONLY {qualified} WHERE (\n{condition}\n)");
     let outcome = pgrx::PgTryBuilder::new(|| sql::text_rows(&probe, &[], 0, true).map(|_| ()))
         .catch_others(|e| {
             let (code, msg) = match &e {
@@ -106,69 +109,68 @@ fn validate_condition(qualified: &str, condition: &str, trusted: bool) -> TideRe
     outcome
 }
 
-/// Whether a condition stays inside the parentheses it is put in: its parentheses never close
-/// more than they opened and balance at the end, outside string literals and quoted
-/// identifiers. Comments and dollar quotes are refused (they could hide either).
-pub fn self_contained(cond: &str) -> Result<(), &'static str> {
-    if cond.contains("--") || cond.contains("/*") || cond.contains('$') || cond.contains(';') {
-        return Err("comments, dollar quotes and ';' are not allowed");
-    }
-    let b = cond.as_bytes();
-    let mut depth: i64 = 0;
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'\'' => {
-                // E'...' strings treat backslash as an escape.
-                let escapes = i > 0 && (b[i - 1] == b'E' || b[i - 1] == b'e');
-                i += 1;
-                loop {
-                    if i >= b.len() {
-                        return Err("unterminated string literal");
-                    }
-                    if escapes && b[i] == b'\\' {
-                        i += 2;
-                        continue;
-                    }
-                    if b[i] == b'\'' {
-                        if i + 1 < b.len() && b[i + 1] == b'\'' {
-                            i += 2;
-                            continue;
-                        }
-                        break;
-                    }
-                    i += 1;
-                }
+/// A condition must be exactly one SQL expression, as PostgreSQL's own parser sees it: it is
+/// parsed alone (`raw_parser` in PL/pgSQL-expression mode, which accepts `<targets> [FROM ...]
+/// [WHERE ...] ...`) and the parse tree must be a single unnamed target and nothing else. Such a
+/// text cannot leave the parentheses it is put in: the chunk query places it between `(\n` and
+/// `\n)`, so even a trailing `--` comment ends before the closing parenthesis, and unterminated
+/// quotes or comments do not parse alone.
+pub(crate) fn one_expression(cond: &str) -> TideResult<()> {
+    let bad = |why: &str| {
+        TideError::new(
+            pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_SYNTAX_ERROR,
+            format!("invalid backfill condition: {why}"),
+        )
+        .hint("Write one boolean expression on the table's columns, as after WHERE, e.g. 'created_at >= ''2024-01-01''' (no ';', no clauses around it).")
+    };
+    let c = std::ffi::CString::new(cond).map_err(|_| bad("it contains a NUL byte"))?;
+    // The parser's own ERROR on a syntax error becomes ours (42601, the parser's message).
+    let parsed = pgrx::PgTryBuilder::new(|| {
+        Ok(unsafe { pg_sys::raw_parser(c.as_ptr(), pg_sys::RawParseMode::RAW_PARSE_PLPGSQL_EXPR) })
+    })
+    .catch_others(|e| {
+        let msg = match &e {
+            pgrx::pg_sys::panic::CaughtError::PostgresError(r)
+            | pgrx::pg_sys::panic::CaughtError::ErrorReport(r) => r.message().to_string(),
+            pgrx::pg_sys::panic::CaughtError::RustPanic { ereport, .. } => {
+                ereport.message().to_string()
             }
-            b'"' => {
-                i += 1;
-                loop {
-                    if i >= b.len() {
-                        return Err("unterminated quoted identifier");
-                    }
-                    if b[i] == b'"' {
-                        if i + 1 < b.len() && b[i + 1] == b'"' {
-                            i += 2;
-                            continue;
-                        }
-                        break;
-                    }
-                    i += 1;
-                }
-            }
-            b'(' => depth += 1,
-            b')' => {
-                depth -= 1;
-                if depth < 0 {
-                    return Err("it closes a parenthesis it did not open");
-                }
-            }
-            _ => {}
+        };
+        Err(bad(&msg))
+    })
+    .execute();
+    let list = parsed?;
+    unsafe {
+        if list.is_null() || (*list).length != 1 {
+            return Err(bad("it is not one expression"));
         }
-        i += 1;
-    }
-    if depth != 0 {
-        return Err("unbalanced parentheses");
+        let raw = (*(*list).elements).ptr_value as *mut pg_sys::RawStmt;
+        let stmt = (*raw).stmt;
+        if stmt.is_null() || (*stmt).type_ != pg_sys::NodeTag::T_SelectStmt {
+            return Err(bad("it is not one expression"));
+        }
+        let s = &*(stmt as *mut pg_sys::SelectStmt);
+        let only_targets = s.distinctClause.is_null()
+            && s.intoClause.is_null()
+            && s.fromClause.is_null()
+            && s.whereClause.is_null()
+            && s.groupClause.is_null()
+            && s.havingClause.is_null()
+            && s.windowClause.is_null()
+            && s.valuesLists.is_null()
+            && s.sortClause.is_null()
+            && s.limitOffset.is_null()
+            && s.limitCount.is_null()
+            && s.lockingClause.is_null()
+            && s.withClause.is_null()
+            && s.op == pg_sys::SetOperation::SETOP_NONE;
+        if !only_targets || s.targetList.is_null() || (*s.targetList).length != 1 {
+            return Err(bad("it is not one expression"));
+        }
+        let target = (*(*s.targetList).elements).ptr_value as *mut pg_sys::ResTarget;
+        if !(*target).name.is_null() {
+            return Err(bad("it is not one expression (it has an alias)"));
+        }
     }
     Ok(())
 }
@@ -236,7 +238,7 @@ fn start_backfill_core(
         validate_condition(&qualified, c, trusted_condition)?;
     }
     // The key must still be the one recorded when the table was added.
-    let (stored, now) = sql::two::<Vec<String>, Vec<String>>(
+    let (stored, now) = tsql::two::<Vec<String>, Vec<String>>(
         "SELECT t.key_columns, ARRAY(SELECT a.attname::text
                 FROM pg_index i
                 JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
@@ -262,7 +264,7 @@ fn start_backfill_core(
         &[pipeline.clone().into(), relid.into()],
     )?;
     let relid_text = relid.to_u32().to_string();
-    let active = sql::text_rows(
+    let active = tsql::text_rows(
         "SELECT state FROM tide.backfill WHERE pipeline = $1 AND relid = $2::oid AND state IN ('queued', 'running', 'paused')",
         &[Some(&pipeline), Some(&relid_text)],
         1,
@@ -282,7 +284,7 @@ fn start_backfill_core(
     }
     let id = insert_backfill(&pipeline, relid, chunk_size, condition)?;
     if let Some(d) = repair_deletes {
-        sql::exec(
+        tsql::exec(
             "UPDATE tide.backfill SET repair_deletes = $2::jsonb WHERE id = $1",
             &[id.into(), d.into()],
         )?;
@@ -297,24 +299,28 @@ fn insert_backfill(
     chunk_size: i32,
     condition: Option<&str>,
 ) -> TideResult<i64> {
-    let rows = Spi::connect_mut(|c| -> TideResult<Option<i64>> {
-        Ok(sql::first::<i64>(c.update(
+    // The backfill's owner is its caller: the chunk reads (and the condition) run as that role.
+    let owner = crate::security::caller_name()?;
+    let rows = crate::security::as_tide(|| {
+        Ok(Spi::connect_mut(|c| -> TideResult<Option<i64>> {
+            Ok(sql::first::<i64>(c.update(
             "INSERT INTO tide.backfill (pipeline, relid, relation, key_columns, owner, generation, chunk_size, condition, estimated_rows)
-             SELECT t.pipeline, t.relid, t.relation, t.key_columns, current_user,
+             SELECT t.pipeline, t.relid, t.relation, t.key_columns, $5::text::name,
                     coalesce((SELECT max(generation) FROM tide.backfill WHERE pipeline = $1 AND relid = $2), 0) + 1,
                     $3, $4, (SELECT CASE WHEN reltuples < 0 THEN NULL ELSE reltuples::int8 END FROM pg_class WHERE oid = $2)
                FROM tide.pipeline_table t WHERE t.pipeline = $1 AND t.relid = $2
              RETURNING id",
             None,
-            &[pipeline.into(), relid.into(), chunk_size.into(), condition.into()],
+            &[pipeline.into(), relid.into(), chunk_size.into(), condition.into(), owner.clone().into()],
         )?)?)
+        })?)
     })?;
     rows.ok_or_else(|| TideError::internal("the backfill row was not inserted"))
 }
 
 /// The active (queued, running or paused) backfill of a table, if any: (id, state).
 fn active_backfill(relid: pg_sys::Oid, pipeline: &str) -> TideResult<Option<(i64, String)>> {
-    let (id, state) = sql::two::<i64, String>(
+    let (id, state) = tsql::two::<i64, String>(
         "SELECT id, state FROM tide.backfill WHERE pipeline = $1 AND relid = $2 AND state IN ('queued', 'running', 'paused')",
         &[pipeline.into(), relid.into()],
     )?;
@@ -341,7 +347,7 @@ fn set_state(
         return Err(TideError::prerequisite(format!("the backfill of {qualified} for pipeline \"{pipeline}\" is {state}, so it cannot {verb}"))
             .hint(format!("Only a backfill that is {} can {verb}.", from.join(" or "))));
     }
-    sql::exec(
+    tsql::exec(
         "UPDATE tide.backfill SET state = $2, finished_at = CASE WHEN $2 = 'cancelled' THEN now() END WHERE id = $1",
         &[id.into(), to.into()],
     )?;
@@ -417,7 +423,7 @@ fn alter_backfill_impl(
         ))
         .hint("tide.backfills lists the backfills; tide.start_backfill starts one."));
     };
-    sql::exec(
+    tsql::exec(
         "UPDATE tide.backfill SET chunk_size = coalesce($2, chunk_size),
                 rows_per_second = CASE WHEN $3 IS NULL THEN rows_per_second WHEN $3 = 0 THEN NULL ELSE $3 END
           WHERE id = $1",
@@ -446,12 +452,11 @@ fn wait_for_backfill_impl(
     check_server()?;
     let pipeline = resolve_pipeline(relid, pipeline)?;
     let qualified = relation_name(relid)?;
-    let deadline = std::time::Instant::now()
-        + std::time::Duration::from_micros(super::interval_micros(&timeout).max(0) as u64);
+    let deadline = super::deadline_after(super::interval_micros(&timeout));
     let relid_text = relid.to_u32().to_string();
     loop {
         // A fresh snapshot each time: the worker commits the progress.
-        let rows = sql::text_rows(
+        let rows = tsql::text_rows(
             "SELECT state, finished_lsn::text, error FROM tide.backfill WHERE pipeline = $1 AND relid = $2::oid ORDER BY id DESC LIMIT 1",
             &[Some(&pipeline), Some(&relid_text)],
             1,

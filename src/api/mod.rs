@@ -5,6 +5,7 @@ use crate::catalog;
 use crate::error::{OrRaise, TideError, TideResult};
 use crate::shmem;
 use crate::sql;
+use crate::tsql;
 use crate::worker::launcher::{LAUNCHER_TYPE, WORKER_TYPE};
 use pgrx::prelude::*;
 use pgrx::{JsonB, PgRelation};
@@ -28,6 +29,28 @@ fn version() -> &'static str {
 #[pg_extern]
 fn check() -> String {
     check_server().or_raise()
+}
+
+/// The pipelines whose owner's privileges the current user has (its own, those of roles it is
+/// a member of, all for a superuser): what the outbox's row security lets it read and trim.
+#[pg_extern(stable)]
+fn _owned_pipelines() -> SetOfIterator<'static, String> {
+    let me = crate::security::caller();
+    let rows =
+        tsql::text_rows("SELECT name, owner::text FROM tide.pipeline", &[], 0, false).or_raise();
+    let names: Vec<String> = rows
+        .into_iter()
+        .filter_map(|r| {
+            let name = r.first().cloned().flatten()?;
+            let owner = r.get(1).cloned().flatten()?;
+            let ok = match crate::security::role_oid(&owner) {
+                Some(o) => crate::security::has_privs_of(me, o),
+                None => crate::security::is_superuser(me),
+            };
+            ok.then_some(name)
+        })
+        .collect();
+    SetOfIterator::new(names)
 }
 
 fn setting(name: &str) -> TideResult<String> {
@@ -115,17 +138,32 @@ fn _worker_status() -> TableIterator<
     TableIterator::new(rows)
 }
 
-fn require_replication_privilege() -> TideResult<()> {
+/// Who may create pipelines: superusers, roles with the REPLICATION attribute, and members of
+/// the predefined role `tide_admin` (see README "Security").
+fn require_may_create() -> TideResult<()> {
     let ok = sql::one::<bool>(
-        "SELECT rolsuper OR rolreplication FROM pg_roles WHERE rolname = current_user",
+        "SELECT rolsuper OR rolreplication
+                OR pg_has_role(current_user, 'tide_admin', 'USAGE')
+           FROM pg_roles WHERE rolname = current_user",
         &[],
     )?
     .unwrap_or(false);
     if ok {
         Ok(())
     } else {
-        Err(TideError::privilege("must be superuser or have the REPLICATION attribute to manage pg_tide pipelines")
-            .hint("Run as a superuser, or ALTER ROLE ... REPLICATION and GRANT EXECUTE on the tide functions."))
+        Err(
+            TideError::privilege("permission denied to create a pg_tide pipeline")
+                .hint("A superuser grants it with: GRANT tide_admin TO <role>;"),
+        )
+    }
+}
+
+/// A name as shown back in a message: at most 64 characters.
+pub(crate) fn shown(name: &str) -> String {
+    const MAX: usize = 64;
+    match name.char_indices().nth(MAX) {
+        None => name.to_string(),
+        Some((i, _)) => format!("{}...", &name[..i]),
     }
 }
 
@@ -145,20 +183,17 @@ fn validate_name(name: &str) -> TideResult<()> {
 }
 
 fn pipeline_exists(name: &str) -> TideResult<bool> {
-    Ok(sql::one::<bool>(
+    Ok(tsql::one::<bool>(
         "SELECT EXISTS (SELECT 1 FROM tide.pipeline WHERE name = $1)",
         &[name.into()],
     )?
     .unwrap_or(false))
 }
 
-pub(crate) fn require_pipeline(name: &str) -> TideResult<()> {
-    if pipeline_exists(name)? {
-        Ok(())
-    } else {
-        Err(TideError::undefined(format!("pipeline \"{name}\" does not exist"))
-            .hint("SELECT name FROM tide.pipelines lists the pipelines; tide.create_pipeline creates one."))
-    }
+/// The pipeline must exist (42704) and the caller must own it (42501): see
+/// `security::require_owner`. Returns the owner's name.
+pub(crate) fn require_pipeline(name: &str) -> TideResult<String> {
+    crate::security::require_owner(name)
 }
 
 /// Wake a process once the calling transaction commits (never before: it must see the change).
@@ -180,7 +215,7 @@ fn create_pipeline(
 
 fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> TideResult<()> {
     check_server()?;
-    require_replication_privilege()?;
+    require_may_create()?;
     validate_name(name)?;
     if !TARGETS.contains(&target) {
         return Err(TideError::invalid(format!("unknown target kind \"{target}\"")).hint(
@@ -223,7 +258,7 @@ fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> TideResult<
         return Err(TideError::limit(format!("all replication slots are in use ({used} of max_replication_slots = {max})"))
             .hint("Drop unused slots (SELECT * FROM pg_replication_slots) or raise max_replication_slots and restart."));
     }
-    let pipelines = sql::one::<i64>("SELECT count(*) FROM tide.pipeline", &[])?.unwrap_or(0);
+    let pipelines = tsql::one::<i64>("SELECT count(*) FROM tide.pipeline", &[])?.unwrap_or(0);
     if pipelines as usize >= shmem::MAX_PIPELINES {
         return Err(TideError::limit(format!(
             "pg_tide runs at most {} pipelines",
@@ -251,20 +286,26 @@ fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> TideResult<
         )
         .hint("Creating a logical replication slot is impossible in a transaction that has written: call tide.create_pipeline first, or in its own transaction."));
     }
-    catalog::allow_output_plugin()?;
-    // Held until this transaction ends, so the launcher does not take the new slot for an orphan.
-    sql::one::<bool>(
-        "SELECT true FROM pg_advisory_xact_lock(hashtext($1))",
-        &[catalog::slot_lock_key(&slot).into()],
-    )?;
-    sql::one::<bool>(
-        "SELECT true FROM pg_create_logical_replication_slot($1::name, 'pg_tide')",
-        &[slot.clone().into()],
-    )?;
-    sql::exec(
-        "INSERT INTO tide.pipeline (name, target, options, slot_name) VALUES ($1, $2, $3, $4::name)",
-        &[name.into(), target.into(), options.into(), slot.into()],
-    )?;
+    let owner = crate::security::caller_name()?;
+    // The slot is pg_tide's, created as pg_tide: a pipeline owner needs neither REPLICATION nor
+    // a say in output_plugin_libraries, since the slot only ever feeds this pipeline's worker.
+    crate::security::as_tide(|| {
+        catalog::allow_output_plugin()?;
+        // Held until this transaction ends, so the launcher does not take the new slot for an
+        // orphan.
+        sql::one::<bool>(
+            "SELECT true FROM pg_advisory_xact_lock(hashtext($1))",
+            &[catalog::slot_lock_key(&slot).into()],
+        )?;
+        sql::one::<bool>(
+            "SELECT true FROM pg_create_logical_replication_slot($1::name, 'pg_tide')",
+            &[slot.clone().into()],
+        )?;
+        sql::exec(
+            "INSERT INTO tide.pipeline (name, target, options, slot_name, owner) VALUES ($1, $2, $3, $4::name, $5::name)",
+            &[name.into(), target.into(), options.into(), slot.into(), owner.into()],
+        )
+    })?;
     wake_on_commit(shmem::launcher_pid());
     Ok(())
 }
@@ -277,16 +318,22 @@ fn drop_pipeline(name: &str) {
 
 fn drop_pipeline_impl(name: &str) -> TideResult<()> {
     require_pipeline(name)?;
-    require_replication_privilege()?;
     let slot = catalog::slot_name(name);
+    // The worker and the slot are pg_tide's: stopping and dropping them is done as pg_tide,
+    // for the owner who asked (a non-superuser may not signal the worker's superuser process).
+    crate::security::as_tide(|| drop_pipeline_as_tide(name, &slot))
+}
+
+fn drop_pipeline_as_tide(name: &str, slot: &str) -> TideResult<()> {
+    let slot = slot.to_string();
     // Waits for a running iteration of the worker (which holds this lock shared) to end and keeps
     // new iterations out until we commit; they then find the pipeline gone and exit.
     sql::exec(
         "SELECT pg_advisory_xact_lock(hashtext($1))",
         &[catalog::pipeline_lock_key(name).into()],
     )?;
-    sql::exec("DELETE FROM tide.pipeline WHERE name = $1", &[name.into()])?;
-    sql::exec(
+    tsql::exec("DELETE FROM tide.pipeline WHERE name = $1", &[name.into()])?;
+    tsql::exec(
         "DELETE FROM tide.signal WHERE pipeline = $1",
         &[name.into()],
     )?;
@@ -365,7 +412,7 @@ fn resume_pipeline(name: &str) {
 
 fn set_enabled(name: &str, enabled: bool) -> TideResult<()> {
     require_pipeline(name)?;
-    sql::exec(
+    tsql::exec(
         "UPDATE tide.pipeline SET enabled = $2 WHERE name = $1",
         &[name.into(), enabled.into()],
     )?;
@@ -387,8 +434,7 @@ fn wait_for_pipeline_impl(name: &str, timeout: pgrx::datum::Interval) -> TideRes
         .and_then(|s| s.parse::<tide_core::lsn::Lsn>().ok())
         .ok_or_else(|| TideError::internal("cannot read the current WAL position"))?;
     let micros = interval_micros(&timeout);
-    let deadline =
-        std::time::Instant::now() + std::time::Duration::from_micros(micros.max(0) as u64);
+    let deadline = deadline_after(micros);
     // Wake the worker once (it may be sleeping between polls); never in the loop, which would
     // defeat its back-off while it is failing.
     if let Some(pid) = shmem::worker_pid(name) {
@@ -405,8 +451,21 @@ fn wait_for_pipeline_impl(name: &str, timeout: pgrx::datum::Interval) -> TideRes
     }
 }
 
+/// The instant `micros` from now, clamped to a century (an `Instant` cannot hold more).
+pub(crate) fn deadline_after(micros: i64) -> std::time::Instant {
+    const CENTURY_US: u64 = 100 * 365 * 86_400_000_000;
+    let now = std::time::Instant::now();
+    let d = std::time::Duration::from_micros((micros.max(0) as u64).min(CENTURY_US));
+    now.checked_add(d).unwrap_or(now)
+}
+
+/// An interval in microseconds, saturating (a timeout of '300000 years' waits "forever", it does
+/// not overflow into the past); never negative.
 pub(crate) fn interval_micros(i: &pgrx::datum::Interval) -> i64 {
-    i.micros() + (i.days() as i64) * 86_400_000_000 + (i.months() as i64) * 30 * 86_400_000_000
+    i.micros()
+        .saturating_add((i.days() as i64).saturating_mul(86_400_000_000))
+        .saturating_add((i.months() as i64).saturating_mul(30 * 86_400_000_000))
+        .max(0)
 }
 
 /// Information about a table to capture, from the catalogs.
@@ -453,8 +512,9 @@ fn source_info(relid: pg_sys::Oid) -> TideResult<SourceInfo> {
     })
 }
 
-/// Check that a relation can be captured; returns its description.
-fn validate_source(relid: pg_sys::Oid) -> TideResult<SourceInfo> {
+/// Check that a relation can be captured by a pipeline owned by `owner`; returns its
+/// description.
+fn validate_source(relid: pg_sys::Oid, owner: &str) -> TideResult<SourceInfo> {
     let s = source_info(relid)?;
     let q = &s.qualified;
     match s.relkind.as_str() {
@@ -499,12 +559,17 @@ fn validate_source(relid: pg_sys::Oid) -> TideResult<SourceInfo> {
         return Err(TideError::prerequisite(format!("\"{q}\" has no primary key"))
             .hint(format!("Add one (ALTER TABLE {q} ADD PRIMARY KEY (...)) or name a unique index on NOT NULL columns: ALTER TABLE {q} REPLICA IDENTITY USING INDEX ...")));
     }
-    let can_select = sql::one::<bool>("SELECT has_table_privilege($1, 'SELECT')", &[relid.into()])?
-        .unwrap_or(false);
+    // Both the caller and the pipeline's owner (who receives every change of the table at the
+    // target) must be able to read it.
+    let can_select = sql::one::<bool>(
+        "SELECT has_table_privilege($1, 'SELECT') AND has_table_privilege($2::text::name, $1, 'SELECT')",
+        &[relid.into(), owner.into()],
+    )?
+    .unwrap_or(false);
     if !can_select {
         return Err(
             TideError::privilege(format!("permission denied to capture \"{q}\"")).hint(format!(
-                "GRANT SELECT ON {q} TO the role calling tide.add_table."
+                "The caller and the pipeline's owner (\"{owner}\") both need SELECT on {q}."
             )),
         );
     }
@@ -530,9 +595,25 @@ fn add_table_impl(
     target_table: Option<&str>,
 ) -> TideResult<()> {
     check_server()?;
-    require_pipeline(pipeline)?;
-    let s = validate_source(relid)?;
-    let existing = sql::one::<bool>(
+    let owner = require_pipeline(pipeline)?;
+    let s = validate_source(relid, &owner)?;
+    // A table this pipeline writes as a target cannot be captured by it: its own writes would
+    // come back as changes.
+    let target_of = tsql::one::<String>(
+        "SELECT relation FROM tide.pipeline_table
+          WHERE pipeline = $1 AND target_name IS NOT NULL
+            AND to_regclass(format('%I.%I', target_schema, target_name)) = $2",
+        &[pipeline.into(), relid.into()],
+    )?;
+    if let Some(src) = target_of {
+        return Err(TideError::invalid(format!(
+            "\"{}\" is the target of {src} in pipeline \"{}\", which cannot also capture it",
+            s.qualified,
+            shown(pipeline)
+        ))
+        .hint("Capture it with another pipeline, or give the other table another target."));
+    }
+    let existing = tsql::one::<bool>(
         "SELECT removing FROM tide.pipeline_table WHERE pipeline = $1 AND relid = $2",
         &[pipeline.into(), relid.into()],
     )?;
@@ -543,7 +624,7 @@ fn add_table_impl(
         ))
         .hint("SELECT * FROM tide.tables lists what each pipeline captures."));
     }
-    let (target_kind, options) = sql::two::<String, String>(
+    let (target_kind, options) = tsql::two::<String, String>(
         "SELECT target, options::text FROM tide.pipeline WHERE name = $1",
         &[pipeline.into()],
     )?;
@@ -566,7 +647,26 @@ fn add_table_impl(
             &s.qualified,
             &s.key_columns,
             target_table,
+            &owner,
         )?;
+        if target_kind == "table" {
+            // The other direction of the loop: the target must not be a table this pipeline
+            // captures.
+            let captured = tsql::one::<String>(
+                "SELECT relation FROM tide.pipeline_table
+                  WHERE pipeline = $1 AND NOT removing AND relid = to_regclass(format('%I.%I', $2::text, $3::text))",
+                &[pipeline.into(), s_.clone().into(), n_.clone().into()],
+            )?;
+            if let Some(c) = captured {
+                return Err(TideError::invalid(format!(
+                    "the target {}.{} is {c}, which pipeline \"{}\" captures",
+                    pgrx::spi::quote_identifier(&s_),
+                    pgrx::spi::quote_identifier(&n_),
+                    shown(pipeline)
+                ))
+                .hint("A pipeline's targets and the tables it captures must be different tables: pass another target_table."));
+            }
+        }
         (Some(s_), Some(n_))
     };
     match existing {
@@ -574,7 +674,7 @@ fn add_table_impl(
         Some(true) => {
             // Removed but the worker has not reached the remove marker yet: capture it again
             // from this add marker on.
-            sql::exec(
+            tsql::exec(
                 "UPDATE tide.pipeline_table SET removing = false, added_lsn = NULL, added_at = now(), relation = $3, key_columns = $4,
                         target_schema = $5, target_name = $6
                   WHERE pipeline = $1 AND relid = $2",
@@ -589,7 +689,7 @@ fn add_table_impl(
             )?;
         }
         None => {
-            sql::exec(
+            tsql::exec(
                 "INSERT INTO tide.pipeline_table (pipeline, relid, relation, key_columns, target_schema, target_name)
                  VALUES ($1, $2, $3, $4, $5, $6)",
                 &[
@@ -623,7 +723,7 @@ fn remove_table_impl(pipeline: &str, relid: pg_sys::Oid) -> TideResult<()> {
     // The row stays (marked) until the worker reaches the remove marker in the stream, so the
     // table's changes committed before this call are still decoded and delivered; the worker
     // deletes the row at the marker.
-    let removed = sql::exec_count(
+    let removed = tsql::exec_count(
         "UPDATE tide.pipeline_table SET removing = true WHERE pipeline = $1 AND relid = $2 AND NOT removing",
         &[pipeline.into(), relid.into()],
     )?;
@@ -635,7 +735,7 @@ fn remove_table_impl(pipeline: &str, relid: pg_sys::Oid) -> TideResult<()> {
         .hint("SELECT * FROM tide.tables lists what each pipeline captures."));
     }
     emit_signal("remove_table", pipeline, relid)?;
-    sql::exec(
+    tsql::exec(
         "UPDATE tide.backfill SET state = 'cancelled', finished_at = now(), error = 'the table was removed from the pipeline'
           WHERE pipeline = $1 AND relid = $2 AND state IN ('queued', 'running', 'paused')",
         &[pipeline.into(), relid.into()],
@@ -645,12 +745,14 @@ fn remove_table_impl(pipeline: &str, relid: pg_sys::Oid) -> TideResult<()> {
 }
 
 /// Write a pg_tide marker into the WAL, transactionally: the worker sees it exactly at this
-/// transaction's commit position in the stream.
+/// transaction's commit position in the stream. The marker is a row of `tide.marker`, which only
+/// pg_tide can write (inserted and deleted at once: the WAL keeps the insert, the table stays
+/// empty), so no other role can forge one.
 fn emit_signal(op: &str, pipeline: &str, relid: pg_sys::Oid) -> TideResult<()> {
-    let body = format!("{op}\t{pipeline}\t{}", relid.to_u32());
-    sql::exec(
-        "SELECT pg_logical_emit_message(true, $1, $2)",
-        &[crate::plugin::MESSAGE_PREFIX.into(), body.into()],
+    let id = tsql::write_one::<i64>(
+        "INSERT INTO tide.marker (pipeline, op, relid) VALUES ($1, $2, $3) RETURNING id",
+        &[pipeline.into(), op.into(), relid.into()],
     )?;
+    tsql::exec("DELETE FROM tide.marker WHERE id = $1", &[id.into()])?;
     Ok(())
 }

@@ -158,6 +158,11 @@ const TARGET_SHAPE: &str = "SELECT a.attname::text, format_type(a.atttypid, a.at
 
 /// Make sure the target table of a captured table exists and fits; returns (schema, name).
 /// `options` are the pipeline's (validated) options.
+/// Schemas no target may be in: the system's and pg_tide's own.
+fn reserved_schema(schema: &str) -> bool {
+    schema == "tide" || schema == "information_schema" || schema.starts_with("pg_")
+}
+
 pub fn ensure_target(
     target: &str,
     options: &serde_json::Value,
@@ -165,6 +170,7 @@ pub fn ensure_target(
     source_qualified: &str,
     key: &[String],
     target_table: Option<&str>,
+    owner: &str,
 ) -> TideResult<(String, String)> {
     let schema_opt = options
         .get("schema")
@@ -195,6 +201,13 @@ pub fn ensure_target(
         }
     };
     let qualified = format!("{}.{}", quote(&schema), quote(&name));
+    if target == "table" && reserved_schema(&schema) {
+        return Err(TideError::invalid(format!(
+            "{qualified} is in schema \"{schema}\", which pg_tide does not write to"
+        ))
+        .hint("Targets live in your own schemas: not pg_catalog, information_schema, pg_toast, pg_temp or pg_tide's schema tide."));
+    }
+    let owner_oid = crate::security::owner_oid(owner, "the pipeline")?;
     let cols = source_columns(relid)?;
     let remote = match target {
         "postgres" => {
@@ -202,9 +215,9 @@ pub fn ensure_target(
                 .get("server")
                 .and_then(|v| v.as_str())
                 .unwrap_or_default();
-            let role = sql::one::<String>("SELECT current_user::text", &[])?.unwrap_or_default();
+            // The owner's user mapping, the one the worker will use.
             Some(RemoteSink::start(
-                conninfo_for_server(server, &role)?,
+                conninfo_for_server(server, owner)?,
                 "pg_tide add_table",
             ))
         }
@@ -279,15 +292,54 @@ pub fn ensure_target(
                     &[schema.clone().into()],
                 )?
                 .unwrap_or(false);
-                if !exists {
-                    sql::exec(&create_schema, &[])?;
-                }
-                sql::exec(&create, &[])?;
+                // Created as the pipeline's owner (who then owns it, and whose CREATE privilege
+                // PostgreSQL checks), never as the caller or as pg_tide.
+                crate::security::as_owner(owner_oid, || {
+                    if !exists {
+                        sql::exec(&create_schema, &[])?;
+                    }
+                    sql::exec(&create, &[])
+                })?;
             }
         }
         return Ok((schema, name));
     }
-    // The table exists: every difference is listed.
+    // The table exists. A local one must be an ordinary table the owner may write as pg_tide
+    // will: INSERT, UPDATE and DELETE for changes, TRUNCATE for truncate events.
+    if remote.is_none() {
+        let kind = sql::one::<String>(
+            "SELECT c.relkind::text FROM pg_class c WHERE c.oid = to_regclass($1)",
+            &[qualified.clone().into()],
+        )?
+        .unwrap_or_default();
+        if kind != "r" {
+            return Err(TideError::wrong_object(format!(
+                "the target {qualified} is not an ordinary table"
+            ))
+            .hint("Pass target_table => a table (or a name pg_tide can create)."));
+        }
+        let missing: Vec<String> = ["INSERT", "UPDATE", "DELETE", "TRUNCATE"]
+            .iter()
+            .filter(|p| {
+                !sql::one::<bool>(
+                    "SELECT has_table_privilege($1::text::name, to_regclass($2), $3)",
+                    &[owner.into(), qualified.clone().into(), (**p).into()],
+                )
+                .ok()
+                .flatten()
+                .unwrap_or(false)
+            })
+            .map(|p| p.to_string())
+            .collect();
+        if !missing.is_empty() {
+            return Err(TideError::privilege(format!(
+                "the pipeline's owner \"{owner}\" may not write the target {qualified} (no {} privilege)",
+                missing.join(", ")
+            ))
+            .hint(format!("GRANT INSERT, UPDATE, DELETE, TRUNCATE ON {qualified} TO \"{owner}\"; or pass another target_table.")));
+        }
+    }
+    // Every difference is listed.
     let mut diffs = Vec::new();
     for c in &cols {
         match shape

@@ -34,6 +34,7 @@ use crate::shmem;
 use crate::sink::remote::{RemoteSink, RemoteStatement};
 use crate::sink::table::conninfo_for_server;
 use crate::sql;
+use crate::tsql;
 use pgrx::prelude::*;
 use pgrx::PgRelation;
 use std::collections::{BTreeMap, HashSet};
@@ -162,7 +163,7 @@ fn setup(
     unsafe { pg_sys::LockRelationOid(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
     let pipeline = resolve_pipeline(relid, pipeline)?;
     let source = relation_name(relid)?;
-    let (target, options) = sql::two::<String, String>(
+    let (target, options) = tsql::two::<String, String>(
         "SELECT target, options::text FROM tide.pipeline WHERE name = $1",
         &[pipeline.clone().into()],
     )?;
@@ -174,7 +175,7 @@ fn setup(
     let options: serde_json::Value =
         serde_json::from_str(&options.unwrap_or_default()).unwrap_or_default();
     let relid_text = relid.to_u32().to_string();
-    let row = sql::text_rows(
+    let row = tsql::text_rows(
         "SELECT target_schema, target_name, to_json(key_columns)::text FROM tide.pipeline_table WHERE pipeline = $1 AND relid = $2::oid",
         &[Some(&pipeline), Some(&relid_text)],
         1,
@@ -194,7 +195,7 @@ fn setup(
     let key: Vec<String> =
         serde_json::from_str(row[2].as_deref().unwrap_or("[]")).unwrap_or_default();
     if !allow_running_backfill {
-        let active = sql::one::<String>(
+        let active = tsql::one::<String>(
             "SELECT state FROM tide.backfill WHERE pipeline = $1 AND relid = $2 AND state IN ('queued', 'running', 'paused')",
             &[pipeline.clone().into(), relid.into()],
         )?;
@@ -212,7 +213,7 @@ fn setup(
     .into_iter()
     .filter_map(|r| r.into_iter().next().flatten())
     .collect();
-    let enabled = sql::one::<bool>(
+    let enabled = tsql::one::<bool>(
         "SELECT enabled FROM tide.pipeline WHERE name = $1",
         &[pipeline.clone().into()],
     )?
@@ -236,7 +237,7 @@ fn setup(
             .get("server")
             .and_then(|v| v.as_str())
             .unwrap_or_default();
-        let owner = sql::one::<String>(
+        let owner = tsql::one::<String>(
             "SELECT owner::text FROM tide.pipeline WHERE name = $1",
             &[pipeline.clone().into()],
         )?
@@ -486,7 +487,7 @@ struct Summary {
 }
 
 fn run_verify(ctx: &Ctx, ranges: Option<i32>) -> TideResult<Summary> {
-    let throttle = sql::one::<i32>(
+    let throttle = tsql::one::<i32>(
         "SELECT rows_per_second FROM tide.backfill WHERE pipeline = $1 AND relid = $2 ORDER BY id DESC LIMIT 1",
         &[ctx.pipeline.clone().into(), ctx.relid.into()],
     )?;
@@ -512,7 +513,7 @@ fn run_verify(ctx: &Ctx, ranges: Option<i32>) -> TideResult<Summary> {
         }
         None => DEFAULT_RANGE_ROWS,
     };
-    let id = sql::write_one::<i64>(
+    let id = tsql::write_one::<i64>(
         "INSERT INTO tide.verification (pipeline, relid, relation) VALUES ($1, $2, $3) RETURNING id",
         &[ctx.pipeline.clone().into(), ctx.relid.into(), ctx.source.clone().into()],
     )?
@@ -593,7 +594,7 @@ fn run_verify(ctx: &Ctx, ranges: Option<i32>) -> TideResult<Summary> {
         changed += r.diff.changed.len() as i64;
         let extra_keys = serde_json::to_string(&r.diff.extra.values().collect::<Vec<_>>())
             .unwrap_or_else(|_| "[]".into());
-        sql::exec(
+        tsql::exec(
             "INSERT INTO tide.verification_range (verification_id, range, key_from, key_to, source_rows, target_rows, missing, extra, changed, kinds, extra_keys)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb)",
             &[
@@ -611,7 +612,7 @@ fn run_verify(ctx: &Ctx, ranges: Option<i32>) -> TideResult<Summary> {
             ],
         )?;
     }
-    sql::exec(
+    tsql::exec(
         "UPDATE tide.verification SET finished_at = clock_timestamp(), ranges_checked = $2, ranges_differing = $3, source_rows = $4,
                 target_rows = $5, missing = $6, extra = $7, changed = $8 WHERE id = $1",
         &[
@@ -626,7 +627,7 @@ fn run_verify(ctx: &Ctx, ranges: Option<i32>) -> TideResult<Summary> {
         ],
     )?;
     // Keep the last 100 verifications of a table.
-    sql::exec(
+    tsql::exec(
         "DELETE FROM tide.verification WHERE pipeline = $1 AND relid = $2 AND id NOT IN
            (SELECT id FROM tide.verification WHERE pipeline = $1 AND relid = $2 ORDER BY id DESC LIMIT 100)",
         &[ctx.pipeline.clone().into(), ctx.relid.into()],
@@ -917,7 +918,7 @@ fn repair_impl(relid: pg_sys::Oid, pipeline: Option<&str>) -> TideResult<Vec<Rep
         .collect();
     let deletes_json = serde_json::to_string(&deletes).unwrap_or_else(|_| "[]".into());
     let id = start_backfill_internal(relid, &ctx.pipeline, &condition, &deletes_json)?;
-    sql::exec(
+    tsql::exec(
         "UPDATE tide.verification SET repair_backfill_id = $2 WHERE id = $1",
         &[s.id.into(), id.into()],
     )?;

@@ -18,6 +18,9 @@
 //!   is the same. (Constraints between target tables must therefore be `DEFERRABLE INITIALLY
 //!   DEFERRED`.)
 //! - Unchanged TOAST columns are left out of the statement: the target keeps its value.
+//! - Least privilege: a local target's statements (writes and schema changes) run as the
+//!   pipeline's owner in a security-restricted operation: a right revoked after `add_table`
+//!   makes the pipeline fail with the permission error; nothing is written anyway.
 //! - Atomicity: local targets are written in the worker's transaction; remote targets in one
 //!   remote transaction per batch of whole source transactions (two when a backfill chunk's rows
 //!   follow stream events in the batch: the events are committed first, see
@@ -91,6 +94,9 @@ struct Run {
 /// A table target (local or remote).
 pub struct TableSink {
     pipeline: String,
+    /// The pipeline's owner: local target statements run as this role, security-restricted
+    /// (`security::as_owner`), so a target is only ever written as its owner could by hand.
+    owner: pgrx::pg_sys::Oid,
     policy: SchemaPolicy,
     remote_schema: String,
     remote: Option<RemoteSink>,
@@ -178,7 +184,9 @@ impl TableSink {
         } else {
             None
         };
+        let owner = crate::security::owner_oid(&p.owner, &format!("pipeline \"{}\"", p.name))?;
         Ok(TableSink {
+            owner,
             pipeline: p.name.clone(),
             policy,
             remote_schema: opt("schema").unwrap_or_else(|| "public".to_string()),
@@ -435,7 +443,10 @@ impl TableSink {
                         params: vec![],
                     }),
                     None => {
-                        c.update(stmt.as_str(), None, &[])?;
+                        crate::security::as_owner(self.owner, || {
+                            c.update(stmt.as_str(), None, &[])?;
+                            Ok(())
+                        })?;
                     }
                 }
             }
@@ -542,10 +553,13 @@ impl TableSink {
                 });
             }
             None => {
-                match param {
-                    Some(p) => c.update(stmt.as_str(), None, &[p.into()])?,
-                    None => c.update(stmt.as_str(), None, &[])?,
-                };
+                crate::security::as_owner(self.owner, || {
+                    match param {
+                        Some(p) => c.update(stmt.as_str(), None, &[p.into()])?,
+                        None => c.update(stmt.as_str(), None, &[])?,
+                    };
+                    Ok(())
+                })?;
             }
         }
         Ok(())

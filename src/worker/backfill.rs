@@ -304,7 +304,19 @@ impl Backfiller {
                 }
                 return Ok(());
             }
-            Err(e) => {
+            Err(mut e) => {
+                if e.code == pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_QUERY_CANCELED {
+                    e = TideError::new(
+                        e.code,
+                        format!(
+                            "a chunk of backfill {} was cancelled ({}): its SELECT may run for at most tide.chunk_timeout ({} ms)",
+                            job.backfill_id,
+                            e.message,
+                            crate::gucs::CHUNK_TIMEOUT_MS.get()
+                        ),
+                    )
+                    .hint("Make the condition cheaper (an index on what it tests), raise tide.chunk_timeout, or start the backfill again without the condition.");
+                }
                 let _ = tx::run(|| fail_backfill(job.backfill_id, &e));
                 return Err(e);
             }
@@ -500,7 +512,8 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
         args.extend(last.iter().map(|s| Some(s.as_str())));
     }
     if let Some(cond) = &job.condition {
-        clauses.push(format!("({cond})"));
+        // On lines of its own: a trailing `--` comment in it ends before the `)`.
+        clauses.push(format!("(\n{cond}\n)"));
     }
     if !clauses.is_empty() {
         query.push_str(" WHERE ");
@@ -541,13 +554,17 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
         .hint("A transaction has committed but is still waiting (for example for a synchronous standby); the chunk is read again once it is visible.")
         .retry_later());
     }
-    // Read as the role that started the backfill (its condition is its own SQL).
-    sql::one::<String>(
-        "SELECT set_config('role', $1, true)",
-        &[job.owner.clone().into()],
-    )?;
-    let raw = sql::text_rows(&query, &args, 0, false)?;
-    sql::one::<String>("SELECT set_config('role', 'none', true)", &[])?;
+    // Read as the role that started the backfill (its condition is its own SQL), in a
+    // security-restricted operation (`SET ROLE`/`RESET ROLE` fail there), under a timeout: a
+    // slow condition fails its backfill instead of holding the stream.
+    let owner = crate::security::owner_oid(&job.owner, &format!("backfill {}", job.backfill_id))?;
+    let timeout_ms = crate::gucs::CHUNK_TIMEOUT_MS.get().max(10);
+    let raw = crate::security::as_owner(owner, || {
+        tx::arm_timeout(timeout_ms);
+        let r = sql::text_rows(&query, &args, 0, false);
+        tx::disarm_timeout();
+        r
+    })?;
 
     let mut rows = Vec::with_capacity(raw.len());
     for r in &raw {
@@ -627,7 +644,9 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
                 .join(", "),
             clauses.join(" AND ")
         );
-        for r in sql::text_rows(&q, &dargs, 0, false)? {
+        // As the backfill's owner, like the chunk: it reads the source (and casts to its key types).
+        let found = crate::security::as_owner(owner, || sql::text_rows(&q, &dargs, 0, false))?;
+        for r in found {
             let mut values = vec![Value::Null; columns.len()];
             for (ki, &ci) in key_idx.iter().enumerate() {
                 values[ci] = r[ki].as_deref().map_or(Value::Null, Value::Text);

@@ -91,6 +91,9 @@ struct Outcome {
     backfill_rows: u64,
     /// Bytes of decoded output that went to a temporary file.
     spilled: u64,
+    /// Lines for the server log, written once the iteration's transaction has ended (LOG is
+    /// quieted inside it, see `iterate`).
+    notes: Vec<String>,
 }
 
 /// Main function of a pipeline worker. The pipeline name is in `bgw_extra`, the database OID in
@@ -196,6 +199,9 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
             }
             Ok(o) => {
                 failures = 0;
+                for note in &o.notes {
+                    log!("pg_tide worker \"{name}\": {note}");
+                }
                 if o.spilled > 0 {
                     log!(
                         "pg_tide worker \"{name}\": {} bytes of decoded changes went to a temporary file (more than logical_decoding_work_mem in one read)",
@@ -415,8 +421,14 @@ fn stream(
 ) -> TideResult<Outcome> {
     let tables = catalog::tables(c, &p.name)?;
     sink.begin(c, &p.name)?;
-    let signal_relid = crate::sql::one::<i64>("SELECT 'tide.signal'::regclass::oid::int8", &[])?
-        .unwrap_or(0) as u32;
+    let (signal_relid, marker_relid) = crate::sql::two::<i64, i64>(
+        "SELECT 'tide.signal'::regclass::oid::int8, 'tide.marker'::regclass::oid::int8",
+        &[],
+    )?;
+    let (signal_relid, marker_relid) = (
+        signal_relid.unwrap_or(0) as u32,
+        marker_relid.unwrap_or(0) as u32,
+    );
     let mut sets = TableSets {
         capturing: tables
             .iter()
@@ -432,7 +444,7 @@ fn stream(
     let filter: String = tables
         .iter()
         .map(|t| t.relid)
-        .chain(std::iter::once(signal_relid))
+        .chain([signal_relid, marker_relid])
         .map(|r| r.to_string())
         .collect::<Vec<_>>()
         .join(",");
@@ -537,11 +549,26 @@ fn stream(
                     }
                 }
                 Message::Signal { body } => {
+                    // Markers are rows of tide.marker: a logical message with pg_tide's prefix
+                    // can be written by any role (pg_logical_emit_message is PUBLIC), so it is
+                    // never trusted.
+                    if let Some(t) = txn.as_ref().filter(|t| !t.skip) {
+                        out.notes.push(format!(
+                            "ignored a logical message with prefix \"pg_tide\" ({} bytes, transaction {} committed at {}): pg_tide does not write such messages",
+                            body.len(),
+                            t.xid,
+                            t.lsn
+                        ));
+                    }
+                }
+                Message::Insert { relid, new } if relid == marker_relid => {
                     let Some(t) = txn.as_mut() else { continue };
-                    if let Some((op, pipeline, relid)) = parse_signal(body) {
+                    let rel = rel_desc(rels, relid)?;
+                    if let Some((op, pipeline, relid)) = parse_marker(rel, &new) {
                         if pipeline != p.name {
                             continue;
                         }
+                        let op = op.as_str();
                         match op {
                             "add_table" => {
                                 if sets.pending.remove(&relid) || sets.capturing.contains(&relid) {
@@ -724,7 +751,12 @@ fn stream(
         catalog::mark_capturing(c, &p.name, *relid, &lsn.to_string())?;
     }
     for (relid, lsn) in &rewrites {
-        catalog::reread_after_rewrite(c, &p.name, *relid, &lsn.to_string())?;
+        out.notes.push(catalog::reread_after_rewrite(
+            c,
+            &p.name,
+            *relid,
+            &lsn.to_string(),
+        )?);
     }
     if let Some((end, time)) = last_applied {
         catalog::record_applied(c, &p.name, &end.to_string(), Some(time))?;
@@ -771,13 +803,20 @@ fn parse_watermark(rel: &RelDesc, t: &Tuple<'_>) -> Option<(String, u64, String)
     ))
 }
 
-fn parse_signal(body: &[u8]) -> Option<(&str, &str, u32)> {
-    let s = std::str::from_utf8(body).ok()?;
-    let mut parts = s.split('\t');
-    let op = parts.next()?;
-    let pipeline = parts.next()?;
-    let relid = parts.next()?.parse().ok()?;
-    Some((op, pipeline, relid))
+/// The (op, pipeline, relid) of a `tide.marker` row.
+fn parse_marker(rel: &RelDesc, t: &Tuple<'_>) -> Option<(String, String, u32)> {
+    let get = |name: &str| -> Option<&str> {
+        let i = rel.columns.iter().position(|c| c.name == name)?;
+        match t.values.get(i)? {
+            wire::Value::Text(s) => Some(*s),
+            _ => None,
+        }
+    };
+    Some((
+        get("op")?.to_string(),
+        get("pipeline")?.to_string(),
+        get("relid")?.parse().ok()?,
+    ))
 }
 
 fn rel_desc(rels: &HashMap<u32, RelDesc>, relid: u32) -> TideResult<&RelDesc> {

@@ -11,6 +11,26 @@ use pgrx::pg_sys;
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::PgTryBuilder;
 
+// utils/timeout.h, which pgrx does not bind. `STATEMENT_TIMEOUT` is the fourth member of
+// PostgreSQL 15's `TimeoutId` (StatementTimeoutHandler, registered for every backend by
+// InitPostgres, cancels the running statement: SIGINT is StatementCancelHandler in a worker
+// connected to a database).
+const STATEMENT_TIMEOUT: std::ffi::c_int = 3;
+unsafe extern "C-unwind" {
+    fn enable_timeout_after(id: std::ffi::c_int, delay_ms: std::ffi::c_int);
+    fn disable_timeout(id: std::ffi::c_int, keep_indicator: bool);
+}
+
+/// Cancel the current statement if it runs longer than `ms` (a statement timeout: SPI in a
+/// background worker gets none from `statement_timeout`). Pair with [`disarm_timeout`].
+pub fn arm_timeout(ms: i32) {
+    unsafe { enable_timeout_after(STATEMENT_TIMEOUT, ms) }
+}
+
+/// Disarm [`arm_timeout`] (harmless when it is not armed).
+pub fn disarm_timeout() {
+    unsafe { disable_timeout(STATEMENT_TIMEOUT, false) }
+}
 
 /// Run `body` in its own transaction with a fresh snapshot. Commits on `Ok`, aborts on `Err`,
 /// on a PostgreSQL ERROR or on a panic.
@@ -73,6 +93,8 @@ fn finish<R>(body: impl FnOnce() -> Result<R, TideError>) -> Result<R, TideError
                 Ok(v)
             }
             Err(e) => {
+                // A chunk's statement timeout must not outlive the statement it guarded.
+                disarm_timeout();
                 pg_sys::MemoryContextSwitchTo(pg_sys::TopMemoryContext);
                 pg_sys::FlushErrorState();
                 pg_sys::AbortCurrentTransaction();

@@ -1,0 +1,152 @@
+//! Who pg_tide acts as, and the only ways it changes that.
+//!
+//! Owns: the three identities pg_tide code runs under, and the switches between them.
+//! - **The caller** (the SQL API): every `tide.*` function is `SECURITY INVOKER`; what a caller
+//!   may do is decided from [`caller`] and the pipeline's owner ([`require_owner`]).
+//! - **pg_tide itself** ([`as_tide`]): pg_tide's own tables (`tide.pipeline`, `tide.backfill`,
+//!   ...) are readable and writable by no role but their owner; the API reaches them only
+//!   through `as_tide`, which switches to the bootstrap superuser (the worker's own identity)
+//!   with `SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION` and a pinned
+//!   `search_path = pg_catalog, pg_temp`, around fixed statements that run no user code.
+//! - **The pipeline's owner** ([`as_owner`]): everything the worker (or the API) runs on a
+//!   user's behalf — backfill conditions and chunk reads, writes and schema changes at a local
+//!   table target, creating a target — runs as the owner in a security-restricted operation,
+//!   the way PostgreSQL runs maintenance commands and (PG16) its apply worker: `SET ROLE`,
+//!   `RESET ROLE` and `SET SESSION AUTHORIZATION` fail inside it, so user code cannot climb back
+//!   to the worker's superuser identity, and the owner's privileges are checked as for any of
+//!   its own statements.
+//!
+//! Guarantees: the previous identity, security context and GUC values are restored when the
+//! closure returns, whether `Ok` or `Err`; if it raises an ERROR instead, the transaction (or
+//! subtransaction) abort restores them, as PostgreSQL does for its own switches.
+
+use crate::error::{TideError, TideResult};
+use pgrx::pg_sys;
+use std::ffi::CString;
+
+/// The role calling the SQL API (the current user: pg_tide's functions are SECURITY INVOKER).
+pub fn caller() -> pg_sys::Oid {
+    unsafe { pg_sys::GetUserId() }
+}
+
+/// The caller's role name.
+pub fn caller_name() -> TideResult<String> {
+    crate::sql::one::<String>("SELECT current_user::text", &[])?
+        .ok_or_else(|| TideError::internal("current_user is NULL"))
+}
+
+/// The OID of a role by name, if it exists.
+pub fn role_oid(name: &str) -> Option<pg_sys::Oid> {
+    let c = CString::new(name).ok()?;
+    let oid = unsafe { pg_sys::get_role_oid(c.as_ptr(), true) };
+    (oid != pg_sys::InvalidOid).then_some(oid)
+}
+
+/// Whether `member` has the privileges of `role` (directly, through inheritance, or as a
+/// superuser): what PostgreSQL checks for "is the owner or a member of the owning role".
+pub fn has_privs_of(member: pg_sys::Oid, role: pg_sys::Oid) -> bool {
+    unsafe { pg_sys::has_privs_of_role(member, role) }
+}
+
+pub fn is_superuser(role: pg_sys::Oid) -> bool {
+    unsafe { pg_sys::superuser_arg(role) }
+}
+
+/// Run `f` with `user` as the current user, in a security-restricted operation, with
+/// `search_path` pinned to `search_path` for its duration.
+fn switched<R>(
+    user: pg_sys::Oid,
+    search_path: &std::ffi::CStr,
+    f: impl FnOnce() -> TideResult<R>,
+) -> TideResult<R> {
+    let mut save_user = pg_sys::InvalidOid;
+    let mut save_ctx: std::ffi::c_int = 0;
+    let nest;
+    unsafe {
+        pg_sys::GetUserIdAndSecContext(&mut save_user, &mut save_ctx);
+        pg_sys::SetUserIdAndSecContext(
+            user,
+            save_ctx
+                | pg_sys::SECURITY_LOCAL_USERID_CHANGE as std::ffi::c_int
+                | pg_sys::SECURITY_RESTRICTED_OPERATION as std::ffi::c_int,
+        );
+        nest = pg_sys::NewGUCNestLevel();
+        pg_sys::set_config_option(
+            c"search_path".as_ptr(),
+            search_path.as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_SAVE,
+            true,
+            0,
+            false,
+        );
+    }
+    let out = f();
+    unsafe {
+        pg_sys::AtEOXact_GUC(true, nest);
+        pg_sys::SetUserIdAndSecContext(save_user, save_ctx);
+    }
+    out
+}
+
+/// Run `f` as pg_tide itself (the bootstrap superuser), for fixed statements on pg_tide's own
+/// tables. Never pass user-supplied SQL, or statements that call user-defined functions or
+/// operators, to code run here.
+pub fn as_tide<R>(f: impl FnOnce() -> TideResult<R>) -> TideResult<R> {
+    switched(
+        pg_sys::Oid::from(pg_sys::BOOTSTRAP_SUPERUSERID),
+        c"pg_catalog, pg_temp",
+        f,
+    )
+}
+
+/// Run `f` as `owner` (a pipeline's or a backfill's owner), in a security-restricted
+/// operation. The search path is the owner's schemas-free default, so unqualified names in
+/// user code resolve as `"$user", public` would for that role.
+pub fn as_owner<R>(owner: pg_sys::Oid, f: impl FnOnce() -> TideResult<R>) -> TideResult<R> {
+    switched(owner, c"\"$user\", public", f)
+}
+
+/// The OID of a pipeline or backfill owner recorded by name; a clear error if the role is gone.
+pub fn owner_oid(owner: &str, what: &str) -> TideResult<pg_sys::Oid> {
+    role_oid(owner).ok_or_else(|| {
+        TideError::undefined(format!(
+            "role \"{owner}\", the owner of {what}, does not exist"
+        ))
+        .hint("Drop it and create it again as an existing role.")
+    })
+}
+
+/// The caller must be the pipeline's owner, a member of the owning role, or a superuser:
+/// otherwise 42501. Returns the owner's name.
+pub fn require_owner(pipeline: &str) -> TideResult<String> {
+    let owner = as_tide(|| {
+        crate::sql::one::<String>(
+            "SELECT owner::text FROM tide.pipeline WHERE name = $1",
+            &[pipeline.into()],
+        )
+    })?;
+    let Some(owner) = owner else {
+        return Err(TideError::undefined(format!(
+            "pipeline \"{}\" does not exist",
+            crate::api::shown(pipeline)
+        ))
+        .hint("SELECT name FROM tide.pipelines lists the pipelines you own; tide.create_pipeline creates one."));
+    };
+    let me = caller();
+    let ok = match role_oid(&owner) {
+        Some(o) => has_privs_of(me, o),
+        None => is_superuser(me),
+    };
+    if !ok {
+        return Err(TideError::privilege(format!(
+            "must be the owner of pipeline \"{}\" (or a member of role \"{owner}\")",
+            crate::api::shown(pipeline)
+        ))
+        .hint(format!(
+            "Ask its owner to run this, or to GRANT \"{owner}\" TO you."
+        )));
+    }
+    Ok(owner)
+}
