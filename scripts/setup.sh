@@ -16,9 +16,12 @@ log() { tide_log setup "$@"; }
 # --- 1. Debian packages ------------------------------------------------------
 # pgbench and pg_ctl ship in postgresql-15, psql in postgresql-client-15; on
 # Debian 12 postgresql-15 also Provides postgresql-contrib-15 (no such real package).
+# libssl-dev: the remote sink's TLS (openssl-sys, found through pkg-config); openssl:
+# the CLI, with which pg_test/tests/tls.rs makes its certificates.
 PACKAGES=(
     postgresql-15 postgresql-client-15 postgresql-server-dev-15
     libclang-dev clang pkg-config build-essential ca-certificates
+    libssl-dev openssl
     sudo python3 iproute2 util-linux
 )
 

@@ -120,8 +120,14 @@ pub fn check_remote(server: &str) -> TideResult<()> {
     }
     let remote = RemoteSink::start(conninfo_for_server(server, &role)?, "pg_tide check");
     remote.query("SELECT 1::text", vec![], CHECK_TIMEOUT).map_err(|e| {
+        // A client-side failure (no SQLSTATE) carries the sink's own hint (a TLS certificate
+        // or file problem, an option it refuses), which says more than the generic one.
+        let hint = match (&e.sqlstate, &e.hint) {
+            (None, Some(h)) => h.clone(),
+            _ => "Check the server's host, port and dbname options and the user mapping's user and password. (Once the pipeline exists, an outage is not an error to you: the pipeline shows it and catches up.)".to_string(),
+        };
         TideError::new(PgSqlErrorCode::ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, format!("cannot reach server \"{server}\": {}", e.message))
-            .hint("Check the server's host, port and dbname options and the user mapping's user and password. (Once the pipeline exists, an outage is not an error to you: the pipeline shows it and catches up.)")
+            .hint(hint)
     })?;
     Ok(())
 }
@@ -238,6 +244,11 @@ pub fn ensure_target(
         Some(r) => r
             .query(TARGET_SHAPE, vec![Some(qualified.clone())], CHECK_TIMEOUT)
             .map_err(|e| {
+                // A client-side failure (no SQLSTATE: connection, TLS) carries the sink's hint.
+                let hint = match (&e.sqlstate, &e.hint) {
+                    (None, Some(h)) => h.clone(),
+                    _ => "Check that the server is reachable and the mapped user may read its catalogs.".to_string(),
+                };
                 TideError::new(
                     PgSqlErrorCode::ERRCODE_FDW_ERROR,
                     format!(
@@ -245,9 +256,7 @@ pub fn ensure_target(
                         e.message
                     ),
                 )
-                .hint(
-                    "Check that the server is reachable and the mapped user may read its catalogs.",
-                )
+                .hint(hint)
             })?,
         None => sql::text_rows(TARGET_SHAPE, &[Some(&qualified)], 0, true)?,
     };

@@ -30,8 +30,13 @@
 //!   TCP and never answers) is replaced by a new thread after [`STUCK_AFTER`]; at most
 //!   [`MAX_RETIRED`] such threads are left behind before requests fail as "busy" instead.
 //!
-//! TLS is not supported (the client connects with `NoTls`): `sslmode=disable`, `allow` and
-//! `prefer` connect in clear text, `require`/`verify-ca`/`verify-full` are refused.
+//! TLS follows libpq: the conninfo's `sslmode` (`disable`, `allow`, `prefer` — the default —,
+//! `require`, `verify-ca`, `verify-full`), `sslrootcert` (a PEM file, or `system`), `sslcrl`,
+//! `sslcrldir`, `sslcert`, `sslkey`, `sslpassword`, `sslcertmode`, `sslsni` and
+//! `ssl_min/max_protocol_version` are honoured, through OpenSSL (`postgres-openssl`); see the
+//! [`tls`] module for the details and the (stricter) differences from libpq. Certificate files
+//! are read when connecting, on the sink thread. A certificate that does not verify, or a file
+//! that cannot be read, is a non-transient error with a hint.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -43,9 +48,13 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use postgres::config::SslMode;
+use postgres::config::{Host, SslMode};
 use postgres::types::{FromSql, Kind, PgLsn, ToSql, Type};
 use postgres::{CancelToken, Client, Config, NoTls, Row, Statement};
+use postgres_openssl::MakeTlsConnector;
+
+mod tls;
+use tls::{TlsOptions, VerifyFailure};
 
 /// Connect timeout used when the connection string does not set `connect_timeout`.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -441,19 +450,35 @@ fn parse_conninfo(s: &str) -> Result<Vec<(String, String)>, String> {
     }
 }
 
-/// Turn the caller's conninfo into a client configuration: keep what the `postgres` crate
-/// understands, ignore libpq keywords without effect here (TLS files, GSS, client_encoding,
-/// ...), refuse what cannot be honoured (TLS required, `service`, ...), and apply our
-/// defaults (connect timeout, keepalives, TCP user timeout, default host, application name).
-fn build_config(conninfo: &str, application_name: &str) -> Result<Config, RemoteError> {
+/// Where and how to connect: the client configuration and the TLS options.
+#[derive(Debug)]
+struct Target {
+    /// The client configuration (its `ssl_mode` is the first attempt's).
+    config: Config,
+    /// libpq's TLS options.
+    tls: TlsOptions,
+}
+
+/// Turn the caller's conninfo into a client configuration and TLS options: keep what the
+/// `postgres` crate understands, take the TLS options (see [`tls`]), ignore libpq keywords
+/// without effect here (GSS, client_encoding, ...), refuse what cannot be honoured
+/// (`service`, ...), and apply our defaults (connect timeout, keepalives, TCP user timeout,
+/// default host, application name).
+///
+/// A `postgresql://` URI may only use the keywords of the `postgres` crate (so of TLS only
+/// `sslmode`, and that only `disable`, `prefer` or `require`).
+fn build_config(conninfo: &str, application_name: &str) -> Result<Target, RemoteError> {
     let trimmed = conninfo.trim();
+    let mut tls = TlsOptions::default();
     let mut config = if trimmed.starts_with("postgres://") || trimmed.starts_with("postgresql://") {
-        Config::from_str(trimmed).map_err(|e| {
+        let config = Config::from_str(trimmed).map_err(|e| {
             RemoteError::permanent(format!(
                 "invalid remote connection URI: {}",
                 error_chain(&e)
             ))
-        })?
+        })?;
+        tls = TlsOptions::from_client_mode(config.get_ssl_mode());
+        config
     } else {
         let pairs = parse_conninfo(trimmed).map_err(RemoteError::permanent)?;
         // Last value wins, as in libpq (the client would append repeated hosts instead).
@@ -475,25 +500,10 @@ fn build_config(conninfo: &str, application_name: &str) -> Result<Config, Remote
                 continue;
             };
             let value = value.as_str();
+            if tls.take(key, value)? {
+                continue;
+            }
             match key.as_str() {
-                "sslmode" => {
-                    let mode = match value {
-                        "disable" | "allow" => "disable",
-                        "prefer" => "prefer",
-                        "require" | "verify-ca" | "verify-full" => {
-                            return Err(RemoteError::permanent(format!(
-                                "sslmode={value} is not supported by pg_tide's remote sink (no TLS)"
-                            ))
-                            .with_hint("use sslmode=disable or sslmode=prefer"))
-                        }
-                        _ => {
-                            return Err(RemoteError::permanent(format!(
-                                "invalid sslmode value: \"{value}\""
-                            )))
-                        }
-                    };
-                    kept.push(format!("sslmode={mode}"));
-                }
                 "gssencmode" if value == "require" => {
                     return Err(RemoteError::permanent(
                         "gssencmode=require is not supported by pg_tide's remote sink",
@@ -507,7 +517,7 @@ fn build_config(conninfo: &str, application_name: &str) -> Result<Config, Remote
                         "connection option \"{k}\" is not supported by pg_tide's remote sink"
                     )))
                 }
-                k if LIBPQ_KEYWORDS.contains(&k) => {} // no effect without libpq/TLS/GSS
+                k if LIBPQ_KEYWORDS.contains(&k) => {} // no effect without libpq/GSS
                 k => {
                     return Err(RemoteError::permanent(format!(
                         "invalid connection option \"{k}\""
@@ -522,16 +532,33 @@ fn build_config(conninfo: &str, application_name: &str) -> Result<Config, Remote
             ))
         })?
     };
-    if matches!(config.get_ssl_mode(), SslMode::Require) {
-        return Err(RemoteError::permanent(
-            "sslmode=require is not supported by pg_tide's remote sink (no TLS)",
-        )
-        .with_hint("use sslmode=disable or sslmode=prefer"));
-    }
+    tls.finish()?;
     if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
         let port = config.get_ports().first().copied().unwrap_or(5432);
         config.host(&default_host(port));
     }
+    if config.get_hostaddrs().is_empty()
+        && config
+            .get_hosts()
+            .iter()
+            .all(|h| !matches!(h, Host::Tcp(_)))
+    {
+        tls.disable(); // Unix-domain sockets only: libpq never uses TLS there
+    }
+    if config.get_hosts().is_empty() {
+        // hostaddr alone: the client needs a name for the TLS handshake; libpq refuses to
+        // verify a host name it was not given.
+        if tls.mode == tls::SslMode::VerifyFull {
+            return Err(RemoteError::permanent(
+                "host name must be specified for a verified TLS connection (sslmode=verify-full)",
+            )
+            .with_hint("Set the foreign server's host option to the name in the server's certificate (hostaddr may stay, to skip the name lookup)."));
+        }
+        for addr in config.get_hostaddrs().to_vec() {
+            config.host(&addr.to_string());
+        }
+    }
+    config.ssl_mode(tls.mode.client_mode());
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(DEFAULT_CONNECT_TIMEOUT);
     }
@@ -554,7 +581,7 @@ fn build_config(conninfo: &str, application_name: &str) -> Result<Config, Remote
     }
     // Notices from the remote are dropped (the default handler would use the `log` crate).
     config.notice_callback(|_| {});
-    Ok(config)
+    Ok(Target { config, tls })
 }
 
 /// libpq's default when neither host nor hostaddr is given: `$PGHOST`, else the first of
@@ -739,8 +766,8 @@ struct Control {
     abandoned: u64,
     /// When the main thread gave up on the in-flight request.
     abandoned_at: Option<Instant>,
-    /// Cancel token of the current connection.
-    cancel: Option<CancelToken>,
+    /// How to cancel on the current connection.
+    cancel: Option<Canceller>,
     /// A cancel request was sent for the in-flight request: the connection must be dropped
     /// afterwards, lest the cancel hit a later request's statement.
     cancel_fired: bool,
@@ -807,14 +834,28 @@ impl fmt::Debug for RemoteSink {
     }
 }
 
-/// Send a cancel request for `token`'s connection from a short-lived thread, so neither the
-/// main thread nor the (blocked) sink thread waits for it.
-fn spawn_cancel(token: CancelToken) {
+/// What cancelling a connection's statement needs: its cancel token, and the TLS connector
+/// it was made with (the cancel request goes over the same kind of connection).
+#[derive(Clone)]
+struct Canceller {
+    /// The connection's cancel token.
+    token: CancelToken,
+    /// The TLS connector, if the connection used one.
+    tls: Option<MakeTlsConnector>,
+}
+
+/// Send a cancel request from a short-lived thread, so neither the main thread nor the
+/// (blocked) sink thread waits for it.
+fn spawn_cancel(canceller: Canceller) {
     let _ = thread::Builder::new()
         .name("tide-sink-cancel".into())
         .spawn(move || {
             block_signals();
-            let _ = catch_unwind(AssertUnwindSafe(|| token.cancel_query(NoTls)));
+            let Canceller { token, tls } = canceller;
+            let _ = catch_unwind(AssertUnwindSafe(|| match tls {
+                Some(tls) => token.cancel_query(tls),
+                None => token.cancel_query(NoTls),
+            }));
         });
 }
 
@@ -1030,9 +1071,9 @@ fn retire(worker: &Worker) {
     let mut ctl = lock(&worker.shared.ctl);
     if let Some(seq) = ctl.inflight {
         ctl.abandoned = ctl.abandoned.max(seq);
-        if let Some(token) = ctl.cancel.clone() {
+        if let Some(canceller) = ctl.cancel.clone() {
             ctl.cancel_fired = true;
-            spawn_cancel(token);
+            spawn_cancel(canceller);
         }
     }
 }
@@ -1076,9 +1117,9 @@ fn abandon(ctl: &mut Control, seq: u64) {
     ctl.abandoned = ctl.abandoned.max(seq);
     if ctl.inflight == Some(seq) {
         ctl.abandoned_at = Some(Instant::now());
-        if let Some(token) = ctl.cancel.clone() {
+        if let Some(canceller) = ctl.cancel.clone() {
             ctl.cancel_fired = true;
-            spawn_cancel(token);
+            spawn_cancel(canceller);
         }
     }
 }
@@ -1251,9 +1292,64 @@ fn roll_back(conn: &mut Option<Conn>, shared: &Shared, connection_ok: bool) {
     }
 }
 
+/// The error of a failed connection attempt: a certificate that did not verify, another TLS
+/// failure, or the client's or server's error.
+fn connect_error(
+    e: &postgres::Error,
+    target: &Target,
+    failure: &Mutex<Option<VerifyFailure>>,
+) -> RemoteError {
+    if e.as_db_error().is_none() && e.to_string().starts_with("error performing TLS handshake") {
+        if let Some(f) = lock(failure).take() {
+            return f.error(&target.tls);
+        }
+        return tls::handshake_error(e, &target.tls);
+    }
+    let mut error = RemoteError::from_pg(e);
+    if let Some(cause) = error.message.strip_prefix("error connecting to server: ") {
+        error.message = cause.to_string();
+    }
+    error.context("could not connect to the remote server")
+}
+
+/// Open a connection as the TLS options say. `allow` tries clear text first and TLS when the
+/// server refuses that (libpq's order); the other modes make one attempt, with the client's
+/// `sslmode` (`prefer` falls back to clear text only if the server does not support TLS).
+/// Returns the client and the TLS connector it used, if any (for cancel requests).
+fn connect(target: &Target) -> Result<(Client, Option<MakeTlsConnector>), RemoteError> {
+    let failure = Arc::new(Mutex::new(None));
+    let attempt = |config: &Config, tls: Option<&MakeTlsConnector>| match tls {
+        Some(tls) => config.connect(tls.clone()),
+        None => config.connect(NoTls),
+    };
+    match target.tls.mode {
+        tls::SslMode::Disable => attempt(&target.config, None)
+            .map(|c| (c, None))
+            .map_err(|e| connect_error(&e, target, &failure)),
+        tls::SslMode::Allow => match attempt(&target.config, None) {
+            Ok(client) => Ok((client, None)),
+            Err(e) if e.as_db_error().is_some() => {
+                let connector = target.tls.connector(&failure)?;
+                let mut config = target.config.clone();
+                config.ssl_mode(SslMode::Require);
+                attempt(&config, Some(&connector))
+                    .map(|c| (c, Some(connector)))
+                    .map_err(|e| connect_error(&e, target, &failure))
+            }
+            Err(e) => Err(connect_error(&e, target, &failure)),
+        },
+        _ => {
+            let connector = target.tls.connector(&failure)?;
+            attempt(&target.config, Some(&connector))
+                .map(|c| (c, Some(connector)))
+                .map_err(|e| connect_error(&e, target, &failure))
+        }
+    }
+}
+
 /// Make sure `conn` holds a live connection; true if it was just opened.
 fn ensure_connected(
-    config: &Config,
+    target: &Target,
     conn: &mut Option<Conn>,
     shared: &Shared,
 ) -> Result<bool, RemoteError> {
@@ -1263,14 +1359,11 @@ fn ensure_connected(
         }
         discard(conn, shared);
     }
-    let client = config.connect(NoTls).map_err(|e| {
-        let mut error = RemoteError::from_pg(&e);
-        if let Some(cause) = error.message.strip_prefix("error connecting to server: ") {
-            error.message = cause.to_string();
-        }
-        error.context("could not connect to the remote server")
-    })?;
-    lock(&shared.ctl).cancel = Some(client.cancel_token());
+    let (client, tls) = connect(target)?;
+    lock(&shared.ctl).cancel = Some(Canceller {
+        token: client.cancel_token(),
+        tls,
+    });
     shared.connected.store(true, Ordering::SeqCst);
     *conn = Some(Conn {
         client,
@@ -1291,7 +1384,7 @@ fn abandoned_error() -> RemoteError {
 
 /// Execute one request. `sent` is set once anything was sent on the connection.
 fn run_request(
-    config: &Config,
+    target: &Target,
     conn: &mut Option<Conn>,
     request: &Request,
     shared: &Shared,
@@ -1306,7 +1399,7 @@ fn run_request(
     // dead on this first round trip has executed nothing: retry once on a fresh one.
     let mut retried = false;
     loop {
-        let fresh = ensure_connected(config, conn, shared)?;
+        let fresh = ensure_connected(target, conn, shared)?;
         if is_abandoned(shared, request.seq) {
             return Err(abandoned_error());
         }
@@ -1415,7 +1508,7 @@ fn sink_thread(
     shared: &Shared,
 ) {
     block_signals();
-    let config = catch_unwind(AssertUnwindSafe(|| {
+    let target = catch_unwind(AssertUnwindSafe(|| {
         build_config(conninfo, application_name)
     }))
     .unwrap_or_else(|p| {
@@ -1440,10 +1533,10 @@ fn sink_thread(
             ctl.abandoned_at = None;
         }
         let mut sent = false;
-        let result = match &config {
+        let result = match &target {
             Err(e) => Err(e.clone()),
-            Ok(config) => catch_unwind(AssertUnwindSafe(|| {
-                run_request(config, &mut conn, &request, shared, &mut sent)
+            Ok(target) => catch_unwind(AssertUnwindSafe(|| {
+                run_request(target, &mut conn, &request, shared, &mut sent)
             }))
             .unwrap_or_else(|p| {
                 let _ = catch_unwind(AssertUnwindSafe(|| discard(&mut conn, shared)));
@@ -1565,44 +1658,104 @@ mod tests {
     }
 
     #[test]
-    fn build_config_applies_defaults_and_refuses_tls() {
-        let c = build_config(
+    fn build_config_applies_defaults_and_takes_tls_options() {
+        let t = build_config(
             "host=h dbname=d user=u keepalives_count=7 sslmode=prefer",
             "app",
         )
         .unwrap();
+        let c = &t.config;
         assert_eq!(c.get_connect_timeout(), Some(&DEFAULT_CONNECT_TIMEOUT));
         assert!(c.get_keepalives());
         assert_eq!(c.get_keepalives_idle(), DEFAULT_KEEPALIVES_IDLE);
         assert_eq!(c.get_keepalives_retries(), Some(7));
         assert_eq!(c.get_tcp_user_timeout(), Some(&DEFAULT_TCP_USER_TIMEOUT));
         assert_eq!(c.get_application_name(), Some("app"));
+        assert_eq!(c.get_ssl_mode(), SslMode::Prefer);
+        assert_eq!(t.tls.mode, tls::SslMode::Prefer);
 
-        let c = build_config(
+        let t = build_config(
             "host=h connect_timeout=9 keepalives_idle=11 application_name=mine sslrootcert=/x \
              client_encoding=UTF8 host=h2",
             "",
         )
         .unwrap();
+        let c = &t.config;
         assert_eq!(c.get_connect_timeout(), Some(&Duration::from_secs(9)));
         assert_eq!(c.get_keepalives_idle(), Duration::from_secs(11));
         assert_eq!(c.get_application_name(), Some("mine"));
         assert_eq!(c.get_hosts().len(), 1, "last host wins");
+        assert_eq!(t.tls.mode, tls::SslMode::Prefer, "libpq's default sslmode");
+
+        // Every sslmode, and the client's mode for the first attempt.
+        for (conninfo, mode, client) in [
+            (
+                "host=h sslmode=disable",
+                tls::SslMode::Disable,
+                SslMode::Disable,
+            ),
+            (
+                "host=h sslmode=allow",
+                tls::SslMode::Allow,
+                SslMode::Disable,
+            ),
+            (
+                "host=h sslmode=require",
+                tls::SslMode::Require,
+                SslMode::Require,
+            ),
+            (
+                "host=h sslmode=verify-ca sslrootcert=/ca.crt",
+                tls::SslMode::VerifyCa,
+                SslMode::Require,
+            ),
+            (
+                "host=h sslmode=verify-full sslcert=/c sslkey=/k",
+                tls::SslMode::VerifyFull,
+                SslMode::Require,
+            ),
+            (
+                "host=h sslrootcert=system",
+                tls::SslMode::VerifyFull,
+                SslMode::Require,
+            ),
+            (
+                "postgresql://h/db?sslmode=require",
+                tls::SslMode::Require,
+                SslMode::Require,
+            ),
+            // Unix-domain sockets never use TLS.
+            (
+                "host=/var/run/postgresql sslmode=verify-full",
+                tls::SslMode::Disable,
+                SslMode::Disable,
+            ),
+        ] {
+            let t = build_config(conninfo, "a").unwrap_or_else(|e| panic!("{conninfo}: {e:?}"));
+            assert_eq!(t.tls.mode, mode, "{conninfo}");
+            assert_eq!(t.config.get_ssl_mode(), client, "{conninfo}");
+        }
+        // hostaddr alone: its address is the name for the handshake; verify-full refuses it.
+        let t = build_config("hostaddr=127.0.0.1 sslmode=require", "a").unwrap();
+        assert_eq!(t.config.get_hosts().len(), 1);
+        let e = build_config("hostaddr=127.0.0.1 sslmode=verify-full", "a").unwrap_err();
+        assert!(!e.transient && e.hint.is_some(), "{e:?}");
 
         for bad in [
-            "host=h sslmode=require",
-            "host=h sslmode=verify-full",
             "host=h sslmode=bogus",
+            "host=h sslmode=require sslrootcert=system",
+            "host=h sslcertmode=require",
+            "host=h ssl_min_protocol_version=TLSv9",
             "host=h service=foo",
             "host=h no_such_option=1",
             "host=h port=notanumber",
-            "postgresql://h/db?sslmode=require",
+            "postgresql://h/db?sslmode=verify-full",
             "host='unterminated",
         ] {
             let e = build_config(bad, "app").unwrap_err();
             assert!(!e.transient, "{bad}: {e:?}");
         }
-        let e = build_config("host=h sslmode=require", "a").unwrap_err();
+        let e = build_config("host=h sslmode=bogus", "a").unwrap_err();
         assert!(e.hint.is_some());
         assert!(build_config("postgresql://u@h:5433/db", "a").is_ok());
     }
@@ -1711,12 +1864,32 @@ mod tests {
 
     #[test]
     fn bad_conninfo_is_reported_by_the_first_request() {
-        let sink = RemoteSink::start("host=h sslmode=verify-full".into(), "tide-test");
+        let sink = RemoteSink::start("host=h sslmode=verify-fully".into(), "tide-test");
         let e = sink
             .query("SELECT 1", vec![], Duration::from_secs(5))
             .unwrap_err();
         assert!(!e.transient);
         assert!(e.message.contains("sslmode"), "{}", e.message);
+    }
+
+    #[test]
+    fn unreadable_tls_file_is_reported_before_connecting() {
+        // Port 1: nothing listens; the root certificate is read first and fails.
+        let sink = RemoteSink::start(
+            "host=127.0.0.1 port=1 sslmode=verify-ca sslrootcert=/nonexistent/ca.crt".into(),
+            "tide-test",
+        );
+        let e = sink
+            .query("SELECT 1", vec![], Duration::from_secs(5))
+            .unwrap_err();
+        assert!(!e.transient, "{e:?}");
+        assert!(e.message.contains("/nonexistent/ca.crt"), "{}", e.message);
+        assert!(
+            e.hint
+                .as_deref()
+                .is_some_and(|h| h.contains("operating system user")),
+            "{e:?}"
+        );
     }
 
     #[test]
