@@ -16,6 +16,9 @@
 //! - A transaction that rewrites an emitted relation's heap (table-rewriting `ALTER TABLE`) sends
 //!   one `Rewrite` message for it, at the position of its first rewritten row: the rows of a
 //!   rewrite are not decoded as changes of the table, yet may all have new values.
+//! - Changes committed with a `pg_tide_*` replication origin (a pipeline worker's own writes to
+//!   table targets, see `worker::origin`) are not emitted, except those to pg_tide's own tables
+//!   (the worker's watermarks): no pipeline ever captures what pg_tide wrote.
 //! - Values are the type's text output, produced under a per-change memory context that is reset
 //!   after each change, so memory does not grow with transaction size.
 
@@ -50,6 +53,8 @@ struct PluginState {
     reported_end: u64,
     /// Relations whose rewrite the current transaction has reported (or found not wanted).
     rewritten: HashSet<pg_sys::Oid>,
+    /// Replication origin → whether it is a pg_tide worker's (`pg_tide_*`), as looked up.
+    origins: HashMap<pg_sys::RepOriginId, bool>,
 }
 
 /// A Keepalive is written after this many skipped transactions...
@@ -191,6 +196,7 @@ unsafe extern "C-unwind" fn startup(
             skipped: 0,
             reported_end: 0,
             rewritten: HashSet::new(),
+            origins: HashMap::new(),
         });
         (*ctx).output_plugin_private = Box::into_raw(state) as *mut std::ffi::c_void;
 
@@ -299,6 +305,31 @@ unsafe extern "C-unwind" fn commit(
         flush(ctx, st, true);
         st.begun = false;
     }
+}
+
+/// Whether `txn` was committed by a pg_tide worker (its replication origin is `pg_tide_*`).
+/// Looked up once per origin and decoding session (inside the replay transaction, where the
+/// catalogs may be read).
+unsafe fn from_tide(st: &mut PluginState, txn: *mut pg_sys::ReorderBufferTXN) -> bool {
+    unsafe {
+        let origin = (*txn).origin_id;
+        if origin == pg_sys::InvalidRepOriginId as pg_sys::RepOriginId {
+            return false;
+        }
+        *st.origins.entry(origin).or_insert_with(|| {
+            let mut name: *mut std::ffi::c_char = std::ptr::null_mut();
+            pg_sys::replorigin_by_oid(origin, true, &mut name)
+                && !name.is_null()
+                && CStr::from_ptr(name)
+                    .to_bytes()
+                    .starts_with(crate::worker::origin::PREFIX.as_bytes())
+        })
+    }
+}
+
+/// Whether `rel` is one of pg_tide's own tables (its signal and marker rows are always emitted).
+fn is_tide_rel(st: &PluginState, rel: pg_sys::Relation) -> bool {
+    unsafe { Some((*(*rel).rd_rel).relnamespace) == st.tide_namespace }
 }
 
 fn wanted(st: &PluginState, rel: pg_sys::Relation) -> bool {
@@ -458,10 +489,12 @@ unsafe extern "C-unwind" fn change(
         let st = state(ctx);
         let rewrite_of = (*(*rel).rd_rel).relrewrite;
         if rewrite_of != pg_sys::InvalidOid {
-            report_rewrite(ctx, st, txn, rewrite_of);
+            if !from_tide(st, txn) {
+                report_rewrite(ctx, st, txn, rewrite_of);
+            }
             return;
         }
-        if !wanted(st, rel) {
+        if !wanted(st, rel) || (!is_tide_rel(st, rel) && from_tide(st, txn)) {
             return;
         }
         let old_cx = pg_sys::MemoryContextSwitchTo(st.change_cx);
@@ -553,6 +586,9 @@ unsafe extern "C-unwind" fn truncate(
 ) {
     unsafe {
         let st = state(ctx);
+        if from_tide(st, txn) {
+            return;
+        }
         let rels: Vec<pg_sys::Relation> = (0..nrelations as usize)
             .map(|i| *relations.add(i))
             .filter(|&r| wanted(st, r))

@@ -467,3 +467,137 @@ fn views_hide_keys_of_unreadable_tables() {
         "keys of a table alice may no longer read are shown"
     );
 }
+
+/// 9. Loops are impossible: a table target is never captured (refused at add_table, in either
+/// order), and what a table target writes carries pg_tide's replication origin, so even a
+/// pipeline that captured the table before it became a target never sees pg_tide's writes.
+#[test]
+fn loops_are_impossible() {
+    let c = setup("sec_loops");
+    c.execute(
+        "CREATE TABLE a (id int PRIMARY KEY, v int); CREATE TABLE b (id int PRIMARY KEY, v int);
+         CREATE TABLE cc (id int PRIMARY KEY, v int);",
+    );
+    c.execute(r#"SELECT tide.create_pipeline('p1', 'table', '{"schema": "public"}')"#);
+    c.execute(r#"SELECT tide.create_pipeline('p2', 'table', '{"schema": "public"}')"#);
+    c.execute("SELECT tide.create_pipeline('watch')");
+    c.execute("SELECT tide.add_table('p1', 'a', false, 'public.b')");
+    // b is p1's target: no pipeline may capture it (it would feed a back to itself through p2).
+    assert_sql_fails(
+        c.try_execute("SELECT tide.add_table('p2', 'b', false, 'public.a')"),
+        "22023",
+        None,
+    );
+    // Within one pipeline, a captured table cannot be a target either.
+    c.execute("CREATE TABLE d (id int PRIMARY KEY, v int)");
+    assert_sql_fails(
+        c.try_execute("SELECT tide.add_table('p1', 'd', false, 'public.a')"),
+        "22023",
+        None,
+    );
+    // 'watch' captured cc before it became p1's target: it sees a direct write to cc, never
+    // p1's writes.
+    c.execute("SELECT tide.add_table('watch', 'cc', false)");
+    c.execute("CREATE TABLE e (id int PRIMARY KEY, v int)");
+    c.execute("SELECT tide.add_table('p1', 'e', false, 'public.cc')");
+    for p in ["p1", "watch"] {
+        wait_for_pipeline(&c, p, 30, || diag(&c));
+    }
+    c.execute("INSERT INTO e SELECT g, g FROM generate_series(1, 50) g");
+    c.execute("INSERT INTO cc VALUES (1000, 1)");
+    c.execute("INSERT INTO a VALUES (1, 1)");
+    for p in ["p1", "watch"] {
+        wait_for_pipeline(&c, p, 30, || diag(&c));
+    }
+    let at_target: i64 = c.query_scalar("SELECT count(*) FROM cc");
+    assert_eq!(at_target, 51, "p1 wrote its target\n{}", diag(&c));
+    let seen: Vec<String> = c
+        .query("SELECT key->>'id' FROM tide.outbox WHERE pipeline = 'watch' ORDER BY id")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        seen,
+        vec!["1000".to_string()],
+        "the watcher must see the direct write only, never pg_tide's writes"
+    );
+    let b: i64 = c.query_scalar("SELECT count(*) FROM b");
+    assert_eq!(b, 1);
+    // Nothing goes round: the counts stay put.
+    std::thread::sleep(Duration::from_millis(1500));
+    let events: i64 = c.query_scalar("SELECT count(*) FROM tide.outbox");
+    assert_eq!(events, 1);
+}
+
+/// 10. Clean errors: NULL arguments (22004, naming the argument), an OID that names no relation
+/// (42P01), huge intervals (clamped, not overflowing), huge names (truncated in the message), and
+/// no Rust backtrace in any DETAIL.
+#[test]
+fn clean_errors() {
+    let c = setup("sec_errors");
+    c.execute("CREATE TABLE t (id int PRIMARY KEY)");
+    c.execute("SELECT tide.create_pipeline('p')");
+    c.execute("SELECT tide.add_table('p', 't', false)");
+    for (sql, arg) in [
+        ("SELECT tide.create_pipeline(NULL)", "name"),
+        ("SELECT tide.create_pipeline('q', NULL)", "target"),
+        ("SELECT tide.drop_pipeline(NULL)", "name"),
+        ("SELECT tide.pause_pipeline(NULL)", "name"),
+        ("SELECT tide.resume_pipeline(NULL)", "name"),
+        ("SELECT tide.wait_for_pipeline(NULL)", "name"),
+        ("SELECT tide.wait_for_pipeline('p', NULL)", "timeout"),
+        ("SELECT tide.add_table(NULL, 't')", "pipeline"),
+        ("SELECT tide.add_table('p', NULL)", "source"),
+        ("SELECT tide.add_table('p', 't', NULL)", "backfill"),
+        ("SELECT tide.remove_table('p', NULL)", "source"),
+        ("SELECT tide.start_backfill(NULL)", "source"),
+        ("SELECT tide.pause_backfill(NULL)", "source"),
+        ("SELECT tide.alter_backfill(NULL)", "source"),
+        ("SELECT tide.wait_for_backfill(NULL)", "source"),
+        ("SELECT tide.wait_for_backfill('t', 'p', NULL)", "timeout"),
+        ("SELECT * FROM tide.verify(NULL)", "source"),
+        ("SELECT * FROM tide.repair(NULL)", "source"),
+    ] {
+        let e = expect_db_error(c.try_execute(sql));
+        assert_eq!(e.code().code(), "22004", "{sql}: {e:?}");
+        assert!(
+            e.message().contains(&format!("\"{arg}\"")),
+            "{sql}: the message names the argument {arg}: {e:?}"
+        );
+    }
+    for sql in [
+        "SELECT tide.add_table('p', 0::regclass)",
+        "SELECT tide.start_backfill(0::regclass)",
+        "SELECT * FROM tide.verify(0::regclass)",
+        "SELECT tide.remove_table('p', 12345678::regclass)",
+    ] {
+        let e = expect_db_error(c.try_execute(sql));
+        assert_eq!(e.code().code(), "42P01", "{sql}: {e:?}");
+        assert!(
+            !e.detail().unwrap_or("").contains("backtrace"),
+            "{sql}: a backtrace in DETAIL: {e:?}"
+        );
+    }
+    let t = Instant::now();
+    let ok: bool = c.query_scalar("SELECT tide.wait_for_pipeline('p', '300000 years')");
+    assert!(
+        ok,
+        "a huge timeout must not overflow into an immediate false"
+    );
+    assert!(t.elapsed() < Duration::from_secs(30));
+    let long = "x".repeat(100_000);
+    let e = expect_db_error(c.try_execute(&format!("SELECT tide.pause_pipeline('{long}')")));
+    assert_eq!(e.code().code(), "42704");
+    assert!(
+        e.message().len() < 300,
+        "the name is echoed in full ({} bytes)",
+        e.message().len()
+    );
+    let e = expect_db_error(c.try_execute(&format!("SELECT tide.create_pipeline('{long}')")));
+    assert_eq!(e.code().code(), "22023");
+    assert!(
+        e.message().len() < 300,
+        "the name is echoed in full ({} bytes)",
+        e.message().len()
+    );
+}

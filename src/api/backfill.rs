@@ -13,13 +13,13 @@
 //!
 //! All states are persisted in `tide.backfill`.
 
+use super::args::{relation, required, Regclass};
 use super::{check_server, require_pipeline, sleep_ms};
 use crate::error::{OrRaise, TideError, TideResult};
 use crate::shmem;
 use crate::sql;
 use crate::tsql;
 use pgrx::prelude::*;
-use pgrx::PgRelation;
 
 /// Default rows per chunk.
 pub const DEFAULT_CHUNK_SIZE: i32 = 5000;
@@ -178,12 +178,14 @@ pub(crate) fn one_expression(cond: &str) -> TideResult<()> {
 /// Start (or re-seed) the backfill of one table for one pipeline; returns its id.
 #[pg_extern]
 fn start_backfill(
-    source: PgRelation,
+    source: Option<Regclass>,
     pipeline: default!(Option<&str>, "NULL"),
     chunk_size: default!(Option<i32>, "NULL"),
     condition: default!(Option<&str>, "NULL"),
 ) -> i64 {
-    start_backfill_impl(source.oid(), pipeline, chunk_size, condition).or_raise()
+    relation(source, "source")
+        .and_then(|relid| start_backfill_impl(relid, pipeline, chunk_size, condition))
+        .or_raise()
 }
 
 pub(crate) fn start_backfill_impl(
@@ -328,13 +330,13 @@ fn active_backfill(relid: pg_sys::Oid, pipeline: &str) -> TideResult<Option<(i64
 }
 
 fn set_state(
-    source: PgRelation,
+    source: Option<Regclass>,
     pipeline: Option<&str>,
     from: &[&str],
     to: &str,
     verb: &str,
 ) -> TideResult<()> {
-    let relid = source.oid();
+    let relid = relation(source, "source")?;
     let pipeline = resolve_pipeline(relid, pipeline)?;
     let qualified = relation_name(relid)?;
     let Some((id, state)) = active_backfill(relid, &pipeline)? else {
@@ -357,19 +359,19 @@ fn set_state(
 
 /// Pause a queued or running backfill; the stream keeps running.
 #[pg_extern]
-fn pause_backfill(source: PgRelation, pipeline: default!(Option<&str>, "NULL")) {
+fn pause_backfill(source: Option<Regclass>, pipeline: default!(Option<&str>, "NULL")) {
     set_state(source, pipeline, &["queued", "running"], "paused", "pause").or_raise()
 }
 
 /// Resume a paused backfill from the chunk after the last one emitted.
 #[pg_extern]
-fn resume_backfill(source: PgRelation, pipeline: default!(Option<&str>, "NULL")) {
+fn resume_backfill(source: Option<Regclass>, pipeline: default!(Option<&str>, "NULL")) {
     set_state(source, pipeline, &["paused"], "queued", "resume").or_raise()
 }
 
 /// Cancel a queued, running or paused backfill. Rows already emitted stay at the target.
 #[pg_extern]
-fn cancel_backfill(source: PgRelation, pipeline: default!(Option<&str>, "NULL")) {
+fn cancel_backfill(source: Option<Regclass>, pipeline: default!(Option<&str>, "NULL")) {
     set_state(
         source,
         pipeline,
@@ -384,7 +386,7 @@ fn cancel_backfill(source: PgRelation, pipeline: default!(Option<&str>, "NULL"))
 /// runs; the next chunk uses them.
 #[pg_extern]
 fn alter_backfill(
-    source: PgRelation,
+    source: Option<Regclass>,
     pipeline: default!(Option<&str>, "NULL"),
     chunk_size: default!(Option<i32>, "NULL"),
     rows_per_second: default!(Option<i32>, "NULL"),
@@ -393,12 +395,12 @@ fn alter_backfill(
 }
 
 fn alter_backfill_impl(
-    source: PgRelation,
+    source: Option<Regclass>,
     pipeline: Option<&str>,
     chunk_size: Option<i32>,
     rows_per_second: Option<i32>,
 ) -> TideResult<()> {
-    let relid = source.oid();
+    let relid = relation(source, "source")?;
     let pipeline = resolve_pipeline(relid, pipeline)?;
     let qualified = relation_name(relid)?;
     if let Some(c) = chunk_size {
@@ -437,11 +439,18 @@ fn alter_backfill_impl(
 /// where it finished. False on timeout; an ERROR if the backfill failed or was cancelled.
 #[pg_extern]
 fn wait_for_backfill(
-    source: PgRelation,
+    source: Option<Regclass>,
     pipeline: default!(Option<&str>, "NULL"),
-    timeout: default!(pgrx::datum::Interval, "'1 hour'"),
+    timeout: default!(Option<pgrx::datum::Interval>, "'1 hour'"),
 ) -> bool {
-    wait_for_backfill_impl(source.oid(), pipeline, timeout).or_raise()
+    (|| {
+        wait_for_backfill_impl(
+            relation(source, "source")?,
+            pipeline,
+            required(timeout, "timeout")?,
+        )
+    })()
+    .or_raise()
 }
 
 fn wait_for_backfill_impl(

@@ -7,9 +7,11 @@ use crate::shmem;
 use crate::sql;
 use crate::tsql;
 use crate::worker::launcher::{LAUNCHER_TYPE, WORKER_TYPE};
+use args::{relation, required, Regclass};
 use pgrx::prelude::*;
-use pgrx::{JsonB, PgRelation};
+use pgrx::JsonB;
 
+pub mod args;
 pub mod backfill;
 pub mod targets;
 pub mod verify;
@@ -35,9 +37,12 @@ fn check() -> String {
 /// a member of, all for a superuser): what the outbox's row security lets it read and trim.
 #[pg_extern(stable)]
 fn _owned_pipelines() -> SetOfIterator<'static, String> {
+    SetOfIterator::new(owned_pipelines().or_raise())
+}
+
+fn owned_pipelines() -> TideResult<Vec<String>> {
     let me = crate::security::caller();
-    let rows =
-        tsql::text_rows("SELECT name, owner::text FROM tide.pipeline", &[], 0, false).or_raise();
+    let rows = tsql::text_rows("SELECT name, owner::text FROM tide.pipeline", &[], 0, false)?;
     let names: Vec<String> = rows
         .into_iter()
         .filter_map(|r| {
@@ -50,7 +55,7 @@ fn _owned_pipelines() -> SetOfIterator<'static, String> {
             ok.then_some(name)
         })
         .collect();
-    SetOfIterator::new(names)
+    Ok(names)
 }
 
 fn setting(name: &str) -> TideResult<String> {
@@ -119,8 +124,12 @@ fn _worker_status() -> TableIterator<
             }
         }
     };
+    // Only the workers of pipelines the caller may see (as in every view).
+    let visible: std::collections::HashSet<String> =
+        owned_pipelines().or_raise().into_iter().collect();
     let rows: Vec<_> = shmem::snapshot()
         .into_iter()
+        .filter(|w| visible.contains(w.name()))
         .map(|w| {
             (
                 w.name().to_string(),
@@ -177,7 +186,7 @@ fn validate_name(name: &str) -> TideResult<()> {
     if ok {
         Ok(())
     } else {
-        Err(TideError::invalid(format!("invalid pipeline name \"{name}\""))
+        Err(TideError::invalid(format!("invalid pipeline name \"{}\"", shown(name)))
             .hint(format!("Use 1 to {MAX_NAME} lower-case letters, digits and underscores, starting with a letter or underscore (the slot is named tide_<name>).")))
     }
 }
@@ -206,11 +215,18 @@ pub(crate) fn wake_on_commit(pid: Option<i32>) {
 /// Create a pipeline: its replication slot, its catalog row, and (after commit) its worker.
 #[pg_extern]
 fn create_pipeline(
-    name: &str,
-    target: default!(&str, "'outbox'"),
-    options: default!(JsonB, "'{}'"),
+    name: Option<&str>,
+    target: default!(Option<&str>, "'outbox'"),
+    options: default!(Option<JsonB>, "'{}'"),
 ) {
-    create_pipeline_impl(name, target, options).or_raise()
+    (|| {
+        create_pipeline_impl(
+            required(name, "name")?,
+            required(target, "target")?,
+            required(options, "options")?,
+        )
+    })()
+    .or_raise()
 }
 
 fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> TideResult<()> {
@@ -312,8 +328,10 @@ fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> TideResult<
 
 /// Drop a pipeline: stop its worker, drop its slot and forget its tables. Its outbox rows stay.
 #[pg_extern]
-fn drop_pipeline(name: &str) {
-    drop_pipeline_impl(name).or_raise()
+fn drop_pipeline(name: Option<&str>) {
+    required(name, "name")
+        .and_then(drop_pipeline_impl)
+        .or_raise()
 }
 
 fn drop_pipeline_impl(name: &str) -> TideResult<()> {
@@ -366,6 +384,11 @@ fn drop_pipeline_as_tide(name: &str, slot: &str) -> TideResult<()> {
             }
         }
     }
+    // The worker has exited (above), so its replication origin is free to drop.
+    sql::exec(
+        "SELECT pg_replication_origin_drop(roname) FROM pg_replication_origin WHERE roname = $1",
+        &[crate::worker::origin::name(name).into()],
+    )?;
     Ok(())
 }
 
@@ -400,14 +423,18 @@ fn wait_for_exit(pid: i32, seconds: u64) -> TideResult<()> {
 
 /// Stop applying changes; the slot keeps them until resume.
 #[pg_extern]
-fn pause_pipeline(name: &str) {
-    set_enabled(name, false).or_raise()
+fn pause_pipeline(name: Option<&str>) {
+    required(name, "name")
+        .and_then(|n| set_enabled(n, false))
+        .or_raise()
 }
 
 /// Resume a paused pipeline from where it stopped.
 #[pg_extern]
-fn resume_pipeline(name: &str) {
-    set_enabled(name, true).or_raise()
+fn resume_pipeline(name: Option<&str>) {
+    required(name, "name")
+        .and_then(|n| set_enabled(n, true))
+        .or_raise()
 }
 
 fn set_enabled(name: &str, enabled: bool) -> TideResult<()> {
@@ -423,8 +450,11 @@ fn set_enabled(name: &str, enabled: bool) -> TideResult<()> {
 /// Wait until the pipeline has applied every change committed before this call. Returns false
 /// on timeout (for example while the pipeline is paused or failing).
 #[pg_extern]
-fn wait_for_pipeline(name: &str, timeout: default!(pgrx::datum::Interval, "'1 minute'")) -> bool {
-    wait_for_pipeline_impl(name, timeout).or_raise()
+fn wait_for_pipeline(
+    name: Option<&str>,
+    timeout: default!(Option<pgrx::datum::Interval>, "'1 minute'"),
+) -> bool {
+    (|| wait_for_pipeline_impl(required(name, "name")?, required(timeout, "timeout")?))().or_raise()
 }
 
 fn wait_for_pipeline_impl(name: &str, timeout: pgrx::datum::Interval) -> TideResult<bool> {
@@ -580,12 +610,20 @@ fn validate_source(relid: pg_sys::Oid, owner: &str) -> TideResult<SourceInfo> {
 /// (unless `backfill => false`) the rows that already exist are backfilled.
 #[pg_extern]
 fn add_table(
-    pipeline: &str,
-    source: PgRelation,
-    backfill: default!(bool, true),
+    pipeline: Option<&str>,
+    source: Option<Regclass>,
+    backfill: default!(Option<bool>, true),
     target_table: default!(Option<&str>, "NULL"),
 ) {
-    add_table_impl(pipeline, source.oid(), backfill, target_table).or_raise()
+    (|| {
+        add_table_impl(
+            required(pipeline, "pipeline")?,
+            relation(source, "source")?,
+            required(backfill, "backfill")?,
+            target_table,
+        )
+    })()
+    .or_raise()
 }
 
 fn add_table_impl(
@@ -605,6 +643,20 @@ fn add_table_impl(
             AND to_regclass(format('%I.%I', target_schema, target_name)) = $2",
         &[pipeline.into(), relid.into()],
     )?;
+    let target_anywhere = tsql::one::<String>(
+        "SELECT pipeline FROM tide.pipeline_table t JOIN tide.pipeline p ON p.name = t.pipeline
+          WHERE p.target = 'table' AND t.target_name IS NOT NULL
+            AND to_regclass(format('%I.%I', t.target_schema, t.target_name)) = $1
+          LIMIT 1",
+        &[relid.into()],
+    )?;
+    if let Some(other) = target_anywhere {
+        return Err(TideError::invalid(format!(
+            "\"{}\" is a table target of pipeline \"{other}\": pg_tide's own writes are never captured",
+            s.qualified
+        ))
+        .hint("Capture the table the target is a copy of instead."));
+    }
     if let Some(src) = target_of {
         return Err(TideError::invalid(format!(
             "\"{}\" is the target of {src} in pipeline \"{}\", which cannot also capture it",
@@ -714,8 +766,9 @@ fn add_table_impl(
 
 /// Stop capturing a table. Changes committed after this call commits are not delivered.
 #[pg_extern]
-fn remove_table(pipeline: &str, source: PgRelation) {
-    remove_table_impl(pipeline, source.oid()).or_raise()
+fn remove_table(pipeline: Option<&str>, source: Option<Regclass>) {
+    (|| remove_table_impl(required(pipeline, "pipeline")?, relation(source, "source")?))()
+        .or_raise()
 }
 
 fn remove_table_impl(pipeline: &str, relid: pg_sys::Oid) -> TideResult<()> {

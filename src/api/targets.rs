@@ -197,11 +197,11 @@ pub fn ensure_target(
                 [n] => (schema_opt, n.clone()),
                 [s, n] => (s.clone(), n.clone()),
                 _ => {
-                    return Err(
-                        TideError::invalid(format!("invalid target table name \"{t}\"")).hint(
-                            "Pass a table name, optionally schema-qualified: 'replica.orders'.",
-                        ),
-                    )
+                    return Err(TideError::invalid(format!(
+                        "invalid target table name \"{}\"",
+                        crate::api::shown(t)
+                    ))
+                    .hint("Pass a table name, optionally schema-qualified: 'replica.orders'."))
                 }
             }
         }

@@ -27,6 +27,7 @@
 //! Known limit: the calling statement's own snapshot is held for the whole call (PostgreSQL
 //! keeps the snapshot of a running statement); each range's reads take fresh snapshots.
 
+use super::args::{relation, required, Regclass};
 use super::backfill::{relation_name, resolve_pipeline, start_backfill_internal};
 use super::{check_server, sleep_ms};
 use crate::error::{OrRaise, TideError, TideResult};
@@ -36,7 +37,6 @@ use crate::sink::table::conninfo_for_server;
 use crate::sql;
 use crate::tsql;
 use pgrx::prelude::*;
-use pgrx::PgRelation;
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
@@ -653,10 +653,10 @@ type VerifyRow = (
 /// whose columns differ), then a summary row (`kind = 'summary'`).
 #[pg_extern]
 fn verify(
-    source: PgRelation,
+    source: Option<Regclass>,
     pipeline: default!(Option<&str>, "NULL"),
     ranges: default!(Option<i32>, "NULL"),
-    sample: default!(i32, 0),
+    sample: default!(Option<i32>, 0),
 ) -> TableIterator<
     'static,
     (
@@ -672,7 +672,17 @@ fn verify(
         name!(columns, Option<Vec<String>>),
     ),
 > {
-    TableIterator::new(verify_impl(source.oid(), pipeline, ranges, sample).or_raise())
+    TableIterator::new(
+        (|| {
+            verify_impl(
+                relation(source, "source")?,
+                pipeline,
+                ranges,
+                required(sample, "sample")?,
+            )
+        })()
+        .or_raise(),
+    )
 }
 
 fn verify_impl(
@@ -859,7 +869,7 @@ type RepairRow = (i32, i64, i64, Option<i64>, String);
 /// (at a high watermark, so never a key inserted meanwhile) target rows whose key no longer exists.
 #[pg_extern]
 fn repair(
-    source: PgRelation,
+    source: Option<Regclass>,
     pipeline: default!(Option<&str>, "NULL"),
 ) -> TableIterator<
     'static,
@@ -871,7 +881,11 @@ fn repair(
         name!(action, String),
     ),
 > {
-    TableIterator::new(repair_impl(source.oid(), pipeline).or_raise())
+    TableIterator::new(
+        relation(source, "source")
+            .and_then(|relid| repair_impl(relid, pipeline))
+            .or_raise(),
+    )
 }
 
 fn repair_impl(relid: pg_sys::Oid, pipeline: Option<&str>) -> TideResult<Vec<RepairRow>> {

@@ -4,5 +4,6 @@
 pub mod backfill;
 pub mod decoder;
 pub mod launcher;
+pub mod origin;
 pub mod pipeline;
 pub mod tx;

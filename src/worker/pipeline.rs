@@ -135,6 +135,12 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
     }) {
         log!("pg_tide worker \"{name}\": could not set output settings: {e}");
     }
+    // Mark this worker's transactions (its target writes above all) as pg_tide's.
+    if let Err(e) = tx::run(|| super::origin::setup(&name)) {
+        warning!(
+            "pg_tide worker \"{name}\": could not set up its replication origin, so its writes to table targets are decoded like any other change: {e}"
+        );
+    }
 
     let mut failures: u32 = 0;
     let mut bf = Backfiller::default();

@@ -1,0 +1,39 @@
+//! The replication origin of a pipeline worker.
+//!
+//! Owns: marking every transaction a pipeline worker commits with the replication origin
+//! `pg_tide_<pipeline>`, as PostgreSQL's apply worker marks its writes with its subscription's
+//! origin. The output plugin drops changes carrying a `pg_tide_` origin (except to pg_tide's own
+//! signal and marker tables), so what a table target writes is never decoded as a change by any
+//! pipeline: loops between pipelines are impossible, and no slot spends time on pg_tide's own
+//! writes.
+//!
+//! Guarantees: the origin exists and is this worker's for its whole life (PostgreSQL releases it
+//! when the process exits, however it exits); `tide.drop_pipeline` drops it.
+
+use crate::error::{TideError, TideResult};
+use pgrx::pg_sys;
+use std::ffi::CString;
+
+/// Every pg_tide origin's name starts with this.
+pub const PREFIX: &str = "pg_tide_";
+
+/// The origin of pipeline `pipeline`.
+pub fn name(pipeline: &str) -> String {
+    format!("{PREFIX}{pipeline}")
+}
+
+/// Create the pipeline's origin if needed and make it this session's: every transaction the
+/// worker commits from now on carries it. Run in a transaction.
+pub fn setup(pipeline: &str) -> TideResult<()> {
+    let n = CString::new(name(pipeline))
+        .map_err(|_| TideError::internal("pipeline name contains a NUL byte"))?;
+    unsafe {
+        let mut id = pg_sys::replorigin_by_name(n.as_ptr(), true);
+        if id == pg_sys::InvalidRepOriginId as pg_sys::RepOriginId {
+            id = pg_sys::replorigin_create(n.as_ptr());
+        }
+        pg_sys::replorigin_session_setup(id);
+        pg_sys::replorigin_session_origin = id;
+    }
+    Ok(())
+}
