@@ -36,9 +36,28 @@ pub extern "C-unwind" fn _PG_init() {
         return;
     }
     unsafe { shmem::PRELOADED = true };
-    use shmem::REGISTRY;
+    use shmem::{REGISTRY, WAKEUPS};
     pgrx::pg_shmem_init!(REGISTRY);
+    pgrx::pg_shmem_init!(WAKEUPS);
+    // Every backend forks from here with this callback: a commit that wrote WAL wakes the
+    // pipeline workers that wait for WAL (no polling delay).
+    unsafe { pg_sys::RegisterXactCallback(Some(wake_after_commit), std::ptr::null_mut()) };
     worker::launcher::register();
+}
+
+/// After a commit that wrote WAL (it had a transaction id), wake the waiting pipeline workers.
+/// With synchronous commit the commit record is flushed by now, so the woken worker finds it;
+/// otherwise it finds it at its next poll, as before.
+#[pg_guard]
+unsafe extern "C-unwind" fn wake_after_commit(
+    event: pg_sys::XactEvent::Type,
+    _arg: *mut std::ffi::c_void,
+) {
+    if event == pg_sys::XactEvent::XACT_EVENT_COMMIT
+        && unsafe { pg_sys::GetTopTransactionIdIfAny() } != pg_sys::InvalidTransactionId
+    {
+        shmem::wake_sleepers();
+    }
 }
 
 #[cfg(any(test, feature = "pg_test"))]

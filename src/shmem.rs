@@ -7,7 +7,8 @@
 //! wake or stop workers) and the `tide.pipelines` view (through `tide._worker_status()`).
 
 use pgrx::prelude::*;
-use pgrx::{PGRXSharedMemory, PgLwLock};
+use pgrx::{PGRXSharedMemory, PgAtomic, PgLwLock};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
 /// How many pipelines can run at once.
 pub const MAX_PIPELINES: usize = 64;
@@ -118,6 +119,66 @@ impl Default for Registry {
 unsafe impl PGRXSharedMemory for Registry {}
 
 pub static REGISTRY: PgLwLock<Registry> = unsafe { PgLwLock::new(c"pg_tide_registry") };
+
+/// Lock-free wake-ups: a backend that commits a transaction that wrote WAL wakes the pipeline
+/// workers that are waiting for WAL, instead of letting them find it at their next poll.
+/// Writers: a worker sets its pid once it has a slot, and its bit in `sleeping` right before it
+/// waits for WAL (clearing it when it wakes); a committing backend clears the bits it finds and
+/// signals those workers. Not persisted.
+pub struct Wakeups {
+    /// Bit i: the worker of registry slot i waits for WAL (`tide.poll_interval` at most).
+    sleeping: AtomicU64,
+    /// Pid of the worker of registry slot i (0: none).
+    pids: [AtomicI32; MAX_PIPELINES],
+}
+
+impl Default for Wakeups {
+    fn default() -> Self {
+        Wakeups {
+            sleeping: AtomicU64::new(0),
+            pids: std::array::from_fn(|_| AtomicI32::new(0)),
+        }
+    }
+}
+
+unsafe impl PGRXSharedMemory for Wakeups {}
+
+pub static WAKEUPS: PgAtomic<Wakeups> = unsafe { PgAtomic::new(c"pg_tide_wakeups") };
+
+/// The worker of registry slot `slot` (pid `pid`) is about to wait for WAL.
+pub fn sleeping(slot: usize, pid: i32) {
+    if slot >= MAX_PIPELINES {
+        return;
+    }
+    let w = WAKEUPS.get();
+    w.pids[slot].store(pid, Ordering::SeqCst);
+    w.sleeping.fetch_or(1u64 << slot, Ordering::SeqCst);
+}
+
+/// The worker of registry slot `slot` stopped waiting.
+pub fn awake(slot: usize) {
+    if slot < MAX_PIPELINES {
+        WAKEUPS
+            .get()
+            .sleeping
+            .fetch_and(!(1u64 << slot), Ordering::SeqCst);
+    }
+}
+
+/// Wake every worker that waits for WAL (called after a commit that wrote WAL). Costs one
+/// atomic load when none waits: under load the workers are busy, not waiting.
+pub fn wake_sleepers() {
+    let w = WAKEUPS.get();
+    if w.sleeping.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let taken = w.sleeping.swap(0, Ordering::SeqCst);
+    for slot in 0..MAX_PIPELINES {
+        if taken & (1u64 << slot) != 0 {
+            wake(w.pids[slot].load(Ordering::SeqCst));
+        }
+    }
+}
 
 /// Whether `_PG_init` ran in the postmaster (library preloaded), so the registry exists.
 pub fn preloaded() -> bool {

@@ -174,7 +174,11 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
                         w.last_poll = now_us();
                     });
                     let wait = Duration::from_millis(gucs::POLL_INTERVAL_MS.get().max(1) as u64);
-                    if !BackgroundWorker::wait_latch(Some(wait)) {
+                    // A commit elsewhere wakes us (shmem::wake_sleepers); the poll is the fallback.
+                    shmem::sleeping(slot_idx, pid);
+                    let alive = BackgroundWorker::wait_latch(Some(wait));
+                    shmem::awake(slot_idx);
+                    if !alive {
                         break;
                     }
                     continue;
@@ -319,8 +323,16 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
                 delay
             }
         };
-        if !wait.is_zero() && !BackgroundWorker::wait_latch(Some(wait)) {
-            break;
+        if !wait.is_zero() {
+            // Waiting for WAL (quiet) can be cut short by a commit; a back-off cannot.
+            if quiet {
+                shmem::sleeping(slot_idx, pid);
+            }
+            let alive = BackgroundWorker::wait_latch(Some(wait));
+            shmem::awake(slot_idx);
+            if !alive {
+                break;
+            }
         }
         if wait.is_zero() {
             pg_sys::check_for_interrupts!();
