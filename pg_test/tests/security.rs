@@ -191,6 +191,19 @@ fn table_target_writes_only_where_the_owner_may() {
     wait_for_pipeline(&c, "pt", 30, || diag(&c));
     let n: i64 = c.query_scalar("SELECT count(*) FROM shared.tgt");
     assert_eq!(n, 2);
+    // verify and repair work for the owner with the documented grant alone.
+    let differing: i64 = scalar_as(
+        &c,
+        "alice",
+        "SELECT count(*) FROM tide.verify('alice.s', 'pt') WHERE kind NOT LIKE 'summary%'",
+    );
+    assert_eq!(differing, 0, "{}", diag(&c));
+    ok_as(&c, "alice", "SELECT * FROM tide.repair('alice.s', 'pt')");
+    assert_sql_fails(
+        exec_as(&c, "mallory", "SELECT * FROM tide.verify('alice.s', 'pt')"),
+        "42501",
+        None,
+    );
     c.execute("REVOKE INSERT, UPDATE ON shared.tgt FROM alice");
     ok_as(&c, "alice", "INSERT INTO alice.s VALUES (3, 'c')");
     c.wait_until(
@@ -473,7 +486,10 @@ fn views_hide_keys_of_unreadable_tables() {
 /// pipeline that captured the table before it became a target never sees pg_tide's writes.
 #[test]
 fn loops_are_impossible() {
-    let c = setup("sec_loops");
+    // (track_commit_timestamp: the worker's commits carry its origin, and must keep their real
+    // commit time.)
+    let c = start_cluster(Cluster::builder("sec_loops").conf("track_commit_timestamp = on"));
+    c.execute("CREATE EXTENSION pg_tide");
     c.execute(
         "CREATE TABLE a (id int PRIMARY KEY, v int); CREATE TABLE b (id int PRIMARY KEY, v int);
          CREATE TABLE cc (id int PRIMARY KEY, v int);",
@@ -511,6 +527,16 @@ fn loops_are_impossible() {
     }
     let at_target: i64 = c.query_scalar("SELECT count(*) FROM cc");
     assert_eq!(at_target, 51, "p1 wrote its target\n{}", diag(&c));
+    // A row is committed at the target after it was committed at the source.
+    let before_source: i64 = c.query_scalar(
+        "SELECT count(*) FROM cc JOIN e USING (id)
+          WHERE pg_xact_commit_timestamp(cc.xmin) IS NULL
+             OR pg_xact_commit_timestamp(cc.xmin) < pg_xact_commit_timestamp(e.xmin)",
+    );
+    assert_eq!(
+        before_source, 0,
+        "target rows carry a commit timestamp older than their source's (a stale origin timestamp)"
+    );
     let seen: Vec<String> = c
         .query("SELECT key->>'id' FROM tide.outbox WHERE pipeline = 'watch' ORDER BY id")
         .iter()

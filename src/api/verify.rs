@@ -158,10 +158,10 @@ fn setup(
     allow_running_backfill: bool,
 ) -> TideResult<Ctx> {
     check_server()?;
-    // Held to the end of the transaction: every source read below takes a fresh snapshot after
-    // this, so none of them can see a rewritten source as empty.
-    unsafe { pg_sys::LockRelationOid(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
     let pipeline = resolve_pipeline(relid, pipeline)?;
+    // (After the ownership check.) Held to the end of the transaction: every source read below
+    // takes a fresh snapshot after this, so none of them can see a rewritten source as empty.
+    unsafe { pg_sys::LockRelationOid(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
     let source = relation_name(relid)?;
     let (target, options) = tsql::two::<String, String>(
         "SELECT target, options::text FROM tide.pipeline WHERE name = $1",

@@ -7,6 +7,10 @@
 //! pipeline: loops between pipelines are impossible, and no slot spends time on pg_tide's own
 //! writes.
 //!
+//! Commit timestamps (`track_commit_timestamp`) of the worker's transactions stay the real
+//! commit times: `tx` sets the session's origin timestamp right before each commit (PostgreSQL
+//! records that timestamp for transactions with an origin).
+//!
 //! Guarantees: the origin exists and is this worker's for its whole life (PostgreSQL releases it
 //! when the process exits, however it exits); `tide.drop_pipeline` drops it.
 

@@ -89,6 +89,14 @@ fn finish<R>(body: impl FnOnce() -> Result<R, TideError>) -> Result<R, TideError
         match outcome {
             Ok(v) => {
                 pg_sys::PopActiveSnapshot();
+                // A pipeline worker commits with its replication origin (worker::origin), and
+                // PostgreSQL then records the origin's timestamp as the commit timestamp: make
+                // it the real commit time, not 2000-01-01.
+                if pg_sys::replorigin_session_origin
+                    != pg_sys::InvalidRepOriginId as pg_sys::RepOriginId
+                {
+                    pg_sys::replorigin_session_origin_timestamp = pg_sys::GetCurrentTimestamp();
+                }
                 pg_sys::CommitTransactionCommand();
                 Ok(v)
             }
