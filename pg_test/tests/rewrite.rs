@@ -237,9 +237,19 @@ fn wait_chunks(c: &Cluster, tables: &[&str], at_least: i64) {
     }
 }
 
+/// How a case's DDL runs.
+#[derive(Clone, Copy, PartialEq)]
+enum Hold {
+    /// Both tables' statements in one transaction, held once.
+    Together,
+    /// One statement per table, each held on its own (for statements that cannot run in a
+    /// transaction block, such as VACUUM FULL).
+    Apart,
+}
+
 /// One case: `ddl(table)` is the statement(s) held in the middle of the backfills of an outbox
 /// pipeline (table `o`) and a table-target pipeline (table `t`).
-fn rewrite_case(name: &str, ddl: impl Fn(&str) -> String) {
+fn rewrite_case(name: &str, hold: Hold, ddl: impl Fn(&str) -> String) {
     let c = setup(&format!("rewrite_{name}"));
     create_source(&c, "o");
     create_source(&c, "t");
@@ -263,7 +273,13 @@ fn rewrite_case(name: &str, ddl: impl Fn(&str) -> String) {
     ));
     wait_chunks(&c, &["o", "t"], 3);
     let started = Instant::now();
-    hold_rewrite(&c, &["o", "t"], &format!("{}; {}", ddl("o"), ddl("t")));
+    match hold {
+        Hold::Together => hold_rewrite(&c, &["o", "t"], &format!("{}; {}", ddl("o"), ddl("t"))),
+        Hold::Apart => {
+            hold_rewrite(&c, &["o"], &ddl("o"));
+            hold_rewrite(&c, &["t"], &ddl("t"));
+        }
+    }
     eprintln!(
         "rewrite {name} held and committed in {:.1?}",
         started.elapsed()
@@ -286,69 +302,34 @@ fn rewrite_case(name: &str, ddl: impl Fn(&str) -> String) {
 
 #[test]
 fn alter_column_type_during_backfill() {
-    rewrite_case("alter_type", |t| {
+    rewrite_case("alter_type", Hold::Together, |t| {
         format!("ALTER TABLE {t} ALTER COLUMN v TYPE numeric(12,2)")
     });
 }
 
 #[test]
 fn add_column_volatile_default_during_backfill() {
-    rewrite_case("add_column", |t| {
+    rewrite_case("add_column", Hold::Together, |t| {
         format!("ALTER TABLE {t} ADD COLUMN r float8 DEFAULT random()")
     });
 }
 
 #[test]
 fn truncate_during_backfill() {
-    rewrite_case("truncate", |t| format!("TRUNCATE {t}"));
+    rewrite_case("truncate", Hold::Together, |t| format!("TRUNCATE {t}"));
 }
 
 #[test]
 fn vacuum_full_during_backfill() {
     // VACUUM FULL cannot run in a transaction block: one statement, one table each.
-    rewrite_case_autocommit("vacuum_full", |t| format!("VACUUM FULL {t}"));
+    rewrite_case("vacuum_full", Hold::Apart, |t| format!("VACUUM FULL {t}"));
 }
 
 #[test]
 fn cluster_during_backfill() {
-    rewrite_case("cluster", |t| format!("CLUSTER {t} USING {t}_pkey"));
-}
-
-/// Like [`rewrite_case`] for statements that cannot run in a transaction block: each table's
-/// statement is held separately.
-fn rewrite_case_autocommit(name: &str, ddl: impl Fn(&str) -> String) {
-    let c = setup(&format!("rewrite_{name}"));
-    create_source(&c, "o");
-    create_source(&c, "t");
-    c.execute("SELECT tide.create_pipeline('po')");
-    c.execute(r#"SELECT tide.create_pipeline('pt', 'table', '{"schema": "replica"}')"#);
-    c.execute("SELECT tide.add_table('po', 'o', backfill => false)");
-    c.execute("SELECT tide.add_table('pt', 't', backfill => false)");
-    wait_for_pipeline(&c, "po", 30, || diag(&c));
-    wait_for_pipeline(&c, "pt", 30, || diag(&c));
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer = spawn_writer(&c, &["o", "t"], stop.clone());
-    c.execute(&format!(
-        "BEGIN;
-         SELECT tide.start_backfill('o', 'po', chunk_size => {CHUNK});
-         SELECT tide.alter_backfill('o', 'po', rows_per_second => 3000);
-         SELECT tide.start_backfill('t', 'pt', chunk_size => {CHUNK});
-         SELECT tide.alter_backfill('t', 'pt', rows_per_second => 3000);
-         COMMIT;"
-    ));
-    wait_chunks(&c, &["o", "t"], 3);
-    hold_rewrite(&c, &["o"], &ddl("o"));
-    hold_rewrite(&c, &["t"], &ddl("t"));
-    std::thread::sleep(Duration::from_millis(1000));
-    stop.store(true, Ordering::SeqCst);
-    writer.join().expect("writer");
-    settle(&c, &[("o", "po"), ("t", "pt")]);
-    assert_backfills_whole(&c, "o");
-    assert_backfills_whole(&c, "t");
-    assert_same(&c, "t", "replica.t", &format!("{name}: table target"));
-    make_copy(&c, "o", "public.o", "o_copy");
-    c.query_scalar::<i64>("SELECT o_copy_replay('po')");
-    assert_same(&c, "o", "o_copy", &format!("{name}: outbox replay"));
+    rewrite_case("cluster", Hold::Together, |t| {
+        format!("CLUSTER {t} USING {t}_pkey")
+    });
 }
 
 /// `tide.verify` while a rewrite of the source commits reports nothing, and `tide.repair` while

@@ -805,35 +805,30 @@ pub struct Txn {
     pub barrier: bool,
 }
 
+/// The text of column `name` in a row of one of pg_tide's own tables.
+fn column_text<'t>(rel: &RelDesc, t: &Tuple<'t>, name: &str) -> Option<&'t str> {
+    let i = rel.columns.iter().position(|c| c.name == name)?;
+    match t.values.get(i)? {
+        wire::Value::Text(s) => Some(*s),
+        _ => None,
+    }
+}
+
 /// The (pipeline, watermark, kind) of a `tide.signal` row.
 fn parse_watermark(rel: &RelDesc, t: &Tuple<'_>) -> Option<(String, u64, String)> {
-    let get = |name: &str| -> Option<&str> {
-        let i = rel.columns.iter().position(|c| c.name == name)?;
-        match t.values.get(i)? {
-            wire::Value::Text(s) => Some(*s),
-            _ => None,
-        }
-    };
     Some((
-        get("pipeline")?.to_string(),
-        get("watermark")?.parse().ok()?,
-        get("kind")?.to_string(),
+        column_text(rel, t, "pipeline")?.to_string(),
+        column_text(rel, t, "watermark")?.parse().ok()?,
+        column_text(rel, t, "kind")?.to_string(),
     ))
 }
 
 /// The (op, pipeline, relid) of a `tide.marker` row.
 fn parse_marker(rel: &RelDesc, t: &Tuple<'_>) -> Option<(String, String, u32)> {
-    let get = |name: &str| -> Option<&str> {
-        let i = rel.columns.iter().position(|c| c.name == name)?;
-        match t.values.get(i)? {
-            wire::Value::Text(s) => Some(*s),
-            _ => None,
-        }
-    };
     Some((
-        get("op")?.to_string(),
-        get("pipeline")?.to_string(),
-        get("relid")?.parse().ok()?,
+        column_text(rel, t, "op")?.to_string(),
+        column_text(rel, t, "pipeline")?.to_string(),
+        column_text(rel, t, "relid")?.parse().ok()?,
     ))
 }
 
