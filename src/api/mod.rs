@@ -151,8 +151,11 @@ fn _worker_status() -> TableIterator<
 /// the predefined role `tide_admin` (see README "Security").
 fn require_may_create() -> TideResult<()> {
     let ok = sql::one::<bool>(
-        "SELECT rolsuper OR rolreplication
-                OR pg_has_role(current_user, 'tide_admin', 'USAGE')
+        // (CASE fixes the order: pg_has_role errors if tide_admin was dropped.)
+        "SELECT CASE WHEN rolsuper OR rolreplication THEN true
+                     WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'tide_admin')
+                          THEN pg_has_role(current_user, 'tide_admin', 'USAGE')
+                     ELSE false END
            FROM pg_roles WHERE rolname = current_user",
         &[],
     )?
