@@ -145,7 +145,8 @@ pub fn require_owner(pipeline: &str) -> TideResult<String> {
             crate::api::shown(pipeline)
         ))
         .hint(format!(
-            "Ask its owner to run this, or to GRANT \"{owner}\" TO you."
+            "Ask its owner to run this, or to GRANT {} TO you.",
+            pgrx::spi::quote_identifier(&owner)
         )));
     }
     Ok(owner)

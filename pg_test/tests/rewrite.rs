@@ -91,6 +91,29 @@ fn spawn_writer(c: &Cluster, tables: &[&str], stop: Arc<AtomicBool>) -> JoinHand
     })
 }
 
+/// Run `ddl` on a connection of its own and return once it waits for a lock (another session
+/// holds one that conflicts); the handle gives its outcome when it has run.
+fn queue_ddl(c: &Cluster, ddl: &str) -> JoinHandle<Result<(), postgres::Error>> {
+    let mut client = connect(c);
+    let pid: i32 = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .expect("pid")
+        .get(0);
+    let sql = ddl.to_string();
+    let runner = std::thread::spawn(move || client.batch_execute(&sql));
+    c.wait_until(
+        "the DDL to queue for its lock",
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        || {
+            Ok(c.try_query_scalar::<bool>(&format!(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = {pid} AND NOT granted)"
+            ))?)
+        },
+    );
+    runner
+}
+
 /// Hold `ddl` (run in one implicit transaction on another connection) behind a session that
 /// holds ACCESS SHARE on `tables`, until the backfills of `tables` have both moved past
 /// `after_chunks` chunks and the DDL is queued; then let it commit. Returns when it committed.
@@ -100,23 +123,7 @@ fn hold_rewrite(c: &Cluster, tables: &[&str], ddl: &str) {
     blocker
         .batch_execute(&format!("BEGIN; LOCK TABLE {list} IN ACCESS SHARE MODE"))
         .expect("blocker lock");
-    let mut ddl_client = connect(c);
-    let ddl_pid: i32 = ddl_client
-        .query_one("SELECT pg_backend_pid()", &[])
-        .expect("pid")
-        .get(0);
-    let ddl_sql = ddl.to_string();
-    let runner = std::thread::spawn(move || ddl_client.batch_execute(&ddl_sql));
-    c.wait_until(
-        "the DDL to queue for its lock",
-        Duration::from_secs(20),
-        Duration::from_millis(20),
-        || {
-            Ok(c.try_query_scalar::<bool>(&format!(
-                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = {ddl_pid} AND NOT granted)"
-            ))?)
-        },
-    );
+    let runner = queue_ddl(c, ddl);
     // Let the backfills' next chunks meet the queued rewrite.
     std::thread::sleep(Duration::from_millis(1500));
     blocker.batch_execute("COMMIT").expect("blocker commit");
@@ -413,23 +420,7 @@ fn verify_and_repair_during_rewrite() {
     blocker
         .batch_execute("BEGIN; LOCK TABLE t IN ACCESS SHARE MODE")
         .expect("blocker");
-    let mut ddl2 = connect(&c);
-    let ddl_pid: i32 = ddl2
-        .query_one("SELECT pg_backend_pid()", &[])
-        .expect("pid")
-        .get(0);
-    let runner =
-        std::thread::spawn(move || ddl2.batch_execute("ALTER TABLE t ALTER COLUMN v TYPE numeric"));
-    c.wait_until(
-        "the ALTER to queue for its lock",
-        Duration::from_secs(20),
-        Duration::from_millis(20),
-        || {
-            Ok(c.try_query_scalar::<bool>(&format!(
-                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = {ddl_pid} AND NOT granted)"
-            ))?)
-        },
-    );
+    let runner = queue_ddl(&c, "ALTER TABLE t ALTER COLUMN v TYPE numeric");
     signal_lock
         .batch_execute("COMMIT")
         .expect("release the signal row");

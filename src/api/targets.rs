@@ -345,7 +345,10 @@ pub fn ensure_target(
                 "the pipeline's owner \"{owner}\" may not write the target {qualified} (no {} privilege)",
                 missing.join(", ")
             ))
-            .hint(format!("GRANT INSERT, UPDATE, DELETE, TRUNCATE ON {qualified} TO \"{owner}\"; or pass another target_table.")));
+            .hint(format!(
+                "GRANT INSERT, UPDATE, DELETE, TRUNCATE ON {qualified} TO {}; or pass another target_table.",
+                quote(owner)
+            )));
         }
     }
     // Every difference is listed.
