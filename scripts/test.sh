@@ -11,11 +11,16 @@
 #   e2e   scripts/install.sh, then cargo test -p pg_test -- --test-threads=1
 #         (end-to-end suites against scratch clusters of the system PostgreSQL 15;
 #         TIDE_SKIP_INSTALL=1 skips the install when the current build is installed)
-# scripts/setup.sh runs first. Each stage's output is also kept in
+# scripts/setup.sh runs first. The pgrx and e2e stages install pg_tide into a private copy of
+# PostgreSQL (scripts/private-pg.sh, under target/pg15-private; pgrx gets its own PGRX_HOME in
+# target/pgrx-home), never into the system's: a server that maps the installed pg_tide.so (the
+# demo's, say) is never disturbed. TIDE_PG_BIN set by the caller overrides the private copy.
+# Each stage's output is also kept in
 # ${TIDE_TEST_LOGS:-/tmp/pg_tide_test_logs}/STAGE.log.
 # The last line is "N passed, M failed" (totals; a stage that failed to build or
 # crashed counts as at least 1 failed); the exit status is non-zero on any failure.
 set -euo pipefail
+TIDE_PG_BIN_FROM_CALLER="${TIDE_PG_BIN:-}"
 # shellcheck source=scripts/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -130,7 +135,7 @@ stage_pgrx() {
 }
 
 stage_e2e() {
-    # The pgrx stage installs a debug test build into the system PostgreSQL;
+    # The pgrx stage installs a debug test build into the private PostgreSQL;
     # the e2e suites need the release build.
     if [[ "${TIDE_SKIP_INSTALL:-0}" == 1 ]]; then
         echo "+ TIDE_SKIP_INSTALL=1: using the pg_tide already installed in $TIDE_PG_BIN/.."
@@ -143,8 +148,22 @@ stage_e2e() {
     cargo test -p pg_test --no-fail-fast -- --test-threads=1
 }
 
+# Point cargo-pgrx, install.sh, cluster.sh and the pg_test suites at a private PostgreSQL copy.
+use_private_pg() {
+    if [[ -z "${TIDE_PG_BIN_FROM_CALLER:-}" ]]; then
+        TIDE_PG_BIN="$(bash "$TIDE_REPO/scripts/private-pg.sh" "$TIDE_REPO/target/pg15-private")"
+    fi
+    TIDE_PG_CONFIG="$TIDE_PG_BIN/pg_config"
+    export TIDE_PG_BIN
+    export PGRX_HOME="$TIDE_REPO/target/pgrx-home"
+    mkdir -p "$PGRX_HOME"
+    printf '[configs]\npg15 = "%s"\n' "$TIDE_PG_CONFIG" >"$PGRX_HOME/config.toml"
+    echo "+ private PostgreSQL: TIDE_PG_BIN=$TIDE_PG_BIN PGRX_HOME=$PGRX_HOME"
+}
+
 # --- main -------------------------------------------------------------------------
 run_stage setup stage_setup
+use_private_pg
 for s in "${stages[@]}"; do
     run_stage "$s" "stage_$s"
 done

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# A private copy of the system PostgreSQL 15, into which pg_tide can be installed without
+# touching the files that running servers map.
+#
+#   scripts/private-pg.sh DIR      creates or refreshes DIR; prints its bin directory
+#
+# PostgreSQL finds its lib and share directories relative to its own executable, so DIR gets the
+# system layout under a prefix: DIR/usr/lib/postgresql/15/bin holds copies of the executables
+# (a symlink would be resolved back to /usr), every other file is a symlink to the system's,
+# except pg_tide's own files, which are left for `scripts/install.sh` to put there. Use it with
+#
+#   export TIDE_PG_BIN="$(bash scripts/private-pg.sh target/pg15-private)"
+#
+# and every script (install.sh, cluster.sh) and the pg_test suites use that copy. Re-running it
+# picks up a changed system installation (a minor upgrade) and keeps pg_tide's files.
+set -euo pipefail
+# shellcheck source=scripts/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+[[ $# -eq 1 ]] || tide_die private-pg "usage: $0 DIR"
+SYS_BIN=/usr/lib/postgresql/15/bin
+[[ -x "$SYS_BIN/postgres" ]] || tide_die private-pg "$SYS_BIN/postgres not found (run scripts/setup.sh)"
+mkdir -p "$1"
+root="$(cd "$1" && pwd)"
+sys_lib="$("$SYS_BIN/pg_config" --pkglibdir)"
+sys_share="$("$SYS_BIN/pg_config" --sharedir)"
+
+# link_tree SRC DEST: DEST becomes a real directory holding a symlink per entry of SRC,
+# pg_tide's own files excepted; stale links are removed.
+link_tree() {
+    local src="$1" dest="$2" e name
+    mkdir -p "$dest"
+    for e in "$dest"/*; do
+        [[ -L "$e" && ! -e "$e" ]] && rm -f "$e"
+    done
+    for e in "$src"/*; do
+        name="${e##*/}"
+        case "$name" in pg_tide*) continue ;; esac
+        [[ -e "$dest/$name" && ! -L "$dest/$name" ]] && continue
+        ln -sfn "$e" "$dest/$name"
+    done
+}
+
+bin="$root/usr/lib/postgresql/15/bin"
+mkdir -p "$bin"
+for f in "$SYS_BIN"/*; do
+    name="${f##*/}"
+    if [[ ! -f "$bin/$name" ]] || ! cmp -s "$f" "$bin/$name"; then
+        cp -p "$f" "$bin/$name.tmp" && mv -f "$bin/$name.tmp" "$bin/$name"
+    fi
+done
+link_tree "$sys_lib" "$root$sys_lib"
+link_tree "$sys_share" "$root$sys_share"
+link_tree "$sys_share/extension" "$root$sys_share/extension"
+mkdir -p "$root/usr"
+ln -sfn /usr/include "$root/usr/include"
+chmod -R go+rX "$root" 2>/dev/null || true
+
+got="$("$bin/pg_config" --pkglibdir)"
+[[ "$got" == "$root$sys_lib" ]] || tide_die private-pg "the copy's pg_config says pkglibdir=$got, not $root$sys_lib"
+echo "$bin"
