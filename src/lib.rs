@@ -30,6 +30,14 @@ pub mod worker;
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    // pgrx puts a Rust backtrace into the DETAIL of an ERROR raised from a panic whenever
+    // std's backtraces are on, which a server started from a shell with RUST_BACKTRACE=1 has:
+    // users would see pages of frames instead of the message's detail. Library backtraces stay
+    // off unless RUST_LIB_BACKTRACE asks for them explicitly. (Set while the process is still
+    // single-threaded: the postmaster or a backend loading the library.)
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        std::env::set_var("RUST_LIB_BACKTRACE", "0");
+    }
     gucs::init();
     if unsafe { !pg_sys::process_shared_preload_libraries_in_progress } {
         // Loaded by CREATE EXTENSION, a function call or as an output plugin: no worker.
