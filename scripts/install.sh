@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build pg_tide (release) and install it into the system PostgreSQL 15.
+# Build pg_tide (release) and install it into the system PostgreSQL 15 (or the one of TIDE_PG_BIN).
 #
 #   scripts/install.sh
 #
@@ -25,13 +25,7 @@ args=(pgrx package --pg-config "$TIDE_PG_CONFIG" --out-dir "$out")
 [[ "${TIDE_DEBUG_BUILD:-0}" == 1 ]] && args+=(--debug)
 log "cargo ${args[*]}"
 cargo "${args[@]}"
-while IFS= read -r -d '' f; do
-    dest="${f#"$out"}"
-    mode=0644
-    [[ "$dest" == *.so ]] && mode=0755
-    as_root install -D -m "$mode" "$f" "$dest.tide-new"
-    as_root mv -f "$dest.tide-new" "$dest"
-done < <(find "$out" -type f -print0)
+bash "$TIDE_REPO/scripts/install-tree.sh" "$TIDE_PG_BIN" "$out"
 
 pkglibdir="$("$TIDE_PG_CONFIG" --pkglibdir)"
 sharedir="$("$TIDE_PG_CONFIG" --sharedir)"

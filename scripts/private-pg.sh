@@ -25,10 +25,12 @@ root="$(cd "$1" && pwd)"
 sys_lib="$("$SYS_BIN/pg_config" --pkglibdir)"
 sys_share="$("$SYS_BIN/pg_config" --sharedir)"
 
-# link_tree SRC DEST: DEST becomes a real directory holding a symlink per entry of SRC,
-# pg_tide's own files excepted; stale links are removed.
+# link_tree SRC DEST [SKIP]: DEST becomes a real directory holding a symlink per entry of SRC,
+# pg_tide's own files and the entry named SKIP excepted; stale links are removed.
 link_tree() {
-    local src="$1" dest="$2" e name
+    local src="$1" dest="$2" skip="${3:-}" e name
+    # A symlink here (an older layout) would make the "private" directory the system's.
+    [[ -L "$dest" ]] && rm -f "$dest"
     mkdir -p "$dest"
     for e in "$dest"/*; do
         [[ -L "$e" && ! -e "$e" ]] && rm -f "$e"
@@ -36,6 +38,7 @@ link_tree() {
     for e in "$src"/*; do
         name="${e##*/}"
         case "$name" in pg_tide*) continue ;; esac
+        [[ -n "$skip" && "$name" == "$skip" ]] && continue
         [[ -e "$dest/$name" && ! -L "$dest/$name" ]] && continue
         ln -sfn "$e" "$dest/$name"
     done
@@ -50,7 +53,8 @@ for f in "$SYS_BIN"/*; do
     fi
 done
 link_tree "$sys_lib" "$root$sys_lib"
-link_tree "$sys_share" "$root$sys_share"
+# extension/ is a directory of its own (pg_tide's control and SQL files go there), not a link.
+link_tree "$sys_share" "$root$sys_share" extension
 link_tree "$sys_share/extension" "$root$sys_share/extension"
 mkdir -p "$root/usr"
 ln -sfn /usr/include "$root/usr/include"
@@ -58,4 +62,7 @@ chmod -R go+rX "$root" 2>/dev/null || true
 
 got="$("$bin/pg_config" --pkglibdir)"
 [[ "$got" == "$root$sys_lib" ]] || tide_die private-pg "the copy's pg_config says pkglibdir=$got, not $root$sys_lib"
+for d in "$root$sys_lib" "$root$sys_share" "$root$sys_share/extension"; do
+    [[ -d "$d" && ! -L "$d" ]] || tide_die private-pg "$d is not a directory of the copy's own"
+done
 echo "$bin"

@@ -17,11 +17,12 @@ log() { tide_log setup "$@"; }
 # pgbench and pg_ctl ship in postgresql-15, psql in postgresql-client-15; on
 # Debian 12 postgresql-15 also Provides postgresql-contrib-15 (no such real package).
 # libssl-dev: the remote sink's TLS (openssl-sys, found through pkg-config); openssl:
-# the CLI, with which pg_test/tests/tls.rs makes its certificates.
+# the CLI, with which pg_test/tests/tls.rs makes its certificates. dpkg-dev: dpkg-shlibdeps, with
+# which scripts/deb.sh computes the package's Depends.
 PACKAGES=(
     postgresql-15 postgresql-client-15 postgresql-server-dev-15
     libclang-dev clang pkg-config build-essential ca-certificates
-    libssl-dev openssl
+    libssl-dev openssl dpkg-dev
     sudo python3 iproute2 util-linux
 )
 

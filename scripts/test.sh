@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # pg_tide's test command.
 #
-#   scripts/test.sh                 all stages
-#   scripts/test.sh core|pgrx|e2e   only the named stage(s)
+#   scripts/test.sh                         all stages
+#   scripts/test.sh core|pgrx|e2e|package   only the named stage(s)
 #
 # Stages (each runs even if an earlier one failed):
 #   core  cargo test -p tide-core                        (server-independent logic)
@@ -10,11 +10,18 @@
 #         and the remote sink's tests against a scratch cluster: TIDE_REMOTE_TEST_CONNINFO)
 #   e2e   scripts/install.sh, then cargo test -p pg_test -- --test-threads=1
 #         (end-to-end suites against scratch clusters of the system PostgreSQL 15;
-#         TIDE_SKIP_INSTALL=1 skips the install when the current build is installed)
-# scripts/setup.sh runs first. The pgrx and e2e stages install pg_tide into a private copy of
-# PostgreSQL (scripts/private-pg.sh, under target/pg15-private; pgrx gets its own PGRX_HOME in
-# target/pgrx-home), never into the system's: a server that maps the installed pg_tide.so (the
-# demo's, say) is never disturbed. TIDE_PG_BIN set by the caller overrides the private copy.
+#         TIDE_SKIP_INSTALL=1 skips the install when the current build is installed);
+#         among them the upgrade test (pg_test/tests/upgrade.rs: the oldest release of
+#         sql/releases.txt, built once by scripts/release.sh, upgraded to this build)
+#   package scripts/test-package.sh: builds the .deb (scripts/deb.sh), installs it with dpkg -i,
+#         runs CREATE EXTENSION and a pipeline from it, then puts the machine back as it was
+# scripts/setup.sh runs first. The pgrx and e2e stages install pg_tide into private copies of
+# PostgreSQL (scripts/private-pg.sh: target/pg15-pgrx for pgrx, with its own PGRX_HOME in
+# target/pgrx-home, and target/pg15-private for e2e), never into the system's: a server that
+# maps the installed pg_tide.so (the demo's, say) is never disturbed. TIDE_PG_BIN set by the
+# caller overrides the e2e copy. Around every stage, scripts/installed-files.sh checks that no
+# pg_tide file of the system installation or of the e2e copy was rewritten in place, and that no
+# stage but package changed the system installation at all: either fails the stage.
 # Each stage's output is also kept in
 # ${TIDE_TEST_LOGS:-/tmp/pg_tide_test_logs}/STAGE.log.
 # The last line is "N passed, M failed" (totals; a stage that failed to build or
@@ -26,7 +33,7 @@ TIDE_PG_BIN_FROM_CALLER="${TIDE_PG_BIN:-}"
 
 LOGDIR="${TIDE_TEST_LOGS:-/tmp/pg_tide_test_logs}"
 PGRX_PGDATA="${TIDE_PGRX_PGDATA:-/tmp/pg_tide_pgrx_test}"
-ALL_STAGES=(core pgrx e2e)
+ALL_STAGES=(core pgrx e2e package)
 
 usage() {
     awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}" >&2
@@ -36,7 +43,7 @@ usage() {
 stages=()
 for a in "$@"; do
     case "$a" in
-        core | pgrx | e2e) stages+=("$a") ;;
+        core | pgrx | e2e | package) stages+=("$a") ;;
         -h | --help) usage ;;
         *) echo "unknown stage '$a'" >&2; usage ;;
     esac
@@ -63,10 +70,23 @@ run_stage() {
     order+=("$name")
     banner "stage $name"
     start=$SECONDS
+    local before="$LOGDIR/.$name.files.before" after="$LOGDIR/.$name.files.after" guard=""
+    watched_files >"$before"
     set +e
     (set -e; "$fn") 2>&1 | tee "$logf"
     rc=${PIPESTATUS[0]}
     set -e
+    watched_files >"$after"
+    if ! bash "$TIDE_REPO/scripts/installed-files.sh" compare "$before" "$after" >>"$logf"; then
+        guard="stage $name rewrote an installed pg_tide file in place (see its log)"
+    elif [[ "$name" != package && "$TIDE_PG_BIN" != /usr/lib/postgresql/15/bin ]] && ! diff <(grep " $SYS_LIB/\| $SYS_EXT/" "$before") \
+        <(grep " $SYS_LIB/\| $SYS_EXT/" "$after") >>"$logf"; then
+        guard="stage $name changed the system installation's pg_tide files (see its log)"
+    fi
+    if [[ -n "$guard" ]]; then
+        echo "GUARD: $guard" | tee -a "$logf"
+        ((rc == 0)) && rc=1
+    fi
     SECS[$name]=$((SECONDS - start))
     while IFS= read -r line; do
         if [[ "$line" =~ ([0-9]+)\ passed\;\ ([0-9]+)\ failed ]]; then
@@ -75,7 +95,10 @@ run_stage() {
         fi
     done < <(sed -e 's/\x1b\[[0-9;]*[A-Za-z]//g' "$logf" | grep -E '^test result: ' || true)
     NOTE[$name]=""
-    if ((rc != 0 && f == 0)); then
+    if [[ -n "$guard" ]]; then
+        f=$((f + 1))
+        NOTE[$name]="($guard)"
+    elif ((rc != 0 && f == 0)); then
         f=1
         NOTE[$name]="(exit $rc without a failing test: build failure or crash, see log)"
     fi
@@ -84,9 +107,25 @@ run_stage() {
     if ((rc == 0 && f == 0)); then RESULT[$name]=ok; else RESULT[$name]=FAILED; fi
 }
 
+# The system installation's lib and extension directories (what a demo or any other server
+# preloading pg_tide maps and reads).
+SYS_LIB=/usr/lib/postgresql/15/lib
+SYS_EXT=/usr/share/postgresql/15/extension
+
+# The pg_tide files of the system installation and of the e2e copy (once it exists).
+watched_files() {
+    local dirs=("$SYS_LIB" "$SYS_EXT")
+    if [[ -n "${TIDE_PG_CONFIG:-}" && -x "${TIDE_PG_CONFIG:-}" && "$TIDE_PG_BIN" != /usr/lib/postgresql/15/bin ]]; then
+        dirs+=("$("$TIDE_PG_CONFIG" --pkglibdir)" "$("$TIDE_PG_CONFIG" --sharedir)/extension")
+    fi
+    bash "$TIDE_REPO/scripts/installed-files.sh" snapshot "${dirs[@]}"
+}
+
 # --- stages ---------------------------------------------------------------------
 stage_setup() {
     bash "$TIDE_REPO/scripts/setup.sh"
+    # The guard around each stage must be able to fail.
+    bash "$TIDE_REPO/scripts/installed-files.sh" selftest
 }
 
 stage_core() {
@@ -148,17 +187,26 @@ stage_e2e() {
     cargo test -p pg_test --no-fail-fast -- --test-threads=1
 }
 
-# Point cargo-pgrx, install.sh, cluster.sh and the pg_test suites at a private PostgreSQL copy.
+# Point install.sh, cluster.sh and the pg_test suites at one private PostgreSQL copy, and
+# cargo-pgrx at another: `cargo pgrx test` copies its debug build over the files in place, so it
+# gets a copy that no other server maps.
 use_private_pg() {
     if [[ -z "${TIDE_PG_BIN_FROM_CALLER:-}" ]]; then
         TIDE_PG_BIN="$(bash "$TIDE_REPO/scripts/private-pg.sh" "$TIDE_REPO/target/pg15-private")"
     fi
     TIDE_PG_CONFIG="$TIDE_PG_BIN/pg_config"
     export TIDE_PG_BIN
+    local pgrx_bin
+    pgrx_bin="$(bash "$TIDE_REPO/scripts/private-pg.sh" "$TIDE_REPO/target/pg15-pgrx")"
     export PGRX_HOME="$TIDE_REPO/target/pgrx-home"
     mkdir -p "$PGRX_HOME"
-    printf '[configs]\npg15 = "%s"\n' "$TIDE_PG_CONFIG" >"$PGRX_HOME/config.toml"
-    echo "+ private PostgreSQL: TIDE_PG_BIN=$TIDE_PG_BIN PGRX_HOME=$PGRX_HOME"
+    printf '[configs]\npg15 = "%s"\n' "$pgrx_bin/pg_config" >"$PGRX_HOME/config.toml"
+    echo "+ private PostgreSQL: TIDE_PG_BIN=$TIDE_PG_BIN (e2e), $pgrx_bin (pgrx, PGRX_HOME=$PGRX_HOME)"
+}
+
+stage_package() {
+    echo "+ scripts/test-package.sh"
+    TIDE_SKIP_SETUP=1 bash "$TIDE_REPO/scripts/test-package.sh"
 }
 
 # --- main -------------------------------------------------------------------------

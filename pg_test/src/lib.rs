@@ -60,18 +60,22 @@ fn cluster_script() -> PathBuf {
     repo_root().join("scripts").join("cluster.sh")
 }
 
-fn run_cluster_script(args: &[&str]) -> Output {
-    let output = Command::new("bash")
-        .arg(cluster_script())
-        .args(args)
-        .stdin(Stdio::null())
+/// Run `scripts/cluster.sh` with `args`; `pg_bin` (a PostgreSQL installation's bin directory)
+/// overrides the caller's `TIDE_PG_BIN` for this call.
+fn run_cluster_script(pg_bin: Option<&Path>, args: &[&str]) -> Output {
+    let mut cmd = Command::new("bash");
+    cmd.arg(cluster_script()).args(args).stdin(Stdio::null());
+    if let Some(bin) = pg_bin {
+        cmd.env("TIDE_PG_BIN", bin);
+    }
+    let output = cmd
         .output()
         .unwrap_or_else(|e| panic!("could not run scripts/cluster.sh {args:?}: {e}"));
     output
 }
 
-fn cluster_script_ok(args: &[&str]) -> String {
-    let out = run_cluster_script(args);
+fn cluster_script_ok(pg_bin: Option<&Path>, args: &[&str]) -> String {
+    let out = run_cluster_script(pg_bin, args);
     if !out.status.success() {
         panic!(
             "scripts/cluster.sh {} failed ({}):\n--- stdout ---\n{}\n--- stderr ---\n{}",
@@ -161,9 +165,17 @@ pub struct ClusterBuilder {
     preload: bool,
     wal_level: Option<String>,
     conf: Vec<String>,
+    pg_bin: Option<PathBuf>,
 }
 
 impl ClusterBuilder {
+    /// Run the cluster from another PostgreSQL installation's bin directory (default: the
+    /// caller's `TIDE_PG_BIN`), e.g. a private copy holding another pg_tide version.
+    pub fn pg_bin(mut self, bin: impl Into<PathBuf>) -> Self {
+        self.pg_bin = Some(bin.into());
+        self
+    }
+
     /// Leave `shared_preload_libraries` empty (pg_tide is not preloaded).
     pub fn no_preload(mut self) -> Self {
         self.preload = false;
@@ -198,15 +210,17 @@ impl ClusterBuilder {
             args.push(c.clone());
         }
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-        cluster_script_ok(&argv);
-        let port: u16 = cluster_script_ok(&["port", &name])
+        let bin = self.pg_bin.as_deref();
+        cluster_script_ok(bin, &argv);
+        let port: u16 = cluster_script_ok(bin, &["port", &name])
             .parse()
             .expect("scripts/cluster.sh port printed a number");
-        let log_path = PathBuf::from(cluster_script_ok(&["log", &name]));
+        let log_path = PathBuf::from(cluster_script_ok(bin, &["log", &name]));
         Cluster {
             name,
             port,
             log_path,
+            pg_bin: self.pg_bin,
         }
     }
 
@@ -224,6 +238,8 @@ pub struct Cluster {
     name: String,
     port: u16,
     log_path: PathBuf,
+    /// The installation the server runs from, when not the caller's `TIDE_PG_BIN`.
+    pg_bin: Option<PathBuf>,
 }
 
 impl Cluster {
@@ -238,6 +254,7 @@ impl Cluster {
             preload: true,
             wal_level: None,
             conf: Vec::new(),
+            pg_bin: None,
         }
     }
 
@@ -276,22 +293,24 @@ impl Cluster {
 
     /// Start (no-op if running); panics with the log tail if it fails.
     pub fn start(&self) {
-        cluster_script_ok(&["start", &self.name]);
+        cluster_script_ok(self.pg_bin.as_deref(), &["start", &self.name]);
     }
 
     /// Stop (no-op if stopped).
     pub fn stop(&self, mode: StopMode) {
-        cluster_script_ok(&["stop", &self.name, mode.as_str()]);
+        cluster_script_ok(self.pg_bin.as_deref(), &["stop", &self.name, mode.as_str()]);
     }
 
     /// Fast stop, then start.
     pub fn restart(&self) {
-        cluster_script_ok(&["restart", &self.name]);
+        cluster_script_ok(self.pg_bin.as_deref(), &["restart", &self.name]);
     }
 
     /// Whether the postmaster is running.
     pub fn is_running(&self) -> bool {
-        run_cluster_script(&["status", &self.name]).status.success()
+        run_cluster_script(self.pg_bin.as_deref(), &["status", &self.name])
+            .status
+            .success()
     }
 
     /// Connection settings for database `db`.
@@ -446,7 +465,7 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            let _ = run_cluster_script(&["stop", &self.name, "fast"]);
+            let _ = run_cluster_script(self.pg_bin.as_deref(), &["stop", &self.name, "fast"]);
             eprintln!(
                 "pg_test: test failed; kept cluster {} (port {}). Server log: {}\n\
                  pg_test: remove it with: scripts/cluster.sh destroy {}",
@@ -456,7 +475,7 @@ impl Drop for Cluster {
                 self.name
             );
         } else {
-            let out = run_cluster_script(&["destroy", &self.name]);
+            let out = run_cluster_script(self.pg_bin.as_deref(), &["destroy", &self.name]);
             if !out.status.success() {
                 eprintln!(
                     "pg_test: could not destroy cluster {}: {}",
