@@ -84,6 +84,60 @@ mod tests {
     }
 
     #[pg_test]
+    fn version_gate_names_the_missing_step() {
+        // The test database was made by CREATE EXTENSION of this build: the versions match.
+        assert!(crate::catalog::version_gate().is_ok());
+        let hint = |v: &str| crate::catalog::version_mismatch(v).hint.unwrap_or_default();
+        // SQL objects older than the library: the update is missing.
+        assert!(
+            hint("0.0.9").contains("ALTER EXTENSION pg_tide UPDATE"),
+            "{}",
+            hint("0.0.9")
+        );
+        assert!(hint("0.1.0").contains("ALTER EXTENSION pg_tide UPDATE"));
+        // Newer (ALTER EXTENSION ran, the server still has the old library): the restart is.
+        assert!(
+            hint("99.0.0").contains("restart the server"),
+            "{}",
+            hint("99.0.0")
+        );
+        assert!(hint("0.10.0").contains("restart the server"));
+        assert_eq!(
+            crate::catalog::version_mismatch("0.1.0").sqlstate(),
+            "55000"
+        );
+    }
+
+    #[pg_test]
+    fn estimate_rows_without_and_with_statistics() {
+        Spi::run("CREATE TABLE public.est (id int PRIMARY KEY, v int, note varchar(20))").unwrap();
+        let est = || {
+            Spi::get_one::<i64>("SELECT tide._estimate_rows('public.est'::regclass)")
+                .unwrap()
+                .unwrap()
+        };
+        assert_eq!(est(), 0, "an empty table");
+        Spi::run("INSERT INTO public.est SELECT g, g, 'row number ' || g FROM generate_series(1, 10000) g")
+            .unwrap();
+        // Never analyzed: from the row width, within a factor of two.
+        let e = est();
+        assert!((5_000..20_000).contains(&e), "no statistics: {e}");
+        Spi::run("ANALYZE public.est").unwrap();
+        let e = est();
+        assert!((9_000..11_000).contains(&e), "analyzed: {e}");
+        // Statistics from when the table was smaller scale with its size now, as the planner does.
+        Spi::run("INSERT INTO public.est SELECT g, g, 'row number ' || g FROM generate_series(10001, 20000) g")
+            .unwrap();
+        let e = est();
+        assert!((18_000..22_000).contains(&e), "grown since ANALYZE: {e}");
+        assert_eq!(
+            Spi::get_one::<i64>("SELECT tide._estimate_rows('tide.backfills'::regclass)").unwrap(),
+            None,
+            "a view has no estimate"
+        );
+    }
+
+    #[pg_test]
     fn check_reports_a_ready_server() {
         let s = Spi::get_one::<String>("SELECT tide.check()")
             .unwrap()

@@ -309,7 +309,7 @@ fn insert_backfill(
             "INSERT INTO tide.backfill (pipeline, relid, relation, key_columns, owner, generation, chunk_size, condition, estimated_rows)
              SELECT t.pipeline, t.relid, t.relation, t.key_columns, $5::text::name,
                     coalesce((SELECT max(generation) FROM tide.backfill WHERE pipeline = $1 AND relid = $2), 0) + 1,
-                    $3, $4, (SELECT CASE WHEN reltuples < 0 THEN NULL ELSE reltuples::int8 END FROM pg_class WHERE oid = $2)
+                    $3, $4, tide._estimate_rows($2)
                FROM tide.pipeline_table t WHERE t.pipeline = $1 AND t.relid = $2
              RETURNING id",
             None,

@@ -67,6 +67,7 @@ pub fn check_server() -> TideResult<String> {
     if !shmem::preloaded() {
         return Err(TideError::not_preloaded());
     }
+    crate::catalog::version_gate()?;
     let wal_level = setting("wal_level")?;
     if wal_level != "logical" {
         return Err(TideError::prerequisite(format!("wal_level is \"{wal_level}\"; pg_tide needs \"logical\""))

@@ -31,6 +31,54 @@ pub struct TableRow {
     pub capturing: bool,
 }
 
+/// The version of this build of the library; the SQL objects of the database it runs in must be
+/// of the same version (see [`version_gate`]).
+pub const LIBRARY_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The version of pg_tide's SQL objects in this database (`pg_extension.extversion`), or `None`
+/// when the extension is not installed.
+pub fn installed_version() -> TideResult<Option<String>> {
+    Ok(crate::sql::one::<String>(
+        "SELECT extversion::text FROM pg_catalog.pg_extension WHERE extname = 'pg_tide'",
+        &[],
+    )?)
+}
+
+/// `Ok` when the SQL objects of this database are of the library's version (or not installed),
+/// else the error that says which step of an upgrade is missing. The library only knows the
+/// catalog of its own version, so neither the worker nor the SQL API runs against another: after
+/// a new `pg_tide.so` is installed and the server restarted, pipelines wait (and API calls fail
+/// with this error) until `ALTER EXTENSION pg_tide UPDATE` has run; after an `ALTER EXTENSION`
+/// to a version newer than the library loaded at server start, until the server is restarted.
+pub fn version_gate() -> TideResult<()> {
+    match installed_version()? {
+        Some(v) if v != LIBRARY_VERSION => Err(version_mismatch(&v)),
+        _ => Ok(()),
+    }
+}
+
+/// The error for SQL objects of version `installed` under this library.
+pub fn version_mismatch(installed: &str) -> TideError {
+    let e = TideError::prerequisite(format!(
+        "pg_tide's library is version {LIBRARY_VERSION} but its SQL objects in this database are version {installed}"
+    ))
+    .detail("Pipelines do not run and the pg_tide functions refuse to act while the two differ; nothing is lost meanwhile (each pipeline's slot keeps the WAL it has not applied).");
+    if version_key(installed) < version_key(LIBRARY_VERSION) {
+        e.hint("Run ALTER EXTENSION pg_tide UPDATE in this database: the pipelines resume by themselves once it commits.")
+    } else {
+        e.hint(format!(
+            "The server loaded an older pg_tide.so ({LIBRARY_VERSION}) at start: restart the server so it loads the installed library of version {installed}."
+        ))
+    }
+}
+
+/// `"1.20.3"` as `[1, 20, 3]`, for comparing versions (non-numeric parts count as 0).
+fn version_key(v: &str) -> Vec<u64> {
+    v.split(['.', '-'])
+        .map(|p| p.parse::<u64>().unwrap_or(0))
+        .collect()
+}
+
 /// The slot name of a pipeline.
 pub fn slot_name(pipeline: &str) -> String {
     format!("tide_{pipeline}")
@@ -147,7 +195,7 @@ pub fn reread_after_rewrite(
          SELECT b.pipeline, b.relid, b.relation, t.key_columns, b.owner,
                 (SELECT max(generation) FROM tide.backfill WHERE pipeline = $1 AND relid = b.relid) + 1,
                 b.chunk_size, b.rows_per_second,
-                (SELECT CASE WHEN reltuples >= 0 THEN reltuples::int8 END FROM pg_class WHERE oid = b.relid), $3
+                tide._estimate_rows(b.relid), $3
            FROM tide.backfill b
            JOIN tide.pipeline_table t ON t.pipeline = b.pipeline AND t.relid = b.relid
           WHERE b.pipeline = $1 AND b.relid = $2::int8::oid AND b.state = 'done'

@@ -180,6 +180,10 @@ impl Backfiller {
                 "UPDATE tide.backfill
                     SET chunks_done = chunks_done + 1, rows_read = rows_read + $2, rows_dropped = rows_dropped + $3,
                         rows_emitted = rows_emitted + $4, last_key = coalesce($5, last_key),
+                        -- the total as the planner would estimate it now, and more than has been
+                        -- read until the last chunk is (so fraction_done stays below 1 until then)
+                        estimated_rows = CASE WHEN $6 THEN rows_read + $2
+                                              ELSE greatest(tide._estimate_rows(relid), rows_read + $2 + chunk_size) END,
                         state = CASE WHEN $6 THEN 'done' ELSE state END,
                         finished_at = CASE WHEN $6 THEN now() END,
                         finished_lsn = CASE WHEN $6 THEN $7::pg_lsn END,

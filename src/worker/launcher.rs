@@ -10,6 +10,10 @@
 //!   log line per back-off step, never a restart loop;
 //! - handles SIGTERM (exit), SIGHUP (reload; exits for a restart when `tide.database` changed)
 //!   and postmaster death (exit);
+//! - every tick reads the version of the extension's SQL objects: while it differs from the
+//!   library's (a new `pg_tide.so` loaded, `ALTER EXTENSION pg_tide UPDATE` not run yet, or the
+//!   reverse), it stops the workers it started and starts none, logging the reason and the remedy
+//!   once; the tick after the versions match again starts them, and each resumes from its slot;
 //! - every tick (1 s, or sooner when woken): starts a dynamic worker for every pipeline that
 //!   has none, with a per-pipeline back-off when a worker keeps dying, and drops replication
 //!   slots named `tide_*` that no pipeline owns (a slot left by a `create_pipeline` whose
@@ -76,6 +80,7 @@ pub extern "C-unwind" fn tide_launcher_main(_arg: pg_sys::Datum) {
     let mut running: HashMap<String, Running> = HashMap::new();
     let mut backoff: HashMap<String, Backoff> = HashMap::new();
     let mut warned_no_extension = false;
+    let mut warned_version: Option<String> = None;
 
     while BackgroundWorker::wait_latch(Some(Duration::from_secs(1))) {
         if BackgroundWorker::sighup_received() {
@@ -93,13 +98,45 @@ pub extern "C-unwind" fn tide_launcher_main(_arg: pg_sys::Datum) {
                 continue;
             }
         };
-        let Some(pipelines) = pipelines else {
-            if !warned_no_extension {
-                log!("pg_tide launcher: extension pg_tide is not installed in database \"{db}\"; waiting for CREATE EXTENSION pg_tide");
-                warned_no_extension = true;
+        let pipelines = match pipelines {
+            Listing::Pipelines(p) => p,
+            Listing::NotInstalled => {
+                if !warned_no_extension {
+                    log!("pg_tide launcher: extension pg_tide is not installed in database \"{db}\"; waiting for CREATE EXTENSION pg_tide");
+                    warned_no_extension = true;
+                }
+                continue;
             }
-            continue;
+            Listing::OtherVersion(e) => {
+                // Workers of this library must not run against another version's catalog:
+                // stop those that run (they resume from their slot later) and start none.
+                running.clear();
+                for w in shmem::snapshot().iter().filter(|w| w.pid > 0) {
+                    log!(
+                        "pg_tide launcher: stopping the worker of pipeline \"{}\" until the versions match",
+                        w.name()
+                    );
+                    let pid = w.pid;
+                    if let Err(e) = tx::run(|| {
+                        crate::sql::exec("SELECT pg_terminate_backend($1)", &[pid.into()])
+                    }) {
+                        log!("pg_tide launcher: could not stop worker {pid}: {e}");
+                    }
+                }
+                if warned_version.as_deref() != Some(e.message.as_str()) {
+                    log!(
+                        "pg_tide launcher: {}; pipelines wait. {}",
+                        e.message,
+                        e.hint.as_deref().unwrap_or("")
+                    );
+                    warned_version = Some(e.message.clone());
+                }
+                continue;
+            }
         };
+        if warned_version.take().is_some() {
+            log!("pg_tide launcher: the SQL objects in database \"{db}\" are at the library's version {} now; starting the pipelines", crate::catalog::LIBRARY_VERSION);
+        }
         warned_no_extension = false;
 
         // Forget workers that have stopped; remember how fast they died.
@@ -175,16 +212,25 @@ fn start_worker(name: &str, dboid: pg_sys::Oid) -> Result<DynamicBackgroundWorke
         .map_err(|_| ())
 }
 
-/// The names of all pipelines, or `None` when the extension is not installed. Also drops
+/// What the launcher found in the database at one tick.
+enum Listing {
+    /// `CREATE EXTENSION pg_tide` has not run (or the extension was dropped).
+    NotInstalled,
+    /// The SQL objects are of another version than the library (an upgrade half done).
+    OtherVersion(crate::error::TideError),
+    /// The names of all pipelines.
+    Pipelines(Vec<String>),
+}
+
+/// The pipelines to run, when the extension is installed at the library's version. Also drops
 /// orphaned `tide_*` slots (see the module comment).
-fn list_pipelines_and_collect_slots() -> Result<Option<Vec<String>>, crate::error::TideError> {
-    let installed = crate::sql::one::<bool>(
-        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_tide')",
-        &[],
-    )?
-    .unwrap_or(false);
-    if !installed {
-        return Ok(None);
+fn list_pipelines_and_collect_slots() -> Result<Listing, crate::error::TideError> {
+    match crate::catalog::installed_version()? {
+        None => return Ok(Listing::NotInstalled),
+        Some(v) if v != crate::catalog::LIBRARY_VERSION => {
+            return Ok(Listing::OtherVersion(crate::catalog::version_mismatch(&v)))
+        }
+        Some(_) => {}
     }
     let names = Spi::connect(|c| -> Result<Vec<String>, pgrx::spi::SpiError> {
         let mut out = Vec::new();
@@ -196,7 +242,7 @@ fn list_pipelines_and_collect_slots() -> Result<Option<Vec<String>>, crate::erro
         Ok(out)
     })?;
     crate::catalog::drop_orphan_slots()?;
-    Ok(Some(names))
+    Ok(Listing::Pipelines(names))
 }
 
 /// Run without a database connection until the configured database exists.

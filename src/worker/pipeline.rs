@@ -122,6 +122,12 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
         pg_sys::before_shmem_exit(Some(release_slot), pg_sys::Datum::from(slot_idx));
     }
     log!("pg_tide worker for pipeline \"{name}\" started");
+    // The launcher starts no worker while the SQL objects are of another version; this covers an
+    // `ALTER EXTENSION` between its check and this start. The slot keeps the worker's place.
+    if let Err(e) = tx::run(crate::catalog::version_gate) {
+        log!("pg_tide worker \"{name}\": not running: {e}");
+        return;
+    }
     // Deterministic text output for every value the worker renders (stream and backfill alike).
     if let Err(e) = tx::run(|| {
         crate::sql::text_rows(

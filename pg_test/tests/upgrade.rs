@@ -1,0 +1,554 @@
+//! Upgrading pg_tide in place, as a DBA would, with pipelines of every target kind running.
+//!
+//! The oldest release of `sql/releases.txt` (built from its commit by `scripts/release.sh`, once
+//! per machine) is installed into a private PostgreSQL copy of its own; a cluster runs from it
+//! with an outbox, a local table and a remote table pipeline, each with a throttled backfill in
+//! progress and writers running. Then the build under test (the pg_tide files of `TIDE_PG_BIN`'s
+//! installation, which `scripts/test.sh` installs) is installed over it by rename while the server
+//! runs, the server is restarted, and `ALTER EXTENSION pg_tide UPDATE` runs, writers still going.
+//!
+//! What must hold:
+//! - between the restart and the update, the new library runs no worker and its functions refuse
+//!   to act (SQLSTATE 55000, the hint names `ALTER EXTENSION pg_tide UPDATE`); writes meanwhile
+//!   are not lost;
+//! - after the update the workers resume by themselves, the backfills finish, the outbox replays
+//!   to the source with no event written twice, both table targets equal their source both ways,
+//!   and `tide.verify` reports no difference;
+//! - the catalog of the upgraded database equals that of a fresh `CREATE EXTENSION` of the new
+//!   version (functions, views, tables, columns, indexes, constraints, policies, privileges and
+//!   comments: `CATALOG_SNAPSHOT`), and that comparison does catch a difference: the database
+//!   before its update differs from the fresh one, and so does a fresh one with one comment or
+//!   one grant changed.
+
+use pg_test::*;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+const ROWS: i64 = 30_000;
+const CHUNK: i64 = 500;
+/// Per backfill: about 15 s for `ROWS`, so each is still running after the upgrade.
+const RATE: i64 = 2_000;
+/// (pipeline, source table, target kind)
+const PIPELINES: &[(&str, &str)] = &[("ob", "o_src"), ("lt", "l_src"), ("rt", "r_src")];
+
+/// One line per property of every object of the extension in the current database, sorted: what
+/// two installs of the same version must agree on. OIDs and data are left out.
+const CATALOG_SNAPSHOT: &str = r#"
+WITH ext AS (SELECT * FROM pg_extension WHERE extname = 'pg_tide'),
+members AS (
+    SELECT d.classid, d.objid FROM pg_depend d, ext
+     WHERE d.refclassid = 'pg_extension'::regclass AND d.refobjid = ext.oid AND d.deptype = 'e'
+),
+ns AS (SELECT oid FROM pg_namespace WHERE nspname = 'tide'),
+rels AS (SELECT c.* FROM pg_class c, ns WHERE c.relnamespace = ns.oid),
+lines(line) AS (
+    SELECT format('extension version=%s schema=%s relocatable=%s config=%s condition=%s',
+                  extversion, extnamespace::regnamespace, extrelocatable,
+                  (SELECT string_agg(x::regclass::text, ',' ORDER BY x::regclass::text) FROM unnest(extconfig) x),
+                  array_to_string(extcondition, ','))
+      FROM ext
+    UNION ALL
+    SELECT 'member ' || pg_describe_object(m.classid, m.objid, 0) FROM members m
+    UNION ALL
+    SELECT format('schema %s owner=%s acl=%s comment=%s', n.nspname, n.nspowner::regrole, n.nspacl,
+                  obj_description(n.oid, 'pg_namespace'))
+      FROM pg_namespace n, ns WHERE n.oid = ns.oid
+    UNION ALL
+    SELECT format('function %s returns %s args=%s lang=%s kind=%s volatile=%s strict=%s secdef=%s parallel=%s leakproof=%s cost=%s rows=%s config=%s src=%s bin=%s owner=%s acl=%s comment=%s',
+                  p.oid::regprocedure, pg_get_function_result(p.oid), pg_get_function_arguments(p.oid),
+                  l.lanname, p.prokind, p.provolatile, p.proisstrict, p.prosecdef, p.proparallel,
+                  p.proleakproof, p.procost, p.prorows, array_to_string(p.proconfig, ','), md5(p.prosrc),
+                  p.probin, p.proowner::regrole, p.proacl, obj_description(p.oid, 'pg_proc'))
+      FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang, ns WHERE p.pronamespace = ns.oid
+    UNION ALL
+    SELECT format('relation %s kind=%s persistence=%s rls=%s force_rls=%s options=%s owner=%s acl=%s comment=%s%s',
+                  c.oid::regclass, c.relkind, c.relpersistence, c.relrowsecurity, c.relforcerowsecurity,
+                  array_to_string(c.reloptions, ','), c.relowner::regrole, c.relacl,
+                  obj_description(c.oid, 'pg_class'),
+                  CASE c.relkind WHEN 'v' THEN ' definition=' || pg_get_viewdef(c.oid)
+                                 WHEN 'i' THEN ' definition=' || pg_get_indexdef(c.oid) ELSE '' END)
+      FROM rels c
+    UNION ALL
+    SELECT format('sequence %s type=%s start=%s increment=%s min=%s max=%s cache=%s cycle=%s',
+                  s.seqrelid::regclass, s.seqtypid::regtype, s.seqstart, s.seqincrement, s.seqmin,
+                  s.seqmax, s.seqcache, s.seqcycle)
+      FROM pg_sequence s JOIN rels c ON c.oid = s.seqrelid
+    UNION ALL
+    -- columns by position among the live ones (a dropped column leaves a gap in attnum only)
+    SELECT format('column %s.%s position=%s type=%s not_null=%s default=%s identity=%s generated=%s collation=%s acl=%s comment=%s',
+                  c.oid::regclass, quote_ident(a.attname),
+                  row_number() OVER (PARTITION BY c.oid ORDER BY a.attnum),
+                  format_type(a.atttypid, a.atttypmod), a.attnotnull, pg_get_expr(d.adbin, d.adrelid),
+                  a.attidentity, a.attgenerated,
+                  CASE WHEN a.attcollation <> 0 THEN a.attcollation::regcollation::text END,
+                  a.attacl, col_description(c.oid, a.attnum))
+      FROM rels c
+      JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+      LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+     WHERE c.relkind IN ('r', 'v', 'p', 'm', 'f')
+    UNION ALL
+    SELECT format('constraint %s %s %s deferrable=%s comment=%s', k.conrelid::regclass, k.conname,
+                  pg_get_constraintdef(k.oid), k.condeferrable, obj_description(k.oid, 'pg_constraint'))
+      FROM pg_constraint k JOIN rels c ON c.oid = k.conrelid
+    UNION ALL
+    SELECT format('policy %s %s cmd=%s permissive=%s roles=%s using=%s check=%s', p.polrelid::regclass,
+                  p.polname, p.polcmd, p.polpermissive,
+                  (SELECT string_agg(x, ',' ORDER BY x)
+                     FROM (SELECT CASE WHEN r = 0 THEN 'public' ELSE r::regrole::text END AS x
+                             FROM unnest(p.polroles) r) rs),
+                  pg_get_expr(p.polqual, p.polrelid), pg_get_expr(p.polwithcheck, p.polrelid))
+      FROM pg_policy p JOIN rels c ON c.oid = p.polrelid
+    UNION ALL
+    SELECT 'trigger ' || pg_get_triggerdef(t.oid)
+      FROM pg_trigger t JOIN rels c ON c.oid = t.tgrelid WHERE NOT t.tgisinternal
+    UNION ALL
+    SELECT format('type %s type=%s', t.oid::regtype, t.typtype)
+      FROM pg_type t, ns WHERE t.typnamespace = ns.oid AND t.typrelid = 0 AND t.typelem = 0
+)
+SELECT line FROM lines ORDER BY line
+"#;
+
+fn diag(c: &Cluster) -> String {
+    format!(
+        "--- tide.pipelines ---\n{}\n--- tide.backfills ---\n{}\n--- last 40 lines of {} ---\n{}",
+        sample(
+            c,
+            "SELECT name, state, worker_pid, lag_bytes, events_applied, last_error FROM tide.pipelines",
+            10
+        ),
+        sample(
+            c,
+            "SELECT id, pipeline, relation, state, chunks_done, rows_read, estimated_rows, fraction_done, error \
+               FROM tide.backfills ORDER BY id",
+            20
+        ),
+        c.log_path().display(),
+        c.log_tail(40)
+    )
+}
+
+/// Run a repository script; its stdout (trimmed), or a panic with its output.
+fn script(args: &[&str]) -> String {
+    let out = Command::new("bash")
+        .args(args)
+        .current_dir(repo_root())
+        .output()
+        .unwrap_or_else(|e| panic!("could not run {args:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{args:?} failed ({}):\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The oldest release named in `sql/releases.txt`.
+fn oldest_release() -> String {
+    let list =
+        std::fs::read_to_string(repo_root().join("sql/releases.txt")).expect("sql/releases.txt");
+    list.lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with('#'))
+        .and_then(|l| l.split_whitespace().next())
+        .expect("sql/releases.txt names a release")
+        .to_string()
+}
+
+/// The version of the build under test (the extension crate's).
+fn current_version() -> String {
+    let toml = std::fs::read_to_string(repo_root().join("Cargo.toml")).expect("Cargo.toml");
+    toml.lines()
+        .find_map(|l| {
+            l.strip_prefix("version = \"")
+                .and_then(|r| r.strip_suffix('"'))
+        })
+        .expect("a version in Cargo.toml")
+        .to_string()
+}
+
+/// `pg_config --pkglibdir` and `--sharedir`/extension of the installation of `bin`.
+fn install_dirs(bin: &Path) -> (PathBuf, PathBuf) {
+    let q = |flag: &str| {
+        let out = Command::new(bin.join("pg_config"))
+            .arg(flag)
+            .output()
+            .expect("pg_config");
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    };
+    (q("--pkglibdir"), q("--sharedir").join("extension"))
+}
+
+/// Unlink every pg_tide file of an installation (unlinking never disturbs a server that maps
+/// the library; this copy is the test's own anyway).
+fn remove_pg_tide_files(bin: &Path) {
+    let (lib, ext) = install_dirs(bin);
+    for dir in [lib, ext] {
+        let real = dir.canonicalize().expect("installation directory");
+        assert!(
+            real.starts_with(repo_root().join("target")),
+            "{} is not inside the private copy (it resolves to {}): refusing to remove files there",
+            dir.display(),
+            real.display()
+        );
+        for e in std::fs::read_dir(&dir)
+            .expect("installation directory")
+            .flatten()
+        {
+            let name = e.file_name().to_string_lossy().to_string();
+            if name.starts_with("pg_tide") && e.path().is_file() && !e.path().is_symlink() {
+                std::fs::remove_file(e.path()).expect("remove an old pg_tide file");
+            }
+        }
+    }
+}
+
+/// Writers on the three source tables until `stop`: updates, inserts (in and past the key
+/// range) and deletes, one row each. A failed round (the server restarting) reconnects.
+fn spawn_writer(c: &Cluster, stop: Arc<AtomicBool>) -> JoinHandle<(u64, u64)> {
+    let port = c.port();
+    std::thread::spawn(move || {
+        let connect = || {
+            postgres::Client::connect(
+                &format!("host=127.0.0.1 port={port} user=postgres dbname=postgres"),
+                postgres::NoTls,
+            )
+        };
+        let mut cl = connect().ok();
+        let (mut ok, mut failed) = (0u64, 0u64);
+        while !stop.load(Ordering::SeqCst) {
+            let Some(client) = cl.as_mut() else {
+                std::thread::sleep(Duration::from_millis(200));
+                cl = connect().ok();
+                continue;
+            };
+            let mut round_failed = false;
+            for (_, t) in PIPELINES {
+                let sql = format!(
+                    "UPDATE {t} SET v = v + 1 WHERE id = (SELECT 1 + (random() * {ROWS})::int);
+                     INSERT INTO {t} (id, v, pad) VALUES ((SELECT 1 + (random() * {ROWS} * 1.2)::int), -1, 'w')
+                            ON CONFLICT (id) DO UPDATE SET v = excluded.v;
+                     DELETE FROM {t} WHERE id = (SELECT 1 + (random() * {ROWS})::int);"
+                );
+                if client.batch_execute(&sql).is_err() {
+                    round_failed = true;
+                    break;
+                }
+            }
+            if round_failed {
+                failed += 1;
+                cl = None;
+            } else {
+                ok += 1;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        (ok, failed)
+    })
+}
+
+fn snapshot(c: &Cluster, db: &str) -> BTreeSet<String> {
+    let mut cl = c.connect_db(db);
+    cl.query(CATALOG_SNAPSHOT, &[])
+        .unwrap_or_else(|e| panic!("catalog snapshot of {db}: {}", describe_error(&e)))
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect()
+}
+
+/// The lines only in `a` and only in `b`, for a failure message ("" when equal).
+fn catalog_diff(a: &BTreeSet<String>, b: &BTreeSet<String>, an: &str, bn: &str) -> String {
+    let mut s = String::new();
+    for l in a.difference(b) {
+        s.push_str(&format!("only in {an}: {l}\n"));
+    }
+    for l in b.difference(a) {
+        s.push_str(&format!("only in {bn}: {l}\n"));
+    }
+    s
+}
+
+fn pg_tide_workers(c: &Cluster) -> i64 {
+    c.query_scalar("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_tide worker'")
+}
+
+/// Count and an order-independent digest of a table's rows, on any cluster.
+fn digest(c: &Cluster, table: &str) -> (i64, String) {
+    let r = c.query_one(&format!(
+        "SELECT count(*), coalesce(md5(string_agg(t::text, ',' ORDER BY t.id)), '') FROM {table} t"
+    ));
+    (r.get(0), r.get(1))
+}
+
+/// An empty copy of `source` and a function replaying the outbox events of `relation` onto it.
+fn make_copy(c: &Cluster, source: &str, relation: &str, copy: &str) {
+    c.execute(&format!(
+        r#"
+CREATE TABLE {copy} (LIKE {source});
+ALTER TABLE {copy} ADD PRIMARY KEY (id);
+CREATE FUNCTION {copy}_replay(p_pipeline text) RETURNS bigint LANGUAGE plpgsql AS $f$
+DECLARE e record; n bigint := 0;
+BEGIN
+    FOR e IN SELECT o.op, o.key, o."row" FROM tide.outbox o
+              WHERE o.pipeline = p_pipeline AND o.relation = '{relation}' ORDER BY o.id
+    LOOP
+        n := n + 1;
+        IF e.op IN ('read', 'insert', 'update') THEN
+            DELETE FROM {copy} c USING jsonb_populate_record(NULL::{copy}, e.key) k WHERE c.id = k.id;
+            INSERT INTO {copy} SELECT * FROM jsonb_populate_record(NULL::{copy}, e."row");
+        ELSIF e.op = 'delete' THEN
+            DELETE FROM {copy} c USING jsonb_populate_record(NULL::{copy}, e.key) k WHERE c.id = k.id;
+        ELSE
+            RAISE EXCEPTION 'unexpected op %', e.op;
+        END IF;
+    END LOOP;
+    RETURN n;
+END
+$f$;
+"#
+    ));
+}
+
+#[test]
+fn upgrade_in_place_with_pipelines_running() {
+    let from = oldest_release();
+    let to = current_version();
+    assert_ne!(
+        from, to,
+        "sql/releases.txt's oldest release is the version under test: nothing to upgrade from"
+    );
+    assert!(
+        repo_root()
+            .join(format!("sql/pg_tide--{from}--{to}.sql"))
+            .is_file(),
+        "no upgrade script sql/pg_tide--{from}--{to}.sql"
+    );
+    let old_tree = script(&["scripts/release.sh", &from]);
+    let bin = PathBuf::from(script(&[
+        "scripts/private-pg.sh",
+        &repo_root().join("target/pg15-upgrade").to_string_lossy(),
+    ]));
+    remove_pg_tide_files(&bin);
+    script(&["scripts/install-tree.sh", &bin.to_string_lossy(), &old_tree]);
+
+    // --- the old release, with work in progress ------------------------------------------
+    let c = start_cluster(Cluster::builder("upgrade").pg_bin(&bin));
+    let tgt = target_cluster("upgrade_tgt");
+    c.execute("CREATE EXTENSION pg_tide");
+    let v: String = c.query_scalar(
+        "SELECT extversion || ' ' || tide.version() FROM pg_extension WHERE extname = 'pg_tide'",
+    );
+    assert_eq!(
+        v,
+        format!("{from} {from}"),
+        "the old release is not what runs"
+    );
+    for (_, t) in PIPELINES {
+        // Not analyzed: reltuples stays -1, the case where progress had no estimate.
+        c.execute(&format!(
+            "CREATE TABLE {t} (id int PRIMARY KEY, v int NOT NULL, pad text);
+             INSERT INTO {t} SELECT g, g % 1000, repeat('x', 40) FROM generate_series(1, {ROWS}) g;"
+        ));
+    }
+    create_server(&c, "tgt", &tgt);
+    // (each in a transaction of its own: a slot cannot be created after a write)
+    c.execute("SELECT tide.create_pipeline('ob')");
+    c.execute(r#"SELECT tide.create_pipeline('lt', 'table', '{"schema": "replica"}')"#);
+    c.execute(r#"SELECT tide.create_pipeline('rt', 'postgres', '{"server": "tgt"}')"#);
+    for (p, t) in PIPELINES {
+        c.execute(&format!(
+            "SELECT tide.add_table('{p}', '{t}', backfill => false)"
+        ));
+    }
+    for (p, _) in PIPELINES {
+        wait_for_pipeline(&c, p, 60, || diag(&c));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = spawn_writer(&c, stop.clone());
+    for (p, t) in PIPELINES {
+        c.execute(&format!(
+            "SELECT tide.start_backfill('{t}', '{p}', chunk_size => {CHUNK});
+             SELECT tide.alter_backfill('{t}', '{p}', rows_per_second => {RATE});"
+        ));
+    }
+    c.wait_until(
+        "two chunks of every backfill",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || {
+            Ok(c.try_query_scalar::<i64>(
+                "SELECT count(*) FROM tide.backfills WHERE state = 'running' AND chunks_done >= 2",
+            )? == 3)
+        },
+    );
+
+    // --- install the new build over it, by rename, while it runs; restart ----------------
+    let (new_lib, new_ext) = install_dirs(&pg_bin());
+    script(&[
+        "scripts/install-tree.sh",
+        &bin.to_string_lossy(),
+        &new_lib.to_string_lossy(),
+        &new_ext.to_string_lossy(),
+    ]);
+    assert!(
+        c.is_running(),
+        "installing by rename disturbed the running server"
+    );
+    c.restart();
+
+    // New library, old SQL objects: nothing runs, the API says what to do.
+    let v: String = c.query_scalar(
+        "SELECT extversion || ' ' || tide.version() FROM pg_extension WHERE extname = 'pg_tide'",
+    );
+    assert_eq!(v, format!("{from} {to}"), "after the restart");
+    let err = c
+        .try_execute("SELECT tide.check()")
+        .expect_err("tide.check() must fail between the restart and ALTER EXTENSION UPDATE");
+    assert_db_error(&err, "55000", Some("ALTER EXTENSION pg_tide UPDATE"));
+    let err = c
+        .try_execute("SELECT tide.start_backfill('o_src', 'ob')")
+        .expect_err("the API must refuse to act on an old catalog");
+    assert_db_error(&err, "55000", Some("ALTER EXTENSION pg_tide UPDATE"));
+    c.wait_until(
+        "the launcher's word on the versions",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || Ok(c.log_count("pipelines wait") > 0),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        pg_tide_workers(&c),
+        0,
+        "a worker runs against the old catalog\n{}",
+        diag(&c)
+    );
+
+    // The snapshot tells the old catalog from the new one.
+    c.execute("CREATE DATABASE fresh");
+    c.execute_in("fresh", "CREATE EXTENSION pg_tide");
+    let fresh = snapshot(&c, "fresh");
+    let before = snapshot(&c, "postgres");
+    assert!(
+        !catalog_diff(&before, &fresh, "", "").is_empty(),
+        "the catalog snapshot of {from} equals that of {to}: it cannot tell an upgrade happened"
+    );
+
+    // --- the update: the pipelines resume by themselves --------------------------------------
+    c.execute("ALTER EXTENSION pg_tide UPDATE");
+    let v: String = c.query_scalar(
+        "SELECT extversion || ' ' || tide.version() FROM pg_extension WHERE extname = 'pg_tide'",
+    );
+    assert_eq!(v, format!("{to} {to}"), "after ALTER EXTENSION UPDATE");
+    c.execute("SELECT tide.check()");
+    c.wait_until(
+        "the three workers after the update",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || Ok(pg_tide_workers(&c) == 3),
+    );
+    // Progress of the backfills the old release started, on a table never analyzed.
+    c.wait_until(
+        "progress estimates of the running backfills",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || {
+            Ok(c.try_query_scalar::<i64>(
+                "SELECT count(*) FROM tide.backfills
+                  WHERE state = 'running' AND fraction_done > 0 AND fraction_done < 1
+                    AND estimated_time_left IS NOT NULL",
+            )? == 3)
+        },
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::SeqCst);
+    let (rounds, failed) = writer.join().expect("writer");
+    assert!(rounds > 50, "the writers barely ran ({rounds} rounds)");
+    assert!(
+        failed > 0,
+        "no write round failed: the server was not restarted under the writers"
+    );
+
+    for (p, _) in PIPELINES {
+        wait_for_pipeline(&c, p, 120, || diag(&c));
+    }
+    for (p, t) in PIPELINES {
+        wait_for_backfill(&c, t, Some(p), 180, || diag(&c));
+    }
+    for (p, _) in PIPELINES {
+        wait_for_pipeline(&c, p, 120, || diag(&c));
+    }
+
+    // --- nothing lost, nothing twice -----------------------------------------------------------
+    let not_done: i64 = c.query_scalar("SELECT count(*) FROM tide.backfills WHERE state <> 'done'");
+    assert_eq!(not_done, 0, "{}", diag(&c));
+    let twice: i64 = c.query_scalar(
+        "SELECT count(*) FROM (SELECT 1 FROM tide.outbox GROUP BY pipeline, commit_lsn, position
+                                HAVING count(*) > 1) d",
+    );
+    assert_eq!(twice, 0, "outbox events written twice\n{}", diag(&c));
+    make_copy(&c, "o_src", "public.o_src", "o_copy");
+    let events: i64 = c.query_scalar("SELECT o_copy_replay('ob')");
+    assert!(events >= ROWS, "only {events} outbox events");
+    assert_eq!(
+        digest(&c, "o_src"),
+        digest(&c, "o_copy"),
+        "outbox replay differs from the source\n{}",
+        diag(&c)
+    );
+    assert_eq!(
+        digest(&c, "l_src"),
+        digest(&c, "replica.l_src"),
+        "local table target differs from the source\n{}",
+        diag(&c)
+    );
+    assert_eq!(
+        digest(&c, "r_src"),
+        digest(&tgt, "public.r_src"),
+        "remote table target differs from the source\n{}",
+        diag(&c)
+    );
+    for (p, t) in [("lt", "l_src"), ("rt", "r_src")] {
+        let r = c.query_one(&format!(
+            "SELECT count(*) FILTER (WHERE kind NOT LIKE 'summary%'),
+                    coalesce(json_agg(v) FILTER (WHERE kind NOT LIKE 'summary%'), '[]')::text
+               FROM tide.verify('{t}', '{p}') v"
+        ));
+        let (n, rows): (i64, String) = (r.get(0), r.get(1));
+        assert_eq!(n, 0, "tide.verify('{t}', '{p}') after the upgrade: {rows}");
+    }
+
+    // --- the upgraded catalog is the fresh one -------------------------------------------------
+    let after = snapshot(&c, "postgres");
+    let d = catalog_diff(&after, &fresh, "upgraded", "fresh");
+    assert!(
+        d.is_empty(),
+        "the catalog after ALTER EXTENSION pg_tide UPDATE differs from a fresh install of {to}:\n{d}"
+    );
+    // ... and the comparison sees a changed comment or a changed privilege.
+    let mut fc = c.connect_db("fresh");
+    for change in [
+        "COMMENT ON VIEW tide.backfills IS 'changed'",
+        "GRANT SELECT ON tide.pipeline TO PUBLIC",
+        "REVOKE EXECUTE ON FUNCTION tide._estimate_rows(oid) FROM tide_admin",
+    ] {
+        let mut tx = fc.transaction().expect("begin");
+        tx.batch_execute(change).expect(change);
+        let changed: BTreeSet<String> = tx
+            .query(CATALOG_SNAPSHOT, &[])
+            .expect("snapshot")
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect();
+        tx.rollback().expect("rollback");
+        assert!(
+            !catalog_diff(&changed, &fresh, "", "").is_empty(),
+            "the catalog snapshot did not see: {change}"
+        );
+    }
+}
