@@ -195,7 +195,9 @@ pub fn reread_after_rewrite(
          SELECT b.pipeline, b.relid, b.relation, t.key_columns, b.owner,
                 (SELECT max(generation) FROM tide.backfill WHERE pipeline = $1 AND relid = b.relid) + 1,
                 b.chunk_size, b.rows_per_second,
-                tide._estimate_rows(b.relid), $3
+                -- (the worker refreshes it at the first chunk; tide._estimate_rows here would
+                -- lock the table in the stream's transaction)
+                (SELECT CASE WHEN reltuples >= 0 THEN reltuples::int8 END FROM pg_class WHERE oid = b.relid), $3
            FROM tide.backfill b
            JOIN tide.pipeline_table t ON t.pipeline = b.pipeline AND t.relid = b.relid
           WHERE b.pipeline = $1 AND b.relid = $2::int8::oid AND b.state = 'done'

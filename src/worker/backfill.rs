@@ -51,6 +51,8 @@ struct PendingChunk {
     columns: Vec<String>,
     /// Transactions in progress in the chunk's snapshot (32-bit xids, as decoding reports them).
     invisible: HashSet<u32>,
+    /// Progress estimates taken while the chunk was read (see [`ChunkRead`]).
+    estimate: Estimate,
 }
 
 /// In-memory backfill state of one worker.
@@ -180,10 +182,13 @@ impl Backfiller {
                 "UPDATE tide.backfill
                     SET chunks_done = chunks_done + 1, rows_read = rows_read + $2, rows_dropped = rows_dropped + $3,
                         rows_emitted = rows_emitted + $4, last_key = coalesce($5, last_key),
-                        -- the total as the planner would estimate it now, and more than has been
-                        -- read until the last chunk is (so fraction_done stays below 1 until then)
+                        -- the total from how far into the key range the chunk reached (a single
+                        -- integer key), else as the planner estimates the table now; more than has
+                        -- been read until the last chunk (so fraction_done stays below 1 until then)
                         estimated_rows = CASE WHEN $6 THEN rows_read + $2
-                                              ELSE greatest(tide._estimate_rows(relid), rows_read + $2 + chunk_size) END,
+                                              ELSE greatest(coalesce(round((rows_read + $2) / nullif($9::float8, 0))::int8,
+                                                                     $8::int8, estimated_rows),
+                                                            rows_read + $2 + chunk_size) END,
                         state = CASE WHEN $6 THEN 'done' ELSE state END,
                         finished_at = CASE WHEN $6 THEN now() END,
                         finished_lsn = CASE WHEN $6 THEN $7::pg_lsn END,
@@ -199,6 +204,8 @@ impl Backfiller {
                     p.key_to.clone().into(),
                     p.is_last.into(),
                     t.lsn.to_string().into(),
+                    p.estimate.table_rows.into(),
+                    p.estimate.key_fraction.into(),
                 ],
             )?)?
             .unwrap_or(false);
@@ -349,6 +356,7 @@ impl Backfiller {
             truncated: false,
             columns: read.columns,
             invisible: read.invisible,
+            estimate: read.estimate,
         });
         // Throttle: spread the rows of this chunk over rows / rows_per_second seconds.
         self.not_before = match job.rows_per_second {
@@ -434,8 +442,22 @@ struct ChunkRow {
     row: String,
 }
 
+/// What a chunk read tells about the backfill's total, for `tide.backfills.estimated_rows`.
+/// Taken in the chunk's transaction, under the table's lock that it already holds: outside it,
+/// even `pg_relation_size` would queue for a lock behind a waiting ALTER TABLE and stall the
+/// stream.
+#[derive(Debug, Clone, Copy, Default)]
+struct Estimate {
+    /// The planner's estimate of the table's rows now (`tide._estimate_rows`).
+    table_rows: Option<i64>,
+    /// For a single integer key and no condition: the share of the key range `[min, max]` up to
+    /// the chunk's last key, in (0, 1].
+    key_fraction: Option<f64>,
+}
+
 struct ChunkRead {
     invisible: HashSet<u32>,
+    estimate: Estimate,
     /// Keys (rendered) a repair deletes at the high watermark.
     deletes: Vec<String>,
     relation: String,
@@ -682,6 +704,18 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
         .hint("The chunk is read again; nothing was emitted from it.")
         .retry_later());
     }
+    let estimate = if is_last {
+        Estimate::default()
+    } else {
+        let last = rows.last().and_then(|r| r.key_values.first());
+        Estimate {
+            table_rows: sql::one::<i64>(
+                "SELECT tide._estimate_rows($1::int8::oid)",
+                &[(job.relid as i64).into()],
+            )?,
+            key_fraction: key_fraction(job, &relation, &key_types, last, owner)?,
+        }
+    };
     Spi::connect_mut(|c| -> TideResult<()> {
         c.update(
             "UPDATE tide.signal SET kind = 'high', written_at = clock_timestamp() WHERE pipeline = $1 AND watermark = $2",
@@ -699,12 +733,45 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
     })?;
     Ok(ChunkRead {
         invisible,
+        estimate,
         deletes,
         relation,
         columns: columns.into_iter().map(|c| c.name).collect(),
         rows,
         is_last,
         read_at,
+    })
+}
+
+/// For a backfill of the whole table on a single integer key: the share of the table's key range
+/// up to `last` (the chunk's last key), as a progress estimate that does not depend on the row
+/// width the planner guesses. Two index probes, as the backfill's owner (who reads the table).
+fn key_fraction(
+    job: &Job,
+    relation: &str,
+    key_types: &[String],
+    last: Option<&String>,
+    owner: pg_sys::Oid,
+) -> TideResult<Option<f64>> {
+    let integer_key = matches!(
+        key_types,
+        [t] if t == "smallint" || t == "integer" || t == "bigint"
+    );
+    if !integer_key || job.condition.is_some() || job.repair_deletes.is_some() {
+        return Ok(None);
+    }
+    let Some(last) = last.and_then(|v| v.parse::<i64>().ok()) else {
+        return Ok(None);
+    };
+    let k = quote(&job.key_columns[0]);
+    let q = format!("SELECT min({k})::int8, max({k})::int8 FROM ONLY {relation}");
+    let (lo, hi) = crate::security::as_owner(owner, || sql::two::<i64, i64>(&q, &[]))?;
+    Ok(match (lo, hi) {
+        (Some(lo), Some(hi)) if hi > lo && last >= lo => {
+            let done = (last as f64 - lo as f64 + 1.0) / (hi as f64 - lo as f64 + 1.0);
+            Some(done.clamp(f64::MIN_POSITIVE, 1.0))
+        }
+        _ => None,
     })
 }
 
