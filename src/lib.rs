@@ -39,6 +39,8 @@ pub extern "C-unwind" fn _PG_init() {
         std::env::set_var("RUST_LIB_BACKTRACE", "0");
     }
     gucs::init();
+    // Waits for a remote sink's reply look at interrupts and the postmaster every 100 ms.
+    sink::remote::set_wait_check(worker::wait_check);
     if unsafe { !pg_sys::process_shared_preload_libraries_in_progress } {
         // Loaded by CREATE EXTENSION, a function call or as an output plugin: no worker.
         return;

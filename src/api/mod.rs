@@ -348,12 +348,34 @@ fn drop_pipeline_impl(name: &str) -> TideResult<()> {
 
 fn drop_pipeline_as_tide(name: &str, slot: &str) -> TideResult<()> {
     let slot = slot.to_string();
-    // Waits for a running iteration of the worker (which holds this lock shared) to end and keeps
-    // new iterations out until we commit; they then find the pipeline gone and exit.
-    sql::exec(
-        "SELECT pg_advisory_xact_lock(hashtext($1))",
-        &[catalog::pipeline_lock_key(name).into()],
-    )?;
+    // The pipeline's lock, exclusive: a running iteration of the worker holds it shared, and new
+    // iterations stay out until we commit (they then find the pipeline gone and exit). An
+    // iteration may run long (up to the remote sink's timeout while its target does not answer),
+    // so the worker is stopped first instead of waited for; one the launcher starts meanwhile is
+    // stopped on the next round.
+    let key = catalog::pipeline_lock_key(name);
+    let mut rounds = 0;
+    loop {
+        if let Some(pid) = shmem::worker_pid(name) {
+            sql::exec("SELECT pg_terminate_backend($1)", &[pid.into()])?;
+        }
+        if sql::one::<bool>(
+            "SELECT pg_try_advisory_xact_lock(hashtext($1))",
+            &[key.clone().into()],
+        )?
+        .unwrap_or(false)
+        {
+            break;
+        }
+        rounds += 1;
+        if rounds >= 300 {
+            return Err(TideError::prerequisite(format!(
+                "the worker of pipeline \"{name}\" did not stop within 30 s"
+            ))
+            .hint("See the server log for what it is doing; call tide.drop_pipeline again."));
+        }
+        sleep_ms(100);
+    }
     tsql::exec("DELETE FROM tide.pipeline WHERE name = $1", &[name.into()])?;
     tsql::exec(
         "DELETE FROM tide.signal WHERE pipeline = $1",

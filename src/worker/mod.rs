@@ -7,3 +7,29 @@ pub mod launcher;
 pub mod origin;
 pub mod pipeline;
 pub mod tx;
+
+use pgrx::pg_sys;
+
+/// The [`crate::sink::remote::WaitCheck`] of a backend: while the main thread waits for a sink
+/// thread, a pending interrupt is processed (query cancel raises an ERROR, SIGTERM ends the
+/// process) and a dead postmaster ends the process, as at any `WaitLatch` of PostgreSQL's own.
+/// The request waited for is abandoned first.
+pub fn wait_check(abandon: &mut dyn FnMut()) {
+    // A zero-timeout WaitLatch only reports whether the postmaster is gone.
+    let events = unsafe {
+        pg_sys::WaitLatch(
+            pg_sys::MyLatch,
+            (pg_sys::WL_TIMEOUT | pg_sys::WL_POSTMASTER_DEATH) as i32,
+            0,
+            pg_sys::PG_WAIT_EXTENSION,
+        )
+    };
+    if events & pg_sys::WL_POSTMASTER_DEATH as i32 != 0 {
+        abandon();
+        unsafe { pg_sys::proc_exit(1) };
+    }
+    if unsafe { pg_sys::InterruptPending } != 0 {
+        abandon();
+        pg_sys::check_for_interrupts!();
+    }
+}

@@ -1,0 +1,108 @@
+//! Waits end on interrupts. A worker whose remote target does not answer (its statement waits
+//! for a lock held at the remote) still stops at once when it is told to: `pg_terminate_backend`
+//! and `tide.drop_pipeline` do not wait for the remote sink's timeout (60 s, twice that during
+//! COMMIT), because the main thread looks at interrupts every 100 ms while it waits for the
+//! sink thread.
+
+use pg_test::*;
+use std::time::{Duration, Instant};
+
+/// Far below the remote sink's 60 s reply timeout, far above the 100 ms the check takes.
+const PROMPT: Duration = Duration::from_secs(10);
+
+fn diag(c: &Cluster) -> String {
+    format!(
+        "--- tide.pipelines ---\n{}\n--- last 30 lines of {} ---\n{}",
+        sample(
+            c,
+            "SELECT name, state, worker_pid, last_error FROM tide.pipelines",
+            5
+        ),
+        c.log_path().display(),
+        c.log_tail(30)
+    )
+}
+
+fn worker_pid(c: &Cluster) -> Option<i32> {
+    c.try_query_scalar::<Option<i32>>("SELECT worker_pid FROM tide.pipelines WHERE name = 'p'")
+        .ok()
+        .flatten()
+}
+
+/// Wait until the pipeline's worker has an apply statement waiting for a lock at the target, on
+/// a connection opened after `since` (the target's clock).
+fn wait_until_stalled(c: &Cluster, tgt: &Cluster, since: &str) -> i32 {
+    c.wait_until(
+        "a worker",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || Ok(worker_pid(c).is_some()),
+    );
+    tgt.wait_until(
+        "the worker's remote statement to wait for the lock",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || {
+            Ok(tgt.try_query_scalar::<i64>(&format!(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE wait_event_type = 'Lock' AND backend_start > '{since}'::timestamptz"
+            ))? > 0)
+        },
+    );
+    worker_pid(c).expect("the worker's pid")
+}
+
+#[test]
+fn a_stalled_remote_target_does_not_delay_stopping() {
+    let c = setup("stall");
+    let tgt = target_cluster("stall_tgt");
+    create_server(&c, "tgt", &tgt);
+    c.execute(r#"SELECT tide.create_pipeline('p', 'postgres', '{"server": "tgt"}')"#);
+    c.execute("CREATE TABLE s (id int PRIMARY KEY, v int)");
+    c.execute("SELECT tide.add_table('p', 's')");
+    wait_for_pipeline(&c, "p", 60, || diag(&c));
+
+    let mut blocker = tgt.client();
+    blocker
+        .batch_execute("BEGIN; LOCK TABLE public.s IN ACCESS EXCLUSIVE MODE")
+        .expect("lock at the target");
+    c.execute("INSERT INTO s VALUES (1, 1)");
+
+    // pg_terminate_backend: the worker exits while its remote statement still waits.
+    let start: String = tgt.query_scalar("SELECT '-infinity'::timestamptz::text");
+    let pid = wait_until_stalled(&c, &tgt, &start);
+    let since: String = tgt.query_scalar("SELECT now()::text");
+    let t = Instant::now();
+    c.execute(&format!("SELECT pg_terminate_backend({pid})"));
+    c.wait_until(
+        "the terminated worker to exit",
+        Duration::from_secs(90),
+        Duration::from_millis(20),
+        || {
+            Ok(c.try_query_scalar::<i64>(&format!(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = {pid}"
+            ))? == 0)
+        },
+    );
+    let took = t.elapsed();
+    assert!(
+        took < PROMPT,
+        "the worker took {took:.1?} to exit on SIGTERM while waiting for its remote target\n{}",
+        diag(&c)
+    );
+
+    // drop_pipeline, while the next worker is stalled the same way.
+    let pid2 = wait_until_stalled(&c, &tgt, &since);
+    assert_ne!(pid2, pid, "the launcher started a new worker");
+    let t = Instant::now();
+    c.execute("SELECT tide.drop_pipeline('p')");
+    let took = t.elapsed();
+    assert!(
+        took < PROMPT,
+        "tide.drop_pipeline took {took:.1?} while the worker waited for its remote target\n{}",
+        diag(&c)
+    );
+    let left: i64 = c.query_scalar("SELECT count(*) FROM tide.pipelines");
+    assert_eq!(left, 0, "the pipeline was dropped");
+    blocker.batch_execute("ROLLBACK").expect("release the lock");
+}
