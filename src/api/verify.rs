@@ -786,12 +786,16 @@ fn sample_columns(ctx: &Ctx, n: i32) -> TideResult<Vec<(Vec<String>, Vec<String>
         0,
         true,
     )?;
-    let cols_src: Vec<String> = ctx.cols.iter().map(|(c, _)| quote(c)).collect();
+    // Both sides rendered the same way: as the source type, cast to text (a remote read can
+    // only return text). Rendering the source by the type's output function instead flagged
+    // equal values: boolean `t` against `true`, char(5) `'ab   '` against `'ab'`, inet `::1`
+    // against `::1/128`.
     let cols_tgt: Vec<String> = ctx
         .cols
         .iter()
-        .map(|(c, t)| format!("{}::{t}", quote(c)))
+        .map(|(c, t)| format!("(({})::{t})::text", quote(c)))
         .collect();
+    let cols_src = &cols_tgt;
     let mut out = Vec::new();
     for key in picked {
         let key: Vec<String> = key.into_iter().map(Option::unwrap_or_default).collect();
@@ -818,11 +822,7 @@ fn sample_columns(ctx: &Ctx, n: i32) -> TideResult<Vec<(Vec<String>, Vec<String>
             wait_caught_up(&ctx.pipeline)?;
             let q = format!(
                 "SELECT {} FROM {} WHERE {}",
-                cols_tgt
-                    .iter()
-                    .map(|c| format!("({c})::text"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                cols_tgt.join(", "),
                 ctx.target,
                 eq.join(" AND ")
             );
