@@ -9,7 +9,8 @@
 //! - [`worker`]: the launcher, the pipeline worker and the transaction helper;
 //! - [`schema`]: catalog tables, the outbox, views and privileges.
 //!
-//! Server-independent logic (wire codec, JSON rendering, reconciler) is in the `tide-core` crate.
+//! Server-independent logic (wire codec, JSON rendering, reconciler, and the stream model that
+//! `worker` and `sink` share, so neither imports the other) is in the `tide-core` crate.
 
 use pgrx::prelude::*;
 

@@ -20,6 +20,7 @@ use crate::shmem;
 use crate::sql;
 use crate::tsql;
 use pgrx::prelude::*;
+use tide_core::model::BackfillState;
 
 /// Default rows per chunk.
 pub const DEFAULT_CHUNK_SIZE: i32 = 5000;
@@ -332,8 +333,8 @@ fn active_backfill(relid: pg_sys::Oid, pipeline: &str) -> TideResult<Option<(i64
 fn set_state(
     source: Option<Regclass>,
     pipeline: Option<&str>,
-    from: &[&str],
-    to: &str,
+    from: &[BackfillState],
+    to: BackfillState,
     verb: &str,
 ) -> TideResult<()> {
     let relid = relation(source, "source")?;
@@ -345,13 +346,14 @@ fn set_state(
         ))
         .hint("tide.backfills lists the backfills; tide.start_backfill starts one."));
     };
-    if !from.contains(&state.as_str()) {
+    if !BackfillState::parse(&state).is_some_and(|s| from.contains(&s)) {
+        let from: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
         return Err(TideError::prerequisite(format!("the backfill of {qualified} for pipeline \"{pipeline}\" is {state}, so it cannot {verb}"))
             .hint(format!("Only a backfill that is {} can {verb}.", from.join(" or "))));
     }
     tsql::exec(
         "UPDATE tide.backfill SET state = $2, finished_at = CASE WHEN $2 = 'cancelled' THEN now() END WHERE id = $1",
-        &[id.into(), to.into()],
+        &[id.into(), to.as_str().into()],
     )?;
     super::wake_on_commit(shmem::worker_pid(&pipeline));
     Ok(())
@@ -360,23 +362,26 @@ fn set_state(
 /// Pause a queued or running backfill; the stream keeps running.
 #[pg_extern]
 fn pause_backfill(source: Option<Regclass>, pipeline: default!(Option<&str>, "NULL")) {
-    set_state(source, pipeline, &["queued", "running"], "paused", "pause").or_raise()
+    use BackfillState::*;
+    set_state(source, pipeline, &[Queued, Running], Paused, "pause").or_raise()
 }
 
 /// Resume a paused backfill from the chunk after the last one emitted.
 #[pg_extern]
 fn resume_backfill(source: Option<Regclass>, pipeline: default!(Option<&str>, "NULL")) {
-    set_state(source, pipeline, &["paused"], "queued", "resume").or_raise()
+    use BackfillState::*;
+    set_state(source, pipeline, &[Paused], Queued, "resume").or_raise()
 }
 
 /// Cancel a queued, running or paused backfill. Rows already emitted stay at the target.
 #[pg_extern]
 fn cancel_backfill(source: Option<Regclass>, pipeline: default!(Option<&str>, "NULL")) {
+    use BackfillState::*;
     set_state(
         source,
         pipeline,
-        &["queued", "running", "paused"],
-        "cancelled",
+        &[Queued, Running, Paused],
+        Cancelled,
         "cancel",
     )
     .or_raise()
@@ -477,9 +482,8 @@ fn wait_for_backfill_impl(
             ))
             .hint("Start one with tide.start_backfill."));
         };
-        let state = row[0].clone().unwrap_or_default();
-        match state.as_str() {
-            "done" => {
+        match row[0].as_deref().and_then(BackfillState::parse) {
+            Some(BackfillState::Done) => {
                 let finished = row[1]
                     .as_deref()
                     .and_then(|s| s.parse::<tide_core::lsn::Lsn>().ok())
@@ -488,7 +492,7 @@ fn wait_for_backfill_impl(
                     return Ok(true);
                 }
             }
-            "failed" => {
+            Some(BackfillState::Failed) => {
                 return Err(TideError::prerequisite(format!(
                     "the backfill of {qualified} for pipeline \"{pipeline}\" failed: {}",
                     row[2].clone().unwrap_or_default()
@@ -497,13 +501,17 @@ fn wait_for_backfill_impl(
                     "See tide.backfills for the remedy; start a new one with tide.start_backfill.",
                 ))
             }
-            "cancelled" => {
+            Some(BackfillState::Cancelled) => {
                 return Err(TideError::prerequisite(format!(
                     "the backfill of {qualified} for pipeline \"{pipeline}\" was cancelled"
                 ))
                 .hint("Start a new one with tide.start_backfill."))
             }
-            _ => {}
+            Some(BackfillState::Queued | BackfillState::Running | BackfillState::Paused) => {}
+            None => return Err(TideError::internal(format!(
+                "the backfill of {qualified} for pipeline \"{pipeline}\" has an unknown state {:?}",
+                row[0]
+            ))),
         }
         if std::time::Instant::now() >= deadline {
             return Ok(false);

@@ -10,6 +10,7 @@ use crate::worker::launcher::{LAUNCHER_TYPE, WORKER_TYPE};
 use args::{relation, required, Regclass};
 use pgrx::prelude::*;
 use pgrx::JsonB;
+use tide_core::model::TargetKind;
 
 pub mod args;
 pub mod backfill;
@@ -17,7 +18,6 @@ pub mod targets;
 pub mod verify;
 
 /// Target kinds this version can write.
-const TARGETS: &[&str] = &["outbox", "table", "postgres"];
 /// Longest pipeline name (the slot name `tide_<name>` must fit in 63 bytes).
 const MAX_NAME: usize = 48;
 
@@ -237,7 +237,7 @@ fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> TideResult<
     check_server()?;
     require_may_create()?;
     validate_name(name)?;
-    if !TARGETS.contains(&target) {
+    if TargetKind::parse(target).is_none() {
         return Err(TideError::invalid(format!("unknown target kind \"{target}\"")).hint(
             "Target kinds: 'outbox' (the table tide.outbox), 'table' (tables in this database, option schema), 'postgres' (tables in another PostgreSQL, option server).",
         ));
@@ -706,10 +706,10 @@ fn add_table_impl(
         "SELECT target, options::text FROM tide.pipeline WHERE name = $1",
         &[pipeline.into()],
     )?;
-    let target_kind = target_kind.unwrap_or_default();
+    let target_kind = catalog::target_kind(target_kind, pipeline)?;
     let options: serde_json::Value =
         serde_json::from_str(&options.unwrap_or_default()).unwrap_or_default();
-    let (target_schema, target_name) = if target_kind == "outbox" {
+    let (target_schema, target_name) = if target_kind == TargetKind::Outbox {
         if target_table.is_some() {
             return Err(TideError::invalid(format!(
                 "pipeline \"{pipeline}\" writes to the outbox, which has no target tables"
@@ -719,7 +719,7 @@ fn add_table_impl(
         (None, None)
     } else {
         let (s_, n_) = targets::ensure_target(
-            &target_kind,
+            target_kind.as_str(),
             &options,
             relid,
             &s.qualified,
@@ -727,7 +727,7 @@ fn add_table_impl(
             target_table,
             &owner,
         )?;
-        if target_kind == "table" {
+        if target_kind == TargetKind::Table {
             // The other direction of the loop: the target must not be a table this pipeline
             // captures.
             let captured = tsql::one::<String>(

@@ -39,6 +39,7 @@ use crate::tsql;
 use pgrx::prelude::*;
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
+use tide_core::model::TargetKind;
 
 /// How many times a differing range is checked before it is reported.
 pub const ATTEMPTS: usize = 5;
@@ -167,8 +168,8 @@ fn setup(
         "SELECT target, options::text FROM tide.pipeline WHERE name = $1",
         &[pipeline.clone().into()],
     )?;
-    let target_kind = target.unwrap_or_default();
-    if target_kind == "outbox" {
+    let target_kind = crate::catalog::target_kind(target, &pipeline)?;
+    if target_kind == TargetKind::Outbox {
         return Err(TideError::prerequisite(format!("pipeline \"{pipeline}\" writes to the outbox: there is no target table to compare"))
             .hint("tide.verify compares table targets ('table' or 'postgres'). For the outbox, replay it onto a copy and compare that."));
     }
@@ -232,7 +233,7 @@ fn setup(
     .into_iter()
     .map(|r| (r[0].clone().unwrap_or_default(), r[1].clone().unwrap_or_default()))
     .collect();
-    let remote = if target_kind == "postgres" {
+    let remote = if target_kind == TargetKind::Postgres {
         let server = options
             .get("server")
             .and_then(|v| v.as_str())

@@ -5,12 +5,13 @@
 use crate::error::{TideError, TideResult};
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
+use tide_core::model::TargetKind;
 
 /// A pipeline row, as the worker needs it at the start of an iteration.
 #[derive(Debug, Clone)]
 pub struct PipelineRow {
     pub name: String,
-    pub target: String,
+    pub target: TargetKind,
     pub options: serde_json::Value,
     /// The role that created the pipeline (remote targets use its user mapping).
     pub owner: String,
@@ -79,6 +80,18 @@ fn version_key(v: &str) -> Vec<u64> {
         .collect()
 }
 
+/// A pipeline's `tide.pipeline.target` as its kind. An unknown (or missing) kind is an error,
+/// never a default: this build would write the wrong target.
+pub fn target_kind(text: Option<String>, pipeline: &str) -> TideResult<TargetKind> {
+    let text = text.unwrap_or_default();
+    TargetKind::parse(&text).ok_or_else(|| {
+        TideError::unsupported(format!(
+            "pipeline \"{pipeline}\" has target \"{text}\", which this version of pg_tide cannot write"
+        ))
+        .hint("Install the pg_tide version that created the pipeline, or drop and re-create the pipeline.")
+    })
+}
+
 /// The slot name of a pipeline.
 pub fn slot_name(pipeline: &str) -> String {
     format!("tide_{pipeline}")
@@ -116,7 +129,7 @@ pub fn lock_pipeline(c: &mut SpiClient<'_>, name: &str) -> TideResult<Option<Pip
     };
     Ok(Some(PipelineRow {
         name: r.get::<String>(1)?.unwrap_or_default(),
-        target: r.get::<String>(2)?.unwrap_or_default(),
+        target: target_kind(r.get::<String>(2)?, name)?,
         slot_name: r.get::<String>(3)?.unwrap_or_default(),
         enabled: r.get::<bool>(4)?.unwrap_or(false),
         applied_lsn: r.get::<String>(5)?,

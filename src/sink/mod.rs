@@ -14,18 +14,18 @@ pub mod remote;
 pub mod table;
 
 use crate::catalog::PipelineRow;
-use crate::error::{TideError, TideResult};
-use crate::worker::pipeline::{RelDesc, Txn};
+use crate::error::TideResult;
 use pgrx::spi::SpiClient;
 use tide_core::lsn::Lsn;
+use tide_core::model::{Op, RelDesc, TargetKind, Txn};
 
 /// One change, rendered, on its way to a target.
 pub struct Event {
     pub relid: u32,
     /// Source relation, schema-qualified and quoted where needed.
     pub relation: String,
-    /// `insert`, `update`, `delete`, `truncate` or `read`.
-    pub op: &'static str,
+    /// What the event does to its row.
+    pub op: Op,
     /// JSON object of the key columns.
     pub key: Option<String>,
     /// JSON object of the row's sent columns.
@@ -49,13 +49,11 @@ pub enum Sink {
 impl Sink {
     /// The sink for a pipeline.
     pub fn for_pipeline(p: &PipelineRow) -> TideResult<Sink> {
-        match p.target.as_str() {
-            "outbox" => Ok(Sink::Outbox(outbox::OutboxSink::new(&p.name))),
-            "table" | "postgres" => Ok(Sink::Table(Box::new(table::TableSink::new(p)?))),
-            other => Err(TideError::unsupported(format!(
-                "pipeline \"{}\" has target \"{other}\", which this version cannot apply",
-                p.name
-            ))),
+        match p.target {
+            TargetKind::Outbox => Ok(Sink::Outbox(outbox::OutboxSink::new(&p.name))),
+            TargetKind::Table | TargetKind::Postgres => {
+                Ok(Sink::Table(Box::new(table::TableSink::new(p)?)))
+            }
         }
     }
 

@@ -3,8 +3,8 @@
 
 use crate::error::TideResult;
 use crate::sink::Event;
-use crate::worker::pipeline::Txn;
 use pgrx::spi::SpiClient;
+use tide_core::model::Txn;
 
 /// Rows per outbox INSERT statement.
 const FLUSH_ROWS: usize = 1000;
@@ -66,7 +66,7 @@ impl OutboxSink {
         self.time.push(t.commit_time);
         self.pos.push(t.position);
         self.rel.push(ev.relation);
-        self.op.push(ev.op.to_string());
+        self.op.push(ev.op.as_str().to_string());
         self.key.push(ev.key);
         self.row.push(ev.row);
         self.unchanged.push(unchanged);

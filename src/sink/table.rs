@@ -36,11 +36,11 @@ use crate::error::{TideError, TideResult};
 use crate::sink::remote::{conninfo_from_options, RemoteError, RemoteSink, RemoteStatement};
 use crate::sink::Event;
 use crate::sql;
-use crate::worker::pipeline::RelDesc;
 use pgrx::spi::SpiClient;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 use tide_core::lsn::Lsn;
+use tide_core::model::{Op, RelDesc, TargetKind};
 
 /// Events per statement at most.
 const RUN_ROWS: usize = 1000;
@@ -175,7 +175,7 @@ impl TableSink {
         };
         let policy = SchemaPolicy::parse(opt("schema_changes").as_deref().unwrap_or("propagate"))
             .unwrap_or(SchemaPolicy::Propagate);
-        let remote = if p.target == "postgres" {
+        let remote = if p.target == TargetKind::Postgres {
             let server = opt("server").ok_or_else(|| {
                 TideError::invalid(format!("pipeline \"{}\" has no server option", p.name))
             })?;
@@ -465,13 +465,13 @@ impl TableSink {
         }
         let relid = ev.relid;
         match ev.op {
-            "truncate" => {
+            Op::Truncate => {
                 // Whatever the batch holds for the table is wiped anyway; apply it first so the
                 // statements stay in stream order for this table.
                 self.flush_run(c, relid)?;
                 self.exec(c, format!("TRUNCATE {}", target.qualified()), None)?;
             }
-            "delete" => {
+            Op::Delete => {
                 let key = ev.key.unwrap_or_default();
                 let fits = self
                     .runs
@@ -487,7 +487,7 @@ impl TableSink {
                     r.items.push(key);
                 }
             }
-            _ => {
+            Op::Insert | Op::Update | Op::Read => {
                 let key = ev.key.unwrap_or_default();
                 let row = ev.row.unwrap_or_default();
                 let cols = ev.columns;

@@ -20,7 +20,6 @@
 use crate::error::{TideError, TideResult};
 use crate::sink::{Event, Sink};
 use crate::sql;
-use crate::worker::pipeline::{OwnedColumn, Txn};
 use crate::worker::tx::{self, Locked};
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
@@ -28,6 +27,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 use tide_core::json;
 use tide_core::lsn::Lsn;
+use tide_core::model::{Op, OwnedColumn, Txn, WatermarkKind};
 use tide_core::reconcile::Reconciler;
 use tide_core::wire::{Tuple, Value};
 
@@ -95,8 +95,8 @@ impl Backfiller {
 
     /// Whether `watermark` is the high watermark the chunk in memory waits for (its rows are
     /// emitted when the stream reaches it).
-    pub fn awaits(&self, watermark: u64, kind: &str) -> bool {
-        kind == "high"
+    pub fn awaits(&self, watermark: u64, kind: WatermarkKind) -> bool {
+        kind == WatermarkKind::High
             && self
                 .pending
                 .as_ref()
@@ -145,7 +145,7 @@ impl Backfiller {
         sink: &mut Sink,
         t: &mut Txn,
         watermark: u64,
-        kind: &str,
+        kind: WatermarkKind,
     ) -> TideResult<Option<Emitted>> {
         let Some(p) = self.pending.as_mut() else {
             return Ok(None);
@@ -153,13 +153,10 @@ impl Backfiller {
         if p.watermark != watermark {
             return Ok(None);
         }
-        if kind == "low" {
+        if kind == WatermarkKind::Low {
             if self.reconciler.on_low_watermark(watermark) {
                 p.low_lsn = Some(t.lsn);
             }
-            return Ok(None);
-        }
-        if kind != "high" {
             return Ok(None);
         }
         let Some(result) = self.reconciler.on_high_watermark(watermark) else {
@@ -240,7 +237,7 @@ impl Backfiller {
         let n = rows.len() as u64;
         for (key, row) in rows {
             t.position += 1;
-            let op = if row.is_some() { "read" } else { "delete" };
+            let op = if row.is_some() { Op::Read } else { Op::Delete };
             sink.push(
                 c,
                 t,

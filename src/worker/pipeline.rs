@@ -44,32 +44,10 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
-use tide_core::json::{self, ColumnDesc};
+use tide_core::json;
 use tide_core::lsn::Lsn;
+use tide_core::model::{Op, OwnedColumn, RelDesc, Txn, WatermarkKind};
 use tide_core::wire::{self, Message, Tuple};
-
-pub struct OwnedColumn {
-    pub name: String,
-    pub type_oid: u32,
-    pub key: bool,
-}
-
-impl ColumnDesc for OwnedColumn {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn type_oid(&self) -> u32 {
-        self.type_oid
-    }
-    fn is_key(&self) -> bool {
-        self.key
-    }
-}
-
-pub struct RelDesc {
-    pub qualified: String,
-    pub columns: Vec<OwnedColumn>,
-}
 
 /// What one successful iteration did.
 #[derive(Default)]
@@ -627,14 +605,14 @@ fn stream(
                             let rel = rel_desc(rels, relid)?;
                             if let Some((pipeline, watermark, kind)) = parse_watermark(rel, &new) {
                                 if pipeline == p.name {
-                                    if bf.awaits(watermark, &kind) {
+                                    if bf.awaits(watermark, kind) {
                                         // Make the stream events before the chunk visible
                                         // now, rather than after the chunk's rows.
                                         if let Some((end, _)) = last_applied {
                                             sink.commit_early(c, &p.name, end)?;
                                         }
                                     }
-                                    if let Some(e) = bf.on_signal(c, sink, t, watermark, &kind)? {
+                                    if let Some(e) = bf.on_signal(c, sink, t, watermark, kind)? {
                                         out.backfill_rows += e.rows;
                                     }
                                 }
@@ -649,7 +627,7 @@ fn stream(
                             let mut key = String::new();
                             json::render_key(&rel.columns, &new, &mut key).map_err(render_err)?;
                             bf.on_change(relid, &key, t.xid);
-                            emit_row(sink, c, t, relid, rel, "insert", key, &new)?;
+                            emit_row(sink, c, t, relid, rel, Op::Insert, key, &new)?;
                         }
                     }
                 }
@@ -688,10 +666,10 @@ fn stream(
                                 Some(old) if old != new_key => {
                                     // A key change is a delete of the old key and an insert of the new row.
                                     t.position += 1;
-                                    sink.push(c, t, key_event(relid, rel, "delete", Some(old)))?;
-                                    emit_row(sink, c, t, relid, rel, "insert", new_key, &new)?;
+                                    sink.push(c, t, key_event(relid, rel, Op::Delete, Some(old)))?;
+                                    emit_row(sink, c, t, relid, rel, Op::Insert, new_key, &new)?;
                                 }
-                                _ => emit_row(sink, c, t, relid, rel, "update", new_key, &new)?,
+                                _ => emit_row(sink, c, t, relid, rel, Op::Update, new_key, &new)?,
                             }
                         }
                     }
@@ -704,7 +682,7 @@ fn stream(
                             json::render_key(&rel.columns, &old_key, &mut k).map_err(render_err)?;
                             bf.on_change(relid, &k, t.xid);
                             t.position += 1;
-                            sink.push(c, t, key_event(relid, rel, "delete", Some(k)))?;
+                            sink.push(c, t, key_event(relid, rel, Op::Delete, Some(k)))?;
                         }
                     }
                 }
@@ -716,7 +694,7 @@ fn stream(
                                     bf.on_truncate(relid, t.xid);
                                     let rel = rel_desc(rels, relid)?;
                                     t.position += 1;
-                                    sink.push(c, t, key_event(relid, rel, "truncate", None))?;
+                                    sink.push(c, t, key_event(relid, rel, Op::Truncate, None))?;
                                 }
                             }
                         }
@@ -802,15 +780,6 @@ fn stream(
     Ok(out)
 }
 
-pub struct Txn {
-    pub xid: u32,
-    pub lsn: Lsn,
-    pub commit_time: i64,
-    pub skip: bool,
-    pub position: i32,
-    pub barrier: bool,
-}
-
 /// The text of column `name` in a row of one of pg_tide's own tables.
 fn column_text<'t>(rel: &RelDesc, t: &Tuple<'t>, name: &str) -> Option<&'t str> {
     let i = rel.columns.iter().position(|c| c.name == name)?;
@@ -820,12 +789,13 @@ fn column_text<'t>(rel: &RelDesc, t: &Tuple<'t>, name: &str) -> Option<&'t str> 
     }
 }
 
-/// The (pipeline, watermark, kind) of a `tide.signal` row.
-fn parse_watermark(rel: &RelDesc, t: &Tuple<'_>) -> Option<(String, u64, String)> {
+/// The (pipeline, watermark, kind) of a `tide.signal` row (`None` for a row that is not one:
+/// its CHECK constraint allows only the two kinds).
+fn parse_watermark(rel: &RelDesc, t: &Tuple<'_>) -> Option<(String, u64, WatermarkKind)> {
     Some((
         column_text(rel, t, "pipeline")?.to_string(),
         column_text(rel, t, "watermark")?.parse().ok()?,
-        column_text(rel, t, "kind")?.to_string(),
+        WatermarkKind::parse(column_text(rel, t, "kind")?)?,
     ))
 }
 
@@ -857,7 +827,7 @@ fn emit_row(
     t: &mut Txn,
     relid: u32,
     rel: &RelDesc,
-    op: &'static str,
+    op: Op,
     key: String,
     new: &Tuple<'_>,
 ) -> TideResult<()> {
@@ -892,7 +862,7 @@ fn emit_row(
 }
 
 /// An event without a row (delete, truncate).
-fn key_event(relid: u32, rel: &RelDesc, op: &'static str, key: Option<String>) -> Event {
+fn key_event(relid: u32, rel: &RelDesc, op: Op, key: Option<String>) -> Event {
     Event {
         relid,
         relation: rel.qualified.clone(),

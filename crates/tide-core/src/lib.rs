@@ -6,6 +6,9 @@
 //!   worker (documented in `docs/wire-format.md`).
 //! * [`json`]: rendering decoded rows as JSON for the outbox, exactly
 //!   rebuildable with `jsonb_populate_record`.
+//! * [`model`]: the stream model the worker and the targets share (relation
+//!   descriptors, transaction metadata, event ops, watermark kinds, backfill
+//!   states, target kinds).
 //! * [`reconcile`]: the DBLog watermark reconciler merging backfill chunks
 //!   into the change stream.
 //! * [`spill`]: the decoder's message buffer, which moves to a temporary file
@@ -16,6 +19,7 @@
 
 pub mod json;
 pub mod lsn;
+pub mod model;
 pub mod reconcile;
 pub mod spill;
 pub mod wire;

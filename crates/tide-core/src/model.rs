@@ -1,0 +1,224 @@
+//! The stream model that the worker and the targets share: relation descriptors, the metadata of
+//! a source transaction being applied, and the closed sets of names the catalog and the outbox
+//! store as text (event ops, watermark kinds, backfill states, target kinds).
+//!
+//! Owns: these types and their text forms. Guarantees: every enum's `as_str` is the exact text
+//! stored in pg_tide's tables (the `CHECK` constraints of `src/schema.rs` list the same words),
+//! and `parse(as_str(x)) == Some(x)`; `parse` of any other text is `None`, never a default.
+//! Nothing here touches PostgreSQL: the worker (`src/worker`) and the targets (`src/sink`)
+//! both depend on this module and never on each other's types.
+
+use crate::json::ColumnDesc;
+use crate::lsn::Lsn;
+
+/// A column of a captured relation, as the worker and the targets need it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedColumn {
+    pub name: String,
+    pub type_oid: u32,
+    /// Part of the replica-identity key.
+    pub key: bool,
+}
+
+impl ColumnDesc for OwnedColumn {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn type_oid(&self) -> u32 {
+        self.type_oid
+    }
+    fn is_key(&self) -> bool {
+        self.key
+    }
+}
+
+/// A captured relation: its schema-qualified, quoted name and its columns in attribute order
+/// (as the output plugin sends them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelDesc {
+    pub qualified: String,
+    pub columns: Vec<OwnedColumn>,
+}
+
+/// The source transaction being applied. Set by the worker at `BEGIN`, updated per change, read
+/// by the targets; never persisted (the target stores the applied LSN instead).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Txn {
+    pub xid: u32,
+    /// The commit LSN: with `position`, the identity of each of its events.
+    pub lsn: Lsn,
+    pub commit_time: i64,
+    /// Already applied (at or below the target's applied position): a replay, decoded only to
+    /// follow pg_tide's own rows in it.
+    pub skip: bool,
+    /// Events of this transaction written so far (the next one is `position + 1`).
+    pub position: i32,
+    /// The transaction added a table the decoder was not filtering for: what follows it must be
+    /// decoded again with a reopened decoder.
+    pub barrier: bool,
+}
+
+/// Declares a closed set of names with its text form (`as_str`, `parse`, `ALL`).
+macro_rules! text_enum {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $text:literal,)+ }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant,)+
+        }
+
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant,)+];
+
+            /// The text pg_tide stores for this value.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)+
+                }
+            }
+
+            /// The value whose text is `s`; `None` for any other text.
+            pub fn parse(s: &str) -> Option<$name> {
+                match s {
+                    $($text => Some($name::$variant),)+
+                    _ => None,
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+text_enum! {
+    /// What an event does to its row (`tide.outbox.op`). Set by the worker from the decoded
+    /// change (`read` for backfilled rows); persisted in the outbox.
+    Op {
+        Insert => "insert",
+        Update => "update",
+        Delete => "delete",
+        Truncate => "truncate",
+        /// A row of a backfill chunk, emitted at the chunk's high watermark.
+        Read => "read",
+    }
+}
+
+text_enum! {
+    /// Which watermark of a chunk a row of `tide.signal` is (`tide.signal.kind`). Written by the
+    /// worker only: `low` before the chunk is read, `high` after; decoded back from the stream.
+    WatermarkKind {
+        Low => "low",
+        High => "high",
+    }
+}
+
+text_enum! {
+    /// The state of a backfill (`tide.backfill.state`, persisted). Set by the SQL API (`queued`
+    /// at start and resume, `paused`, `cancelled`) and by the worker (`running` when it reads
+    /// the first chunk, `done` at the last chunk's high watermark, `failed` with the reason).
+    BackfillState {
+        Queued => "queued",
+        Running => "running",
+        Paused => "paused",
+        Done => "done",
+        Cancelled => "cancelled",
+        Failed => "failed",
+    }
+}
+
+impl BackfillState {
+    /// Not finished: at most one such backfill per pipeline and table.
+    pub const fn is_active(self) -> bool {
+        matches!(
+            self,
+            BackfillState::Queued | BackfillState::Running | BackfillState::Paused
+        )
+    }
+}
+
+text_enum! {
+    /// Where a pipeline writes (`tide.pipeline.target`, persisted; set by `create_pipeline`).
+    TargetKind {
+        /// The `tide.outbox` table.
+        Outbox => "outbox",
+        /// A table in the same database.
+        Table => "table",
+        /// A table in a remote PostgreSQL (a `postgres_fdw` server).
+        Postgres => "postgres",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn text_forms_round_trip_and_are_distinct() {
+        fn check<T: Copy + PartialEq + std::fmt::Debug>(
+            all: &[T],
+            as_str: fn(T) -> &'static str,
+            parse: fn(&str) -> Option<T>,
+        ) {
+            let mut seen = std::collections::HashSet::new();
+            for &v in all {
+                assert_eq!(parse(as_str(v)), Some(v));
+                assert!(seen.insert(as_str(v)), "{} twice", as_str(v));
+            }
+        }
+        check(Op::ALL, Op::as_str, Op::parse);
+        check(
+            WatermarkKind::ALL,
+            WatermarkKind::as_str,
+            WatermarkKind::parse,
+        );
+        check(
+            BackfillState::ALL,
+            BackfillState::as_str,
+            BackfillState::parse,
+        );
+        check(TargetKind::ALL, TargetKind::as_str, TargetKind::parse);
+        assert_eq!(Op::ALL.len(), 5);
+        assert_eq!(BackfillState::ALL.len(), 6);
+    }
+
+    #[test]
+    fn active_states() {
+        let active: Vec<_> = BackfillState::ALL
+            .iter()
+            .filter(|s| s.is_active())
+            .map(|s| s.as_str())
+            .collect();
+        // The partial unique index backfill_one_active of src/schema.rs lists the same three.
+        assert_eq!(active, ["queued", "running", "paused"]);
+    }
+
+    proptest! {
+        /// No text but the declared ones parses: nothing becomes a silent default.
+        #[test]
+        fn other_text_never_parses(s in ".{0,12}") {
+            let declared = |s: &str| Op::ALL.iter().any(|v| v.as_str() == s)
+                || WatermarkKind::ALL.iter().any(|v| v.as_str() == s)
+                || BackfillState::ALL.iter().any(|v| v.as_str() == s)
+                || TargetKind::ALL.iter().any(|v| v.as_str() == s);
+            prop_assume!(!declared(&s));
+            prop_assert_eq!(Op::parse(&s), None);
+            prop_assert_eq!(WatermarkKind::parse(&s), None);
+            prop_assert_eq!(BackfillState::parse(&s), None);
+            prop_assert_eq!(TargetKind::parse(&s), None);
+        }
+
+        /// Case and padding matter: the stored text is exact.
+        #[test]
+        fn near_misses_do_not_parse(i in 0usize..5, upper in any::<bool>()) {
+            let t = Op::ALL[i].as_str();
+            let near = if upper { t.to_uppercase() } else { format!(" {t}") };
+            prop_assert_eq!(Op::parse(&near), None);
+        }
+    }
+}
