@@ -942,3 +942,55 @@ fn expect_true(
         Err(e) => panic!("{what} failed: {}\n{}", describe_error(&e), diag()),
     }
 }
+
+/// An empty copy of `source` (a table keyed by `id`) and a plpgsql function
+/// `<copy>_replay(pipeline)` that replays the outbox events of `relation` onto it in id order
+/// (upsert by `id`, delete, truncate; unchanged TOAST columns are refused) and returns how many.
+pub fn outbox_copy(c: &Cluster, source: &str, relation: &str, copy: &str) {
+    c.execute(&format!(
+        r#"
+CREATE TABLE {copy} (LIKE {source});
+ALTER TABLE {copy} ADD PRIMARY KEY (id);
+CREATE FUNCTION {copy}_replay(p_pipeline text) RETURNS bigint LANGUAGE plpgsql AS $f$
+DECLARE e record; n bigint := 0;
+BEGIN
+    FOR e IN SELECT o.op, o.key, o."row", o.unchanged FROM tide.outbox o
+              WHERE o.pipeline = p_pipeline AND o.relation = '{relation}' ORDER BY o.id
+    LOOP
+        n := n + 1;
+        IF e.op IN ('read', 'insert', 'update') THEN
+            IF coalesce(cardinality(e.unchanged), 0) > 0 THEN
+                RAISE EXCEPTION 'unchanged columns %', e.unchanged;
+            END IF;
+            DELETE FROM {copy} c USING jsonb_populate_record(NULL::{copy}, e.key) k WHERE c.id = k.id;
+            INSERT INTO {copy} SELECT * FROM jsonb_populate_record(NULL::{copy}, e."row");
+        ELSIF e.op = 'delete' THEN
+            DELETE FROM {copy} c USING jsonb_populate_record(NULL::{copy}, e.key) k WHERE c.id = k.id;
+        ELSIF e.op = 'truncate' THEN
+            DELETE FROM {copy};
+        ELSE
+            RAISE EXCEPTION 'unknown op %', e.op;
+        END IF;
+    END LOOP;
+    RETURN n;
+END
+$f$;
+"#
+    ));
+}
+
+/// Run a command; its stdout (trimmed), or a panic with its output if it fails.
+#[track_caller]
+pub fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}

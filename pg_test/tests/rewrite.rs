@@ -133,41 +133,6 @@ fn hold_rewrite(c: &Cluster, tables: &[&str], ddl: &str) {
         .unwrap_or_else(|e| panic!("{ddl} failed: {}", describe_error(&e)));
 }
 
-/// An empty copy of `source` and a function `<copy>_replay(pipeline)` that replays the outbox
-/// events of `relation` onto it (upsert by `id`, delete, truncate).
-fn make_copy(c: &Cluster, source: &str, relation: &str, copy: &str) {
-    c.execute(&format!(
-        r#"
-CREATE TABLE {copy} (LIKE {source});
-ALTER TABLE {copy} ADD PRIMARY KEY (id);
-CREATE FUNCTION {copy}_replay(p_pipeline text) RETURNS bigint LANGUAGE plpgsql AS $f$
-DECLARE e record; n bigint := 0;
-BEGIN
-    FOR e IN SELECT o.op, o.key, o."row", o.unchanged FROM tide.outbox o
-              WHERE o.pipeline = p_pipeline AND o.relation = '{relation}' ORDER BY o.id
-    LOOP
-        n := n + 1;
-        IF e.op IN ('read', 'insert', 'update') THEN
-            IF coalesce(cardinality(e.unchanged), 0) > 0 THEN
-                RAISE EXCEPTION 'unchanged columns %', e.unchanged;
-            END IF;
-            DELETE FROM {copy} c USING jsonb_populate_record(NULL::{copy}, e.key) k WHERE c.id = k.id;
-            INSERT INTO {copy} SELECT * FROM jsonb_populate_record(NULL::{copy}, e."row");
-        ELSIF e.op = 'delete' THEN
-            DELETE FROM {copy} c USING jsonb_populate_record(NULL::{copy}, e.key) k WHERE c.id = k.id;
-        ELSIF e.op = 'truncate' THEN
-            DELETE FROM {copy};
-        ELSE
-            RAISE EXCEPTION 'unknown op %', e.op;
-        END IF;
-    END LOOP;
-    RETURN n;
-END
-$f$;
-"#
-    ));
-}
-
 /// `a EXCEPT ALL b` and `b EXCEPT ALL a` must both be empty.
 #[track_caller]
 fn assert_same(c: &Cluster, a: &str, b: &str, what: &str) {
@@ -301,7 +266,7 @@ fn rewrite_case(name: &str, hold: Hold, ddl: impl Fn(&str) -> String) {
     assert_backfills_whole(&c, "o");
     assert_backfills_whole(&c, "t");
     assert_same(&c, "t", "replica.t", &format!("{name}: table target"));
-    make_copy(&c, "o", "public.o", "o_copy");
+    outbox_copy(&c, "o", "public.o", "o_copy");
     let events: i64 = c.query_scalar("SELECT o_copy_replay('po')");
     assert!(events > 0);
     assert_same(&c, "o", "o_copy", &format!("{name}: outbox replay"));

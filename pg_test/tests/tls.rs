@@ -72,16 +72,7 @@ fn expect_fail(c: &Cluster, sql: &str, code: &str) -> DbError {
 
 /// Run a command; panic with its output if it fails.
 fn run(cmd: &mut Command) {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_ok(cmd);
 }
 
 /// The certificates and keys of the test, in a directory the `postgres` OS user can read.

@@ -134,19 +134,7 @@ fn diag(c: &Cluster) -> String {
 
 /// Run a repository script; its stdout (trimmed), or a panic with its output.
 fn script(args: &[&str]) -> String {
-    let out = Command::new("bash")
-        .args(args)
-        .current_dir(repo_root())
-        .output()
-        .unwrap_or_else(|e| panic!("could not run {args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{args:?} failed ({}):\n--- stdout ---\n{}\n--- stderr ---\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    run_ok(Command::new("bash").args(args).current_dir(repo_root()))
 }
 
 /// The oldest release named in `sql/releases.txt`.
@@ -284,35 +272,6 @@ fn digest(c: &Cluster, table: &str) -> (i64, String) {
         "SELECT count(*), coalesce(md5(string_agg(t::text, ',' ORDER BY t.id)), '') FROM {table} t"
     ));
     (r.get(0), r.get(1))
-}
-
-/// An empty copy of `source` and a function replaying the outbox events of `relation` onto it.
-fn make_copy(c: &Cluster, source: &str, relation: &str, copy: &str) {
-    c.execute(&format!(
-        r#"
-CREATE TABLE {copy} (LIKE {source});
-ALTER TABLE {copy} ADD PRIMARY KEY (id);
-CREATE FUNCTION {copy}_replay(p_pipeline text) RETURNS bigint LANGUAGE plpgsql AS $f$
-DECLARE e record; n bigint := 0;
-BEGIN
-    FOR e IN SELECT o.op, o.key, o."row" FROM tide.outbox o
-              WHERE o.pipeline = p_pipeline AND o.relation = '{relation}' ORDER BY o.id
-    LOOP
-        n := n + 1;
-        IF e.op IN ('read', 'insert', 'update') THEN
-            DELETE FROM {copy} c USING jsonb_populate_record(NULL::{copy}, e.key) k WHERE c.id = k.id;
-            INSERT INTO {copy} SELECT * FROM jsonb_populate_record(NULL::{copy}, e."row");
-        ELSIF e.op = 'delete' THEN
-            DELETE FROM {copy} c USING jsonb_populate_record(NULL::{copy}, e.key) k WHERE c.id = k.id;
-        ELSE
-            RAISE EXCEPTION 'unexpected op %', e.op;
-        END IF;
-    END LOOP;
-    RETURN n;
-END
-$f$;
-"#
-    ));
 }
 
 #[test]
@@ -492,7 +451,7 @@ fn upgrade_in_place_with_pipelines_running() {
                                 HAVING count(*) > 1) d",
     );
     assert_eq!(twice, 0, "outbox events written twice\n{}", diag(&c));
-    make_copy(&c, "o_src", "public.o_src", "o_copy");
+    outbox_copy(&c, "o_src", "public.o_src", "o_copy");
     let events: i64 = c.query_scalar("SELECT o_copy_replay('ob')");
     assert!(events >= ROWS, "only {events} outbox events");
     assert_eq!(

@@ -508,10 +508,12 @@ fn wait_for_backfill_impl(
                 .hint("Start a new one with tide.start_backfill."))
             }
             Some(BackfillState::Queued | BackfillState::Running | BackfillState::Paused) => {}
-            None => return Err(TideError::internal(format!(
+            None => {
+                return Err(TideError::internal(format!(
                 "the backfill of {qualified} for pipeline \"{pipeline}\" has an unknown state {:?}",
                 row[0]
-            ))),
+            )))
+            }
         }
         if std::time::Instant::now() >= deadline {
             return Ok(false);
