@@ -705,12 +705,19 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
         Estimate::default()
     } else {
         let last = rows.last().and_then(|r| r.key_values.first());
-        Estimate {
-            table_rows: sql::one::<i64>(
-                "SELECT tide._estimate_rows($1::int8::oid)",
-                &[(job.relid as i64).into()],
-            )?,
-            key_fraction: key_fraction(job, &relation, &key_types, last, owner)?,
+        match key_fraction(job, &relation, &key_types, last, owner)? {
+            Some(f) => Estimate {
+                table_rows: None,
+                key_fraction: Some(f),
+            },
+            // Not a single integer key: the planner's estimate (a catalog query).
+            None => Estimate {
+                table_rows: sql::one::<i64>(
+                    "SELECT tide._estimate_rows($1::int8::oid)",
+                    &[(job.relid as i64).into()],
+                )?,
+                key_fraction: None,
+            },
         }
     };
     Spi::connect_mut(|c| -> TideResult<()> {
