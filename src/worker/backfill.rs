@@ -17,6 +17,7 @@
 //! under new watermarks (watermark ids come from a sequence and are never reused). Any failed
 //! stream iteration forgets the chunk for the same reason.
 
+use super::estimate::Estimate;
 use crate::error::{TideError, TideResult};
 use crate::sink::{Event, Sink};
 use crate::sql;
@@ -439,19 +440,6 @@ struct ChunkRow {
     row: String,
 }
 
-/// What a chunk read tells about the backfill's total, for `tide.backfills.estimated_rows`.
-/// Taken in the chunk's transaction, under the table's lock that it already holds: outside it,
-/// even `pg_relation_size` would queue for a lock behind a waiting ALTER TABLE and stall the
-/// stream.
-#[derive(Debug, Clone, Copy, Default)]
-struct Estimate {
-    /// The planner's estimate of the table's rows now (`tide._estimate_rows`).
-    table_rows: Option<i64>,
-    /// For a single integer key and no condition: the share of the key range `[min, max]` up to
-    /// the chunk's last key, in (0, 1].
-    key_fraction: Option<f64>,
-}
-
 struct ChunkRead {
     invisible: HashSet<u32>,
     estimate: Estimate,
@@ -704,21 +692,18 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
     let estimate = if is_last {
         Estimate::default()
     } else {
+        // Whole-table backfills only: a condition or a repair reads part of the key range.
+        let whole = job.condition.is_none() && job.repair_deletes.is_none();
         let last = rows.last().and_then(|r| r.key_values.first());
-        match key_fraction(job, &relation, &key_types, last, owner)? {
-            Some(f) => Estimate {
-                table_rows: None,
-                key_fraction: Some(f),
-            },
-            // Not a single integer key: the planner's estimate (a catalog query).
-            None => Estimate {
-                table_rows: sql::one::<i64>(
-                    "SELECT tide._estimate_rows($1::int8::oid)",
-                    &[(job.relid as i64).into()],
-                )?,
-                key_fraction: None,
-            },
-        }
+        Estimate::take(
+            job.relid,
+            &relation,
+            &job.key_columns,
+            &key_types,
+            whole,
+            last,
+            owner,
+        )?
     };
     Spi::connect_mut(|c| -> TideResult<()> {
         c.update(
@@ -744,38 +729,6 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
         rows,
         is_last,
         read_at,
-    })
-}
-
-/// For a backfill of the whole table on a single integer key: the share of the table's key range
-/// up to `last` (the chunk's last key), as a progress estimate that does not depend on the row
-/// width the planner guesses. Two index probes, as the backfill's owner (who reads the table).
-fn key_fraction(
-    job: &Job,
-    relation: &str,
-    key_types: &[String],
-    last: Option<&String>,
-    owner: pg_sys::Oid,
-) -> TideResult<Option<f64>> {
-    let integer_key = matches!(
-        key_types,
-        [t] if t == "smallint" || t == "integer" || t == "bigint"
-    );
-    if !integer_key || job.condition.is_some() || job.repair_deletes.is_some() {
-        return Ok(None);
-    }
-    let Some(last) = last.and_then(|v| v.parse::<i64>().ok()) else {
-        return Ok(None);
-    };
-    let k = quote(&job.key_columns[0]);
-    let q = format!("SELECT min({k})::int8, max({k})::int8 FROM ONLY {relation}");
-    let (lo, hi) = crate::security::as_owner(owner, || sql::two::<i64, i64>(&q, &[]))?;
-    Ok(match (lo, hi) {
-        (Some(lo), Some(hi)) if hi > lo && last >= lo => {
-            let done = (last as f64 - lo as f64 + 1.0) / (hi as f64 - lo as f64 + 1.0);
-            Some(done.clamp(f64::MIN_POSITIVE, 1.0))
-        }
-        _ => None,
     })
 }
 

@@ -3,6 +3,7 @@
 
 pub mod backfill;
 pub mod decoder;
+pub mod estimate;
 pub mod launcher;
 pub mod origin;
 pub mod pipeline;
