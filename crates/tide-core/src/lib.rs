@@ -9,8 +9,12 @@
 //! * [`model`]: the stream model the worker and the targets share (relation
 //!   descriptors, transaction metadata, event ops, watermark kinds, backfill
 //!   states, target kinds).
+//! * [`plan`]: a table target's statements planned from its events (grouping,
+//!   statement text, schema-change DDL, safe widenings, quoting).
 //! * [`reconcile`]: the DBLog watermark reconciler merging backfill chunks
 //!   into the change stream.
+//! * [`worker_loop`]: the pipeline worker's main loop as a state machine (one
+//!   pure `decide`).
 //! * [`spill`]: the decoder's message buffer, which moves to a temporary file
 //!   past a threshold.
 //!
@@ -20,8 +24,10 @@
 pub mod json;
 pub mod lsn;
 pub mod model;
+pub mod plan;
 pub mod reconcile;
 pub mod spill;
 pub mod wire;
+pub mod worker_loop;
 
 pub use lsn::Lsn;

@@ -1,6 +1,6 @@
 //! The stream model that the worker and the targets share: relation descriptors, the metadata of
 //! a source transaction being applied, and the closed sets of names the catalog and the outbox
-//! store as text (event ops, watermark kinds, backfill states, target kinds).
+//! store as text (event ops, watermark kinds, marker ops, backfill states, target kinds).
 //!
 //! Owns: these types and their text forms. Guarantees: every enum's `as_str` is the exact text
 //! stored in pg_tide's tables (the `CHECK` constraints of `src/schema.rs` list the same words),
@@ -118,6 +118,16 @@ text_enum! {
 }
 
 text_enum! {
+    /// What a row of `tide.marker` marks (`tide.marker.op`). Written by the SQL API only
+    /// (`add_table`, `remove_table`) in the transaction that changes the table list; decoded by
+    /// the worker, which acts on it at exactly that commit position in the stream.
+    MarkerOp {
+        AddTable => "add_table",
+        RemoveTable => "remove_table",
+    }
+}
+
+text_enum! {
     /// The state of a backfill (`tide.backfill.state`, persisted). Set by the SQL API (`queued`
     /// at start and resume, `paused`, `cancelled`) and by the worker (`running` when it reads
     /// the first chunk, `done` at the last chunk's high watermark, `failed` with the reason).
@@ -183,6 +193,7 @@ mod tests {
             BackfillState::parse,
         );
         check(TargetKind::ALL, TargetKind::as_str, TargetKind::parse);
+        check(MarkerOp::ALL, MarkerOp::as_str, MarkerOp::parse);
         assert_eq!(Op::ALL.len(), 5);
         assert_eq!(BackfillState::ALL.len(), 6);
     }
@@ -205,12 +216,14 @@ mod tests {
             let declared = |s: &str| Op::ALL.iter().any(|v| v.as_str() == s)
                 || WatermarkKind::ALL.iter().any(|v| v.as_str() == s)
                 || BackfillState::ALL.iter().any(|v| v.as_str() == s)
-                || TargetKind::ALL.iter().any(|v| v.as_str() == s);
+                || TargetKind::ALL.iter().any(|v| v.as_str() == s)
+                || MarkerOp::ALL.iter().any(|v| v.as_str() == s);
             prop_assume!(!declared(&s));
             prop_assert_eq!(Op::parse(&s), None);
             prop_assert_eq!(WatermarkKind::parse(&s), None);
             prop_assert_eq!(BackfillState::parse(&s), None);
             prop_assert_eq!(TargetKind::parse(&s), None);
+            prop_assert_eq!(MarkerOp::parse(&s), None);
         }
 
         /// Case and padding matter: the stored text is exact.

@@ -1,0 +1,594 @@
+//! Planning a table target's writes: events in, SQL statement text out. Pure: no I/O and no
+//! PostgreSQL, so the grouping rules and the statement text are tested here with plain tests and
+//! proptest, and the targets (`src/sink/table.rs`) only execute what this module plans, through
+//! SPI (local targets) or the remote connection (remote targets).
+//!
+//! Owns: how a batch of events becomes set-based statements ([`Planner`]), the DDL that keeps a
+//! target table's shape in step with its source ([`plan_shape`]), which type changes are safe
+//! widenings ([`holds`]), and quoting ([`quote_ident`], [`quote_literal`]).
+//!
+//! Guarantees:
+//! - Per-table order: each table's statements come out in the order of its events. A table has
+//!   at most one open *run* (upserts with one column set, or deletes); an event that does not
+//!   fit the open run (another kind, another column set, a key already in the run) closes it
+//!   first. Runs of different tables are independent and may be closed in another order than
+//!   the source's events (a target transaction holds them all, so a reader sees the same).
+//! - Nothing is merged away: every upsert of a run is applied in its own row of the statement;
+//!   a key deleted twice in one run is deleted once (the same effect).
+//! - A run holds at most [`RUN_ROWS`] rows; the event that fills it closes it.
+//! - Every identifier in planned text is quoted with [`quote_ident`], every literal with
+//!   [`quote_literal`]; row data never appears in statement text: it travels as the one
+//!   parameter `$1` (a JSON array) of the statement.
+
+use std::collections::HashSet;
+
+/// Rows per planned statement at most.
+pub const RUN_ROWS: usize = 1000;
+
+/// Keywords that PostgreSQL's `quote_identifier` quotes (every category but unreserved): those
+/// of PostgreSQL 15's `kwlist.h`, and those later versions added (a remote target may run
+/// one). Sorted, for a binary search.
+const QUOTED_KEYWORDS: &[&str] = &[
+    "all",
+    "analyse",
+    "analyze",
+    "and",
+    "any",
+    "array",
+    "as",
+    "asc",
+    "asymmetric",
+    "authorization",
+    "between",
+    "bigint",
+    "binary",
+    "bit",
+    "boolean",
+    "both",
+    "case",
+    "cast",
+    "char",
+    "character",
+    "check",
+    "coalesce",
+    "collate",
+    "collation",
+    "column",
+    "concurrently",
+    "constraint",
+    "create",
+    "cross",
+    "current_catalog",
+    "current_date",
+    "current_role",
+    "current_schema",
+    "current_time",
+    "current_timestamp",
+    "current_user",
+    "dec",
+    "decimal",
+    "default",
+    "deferrable",
+    "desc",
+    "distinct",
+    "do",
+    "else",
+    "end",
+    "except",
+    "exists",
+    "extract",
+    "false",
+    "fetch",
+    "float",
+    "for",
+    "foreign",
+    "freeze",
+    "from",
+    "full",
+    "grant",
+    "greatest",
+    "group",
+    "grouping",
+    "having",
+    "ilike",
+    "in",
+    "initially",
+    "inner",
+    "inout",
+    "int",
+    "integer",
+    "intersect",
+    "interval",
+    "into",
+    "is",
+    "isnull",
+    "join",
+    "json",
+    "json_array",
+    "json_arrayagg",
+    "json_exists",
+    "json_object",
+    "json_objectagg",
+    "json_query",
+    "json_scalar",
+    "json_serialize",
+    "json_table",
+    "json_value",
+    "lateral",
+    "leading",
+    "least",
+    "left",
+    "like",
+    "limit",
+    "localtime",
+    "localtimestamp",
+    "merge_action",
+    "national",
+    "natural",
+    "nchar",
+    "none",
+    "normalize",
+    "not",
+    "notnull",
+    "null",
+    "nullif",
+    "numeric",
+    "offset",
+    "on",
+    "only",
+    "or",
+    "order",
+    "out",
+    "outer",
+    "overlaps",
+    "overlay",
+    "placing",
+    "position",
+    "precision",
+    "primary",
+    "real",
+    "references",
+    "returning",
+    "right",
+    "row",
+    "select",
+    "session_user",
+    "setof",
+    "similar",
+    "smallint",
+    "some",
+    "substring",
+    "symmetric",
+    "system_user",
+    "table",
+    "tablesample",
+    "then",
+    "time",
+    "timestamp",
+    "to",
+    "trailing",
+    "treat",
+    "trim",
+    "true",
+    "union",
+    "unique",
+    "user",
+    "using",
+    "values",
+    "varchar",
+    "variadic",
+    "verbose",
+    "when",
+    "where",
+    "window",
+    "with",
+    "xmlattributes",
+    "xmlconcat",
+    "xmlelement",
+    "xmlexists",
+    "xmlforest",
+    "xmlnamespaces",
+    "xmlparse",
+    "xmlpi",
+    "xmlroot",
+    "xmlserialize",
+    "xmltable",
+];
+
+/// `ident` as a SQL identifier, written as PostgreSQL's `quote_identifier` writes it: bare when
+/// it is lower case letters, digits and underscores (not starting with a digit) and no keyword
+/// that needs quoting; else in double quotes, embedded quotes doubled.
+pub fn quote_ident(ident: &str) -> String {
+    let safe = ident
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && ident
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && QUOTED_KEYWORDS.binary_search(&ident).is_err();
+    if safe {
+        return ident.to_string();
+    }
+    let mut s = String::with_capacity(ident.len() + 2);
+    s.push('"');
+    for ch in ident.chars() {
+        if ch == '"' {
+            s.push('"');
+        }
+        s.push(ch);
+    }
+    s.push('"');
+    s
+}
+
+/// `v` as a SQL string literal, as PostgreSQL's `quote_literal` writes it: quotes and
+/// backslashes doubled, and an `E` prefix when there is a backslash.
+pub fn quote_literal(v: &str) -> String {
+    let mut s = String::with_capacity(v.len() + 3);
+    if v.contains('\\') {
+        s.push('E');
+    }
+    s.push('\'');
+    for ch in v.chars() {
+        if ch == '\'' || ch == '\\' {
+            s.push(ch);
+        }
+        s.push(ch);
+    }
+    s.push('\'');
+    s
+}
+
+/// Where one source table goes: the target table and its key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableRef {
+    pub schema: String,
+    pub name: String,
+    /// The key columns (the source's replica identity), in key order; never empty.
+    pub key: Vec<String>,
+}
+
+impl TableRef {
+    /// `"schema"."name"`.
+    pub fn qualified(&self) -> String {
+        format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.name))
+    }
+}
+
+/// One planned statement: its text and, for row statements, the JSON array of rows or keys
+/// that is its parameter `$1`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Statement {
+    pub sql: String,
+    pub param: Option<String>,
+}
+
+/// What an event does to the target, as far as planning goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Insert or update the row; `key` is the JSON object of its key columns, `row` the JSON
+    /// object of its sent `cols` (unchanged TOAST columns are not among them).
+    Upsert {
+        key: String,
+        row: String,
+        cols: Vec<String>,
+    },
+    /// Delete the row whose key columns are the JSON object `key`.
+    Delete { key: String },
+    /// Empty the table.
+    Truncate,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum RunKind {
+    Upsert { cols: Vec<String> },
+    Delete,
+}
+
+#[derive(Debug)]
+struct Run {
+    relid: u32,
+    table: TableRef,
+    kind: RunKind,
+    items: Vec<String>,
+    /// The keys in `items` (a key appears once per run).
+    keys: HashSet<String>,
+}
+
+/// The open runs of one target transaction. `push` and `finish` return the statements to run
+/// now, in order.
+#[derive(Debug, Default)]
+pub struct Planner {
+    /// At most one open run per source table, in the order they were opened.
+    runs: Vec<Run>,
+}
+
+impl Planner {
+    pub fn new() -> Planner {
+        Planner::default()
+    }
+
+    /// Whether no run is open.
+    pub fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+
+    /// Forget every open run (after a failed iteration).
+    pub fn clear(&mut self) {
+        self.runs.clear();
+    }
+
+    /// Plan one change of source table `relid`, which goes to `table`. Returns the statements
+    /// that must run before anything else is planned (runs this change closed, the change's own
+    /// statement for a truncate, a run it filled).
+    pub fn push(&mut self, relid: u32, table: &TableRef, change: Change) -> Vec<Statement> {
+        let mut out = Vec::new();
+        match change {
+            Change::Truncate => {
+                // Whatever the batch holds for the table is wiped anyway; it runs first so the
+                // table's statements stay in stream order.
+                out.extend(self.close(relid));
+                out.push(Statement {
+                    sql: format!("TRUNCATE {}", table.qualified()),
+                    param: None,
+                });
+                return out;
+            }
+            Change::Delete { key } => {
+                let fits = self
+                    .open(relid)
+                    .is_none_or(|r| r.kind == RunKind::Delete && r.table == *table);
+                if !fits {
+                    out.extend(self.close(relid));
+                }
+                let r = self.run_for(relid, table, RunKind::Delete);
+                // Deleting a key twice in a row is deleting it once.
+                if r.keys.insert(key.clone()) {
+                    r.items.push(key);
+                }
+            }
+            Change::Upsert { key, row, cols } => {
+                // One statement cannot write a key twice (ON CONFLICT DO UPDATE refuses to).
+                let fits = self.open(relid).is_none_or(|r| {
+                    matches!(&r.kind, RunKind::Upsert { cols: rc } if *rc == cols)
+                        && r.table == *table
+                        && !r.keys.contains(&key)
+                });
+                if !fits {
+                    out.extend(self.close(relid));
+                }
+                let r = self.run_for(relid, table, RunKind::Upsert { cols });
+                r.keys.insert(key);
+                r.items.push(row);
+            }
+        }
+        if self.open(relid).is_some_and(|r| r.items.len() >= RUN_ROWS) {
+            out.extend(self.close(relid));
+        }
+        out
+    }
+
+    /// Close every open run, in the order they were opened.
+    pub fn finish(&mut self) -> Vec<Statement> {
+        let runs = std::mem::take(&mut self.runs);
+        runs.into_iter().filter_map(statement).collect()
+    }
+
+    fn open(&self, relid: u32) -> Option<&Run> {
+        self.runs.iter().find(|r| r.relid == relid)
+    }
+
+    /// Close the open run of `relid`, if any.
+    fn close(&mut self, relid: u32) -> Option<Statement> {
+        let i = self.runs.iter().position(|r| r.relid == relid)?;
+        statement(self.runs.remove(i))
+    }
+
+    /// The open run of `relid`, opened with `kind` if there is none.
+    fn run_for(&mut self, relid: u32, table: &TableRef, kind: RunKind) -> &mut Run {
+        let i = match self.runs.iter().position(|r| r.relid == relid) {
+            Some(i) => i,
+            None => {
+                self.runs.push(Run {
+                    relid,
+                    table: table.clone(),
+                    kind,
+                    items: Vec::new(),
+                    keys: HashSet::new(),
+                });
+                self.runs.len() - 1
+            }
+        };
+        &mut self.runs[i]
+    }
+}
+
+fn join<'a>(
+    items: impl Iterator<Item = &'a String>,
+    f: impl Fn(&str) -> String,
+    sep: &str,
+) -> String {
+    items.map(|s| f(s)).collect::<Vec<_>>().join(sep)
+}
+
+/// The statement of a closed run (none for an empty run).
+fn statement(run: Run) -> Option<Statement> {
+    if run.items.is_empty() {
+        return None;
+    }
+    let t = &run.table;
+    let tq = t.qualified();
+    let mut json = String::with_capacity(run.items.iter().map(|s| s.len() + 1).sum::<usize>() + 2);
+    json.push('[');
+    for (i, item) in run.items.iter().enumerate() {
+        if i > 0 {
+            json.push(',');
+        }
+        json.push_str(item);
+    }
+    json.push(']');
+    let sql = match &run.kind {
+        RunKind::Delete => {
+            let on = join(
+                t.key.iter(),
+                |k| format!("t.{0} = d.{0}", quote_ident(k)),
+                " AND ",
+            );
+            format!("DELETE FROM {tq} t USING jsonb_populate_recordset(NULL::{tq}, $1::text::jsonb) d WHERE {on}")
+        }
+        RunKind::Upsert { cols } => {
+            let list = join(cols.iter(), quote_ident, ", ");
+            let select = join(cols.iter(), |c| format!("r.{}", quote_ident(c)), ", ");
+            let keys = join(t.key.iter(), quote_ident, ", ");
+            let set: Vec<String> = cols
+                .iter()
+                .filter(|c| !t.key.contains(c))
+                .map(|c| format!("{0} = EXCLUDED.{0}", quote_ident(c)))
+                .collect();
+            let action = if set.is_empty() {
+                "NOTHING".to_string()
+            } else {
+                format!("UPDATE SET {}", set.join(", "))
+            };
+            format!(
+                "INSERT INTO {tq} AS t ({list}) SELECT {select} FROM jsonb_populate_recordset(NULL::{tq}, $1::text::jsonb) r ON CONFLICT ({keys}) DO {action}"
+            )
+        }
+    };
+    Some(Statement {
+        sql,
+        param: Some(json),
+    })
+}
+
+/// A source column as the shape check sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceColumn {
+    pub name: String,
+    /// `format_type` of the column.
+    pub ty: String,
+    /// The value rows that existed before the column was added have (`attmissingval`), when it
+    /// was added with a non-volatile default.
+    pub missing: Option<String>,
+}
+
+/// What keeps a target table's shape in step with its source.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct ShapePlan {
+    /// DDL to apply, each with what it does in words.
+    pub ddl: Vec<(String, String)>,
+    /// Changes that are not safe to apply (a type change that is not a widening), in words.
+    pub refused: Vec<String>,
+    /// The target's columns once `ddl` is applied.
+    pub shape: Vec<(String, String)>,
+}
+
+/// Compare the source's columns with the target's (`(name, format_type)` each) and plan the
+/// DDL for the target table `table` (quoted, qualified): add the columns it lacks (with the
+/// source's missing value as default, so rows and decoded events from before the column
+/// existed get it), widen columns whose type the source widened, and refuse the rest. Columns
+/// only the target has are left alone.
+pub fn plan_shape(table: &str, source: &[SourceColumn], target: &[(String, String)]) -> ShapePlan {
+    let mut plan = ShapePlan {
+        shape: target.to_vec(),
+        ..ShapePlan::default()
+    };
+    for col in source {
+        let (name, ty) = (&col.name, &col.ty);
+        match target.iter().find(|(n, _)| n == name) {
+            None => {
+                let ddl = match &col.missing {
+                    Some(v) => format!(
+                        "ALTER TABLE {table} ADD COLUMN {} {ty} DEFAULT {}::{ty}",
+                        quote_ident(name),
+                        quote_literal(v)
+                    ),
+                    None => format!("ALTER TABLE {table} ADD COLUMN {} {ty}", quote_ident(name)),
+                };
+                plan.ddl.push((ddl, format!("add column {name} {ty}")));
+                plan.shape.push((name.clone(), ty.clone()));
+            }
+            Some((_, tty)) if holds(tty, ty) => {} // the target is already at least as wide
+            Some((_, tty)) if holds(ty, tty) => {
+                plan.ddl.push((
+                    format!(
+                        "ALTER TABLE {table} ALTER COLUMN {} TYPE {ty}",
+                        quote_ident(name)
+                    ),
+                    format!("widen column {name} from {tty} to {ty}"),
+                ));
+                if let Some(c) = plan.shape.iter_mut().find(|(n, _)| n == name) {
+                    c.1 = ty.clone();
+                }
+            }
+            Some((_, tty)) => plan.refused.push(format!(
+                "column {name} changed from {tty} to {ty}, which is not a safe widening"
+            )),
+        }
+    }
+    plan
+}
+
+/// Whether type `wide` can hold every value of type `narrow` (so `narrow → wide` is a safe
+/// widening). Types are `format_type` strings.
+pub fn holds(wide: &str, narrow: &str) -> bool {
+    if wide == narrow {
+        return true;
+    }
+    let int_digits = |t: &str| match t {
+        "smallint" => Some(5),
+        "integer" => Some(10),
+        "bigint" => Some(19),
+        _ => None,
+    };
+    let numeric = |t: &str| -> Option<Option<(u32, u32)>> {
+        if t == "numeric" {
+            return Some(None);
+        }
+        let inner = t.strip_prefix("numeric(")?.strip_suffix(')')?;
+        let mut it = inner.split(',');
+        let p = it.next()?.trim().parse().ok()?;
+        let s = it
+            .next()
+            .map(|s| s.trim().parse().ok())
+            .unwrap_or(Some(0))?;
+        Some(Some((p, s)))
+    };
+    let varchar = |t: &str| -> Option<Option<u32>> {
+        if t == "character varying" {
+            return Some(None);
+        }
+        t.strip_prefix("character varying(")?
+            .strip_suffix(')')?
+            .parse()
+            .ok()
+            .map(Some)
+    };
+    match (wide, narrow) {
+        ("text", n) if n == "text" || varchar(n).is_some() || n.starts_with("character(") => true,
+        ("double precision", "real") => true,
+        ("double precision", n) if n == "smallint" || n == "integer" => true,
+        (w, n) if int_digits(w).is_some() && int_digits(n).is_some() => {
+            int_digits(w) >= int_digits(n)
+        }
+        (w, n) if numeric(w).is_some() => match (numeric(w), int_digits(n), numeric(n)) {
+            (Some(None), Some(_), _) | (Some(None), _, Some(_)) => true,
+            (Some(Some((p, s))), Some(d), _) => p.saturating_sub(s) >= d,
+            (Some(Some((wp, ws))), _, Some(Some((np, ns)))) => {
+                ws >= ns && wp.saturating_sub(ws) >= np.saturating_sub(ns)
+            }
+            _ => false,
+        },
+        (w, n) if varchar(w).is_some() && varchar(n).is_some() => match (varchar(w), varchar(n)) {
+            (Some(None), _) => true,
+            (Some(Some(a)), Some(Some(b))) => a >= b,
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;

@@ -1,0 +1,315 @@
+//! Tests of the table-target planner: the statement text, the grouping rules, and a model check
+//! (proptest) that applying the planned statements gives every table the state that applying
+//! the events one by one gives.
+
+use super::*;
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+
+fn table(name: &str) -> TableRef {
+    TableRef {
+        schema: "rep".into(),
+        name: name.into(),
+        key: vec!["id".into()],
+    }
+}
+
+fn upsert(k: i64, v: i64) -> Change {
+    Change::Upsert {
+        key: format!("{{\"id\":{k}}}"),
+        row: format!("{{\"id\":{k},\"v\":{v}}}"),
+        cols: vec!["id".into(), "v".into()],
+    }
+}
+
+fn delete(k: i64) -> Change {
+    Change::Delete {
+        key: format!("{{\"id\":{k}}}"),
+    }
+}
+
+#[test]
+fn quoting() {
+    assert_eq!(quote_ident("t"), "t");
+    assert_eq!(quote_ident("order_2"), "order_2");
+    assert_eq!(quote_ident("Order"), "\"Order\"");
+    assert_eq!(quote_ident("2x"), "\"2x\"");
+    assert_eq!(quote_ident(""), "\"\"");
+    assert_eq!(quote_ident("select"), "\"select\"");
+    assert_eq!(
+        quote_ident("json_table"),
+        "\"json_table\"",
+        "a keyword of later versions"
+    );
+    assert_eq!(quote_ident("name"), "name", "an unreserved keyword");
+    assert_eq!(quote_ident("we\"ird Name"), "\"we\"\"ird Name\"");
+    let mut sorted = QUOTED_KEYWORDS.to_vec();
+    sorted.sort_unstable();
+    assert_eq!(
+        sorted, QUOTED_KEYWORDS,
+        "binary search needs the list sorted"
+    );
+    assert_eq!(quote_literal("it's"), "'it''s'");
+    assert_eq!(quote_literal("a\\b"), "E'a\\\\b'");
+    assert_eq!(table("t").qualified(), "rep.t");
+}
+
+#[test]
+fn statement_text() {
+    let mut p = Planner::new();
+    assert!(p.push(1, &table("t"), upsert(1, 10)).is_empty());
+    assert!(p.push(1, &table("t"), upsert(2, 20)).is_empty());
+    let out = p.push(1, &table("t"), delete(1));
+    assert_eq!(out.len(), 1, "the delete closes the upsert run");
+    assert_eq!(
+        out[0].sql,
+        "INSERT INTO rep.t AS t (id, v) SELECT r.id, r.v FROM jsonb_populate_recordset(NULL::rep.t, $1::text::jsonb) r ON CONFLICT (id) DO UPDATE SET v = EXCLUDED.v"
+    );
+    assert_eq!(
+        out[0].param.as_deref(),
+        Some("[{\"id\":1,\"v\":10},{\"id\":2,\"v\":20}]")
+    );
+    let out = p.finish();
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        out[0].sql,
+        "DELETE FROM rep.t t USING jsonb_populate_recordset(NULL::rep.t, $1::text::jsonb) d WHERE t.id = d.id"
+    );
+    assert_eq!(out[0].param.as_deref(), Some("[{\"id\":1}]"));
+    assert!(p.is_empty());
+}
+
+#[test]
+fn key_only_table_does_nothing_on_conflict() {
+    let mut p = Planner::new();
+    let t = table("k");
+    p.push(
+        1,
+        &t,
+        Change::Upsert {
+            key: "{\"id\":1}".into(),
+            row: "{\"id\":1}".into(),
+            cols: vec!["id".into()],
+        },
+    );
+    let out = p.finish();
+    assert!(
+        out[0].sql.ends_with("ON CONFLICT (id) DO NOTHING"),
+        "{}",
+        out[0].sql
+    );
+}
+
+#[test]
+fn repeated_key_closes_the_run_and_tables_are_independent() {
+    let mut p = Planner::new();
+    assert!(p.push(1, &table("a"), upsert(1, 1)).is_empty());
+    assert!(
+        p.push(2, &table("b"), upsert(1, 1)).is_empty(),
+        "another table's run stays open"
+    );
+    let out = p.push(1, &table("a"), upsert(1, 2));
+    assert_eq!(
+        out.len(),
+        1,
+        "a key twice in one statement would fail ON CONFLICT"
+    );
+    assert!(out[0].sql.contains("rep.a"));
+    // Deleting a key twice in one run deletes it once.
+    let mut p = Planner::new();
+    p.push(1, &table("a"), delete(5));
+    p.push(1, &table("a"), delete(5));
+    assert_eq!(p.finish()[0].param.as_deref(), Some("[{\"id\":5}]"));
+}
+
+#[test]
+fn truncate_runs_after_the_tables_open_run() {
+    let mut p = Planner::new();
+    p.push(1, &table("a"), upsert(1, 1));
+    p.push(2, &table("b"), upsert(1, 1));
+    let out = p.push(1, &table("a"), Change::Truncate);
+    assert_eq!(out.len(), 2);
+    assert!(out[0].sql.starts_with("INSERT INTO rep.a"));
+    assert_eq!(out[1].sql, "TRUNCATE rep.a");
+    assert_eq!(out[1].param, None);
+    assert_eq!(p.finish().len(), 1, "b's run is still open");
+}
+
+#[test]
+fn a_full_run_is_closed() {
+    let mut p = Planner::new();
+    let t = table("a");
+    for k in 0..RUN_ROWS as i64 - 1 {
+        assert!(p.push(1, &t, upsert(k, 0)).is_empty());
+    }
+    let out = p.push(1, &t, upsert(RUN_ROWS as i64, 0));
+    assert_eq!(out.len(), 1);
+    let rows: Vec<serde_json::Value> =
+        serde_json::from_str(out[0].param.as_deref().unwrap_or("")).unwrap_or_default();
+    assert_eq!(rows.len(), RUN_ROWS);
+    assert!(p.is_empty());
+}
+
+#[test]
+fn shape_plans() {
+    let src = |n: &str, t: &str, m: Option<&str>| SourceColumn {
+        name: n.into(),
+        ty: t.into(),
+        missing: m.map(str::to_string),
+    };
+    let tgt = |n: &str, t: &str| (n.to_string(), t.to_string());
+    let plan = plan_shape(
+        "rep.t",
+        &[
+            src("id", "integer", None),
+            src("v", "bigint", None),
+            src("n", "text", Some("it's")),
+            src("w", "text", None),
+            src("x", "integer", None),
+        ],
+        &[
+            tgt("id", "bigint"),
+            tgt("v", "integer"),
+            tgt("x", "text"),
+            tgt("extra", "date"),
+        ],
+    );
+    assert_eq!(
+        plan.ddl,
+        vec![
+            (
+                "ALTER TABLE rep.t ALTER COLUMN v TYPE bigint".to_string(),
+                "widen column v from integer to bigint".to_string()
+            ),
+            (
+                "ALTER TABLE rep.t ADD COLUMN n text DEFAULT 'it''s'::text".to_string(),
+                "add column n text".to_string()
+            ),
+            (
+                "ALTER TABLE rep.t ADD COLUMN w text".to_string(),
+                "add column w text".to_string()
+            ),
+        ]
+    );
+    assert_eq!(
+        plan.refused,
+        vec!["column x changed from text to integer, which is not a safe widening".to_string()]
+    );
+    assert_eq!(
+        plan.shape,
+        vec![
+            tgt("id", "bigint"),
+            tgt("v", "bigint"),
+            tgt("x", "text"),
+            tgt("extra", "date"),
+            tgt("n", "text"),
+            tgt("w", "text"),
+        ]
+    );
+    let same = plan_shape("t", &[src("id", "integer", None)], &[tgt("id", "integer")]);
+    assert!(same.ddl.is_empty() && same.refused.is_empty());
+}
+
+#[test]
+fn widening_rules() {
+    assert!(holds("bigint", "integer"));
+    assert!(!holds("integer", "bigint"));
+    assert!(holds("numeric(12,2)", "integer"));
+    assert!(!holds("numeric(10,2)", "integer"));
+    assert!(holds("numeric", "bigint"));
+    assert!(holds("numeric(14,4)", "numeric(12,2)"));
+    assert!(!holds("numeric(12,4)", "numeric(12,2)"));
+    assert!(holds("text", "character varying(20)"));
+    assert!(holds("character varying(30)", "character varying(20)"));
+    assert!(!holds("character varying(10)", "character varying(20)"));
+    assert!(holds("double precision", "real"));
+    assert!(!holds("integer", "text"));
+}
+
+/// A target table in the model: key → value.
+type State = BTreeMap<String, BTreeMap<i64, i64>>;
+
+/// Apply one event directly (the reference semantics).
+fn apply_event(s: &mut State, t: &str, ch: &Change) {
+    let rows = s.entry(t.to_string()).or_default();
+    match ch {
+        Change::Upsert { row, .. } => {
+            let v: serde_json::Value = serde_json::from_str(row).unwrap_or_default();
+            rows.insert(
+                v["id"].as_i64().unwrap_or(-1),
+                v["v"].as_i64().unwrap_or(-1),
+            );
+        }
+        Change::Delete { key } => {
+            let v: serde_json::Value = serde_json::from_str(key).unwrap_or_default();
+            rows.remove(&v["id"].as_i64().unwrap_or(-1));
+        }
+        Change::Truncate => rows.clear(),
+    }
+}
+
+/// Apply one planned statement the way PostgreSQL would, checking what PostgreSQL would refuse
+/// (a key twice in one `ON CONFLICT DO UPDATE`).
+fn apply_statement(s: &mut State, st: &Statement) -> Result<(), String> {
+    let t = ["a", "b"]
+        .into_iter()
+        .find(|t| st.sql.contains(&format!("rep.{t} ")) || st.sql.ends_with(&format!("rep.{t}")))
+        .ok_or("statement names no table")?;
+    let rows = s.entry(t.to_string()).or_default();
+    if st.sql.starts_with("TRUNCATE") {
+        rows.clear();
+        return Ok(());
+    }
+    let items: Vec<serde_json::Value> =
+        serde_json::from_str(st.param.as_deref().ok_or("no parameter")?)
+            .map_err(|e| e.to_string())?;
+    if items.len() > RUN_ROWS {
+        return Err(format!("{} rows in one statement", items.len()));
+    }
+    let mut seen = HashSet::new();
+    for it in items {
+        let k = it["id"].as_i64().ok_or("no id")?;
+        if st.sql.starts_with("INSERT") {
+            if !seen.insert(k) {
+                return Err(format!(
+                    "ON CONFLICT DO UPDATE command cannot affect row a second time (key {k})"
+                ));
+            }
+            rows.insert(k, it["v"].as_i64().ok_or("no v")?);
+        } else {
+            rows.remove(&k);
+        }
+    }
+    Ok(())
+}
+
+fn change() -> impl Strategy<Value = Change> {
+    prop_oneof![
+        6 => (0i64..6, 0i64..100).prop_map(|(k, v)| upsert(k, v)),
+        3 => (0i64..6).prop_map(delete),
+        1 => Just(Change::Truncate),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn planned_statements_give_the_same_tables(events in prop::collection::vec((0u32..2, change()), 0..200)) {
+        let names = ["a", "b"];
+        let mut expected = State::new();
+        let mut got = State::new();
+        let mut p = Planner::new();
+        for (rel, ch) in &events {
+            let t = names[*rel as usize];
+            apply_event(&mut expected, t, ch);
+            for st in p.push(*rel, &table(t), ch.clone()) {
+                apply_statement(&mut got, &st).map_err(TestCaseError::fail)?;
+            }
+        }
+        for st in p.finish() {
+            apply_statement(&mut got, &st).map_err(TestCaseError::fail)?;
+        }
+        expected.retain(|_, rows| !rows.is_empty());
+        got.retain(|_, rows| !rows.is_empty());
+        prop_assert_eq!(got, expected);
+    }
+}
