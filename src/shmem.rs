@@ -6,7 +6,6 @@
 //! start, updates it after every iteration and clears it when it exits. Readers: the SQL API (to
 //! wake or stop workers) and the `tide.pipelines` view (through `tide._worker_status()`).
 
-use pgrx::prelude::*;
 use pgrx::{PGRXSharedMemory, PgAtomic, PgLwLock};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
@@ -239,7 +238,7 @@ pub fn worker_pid(name: &str) -> Option<i32> {
 /// Whether a process exists (the slot of a worker killed with SIGKILL is only cleared by the
 /// crash restart that follows).
 pub fn alive(pid: i32) -> bool {
-    unsafe { libc_kill(pid, 0) == 0 }
+    unsafe { libc::kill(pid, 0) == 0 }
 }
 
 /// How far a pipeline's worker is known to have caught up (see [`WorkerSlot::caught_up_lsn`]).
@@ -281,12 +280,7 @@ pub fn snapshot() -> Vec<WorkerSlot> {
 pub fn wake(pid: i32) {
     if pid > 0 {
         unsafe {
-            libc_kill(pid, pg_sys::SIGUSR1 as i32);
+            libc::kill(pid, libc::SIGUSR1);
         }
     }
-}
-
-extern "C" {
-    #[link_name = "kill"]
-    fn libc_kill(pid: i32, sig: i32) -> i32;
 }

@@ -606,174 +606,6 @@ pub fn assert_sql_fails<T: Debug>(
     }
 }
 
-/// A pgbench run against a [`Cluster`] with a custom script, run as the
-/// `postgres` OS user (`pgbench -n`: no vacuum, no pgbench tables needed).
-///
-/// ```no_run
-/// # let c = pg_test::Cluster::new("x");
-/// let out = c.pgbench("INSERT INTO t VALUES (1);")
-///     .clients(4)
-///     .duration(std::time::Duration::from_secs(10))
-///     .rate(500.0)
-///     .run();
-/// let tps = pg_test::pgbench_tps(&out).unwrap();
-/// ```
-pub struct Pgbench<'a> {
-    cluster: &'a Cluster,
-    script: String,
-    clients: u32,
-    jobs: Option<u32>,
-    duration: Duration,
-    rate: Option<f64>,
-    db: String,
-    extra: Vec<String>,
-}
-
-impl<'a> Pgbench<'a> {
-    pub fn new(cluster: &'a Cluster, script: &str) -> Self {
-        Pgbench {
-            cluster,
-            script: script.to_string(),
-            clients: 1,
-            jobs: None,
-            duration: Duration::from_secs(5),
-            rate: None,
-            db: "postgres".into(),
-            extra: Vec::new(),
-        }
-    }
-
-    /// `-c` (default 1).
-    pub fn clients(mut self, n: u32) -> Self {
-        self.clients = n.max(1);
-        self
-    }
-
-    /// `-j` (default: min(clients, available cores)).
-    pub fn jobs(mut self, n: u32) -> Self {
-        self.jobs = Some(n.max(1));
-        self
-    }
-
-    /// `-T`, rounded up to whole seconds (default 5 s).
-    pub fn duration(mut self, d: Duration) -> Self {
-        self.duration = d;
-        self
-    }
-
-    /// `-R` target transactions per second (default: as fast as possible).
-    pub fn rate(mut self, tps: f64) -> Self {
-        self.rate = Some(tps);
-        self
-    }
-
-    /// Database (default `postgres`).
-    pub fn db(mut self, db: &str) -> Self {
-        self.db = db.to_string();
-        self
-    }
-
-    /// Any other pgbench argument, e.g. `.arg("-P").arg("1")` or `.arg("-Dn=10")`.
-    pub fn arg(mut self, a: &str) -> Self {
-        self.extra.push(a.to_string());
-        self
-    }
-
-    /// Run it; returns pgbench's stdout. Panics with stderr if pgbench fails.
-    pub fn run(self) -> String {
-        run_pgbench(
-            self.cluster,
-            &self.script,
-            self.clients,
-            self.jobs,
-            self.duration,
-            self.rate,
-            &self.db,
-            &self.extra,
-        )
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn run_pgbench(
-    cluster: &Cluster,
-    script: &str,
-    clients: u32,
-    jobs: Option<u32>,
-    duration: Duration,
-    rate: Option<f64>,
-    db: &str,
-    extra: &[String],
-) -> String {
-    // The script file must be readable by the postgres OS user: a 0644 file in the temp dir.
-    let path = std::env::temp_dir().join(format!(
-        "pg_tide_pgbench_{}_{}.sql",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::SeqCst)
-    ));
-    {
-        let mut f = std::fs::File::create(&path)
-            .unwrap_or_else(|e| panic!("cannot write pgbench script {}: {e}", path.display()));
-        f.write_all(script.as_bytes())
-            .expect("write pgbench script");
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
-            .expect("chmod pgbench script");
-    }
-
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get() as u32)
-        .unwrap_or(1);
-    let jobs = jobs.unwrap_or_else(|| clients.min(cores)).min(clients);
-    let secs = duration.as_secs() + u64::from(duration.subsec_nanos() > 0);
-    let mut cmd = command_as_postgres(pg_bin().join("pgbench"));
-    cmd.current_dir("/")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &cluster.port().to_string(),
-            "-U",
-            "postgres",
-        ])
-        .arg("-n")
-        .arg("-f")
-        .arg(&path)
-        .args(["-c", &clients.to_string(), "-j", &jobs.to_string()])
-        .args(["-T", &secs.max(1).to_string()]);
-    if let Some(r) = rate {
-        cmd.args(["-R", &format!("{r}")]);
-    }
-    cmd.args(extra).arg(db).stdin(Stdio::null());
-
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("could not run pgbench: {e}"));
-    let _ = std::fs::remove_file(&path);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    if !out.status.success() {
-        panic!(
-            "pgbench failed ({}): {:?}\n--- script ---\n{script}\n--- stderr ---\n{}\n--- stdout ---\n{stdout}",
-            out.status,
-            cmd,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    stdout
-}
-
-/// The `tps = N` figure from pgbench output.
-pub fn pgbench_tps(output: &str) -> Option<f64> {
-    output
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("tps = "))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -943,42 +775,6 @@ fn expect_true(
     }
 }
 
-/// An empty copy of `source` (a table keyed by `id`) and a plpgsql function
-/// `<copy>_replay(pipeline)` that replays the outbox events of `relation` onto it in id order
-/// (upsert by `id`, delete, truncate; unchanged TOAST columns are refused) and returns how many.
-pub fn outbox_copy(c: &Cluster, source: &str, relation: &str, copy: &str) {
-    c.execute(&format!(
-        r#"
-CREATE TABLE {copy} (LIKE {source});
-ALTER TABLE {copy} ADD PRIMARY KEY (id);
-CREATE FUNCTION {copy}_replay(p_pipeline text) RETURNS bigint LANGUAGE plpgsql AS $f$
-DECLARE e record; n bigint := 0;
-BEGIN
-    FOR e IN SELECT o.op, o.key, o."row", o.unchanged FROM tide.outbox o
-              WHERE o.pipeline = p_pipeline AND o.relation = '{relation}' ORDER BY o.id
-    LOOP
-        n := n + 1;
-        IF e.op IN ('read', 'insert', 'update') THEN
-            IF coalesce(cardinality(e.unchanged), 0) > 0 THEN
-                RAISE EXCEPTION 'unchanged columns %', e.unchanged;
-            END IF;
-            DELETE FROM {copy} c USING jsonb_populate_record(NULL::{copy}, e.key) k WHERE c.id = k.id;
-            INSERT INTO {copy} SELECT * FROM jsonb_populate_record(NULL::{copy}, e."row");
-        ELSIF e.op = 'delete' THEN
-            DELETE FROM {copy} c USING jsonb_populate_record(NULL::{copy}, e.key) k WHERE c.id = k.id;
-        ELSIF e.op = 'truncate' THEN
-            DELETE FROM {copy};
-        ELSE
-            RAISE EXCEPTION 'unknown op %', e.op;
-        END IF;
-    END LOOP;
-    RETURN n;
-END
-$f$;
-"#
-    ));
-}
-
 /// Run a command; its stdout (trimmed), or a panic with its output if it fails.
 #[track_caller]
 pub fn run_ok(cmd: &mut Command) -> String {
@@ -994,3 +790,8 @@ pub fn run_ok(cmd: &mut Command) -> String {
     );
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
+
+mod pgbench;
+mod suite;
+pub use pgbench::*;
+pub use suite::*;

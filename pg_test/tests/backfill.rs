@@ -14,7 +14,7 @@
 
 use pg_test::*;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -23,22 +23,6 @@ const POLL: Duration = Duration::from_millis(100);
 // ------------------------------------------------------------------------------------------
 // Helpers
 // ------------------------------------------------------------------------------------------
-
-/// Pipelines, backfills and the server log tail, for failure messages.
-fn diag(c: &Cluster) -> String {
-    format!(
-        "--- tide.pipelines ---\n{}\n--- tide.backfills ---\n{}\n--- last 40 lines of {} ---\n{}\n--- end of server log ---",
-        sample(c, "SELECT name, state, worker_pid, lag_bytes, events_applied, last_error FROM tide.pipelines", 10),
-        sample(
-            c,
-            "SELECT id, pipeline, relation, state, generation, chunk_size, rows_per_second, chunks_done, \
-                    rows_read, rows_dropped, rows_emitted, last_key, error FROM tide.backfills ORDER BY id",
-            20
-        ),
-        c.log_path().display(),
-        c.log_tail(40)
-    )
-}
 
 /// Assert that a query returns no rows; the failure shows up to 20 of them.
 #[track_caller]
@@ -52,20 +36,9 @@ fn assert_no_rows(c: &Cluster, what: &str, sql: &str) {
     );
 }
 
-/// Create a pipeline and wait until its worker streams.
+/// Create an outbox pipeline and wait until its worker streams.
 fn create_pipeline(c: &Cluster, name: &str) {
-    c.execute(&format!("SELECT tide.create_pipeline('{name}')"));
-    if let Err(msg) = poll_every(Duration::from_secs(30), POLL, || {
-        Ok(c.try_query_scalar::<bool>(&format!(
-            "SELECT coalesce((SELECT state = 'streaming' AND worker_pid IS NOT NULL
-                                FROM tide.pipelines WHERE name = '{name}'), false)"
-        ))?)
-    }) {
-        panic!(
-            "pipeline {name:?} did not reach state 'streaming': {msg}\n{}",
-            diag(c)
-        );
-    }
+    pg_test::create_pipeline(c, name, "outbox", "{}");
 }
 
 /// `tide.add_table` (with or without the automatic backfill), then wait until it captures.
@@ -86,24 +59,10 @@ fn add_table(c: &Cluster, pipeline: &str, table: &str, backfill: bool) {
     }
 }
 
-/// `tide.wait_for_pipeline`, which must return true within `secs`.
-#[track_caller]
-fn wait_pipeline(c: &Cluster, name: &str, secs: u32) {
-    wait_for_pipeline(c, name, secs, || diag(c));
-}
-
 /// `tide.wait_for_backfill`, which must return true within `secs`. Returns how long it took.
 #[track_caller]
 fn wait_backfill(c: &Cluster, table: &str, secs: u32) -> Duration {
     wait_for_backfill(c, table, None, secs, || diag(c))
-}
-
-fn worker_pid(c: &Cluster, pipeline: &str) -> Option<i32> {
-    c.try_query_scalar::<Option<i32>>(&format!(
-        "SELECT (SELECT worker_pid FROM tide.pipelines WHERE name = '{pipeline}')"
-    ))
-    .ok()
-    .flatten()
 }
 
 /// One integer column of a backfill's row in `tide.backfills`.
@@ -140,106 +99,6 @@ fn wait_recovered(c: &Cluster, pipeline: &str, old_pid: Option<i32>) -> Duration
             diag(c)
         ),
     }
-}
-
-/// A pgbench script file readable by the postgres OS user.
-fn write_script(tag: &str, body: &str) -> PathBuf {
-    let path =
-        std::env::temp_dir().join(format!("pg_tide_backfill_{tag}_{}.sql", std::process::id()));
-    std::fs::write(&path, body).expect("write pgbench script");
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-    }
-    path
-}
-
-struct BenchRun {
-    child: std::process::Child,
-    started: Instant,
-}
-
-/// Start pgbench with `script` (not waiting for it); a crash may cut it short.
-fn spawn_pgbench(
-    c: &Cluster,
-    script: &PathBuf,
-    clients: u32,
-    secs: u64,
-    rate: Option<u32>,
-) -> BenchRun {
-    let mut cmd = command_as_postgres(pg_bin().join("pgbench"));
-    cmd.current_dir("/")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &c.port().to_string(),
-            "-U",
-            "postgres",
-        ])
-        .arg("-n")
-        .arg("-f")
-        .arg(script)
-        .args([
-            "-c",
-            &clients.to_string(),
-            "-j",
-            &clients.min(2).to_string(),
-            "-T",
-            &secs.to_string(),
-        ])
-        .arg("--max-tries=20");
-    if let Some(r) = rate {
-        cmd.args(["-R", &r.to_string()]);
-    }
-    cmd.arg("postgres")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start pgbench: {e}"));
-    BenchRun {
-        child,
-        started: Instant::now(),
-    }
-}
-
-/// Wait for pgbench to end; returns (transactions processed, success, summary).
-fn finish_pgbench(run: BenchRun) -> (u64, bool, String) {
-    let out = run.child.wait_with_output().expect("wait for pgbench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let txns = stdout
-        .lines()
-        .find_map(|l| {
-            l.trim()
-                .strip_prefix("number of transactions actually processed: ")
-        })
-        .and_then(|s| s.split(|ch: char| !ch.is_ascii_digit()).next())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let failed = stdout
-        .lines()
-        .find(|l| l.trim().starts_with("number of failed transactions"))
-        .unwrap_or("")
-        .trim()
-        .to_string();
-    let errs: Vec<&str> = stderr.lines().take(3).collect();
-    (
-        txns,
-        out.status.success(),
-        format!(
-            "{} after {:.1?}; {failed}{}",
-            out.status,
-            run.started.elapsed(),
-            if errs.is_empty() {
-                String::new()
-            } else {
-                format!(" [{}]", errs.join(" | "))
-            }
-        ),
-    )
 }
 
 /// An empty copy of `source` (same columns and key) named `copy`, and a plpgsql function
@@ -635,7 +494,7 @@ fn convergence_under_concurrent_writes_with_kill9() {
               - (SELECT count(*) FROM t_int) - (SELECT count(*) FROM t_comp) - (SELECT count(*) FROM t_uuid)",
     );
     assert_eq!(seeded_deleted_before, 0, "the seed is not 3 x 10,000 rows");
-    let script = write_script("converge", CONVERGE_SCRIPT);
+    let script = write_script("backfill_converge", CONVERGE_SCRIPT);
 
     // Phase 1: writers at full speed; once their changes stream, start the three backfills.
     let mut run = spawn_pgbench(&c, &script, 4, 120, Some(WRITE_TPS));
@@ -2231,7 +2090,7 @@ fn composite_text_timestamp_keys() {
         add_table(&c, P, t, false);
         make_copy(&c, t, &format!("public.{t}"), &format!("copy_{t}"), keys);
     }
-    let script = write_script("keys", KEYS_SCRIPT);
+    let script = write_script("backfill_keys", KEYS_SCRIPT);
     let run = spawn_pgbench(&c, &script, 2, 300, Some(600));
     c.wait_until(
         "the writes to stream",
@@ -2380,4 +2239,26 @@ fn commit_visible_after_low_watermark_is_not_overwritten() {
               + (SELECT count(*) FROM (TABLE replica.t EXCEPT TABLE t) b)",
     );
     assert_eq!(diff, 0);
+}
+
+/// pgbench with `script`, retrying serialization failures up to 20 times.
+fn spawn_pgbench(
+    c: &Cluster,
+    script: &PathBuf,
+    clients: u32,
+    secs: u64,
+    rate: Option<u32>,
+) -> PgbenchRun {
+    pg_test::spawn_pgbench(c, script, clients, secs, rate, 20)
+}
+
+/// (transactions, success, a summary line).
+fn finish_pgbench(run: PgbenchRun) -> (u64, bool, String) {
+    let r = run.finish();
+    let errs = if r.errors.is_empty() {
+        String::new()
+    } else {
+        format!(" [{}]", r.errors)
+    };
+    (r.txns, r.ok, format!("{}; {}{errs}", r.status, r.failed))
 }

@@ -24,9 +24,7 @@ fn diag(c: &Cluster) -> String {
 }
 
 fn worker_pid(c: &Cluster) -> Option<i32> {
-    c.try_query_scalar::<Option<i32>>("SELECT worker_pid FROM tide.pipelines WHERE name = 'p'")
-        .ok()
-        .flatten()
+    pg_test::worker_pid(c, "p")
 }
 
 /// Wait until the pipeline's worker has an apply statement waiting for a lock at the target, on

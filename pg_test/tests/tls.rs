@@ -25,29 +25,6 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-/// Pipelines and the server log tail, for failure messages.
-fn diag(c: &Cluster) -> String {
-    format!(
-        "--- tide.pipelines ---\n{}\n--- last 30 lines of {} ---\n{}\n--- end of server log ---",
-        sample(
-            c,
-            "SELECT name, state, worker_pid, applied_lsn, last_error, last_error_sqlstate, remedy \
-               FROM tide.pipelines ORDER BY name",
-            10
-        ),
-        c.log_path().display(),
-        c.log_tail(30)
-    )
-}
-
-/// Run statements, panicking with the error and the pipelines' state.
-#[track_caller]
-fn exec(c: &Cluster, sql: &str) {
-    if let Err(e) = c.try_execute(sql) {
-        panic!("SQL failed: {sql}\n{}\n{}", describe_error(&e), diag(c));
-    }
-}
-
 /// Run `sql`, which must fail with `code`; returns the error (message and hint printed).
 #[track_caller]
 fn expect_fail(c: &Cluster, sql: &str, code: &str) -> DbError {

@@ -17,7 +17,7 @@
 use pg_test::*;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::process::Stdio;
+
 use std::time::{Duration, Instant};
 
 const POLL: Duration = Duration::from_millis(100);
@@ -26,66 +26,6 @@ const COLS: &str = "id, v, note";
 // ------------------------------------------------------------------------------------------
 // Helpers
 // ------------------------------------------------------------------------------------------
-
-/// Pipelines, backfills, verifications and the server log tail, for failure messages.
-fn diag(c: &Cluster) -> String {
-    format!(
-        "--- tide.pipelines ---\n{}\n--- tide.backfills ---\n{}\n--- tide.verifications ---\n{}\n--- last 40 lines of {} ---\n{}\n--- end of server log ---",
-        sample(
-            c,
-            "SELECT name, target, state, worker_pid, applied_lsn, lag_bytes, events_applied, last_error FROM tide.pipelines ORDER BY name",
-            10
-        ),
-        sample(
-            c,
-            "SELECT id, pipeline, relation, state, condition, chunks_done, rows_read, rows_dropped, rows_emitted, error \
-               FROM tide.backfills ORDER BY id",
-            20
-        ),
-        sample(c, "SELECT * FROM tide.verifications", 10),
-        c.log_path().display(),
-        c.log_tail(40)
-    )
-}
-
-/// Run statements, panicking with the error and the pipelines' state.
-#[track_caller]
-fn exec(c: &Cluster, sql: &str) {
-    if let Err(e) = c.try_execute(sql) {
-        panic!("SQL failed: {sql}\n{}\n{}", describe_error(&e), diag(c));
-    }
-}
-
-/// Create a pipeline and wait until its worker streams.
-fn create_pipeline(c: &Cluster, name: &str, target: &str, options: &str) {
-    exec(
-        c,
-        &format!("SELECT tide.create_pipeline('{name}', '{target}', '{options}')"),
-    );
-    if let Err(msg) = poll_every(Duration::from_secs(30), POLL, || {
-        Ok(c.try_query_scalar::<bool>(&format!(
-            "SELECT coalesce((SELECT state = 'streaming' AND worker_pid IS NOT NULL
-                                FROM tide.pipelines WHERE name = '{name}'), false)"
-        ))?)
-    }) {
-        panic!(
-            "pipeline {name:?} did not reach state 'streaming': {msg}\n{}",
-            diag(c)
-        );
-    }
-}
-
-/// `tide.wait_for_pipeline`, which must return true within `secs`.
-#[track_caller]
-fn wait_pipeline(c: &Cluster, name: &str, secs: u32) -> Duration {
-    wait_for_pipeline(c, name, secs, || diag(c))
-}
-
-/// `tide.wait_for_backfill(table, pipeline)`, which must return true within `secs`.
-#[track_caller]
-fn wait_backfill(c: &Cluster, table: &str, pipeline: &str, secs: u32) -> Duration {
-    wait_for_backfill(c, table, Some(pipeline), secs, || diag(c))
-}
 
 /// The first column (text) of every row of `sql`.
 fn texts(c: &Cluster, sql: &str) -> Vec<String> {
@@ -264,18 +204,6 @@ fn verify(c: &Cluster, args: &str) -> Verify {
     })
 }
 
-/// A pgbench script file readable by the postgres OS user.
-fn write_script(tag: &str, body: &str) -> PathBuf {
-    let path =
-        std::env::temp_dir().join(format!("pg_tide_verify_{tag}_{}.sql", std::process::id()));
-    std::fs::write(&path, body).expect("write pgbench script");
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-    }
-    path
-}
-
 /// One random single-statement write per transaction on a key in [lo, hi]: an update, a delete
 /// or an upsert (single-row autocommit statements: no deadlocks between clients).
 fn writer_script(lo: i64, hi: i64) -> String {
@@ -293,49 +221,6 @@ INSERT INTO t VALUES (:k, :k, 'i') ON CONFLICT (id) DO UPDATE SET v = t.v + 1, n
     )
 }
 
-/// A pgbench run in the background, stopped by [`stop_bench`].
-struct Bench {
-    child: std::process::Child,
-    started: Instant,
-}
-
-fn spawn_bench(c: &Cluster, script: &PathBuf, clients: u32, secs: u64, rate: Option<u32>) -> Bench {
-    let mut cmd = command_as_postgres(pg_bin().join("pgbench"));
-    cmd.current_dir("/")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &c.port().to_string(),
-            "-U",
-            "postgres",
-        ])
-        .arg("-n")
-        .arg("-f")
-        .arg(script)
-        .args([
-            "-c",
-            &clients.to_string(),
-            "-j",
-            &clients.min(2).to_string(),
-            "-T",
-            &secs.to_string(),
-        ]);
-    if let Some(r) = rate {
-        cmd.args(["-R", &r.to_string()]);
-    }
-    cmd.arg("postgres")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    Bench {
-        child: cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start pgbench: {e}")),
-        started: Instant::now(),
-    }
-}
-
 /// Whether pgbench's clients are connected (it has started writing).
 fn bench_connected(c: &Cluster) -> bool {
     c.try_query_scalar::<i64>(
@@ -347,7 +232,7 @@ fn bench_connected(c: &Cluster) -> bool {
 
 /// Stop pgbench by terminating its sessions (its exit status is then non-zero: that is
 /// expected). Returns (transactions processed, elapsed, pgbench's status line and tps).
-fn stop_bench(c: &Cluster, mut b: Bench) -> (u64, Duration, String) {
+fn stop_bench(c: &Cluster, mut b: PgbenchRun) -> (u64, Duration, String) {
     let still_running = matches!(b.child.try_wait(), Ok(None));
     if still_running {
         let _ = c.try_execute(
@@ -825,7 +710,7 @@ fn no_false_alarms_under_heavy_writes() {
     create_pipeline(&c, "v", "table", r#"{"schema": "replica"}"#);
     exec(&c, "SELECT tide.add_table('v', 'public.t')");
     wait_backfill(&c, "public.t", "v", 120);
-    let script = write_script("heavy", &writer_script(1, ROWS));
+    let script = write_script("verify_heavy", &writer_script(1, ROWS));
     let mut failures = Vec::new();
 
     // Phase A: 3 clients writing random keys over the whole key space, at a rate the pipeline
@@ -1377,4 +1262,15 @@ fn bad_inputs() {
         "  ranges => 4 on 3000 never-analyzed rows (reltuples {reltuples}): {} in {:.2?}",
         v.summary.kind, v.took
     );
+}
+
+/// pgbench with `script` (no retries: the verify workloads do not conflict).
+fn spawn_bench(
+    c: &Cluster,
+    script: &PathBuf,
+    clients: u32,
+    secs: u64,
+    rate: Option<u32>,
+) -> PgbenchRun {
+    pg_test::spawn_pgbench(c, script, clients, secs, rate, 1)
 }

@@ -2,87 +2,18 @@
 //! of each captured table (created when missing, checked when present).
 
 use crate::error::{TideError, TideResult};
+use crate::sink::remote::conninfo_for_server;
 use crate::sink::remote::RemoteSink;
-use crate::sink::table::{conninfo_for_server, holds, SchemaPolicy};
 use crate::sql;
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::prelude::*;
 use std::time::Duration;
+use tide_core::plan::holds;
 
 const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn quote(ident: &str) -> String {
     pgrx::spi::quote_identifier(ident)
-}
-
-fn string_opt(
-    map: &serde_json::Map<String, serde_json::Value>,
-    key: &str,
-) -> TideResult<Option<String>> {
-    match map.get(key) {
-        None | Some(serde_json::Value::Null) => Ok(None),
-        Some(serde_json::Value::String(s)) if !s.trim().is_empty() => Ok(Some(s.clone())),
-        Some(other) => Err(TideError::invalid(format!(
-            "option \"{key}\" must be a non-empty string, not {other}"
-        ))
-        .hint(format!(
-            "Pass it as a JSON string, e.g. '{{\"{key}\": \"...\"}}'."
-        ))),
-    }
-}
-
-/// Validate a pipeline's options for its target kind. Returns the normalised options.
-pub fn validate_options(
-    target: &str,
-    options: &serde_json::Value,
-) -> TideResult<serde_json::Value> {
-    let serde_json::Value::Object(map) = options else {
-        return Err(
-            TideError::invalid(format!("options must be a JSON object, not {options}"))
-                .hint("Pass options as a jsonb object, for example '{}'."),
-        );
-    };
-    let allowed: &[&str] = match target {
-        "outbox" => &[],
-        "table" => &["schema", "schema_changes"],
-        _ => &["server", "schema", "schema_changes"],
-    };
-    if let Some(k) = map.keys().find(|k| !allowed.contains(&k.as_str())) {
-        let hint = match target {
-            "outbox" => "The outbox target takes no options: pass '{}'.".to_string(),
-            _ => format!("Options of target \"{target}\": {}.", allowed.join(", ")),
-        };
-        return Err(
-            TideError::invalid(format!("unknown option \"{k}\" for target \"{target}\""))
-                .hint(hint),
-        );
-    }
-    let mut out = map.clone();
-    if let Some(p) = string_opt(map, "schema_changes")? {
-        if SchemaPolicy::parse(&p).is_none() {
-            return Err(TideError::invalid(format!("schema_changes must be 'propagate' or 'pause', not '{p}'"))
-                .hint("'propagate' (the default) applies new columns and safe type widenings to the target; 'pause' stops the pipeline with the reason."));
-        }
-    }
-    match target {
-        "table" => {
-            if string_opt(map, "schema")?.is_none() {
-                return Err(TideError::invalid("target \"table\" needs the option \"schema\"")
-                    .hint("Name the schema where the target tables live, e.g. '{\"schema\": \"replica\"}'. It must not be the source tables' schema."));
-            }
-        }
-        "postgres" => {
-            if string_opt(map, "server")?.is_none() {
-                return Err(TideError::invalid("target \"postgres\" needs the option \"server\"")
-                    .hint("Create a foreign server (CREATE SERVER s FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host ..., dbname ...)) and a user mapping, then pass '{\"server\": \"s\"}'."));
-            }
-            if string_opt(map, "schema")?.is_none() {
-                out.insert("schema".into(), serde_json::Value::String("public".into()));
-            }
-        }
-        _ => {}
-    }
-    Ok(serde_json::Value::Object(out))
 }
 
 /// Check the foreign server and user mapping, and that the server answers.
@@ -164,10 +95,6 @@ const TARGET_SHAPE: &str = "SELECT a.attname::text, format_type(a.atttypid, a.at
 
 /// Make sure the target table of a captured table exists and fits; returns (schema, name).
 /// `options` are the pipeline's (validated) options.
-/// Schemas no target may be in: the system's and pg_tide's own.
-fn reserved_schema(schema: &str) -> bool {
-    schema == "tide" || schema == "information_schema" || schema.starts_with("pg_")
-}
 
 pub fn ensure_target(
     target: &str,
@@ -207,7 +134,7 @@ pub fn ensure_target(
         }
     };
     let qualified = format!("{}.{}", quote(&schema), quote(&name));
-    if target == "table" && reserved_schema(&schema) {
+    if target == "table" && crate::sink::options::reserved_schema(&schema) {
         return Err(TideError::invalid(format!(
             "{qualified} is in schema \"{schema}\", which pg_tide does not write to"
         ))

@@ -1,6 +1,9 @@
-//! The only code that reads and writes pg_tide's catalog tables (`tide.pipeline`,
-//! `tide.pipeline_table`) and its replication slots. Every statement uses `$n` parameters; every
-//! SPI error is returned to the caller.
+//! The worker's reads and writes of pg_tide's catalog tables (`tide.pipeline`,
+//! `tide.pipeline_table`) and of its replication slots, and the version gate. Every statement
+//! uses `$n` parameters; every SPI error is returned to the caller; a NULL or malformed value in
+//! a column pg_tide always fills is an error naming the column, never a default. (Not yet all
+//! SQL on pg_tide's tables is here: the SQL API (`src/api`), the backfill and the launcher
+//! still run their own statements; see issue 12.)
 
 use crate::error::{TideError, TideResult};
 use pgrx::prelude::*;
@@ -141,6 +144,51 @@ pub fn lock_pipeline(c: &mut SpiClient<'_>, name: &str) -> TideResult<Option<Pip
     }))
 }
 
+/// A catalog value that must be there: a NULL or malformed value in pg_tide's own tables is an
+/// error naming the column, never a default (an empty key would plan `ON CONFLICT ()`, relid 0
+/// would match no table).
+fn corrupt(what: &str, pipeline: &str) -> TideError {
+    TideError::new(
+        pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+        format!("pg_tide's catalog has no valid {what} for pipeline \"{pipeline}\""),
+    )
+    .hint("The row was changed by hand. Remove the table from the pipeline (tide.remove_table) and add it again.")
+}
+
+/// The target table of each captured table of a table pipeline (`relid` → schema, name, key
+/// columns in key order).
+pub fn target_tables(
+    c: &mut SpiClient<'_>,
+    pipeline: &str,
+) -> TideResult<Vec<(u32, tide_core::plan::TableRef)>> {
+    let rows = c.select(
+        "SELECT relid::int8, target_schema, target_name, key_columns
+           FROM tide.pipeline_table WHERE pipeline = $1 AND target_name IS NOT NULL",
+        None,
+        &[pipeline.into()],
+    )?;
+    let mut out = Vec::new();
+    for r in rows {
+        let relid = r
+            .get::<i64>(1)?
+            .and_then(|v| u32::try_from(v).ok())
+            .filter(|v| *v != 0)
+            .ok_or_else(|| corrupt("relid", pipeline))?;
+        let schema = r
+            .get::<String>(2)?
+            .ok_or_else(|| corrupt("target_schema", pipeline))?;
+        let name = r
+            .get::<String>(3)?
+            .ok_or_else(|| corrupt("target_name", pipeline))?;
+        let key = r
+            .get::<Vec<String>>(4)?
+            .filter(|k| !k.is_empty())
+            .ok_or_else(|| corrupt("key_columns", pipeline))?;
+        out.push((relid, tide_core::plan::TableRef { schema, name, key }));
+    }
+    Ok(out)
+}
+
 /// The tables a pipeline captures.
 pub fn tables(c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<Vec<TableRow>> {
     let rows = c.select(
@@ -151,7 +199,10 @@ pub fn tables(c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<Vec<TableRow>
     let mut out = Vec::new();
     for r in rows {
         out.push(TableRow {
-            relid: r.get::<i64>(1)?.unwrap_or(0) as u32,
+            relid: r
+                .get::<i64>(1)?
+                .and_then(|v| u32::try_from(v).ok())
+                .ok_or_else(|| corrupt("relid", pipeline))?,
             capturing: r.get::<bool>(2)?.unwrap_or(false),
         });
     }

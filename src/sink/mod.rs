@@ -5,10 +5,15 @@
 //!   SPI in the worker's transaction) or remote (another PostgreSQL, applied by the [`remote`]
 //!   sink thread in one remote transaction per batch).
 //!
+//! Each is a [`Target`]; the worker holds a `Box<dyn Target>` and knows no target's type.
+//! [`options`] types each kind's options. Targets depend on `tide_core::model` (the stream
+//! model) and never on the worker.
+//!
 //! Every target stores the applied position in the same transaction as the data, so a replay
 //! after a crash is skipped (exactly once in effect), and receives whole source transactions
 //! only: a target transaction never holds part of one.
 
+pub mod options;
 pub mod outbox;
 pub mod remote;
 pub mod table;
@@ -38,94 +43,66 @@ pub struct Event {
     pub backfill: Option<(i64, i64)>,
 }
 
-/// A pipeline's target, kept by the worker across iterations (table targets cache the
-/// target tables' shapes).
-#[allow(clippy::large_enum_variant)]
-pub enum Sink {
-    Outbox(outbox::OutboxSink),
-    Table(Box<table::TableSink>),
-}
-
-impl Sink {
-    /// The sink for a pipeline.
-    pub fn for_pipeline(p: &PipelineRow) -> TideResult<Sink> {
-        match p.target {
-            TargetKind::Outbox => Ok(Sink::Outbox(outbox::OutboxSink::new(&p.name))),
-            TargetKind::Table | TargetKind::Postgres => {
-                Ok(Sink::Table(Box::new(table::TableSink::new(p)?)))
-            }
-        }
-    }
-
-    /// Called at the start of every iteration (table targets learn which tables go where).
-    pub fn begin(&mut self, c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<()> {
-        match self {
-            Sink::Outbox(_) => Ok(()),
-            Sink::Table(t) => t.begin(c, pipeline),
-        }
+/// A pipeline's target, kept by the worker across iterations (table targets cache the target
+/// tables' shapes). The worker calls, per iteration: [`Target::begin`], then
+/// [`Target::applied`], then for each decoded message [`Target::relation`] or
+/// [`Target::push`] (whole source transactions only), [`Target::commit_early`] where a chunk's
+/// rows follow stream events, and [`Target::commit`] last, inside the worker's transaction;
+/// [`Target::reset`] after a failed iteration.
+pub trait Target {
+    /// Start of an iteration: learn which tables go where, prepare the target.
+    fn begin(&mut self, _c: &mut SpiClient<'_>, _pipeline: &str) -> TideResult<()> {
+        Ok(())
     }
 
     /// Where the target says it has applied up to, when it keeps that itself (remote targets);
     /// replays at or below it are skipped.
-    pub fn applied(&mut self) -> TideResult<Option<Lsn>> {
-        match self {
-            Sink::Outbox(_) => Ok(None),
-            Sink::Table(t) => t.remote_applied(),
-        }
+    fn applied(&mut self) -> TideResult<Option<Lsn>> {
+        Ok(None)
     }
 
     /// A relation's (new) description arrived in the stream: table targets check the target
-    /// table's shape and apply or refuse the schema change before the first event that needs it.
-    pub fn relation(&mut self, c: &mut SpiClient<'_>, relid: u32, rel: &RelDesc) -> TideResult<()> {
-        match self {
-            Sink::Outbox(_) => Ok(()),
-            Sink::Table(t) => t.relation(c, relid, rel),
-        }
+    /// table's shape and apply or refuse the schema change before the first event that needs
+    /// it.
+    fn relation(&mut self, _c: &mut SpiClient<'_>, _relid: u32, _rel: &RelDesc) -> TideResult<()> {
+        Ok(())
     }
 
-    pub fn push(&mut self, c: &mut SpiClient<'_>, t: &Txn, ev: Event) -> TideResult<()> {
-        match self {
-            Sink::Outbox(o) => o.push(c, t, ev),
-            Sink::Table(s) => s.push(c, ev),
-        }
-    }
+    /// One event of the source transaction `t`, in stream order.
+    fn push(&mut self, c: &mut SpiClient<'_>, t: &Txn, ev: Event) -> TideResult<()>;
 
     /// Write everything buffered and make it durable together with the applied position
     /// `applied` (end LSN of the last source transaction applied), before the worker's
     /// transaction commits.
-    pub fn finish(
+    fn commit(
         &mut self,
         c: &mut SpiClient<'_>,
         pipeline: &str,
         applied: Option<Lsn>,
-    ) -> TideResult<()> {
-        match self {
-            Sink::Outbox(o) => o.flush(c),
-            Sink::Table(s) => s.finish(c, pipeline, applied),
-        }
-    }
+    ) -> TideResult<()>;
 
     /// Where the target commits on its own (remote targets): commit what is buffered, which
-    /// ends with the source transaction ending at `applied`, in a target transaction of its own,
-    /// before more follows in this iteration. The applied position goes with it, so a later
-    /// failure replays only what follows. A no-op for targets written in the worker's
+    /// ends with the source transaction ending at `applied`, in a target transaction of its
+    /// own, before more follows in this iteration. The applied position goes with it, so a
+    /// later failure replays only what follows. A no-op for targets written in the worker's
     /// transaction.
-    pub fn commit_early(
+    fn commit_early(
         &mut self,
-        c: &mut SpiClient<'_>,
-        pipeline: &str,
-        applied: Lsn,
+        _c: &mut SpiClient<'_>,
+        _pipeline: &str,
+        _applied: Lsn,
     ) -> TideResult<()> {
-        match self {
-            Sink::Table(s) if s.is_remote() => s.finish(c, pipeline, Some(applied)),
-            _ => Ok(()),
-        }
+        Ok(())
     }
 
     /// Forget cached state after a failed iteration.
-    pub fn reset(&mut self) {
-        if let Sink::Table(s) = self {
-            s.reset();
-        }
+    fn reset(&mut self) {}
+}
+
+/// The target of a pipeline.
+pub fn for_pipeline(p: &PipelineRow) -> TideResult<Box<dyn Target>> {
+    match p.target {
+        TargetKind::Outbox => Ok(Box::new(outbox::OutboxSink::new(&p.name))),
+        TargetKind::Table | TargetKind::Postgres => table::for_pipeline(p),
     }
 }

@@ -2,8 +2,9 @@
 //! (so together with the applied position) with one multi-row INSERT per [`FLUSH_ROWS`] events.
 
 use crate::error::TideResult;
-use crate::sink::Event;
+use crate::sink::{Event, Target};
 use pgrx::spi::SpiClient;
+use tide_core::lsn::Lsn;
 use tide_core::model::Txn;
 
 /// Rows per outbox INSERT statement.
@@ -43,9 +44,11 @@ impl OutboxSink {
             chunk: Vec::new(),
         }
     }
+}
 
+impl Target for OutboxSink {
     /// Buffer one event (flushes every [`FLUSH_ROWS`]).
-    pub fn push(&mut self, c: &mut SpiClient<'_>, t: &Txn, ev: Event) -> TideResult<()> {
+    fn push(&mut self, c: &mut SpiClient<'_>, t: &Txn, ev: Event) -> TideResult<()> {
         let unchanged = if ev.unchanged.is_empty() {
             None
         } else {
@@ -76,8 +79,21 @@ impl OutboxSink {
         Ok(())
     }
 
+    /// Write the buffered events (the worker's transaction commits them, with the pipeline
+    /// row's applied position).
+    fn commit(
+        &mut self,
+        c: &mut SpiClient<'_>,
+        _pipeline: &str,
+        _applied: Option<Lsn>,
+    ) -> TideResult<()> {
+        self.flush(c)
+    }
+}
+
+impl OutboxSink {
     /// Write the buffered events.
-    pub fn flush(&mut self, c: &mut SpiClient<'_>) -> TideResult<()> {
+    fn flush(&mut self, c: &mut SpiClient<'_>) -> TideResult<()> {
         if self.lsn.is_empty() {
             return Ok(());
         }

@@ -19,7 +19,7 @@
 
 use super::estimate::Estimate;
 use crate::error::{TideError, TideResult};
-use crate::sink::{Event, Sink};
+use crate::sink::{Event, Target};
 use crate::sql;
 use crate::worker::tx::{self, Locked};
 use pgrx::prelude::*;
@@ -143,7 +143,7 @@ impl Backfiller {
     pub(crate) fn on_signal(
         &mut self,
         c: &mut SpiClient<'_>,
-        sink: &mut Sink,
+        sink: &mut dyn Target,
         t: &mut Txn,
         watermark: u64,
         kind: WatermarkKind,

@@ -1,6 +1,7 @@
 //! Background workers: the launcher, the per-pipeline worker, and the one transaction helper
 //! both use.
 
+pub mod apply;
 pub mod backfill;
 pub mod decoder;
 pub mod estimate;

@@ -21,9 +21,13 @@
 //! with a remedy and in the log, and the worker retries with exponential back-off; it never exits
 //! on an iteration error.
 //!
-//! Between iterations, when the last one reached the end of the WAL, the worker waits
-//! `tide.poll_interval` and then compares the flush position with its decoder's position: a quiet
-//! server costs a comparison per poll, not a transaction.
+//! What the loop does between iterations (read a backfill chunk, poll, sleep, back off, exit)
+//! is decided by `tide_core::worker_loop::decide`, a pure function whose module header is the
+//! loop's specification; this file performs the actions. When the last iteration reached the
+//! end of the WAL, the worker waits `tide.poll_interval` and then compares the flush position
+//! with its decoder's position: a quiet server costs a comparison per poll, not a transaction.
+//! The decoded messages of an iteration are applied by [`crate::worker::apply`], one handler
+//! per message.
 //!
 //! Table membership is exact in stream order: `tide.add_table` writes a pg_tide logical message
 //! in its own transaction; changes of the table are delivered from that message on. A table
@@ -35,44 +39,20 @@ use crate::catalog::{self, PipelineRow};
 use crate::error::{TideError, TideResult};
 use crate::gucs;
 use crate::shmem::{self, WorkerState};
-use crate::sink::{Event, Sink};
+use crate::sink::Target;
+use crate::worker::apply::{Applier, Outcome, TableSets};
 use crate::worker::backfill::Backfiller;
 use crate::worker::decoder::{self, Decoder};
 use crate::worker::tx;
 use pgrx::bgworkers::*;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
-use std::collections::{HashMap, HashSet};
-use std::time::Duration;
-use tide_core::json;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 use tide_core::lsn::Lsn;
-use tide_core::model::{Op, OwnedColumn, RelDesc, Txn, WatermarkKind};
-use tide_core::wire::{self, Message, Tuple};
-
-/// What one successful iteration did.
-#[derive(Default)]
-struct Outcome {
-    gone: bool,
-    paused: bool,
-    events: u64,
-    txns: u64,
-    last_commit_time: Option<i64>,
-    /// Where the slot may be confirmed (everything committed before it is applied).
-    advance: Option<Lsn>,
-    /// The decoder must be reopened (its table list is out of date).
-    reopen: bool,
-    /// The iteration consumed everything the slot had when it started.
-    drained: bool,
-    /// WAL flush position read before decoding started.
-    start_flush: Lsn,
-    /// Backfill rows emitted at high watermarks.
-    backfill_rows: u64,
-    /// Bytes of decoded output that went to a temporary file.
-    spilled: u64,
-    /// Lines for the server log, written once the iteration's transaction has ended (LOG is
-    /// quieted inside it, see `iterate`).
-    notes: Vec<String>,
-}
+use tide_core::model::RelDesc;
+use tide_core::wire;
+use tide_core::worker_loop::{decide, Action, Facts, Iteration, Phase, Settings};
 
 /// Main function of a pipeline worker. The pipeline name is in `bgw_extra`, the database OID in
 /// the argument.
@@ -126,209 +106,214 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
         );
     }
 
-    let mut failures: u32 = 0;
     let mut bf = Backfiller::default();
-    let mut last_snapshot_log = std::time::Instant::now();
-    let mut sink: Option<Sink> = None;
+    let mut last_snapshot_log = Instant::now();
+    let mut sink: Option<Box<dyn Target>> = None;
     let mut dec: Option<Decoder> = None;
     let mut rels: HashMap<u32, RelDesc> = HashMap::new();
-    // The last iteration reached the end of the WAL and no chunk waits: poll cheaply.
-    let mut quiet = false;
-    let mut last_iteration = std::time::Instant::now();
+    let mut phase = Phase::Iterate;
+    let mut failures: u32 = 0;
+    let mut last_iteration = Instant::now();
     loop {
         pg_sys::check_for_interrupts!();
         let sighup = BackgroundWorker::sighup_received();
         if sighup {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
-        if quiet && !sighup && last_iteration.elapsed() < FULL_ITERATION_EVERY {
-            if let Some(d) = dec.as_ref() {
-                if !bf.has_pending() {
-                    if let Err(e) = bf.step(&name) {
-                        log_backfill_error(&name, &e);
-                    }
+        let flush = unsafe { pg_sys::GetFlushRecPtr(std::ptr::null_mut()) };
+        let position = dec.as_ref().map(|d| d.position());
+        let facts = Facts {
+            sighup,
+            since_iteration: last_iteration.elapsed(),
+            chunk_waiting: bf.has_pending(),
+            decoder_open: position.is_some(),
+            wal_ahead: position.is_none_or(|p| flush > p.0),
+        };
+        let settings = Settings {
+            poll: Duration::from_millis(gucs::POLL_INTERVAL_MS.get().max(1) as u64),
+            max_retry_delay: Duration::from_secs(gucs::MAX_RETRY_DELAY_S.get().max(0) as u64),
+        };
+        match decide(phase, facts, settings) {
+            Action::Exit => break,
+            Action::ReadChunk => {
+                if let Err(e) = bf.step(&name) {
+                    log_backfill_error(&name, &e);
                 }
-                let flush = unsafe { pg_sys::GetFlushRecPtr(std::ptr::null_mut()) };
-                let position = d.position();
-                if !bf.has_pending() && flush <= position.0 {
+                phase = phase.after_read_chunk();
+            }
+            Action::Sleep {
+                wait,
+                wake_on_commit,
+            } => {
+                if let (Phase::Quiet { .. }, Some(p)) = (phase, position) {
                     // Nothing new was written anywhere since the last read, which handed out
-                    // every transaction committed before `position`.
+                    // every transaction committed before `p`.
                     shmem::update(slot_idx, |w| {
-                        w.caught_up_lsn = w.caught_up_lsn.max(position.0);
+                        w.caught_up_lsn = w.caught_up_lsn.max(p.0);
                         w.last_poll = now_us();
                     });
-                    let wait = Duration::from_millis(gucs::POLL_INTERVAL_MS.get().max(1) as u64);
-                    // A commit elsewhere wakes us (shmem::wake_sleepers); the poll is the fallback.
+                }
+                // A commit elsewhere wakes a quiet worker (shmem::wake_sleepers); the poll is
+                // the fallback. A back-off is not cut short.
+                if wake_on_commit {
                     shmem::sleeping(slot_idx, pid);
-                    let alive = BackgroundWorker::wait_latch(Some(wait));
-                    shmem::awake(slot_idx);
-                    if !alive {
-                        break;
+                }
+                let alive = BackgroundWorker::wait_latch(Some(wait));
+                shmem::awake(slot_idx);
+                if !alive {
+                    break;
+                }
+                phase = phase.after_sleep(wake_on_commit);
+            }
+            Action::Iterate => {
+                last_iteration = Instant::now();
+                let chunk_was_waiting = bf.has_pending();
+                let result = tx::run(|| iterate(&name, &mut bf, &mut sink, &mut dec, &mut rels));
+                let it = match result {
+                    Ok(o) if o.gone => {
+                        log!("pg_tide worker: pipeline \"{name}\" was dropped; exiting");
+                        Iteration::Gone
                     }
-                    continue;
-                }
-            }
-        }
-        last_iteration = std::time::Instant::now();
-        quiet = false;
-        let chunk_waiting = bf.has_pending();
-        let result = tx::run(|| iterate(&name, &mut bf, &mut sink, &mut dec, &mut rels));
-        let wait: Duration = match result {
-            Ok(o) if o.gone => {
-                log!("pg_tide worker: pipeline \"{name}\" was dropped; exiting");
-                break;
-            }
-            Ok(o) if o.paused => {
-                failures = 0;
-                // A paused pipeline does not hold its slot.
-                if dec.is_some() {
-                    close_decoder(&name, &mut dec, &mut rels);
-                }
-                shmem::update(slot_idx, |w| {
-                    w.state = WorkerState::Paused;
-                    w.drained = true;
-                    w.last_poll = now_us();
-                });
-                Duration::from_secs(10)
-            }
-            Ok(o) => {
-                failures = 0;
-                for note in &o.notes {
-                    log!("pg_tide worker \"{name}\": {note}");
-                }
-                if o.spilled > 0 {
-                    log!(
-                        "pg_tide worker \"{name}\": {} bytes of decoded changes went to a temporary file (more than logical_decoding_work_mem in one read)",
-                        o.spilled
-                    );
-                }
-                if let Some(lsn) = o.advance {
-                    if !o.drained
-                        && last_snapshot_log.elapsed()
-                            >= Duration::from_millis(gucs::SNAPSHOT_INTERVAL_MS.get().max(1) as u64)
-                    {
-                        last_snapshot_log = std::time::Instant::now();
-                        // The slot's restart point (where a reopened decoder starts, and up to
-                        // which WAL is retained) moves only at running-transactions records,
-                        // which the background writer logs about every 15 s. While busy, log one
-                        // now, as pg_log_standby_snapshot() does in PostgreSQL 16.
-                        if let Err(e) = tx::run(|| {
-                            unsafe { pg_sys::LogStandbySnapshot() };
-                            Ok(())
-                        }) {
-                            warning!(
-                                "pg_tide worker \"{name}\": could not log a standby snapshot: {e}"
-                            );
+                    Ok(o) if o.paused => {
+                        // A paused pipeline does not hold its slot.
+                        if dec.is_some() {
+                            close_decoder(&name, &mut dec, &mut rels);
                         }
+                        shmem::update(slot_idx, |w| {
+                            w.state = WorkerState::Paused;
+                            w.drained = true;
+                            w.last_poll = now_us();
+                        });
+                        Iteration::Paused
                     }
-                    if let Some(d) = dec.as_mut() {
-                        if let Err(e) = tx::run(|| {
-                            d.confirm(lsn);
-                            Ok(())
-                        }) {
-                            // The target already has the data; a replay would skip it.
-                            warning!("pg_tide worker \"{name}\": could not confirm the slot's position: {e}");
+                    Ok(o) => {
+                        after_success(
+                            &name,
+                            slot_idx,
+                            &o,
+                            &mut dec,
+                            &mut rels,
+                            &mut last_snapshot_log,
+                        );
+                        Iteration::Done { drained: o.drained }
+                    }
+                    Err(e) => {
+                        // The chunk in memory may have seen part of a stream that will be
+                        // replayed, and the decoder has read past what the target has.
+                        bf.forget();
+                        if let Some(s) = sink.as_mut() {
+                            s.reset();
                         }
+                        close_decoder(&name, &mut dec, &mut rels);
+                        after_failure(&name, slot_idx, &e, failures + 1, settings);
+                        Iteration::Failed
                     }
-                }
-                if o.reopen {
-                    close_decoder(&name, &mut dec, &mut rels);
-                }
-                shmem::update(slot_idx, |w| {
-                    w.state = WorkerState::Streaming;
-                    w.events += o.events;
-                    w.txns += o.txns;
-                    if let Some(t) = o.last_commit_time {
-                        w.last_commit_time = t;
-                    }
-                    w.drained = o.drained;
-                    // Decoding is in commit order: everything committed before the position
-                    // the slot may be confirmed at has been applied (or had nothing to apply).
-                    if let Some(high) = &o.advance {
-                        w.caught_up_lsn = w.caught_up_lsn.max(high.0);
-                    }
-                    if o.drained {
-                        w.caught_up_lsn = w.caught_up_lsn.max(o.start_flush.0);
-                    }
-                    w.last_poll = now_us();
-                });
-                // Between iterations: read the next backfill chunk when one is due. Its high
-                // watermark is then in the WAL, so the next iteration runs at once.
-                //
-                // Not right after the iteration that wrote a chunk, though: what committed
-                // while the chunk was written goes first (one more, short, iteration), so the
-                // stream waits for at most one of the two, never for both back to back.
-                let chunk_written = chunk_waiting && !bf.has_pending();
-                let mut stepped = false;
-                if !bf.has_pending() && !chunk_written {
-                    match bf.step(&name) {
-                        Ok(()) => stepped = bf.has_pending(),
-                        Err(e) => log_backfill_error(&name, &e),
-                    }
-                }
-                if o.drained && !stepped && !chunk_written {
-                    quiet = !bf.has_pending() && dec.is_some();
-                    Duration::from_millis(gucs::POLL_INTERVAL_MS.get().max(1) as u64)
-                } else {
-                    Duration::ZERO
-                }
+                };
+                phase = Phase::after_iteration(it, chunk_was_waiting, bf.has_pending(), failures);
+                failures = phase.failures();
             }
-            Err(e) => {
-                // The chunk in memory may have seen part of a stream that will be replayed, and
-                // the decoder has read past what the target has.
-                bf.forget();
-                if let Some(s) = sink.as_mut() {
-                    s.reset();
-                }
-                close_decoder(&name, &mut dec, &mut rels);
-                if e.pause_pipeline {
-                    // Retrying cannot help until the user acts: pause, keep the reason.
-                    if let Err(e2) = tx::run(|| catalog::pause_for(&name)) {
-                        log!("pg_tide worker \"{name}\": could not pause the pipeline: {e2}");
-                    }
-                }
-                failures = (failures + 1).min(16);
-                let delay = Duration::from_millis(
-                    (250u64 << failures.min(10)).min(gucs::MAX_RETRY_DELAY_S.get() as u64 * 1000),
-                );
-                log!(
-                    "pg_tide worker \"{name}\": iteration failed (SQLSTATE {}): {e}; retrying in {:.1} s{}",
-                    e.sqlstate(),
-                    delay.as_secs_f64(),
-                    e.hint.as_deref().map(|h| format!(". Hint: {h}")).unwrap_or_default()
-                );
-                if let Err(e2) = tx::run(|| catalog::record_error(&name, &e)) {
-                    log!("pg_tide worker \"{name}\": could not record the error: {e2}");
-                }
-                shmem::update(slot_idx, |w| {
-                    w.state = WorkerState::Error;
-                    w.last_poll = now_us();
-                });
-                delay
-            }
-        };
-        if !wait.is_zero() {
-            // Waiting for WAL (quiet) can be cut short by a commit; a back-off cannot.
-            if quiet {
-                shmem::sleeping(slot_idx, pid);
-            }
-            let alive = BackgroundWorker::wait_latch(Some(wait));
-            shmem::awake(slot_idx);
-            if !alive {
-                break;
-            }
-        }
-        if wait.is_zero() {
-            pg_sys::check_for_interrupts!();
         }
     }
     close_decoder(&name, &mut dec, &mut rels);
     shmem::release(slot_idx, pid);
 }
 
-/// A quiet worker still runs a full iteration this often (it notices a pause or a due backfill
-/// chunk even when nothing writes WAL).
-const FULL_ITERATION_EVERY: Duration = Duration::from_secs(1);
+/// Bookkeeping after a successful iteration: its log lines, a standby snapshot while busy, the
+/// slot's confirmed position, the decoder reopen, and the worker's shared-memory state.
+fn after_success(
+    name: &str,
+    slot_idx: usize,
+    o: &Outcome,
+    dec: &mut Option<Decoder>,
+    rels: &mut HashMap<u32, RelDesc>,
+    last_snapshot_log: &mut Instant,
+) {
+    for note in &o.notes {
+        log!("pg_tide worker \"{name}\": {note}");
+    }
+    if o.spilled > 0 {
+        log!(
+            "pg_tide worker \"{name}\": {} bytes of decoded changes went to a temporary file (more than logical_decoding_work_mem in one read)",
+            o.spilled
+        );
+    }
+    if let Some(lsn) = o.advance {
+        if !o.drained
+            && last_snapshot_log.elapsed()
+                >= Duration::from_millis(gucs::SNAPSHOT_INTERVAL_MS.get().max(1) as u64)
+        {
+            *last_snapshot_log = Instant::now();
+            // The slot's restart point (where a reopened decoder starts, and up to which WAL is
+            // retained) moves only at running-transactions records, which the background writer
+            // logs about every 15 s. While busy, log one now, as pg_log_standby_snapshot() does
+            // in PostgreSQL 16.
+            if let Err(e) = tx::run(|| {
+                unsafe { pg_sys::LogStandbySnapshot() };
+                Ok(())
+            }) {
+                warning!("pg_tide worker \"{name}\": could not log a standby snapshot: {e}");
+            }
+        }
+        if let Some(d) = dec.as_mut() {
+            if let Err(e) = tx::run(|| {
+                d.confirm(lsn);
+                Ok(())
+            }) {
+                // The target already has the data; a replay would skip it.
+                warning!("pg_tide worker \"{name}\": could not confirm the slot's position: {e}");
+            }
+        }
+    }
+    if o.reopen {
+        close_decoder(name, dec, rels);
+    }
+    shmem::update(slot_idx, |w| {
+        w.state = WorkerState::Streaming;
+        w.events += o.events;
+        w.txns += o.txns;
+        if let Some(t) = o.last_commit_time {
+            w.last_commit_time = t;
+        }
+        w.drained = o.drained;
+        // Decoding is in commit order: everything committed before the position the slot may
+        // be confirmed at has been applied (or had nothing to apply).
+        if let Some(high) = &o.advance {
+            w.caught_up_lsn = w.caught_up_lsn.max(high.0);
+        }
+        if o.drained {
+            w.caught_up_lsn = w.caught_up_lsn.max(o.start_flush.0);
+        }
+        w.last_poll = now_us();
+    });
+}
+
+/// After a failed iteration (the `failures`-th in a row): pause the pipeline if retrying cannot
+/// help, log with the back-off, record the error for `tide.pipelines`.
+fn after_failure(name: &str, slot_idx: usize, e: &TideError, failures: u32, s: Settings) {
+    if e.pause_pipeline {
+        // Retrying cannot help until the user acts: pause, keep the reason.
+        if let Err(e2) = tx::run(|| catalog::pause_for(name)) {
+            log!("pg_tide worker \"{name}\": could not pause the pipeline: {e2}");
+        }
+    }
+    let delay = tide_core::worker_loop::backoff(failures.min(16), s.max_retry_delay);
+    log!(
+        "pg_tide worker \"{name}\": iteration failed (SQLSTATE {}): {e}; retrying in {:.1} s{}",
+        e.sqlstate(),
+        delay.as_secs_f64(),
+        e.hint
+            .as_deref()
+            .map(|h| format!(". Hint: {h}"))
+            .unwrap_or_default()
+    );
+    if let Err(e2) = tx::run(|| catalog::record_error(name, e)) {
+        log!("pg_tide worker \"{name}\": could not record the error: {e2}");
+    }
+    shmem::update(slot_idx, |w| {
+        w.state = WorkerState::Error;
+        w.last_poll = now_us();
+    });
+}
 
 /// Free the decoding context and release the slot; the next iteration opens a new one at the
 /// slot's confirmed position.
@@ -370,7 +355,7 @@ fn now_us() -> i64 {
 fn iterate(
     name: &str,
     bf: &mut Backfiller,
-    sink: &mut Option<Sink>,
+    sink: &mut Option<Box<dyn Target>>,
     dec: &mut Option<Decoder>,
     rels: &mut HashMap<u32, RelDesc>,
 ) -> TideResult<Outcome> {
@@ -397,27 +382,20 @@ fn iterate(
         // messages are logged after the transaction ends).
         crate::sql::one::<String>("SELECT set_config('log_min_messages', 'fatal', true)", &[])?;
         if sink.is_none() {
-            *sink = Some(Sink::for_pipeline(&p)?);
+            *sink = Some(crate::sink::for_pipeline(&p)?);
         }
         let Some(sink) = sink.as_mut() else {
             return Err(TideError::internal("no sink"));
         };
-        stream(c, &p, bf, sink, dec, rels)
+        stream(c, &p, bf, &mut **sink, dec, rels)
     })
-}
-
-struct TableSets {
-    /// Tables whose add marker has been passed: their changes are delivered.
-    capturing: HashSet<u32>,
-    /// Tables in the catalog whose add marker lies ahead in the stream.
-    pending: HashSet<u32>,
 }
 
 fn stream(
     c: &mut SpiClient<'_>,
     p: &PipelineRow,
     bf: &mut Backfiller,
-    sink: &mut Sink,
+    sink: &mut dyn Target,
     dec: &mut Option<Decoder>,
     rels: &mut HashMap<u32, RelDesc>,
 ) -> TideResult<Outcome> {
@@ -427,11 +405,12 @@ fn stream(
         "SELECT 'tide.signal'::regclass::oid::int8, 'tide.marker'::regclass::oid::int8",
         &[],
     )?;
-    let (signal_relid, marker_relid) = (
-        signal_relid.unwrap_or(0) as u32,
-        marker_relid.unwrap_or(0) as u32,
-    );
-    let mut sets = TableSets {
+    let oid = |v: Option<i64>| {
+        v.and_then(|v| u32::try_from(v).ok())
+            .ok_or_else(|| TideError::internal("tide.signal or tide.marker is missing"))
+    };
+    let (signal_relid, marker_relid) = (oid(signal_relid)?, oid(marker_relid)?);
+    let sets = TableSets {
         capturing: tables
             .iter()
             .filter(|t| t.capturing)
@@ -486,266 +465,60 @@ fn stream(
     let read = decoder.read(batch_events)?;
     let position = decoder.position();
 
-    let mut out = Outcome {
-        spilled: decoder.spilled_total() - spilled_before,
-        ..Default::default()
+    let mut ap = Applier {
+        c,
+        p,
+        bf,
+        sink,
+        rels,
+        sets,
+        signal_relid,
+        marker_relid,
+        applied,
+        txn: None,
+        last_applied: None,
+        high: applied.max(confirmed),
+        marks: Vec::new(),
+        removals: Vec::new(),
+        rewrites: Vec::new(),
+        stopped: false,
+        out: Outcome {
+            spilled: decoder.spilled_total() - spilled_before,
+            ..Default::default()
+        },
     };
-    let mut marks: Vec<(u32, Lsn)> = Vec::new();
-    let mut removals: Vec<u32> = Vec::new();
-    // Captured tables rewritten by a transaction of this batch, with its commit LSN.
-    let mut rewrites: Vec<(u32, Lsn)> = Vec::new();
-    let mut stopped = false;
-    let mut high = applied.max(confirmed);
-    let mut txn: Option<Txn> = None;
-    let mut last_applied: Option<(Lsn, i64)> = None;
-
     let mut messages = decoder.messages();
-    'fetch: loop {
-        {
-            let Some(data) = messages.next_message()? else {
-                break;
-            };
-            let msg = wire::decode(data).map_err(|e| {
-                TideError::internal(format!("cannot decode a message of the pg_tide output plugin: {e}"))
-                    .hint("The server's pg_tide library and the worker disagree on the wire format; restart the server after upgrading pg_tide.")
-            })?;
-            match msg {
-                Message::Begin {
-                    xid,
-                    final_lsn,
-                    commit_time,
-                } => {
-                    txn = Some(Txn {
-                        xid,
-                        lsn: final_lsn,
-                        commit_time,
-                        skip: final_lsn < applied,
-                        position: 0,
-                        barrier: false,
-                    });
-                }
-                Message::Relation {
-                    relid,
-                    namespace,
-                    name,
-                    columns,
-                } => {
-                    rels.insert(
-                        relid,
-                        RelDesc {
-                            qualified: format!("{}.{}", quote_ident(namespace), quote_ident(name)),
-                            columns: columns
-                                .iter()
-                                .map(|col| OwnedColumn {
-                                    name: col.name.to_string(),
-                                    type_oid: col.type_oid,
-                                    key: col.flags & wire::COLUMN_KEY != 0,
-                                })
-                                .collect(),
-                        },
-                    );
-                    if sets.capturing.contains(&relid) || sets.pending.contains(&relid) {
-                        if let Some(rel) = rels.get(&relid) {
-                            sink.relation(c, relid, rel)?;
-                        }
-                    }
-                }
-                Message::Signal { body } => {
-                    // Markers are rows of tide.marker: a logical message with pg_tide's prefix
-                    // can be written by any role (pg_logical_emit_message is PUBLIC), so it is
-                    // never trusted.
-                    if let Some(t) = txn.as_ref().filter(|t| !t.skip) {
-                        out.notes.push(format!(
-                            "ignored a logical message with prefix \"pg_tide\" ({} bytes, transaction {} committed at {}): pg_tide does not write such messages",
-                            body.len(),
-                            t.xid,
-                            t.lsn
-                        ));
-                    }
-                }
-                Message::Insert { relid, new } if relid == marker_relid => {
-                    let Some(t) = txn.as_mut() else { continue };
-                    let rel = rel_desc(rels, relid)?;
-                    if let Some((op, pipeline, relid)) = parse_marker(rel, &new) {
-                        if pipeline != p.name {
-                            continue;
-                        }
-                        let op = op.as_str();
-                        match op {
-                            "add_table" => {
-                                if sets.pending.remove(&relid) || sets.capturing.contains(&relid) {
-                                    sets.capturing.insert(relid);
-                                } else {
-                                    // The decoder's plugin was not filtering for this table.
-                                    t.barrier = true;
-                                }
-                                if !t.skip {
-                                    marks.push((relid, t.lsn));
-                                }
-                            }
-                            "remove_table" => {
-                                sets.capturing.remove(&relid);
-                                sets.pending.remove(&relid);
-                                if !t.skip {
-                                    removals.push(relid);
-                                }
-                            }
-                            _ => {}
-                        }
-                    }
-                }
-                Message::Insert { relid, new }
-                | Message::Update {
-                    relid,
-                    new,
-                    old_key: _,
-                } if relid == signal_relid => {
-                    if let Some(t) = txn.as_mut() {
-                        if !t.skip {
-                            let rel = rel_desc(rels, relid)?;
-                            if let Some((pipeline, watermark, kind)) = parse_watermark(rel, &new) {
-                                if pipeline == p.name {
-                                    if bf.awaits(watermark, kind) {
-                                        // Make the stream events before the chunk visible
-                                        // now, rather than after the chunk's rows.
-                                        if let Some((end, _)) = last_applied {
-                                            sink.commit_early(c, &p.name, end)?;
-                                        }
-                                    }
-                                    if let Some(e) = bf.on_signal(c, sink, t, watermark, kind)? {
-                                        out.backfill_rows += e.rows;
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-                Message::Insert { relid, new } => {
-                    if let Some(t) = txn.as_mut() {
-                        if !t.skip && sets.capturing.contains(&relid) {
-                            let rel = rel_desc(rels, relid)?;
-                            let mut key = String::new();
-                            json::render_key(&rel.columns, &new, &mut key).map_err(render_err)?;
-                            bf.on_change(relid, &key, t.xid);
-                            emit_row(sink, c, t, relid, rel, Op::Insert, key, &new)?;
-                        }
-                    }
-                }
-                Message::Update {
-                    relid,
-                    old_key,
-                    new,
-                } => {
-                    if let Some(t) = txn.as_mut() {
-                        if !t.skip && sets.capturing.contains(&relid) {
-                            let rel = rel_desc(rels, relid)?;
-                            let old = match &old_key {
-                                Some(old) => {
-                                    let mut k = String::new();
-                                    json::render_key(&rel.columns, old, &mut k)
-                                        .map_err(render_err)?;
-                                    Some(k)
-                                }
-                                None => None,
-                            };
-                            let mut new_key = String::new();
-                            match json::render_key(&rel.columns, &new, &mut new_key) {
-                                Ok(()) => {}
-                                // A key column stored out of line and not changed: the old key
-                                // (which PostgreSQL logs in that case) is the key.
-                                Err(json::RenderError::UnchangedKey { .. }) if old.is_some() => {
-                                    new_key = old.clone().unwrap_or_default();
-                                }
-                                Err(e) => return Err(render_err(e)),
-                            }
-                            if let Some(old) = &old {
-                                bf.on_change(relid, old, t.xid);
-                            }
-                            bf.on_change(relid, &new_key, t.xid);
-                            match old {
-                                Some(old) if old != new_key => {
-                                    // A key change is a delete of the old key and an insert of the new row.
-                                    t.position += 1;
-                                    sink.push(c, t, key_event(relid, rel, Op::Delete, Some(old)))?;
-                                    emit_row(sink, c, t, relid, rel, Op::Insert, new_key, &new)?;
-                                }
-                                _ => emit_row(sink, c, t, relid, rel, Op::Update, new_key, &new)?,
-                            }
-                        }
-                    }
-                }
-                Message::Delete { relid, old_key } => {
-                    if let Some(t) = txn.as_mut() {
-                        if !t.skip && sets.capturing.contains(&relid) {
-                            let rel = rel_desc(rels, relid)?;
-                            let mut k = String::new();
-                            json::render_key(&rel.columns, &old_key, &mut k).map_err(render_err)?;
-                            bf.on_change(relid, &k, t.xid);
-                            t.position += 1;
-                            sink.push(c, t, key_event(relid, rel, Op::Delete, Some(k)))?;
-                        }
-                    }
-                }
-                Message::Truncate { relids, .. } => {
-                    if let Some(t) = txn.as_mut() {
-                        if !t.skip {
-                            for relid in relids {
-                                if sets.capturing.contains(&relid) {
-                                    bf.on_truncate(relid, t.xid);
-                                    let rel = rel_desc(rels, relid)?;
-                                    t.position += 1;
-                                    sink.push(c, t, key_event(relid, rel, Op::Truncate, None))?;
-                                }
-                            }
-                        }
-                    }
-                }
-                Message::Commit {
-                    end_lsn,
-                    commit_time,
-                    ..
-                } => {
-                    let Some(t) = txn.take() else { continue };
-                    high = high.max(end_lsn);
-                    if !t.skip && t.position > 0 {
-                        out.txns += 1;
-                        out.events += t.position as u64;
-                        last_applied = Some((end_lsn, commit_time));
-                    }
-                    if t.barrier {
-                        // Later transactions were decoded without the new table: read them
-                        // again with a reopened decoder.
-                        stopped = true;
-                        break 'fetch;
-                    }
-                }
-                Message::Rewrite { relid } => {
-                    if let Some(t) = txn.as_mut() {
-                        if !t.skip && sets.capturing.contains(&relid) {
-                            // Every row may have new values that no row event carries: the
-                            // table is read again (after this transaction, in stream order).
-                            bf.on_rewrite(relid);
-                            rewrites.push((relid, t.lsn));
-                        }
-                    }
-                }
-                Message::Keepalive { end_lsn } => {
-                    if txn.is_none() {
-                        high = high.max(end_lsn);
-                    }
-                }
-            }
+    while let Some(data) = messages.next_message()? {
+        let msg = wire::decode(data).map_err(|e| {
+            TideError::internal(format!("cannot decode a message of the pg_tide output plugin: {e}"))
+                .hint("The server's pg_tide library and the worker disagree on the wire format; restart the server after upgrading pg_tide.")
+        })?;
+        if !ap.dispatch(msg)? {
+            break;
         }
     }
     // Empties the buffer (what follows a barrier is read again after the reopen).
     drop(messages);
+    let Applier {
+        c,
+        sink,
+        txn,
+        last_applied,
+        mut high,
+        marks,
+        removals,
+        rewrites,
+        stopped,
+        mut out,
+        ..
+    } = ap;
     if txn.is_some() {
         // Cannot happen: the plugin writes whole transactions. Refuse to commit half of one.
         return Err(TideError::internal(
             "the decoded stream ended inside a transaction",
         ));
     }
-    sink.finish(c, &p.name, last_applied.map(|(end, _)| end))?;
+    sink.commit(c, &p.name, last_applied.map(|(end, _)| end))?;
     for relid in &removals {
         catalog::forget_removed(c, &p.name, *relid)?;
     }
@@ -778,103 +551,4 @@ fn stream(
         out.advance = Some(high);
     }
     Ok(out)
-}
-
-/// The text of column `name` in a row of one of pg_tide's own tables.
-fn column_text<'t>(rel: &RelDesc, t: &Tuple<'t>, name: &str) -> Option<&'t str> {
-    let i = rel.columns.iter().position(|c| c.name == name)?;
-    match t.values.get(i)? {
-        wire::Value::Text(s) => Some(*s),
-        _ => None,
-    }
-}
-
-/// The (pipeline, watermark, kind) of a `tide.signal` row (`None` for a row that is not one:
-/// its CHECK constraint allows only the two kinds).
-fn parse_watermark(rel: &RelDesc, t: &Tuple<'_>) -> Option<(String, u64, WatermarkKind)> {
-    Some((
-        column_text(rel, t, "pipeline")?.to_string(),
-        column_text(rel, t, "watermark")?.parse().ok()?,
-        WatermarkKind::parse(column_text(rel, t, "kind")?)?,
-    ))
-}
-
-/// The (op, pipeline, relid) of a `tide.marker` row.
-fn parse_marker(rel: &RelDesc, t: &Tuple<'_>) -> Option<(String, String, u32)> {
-    Some((
-        column_text(rel, t, "op")?.to_string(),
-        column_text(rel, t, "pipeline")?.to_string(),
-        column_text(rel, t, "relid")?.parse().ok()?,
-    ))
-}
-
-fn rel_desc(rels: &HashMap<u32, RelDesc>, relid: u32) -> TideResult<&RelDesc> {
-    rels.get(&relid).ok_or_else(|| {
-        TideError::internal(format!(
-            "change for relation {relid} arrived before its description"
-        ))
-    })
-}
-
-fn render_err(e: json::RenderError) -> TideError {
-    TideError::internal(format!("cannot render a decoded row: {e}"))
-}
-
-#[allow(clippy::too_many_arguments)]
-fn emit_row(
-    sink: &mut Sink,
-    c: &mut SpiClient<'_>,
-    t: &mut Txn,
-    relid: u32,
-    rel: &RelDesc,
-    op: Op,
-    key: String,
-    new: &Tuple<'_>,
-) -> TideResult<()> {
-    let mut row = String::new();
-    let unchanged = json::render_row(&rel.columns, new, &mut row).map_err(render_err)?;
-    let columns = rel
-        .columns
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| !unchanged.contains(i))
-        .map(|(_, c)| c.name.clone())
-        .collect();
-    let unchanged = unchanged
-        .iter()
-        .map(|&i| rel.columns[i].name.clone())
-        .collect();
-    t.position += 1;
-    sink.push(
-        c,
-        t,
-        Event {
-            relid,
-            relation: rel.qualified.clone(),
-            op,
-            key: Some(key),
-            row: Some(row),
-            unchanged,
-            columns,
-            backfill: None,
-        },
-    )
-}
-
-/// An event without a row (delete, truncate).
-fn key_event(relid: u32, rel: &RelDesc, op: Op, key: Option<String>) -> Event {
-    Event {
-        relid,
-        relation: rel.qualified.clone(),
-        op,
-        key,
-        row: None,
-        unchanged: Vec::new(),
-        columns: Vec::new(),
-        backfill: None,
-    }
-}
-
-fn quote_ident(s: &str) -> String {
-    pgrx::spi::quote_identifier(s)
 }

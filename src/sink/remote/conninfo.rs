@@ -328,3 +328,33 @@ pub(super) fn default_host(port: u16) -> String {
     }
     "localhost".to_string()
 }
+
+/// The conninfo of a foreign server for a role: the server's options, then the options of the
+/// role's user mapping (or of the `public` one), as postgres_fdw combines them. Runs SPI, so
+/// only on the backend's main thread.
+pub fn conninfo_for_server(server: &str, role: &str) -> crate::error::TideResult<String> {
+    let rows = crate::sql::text_rows(
+        "SELECT o.k, o.v FROM (
+             SELECT split_part(x, '=', 1) AS k, substr(x, length(split_part(x, '=', 1)) + 2) AS v
+               FROM pg_foreign_server s, unnest(s.srvoptions) x WHERE s.srvname = $1
+             UNION ALL
+             SELECT split_part(x, '=', 1), substr(x, length(split_part(x, '=', 1)) + 2)
+               FROM pg_user_mappings m, unnest(m.umoptions) x
+              WHERE m.srvname = $1 AND m.umid = (
+                    SELECT m2.umid FROM pg_user_mappings m2
+                     WHERE m2.srvname = $1 AND (m2.usename = $2 OR m2.usename = 'public')
+                     ORDER BY m2.usename = 'public' LIMIT 1)
+         ) o",
+        &[Some(server), Some(role)],
+        0,
+        false,
+    )?;
+    let opts: Vec<(String, String)> = rows
+        .into_iter()
+        .filter_map(|r| {
+            let mut r = r.into_iter();
+            Some((r.next().flatten()?, r.next().flatten().unwrap_or_default()))
+        })
+        .collect();
+    Ok(conninfo_from_options(&opts))
+}

@@ -3,49 +3,18 @@
 
 use super::*;
 
-/// Block every signal in the calling thread (Linux), so that PostgreSQL's signal handlers
-/// (SIGTERM, SIGUSR1, SIGALRM, ...) run on the backend's main thread only. Threads created
-/// by this one (the client's DNS helper threads) inherit the mask.
-#[cfg(all(
-    target_os = "linux",
-    any(
-        target_arch = "x86_64",
-        target_arch = "aarch64",
-        target_arch = "x86",
-        target_arch = "arm",
-        target_arch = "riscv64"
-    )
-))]
+/// Block every signal in the calling thread, so that PostgreSQL's signal handlers (SIGTERM,
+/// SIGUSR1, SIGALRM, ...) run on the backend's main thread only. Threads created by this one
+/// (the client's DNS helper threads) inherit the mask.
 pub(super) fn block_signals() {
-    /// glibc's and musl's `sigset_t` (1024 bits).
-    #[repr(C)]
-    struct SigSet([u64; 16]);
-    extern "C" {
-        fn sigfillset(set: *mut SigSet) -> i32;
-        fn pthread_sigmask(how: i32, set: *const SigSet, old: *mut SigSet) -> i32;
-    }
-    /// `SIG_BLOCK` on these architectures.
-    const SIG_BLOCK: i32 = 0;
-    let mut set = SigSet([0; 16]);
-    // SAFETY: `set` is a valid, writable sigset_t-sized buffer; a null `old` is allowed.
+    // SAFETY: `set` is a valid sigset_t, initialised by sigfillset before use; a null `old` is
+    // allowed. Neither call can fail with valid arguments.
     unsafe {
-        sigfillset(&mut set);
-        pthread_sigmask(SIG_BLOCK, &set, std::ptr::null_mut());
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
 }
-
-/// Elsewhere signals are left as they are.
-#[cfg(not(all(
-    target_os = "linux",
-    any(
-        target_arch = "x86_64",
-        target_arch = "aarch64",
-        target_arch = "x86",
-        target_arch = "arm",
-        target_arch = "riscv64"
-    )
-)))]
-pub(super) fn block_signals() {}
 
 /// The sink thread's connection and the statements prepared on it.
 pub(super) struct Conn {

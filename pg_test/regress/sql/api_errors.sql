@@ -1,0 +1,86 @@
+-- The SQL API's refusals, as a transcript: every bad call is an ERROR with a specific SQLSTATE
+-- (shown after "ERROR:") and a hint, and changes nothing. Run by pg_test/tests/regress.rs;
+-- compared verbatim with ../expected/api_errors.out (LOCATION lines, which name source lines,
+-- are left out).
+\set VERBOSITY verbose
+\set SHOW_CONTEXT never
+CREATE TABLE public.orders (id int PRIMARY KEY, v text);
+CREATE TABLE public.nokey (v text);
+CREATE VIEW public.v AS SELECT * FROM public.orders;
+CREATE MATERIALIZED VIEW public.mv AS SELECT * FROM public.orders;
+CREATE TABLE public.parted (id int PRIMARY KEY) PARTITION BY RANGE (id);
+CREATE TABLE public.parted_1 PARTITION OF public.parted FOR VALUES FROM (0) TO (100);
+CREATE UNLOGGED TABLE public.unlogged_t (id int PRIMARY KEY);
+CREATE TEMP TABLE tmp (id int PRIMARY KEY);
+CREATE ROLE regress_nobody;
+GRANT USAGE ON SCHEMA tide TO regress_nobody;
+
+-- Pipelines: names, target kinds, options.
+SELECT tide.create_pipeline(NULL);
+SELECT tide.create_pipeline('Bad Name');
+SELECT tide.create_pipeline(repeat('x', 49));
+SELECT tide.create_pipeline('1abc');
+SELECT tide.create_pipeline('');
+SELECT tide.create_pipeline('has-dash');
+SELECT tide.create_pipeline('x;drop');
+SELECT tide.create_pipeline('p', 'kafka');
+SELECT tide.create_pipeline('p', 'outbox', '[]');
+SELECT tide.create_pipeline('p', 'outbox', '"x"');
+SELECT tide.create_pipeline('p', 'outbox', '{"batch": 1}');
+SELECT tide.create_pipeline('p', 'outbox', '{"schema": "r"}');
+SELECT tide.create_pipeline('p', 'table');
+SELECT tide.create_pipeline('p', 'table', '{"schema": 5}');
+SELECT tide.create_pipeline('p', 'table', '{"schema": "r", "scheme": "x"}');
+SELECT tide.create_pipeline('p', 'table', '{"schema": "r", "schema_changes": "later"}');
+SELECT tide.create_pipeline('p', 'postgres', '{}');
+SELECT tide.create_pipeline('p', 'postgres', '{"server": "nosuch"}');
+SELECT tide.create_pipeline('p');
+SELECT tide.create_pipeline('p');
+SELECT name, target, enabled FROM tide.pipelines ORDER BY name;
+
+-- Unknown pipelines.
+SELECT tide.drop_pipeline('nosuch');
+SELECT tide.pause_pipeline('nosuch');
+SELECT tide.resume_pipeline('nosuch');
+SELECT tide.add_table('nosuch', 'public.orders');
+SELECT tide.remove_table('nosuch', 'public.orders');
+SELECT tide.wait_for_pipeline('nosuch', '1 second');
+
+-- Tables.
+SELECT tide.add_table('p', 'public.nosuch');
+SELECT tide.add_table('p', 'public.nokey');
+SELECT tide.add_table('p', 'tide.pipeline');
+SELECT tide.add_table('p', 'tide.outbox');
+SELECT tide.add_table('p', 'public.v');
+SELECT tide.add_table('p', 'public.mv');
+SELECT tide.add_table('p', 'public.parted');
+SELECT tide.add_table('p', 'tmp');
+SELECT tide.add_table('p', 'public.unlogged_t');
+SELECT tide.add_table('p', 'public.orders', backfill => false);
+SELECT tide.add_table('p', 'public.orders', backfill => false);
+SELECT tide.remove_table('p', 'public.nokey');
+
+-- Backfills.
+SELECT tide.start_backfill('public.nokey', 'p');
+SELECT tide.start_backfill('public.orders', 'p', chunk_size => 0);
+SELECT tide.start_backfill('public.orders', 'nosuch');
+
+-- Verification and repair need a table target.
+SELECT * FROM tide.verify('public.orders', 'p');
+SELECT * FROM tide.repair('public.orders', 'p');
+
+-- A table target never writes into pg_tide's or the system's schemas.
+SELECT tide.create_pipeline('t', 'table', '{"schema": "tide"}');
+SELECT tide.create_pipeline('t', 'table', '{"schema": "pg_catalog"}');
+SELECT tide.create_pipeline('t', 'table', '{"schema": "rep"}');
+SELECT tide.add_table('t', 'public.orders', target_table => 'tide.orders', backfill => false);
+SELECT tide.drop_pipeline('t');
+
+-- A role without pg_tide's rights.
+SET ROLE regress_nobody;
+SELECT tide.create_pipeline('q');
+SELECT tide.drop_pipeline('p');
+RESET ROLE;
+
+SELECT tide.drop_pipeline('p');
+SELECT count(*) AS pipelines_left FROM tide.pipelines;

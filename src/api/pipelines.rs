@@ -1,0 +1,279 @@
+//! Pipelines: create, drop, pause, resume, wait for.
+
+use super::*;
+
+/// Create a pipeline: its replication slot, its catalog row, and (after commit) its worker.
+#[pg_extern]
+pub(super) fn create_pipeline(
+    name: Option<&str>,
+    target: default!(Option<&str>, "'outbox'"),
+    options: default!(Option<JsonB>, "'{}'"),
+) {
+    (|| {
+        create_pipeline_impl(
+            required(name, "name")?,
+            required(target, "target")?,
+            required(options, "options")?,
+        )
+    })()
+    .or_raise()
+}
+
+pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> TideResult<()> {
+    check_server()?;
+    require_may_create()?;
+    validate_name(name)?;
+    let Some(kind) = TargetKind::parse(target) else {
+        return Err(TideError::invalid(format!("unknown target kind \"{target}\"")).hint(
+            "Target kinds: 'outbox' (the table tide.outbox), 'table' (tables in this database, option schema), 'postgres' (tables in another PostgreSQL, option server).",
+        ));
+    };
+    let parsed = crate::sink::options::Options::parse(kind, &options.0)?;
+    if let Some(server) = parsed.server() {
+        targets::check_remote(server)?;
+    }
+    let options = JsonB(parsed.to_json()?);
+    if pipeline_exists(name)? {
+        return Err(
+            TideError::duplicate(format!("pipeline \"{name}\" already exists")).hint(format!(
+                "Pick another name, or drop it first with tide.drop_pipeline('{name}')."
+            )),
+        );
+    }
+    let slot = catalog::slot_name(name);
+    if sql::one::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1::name)",
+        &[slot.clone().into()],
+    )?
+    .unwrap_or(false)
+    {
+        return Err(TideError::duplicate(format!("replication slot \"{slot}\" already exists"))
+            .hint(format!("A slot of that name is left from elsewhere; drop it with SELECT pg_drop_replication_slot('{slot}') if nothing uses it.")));
+    }
+    let (used, max) = sql::two::<i64, i64>(
+        "SELECT (SELECT count(*) FROM pg_replication_slots), current_setting('max_replication_slots')::int8",
+        &[],
+    )?;
+    let (used, max) = (used.unwrap_or(0), max.unwrap_or(0));
+    if used >= max {
+        return Err(TideError::limit(format!("all replication slots are in use ({used} of max_replication_slots = {max})"))
+            .hint("Drop unused slots (SELECT * FROM pg_replication_slots) or raise max_replication_slots and restart."));
+    }
+    let pipelines = tsql::one::<i64>("SELECT count(*) FROM tide.pipeline", &[])?.unwrap_or(0);
+    if pipelines as usize >= shmem::MAX_PIPELINES {
+        return Err(TideError::limit(format!(
+            "pg_tide runs at most {} pipelines",
+            shmem::MAX_PIPELINES
+        ))
+        .hint("Drop a pipeline you no longer need."));
+    }
+    let (workers, max_workers) = sql::two::<i64, i64>(&format!(
+        "SELECT (SELECT count(*) FROM pg_stat_activity WHERE backend_type IN ('{LAUNCHER_TYPE}', '{WORKER_TYPE}', 'logical replication launcher', 'logical replication worker', 'parallel worker')),
+                current_setting('max_worker_processes')::int8"
+    ), &[])?;
+    if workers.unwrap_or(0) + 1 > max_workers.unwrap_or(0) {
+        return Err(TideError::limit(format!(
+            "no background worker slot is free for the pipeline's worker (max_worker_processes = {})",
+            max_workers.unwrap_or(0)
+        ))
+        .hint("Raise max_worker_processes (one per pipeline, plus one for the launcher) and restart."));
+    }
+    if sql::one::<bool>("SELECT pg_current_xact_id_if_assigned() IS NOT NULL", &[])?
+        .unwrap_or(false)
+    {
+        return Err(TideError::new(
+            pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_ACTIVE_SQL_TRANSACTION,
+            "tide.create_pipeline must run before any write in its transaction",
+        )
+        .hint("Creating a logical replication slot is impossible in a transaction that has written: call tide.create_pipeline first, or in its own transaction."));
+    }
+    let owner = crate::security::caller_name()?;
+    // The slot is pg_tide's, created as pg_tide: a pipeline owner needs neither REPLICATION nor
+    // a say in output_plugin_libraries, since the slot only ever feeds this pipeline's worker.
+    crate::security::as_tide(|| {
+        catalog::allow_output_plugin()?;
+        // Held until this transaction ends, so the launcher does not take the new slot for an
+        // orphan.
+        sql::one::<bool>(
+            "SELECT true FROM pg_advisory_xact_lock(hashtext($1))",
+            &[catalog::slot_lock_key(&slot).into()],
+        )?;
+        sql::one::<bool>(
+            "SELECT true FROM pg_create_logical_replication_slot($1::name, 'pg_tide')",
+            &[slot.clone().into()],
+        )?;
+        sql::exec(
+            "INSERT INTO tide.pipeline (name, target, options, slot_name, owner) VALUES ($1, $2, $3, $4::name, $5::name)",
+            &[name.into(), target.into(), options.into(), slot.into(), owner.into()],
+        )
+    })?;
+    wake_on_commit(shmem::launcher_pid());
+    Ok(())
+}
+
+/// Drop a pipeline: stop its worker, drop its slot and forget its tables. Its outbox rows stay.
+#[pg_extern]
+pub(super) fn drop_pipeline(name: Option<&str>) {
+    required(name, "name")
+        .and_then(drop_pipeline_impl)
+        .or_raise()
+}
+
+pub(super) fn drop_pipeline_impl(name: &str) -> TideResult<()> {
+    require_pipeline(name)?;
+    let slot = catalog::slot_name(name);
+    // The worker and the slot are pg_tide's: stopping and dropping them is done as pg_tide,
+    // for the owner who asked (a non-superuser may not signal the worker's superuser process).
+    crate::security::as_tide(|| drop_pipeline_as_tide(name, &slot))
+}
+
+pub(super) fn drop_pipeline_as_tide(name: &str, slot: &str) -> TideResult<()> {
+    let slot = slot.to_string();
+    // The pipeline's lock, exclusive: a running iteration of the worker holds it shared, and new
+    // iterations stay out until we commit (they then find the pipeline gone and exit). An
+    // iteration may run long (up to the remote sink's timeout while its target does not answer),
+    // so the worker is stopped first instead of waited for; one the launcher starts meanwhile is
+    // stopped on the next round.
+    let key = catalog::pipeline_lock_key(name);
+    let mut rounds = 0;
+    loop {
+        if let Some(pid) = shmem::worker_pid(name) {
+            sql::exec("SELECT pg_terminate_backend($1)", &[pid.into()])?;
+        }
+        if sql::one::<bool>(
+            "SELECT pg_try_advisory_xact_lock(hashtext($1))",
+            &[key.clone().into()],
+        )?
+        .unwrap_or(false)
+        {
+            break;
+        }
+        rounds += 1;
+        if rounds >= 300 {
+            return Err(TideError::prerequisite(format!(
+                "the worker of pipeline \"{name}\" did not stop within 30 s"
+            ))
+            .hint("See the server log for what it is doing; call tide.drop_pipeline again."));
+        }
+        sleep_ms(100);
+    }
+    tsql::exec("DELETE FROM tide.pipeline WHERE name = $1", &[name.into()])?;
+    tsql::exec(
+        "DELETE FROM tide.signal WHERE pipeline = $1",
+        &[name.into()],
+    )?;
+    if let Some(pid) = shmem::worker_pid(name) {
+        sql::exec("SELECT pg_terminate_backend($1)", &[pid.into()])?;
+        wait_for_exit(pid, 30)?;
+    }
+    let mut attempts = 0;
+    loop {
+        let state = sql::one::<bool>(
+            "SELECT active FROM pg_replication_slots WHERE slot_name = $1::name",
+            &[slot.clone().into()],
+        )?;
+        match state {
+            None => break,
+            Some(false) => {
+                sql::exec(
+                    "SELECT pg_drop_replication_slot($1::name)",
+                    &[slot.clone().into()],
+                )?;
+                break;
+            }
+            Some(true) if attempts < 300 => {
+                attempts += 1;
+                sleep_ms(100);
+            }
+            Some(true) => {
+                return Err(TideError::prerequisite(format!("replication slot \"{slot}\" is still in use"))
+                    .hint("Another process uses the slot (see pg_replication_slots.active_pid); stop it and call tide.drop_pipeline again."));
+            }
+        }
+    }
+    // The worker has exited (above), so its replication origin is free to drop.
+    sql::exec(
+        "SELECT pg_replication_origin_drop(roname) FROM pg_replication_origin WHERE roname = $1",
+        &[crate::worker::origin::name(name).into()],
+    )?;
+    Ok(())
+}
+
+pub(super) fn wait_for_exit(pid: i32, seconds: u64) -> TideResult<()> {
+    for _ in 0..seconds * 10 {
+        // Not pg_stat_activity: it is a snapshot taken once per transaction.
+        if !shmem::alive(pid) {
+            return Ok(());
+        }
+        sleep_ms(100);
+    }
+    Err(TideError::prerequisite(format!(
+        "the worker (pid {pid}) did not stop within {seconds} s"
+    ))
+    .hint(
+        "Look at the server log for the worker; call tide.drop_pipeline again once it has stopped.",
+    ))
+}
+
+/// Stop applying changes; the slot keeps them until resume.
+#[pg_extern]
+pub(super) fn pause_pipeline(name: Option<&str>) {
+    required(name, "name")
+        .and_then(|n| set_enabled(n, false))
+        .or_raise()
+}
+
+/// Resume a paused pipeline from where it stopped.
+#[pg_extern]
+pub(super) fn resume_pipeline(name: Option<&str>) {
+    required(name, "name")
+        .and_then(|n| set_enabled(n, true))
+        .or_raise()
+}
+
+pub(super) fn set_enabled(name: &str, enabled: bool) -> TideResult<()> {
+    require_pipeline(name)?;
+    tsql::exec(
+        "UPDATE tide.pipeline SET enabled = $2 WHERE name = $1",
+        &[name.into(), enabled.into()],
+    )?;
+    wake_on_commit(shmem::worker_pid(name));
+    Ok(())
+}
+
+/// Wait until the pipeline has applied every change committed before this call. Returns false
+/// on timeout (for example while the pipeline is paused or failing).
+#[pg_extern]
+pub(super) fn wait_for_pipeline(
+    name: Option<&str>,
+    timeout: default!(Option<pgrx::datum::Interval>, "'1 minute'"),
+) -> bool {
+    (|| wait_for_pipeline_impl(required(name, "name")?, required(timeout, "timeout")?))().or_raise()
+}
+
+pub(super) fn wait_for_pipeline_impl(
+    name: &str,
+    timeout: pgrx::datum::Interval,
+) -> TideResult<bool> {
+    check_server()?;
+    require_pipeline(name)?;
+    let target = sql::one::<String>("SELECT pg_current_wal_lsn()::text", &[])?
+        .and_then(|s| s.parse::<tide_core::lsn::Lsn>().ok())
+        .ok_or_else(|| TideError::internal("cannot read the current WAL position"))?;
+    let micros = interval_micros(&timeout);
+    let deadline = deadline_after(micros);
+    // Wake the worker once (it may be sleeping between polls); never in the loop, which would
+    // defeat its back-off while it is failing.
+    if let Some(pid) = shmem::worker_pid(name) {
+        shmem::wake(pid);
+    }
+    loop {
+        if shmem::caught_up_lsn(name).is_some_and(|l| l >= target.0) {
+            return Ok(true);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Ok(false);
+        }
+        sleep_ms(20);
+    }
+}

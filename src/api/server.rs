@@ -1,0 +1,142 @@
+//! Server checks: is pg_tide ready (preloaded, wal_level, launcher), who may create
+//! pipelines, and the workers' status for the views.
+
+use super::*;
+
+/// The pipelines whose owner's privileges the current user has (its own, those of roles it is
+/// a member of, all for a superuser): what the outbox's row security lets it read and trim.
+#[pg_extern(stable)]
+pub(super) fn _owned_pipelines() -> SetOfIterator<'static, String> {
+    SetOfIterator::new(owned_pipelines().or_raise())
+}
+
+pub(super) fn owned_pipelines() -> TideResult<Vec<String>> {
+    let me = crate::security::caller();
+    let rows = tsql::text_rows("SELECT name, owner::text FROM tide.pipeline", &[], 0, false)?;
+    let names: Vec<String> = rows
+        .into_iter()
+        .filter_map(|r| {
+            let name = r.first().cloned().flatten()?;
+            let owner = r.get(1).cloned().flatten()?;
+            let ok = match crate::security::role_oid(&owner) {
+                Some(o) => crate::security::has_privs_of(me, o),
+                None => crate::security::is_superuser(me),
+            };
+            ok.then_some(name)
+        })
+        .collect();
+    Ok(names)
+}
+
+pub(super) fn setting(name: &str) -> TideResult<String> {
+    Ok(sql::one::<String>("SELECT current_setting($1)", &[name.into()])?.unwrap_or_default())
+}
+
+/// The prerequisites of every function that needs the worker.
+pub fn check_server() -> TideResult<String> {
+    if !shmem::preloaded() {
+        return Err(TideError::not_preloaded());
+    }
+    crate::catalog::version_gate()?;
+    let wal_level = setting("wal_level")?;
+    if wal_level != "logical" {
+        return Err(TideError::prerequisite(format!("wal_level is \"{wal_level}\"; pg_tide needs \"logical\""))
+            .detail("pg_tide reads changes through logical decoding, which needs wal_level = logical.")
+            .hint("Set wal_level = logical in postgresql.conf (ALTER SYSTEM SET wal_level = logical) and restart the server."));
+    }
+    let db = crate::gucs::database();
+    let here = sql::one::<String>("SELECT current_database()::text", &[])?.unwrap_or_default();
+    if here != db {
+        return Err(TideError::prerequisite(format!("pg_tide runs in database \"{db}\", not in \"{here}\""))
+            .hint(format!("Connect to database \"{db}\", or set tide.database = '{here}' and reload the configuration.")));
+    }
+    let encoding = sql::one::<String>("SELECT pg_encoding_to_char(encoding)::text FROM pg_database WHERE datname = current_database()", &[])?
+        .unwrap_or_default();
+    if encoding != "UTF8" {
+        return Err(TideError::unsupported(format!(
+            "database encoding is {encoding}; pg_tide needs UTF8"
+        ))
+        .hint("Create the database with ENCODING 'UTF8'."));
+    }
+    let launcher = match shmem::launcher_pid() {
+        Some(pid) => format!("launcher running (pid {pid})"),
+        None => "launcher not running yet".to_string(),
+    };
+    Ok(format!(
+        "pg_tide {} ready: preloaded, wal_level = logical, database \"{db}\", {launcher}",
+        env!("CARGO_PKG_VERSION")
+    ))
+}
+
+/// Live state of the pipeline workers (used by the `tide.pipelines` view).
+#[pg_extern]
+#[allow(clippy::type_complexity)]
+pub(super) fn _worker_status() -> TableIterator<
+    'static,
+    (
+        name!(pipeline, String),
+        name!(pid, i32),
+        name!(state, String),
+        name!(started_at, Option<pgrx::datum::TimestampWithTimeZone>),
+        name!(events, i64),
+        name!(txns, i64),
+        name!(drained, bool),
+        name!(last_poll, Option<pgrx::datum::TimestampWithTimeZone>),
+        name!(caught_up_lsn, String),
+    ),
+> {
+    let ts = |us: i64| -> Option<pgrx::datum::TimestampWithTimeZone> {
+        if us == 0 {
+            None
+        } else {
+            // SAFETY of the conversion: a TimestampTz is an i64 of microseconds; any value is valid.
+            unsafe {
+                pgrx::datum::TimestampWithTimeZone::from_datum(pg_sys::Datum::from(us), false)
+            }
+        }
+    };
+    // Only the workers of pipelines the caller may see (as in every view).
+    let visible: std::collections::HashSet<String> =
+        owned_pipelines().or_raise().into_iter().collect();
+    let rows: Vec<_> = shmem::snapshot()
+        .into_iter()
+        .filter(|w| visible.contains(w.name()))
+        .map(|w| {
+            (
+                w.name().to_string(),
+                w.pid,
+                w.state.as_str().to_string(),
+                ts(w.started_at),
+                w.events as i64,
+                w.txns as i64,
+                w.drained,
+                ts(w.last_poll),
+                tide_core::lsn::Lsn(w.caught_up_lsn).to_string(),
+            )
+        })
+        .collect();
+    TableIterator::new(rows)
+}
+
+/// Who may create pipelines: superusers, roles with the REPLICATION attribute, and members of
+/// the predefined role `tide_admin` (see README "Security").
+pub(super) fn require_may_create() -> TideResult<()> {
+    let ok = sql::one::<bool>(
+        // (CASE fixes the order: pg_has_role errors if tide_admin was dropped.)
+        "SELECT CASE WHEN rolsuper OR rolreplication THEN true
+                     WHEN EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'tide_admin')
+                          THEN pg_has_role(current_user, 'tide_admin', 'USAGE')
+                     ELSE false END
+           FROM pg_roles WHERE rolname = current_user",
+        &[],
+    )?
+    .unwrap_or(false);
+    if ok {
+        Ok(())
+    } else {
+        Err(
+            TideError::privilege("permission denied to create a pg_tide pipeline")
+                .hint("A superuser grants it with: GRANT tide_admin TO <role>;"),
+        )
+    }
+}

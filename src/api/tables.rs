@@ -1,0 +1,321 @@
+//! Captured tables: add (with its target table and the add marker) and remove.
+
+use super::*;
+
+/// Information about a table to capture, from the catalogs.
+pub(super) struct SourceInfo {
+    qualified: String,
+    relkind: String,
+    persistence: String,
+    namespace: String,
+    replident: String,
+    key_columns: Vec<String>,
+}
+
+pub(super) fn source_info(relid: pg_sys::Oid) -> TideResult<SourceInfo> {
+    Spi::connect(|c| {
+        let row = c
+            .select(
+                "SELECT format('%I.%I', n.nspname, c.relname), c.relkind::text, c.relpersistence::text, n.nspname::text, c.relreplident::text,
+                        ARRAY(SELECT a.attname::text
+                                FROM pg_index i
+                                JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
+                                JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                               WHERE i.indrelid = c.oid
+                                 AND CASE WHEN c.relreplident = 'i' THEN i.indisreplident ELSE i.indisprimary END
+                               ORDER BY k.ord)
+                   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
+                None,
+                &[relid.into()],
+            )?
+            .first();
+        let qualified = row.get::<String>(1)?.ok_or_else(|| {
+            TideError::undefined(format!(
+                "relation with OID {} does not exist",
+                relid.to_u32()
+            ))
+        })?;
+        Ok(SourceInfo {
+            qualified,
+            relkind: row.get::<String>(2)?.unwrap_or_default(),
+            persistence: row.get::<String>(3)?.unwrap_or_default(),
+            namespace: row.get::<String>(4)?.unwrap_or_default(),
+            replident: row.get::<String>(5)?.unwrap_or_default(),
+            key_columns: row.get::<Vec<String>>(6)?.unwrap_or_default(),
+        })
+    })
+}
+
+/// Check that a relation can be captured by a pipeline owned by `owner`; returns its
+/// description.
+pub(super) fn validate_source(relid: pg_sys::Oid, owner: &str) -> TideResult<SourceInfo> {
+    let s = source_info(relid)?;
+    let q = &s.qualified;
+    match s.relkind.as_str() {
+        "r" => {}
+        "p" => {
+            return Err(TideError::unsupported(format!("\"{q}\" is a partitioned table"))
+                .hint("Capture its partitions instead: call tide.add_table for each partition (SELECT inhrelid::regclass FROM pg_inherits WHERE inhparent = '...'::regclass)."))
+        }
+        "v" | "m" => {
+            return Err(TideError::wrong_object(format!("\"{q}\" is a view, which has no changes to capture"))
+                .hint("Capture the tables the view reads from."))
+        }
+        "f" => return Err(TideError::wrong_object(format!("\"{q}\" is a foreign table, whose changes are not in this server's WAL")).hint("Capture the table on the server that owns it.")),
+        _ => return Err(TideError::wrong_object(format!("\"{q}\" is not a table")).hint("tide.add_table takes an ordinary table.")),
+    }
+    match s.persistence.as_str() {
+        "t" => {
+            // Named as the session names it: its schema pg_temp_N is an accident of the backend.
+            let name = q.rsplit_once('.').map_or(q.as_str(), |(_, n)| n);
+            return Err(TideError::unsupported(format!(
+                "\"pg_temp.{name}\" is a temporary table, which is not written to the WAL"
+            ))
+            .hint("Capture a permanent table."));
+        }
+        "u" => {
+            return Err(TideError::unsupported(format!(
+                "\"{q}\" is an unlogged table, which is not written to the WAL"
+            ))
+            .hint(format!("Make it logged first: ALTER TABLE {q} SET LOGGED.")))
+        }
+        _ => {}
+    }
+    if s.namespace == "tide" {
+        return Err(TideError::wrong_object(format!(
+            "\"{q}\" belongs to pg_tide and cannot be captured"
+        ))
+        .hint("Capture your own tables."));
+    }
+    if s.replident == "n" {
+        return Err(TideError::prerequisite(format!("\"{q}\" has REPLICA IDENTITY NOTHING, so its updates and deletes carry no key"))
+            .hint(format!("ALTER TABLE {q} REPLICA IDENTITY DEFAULT (with a primary key) or REPLICA IDENTITY USING INDEX ...")));
+    }
+    if s.key_columns.is_empty() {
+        return Err(TideError::prerequisite(format!("\"{q}\" has no primary key"))
+            .hint(format!("Add one (ALTER TABLE {q} ADD PRIMARY KEY (...)) or name a unique index on NOT NULL columns: ALTER TABLE {q} REPLICA IDENTITY USING INDEX ...")));
+    }
+    // Both the caller and the pipeline's owner (who receives every change of the table at the
+    // target) must be able to read it.
+    let can_select = sql::one::<bool>(
+        "SELECT has_table_privilege($1, 'SELECT') AND has_table_privilege($2::text::name, $1, 'SELECT')",
+        &[relid.into(), owner.into()],
+    )?
+    .unwrap_or(false);
+    if !can_select {
+        return Err(
+            TideError::privilege(format!("permission denied to capture \"{q}\"")).hint(format!(
+                "The caller and the pipeline's owner (\"{owner}\") both need SELECT on {q}."
+            )),
+        );
+    }
+    Ok(s)
+}
+
+/// Start capturing a table: every change committed after this call commits is delivered, and
+/// (unless `backfill => false`) the rows that already exist are backfilled.
+#[pg_extern]
+pub(super) fn add_table(
+    pipeline: Option<&str>,
+    source: Option<Regclass>,
+    backfill: default!(Option<bool>, true),
+    target_table: default!(Option<&str>, "NULL"),
+) {
+    (|| {
+        add_table_impl(
+            required(pipeline, "pipeline")?,
+            relation(source, "source")?,
+            required(backfill, "backfill")?,
+            target_table,
+        )
+    })()
+    .or_raise()
+}
+
+pub(super) fn add_table_impl(
+    pipeline: &str,
+    relid: pg_sys::Oid,
+    backfill: bool,
+    target_table: Option<&str>,
+) -> TideResult<()> {
+    check_server()?;
+    let owner = require_pipeline(pipeline)?;
+    let s = validate_source(relid, &owner)?;
+    // A table this pipeline writes as a target cannot be captured by it: its own writes would
+    // come back as changes.
+    let target_of = tsql::one::<String>(
+        "SELECT relation FROM tide.pipeline_table
+          WHERE pipeline = $1 AND target_name IS NOT NULL
+            AND to_regclass(format('%I.%I', target_schema, target_name)) = $2",
+        &[pipeline.into(), relid.into()],
+    )?;
+    let target_anywhere = tsql::one::<String>(
+        "SELECT pipeline FROM tide.pipeline_table t JOIN tide.pipeline p ON p.name = t.pipeline
+          WHERE p.target = 'table' AND t.target_name IS NOT NULL
+            AND to_regclass(format('%I.%I', t.target_schema, t.target_name)) = $1
+          LIMIT 1",
+        &[relid.into()],
+    )?;
+    if let Some(other) = target_anywhere {
+        return Err(TideError::invalid(format!(
+            "\"{}\" is a table target of pipeline \"{other}\": pg_tide's own writes are never captured",
+            s.qualified
+        ))
+        .hint("Capture the table the target is a copy of instead."));
+    }
+    if let Some(src) = target_of {
+        return Err(TideError::invalid(format!(
+            "\"{}\" is the target of {src} in pipeline \"{}\", which cannot also capture it",
+            s.qualified,
+            shown(pipeline)
+        ))
+        .hint("Capture it with another pipeline, or give the other table another target."));
+    }
+    let existing = tsql::one::<bool>(
+        "SELECT removing FROM tide.pipeline_table WHERE pipeline = $1 AND relid = $2",
+        &[pipeline.into(), relid.into()],
+    )?;
+    if existing == Some(false) {
+        return Err(TideError::duplicate(format!(
+            "pipeline \"{pipeline}\" already captures \"{}\"",
+            s.qualified
+        ))
+        .hint("SELECT * FROM tide.tables lists what each pipeline captures."));
+    }
+    let (target_kind, options) = tsql::two::<String, String>(
+        "SELECT target, options::text FROM tide.pipeline WHERE name = $1",
+        &[pipeline.into()],
+    )?;
+    let target_kind = catalog::target_kind(target_kind, pipeline)?;
+    let options: serde_json::Value =
+        serde_json::from_str(&options.unwrap_or_default()).unwrap_or_default();
+    let (target_schema, target_name) = if target_kind == TargetKind::Outbox {
+        if target_table.is_some() {
+            return Err(TideError::invalid(format!(
+                "pipeline \"{pipeline}\" writes to the outbox, which has no target tables"
+            ))
+            .hint("Omit target_table for outbox pipelines."));
+        }
+        (None, None)
+    } else {
+        let (s_, n_) = targets::ensure_target(
+            target_kind.as_str(),
+            &options,
+            relid,
+            &s.qualified,
+            &s.key_columns,
+            target_table,
+            &owner,
+        )?;
+        if target_kind == TargetKind::Table {
+            // The other direction of the loop: the target must not be a table this pipeline
+            // captures.
+            let captured = tsql::one::<String>(
+                "SELECT relation FROM tide.pipeline_table
+                  WHERE pipeline = $1 AND NOT removing AND relid = to_regclass(format('%I.%I', $2::text, $3::text))",
+                &[pipeline.into(), s_.clone().into(), n_.clone().into()],
+            )?;
+            if let Some(c) = captured {
+                return Err(TideError::invalid(format!(
+                    "the target {}.{} is {c}, which pipeline \"{}\" captures",
+                    pgrx::spi::quote_identifier(&s_),
+                    pgrx::spi::quote_identifier(&n_),
+                    shown(pipeline)
+                ))
+                .hint("A pipeline's targets and the tables it captures must be different tables: pass another target_table."));
+            }
+        }
+        (Some(s_), Some(n_))
+    };
+    match existing {
+        Some(false) => {}
+        Some(true) => {
+            // Removed but the worker has not reached the remove marker yet: capture it again
+            // from this add marker on.
+            tsql::exec(
+                "UPDATE tide.pipeline_table SET removing = false, added_lsn = NULL, added_at = now(), relation = $3, key_columns = $4,
+                        target_schema = $5, target_name = $6
+                  WHERE pipeline = $1 AND relid = $2",
+                &[
+                    pipeline.into(),
+                    relid.into(),
+                    s.qualified.clone().into(),
+                    s.key_columns.clone().into(),
+                    target_schema.clone().into(),
+                    target_name.clone().into(),
+                ],
+            )?;
+        }
+        None => {
+            tsql::exec(
+                "INSERT INTO tide.pipeline_table (pipeline, relid, relation, key_columns, target_schema, target_name)
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+                &[
+                    pipeline.into(),
+                    relid.into(),
+                    s.qualified.clone().into(),
+                    s.key_columns.clone().into(),
+                    target_schema.into(),
+                    target_name.into(),
+                ],
+            )?;
+        }
+    }
+    emit_signal(tide_core::model::MarkerOp::AddTable, pipeline, relid)?;
+    if backfill {
+        // Queued now; the worker starts it once it has passed the add_table marker.
+        backfill::start_backfill_impl(relid, Some(pipeline), None, None)?;
+    }
+    wake_on_commit(shmem::worker_pid(pipeline));
+    Ok(())
+}
+
+/// Stop capturing a table. Changes committed after this call commits are not delivered.
+#[pg_extern]
+pub(super) fn remove_table(pipeline: Option<&str>, source: Option<Regclass>) {
+    (|| remove_table_impl(required(pipeline, "pipeline")?, relation(source, "source")?))()
+        .or_raise()
+}
+
+pub(super) fn remove_table_impl(pipeline: &str, relid: pg_sys::Oid) -> TideResult<()> {
+    require_pipeline(pipeline)?;
+    // The row stays (marked) until the worker reaches the remove marker in the stream, so the
+    // table's changes committed before this call are still decoded and delivered; the worker
+    // deletes the row at the marker.
+    let removed = tsql::exec_count(
+        "UPDATE tide.pipeline_table SET removing = true WHERE pipeline = $1 AND relid = $2 AND NOT removing",
+        &[pipeline.into(), relid.into()],
+    )?;
+    if removed == 0 {
+        return Err(TideError::undefined(format!(
+            "pipeline \"{pipeline}\" does not capture {}",
+            super::backfill::relation_name(relid)?
+        ))
+        .hint("SELECT * FROM tide.tables lists what each pipeline captures."));
+    }
+    emit_signal(tide_core::model::MarkerOp::RemoveTable, pipeline, relid)?;
+    tsql::exec(
+        "UPDATE tide.backfill SET state = 'cancelled', finished_at = now(), error = 'the table was removed from the pipeline'
+          WHERE pipeline = $1 AND relid = $2 AND state IN ('queued', 'running', 'paused')",
+        &[pipeline.into(), relid.into()],
+    )?;
+    wake_on_commit(shmem::worker_pid(pipeline));
+    Ok(())
+}
+
+/// Write a pg_tide marker into the WAL, transactionally: the worker sees it exactly at this
+/// transaction's commit position in the stream. The marker is a row of `tide.marker`, which only
+/// pg_tide can write (inserted and deleted at once: the WAL keeps the insert, the table stays
+/// empty), so no other role can forge one.
+pub(super) fn emit_signal(
+    op: tide_core::model::MarkerOp,
+    pipeline: &str,
+    relid: pg_sys::Oid,
+) -> TideResult<()> {
+    let id = tsql::write_one::<i64>(
+        "INSERT INTO tide.marker (pipeline, op, relid) VALUES ($1, $2, $3) RETURNING id",
+        &[pipeline.into(), op.as_str().into(), relid.into()],
+    )?;
+    tsql::exec("DELETE FROM tide.marker WHERE id = $1", &[id.into()])?;
+    Ok(())
+}

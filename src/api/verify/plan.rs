@@ -1,0 +1,204 @@
+//! Planning a verification: what to compare (the source, its key, the target, local or
+//! remote) and the statements that read each side.
+
+use super::*;
+
+impl Ctx {
+    pub(super) fn collate(&self, k: &str) -> &'static str {
+        if self.collatable.contains(k) {
+            " COLLATE \"C\""
+        } else {
+            ""
+        }
+    }
+
+    pub(super) fn key_type(&self, k: &str) -> String {
+        self.cols
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, t)| t.clone())
+            .unwrap_or_else(|| "text".into())
+    }
+
+    pub(super) fn key_list(&self, alias: &str) -> String {
+        self.key
+            .iter()
+            .map(|k| format!("{alias}{}{}", quote(k), self.collate(k)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// `(k1, k2) > ($1::T1, $2::T2) AND (k1, k2) <= ($3::T1, $4::T2)` for the given bounds.
+    pub(super) fn range_clause(
+        &self,
+        from: Option<&[String]>,
+        to: Option<&[String]>,
+        first_param: usize,
+    ) -> (String, Vec<String>) {
+        let mut clauses = Vec::new();
+        let mut params = Vec::new();
+        let mut n = first_param;
+        for (bound, op) in [(from, ">"), (to, "<=")] {
+            if let Some(vals) = bound {
+                let ps: Vec<String> = self
+                    .key
+                    .iter()
+                    .map(|k| {
+                        let p = format!("${n}::{}{}", self.key_type(k), self.collate(k));
+                        n += 1;
+                        p
+                    })
+                    .collect();
+                clauses.push(format!("({}) {op} ({})", self.key_list(""), ps.join(", ")));
+                params.extend(vals.iter().cloned());
+            }
+        }
+        let sql = if clauses.is_empty() {
+            "true".to_string()
+        } else {
+            clauses.join(" AND ")
+        };
+        (sql, params)
+    }
+
+    pub(super) fn hash_select(&self, cast: bool) -> String {
+        let c = |name: &str, ty: &str| {
+            if cast {
+                format!("{}::{ty}", quote(name))
+            } else {
+                quote(name)
+            }
+        };
+        let keys: Vec<String> = self.key.iter().map(|k| c(k, &self.key_type(k))).collect();
+        let all: Vec<String> = self.cols.iter().map(|(n, t)| c(n, t)).collect();
+        format!(
+            "ROW({})::text, md5(ROW({})::text)",
+            keys.join(", "),
+            all.join(", ")
+        )
+    }
+}
+
+pub(super) fn setup(
+    relid: pg_sys::Oid,
+    pipeline: Option<&str>,
+    allow_running_backfill: bool,
+) -> TideResult<Ctx> {
+    check_server()?;
+    let pipeline = resolve_pipeline(relid, pipeline)?;
+    // (After the ownership check.) Held to the end of the transaction: every source read below
+    // takes a fresh snapshot after this, so none of them can see a rewritten source as empty.
+    unsafe { pg_sys::LockRelationOid(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
+    let source = relation_name(relid)?;
+    let (target, options) = tsql::two::<String, String>(
+        "SELECT target, options::text FROM tide.pipeline WHERE name = $1",
+        &[pipeline.clone().into()],
+    )?;
+    let target_kind = crate::catalog::target_kind(target, &pipeline)?;
+    if target_kind == TargetKind::Outbox {
+        return Err(TideError::prerequisite(format!("pipeline \"{pipeline}\" writes to the outbox: there is no target table to compare"))
+            .hint("tide.verify compares table targets ('table' or 'postgres'). For the outbox, replay it onto a copy and compare that."));
+    }
+    let options: serde_json::Value =
+        serde_json::from_str(&options.unwrap_or_default()).unwrap_or_default();
+    let relid_text = relid.to_u32().to_string();
+    let row = tsql::text_rows(
+        "SELECT target_schema, target_name, to_json(key_columns)::text FROM tide.pipeline_table WHERE pipeline = $1 AND relid = $2::oid",
+        &[Some(&pipeline), Some(&relid_text)],
+        1,
+        false,
+    )?;
+    let Some(row) = row.into_iter().next() else {
+        return Err(TideError::prerequisite(format!(
+            "pipeline \"{pipeline}\" does not capture {source}"
+        ))
+        .hint("Add it with tide.add_table."));
+    };
+    let target = format!(
+        "{}.{}",
+        quote(row[0].as_deref().unwrap_or("")),
+        quote(row[1].as_deref().unwrap_or(""))
+    );
+    let key: Vec<String> =
+        serde_json::from_str(row[2].as_deref().unwrap_or("[]")).unwrap_or_default();
+    if !allow_running_backfill {
+        let active = tsql::one::<String>(
+            "SELECT state FROM tide.backfill WHERE pipeline = $1 AND relid = $2 AND state IN ('queued', 'running', 'paused')",
+            &[pipeline.clone().into(), relid.into()],
+        )?;
+        if let Some(state) = active {
+            return Err(TideError::prerequisite(format!("a backfill of {source} for pipeline \"{pipeline}\" is {state}: the target is not complete yet"))
+                .hint(format!("Wait for it (SELECT tide.wait_for_backfill('{source}', '{pipeline}')) and verify then.")));
+        }
+    }
+    let collatable: HashSet<String> = sql::text_rows(
+        "SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = $1::oid AND a.attnum > 0 AND a.attcollation <> 0",
+        &[Some(&relid_text)],
+        0,
+        false,
+    )?
+    .into_iter()
+    .filter_map(|r| r.into_iter().next().flatten())
+    .collect();
+    let enabled = tsql::one::<bool>(
+        "SELECT enabled FROM tide.pipeline WHERE name = $1",
+        &[pipeline.clone().into()],
+    )?
+    .unwrap_or(false);
+    if !enabled || shmem::worker_pid(&pipeline).is_none() {
+        return Err(TideError::prerequisite(format!("pipeline \"{pipeline}\" is not streaming (paused or without a worker)"))
+            .hint("Verification compares the target after it has caught up with the source: resume the pipeline (tide.resume_pipeline) and look at tide.pipelines."));
+    }
+    let cols: Vec<(String, String)> = sql::text_rows(
+        "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
+          WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' ORDER BY a.attnum",
+        &[Some(&relid_text)],
+        0,
+        false,
+    )?
+    .into_iter()
+    .map(|r| (r[0].clone().unwrap_or_default(), r[1].clone().unwrap_or_default()))
+    .collect();
+    let remote = if target_kind == TargetKind::Postgres {
+        let server = options
+            .get("server")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default();
+        let owner = tsql::one::<String>(
+            "SELECT owner::text FROM tide.pipeline WHERE name = $1",
+            &[pipeline.clone().into()],
+        )?
+        .unwrap_or_default();
+        Some(RemoteSink::start(
+            conninfo_for_server(server, &owner)?,
+            "pg_tide verify",
+        ))
+    } else {
+        None
+    };
+    let local_target = if remote.is_none() {
+        sql::one::<pg_sys::Oid>("SELECT to_regclass($1)::oid", &[target.clone().into()])?
+    } else {
+        None
+    };
+    for (k, v) in SETTINGS {
+        sql::one::<String>(
+            "SELECT set_config($1, $2, true)",
+            &[(*k).into(), (*v).into()],
+        )?;
+    }
+    Ok(Ctx {
+        local_target,
+        collatable,
+        pipeline,
+        relid,
+        source,
+        target,
+        key,
+        cols,
+        remote,
+    })
+}
+
+/// One side of a range: key text → (key values, row hash).
+pub(super) type Side = BTreeMap<String, (Vec<String>, String)>;

@@ -1,0 +1,328 @@
+//! Table targets: ordered upserts and deletes into a table in this database (`table`) or in a
+//! remote PostgreSQL (`postgres`).
+//!
+//! Owns: which source table goes to which target table, keeping the target tables' shapes in
+//! step with the source (schema changes), and handing the statements that
+//! `tide_core::plan` plans from the events to a [`Backend`]: [`local::Local`] runs them through
+//! SPI, [`remote::Remote`] on another PostgreSQL. The planning (grouping, statement text, DDL)
+//! is pure and lives in tide-core; this module decides nothing a backend could do differently.
+//!
+//! Guarantees:
+//! - Order: each table's events are applied in stream order, so per-key order is source
+//!   commit order. Within one target transaction (a batch of whole source transactions) the
+//!   statements are grouped per table: each table has at most one open run of upserts or of
+//!   deletes. Upserts of one table with the same column set become one
+//!   `INSERT ... SELECT FROM jsonb_populate_recordset ... ON CONFLICT (key) DO UPDATE` as long as
+//!   no key repeats; deletes one `DELETE ... USING`. A repeated key, a delete after upserts of
+//!   the same table or the other way round, or another column set, closes the table's run
+//!   first. Every upsert is applied (none is merged into another; a key deleted twice in one
+//!   run is deleted once). Tables are independent in a target transaction, so statements of
+//!   different tables may run in another order than the source's: what a reader sees at commit
+//!   is the same. (Constraints between target tables must therefore be `DEFERRABLE INITIALLY
+//!   DEFERRED`.)
+//! - Unchanged TOAST columns are left out of the statement: the target keeps its value.
+//! - Least privilege: a local target's statements (writes and schema changes) run as the
+//!   pipeline's owner in a security-restricted operation: a right revoked after `add_table`
+//!   makes the pipeline fail with the permission error; nothing is written anyway.
+//! - Atomicity: local targets are written in the worker's transaction; remote targets in one
+//!   remote transaction per batch of whole source transactions (two when a backfill chunk's rows
+//!   follow stream events in the batch: the events are committed first, see
+//!   `Target::commit_early`), each together with the applied position (`<schema>.tide_applied`).
+//!   A reader of the target never sees half of a source transaction, across tables too.
+//! - Schema changes: before the first event that needs it, a new source column is added to the
+//!   target and a safe type widening is applied (`schema_changes = 'propagate'`, the default);
+//!   anything else — or any change under `schema_changes = 'pause'` — pauses the pipeline with
+//!   the reason and the remedy. Nothing is applied past the change until then.
+
+use crate::catalog::PipelineRow;
+use crate::error::{TideError, TideResult};
+use crate::sink::options::{Options, SchemaPolicy};
+use crate::sink::remote::{conninfo_for_server, RemoteSink};
+use crate::sink::{Event, Target};
+use crate::sql;
+use pgrx::spi::SpiClient;
+use std::collections::{HashMap, HashSet};
+use tide_core::lsn::Lsn;
+use tide_core::model::{Op, RelDesc, TargetKind, Txn};
+use tide_core::plan::{plan_shape, Change, Planner, SourceColumn, Statement, TableRef};
+
+pub mod local;
+pub mod remote;
+
+/// Where a table target's statements run. The [`TableTarget`] plans; the backend executes.
+pub trait Backend {
+    /// Once per iteration, before anything else (remote: the schema and `tide_applied` exist).
+    fn prepare(&mut self) -> TideResult<()>;
+    /// Rows of a read-only catalog query, run where the target tables live (parameters text).
+    fn query(&mut self, sql: &str, params: &[&str]) -> TideResult<Vec<Vec<Option<String>>>>;
+    /// Run a planned statement, now (local) or at [`Backend::commit`] (remote).
+    fn exec(&mut self, c: &mut SpiClient<'_>, st: Statement) -> TideResult<()>;
+    /// Make what was executed durable together with the applied position. Local: nothing to
+    /// do (the worker's transaction commits it, with the pipeline row's applied position).
+    fn commit(&mut self, pipeline: &str, applied: Option<Lsn>) -> TideResult<()>;
+    /// The applied position the target keeps itself (remote), if any.
+    fn applied(&mut self) -> TideResult<Option<Lsn>>;
+    /// Whether [`Backend::commit`] commits on its own (outside the worker's transaction).
+    fn commits_on_its_own(&self) -> bool;
+    /// Forget cached state after a failed iteration.
+    fn reset(&mut self);
+}
+
+/// A target table's identifier as messages show it (quoted only where needed).
+fn shown(t: &TableRef) -> String {
+    format!(
+        "{}.{}",
+        pgrx::spi::quote_identifier(&t.schema),
+        pgrx::spi::quote_identifier(&t.name)
+    )
+}
+
+/// A table target (local or remote, by its backend).
+pub struct TableTarget<B: Backend> {
+    pipeline: String,
+    policy: SchemaPolicy,
+    backend: B,
+    targets: HashMap<u32, TableRef>,
+    /// Target table (qualified) → its columns and types, as last read (or as the DDL planned
+    /// in this batch leaves them).
+    shapes: HashMap<String, Vec<(String, String)>>,
+    /// Source relations whose shape was checked against their target since the last reset.
+    checked: HashSet<u32>,
+    planner: Planner,
+}
+
+/// The target of a `table` or `postgres` pipeline.
+pub fn for_pipeline(p: &PipelineRow) -> TideResult<Box<dyn Target>> {
+    let opts = Options::parse(p.target, &p.options).map_err(|e| {
+        TideError::internal(format!(
+            "pipeline \"{}\" has options pg_tide cannot read: {}",
+            p.name, e.message
+        ))
+        .hint("Drop the pipeline and create it again.")
+    })?;
+    let policy = opts.schema_changes();
+    if p.target == TargetKind::Postgres {
+        let server = opts.server().ok_or_else(|| {
+            TideError::invalid(format!("pipeline \"{}\" has no server option", p.name))
+        })?;
+        let conninfo = conninfo_for_server(server, &p.owner)?;
+        let sink = RemoteSink::start(conninfo, &format!("pg_tide {}", p.name));
+        let backend = remote::Remote::new(&p.name, opts.schema(), sink);
+        return Ok(Box::new(TableTarget::new(&p.name, policy, backend)));
+    }
+    let owner = crate::security::owner_oid(&p.owner, &format!("pipeline \"{}\"", p.name))?;
+    Ok(Box::new(TableTarget::new(
+        &p.name,
+        policy,
+        local::Local { owner },
+    )))
+}
+
+impl<B: Backend> TableTarget<B> {
+    fn new(pipeline: &str, policy: SchemaPolicy, backend: B) -> TableTarget<B> {
+        TableTarget {
+            pipeline: pipeline.to_string(),
+            policy,
+            backend,
+            targets: HashMap::new(),
+            shapes: HashMap::new(),
+            checked: HashSet::new(),
+            planner: Planner::new(),
+        }
+    }
+
+    fn run(&mut self, c: &mut SpiClient<'_>, stmts: Vec<Statement>) -> TideResult<()> {
+        for st in stmts {
+            self.backend.exec(c, st)?;
+        }
+        Ok(())
+    }
+
+    fn target_columns(&mut self, t: &TableRef) -> TideResult<Vec<(String, String)>> {
+        let q = t.qualified();
+        if let Some(s) = self.shapes.get(&q) {
+            return Ok(s.clone());
+        }
+        let rows = self.backend.query(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod)
+               FROM pg_attribute a
+              WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
+              ORDER BY a.attnum",
+            &[&q],
+        )?;
+        let mut cols = Vec::with_capacity(rows.len());
+        for r in rows {
+            match (r.first().cloned().flatten(), r.get(1).cloned().flatten()) {
+                (Some(n), Some(ty)) => cols.push((n, ty)),
+                _ => {
+                    return Err(TideError::internal(format!(
+                        "the columns of target table {} came back incomplete",
+                        shown(t)
+                    )))
+                }
+            }
+        }
+        if cols.is_empty() {
+            return Err(TideError::undefined(format!("target table {} does not exist", shown(t)))
+                .hint("Re-add the table (tide.remove_table, then tide.add_table) to create it, or create it with the source's columns and key."));
+        }
+        self.shapes.insert(q, cols.clone());
+        Ok(cols)
+    }
+
+    /// Compare the source's current columns with the target's; propagate or pause.
+    fn ensure_shape(&mut self, c: &mut SpiClient<'_>, relid: u32) -> TideResult<()> {
+        if self.checked.contains(&relid) {
+            return Ok(());
+        }
+        let Some(t) = self.targets.get(&relid).cloned() else {
+            return Ok(());
+        };
+        let relid_text = relid.to_string();
+        let mut source = Vec::new();
+        for r in sql::text_rows(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod),
+                    CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END
+               FROM pg_attribute a
+              WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+              ORDER BY a.attnum",
+            &[Some(&relid_text)],
+            0,
+            true,
+        )? {
+            let mut r = r.into_iter();
+            match (r.next().flatten(), r.next().flatten(), r.next().flatten()) {
+                (Some(name), Some(ty), missing) => source.push(SourceColumn { name, ty, missing }),
+                _ => {
+                    return Err(TideError::internal(format!(
+                        "the columns of source relation {relid} came back incomplete"
+                    )))
+                }
+            }
+        }
+        let target = self.target_columns(&t)?;
+        let plan = plan_shape(&t.qualified(), &source, &target);
+        if !plan.refused.is_empty() || (self.policy == SchemaPolicy::Pause && !plan.ddl.is_empty())
+        {
+            let mut all: Vec<String> = plan.ddl.iter().map(|(_, d)| d.clone()).collect();
+            all.extend(plan.refused);
+            let mut e = TideError::prerequisite(format!(
+                "the source of target {} changed shape: {}",
+                shown(&t),
+                all.join("; ")
+            ))
+            .hint(format!(
+                "The pipeline is paused before the first change that needs the new shape. Change {} to match the source, then SELECT tide.resume_pipeline('{}'); it resumes from the same place.",
+                shown(&t),
+                self.pipeline
+            ));
+            e.pause_pipeline = true;
+            return Err(e);
+        }
+        if !plan.ddl.is_empty() {
+            // The target's shape once the DDL is applied (remote DDL only runs at the batch's
+            // commit, so the cache must not be re-read before then). Whatever is planned for
+            // any table runs first: the DDL may change what those statements mean.
+            self.shapes.insert(t.qualified(), plan.shape);
+            let pending = self.planner.finish();
+            self.run(c, pending)?;
+            let ddl = plan
+                .ddl
+                .into_iter()
+                .map(|(sql, _)| Statement { sql, param: None })
+                .collect();
+            self.run(c, ddl)?;
+        }
+        self.checked.insert(relid);
+        Ok(())
+    }
+}
+
+impl<B: Backend> Target for TableTarget<B> {
+    fn begin(&mut self, c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<()> {
+        self.targets = crate::catalog::target_tables(c, pipeline)?
+            .into_iter()
+            .collect();
+        self.backend.prepare()
+    }
+
+    fn applied(&mut self) -> TideResult<Option<Lsn>> {
+        self.backend.applied()
+    }
+
+    /// A new description of a source relation: check its target before any event uses it.
+    fn relation(&mut self, c: &mut SpiClient<'_>, relid: u32, _rel: &RelDesc) -> TideResult<()> {
+        self.checked.remove(&relid);
+        if self.targets.contains_key(&relid) {
+            self.ensure_shape(c, relid)?;
+        }
+        Ok(())
+    }
+
+    fn push(&mut self, c: &mut SpiClient<'_>, _t: &Txn, ev: Event) -> TideResult<()> {
+        let Some(target) = self.targets.get(&ev.relid).cloned() else {
+            // Not a table this pipeline writes (cannot happen for captured tables).
+            return Ok(());
+        };
+        if !self.checked.contains(&ev.relid) {
+            self.ensure_shape(c, ev.relid)?;
+        }
+        let missing = |what: &str| {
+            TideError::internal(format!(
+                "a {} event of {} has no {what}",
+                ev.op.as_str(),
+                ev.relation
+            ))
+        };
+        let change = match ev.op {
+            Op::Truncate => Change::Truncate,
+            Op::Delete => Change::Delete {
+                key: ev.key.clone().ok_or_else(|| missing("key"))?,
+            },
+            Op::Insert | Op::Update | Op::Read => Change::Upsert {
+                key: ev.key.clone().ok_or_else(|| missing("key"))?,
+                row: ev.row.clone().ok_or_else(|| missing("row"))?,
+                cols: ev.columns,
+            },
+        };
+        let stmts = self.planner.push(ev.relid, &target, change);
+        self.run(c, stmts)
+    }
+
+    fn commit(
+        &mut self,
+        c: &mut SpiClient<'_>,
+        pipeline: &str,
+        applied: Option<Lsn>,
+    ) -> TideResult<()> {
+        let pending = self.planner.finish();
+        self.run(c, pending)?;
+        let r = self.backend.commit(pipeline, applied);
+        if r.is_err() {
+            // The remote rolled back: DDL planned in this batch did not happen.
+            self.shapes.clear();
+            self.checked.clear();
+        }
+        r
+    }
+
+    fn commit_early(
+        &mut self,
+        c: &mut SpiClient<'_>,
+        pipeline: &str,
+        applied: Lsn,
+    ) -> TideResult<()> {
+        if self.backend.commits_on_its_own() {
+            self.commit(c, pipeline, Some(applied))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn reset(&mut self) {
+        self.shapes.clear();
+        self.checked.clear();
+        self.planner.clear();
+        self.backend.reset();
+    }
+}

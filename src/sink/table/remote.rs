@@ -1,0 +1,185 @@
+//! The remote backend of a table target: statements buffered and run on another PostgreSQL in
+//! one remote transaction per batch, through the [`RemoteSink`] thread.
+//!
+//! Guarantees: a batch's statements and the applied position (`<schema>.tide_applied`, one row
+//! per pipeline, only ever raised with `greatest`) commit in the same remote transaction, so a
+//! reader of the target never sees half of a source transaction and a replay after a crash is
+//! skipped; every wait for the remote is bounded by [`REMOTE_TIMEOUT`] and checks interrupts
+//! (see `sink::remote`); a failed commit forgets the cached applied position, so it is read
+//! again before anything is replayed.
+
+use super::Backend;
+use crate::error::{TideError, TideResult};
+use crate::sink::remote::{RemoteError, RemoteSink, RemoteStatement};
+use pgrx::spi::SpiClient;
+use std::time::Duration;
+use tide_core::lsn::Lsn;
+use tide_core::plan::{quote_ident, Statement};
+
+/// How long the worker waits for the remote to answer one batch.
+pub const REMOTE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A remote failure as the pipeline's error: transient ones (the target unreachable) are
+/// retried by the worker with back-off, the others wait for the user.
+pub fn remote_err(e: RemoteError) -> TideError {
+    let code = if e.transient {
+        pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE
+    } else {
+        pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_FDW_ERROR
+    };
+    let mut err = TideError::new(code, format!("remote target: {}", e.message));
+    if let Some(s) = &e.sqlstate {
+        err = err.detail(format!("remote SQLSTATE {s}"));
+    }
+    err.hint(e.hint.unwrap_or_else(|| {
+        if e.transient {
+            "The target is unreachable or restarting; the worker retries with back-off and nothing is lost meanwhile (the slot keeps the WAL).".to_string()
+        } else {
+            "Fix the target table (see the message), then the worker retries by itself.".to_string()
+        }
+    }))
+}
+
+/// Writes a table target's statements to a remote PostgreSQL.
+pub struct Remote {
+    pipeline: String,
+    /// The remote schema that holds the target tables and `tide_applied`.
+    schema: String,
+    sink: RemoteSink,
+    /// Statements of the open batch.
+    stmts: Vec<RemoteStatement>,
+    /// The remote's applied position, once read (`Some(None)`: the remote has none).
+    applied: Option<Option<Lsn>>,
+    /// The schema and `tide_applied` exist on the remote (checked once per connection).
+    ready: bool,
+}
+
+impl Remote {
+    pub fn new(pipeline: &str, schema: &str, sink: RemoteSink) -> Remote {
+        Remote {
+            pipeline: pipeline.to_string(),
+            schema: schema.to_string(),
+            sink,
+            stmts: Vec::new(),
+            applied: None,
+            ready: false,
+        }
+    }
+
+    fn applied_table(&self) -> String {
+        format!("{}.tide_applied", quote_ident(&self.schema))
+    }
+}
+
+impl Backend for Remote {
+    fn prepare(&mut self) -> TideResult<()> {
+        if self.ready {
+            return Ok(());
+        }
+        self.sink
+            .query(
+                &format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&self.schema)),
+                vec![],
+                REMOTE_TIMEOUT,
+            )
+            .map_err(remote_err)?;
+        self.sink
+            .query(
+                &format!(
+                    "CREATE TABLE IF NOT EXISTS {} (pipeline text PRIMARY KEY, applied_lsn pg_lsn NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
+                    self.applied_table()
+                ),
+                vec![],
+                REMOTE_TIMEOUT,
+            )
+            .map_err(remote_err)?;
+        self.ready = true;
+        Ok(())
+    }
+
+    fn query(&mut self, sql: &str, params: &[&str]) -> TideResult<Vec<Vec<Option<String>>>> {
+        self.sink
+            .query(
+                sql,
+                params.iter().map(|p| Some(p.to_string())).collect(),
+                REMOTE_TIMEOUT,
+            )
+            .map_err(remote_err)
+    }
+
+    fn exec(&mut self, _c: &mut SpiClient<'_>, st: Statement) -> TideResult<()> {
+        self.stmts.push(RemoteStatement {
+            sql: st.sql,
+            params: st.param.into_iter().map(Some).collect(),
+        });
+        Ok(())
+    }
+
+    fn commit(&mut self, pipeline: &str, applied: Option<Lsn>) -> TideResult<()> {
+        if self.stmts.is_empty() && applied.is_none() {
+            return Ok(());
+        }
+        let mut stmts = std::mem::take(&mut self.stmts);
+        if let Some(a) = applied {
+            stmts.push(RemoteStatement {
+                sql: format!(
+                    "INSERT INTO {} AS a (pipeline, applied_lsn) VALUES ($1, $2::text::pg_lsn)
+                     ON CONFLICT (pipeline) DO UPDATE SET applied_lsn = greatest(a.applied_lsn, excluded.applied_lsn), applied_at = now()",
+                    self.applied_table()
+                ),
+                params: vec![Some(pipeline.to_string()), Some(a.to_string())],
+            });
+        }
+        match self.sink.transaction(stmts, REMOTE_TIMEOUT) {
+            Ok(_) => {
+                if let Some(a) = applied {
+                    self.applied = Some(Some(a));
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.applied = None;
+                Err(remote_err(e))
+            }
+        }
+    }
+
+    fn applied(&mut self) -> TideResult<Option<Lsn>> {
+        if let Some(a) = self.applied {
+            return Ok(a);
+        }
+        let rows = self
+            .sink
+            .query(
+                &format!(
+                    "SELECT applied_lsn::text FROM {} WHERE pipeline = $1",
+                    self.applied_table()
+                ),
+                vec![Some(self.pipeline.clone())],
+                REMOTE_TIMEOUT,
+            )
+            .map_err(remote_err)?;
+        let a = match rows.first().and_then(|r| r.first().cloned().flatten()) {
+            None => None,
+            Some(s) => Some(s.parse::<Lsn>().map_err(|_| {
+                TideError::internal(format!(
+                    "remote target: {} holds \"{s}\" for pipeline \"{}\", which is not an LSN",
+                    self.applied_table(),
+                    self.pipeline
+                ))
+            })?),
+        };
+        self.applied = Some(a);
+        Ok(a)
+    }
+
+    fn commits_on_its_own(&self) -> bool {
+        true
+    }
+
+    fn reset(&mut self) {
+        self.stmts.clear();
+        self.applied = None;
+        self.ready = false;
+    }
+}

@@ -1,0 +1,481 @@
+//! The applier: one iteration's decoded messages, turned into target writes and catalog
+//! changes, one handler per message kind (as PostgreSQL's `apply_dispatch` in `worker.c`).
+//!
+//! Owns: the state of one batch — the source transaction being applied ([`Txn`]), which
+//! captured tables are delivered ([`TableSets`]), the table-list markers and rewrites met on
+//! the way, the highest position the slot may be confirmed at, and the [`Outcome`] counters.
+//!
+//! Guarantees:
+//! - A transaction at or below the applied position (a replay after a crash) is decoded only to
+//!   follow pg_tide's own rows in it; nothing of it reaches the target again.
+//! - Changes of a table are delivered from its `add_table` marker on and up to its
+//!   `remove_table` marker, exactly at those commit positions; a marker for a table the
+//!   decoder was not filtering for ends the batch at that transaction ([`Applier::stopped`]),
+//!   and the decoder is reopened with the new list.
+//! - Every change of a captured table is reported to the backfill before it is pushed, so a
+//!   chunk in flight drops the keys that changed in its window; a rewrite (`Rewrite`) discards
+//!   the chunk and schedules the table to be read again.
+//! - Only `tide.marker` and `tide.signal` rows are trusted as control messages (only pg_tide
+//!   can write them); a logical message with pg_tide's prefix is logged and ignored.
+
+use crate::catalog::PipelineRow;
+use crate::error::{TideError, TideResult};
+use crate::sink::{Event, Target};
+use crate::worker::backfill::Backfiller;
+use pgrx::spi::SpiClient;
+use std::collections::{HashMap, HashSet};
+use tide_core::json;
+use tide_core::lsn::Lsn;
+use tide_core::model::{MarkerOp, Op, OwnedColumn, RelDesc, Txn, WatermarkKind};
+use tide_core::wire::{self, Column, Message, Tuple};
+
+/// What one successful iteration did.
+#[derive(Default)]
+pub struct Outcome {
+    pub gone: bool,
+    pub paused: bool,
+    pub events: u64,
+    pub txns: u64,
+    pub last_commit_time: Option<i64>,
+    /// Where the slot may be confirmed (everything committed before it is applied).
+    pub advance: Option<Lsn>,
+    /// The decoder must be reopened (its table list is out of date).
+    pub reopen: bool,
+    /// The iteration consumed everything the slot had when it started.
+    pub drained: bool,
+    /// WAL flush position read before decoding started.
+    pub start_flush: Lsn,
+    /// Backfill rows emitted at high watermarks.
+    pub backfill_rows: u64,
+    /// Bytes of decoded output that went to a temporary file.
+    pub spilled: u64,
+    /// Lines for the server log, written once the iteration's transaction has ended (LOG is
+    /// quieted inside it, see `pipeline::iterate`).
+    pub notes: Vec<String>,
+}
+
+/// Which captured tables are delivered.
+pub struct TableSets {
+    /// Tables whose add marker has been passed: their changes are delivered.
+    pub capturing: HashSet<u32>,
+    /// Tables in the catalog whose add marker lies ahead in the stream.
+    pub pending: HashSet<u32>,
+}
+
+impl TableSets {
+    fn follows(&self, relid: u32) -> bool {
+        self.capturing.contains(&relid) || self.pending.contains(&relid)
+    }
+}
+
+/// One batch being applied.
+pub struct Applier<'a, 'c> {
+    pub c: &'a mut SpiClient<'c>,
+    pub p: &'a PipelineRow,
+    pub bf: &'a mut Backfiller,
+    pub sink: &'a mut dyn Target,
+    pub rels: &'a mut HashMap<u32, RelDesc>,
+    pub sets: TableSets,
+    /// OIDs of `tide.signal` and `tide.marker`.
+    pub signal_relid: u32,
+    pub marker_relid: u32,
+    /// Transactions ending at or below this were applied already.
+    pub applied: Lsn,
+    pub txn: Option<Txn>,
+    /// End LSN and commit time of the last transaction with events for the target.
+    pub last_applied: Option<(Lsn, i64)>,
+    /// The highest position the slot may be confirmed at.
+    pub high: Lsn,
+    /// `add_table` markers passed: (relid, commit LSN).
+    pub marks: Vec<(u32, Lsn)>,
+    /// `remove_table` markers passed.
+    pub removals: Vec<u32>,
+    /// Captured tables rewritten by a transaction of this batch, with its commit LSN.
+    pub rewrites: Vec<(u32, Lsn)>,
+    /// The batch ended at a barrier (see the module header).
+    pub stopped: bool,
+    pub out: Outcome,
+}
+
+impl Applier<'_, '_> {
+    /// Apply one message. Returns `false` when the batch must end here.
+    pub fn dispatch(&mut self, msg: Message<'_>) -> TideResult<bool> {
+        match msg {
+            Message::Begin {
+                xid,
+                final_lsn,
+                commit_time,
+            } => self.on_begin(xid, final_lsn, commit_time),
+            Message::Relation {
+                relid,
+                namespace,
+                name,
+                columns,
+            } => self.on_relation(relid, namespace, name, &columns)?,
+            Message::Signal { body } => self.on_logical_message(body.len()),
+            Message::Insert { relid, new } if relid == self.marker_relid => {
+                self.on_marker(relid, &new)?
+            }
+            Message::Insert { relid, new } | Message::Update { relid, new, .. }
+                if relid == self.signal_relid =>
+            {
+                self.on_watermark(relid, &new)?
+            }
+            Message::Insert { relid, new } => self.on_insert(relid, &new)?,
+            Message::Update {
+                relid,
+                old_key,
+                new,
+            } => self.on_update(relid, old_key.as_ref(), &new)?,
+            Message::Delete { relid, old_key } => self.on_delete(relid, &old_key)?,
+            Message::Truncate { relids, .. } => self.on_truncate(&relids)?,
+            Message::Commit {
+                end_lsn,
+                commit_time,
+                ..
+            } => return Ok(self.on_commit(end_lsn, commit_time)),
+            Message::Rewrite { relid } => self.on_rewrite(relid),
+            Message::Keepalive { end_lsn } => self.on_keepalive(end_lsn),
+        }
+        Ok(true)
+    }
+
+    /// The transaction being applied, unless it is a replay (or there is none).
+    fn live(&mut self) -> Option<&mut Txn> {
+        self.txn.as_mut().filter(|t| !t.skip)
+    }
+
+    fn on_begin(&mut self, xid: u32, final_lsn: Lsn, commit_time: i64) {
+        self.txn = Some(Txn {
+            xid,
+            lsn: final_lsn,
+            commit_time,
+            skip: final_lsn < self.applied,
+            position: 0,
+            barrier: false,
+        });
+    }
+
+    fn on_relation(
+        &mut self,
+        relid: u32,
+        namespace: &str,
+        name: &str,
+        columns: &[Column<'_>],
+    ) -> TideResult<()> {
+        let rel = RelDesc {
+            qualified: format!(
+                "{}.{}",
+                pgrx::spi::quote_identifier(namespace),
+                pgrx::spi::quote_identifier(name)
+            ),
+            columns: columns
+                .iter()
+                .map(|col| OwnedColumn {
+                    name: col.name.to_string(),
+                    type_oid: col.type_oid,
+                    key: col.flags & wire::COLUMN_KEY != 0,
+                })
+                .collect(),
+        };
+        if self.sets.follows(relid) {
+            self.sink.relation(self.c, relid, &rel)?;
+        }
+        self.rels.insert(relid, rel);
+        Ok(())
+    }
+
+    /// Markers are rows of tide.marker: a logical message with pg_tide's prefix can be written
+    /// by any role (pg_logical_emit_message is PUBLIC), so it is never trusted.
+    fn on_logical_message(&mut self, len: usize) {
+        if let Some(t) = self.txn.as_ref().filter(|t| !t.skip) {
+            self.out.notes.push(format!(
+                "ignored a logical message with prefix \"pg_tide\" ({len} bytes, transaction {} committed at {}): pg_tide does not write such messages",
+                t.xid, t.lsn
+            ));
+        }
+    }
+
+    fn on_marker(&mut self, relid: u32, new: &Tuple<'_>) -> TideResult<()> {
+        let Some(t) = self.txn.as_mut() else {
+            return Ok(());
+        };
+        let rel = rel_desc(self.rels, relid)?;
+        let Some((op, pipeline, table)) = parse_marker(rel, new) else {
+            return Ok(());
+        };
+        if pipeline != self.p.name {
+            return Ok(());
+        }
+        match op {
+            MarkerOp::AddTable => {
+                if self.sets.pending.remove(&table) || self.sets.capturing.contains(&table) {
+                    self.sets.capturing.insert(table);
+                } else {
+                    // The decoder's plugin was not filtering for this table.
+                    t.barrier = true;
+                }
+                if !t.skip {
+                    self.marks.push((table, t.lsn));
+                }
+            }
+            MarkerOp::RemoveTable => {
+                self.sets.capturing.remove(&table);
+                self.sets.pending.remove(&table);
+                if !t.skip {
+                    self.removals.push(table);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn on_watermark(&mut self, relid: u32, new: &Tuple<'_>) -> TideResult<()> {
+        let Some(t) = self.txn.as_mut().filter(|t| !t.skip) else {
+            return Ok(());
+        };
+        let rel = rel_desc(self.rels, relid)?;
+        let Some((pipeline, watermark, kind)) = parse_watermark(rel, new) else {
+            return Ok(());
+        };
+        if pipeline != self.p.name {
+            return Ok(());
+        }
+        if self.bf.awaits(watermark, kind) {
+            // Make the stream events before the chunk visible now, rather than after the
+            // chunk's rows.
+            if let Some((end, _)) = self.last_applied {
+                self.sink.commit_early(self.c, &self.p.name, end)?;
+            }
+        }
+        if let Some(e) = self.bf.on_signal(self.c, self.sink, t, watermark, kind)? {
+            self.out.backfill_rows += e.rows;
+        }
+        Ok(())
+    }
+
+    fn on_insert(&mut self, relid: u32, new: &Tuple<'_>) -> TideResult<()> {
+        if !self.sets.capturing.contains(&relid) {
+            return Ok(());
+        }
+        let Some(t) = self.txn.as_mut().filter(|t| !t.skip) else {
+            return Ok(());
+        };
+        let rel = rel_desc(self.rels, relid)?;
+        let mut key = String::new();
+        json::render_key(&rel.columns, new, &mut key).map_err(render_err)?;
+        self.bf.on_change(relid, &key, t.xid);
+        emit_row(self.sink, self.c, t, relid, rel, Op::Insert, key, new)
+    }
+
+    fn on_update(
+        &mut self,
+        relid: u32,
+        old_key: Option<&Tuple<'_>>,
+        new: &Tuple<'_>,
+    ) -> TideResult<()> {
+        if !self.sets.capturing.contains(&relid) {
+            return Ok(());
+        }
+        let Some(t) = self.txn.as_mut().filter(|t| !t.skip) else {
+            return Ok(());
+        };
+        let rel = rel_desc(self.rels, relid)?;
+        let old = match old_key {
+            Some(old) => {
+                let mut k = String::new();
+                json::render_key(&rel.columns, old, &mut k).map_err(render_err)?;
+                Some(k)
+            }
+            None => None,
+        };
+        let mut new_key = String::new();
+        match (json::render_key(&rel.columns, new, &mut new_key), &old) {
+            (Ok(()), _) => {}
+            // A key column stored out of line and not changed: the old key (which PostgreSQL
+            // logs in that case) is the key.
+            (Err(json::RenderError::UnchangedKey { .. }), Some(old)) => new_key = old.clone(),
+            (Err(e), _) => return Err(render_err(e)),
+        }
+        if let Some(old) = &old {
+            self.bf.on_change(relid, old, t.xid);
+        }
+        self.bf.on_change(relid, &new_key, t.xid);
+        match old {
+            Some(old) if old != new_key => {
+                // A key change is a delete of the old key and an insert of the new row.
+                t.position += 1;
+                self.sink
+                    .push(self.c, t, key_event(relid, rel, Op::Delete, Some(old)))?;
+                emit_row(self.sink, self.c, t, relid, rel, Op::Insert, new_key, new)
+            }
+            _ => emit_row(self.sink, self.c, t, relid, rel, Op::Update, new_key, new),
+        }
+    }
+
+    fn on_delete(&mut self, relid: u32, old_key: &Tuple<'_>) -> TideResult<()> {
+        if !self.sets.capturing.contains(&relid) {
+            return Ok(());
+        }
+        let Some(t) = self.txn.as_mut().filter(|t| !t.skip) else {
+            return Ok(());
+        };
+        let rel = rel_desc(self.rels, relid)?;
+        let mut k = String::new();
+        json::render_key(&rel.columns, old_key, &mut k).map_err(render_err)?;
+        self.bf.on_change(relid, &k, t.xid);
+        t.position += 1;
+        self.sink
+            .push(self.c, t, key_event(relid, rel, Op::Delete, Some(k)))
+    }
+
+    fn on_truncate(&mut self, relids: &[u32]) -> TideResult<()> {
+        let Some(t) = self.txn.as_mut().filter(|t| !t.skip) else {
+            return Ok(());
+        };
+        for &relid in relids {
+            if self.sets.capturing.contains(&relid) {
+                self.bf.on_truncate(relid, t.xid);
+                let rel = rel_desc(self.rels, relid)?;
+                t.position += 1;
+                self.sink
+                    .push(self.c, t, key_event(relid, rel, Op::Truncate, None))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Returns `false` at a barrier: later transactions were decoded without the new table and
+    /// are read again with a reopened decoder.
+    fn on_commit(&mut self, end_lsn: Lsn, commit_time: i64) -> bool {
+        let Some(t) = self.txn.take() else {
+            return true;
+        };
+        self.high = self.high.max(end_lsn);
+        if !t.skip && t.position > 0 {
+            self.out.txns += 1;
+            self.out.events += t.position as u64;
+            self.last_applied = Some((end_lsn, commit_time));
+        }
+        if t.barrier {
+            self.stopped = true;
+            return false;
+        }
+        true
+    }
+
+    /// Every row may have new values that no row event carries: the table is read again (after
+    /// this transaction, in stream order).
+    fn on_rewrite(&mut self, relid: u32) {
+        if !self.sets.capturing.contains(&relid) {
+            return;
+        }
+        if let Some(t) = self.live() {
+            let lsn = t.lsn;
+            self.bf.on_rewrite(relid);
+            self.rewrites.push((relid, lsn));
+        }
+    }
+
+    fn on_keepalive(&mut self, end_lsn: Lsn) {
+        if self.txn.is_none() {
+            self.high = self.high.max(end_lsn);
+        }
+    }
+}
+
+/// The text of column `name` in a row of one of pg_tide's own tables.
+fn column_text<'t>(rel: &RelDesc, t: &Tuple<'t>, name: &str) -> Option<&'t str> {
+    let i = rel.columns.iter().position(|c| c.name == name)?;
+    match t.values.get(i)? {
+        wire::Value::Text(s) => Some(*s),
+        _ => None,
+    }
+}
+
+/// The (pipeline, watermark, kind) of a `tide.signal` row (`None` for a row that is not one:
+/// its CHECK constraint allows only the two kinds).
+fn parse_watermark(rel: &RelDesc, t: &Tuple<'_>) -> Option<(String, u64, WatermarkKind)> {
+    Some((
+        column_text(rel, t, "pipeline")?.to_string(),
+        column_text(rel, t, "watermark")?.parse().ok()?,
+        WatermarkKind::parse(column_text(rel, t, "kind")?)?,
+    ))
+}
+
+/// The (op, pipeline, relid) of a `tide.marker` row (`None` for a row that is not one: its
+/// CHECK constraint allows only the two ops).
+fn parse_marker(rel: &RelDesc, t: &Tuple<'_>) -> Option<(MarkerOp, String, u32)> {
+    Some((
+        MarkerOp::parse(column_text(rel, t, "op")?)?,
+        column_text(rel, t, "pipeline")?.to_string(),
+        column_text(rel, t, "relid")?.parse().ok()?,
+    ))
+}
+
+fn rel_desc(rels: &HashMap<u32, RelDesc>, relid: u32) -> TideResult<&RelDesc> {
+    rels.get(&relid).ok_or_else(|| {
+        TideError::internal(format!(
+            "change for relation {relid} arrived before its description"
+        ))
+    })
+}
+
+fn render_err(e: json::RenderError) -> TideError {
+    TideError::internal(format!("cannot render a decoded row: {e}"))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn emit_row(
+    sink: &mut dyn Target,
+    c: &mut SpiClient<'_>,
+    t: &mut Txn,
+    relid: u32,
+    rel: &RelDesc,
+    op: Op,
+    key: String,
+    new: &Tuple<'_>,
+) -> TideResult<()> {
+    let mut row = String::new();
+    let unchanged = json::render_row(&rel.columns, new, &mut row).map_err(render_err)?;
+    let columns = rel
+        .columns
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !unchanged.contains(i))
+        .map(|(_, c)| c.name.clone())
+        .collect();
+    let unchanged = unchanged
+        .iter()
+        .filter_map(|&i| rel.columns.get(i).map(|c| c.name.clone()))
+        .collect();
+    t.position += 1;
+    sink.push(
+        c,
+        t,
+        Event {
+            relid,
+            relation: rel.qualified.clone(),
+            op,
+            key: Some(key),
+            row: Some(row),
+            unchanged,
+            columns,
+            backfill: None,
+        },
+    )
+}
+
+/// An event without a row (delete, truncate).
+fn key_event(relid: u32, rel: &RelDesc, op: Op, key: Option<String>) -> Event {
+    Event {
+        relid,
+        relation: rel.qualified.clone(),
+        op,
+        key,
+        row: None,
+        unchanged: Vec::new(),
+        columns: Vec::new(),
+        backfill: None,
+    }
+}
