@@ -136,9 +136,15 @@ pub(super) fn drop_pipeline_as_tide(name: &str, slot: &str) -> TideResult<()> {
     // stopped on the next round.
     let key = catalog::pipeline_lock_key(name);
     let mut rounds = 0;
+    // Every worker stopped here: each must have exited before its origin can be dropped (a
+    // process releases its origin at exit, after its shared-memory slot).
+    let mut stopped: Vec<i32> = Vec::new();
     loop {
         if let Some(pid) = shmem::worker_pid(name) {
             sql::exec("SELECT pg_terminate_backend($1)", &[pid.into()])?;
+            if !stopped.contains(&pid) {
+                stopped.push(pid);
+            }
         }
         if sql::one::<bool>(
             "SELECT pg_try_advisory_xact_lock(hashtext($1))",
@@ -164,6 +170,11 @@ pub(super) fn drop_pipeline_as_tide(name: &str, slot: &str) -> TideResult<()> {
     )?;
     if let Some(pid) = shmem::worker_pid(name) {
         sql::exec("SELECT pg_terminate_backend($1)", &[pid.into()])?;
+        if !stopped.contains(&pid) {
+            stopped.push(pid);
+        }
+    }
+    for pid in stopped {
         wait_for_exit(pid, 30)?;
     }
     let mut attempts = 0;
@@ -191,7 +202,8 @@ pub(super) fn drop_pipeline_as_tide(name: &str, slot: &str) -> TideResult<()> {
             }
         }
     }
-    // The worker has exited (above), so its replication origin is free to drop.
+    // The workers stopped above have exited, and a worker started since holds the origin only
+    // inside an iteration, which needs the lock held here (worker::origin): the origin is free.
     sql::exec(
         "SELECT pg_replication_origin_drop(roname) FROM pg_replication_origin WHERE roname = $1",
         &[crate::worker::origin::name(name).into()],

@@ -189,6 +189,24 @@ pub fn target_tables(
     Ok(out)
 }
 
+/// Every pipeline, as (name, creation time as text), by name: a pipeline dropped and created
+/// again under the same name is another pipeline (the launcher's back-off starts afresh).
+pub fn pipeline_list(c: &SpiClient<'_>) -> TideResult<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for row in c.select(
+        "SELECT name, created_at::text FROM tide.pipeline ORDER BY name",
+        None,
+        &[],
+    )? {
+        let name = row.get::<String>(1)?.ok_or_else(|| corrupt("name", "?"))?;
+        let created = row
+            .get::<String>(2)?
+            .ok_or_else(|| corrupt("created_at", &name))?;
+        out.push((name, created));
+    }
+    Ok(out)
+}
+
 /// The tables a pipeline captures.
 pub fn tables(c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<Vec<TableRow>> {
     let rows = c.select(

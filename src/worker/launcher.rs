@@ -49,7 +49,11 @@ struct Running {
     started: Instant,
 }
 
+/// How soon a pipeline's worker may start again after dying young. Kept per pipeline: a
+/// pipeline dropped and created again under the same name starts afresh.
 struct Backoff {
+    /// `tide.pipeline.created_at` of the pipeline it is about.
+    created: String,
     failures: u32,
     not_before: Instant,
 }
@@ -144,10 +148,20 @@ pub extern "C-unwind" fn tide_launcher_main(_arg: pg_sys::Datum) {
             Ok(_) => true,
             Err(BackgroundWorkerStatus::NotYetStarted) => true,
             Err(_) => {
+                let created = pipelines
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, c)| c.clone())
+                    .unwrap_or_default();
                 let b = backoff.entry(name.clone()).or_insert(Backoff {
+                    created: created.clone(),
                     failures: 0,
                     not_before: Instant::now(),
                 });
+                if b.created != created {
+                    b.created = created;
+                    b.failures = 0;
+                }
                 if r.started.elapsed() < Duration::from_secs(30) {
                     b.failures = (b.failures + 1).min(8);
                 } else {
@@ -157,9 +171,9 @@ pub extern "C-unwind" fn tide_launcher_main(_arg: pg_sys::Datum) {
                 false
             }
         });
-        backoff.retain(|name, _| pipelines.contains(name));
+        backoff.retain(|name, b| pipelines.iter().any(|(n, c)| n == name && *c == b.created));
 
-        for name in pipelines {
+        for (name, created) in pipelines {
             if running.contains_key(&name) {
                 continue;
             }
@@ -187,6 +201,7 @@ pub extern "C-unwind" fn tide_launcher_main(_arg: pg_sys::Datum) {
                     backoff.insert(
                         name,
                         Backoff {
+                            created,
                             failures: 4,
                             not_before: Instant::now() + Duration::from_secs(10),
                         },
@@ -218,8 +233,8 @@ enum Listing {
     NotInstalled,
     /// The SQL objects are of another version than the library (an upgrade half done).
     OtherVersion(crate::error::TideError),
-    /// The names of all pipelines.
-    Pipelines(Vec<String>),
+    /// Every pipeline: (name, creation time).
+    Pipelines(Vec<(String, String)>),
 }
 
 /// The pipelines to run, when the extension is installed at the library's version. Also drops
@@ -232,15 +247,7 @@ fn list_pipelines_and_collect_slots() -> Result<Listing, crate::error::TideError
         }
         Some(_) => {}
     }
-    let names = Spi::connect(|c| -> Result<Vec<String>, pgrx::spi::SpiError> {
-        let mut out = Vec::new();
-        for row in c.select("SELECT name FROM tide.pipeline ORDER BY name", None, &[])? {
-            if let Some(n) = row.get::<String>(1)? {
-                out.push(n);
-            }
-        }
-        Ok(out)
-    })?;
+    let names = Spi::connect(|c| crate::catalog::pipeline_list(c))?;
     crate::catalog::drop_orphan_slots()?;
     Ok(Listing::Pipelines(names))
 }

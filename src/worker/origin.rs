@@ -11,8 +11,13 @@
 //! commit times: `tx` sets the session's origin timestamp right before each commit (PostgreSQL
 //! records that timestamp for transactions with an origin).
 //!
-//! Guarantees: the origin exists and is this worker's for its whole life (PostgreSQL releases it
-//! when the process exits, however it exits); `tide.drop_pipeline` drops it.
+//! Guarantees: the worker holds the origin only inside an iteration, after it has taken the
+//! pipeline's advisory lock and found the pipeline ([`acquire`] in the iteration's transaction,
+//! [`release`] once it has ended, committed or not); if the process exits meanwhile, PostgreSQL
+//! releases it. A worker waiting for the lock, sleeping or reading a chunk never holds it, so
+//! `tide.drop_pipeline`, which holds the lock exclusively and waits for every worker it stopped
+//! to exit, always finds the origin free to drop. The origin is created there too, so a worker
+//! started for a pipeline being dropped never re-creates it.
 
 use crate::error::{TideError, TideResult};
 use pgrx::pg_sys;
@@ -27,11 +32,15 @@ pub fn name(pipeline: &str) -> String {
 }
 
 /// Create the pipeline's origin if needed and make it this session's: every transaction the
-/// worker commits from now on carries it. Run in a transaction.
-pub fn setup(pipeline: &str) -> TideResult<()> {
+/// worker commits until [`release`] carries it. Run in a transaction, holding the pipeline's
+/// advisory lock.
+pub fn acquire(pipeline: &str) -> TideResult<()> {
     let n = CString::new(name(pipeline))
         .map_err(|_| TideError::internal("pipeline name contains a NUL byte"))?;
     unsafe {
+        if pg_sys::replorigin_session_origin != pg_sys::InvalidRepOriginId as pg_sys::RepOriginId {
+            return Ok(());
+        }
         let mut id = pg_sys::replorigin_by_name(n.as_ptr(), true);
         if id == pg_sys::InvalidRepOriginId as pg_sys::RepOriginId {
             id = pg_sys::replorigin_create(n.as_ptr());
@@ -40,4 +49,15 @@ pub fn setup(pipeline: &str) -> TideResult<()> {
         pg_sys::replorigin_session_origin = id;
     }
     Ok(())
+}
+
+/// Give the origin up (after the iteration's transaction has ended); a no-op when not held.
+pub fn release() {
+    unsafe {
+        if pg_sys::replorigin_session_origin == pg_sys::InvalidRepOriginId as pg_sys::RepOriginId {
+            return;
+        }
+        pg_sys::replorigin_session_reset();
+        pg_sys::replorigin_session_origin = pg_sys::InvalidRepOriginId as pg_sys::RepOriginId;
+    }
 }

@@ -99,13 +99,6 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
     }) {
         log!("pg_tide worker \"{name}\": could not set output settings: {e}");
     }
-    // Mark this worker's transactions (its target writes above all) as pg_tide's.
-    if let Err(e) = tx::run(|| super::origin::setup(&name)) {
-        warning!(
-            "pg_tide worker \"{name}\": could not set up its replication origin, so its writes to table targets are decoded like any other change: {e}"
-        );
-    }
-
     let mut bf = Backfiller::default();
     let mut last_snapshot_log = Instant::now();
     let mut sink: Option<Box<dyn Target>> = None;
@@ -169,6 +162,8 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
                 last_iteration = Instant::now();
                 let chunk_was_waiting = bf.has_pending();
                 let result = tx::run(|| iterate(&name, &mut bf, &mut sink, &mut dec, &mut rels));
+                // Held only inside an iteration (see worker::origin).
+                super::origin::release();
                 let it = match result {
                     Ok(o) if o.gone => {
                         log!("pg_tide worker: pipeline \"{name}\" was dropped; exiting");
@@ -377,6 +372,8 @@ fn iterate(
                 .hint(format!("The slot was dropped behind pg_tide's back. Drop and re-create the pipeline: SELECT tide.drop_pipeline('{name}'); SELECT tide.create_pipeline('{name}');")));
         }
         catalog::allow_output_plugin()?;
+        // Mark this iteration's transaction (its target writes above all) as pg_tide's.
+        super::origin::acquire(name)?;
         // Opening a decoder logs "starting logical decoding for slot" and the snapshot builder
         // logs its progress, at LOG. Quiet them for this transaction only (the worker's own
         // messages are logged after the transaction ends).
