@@ -63,7 +63,7 @@ fn statement_text() {
     assert_eq!(out.len(), 1, "the delete closes the upsert run");
     assert_eq!(
         out[0].sql,
-        "INSERT INTO rep.t AS t (id, v) SELECT r.id, r.v FROM jsonb_populate_recordset(NULL::rep.t, $1::text::jsonb) r ON CONFLICT (id) DO UPDATE SET v = EXCLUDED.v"
+        "INSERT INTO rep.t AS t (id, v) SELECT r.id, r.v FROM json_populate_recordset(NULL::rep.t, $1::text::json) r ON CONFLICT (id) DO UPDATE SET v = EXCLUDED.v"
     );
     assert_eq!(
         out[0].param.as_deref(),
@@ -73,7 +73,7 @@ fn statement_text() {
     assert_eq!(out.len(), 1);
     assert_eq!(
         out[0].sql,
-        "DELETE FROM rep.t t USING jsonb_populate_recordset(NULL::rep.t, $1::text::jsonb) d WHERE t.id = d.id"
+        "DELETE FROM rep.t t USING json_populate_recordset(NULL::rep.t, $1::text::json) d WHERE t.id = d.id"
     );
     assert_eq!(out[0].param.as_deref(), Some("[{\"id\":1}]"));
     assert!(p.is_empty());

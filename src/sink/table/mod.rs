@@ -12,7 +12,7 @@
 //!   commit order. Within one target transaction (a batch of whole source transactions) the
 //!   statements are grouped per table: each table has at most one open run of upserts or of
 //!   deletes. Upserts of one table with the same column set become one
-//!   `INSERT ... SELECT FROM jsonb_populate_recordset ... ON CONFLICT (key) DO UPDATE` as long as
+//!   `INSERT ... SELECT FROM json_populate_recordset ... ON CONFLICT (key) DO UPDATE` as long as
 //!   no key repeats; deletes one `DELETE ... USING`. A repeated key, a delete after upserts of
 //!   the same table or the other way round, or another column set, closes the table's run
 //!   first. Every upsert is applied (none is merged into another; a key deleted twice in one
