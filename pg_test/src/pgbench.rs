@@ -202,12 +202,41 @@ pub struct PgbenchResult {
     pub failed: String,
     /// The first three lines of its stderr, joined with " | ".
     pub errors: String,
+    /// Everything it printed.
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl PgbenchResult {
+    /// "exit status: N after 3.0s; number of failed transactions: ... [first errors]".
+    pub fn summary(&self) -> String {
+        let mut s = self.status.clone();
+        if !self.failed.is_empty() {
+            s.push_str("; ");
+            s.push_str(&self.failed);
+        }
+        if !self.errors.is_empty() {
+            s.push_str(&format!(" [{}]", self.errors));
+        }
+        s
+    }
+}
+
+/// [`spawn_pgbench_tries`] retrying serialization failures and deadlocks up to 20 times.
+pub fn spawn_pgbench(
+    c: &Cluster,
+    script: &Path,
+    clients: u32,
+    secs: u64,
+    rate: Option<u32>,
+) -> PgbenchRun {
+    spawn_pgbench_tries(c, script, clients, secs, rate, 20)
 }
 
 /// Start pgbench on `c`'s database postgres with `script`: `clients` clients (on at most two
 /// threads) for `secs` seconds, at `rate` transactions per second in total when given, retrying
 /// serialization failures and deadlocks up to `max_tries` times.
-pub fn spawn_pgbench(
+pub fn spawn_pgbench_tries(
     c: &Cluster,
     script: &Path,
     clients: u32,
@@ -245,6 +274,12 @@ pub fn spawn_pgbench(
 }
 
 impl PgbenchRun {
+    /// [`PgbenchRun::finish`] as (transactions, success, [`PgbenchResult::summary`]).
+    pub fn finish_summary(self) -> (u64, bool, String) {
+        let r = self.finish();
+        (r.txns, r.ok, r.summary())
+    }
+
     /// Wait for pgbench to end and read what it reported.
     pub fn finish(self) -> PgbenchResult {
         let out = self.child.wait_with_output().expect("wait for pgbench");
@@ -271,6 +306,8 @@ impl PgbenchRun {
             status: format!("{} after {:.1?}", out.status, self.started.elapsed()),
             failed,
             errors: stderr.lines().take(3).collect::<Vec<_>>().join(" | "),
+            stdout: stdout.to_string(),
+            stderr: stderr.to_string(),
         }
     }
 }

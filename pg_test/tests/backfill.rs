@@ -13,7 +13,6 @@
 //! Each test runs on its own scratch cluster (pg_tide preloaded, `wal_level = logical`).
 
 use pg_test::*;
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -558,7 +557,7 @@ fn convergence_under_concurrent_writes_with_kill9() {
         );
         let victim = worker_pid(&c, P).unwrap_or_else(|| panic!("no worker to kill\n{}", diag(&c)));
         kill9(victim);
-        let (txns, _ok, summary) = finish_pgbench(run);
+        let (txns, _ok, summary) = run.finish_summary();
         txns_total += txns;
         let back = wait_recovered(&c, P, Some(victim));
         eprintln!(
@@ -591,7 +590,8 @@ fn convergence_under_concurrent_writes_with_kill9() {
             "the backfills did not finish within 30 rounds of writes\n{}",
             diag(&c)
         );
-        let (txns, ok, summary) = finish_pgbench(spawn_pgbench(&c, &script, 4, 3, Some(WRITE_TPS)));
+        let (txns, ok, summary) =
+            spawn_pgbench(&c, &script, 4, 3, Some(WRITE_TPS)).finish_summary();
         txns_total += txns;
         assert!(
             ok,
@@ -991,7 +991,7 @@ fn bounded_memory_and_snapshot_age() {
     c.execute(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgbench'",
     );
-    let _ = finish_pgbench(load);
+    let _ = load.finish_summary();
     let _ = std::fs::remove_file(&script);
     let _ = elapsed;
 
@@ -2118,7 +2118,7 @@ fn composite_text_timestamp_keys() {
     c.execute(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgbench'",
     );
-    let (txns, _ok, summary) = finish_pgbench(run);
+    let (txns, _ok, summary) = run.finish_summary();
     let _ = std::fs::remove_file(&script);
     for (t, _) in tables {
         wait_backfill(&c, t, 60);
@@ -2239,26 +2239,4 @@ fn commit_visible_after_low_watermark_is_not_overwritten() {
               + (SELECT count(*) FROM (TABLE replica.t EXCEPT TABLE t) b)",
     );
     assert_eq!(diff, 0);
-}
-
-/// pgbench with `script`, retrying serialization failures up to 20 times.
-fn spawn_pgbench(
-    c: &Cluster,
-    script: &PathBuf,
-    clients: u32,
-    secs: u64,
-    rate: Option<u32>,
-) -> PgbenchRun {
-    pg_test::spawn_pgbench(c, script, clients, secs, rate, 20)
-}
-
-/// (transactions, success, a summary line).
-fn finish_pgbench(run: PgbenchRun) -> (u64, bool, String) {
-    let r = run.finish();
-    let errs = if r.errors.is_empty() {
-        String::new()
-    } else {
-        format!(" [{}]", r.errors)
-    };
-    (r.txns, r.ok, format!("{}; {}{errs}", r.status, r.failed))
 }

@@ -1504,7 +1504,7 @@ fn huge_transaction_spills_and_arrives_whole() {
 /// pgbench with `script` at 1000 transactions per second in total (enough work, and a catch-up
 /// that takes seconds).
 fn spawn_pgbench(c: &Cluster, script: &PathBuf, clients: u32, secs: u64) -> PgbenchRun {
-    pg_test::spawn_pgbench(c, script, clients, secs, Some(1000), 10)
+    pg_test::spawn_pgbench_tries(c, script, clients, secs, Some(1000), 10)
 }
 
 /// (transactions, "exit status after elapsed", the first lines of stderr).

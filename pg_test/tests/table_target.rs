@@ -22,7 +22,6 @@
 
 use pg_test::*;
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -1317,7 +1316,7 @@ fn convergence_with_table_target() {
     // once the stream reaches its high watermark, so a growing backlog stalls the backfill),
     // so the writers then run at 70% of the measured apply rate, whatever the build's speed.
     let t_cal = Instant::now();
-    let (n_cal, ok, summary) = finish_bench(spawn_bench(&c, &script, 2, 3, None));
+    let (n_cal, ok, summary) = spawn_pgbench(&c, &script, 2, 3, None).finish_summary();
     assert!(ok, "calibration pgbench failed: {summary}");
     wait_pipeline(&c, P, 300);
     let apply_tps = n_cal as f64 / t_cal.elapsed().as_secs_f64();
@@ -1327,7 +1326,7 @@ fn convergence_with_table_target() {
         t_cal.elapsed()
     );
 
-    let mut run = spawn_bench(&c, &script, 2, 120, Some(rate));
+    let mut run = spawn_pgbench(&c, &script, 2, 120, Some(rate));
     let id: i64 = c.query_scalar("SELECT tide.start_backfill('t', 'conv', chunk_size => 1000)");
     let t_bf = Instant::now();
     let mut last_report = Instant::now();
@@ -1363,7 +1362,7 @@ fn convergence_with_table_target() {
         .status()
         .expect("kill");
     assert!(st.success(), "kill -9 {victim} failed");
-    let (txns1, _, summary1) = finish_bench(run);
+    let (txns1, _, summary1) = run.finish_summary();
     // The kill restarts the server, which ends the writers. They resume as soon as it accepts
     // connections again, before the new worker reads its next chunk, so that the chunks after
     // the kill are read under writes too: a chunk read with no write in its window cannot drop
@@ -1373,7 +1372,7 @@ fn convergence_with_table_target() {
     }) {
         panic!("the server did not come back after kill -9: {msg}");
     }
-    run = spawn_bench(&c, &script, 2, 3, Some(rate));
+    run = spawn_pgbench(&c, &script, 2, 3, Some(rate));
     if let Err(msg) = poll_every(Duration::from_secs(90), POLL, || {
         let pid = c.try_query_scalar::<Option<i32>>(&format!(
             "SELECT (SELECT worker_pid FROM tide.pipelines WHERE name = '{P}' AND state = 'streaming')"
@@ -1393,7 +1392,7 @@ fn convergence_with_table_target() {
     let mut txns_total = txns1;
     let mut rounds = 0;
     loop {
-        let (txns, ok, summary) = finish_bench(run);
+        let (txns, ok, summary) = run.finish_summary();
         txns_total += txns;
         assert!(
             ok,
@@ -1416,7 +1415,7 @@ fn convergence_with_table_target() {
             "the backfill did not finish within 40 rounds of writes\n{}",
             diag(&c)
         );
-        run = spawn_bench(&c, &script, 2, 3, Some(rate));
+        run = spawn_pgbench(&c, &script, 2, 3, Some(rate));
     }
     let bf_time = t_bf.elapsed();
     let _ = std::fs::remove_file(&script);
@@ -1884,7 +1883,7 @@ fn chunk_failure_after_early_commit_is_exactly_once() {
          INSERT INTO boom VALUES (true);",
     );
     let script = write_script("table_target_early", "INSERT INTO ev (v) VALUES (1);\n");
-    let bench = spawn_bench(&c, &script, 2, 25, Some(300));
+    let bench = spawn_pgbench(&c, &script, 2, 25, Some(300));
     std::thread::sleep(Duration::from_secs(2));
     // big's target is created by add_table; the trigger goes on it once it exists.
     exec(&c, "SELECT tide.add_table('e', 'big', backfill => true)");
@@ -1912,7 +1911,7 @@ fn chunk_failure_after_early_commit_is_exactly_once() {
     assert!(failed.is_ok(), "the chunk never failed\n{}", diag(&c));
     std::thread::sleep(Duration::from_secs(3));
     t.execute("UPDATE boom SET on_ = false");
-    let (n, ok, summary) = finish_bench(bench);
+    let (n, ok, summary) = bench.finish_summary();
     assert!(ok && n > 0, "pgbench failed: {summary}");
     wait_backfill(&c, "big", "e", 120);
     wait_pipeline(&c, "e", 120);
@@ -1930,26 +1929,4 @@ fn chunk_failure_after_early_commit_is_exactly_once() {
     );
     let logged: i64 = t.query_scalar("SELECT count(*) FROM ev_log");
     assert_eq!(logged, n as i64, "one write per ev row");
-}
-
-/// pgbench with `script`, retrying serialization failures up to 20 times.
-fn spawn_bench(
-    c: &Cluster,
-    script: &PathBuf,
-    clients: u32,
-    secs: u64,
-    rate: Option<u32>,
-) -> PgbenchRun {
-    pg_test::spawn_pgbench(c, script, clients, secs, rate, 20)
-}
-
-/// (transactions, success, a summary line).
-fn finish_bench(b: PgbenchRun) -> (u64, bool, String) {
-    let r = b.finish();
-    let errs = if r.errors.is_empty() {
-        String::new()
-    } else {
-        format!(" [{}]", r.errors)
-    };
-    (r.txns, r.ok, format!("{}{errs}", r.status))
 }

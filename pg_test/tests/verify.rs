@@ -16,7 +16,6 @@
 
 use pg_test::*;
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use std::time::{Duration, Instant};
 
@@ -240,38 +239,23 @@ fn stop_bench(c: &Cluster, mut b: PgbenchRun) -> (u64, Duration, String) {
         );
     }
     let elapsed = b.started.elapsed();
-    let out = b.child.wait_with_output().expect("wait for pgbench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let txns = stdout
-        .lines()
-        .find_map(|l| {
-            l.trim()
-                .strip_prefix("number of transactions actually processed: ")
-        })
-        .and_then(|s| s.split(|ch: char| !ch.is_ascii_digit()).next())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let ended_by_itself = !still_running;
-    if ended_by_itself && !out.status.success() {
+    let r = b.finish();
+    if !still_running && !r.ok {
         panic!(
-            "pgbench failed on its own ({}):\n{stderr}\n{stdout}",
-            out.status
+            "pgbench failed on its own ({}):\n{}\n{}",
+            r.status, r.stderr, r.stdout
         );
     }
+    let tps = pgbench_tps(&r.stdout).map_or("?".into(), |t| format!("{t:.0}"));
+    let how = if still_running {
+        " (stopped)"
+    } else {
+        " (ended by itself)"
+    };
     (
-        txns,
+        r.txns,
         elapsed,
-        format!(
-            "pgbench tps {}, {}{}",
-            pgbench_tps(&stdout).map_or("?".into(), |t| format!("{t:.0}")),
-            out.status,
-            if ended_by_itself {
-                " (ended by itself)"
-            } else {
-                " (stopped)"
-            }
-        ),
+        format!("pgbench tps {tps}, {}{how}", r.status),
     )
 }
 
@@ -421,7 +405,7 @@ fn corruption_scenario(tag: &str, remote: bool) {
 
     // A writer in keys 8001..10000 (ranges 9 and up), ~200 transactions per second.
     let script = write_script(tag, &writer_script(8001, ROWS));
-    let bench = spawn_bench(&c, &script, 1, 120, Some(200));
+    let bench = spawn_pgbench(&c, &script, 1, 120, Some(200));
     c.wait_until("pgbench to connect", Duration::from_secs(10), POLL, || {
         Ok(bench_connected(&c))
     });
@@ -716,7 +700,7 @@ fn no_false_alarms_under_heavy_writes() {
     // Phase A: 3 clients writing random keys over the whole key space, at a rate the pipeline
     // sustains; at least 5 verify runs while they write.
     let rate = heavy_rate();
-    let bench = spawn_bench(&c, &script, 3, 600, rate);
+    let bench = spawn_pgbench(&c, &script, 3, 600, rate);
     c.wait_until("pgbench to connect", Duration::from_secs(10), POLL, || {
         Ok(bench_connected(&c))
     });
@@ -758,7 +742,7 @@ fn no_false_alarms_under_heavy_writes() {
 
     // Phase B: an unthrottled burst (15 s); one verify started 2 s into it. The pipeline falls
     // behind, so the re-checks wait for it: the run is slow, but must report nothing.
-    let burst = spawn_bench(&c, &script, 3, 15, None);
+    let burst = spawn_pgbench(&c, &script, 3, 15, None);
     c.wait_until("pgbench to connect", Duration::from_secs(10), POLL, || {
         Ok(bench_connected(&c))
     });
@@ -1262,15 +1246,4 @@ fn bad_inputs() {
         "  ranges => 4 on 3000 never-analyzed rows (reltuples {reltuples}): {} in {:.2?}",
         v.summary.kind, v.took
     );
-}
-
-/// pgbench with `script` (no retries: the verify workloads do not conflict).
-fn spawn_bench(
-    c: &Cluster,
-    script: &PathBuf,
-    clients: u32,
-    secs: u64,
-    rate: Option<u32>,
-) -> PgbenchRun {
-    pg_test::spawn_pgbench(c, script, clients, secs, rate, 1)
 }

@@ -95,7 +95,6 @@ const TARGET_SHAPE: &str = "SELECT a.attname::text, format_type(a.atttypid, a.at
 
 /// Make sure the target table of a captured table exists and fits; returns (schema, name).
 /// `options` are the pipeline's (validated) options.
-
 pub fn ensure_target(
     target: &str,
     options: &serde_json::Value,

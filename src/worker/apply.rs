@@ -255,13 +255,9 @@ impl Applier<'_, '_> {
     }
 
     fn on_insert(&mut self, relid: u32, new: &Tuple<'_>) -> TideResult<()> {
-        if !self.sets.capturing.contains(&relid) {
-            return Ok(());
-        }
-        let Some(t) = self.txn.as_mut().filter(|t| !t.skip) else {
+        let Some((t, rel)) = captured(&self.sets, &mut self.txn, self.rels, relid)? else {
             return Ok(());
         };
-        let rel = rel_desc(self.rels, relid)?;
         let mut key = String::new();
         json::render_key(&rel.columns, new, &mut key).map_err(render_err)?;
         self.bf.on_change(relid, &key, t.xid);
@@ -274,13 +270,9 @@ impl Applier<'_, '_> {
         old_key: Option<&Tuple<'_>>,
         new: &Tuple<'_>,
     ) -> TideResult<()> {
-        if !self.sets.capturing.contains(&relid) {
-            return Ok(());
-        }
-        let Some(t) = self.txn.as_mut().filter(|t| !t.skip) else {
+        let Some((t, rel)) = captured(&self.sets, &mut self.txn, self.rels, relid)? else {
             return Ok(());
         };
-        let rel = rel_desc(self.rels, relid)?;
         let old = match old_key {
             Some(old) => {
                 let mut k = String::new();
@@ -314,13 +306,9 @@ impl Applier<'_, '_> {
     }
 
     fn on_delete(&mut self, relid: u32, old_key: &Tuple<'_>) -> TideResult<()> {
-        if !self.sets.capturing.contains(&relid) {
-            return Ok(());
-        }
-        let Some(t) = self.txn.as_mut().filter(|t| !t.skip) else {
+        let Some((t, rel)) = captured(&self.sets, &mut self.txn, self.rels, relid)? else {
             return Ok(());
         };
-        let rel = rel_desc(self.rels, relid)?;
         let mut k = String::new();
         json::render_key(&rel.columns, old_key, &mut k).map_err(render_err)?;
         self.bf.on_change(relid, &k, t.xid);
@@ -382,6 +370,23 @@ impl Applier<'_, '_> {
             self.high = self.high.max(end_lsn);
         }
     }
+}
+
+/// The live transaction (not a replay) and the relation's description, when a change of
+/// `relid` is to be delivered (the table is captured at this point of the stream).
+fn captured<'a>(
+    sets: &TableSets,
+    txn: &'a mut Option<Txn>,
+    rels: &'a HashMap<u32, RelDesc>,
+    relid: u32,
+) -> TideResult<Option<(&'a mut Txn, &'a RelDesc)>> {
+    if !sets.capturing.contains(&relid) {
+        return Ok(None);
+    }
+    let Some(t) = txn.as_mut().filter(|t| !t.skip) else {
+        return Ok(None);
+    };
+    Ok(Some((t, rel_desc(rels, relid)?)))
 }
 
 /// The text of column `name` in a row of one of pg_tide's own tables.

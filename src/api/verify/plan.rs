@@ -4,6 +4,15 @@
 use super::*;
 
 impl Ctx {
+    /// The key columns, quoted, comma-separated (no collation).
+    pub(super) fn key_names(&self) -> String {
+        self.key
+            .iter()
+            .map(|k| quote(k))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     pub(super) fn collate(&self, k: &str) -> &'static str {
         if self.collatable.contains(k) {
             " COLLATE \"C\""

@@ -10,12 +10,7 @@ pub(super) fn read_source(
     limit: i64,
 ) -> TideResult<Vec<(String, Vec<String>, String)>> {
     let (clause, params) = ctx.range_clause(from, to, 1);
-    let keys_plain = ctx
-        .key
-        .iter()
-        .map(|k| quote(k))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let keys_plain = ctx.key_names();
     let order = ctx.key_list("");
     let q = format!(
         "SELECT {}, {keys_plain} FROM ONLY {} WHERE {clause} ORDER BY {order}",

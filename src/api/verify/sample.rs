@@ -6,12 +6,7 @@ use super::*;
 /// Compare `n` random rows column by column; returns (key, columns that differ) for rows that
 /// differ in every attempt.
 pub(super) fn sample_columns(ctx: &Ctx, n: i32) -> TideResult<Vec<(Vec<String>, Vec<String>)>> {
-    let keys_plain = ctx
-        .key
-        .iter()
-        .map(|k| quote(k))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let keys_plain = ctx.key_names();
     let picked = sql::text_rows(
         &format!(
             "SELECT {keys_plain} FROM ONLY {} ORDER BY random() LIMIT {n}",
