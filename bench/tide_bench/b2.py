@@ -127,14 +127,7 @@ def run(self, b):
             args += ["-R", str(rate)]
         t_start = src.val("SELECT clock_timestamp()")
         p = pgbench_start(src, args)
-        if on_running:
-            try:
-                on_running(p)
-            except BaseException:
-                p.terminate()
-                p.communicate()
-                CHILDREN.discard(p)
-                raise
+        while_pgbench_runs(p, on_running)
         res = pgbench_finish(p, dur + 120)
         t_end = src.val("SELECT clock_timestamp()")
         return res, t_start, t_end

@@ -21,14 +21,7 @@ def run(self, b):
         src.x("CHECKPOINT")
         tgt.x("CHECKPOINT")
         p = pgbench_start(src, ["-n", "-c", str(PGBENCH_CLIENTS), "-j", str(PGBENCH_THREADS), "-T", str(dur)])
-        if extra_during:
-            try:
-                extra_during(p)
-            except BaseException:
-                p.terminate()
-                p.communicate()
-                CHILDREN.discard(p)
-                raise
+        while_pgbench_runs(p, extra_during)
         res = pgbench_finish(p, dur + 120)
         r["pgbench"] = res
         r["tps"] = res["tps"]

@@ -644,6 +644,19 @@ def pgbench_start(node, args):
     return p
 
 
+def while_pgbench_runs(p, fn):
+    """Call fn(p) (if given) while pgbench `p` runs; should it fail, stop pgbench and re-raise."""
+    if not fn:
+        return
+    try:
+        fn(p)
+    except BaseException:
+        p.terminate()
+        p.communicate()
+        CHILDREN.discard(p)
+        raise
+
+
 def pgbench_finish(p, timeout):
     try:
         out, err = p.communicate(timeout=timeout)

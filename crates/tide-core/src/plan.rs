@@ -492,6 +492,9 @@ pub struct ShapePlan {
 /// source's missing value as default, so rows and decoded events from before the column
 /// existed get it), widen columns whose type the source widened, and refuse the rest. Columns
 /// only the target has are left alone.
+/// Types are the source's `format_type` text, which PostgreSQL writes with its identifiers
+/// already quoted (`"My Type"`, `public."e"`), so they go into the DDL as they are; names are
+/// quoted here and default values are literals ([`quote_literal`]).
 pub fn plan_shape(table: &str, source: &[SourceColumn], target: &[(String, String)]) -> ShapePlan {
     let mut plan = ShapePlan {
         shape: target.to_vec(),

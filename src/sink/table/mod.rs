@@ -260,32 +260,44 @@ impl<B: Backend> Target for TableTarget<B> {
     }
 
     fn push(&mut self, c: &mut SpiClient<'_>, _t: &Txn, ev: Event) -> TideResult<()> {
-        let Some(target) = self.targets.get(&ev.relid).cloned() else {
+        if !self.targets.contains_key(&ev.relid) {
             // Not a table this pipeline writes (cannot happen for captured tables).
             return Ok(());
-        };
+        }
         if !self.checked.contains(&ev.relid) {
             self.ensure_shape(c, ev.relid)?;
         }
+        let Event {
+            relid,
+            relation,
+            op,
+            key,
+            row,
+            columns,
+            ..
+        } = ev;
         let missing = |what: &str| {
             TideError::internal(format!(
-                "a {} event of {} has no {what}",
-                ev.op.as_str(),
-                ev.relation
+                "a {} event of {relation} has no {what}",
+                op.as_str()
             ))
         };
-        let change = match ev.op {
+        let change = match op {
             Op::Truncate => Change::Truncate,
             Op::Delete => Change::Delete {
-                key: ev.key.clone().ok_or_else(|| missing("key"))?,
+                key: key.ok_or_else(|| missing("key"))?,
             },
             Op::Insert | Op::Update | Op::Read => Change::Upsert {
-                key: ev.key.clone().ok_or_else(|| missing("key"))?,
-                row: ev.row.clone().ok_or_else(|| missing("row"))?,
-                cols: ev.columns,
+                key: key.ok_or_else(|| missing("key"))?,
+                row: row.ok_or_else(|| missing("row"))?,
+                cols: columns,
             },
         };
-        let stmts = self.planner.push(ev.relid, &target, change);
+        // The planner borrows the target; the statements it returns run after.
+        let stmts = match self.targets.get(&relid) {
+            Some(target) => self.planner.push(relid, target, change),
+            None => Vec::new(),
+        };
         self.run(c, stmts)
     }
 
