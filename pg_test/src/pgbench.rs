@@ -1,9 +1,12 @@
 //! pgbench: a builder that runs it to the end ([`Pgbench`]), scripts in temporary files, and
 //! runs in the background ([`spawn_pgbench`]).
 
+use crate::cluster::SEQ;
 use crate::*;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// A pgbench run against a [`Cluster`] with a custom script, run as the
@@ -309,5 +312,17 @@ impl PgbenchRun {
             stdout: stdout.to_string(),
             stderr: stderr.to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tps_is_parsed() {
+        let out = "latency average = 1.2 ms\ntps = 812.345678 (without initial connection time)\n";
+        assert_eq!(pgbench_tps(out), Some(812.345678));
+        assert_eq!(pgbench_tps("nothing"), None);
     }
 }

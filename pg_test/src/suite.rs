@@ -1,30 +1,134 @@
 //! Helpers every suite shares: diagnostics for failure messages, statements that panic with
-//! them, pipelines created and waited for, and the outbox replayed onto a copy.
+//! them, pipelines created and waited for, workers killed and waited for again, and the
+//! statements of a writer.
 
 use crate::*;
-use std::time::Duration;
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 /// The suites' diagnostics for a failure message: `tide.pipelines`, `tide.backfills`,
 /// `tide.verifications` (each a few JSON lines) and the last 40 lines of the server log.
 pub fn diag(c: &Cluster) -> String {
-    format!(
-        "--- tide.pipelines ---\n{}\n--- tide.backfills ---\n{}\n--- tide.verifications ---\n{}\n--- last 40 lines of {} ---\n{}\n--- end of server log ---",
-        sample(
-            c,
-            "SELECT name, target, state, enabled, worker_pid, applied_lsn, lag_bytes, events_applied, \
-                    last_error, last_error_sqlstate, remedy FROM tide.pipelines ORDER BY name",
-            10
-        ),
-        sample(
-            c,
-            "SELECT id, pipeline, relation, state, generation, condition, chunk_size, chunks_done, \
-                    rows_read, rows_dropped, rows_emitted, last_key, error FROM tide.backfills ORDER BY id",
-            20
-        ),
-        sample(c, "SELECT * FROM tide.verifications", 10),
-        c.log_path().display(),
-        c.log_tail(40)
+    diag_of(
+        c,
+        &[
+            (
+                "tide.pipelines",
+                "SELECT name, target, state, enabled, worker_pid, applied_lsn, lag_bytes, events_applied, \
+                        last_error, last_error_sqlstate, remedy FROM tide.pipelines ORDER BY name",
+                10,
+            ),
+            (
+                "tide.backfills",
+                "SELECT id, pipeline, relation, state, generation, condition, chunk_size, chunks_done, \
+                        rows_read, rows_dropped, rows_emitted, last_key, error FROM tide.backfills ORDER BY id",
+                20,
+            ),
+            ("tide.verifications", "SELECT * FROM tide.verifications", 10),
+        ],
+        40,
     )
+}
+
+/// Diagnostics for a failure message: per `(title, query, limit)` a `--- title ---` line and at
+/// most `limit` rows of the query as JSON lines ([`sample`]), then the last `log_lines` lines of
+/// the server log.
+pub fn diag_of(c: &Cluster, sections: &[(&str, &str, usize)], log_lines: usize) -> String {
+    let mut s = String::new();
+    for (title, sql, limit) in sections {
+        s.push_str(&format!("--- {title} ---\n{}\n", sample(c, sql, *limit)));
+    }
+    s.push_str(&format!(
+        "--- last {log_lines} lines of {} ---\n{}\n--- end of server log ---",
+        c.log_path().display(),
+        c.log_tail(log_lines)
+    ));
+    s
+}
+
+/// One JSON line: the pipeline's row of `tide.pipelines` (empty when there is none).
+pub fn pipeline_row(c: &Cluster, name: &str) -> String {
+    sample(
+        c,
+        &format!("SELECT * FROM tide.pipelines WHERE name = '{name}'"),
+        1,
+    )
+}
+
+/// Rows of a query as JSON lines (for failure messages), at most `limit`.
+pub fn sample(c: &Cluster, sql: &str, limit: usize) -> String {
+    match c.try_query(&format!(
+        "SELECT row_to_json(q)::text FROM ({sql}) q LIMIT {limit}"
+    )) {
+        Ok(rows) => rows
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Err(e) => format!("(query failed: {})", describe_error(&e)),
+    }
+}
+
+/// `tide.wait_for_pipeline(name, secs)`, which must return true: panics with `diag()` (the
+/// calling suite's diagnostics) otherwise. Returns how long it took.
+#[track_caller]
+pub fn wait_for_pipeline(
+    c: &Cluster,
+    name: &str,
+    secs: u32,
+    diag: impl FnOnce() -> String,
+) -> Duration {
+    expect_true(
+        c,
+        "SELECT tide.wait_for_pipeline($1::text, $2::int4 * interval '1 second')",
+        &[&name, &(secs as i32)],
+        &format!("tide.wait_for_pipeline('{name}', '{secs} seconds')"),
+        diag,
+    )
+}
+
+/// `tide.wait_for_backfill(table, pipeline, secs)`, which must return true: panics with `diag()`
+/// otherwise. `pipeline` None lets the function find the table's pipeline. Returns how long it
+/// took.
+#[track_caller]
+pub fn wait_for_backfill(
+    c: &Cluster,
+    table: &str,
+    pipeline: Option<&str>,
+    secs: u32,
+    diag: impl FnOnce() -> String,
+) -> Duration {
+    expect_true(
+        c,
+        "SELECT tide.wait_for_backfill($1::text::regclass, $2::text, $3::int4 * interval '1 second')",
+        &[&table, &pipeline, &(secs as i32)],
+        &format!("tide.wait_for_backfill('{table}', {pipeline:?}, '{secs} seconds')"),
+        diag,
+    )
+}
+
+/// Run `sql`, a query of one boolean, which must return true; `what` names it in the panic.
+#[track_caller]
+fn expect_true(
+    c: &Cluster,
+    sql: &str,
+    params: &[&(dyn postgres::types::ToSql + Sync)],
+    what: &str,
+    diag: impl FnOnce() -> String,
+) -> Duration {
+    let t = Instant::now();
+    let res = c
+        .try_client()
+        .and_then(|mut cl| cl.query_one(sql, params).map(|r| r.get::<_, bool>(0)));
+    match res {
+        Ok(true) => t.elapsed(),
+        Ok(false) => panic!(
+            "{what} returned false after {:.1?}\n{}",
+            t.elapsed(),
+            diag()
+        ),
+        Err(e) => panic!("{what} failed: {}\n{}", describe_error(&e), diag()),
+    }
 }
 
 /// The pipeline's worker pid, if it has one now.
@@ -83,38 +187,48 @@ pub fn wait_backfill(c: &Cluster, table: &str, pipeline: &str, secs: u32) -> Dur
     wait_for_backfill(c, table, Some(pipeline), secs, || diag(c))
 }
 
-/// An empty copy of `source` (a table keyed by `id`) and a plpgsql function
-/// `<copy>_replay(pipeline)` that replays the outbox events of `relation` onto it in id order
-/// (upsert by `id`, delete, truncate; unchanged TOAST columns are refused) and returns how many.
-pub fn outbox_copy(c: &Cluster, source: &str, relation: &str, copy: &str) {
-    c.execute(&format!(
-        r#"
-CREATE TABLE {copy} (LIKE {source});
-ALTER TABLE {copy} ADD PRIMARY KEY (id);
-CREATE FUNCTION {copy}_replay(p_pipeline text) RETURNS bigint LANGUAGE plpgsql AS $f$
-DECLARE e record; n bigint := 0;
-BEGIN
-    FOR e IN SELECT o.op, o.key, o."row", o.unchanged FROM tide.outbox o
-              WHERE o.pipeline = p_pipeline AND o.relation = '{relation}' ORDER BY o.id
-    LOOP
-        n := n + 1;
-        IF e.op IN ('read', 'insert', 'update') THEN
-            IF coalesce(cardinality(e.unchanged), 0) > 0 THEN
-                RAISE EXCEPTION 'unchanged columns %', e.unchanged;
-            END IF;
-            DELETE FROM {copy} c USING jsonb_populate_record(NULL::{copy}, e.key) k WHERE c.id = k.id;
-            INSERT INTO {copy} SELECT * FROM jsonb_populate_record(NULL::{copy}, e."row");
-        ELSIF e.op = 'delete' THEN
-            DELETE FROM {copy} c USING jsonb_populate_record(NULL::{copy}, e.key) k WHERE c.id = k.id;
-        ELSIF e.op = 'truncate' THEN
-            DELETE FROM {copy};
-        ELSE
-            RAISE EXCEPTION 'unknown op %', e.op;
-        END IF;
-    END LOOP;
-    RETURN n;
-END
-$f$;
-"#
-    ));
+/// `kill -9` of a process (a pipeline's worker: the postmaster then restarts the server).
+pub fn kill9(pid: i32) {
+    let st = Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(st.success(), "kill -9 {pid} failed: {st}");
+}
+
+/// Wait (at most `timeout`) until the server accepts connections again and the pipeline has a
+/// streaming worker whose pid differs from `old_pid`; panics with `diag()` otherwise. Returns
+/// how long it took.
+#[track_caller]
+pub fn wait_recovered(
+    c: &Cluster,
+    pipeline: &str,
+    old_pid: Option<i32>,
+    timeout: Duration,
+    diag: impl FnOnce() -> String,
+) -> Duration {
+    match poll_every(timeout, Duration::from_millis(100), || {
+        let pid = c.try_query_scalar::<Option<i32>>(&format!(
+            "SELECT (SELECT worker_pid FROM tide.pipelines WHERE name = '{pipeline}' AND state = 'streaming')"
+        ))?;
+        Ok(pid.is_some() && pid != old_pid)
+    }) {
+        Ok(d) => d,
+        Err(msg) => panic!(
+            "the server or the pipeline worker did not come back: {msg}\n{}",
+            diag()
+        ),
+    }
+}
+
+/// One round of a writer's statements on `table` (columns id, v, pad; keys 1..=`rows`): an
+/// update, an upsert (inside the key range or up to a fifth past it) and a delete, each of one
+/// random row (the key is picked once, in an InitPlan, so each statement touches one row).
+pub fn churn_sql(table: &str, rows: i64) -> String {
+    format!(
+        "UPDATE {table} SET v = v + 1 WHERE id = (SELECT 1 + (random() * {rows})::int);
+         INSERT INTO {table} (id, v, pad) VALUES ((SELECT 1 + (random() * {rows} * 1.2)::int), -1, 'w')
+                ON CONFLICT (id) DO UPDATE SET v = excluded.v;
+         DELETE FROM {table} WHERE id = (SELECT 1 + (random() * {rows})::int);"
+    )
 }

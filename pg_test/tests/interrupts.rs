@@ -11,15 +11,14 @@ use std::time::{Duration, Instant};
 const PROMPT: Duration = Duration::from_secs(10);
 
 fn diag(c: &Cluster) -> String {
-    format!(
-        "--- tide.pipelines ---\n{}\n--- last 30 lines of {} ---\n{}",
-        sample(
-            c,
+    diag_of(
+        c,
+        &[(
+            "tide.pipelines",
             "SELECT name, state, worker_pid, last_error FROM tide.pipelines",
-            5
-        ),
-        c.log_path().display(),
-        c.log_tail(30)
+            5,
+        )],
+        30,
     )
 }
 
@@ -52,9 +51,7 @@ fn wait_until_stalled(c: &Cluster, tgt: &Cluster, since: &str) -> i32 {
 
 #[test]
 fn a_stalled_remote_target_does_not_delay_stopping() {
-    let c = setup("stall");
-    let tgt = target_cluster("stall_tgt");
-    create_server(&c, "tgt", &tgt);
+    let (c, tgt) = setup_remote("stall");
     c.execute(r#"SELECT tide.create_pipeline('p', 'postgres', '{"server": "tgt"}')"#);
     c.execute("CREATE TABLE s (id int PRIMARY KEY, v int)");
     c.execute("SELECT tide.add_table('p', 's')");

@@ -7,15 +7,16 @@ use pg_test::*;
 use std::time::{Duration, Instant};
 
 fn diag(c: &Cluster) -> String {
-    format!(
-        "--- tide.backfills ---\n{}\n--- last 30 lines of {} ---\n{}",
-        sample(
-            c,
-            "SELECT id, relation, state, chunks_done, rows_read, estimated_rows, fraction_done, estimated_time_left, error FROM tide.backfills",
-            5
-        ),
-        c.log_path().display(),
-        c.log_tail(30)
+    diag_of(
+        c,
+        &[
+            (
+                "tide.backfills",
+                "SELECT id, relation, state, chunks_done, rows_read, estimated_rows, fraction_done, estimated_time_left, error FROM tide.backfills",
+                5,
+            ),
+        ],
+        30,
     )
 }
 

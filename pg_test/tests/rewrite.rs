@@ -30,24 +30,29 @@ const ROWS: i64 = 12_000;
 const CHUNK: i64 = 400;
 
 fn diag(c: &Cluster) -> String {
-    format!(
-        "--- tide.pipelines ---\n{}\n--- tide.backfills ---\n{}\n--- tide.chunks (short ones) ---\n{}\n--- last 40 lines of {} ---\n{}",
-        sample(c, "SELECT name, state, worker_pid, lag_bytes, events_applied, last_error FROM tide.pipelines", 10),
-        sample(
-            c,
-            "SELECT id, pipeline, relation, state, chunks_done, rows_read, rows_dropped, rows_emitted, last_key, error \
-               FROM tide.backfills ORDER BY id",
-            20
-        ),
-        sample(
-            c,
-            "SELECT ch.backfill_id, ch.chunk, ch.key_from, ch.key_to, ch.rows_read, ch.low_lsn, ch.high_lsn \
-               FROM tide.chunks ch JOIN tide.backfills b ON b.id = ch.backfill_id \
-              WHERE ch.rows_read < b.chunk_size ORDER BY 1, 2",
-            20
-        ),
-        c.log_path().display(),
-        c.log_tail(40)
+    diag_of(
+        c,
+        &[
+            (
+                "tide.pipelines",
+                "SELECT name, state, worker_pid, lag_bytes, events_applied, last_error FROM tide.pipelines",
+                10,
+            ),
+            (
+                "tide.backfills",
+                "SELECT id, pipeline, relation, state, chunks_done, rows_read, rows_dropped, rows_emitted, last_key, error \
+                  FROM tide.backfills ORDER BY id",
+                20,
+            ),
+            (
+                "tide.chunks (short ones)",
+                "SELECT ch.backfill_id, ch.chunk, ch.key_from, ch.key_to, ch.rows_read, ch.low_lsn, ch.high_lsn \
+                  FROM tide.chunks ch JOIN tide.backfills b ON b.id = ch.backfill_id \
+                  WHERE ch.rows_read < b.chunk_size ORDER BY 1, 2",
+                20,
+            ),
+        ],
+        40,
     )
 }
 
@@ -73,12 +78,7 @@ fn spawn_writer(c: &Cluster, tables: &[&str], stop: Arc<AtomicBool>) -> JoinHand
         let mut n = 0u64;
         while !stop.load(Ordering::SeqCst) {
             for t in &tables {
-                let sql = format!(
-                    "UPDATE {t} SET v = v + 1 WHERE id = (SELECT 1 + (random() * {ROWS})::int);
-                     INSERT INTO {t} (id, v, pad) VALUES ((SELECT 1 + (random() * {ROWS} * 1.2)::int), -1, 'w')
-                            ON CONFLICT (id) DO UPDATE SET v = excluded.v;
-                     DELETE FROM {t} WHERE id = (SELECT 1 + (random() * {ROWS})::int);"
-                );
+                let sql = churn_sql(t, ROWS);
                 // A statement may fail while a rewrite changes the table under it (e.g. a cached
                 // plan); the next round goes on.
                 if cl.batch_execute(&sql).is_ok() {
@@ -118,12 +118,18 @@ fn queue_ddl(c: &Cluster, ddl: &str) -> JoinHandle<Result<(), postgres::Error>> 
 /// holds ACCESS SHARE on `tables`, until the backfills of `tables` have both moved past
 /// `after_chunks` chunks and the DDL is queued; then let it commit. Returns when it committed.
 fn hold_rewrite(c: &Cluster, tables: &[&str], ddl: &str) {
+    hold_rewrite_then(c, tables, ddl, || {});
+}
+
+/// [`hold_rewrite`], calling `queued` as soon as the DDL waits for its lock.
+fn hold_rewrite_then(c: &Cluster, tables: &[&str], ddl: &str, queued: impl FnOnce()) {
     let mut blocker = connect(c);
     let list = tables.join(", ");
     blocker
         .batch_execute(&format!("BEGIN; LOCK TABLE {list} IN ACCESS SHARE MODE"))
         .expect("blocker lock");
     let runner = queue_ddl(c, ddl);
+    queued();
     // Let the backfills' next chunks meet the queued rewrite.
     std::thread::sleep(Duration::from_millis(1500));
     blocker.batch_execute("COMMIT").expect("blocker commit");
@@ -319,13 +325,9 @@ fn verify_and_repair_during_rewrite() {
     // Verify, throttled to a few seconds (verify honours the table's backfill throttle), with a
     // rewrite held and committed while it runs.
     c.execute("UPDATE tide.backfill SET rows_per_second = 4000");
-    let port = c.port();
+    let cfg = c.config("postgres");
     let verifier = std::thread::spawn(move || {
-        let mut v = postgres::Client::connect(
-            &format!("host=127.0.0.1 port={port} user=postgres dbname=postgres"),
-            postgres::NoTls,
-        )
-        .expect("connect");
+        let mut v = cfg.connect(NoTls).expect("connect");
         v.query_one(
             "SELECT count(*), coalesce(json_agg(v)::text, '') FROM tide.verify('t', 'pt', ranges => 30) v
               WHERE kind NOT LIKE 'summary%'",
@@ -381,20 +383,16 @@ fn verify_and_repair_during_rewrite() {
         "the repair did not queue a backfill\n{}",
         diag(&c)
     );
-    let mut blocker = connect(&c);
-    blocker
-        .batch_execute("BEGIN; LOCK TABLE t IN ACCESS SHARE MODE")
-        .expect("blocker");
-    let runner = queue_ddl(&c, "ALTER TABLE t ALTER COLUMN v TYPE numeric");
-    signal_lock
-        .batch_execute("COMMIT")
-        .expect("release the signal row");
-    std::thread::sleep(Duration::from_millis(1500));
-    blocker.batch_execute("COMMIT").expect("blocker commit");
-    runner
-        .join()
-        .expect("ddl thread")
-        .unwrap_or_else(|e| panic!("alter failed: {}", describe_error(&e)));
+    hold_rewrite_then(
+        &c,
+        &["t"],
+        "ALTER TABLE t ALTER COLUMN v TYPE numeric",
+        || {
+            signal_lock
+                .batch_execute("COMMIT")
+                .expect("release the signal row");
+        },
+    );
     settle(&c, &[("t", "pt")]);
     assert_same(&c, "t", "replica.t", "after the repair during a rewrite");
     let kept: i64 = c.query_scalar("SELECT count(*) FROM replica.t WHERE id > 100000");

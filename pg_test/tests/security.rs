@@ -10,11 +10,21 @@ use pg_test::*;
 use std::time::{Duration, Instant};
 
 fn diag(c: &Cluster) -> String {
-    format!(
-        "--- pipelines ---\n{}\n--- backfills ---\n{}\n--- last 30 lines of the server log ---\n{}",
-        sample(c, "SELECT name, owner, state, worker_pid, last_error FROM tide.pipelines JOIN tide.pipeline USING (name)", 10),
-        sample(c, "SELECT id, pipeline, relation, state, owner, rows_emitted, error FROM tide.backfill ORDER BY id", 10),
-        c.log_tail(30)
+    diag_of(
+        c,
+        &[
+            (
+                "pipelines",
+                "SELECT name, owner, state, worker_pid, last_error FROM tide.pipelines JOIN tide.pipeline USING (name)",
+                10,
+            ),
+            (
+                "backfills",
+                "SELECT id, pipeline, relation, state, owner, rows_emitted, error FROM tide.backfill ORDER BY id",
+                10,
+            ),
+        ],
+        30,
     )
 }
 
@@ -537,11 +547,10 @@ fn loops_are_impossible() {
         before_source, 0,
         "target rows carry a commit timestamp older than their source's (a stale origin timestamp)"
     );
-    let seen: Vec<String> = c
-        .query("SELECT key->>'id' FROM tide.outbox WHERE pipeline = 'watch' ORDER BY id")
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let seen = texts(
+        &c,
+        "SELECT key->>'id' FROM tide.outbox WHERE pipeline = 'watch' ORDER BY id",
+    );
     assert_eq!(
         seen,
         vec!["1000".to_string()],

@@ -114,21 +114,22 @@ SELECT line FROM lines ORDER BY line
 "#;
 
 fn diag(c: &Cluster) -> String {
-    format!(
-        "--- tide.pipelines ---\n{}\n--- tide.backfills ---\n{}\n--- last 40 lines of {} ---\n{}",
-        sample(
-            c,
-            "SELECT name, state, worker_pid, lag_bytes, events_applied, last_error FROM tide.pipelines",
-            10
-        ),
-        sample(
-            c,
-            "SELECT id, pipeline, relation, state, chunks_done, rows_read, estimated_rows, fraction_done, error \
-               FROM tide.backfills ORDER BY id",
-            20
-        ),
-        c.log_path().display(),
-        c.log_tail(40)
+    diag_of(
+        c,
+        &[
+            (
+                "tide.pipelines",
+                "SELECT name, state, worker_pid, lag_bytes, events_applied, last_error FROM tide.pipelines",
+                10,
+            ),
+            (
+                "tide.backfills",
+                "SELECT id, pipeline, relation, state, chunks_done, rows_read, estimated_rows, fraction_done, error \
+                  FROM tide.backfills ORDER BY id",
+                20,
+            ),
+        ],
+        40,
     )
 }
 
@@ -200,14 +201,9 @@ fn remove_pg_tide_files(bin: &Path) {
 /// Writers on the three source tables until `stop`: updates, inserts (in and past the key
 /// range) and deletes, one row each. A failed round (the server restarting) reconnects.
 fn spawn_writer(c: &Cluster, stop: Arc<AtomicBool>) -> JoinHandle<(u64, u64)> {
-    let port = c.port();
+    let cfg = c.config("postgres");
     std::thread::spawn(move || {
-        let connect = || {
-            postgres::Client::connect(
-                &format!("host=127.0.0.1 port={port} user=postgres dbname=postgres"),
-                postgres::NoTls,
-            )
-        };
+        let connect = || cfg.connect(NoTls);
         let mut cl = connect().ok();
         let (mut ok, mut failed) = (0u64, 0u64);
         while !stop.load(Ordering::SeqCst) {
@@ -218,12 +214,7 @@ fn spawn_writer(c: &Cluster, stop: Arc<AtomicBool>) -> JoinHandle<(u64, u64)> {
             };
             let mut round_failed = false;
             for (_, t) in PIPELINES {
-                let sql = format!(
-                    "UPDATE {t} SET v = v + 1 WHERE id = (SELECT 1 + (random() * {ROWS})::int);
-                     INSERT INTO {t} (id, v, pad) VALUES ((SELECT 1 + (random() * {ROWS} * 1.2)::int), -1, 'w')
-                            ON CONFLICT (id) DO UPDATE SET v = excluded.v;
-                     DELETE FROM {t} WHERE id = (SELECT 1 + (random() * {ROWS})::int);"
-                );
+                let sql = churn_sql(t, ROWS);
                 if client.batch_execute(&sql).is_err() {
                     round_failed = true;
                     break;

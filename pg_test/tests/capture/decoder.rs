@@ -1,0 +1,131 @@
+//! The decoder: one decoding session per worker, which reads each WAL record once; a huge
+//! transaction spills to a temporary file and arrives whole.
+
+use crate::common::*;
+use std::time::{Duration, Instant};
+
+/// Bytes the process has read through read(2) and friends (`rchar` of /proc/PID/io): the WAL
+/// the worker decodes is read that way.
+fn read_bytes(pid: i32) -> u64 {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .unwrap_or_else(|e| panic!("cannot read /proc/{pid}/io (run the tests as root): {e}"));
+    io.lines()
+        .find_map(|l| l.strip_prefix("rchar: "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no rchar in /proc/{pid}/io: {io}"))
+}
+
+fn current_lsn_bytes(c: &Cluster) -> i64 {
+    c.query_scalar::<i64>("SELECT (pg_current_wal_lsn() - '0/0')::int8")
+}
+
+/// The worker reads each WAL record once. A decoding call per iteration (what pg_tide did
+/// before it kept its decoding session open) starts at the slot's restart point every time,
+/// which stays behind a large transaction until the next running-transactions record (up to
+/// 15 s): this test measures the worker's reads while such a transaction lies between the
+/// restart point and the stream, and would see gigabytes instead of megabytes.
+#[test]
+fn decoder_reads_wal_once() {
+    let c = setup("read_once");
+    c.execute("CREATE TABLE t (id int PRIMARY KEY, v text)");
+    c.execute("CREATE TABLE noise (id int, pad text)");
+    capture_table(&c, "p", "t");
+    let pid = worker_pid(&c, "p").expect("worker pid");
+    // The slot is held by the worker for as long as it streams.
+    let active: Option<i32> =
+        c.query_scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'tide_p'");
+    assert_eq!(active, Some(pid), "the worker holds its slot");
+
+    // ~40 MB of WAL the pipeline does not capture, in one transaction.
+    c.execute("INSERT INTO noise SELECT g, repeat('x', 300) FROM generate_series(1, 100000) g");
+    c.execute("INSERT INTO t VALUES (0, 'after noise')");
+    wait_pipeline(&c, "p", 60);
+
+    // Steady small writes for 3 s, then 2 s of nothing.
+    let rchar0 = read_bytes(pid);
+    let lsn0 = current_lsn_bytes(&c);
+    let mut cl = c.client();
+    let start = Instant::now();
+    let mut n = 1;
+    while start.elapsed() < Duration::from_secs(3) {
+        cl.execute("INSERT INTO t VALUES ($1, 'row')", &[&n])
+            .unwrap();
+        n += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wait_pipeline(&c, "p", 60);
+    let written = (current_lsn_bytes(&c) - lsn0).max(0) as u64;
+    let rchar1 = read_bytes(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let rchar2 = read_bytes(pid);
+
+    let busy = rchar1 - rchar0;
+    let idle = rchar2 - rchar1;
+    eprintln!(
+        "{n} transactions, {written} bytes of WAL written; the worker read {busy} bytes while \
+         they streamed and {idle} bytes in 2 s idle"
+    );
+    assert!(
+        busy < 4 * written + (4 << 20),
+        "the worker read {busy} bytes for {written} bytes of WAL: it re-reads WAL\n{}",
+        diag(&c, "p")
+    );
+    assert!(
+        idle < (1 << 20),
+        "an idle worker read {idle} bytes in 2 s\n{}",
+        diag(&c, "p")
+    );
+    let delivered: i64 = c.query_scalar(
+        "SELECT count(DISTINCT (row->>'id')) FROM tide.outbox WHERE pipeline = 'p' AND relation = 'public.t'",
+    );
+    assert_eq!(delivered, n as i64, "every row of t delivered");
+    assert_stream_invariants(&c, "p");
+}
+
+/// One source transaction larger than `logical_decoding_work_mem` goes through a temporary
+/// file and arrives whole, in order, exactly once; the file is removed afterwards.
+#[test]
+fn huge_transaction_spills_and_arrives_whole() {
+    let c = Cluster::builder("spill")
+        .conf("logical_decoding_work_mem = '64kB'")
+        .start();
+    init_extension(&c);
+    c.execute("CREATE TABLE big (id int PRIMARY KEY, pad text)");
+    capture_table(&c, "p", "big");
+    c.execute("INSERT INTO big SELECT g, repeat(md5(g::text), 3) FROM generate_series(1, 20000) g");
+    c.execute("UPDATE big SET pad = 'small' WHERE id % 2 = 0");
+    wait_pipeline(&c, "p", 120);
+
+    assert!(
+        c.log_count("bytes of decoded changes went to a temporary file") >= 1,
+        "the decoded output did not spill (logical_decoding_work_mem = 64kB)\n{}",
+        diag(&c, "p")
+    );
+    let per_txn: Vec<(i64, i64, i64)> = c
+        .query(
+            "SELECT count(*), count(DISTINCT row->>'id'), min(position)::int8
+               FROM tide.outbox WHERE pipeline = 'p' AND relation = 'public.big'
+              GROUP BY commit_lsn ORDER BY commit_lsn",
+        )
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(
+        per_txn.len(),
+        2,
+        "two source transactions, two groups: {per_txn:?}"
+    );
+    assert_eq!(per_txn[0].0, 20000, "insert transaction: {per_txn:?}");
+    assert_eq!(per_txn[0].1, 20000);
+    assert_eq!(per_txn[1].0, 10000, "update transaction: {per_txn:?}");
+    assert_stream_invariants(&c, "p");
+    let ids_in_order: bool = c.query_scalar(
+        "SELECT bool_and(ok) FROM (
+           SELECT (row->>'id')::int = row_number() OVER (ORDER BY position) AS ok
+             FROM tide.outbox WHERE pipeline = 'p' AND relation = 'public.big' AND op = 'insert') s",
+    );
+    assert!(ids_in_order, "inserts arrive in the order they were made");
+    let left: i64 =
+        c.query_scalar("SELECT count(*) FROM pg_ls_tmpdir() WHERE name LIKE 'pgsql_tmp_pg_tide%'");
+    assert_eq!(left, 0, "temporary files left behind");
+}
