@@ -81,11 +81,97 @@ pub fn text_rows(
     limit: i64,
     fresh: bool,
 ) -> TideResult<Vec<Vec<Option<String>>>> {
-    use std::ffi::{CStr, CString};
+    with_rows(query, args, limit, fresh, |result| {
+        let mut out = Vec::with_capacity(result.len());
+        for i in 0..result.len() {
+            out.push(
+                (1..=result.columns())
+                    .map(|col| result.text(i, col))
+                    .collect(),
+            );
+        }
+        Ok(out)
+    })
+}
+
+/// The result of a query run by [`with_rows`], valid inside its closure only (the tuples live
+/// in SPI's memory, freed when the connection ends).
+pub struct RawRows {
+    table: *mut pg_sys::SPITupleTable,
+    rows: usize,
+}
+
+impl RawRows {
+    pub fn len(&self) -> usize {
+        self.rows
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// Number of columns.
+    pub fn columns(&self) -> i32 {
+        if self.table.is_null() {
+            0
+        } else {
+            // SAFETY: a non-null SPI_tuptable of the last statement, read before SPI_finish.
+            unsafe { (*(*self.table).tupdesc).natts }
+        }
+    }
+
+    /// Row `row`'s column `col` (1-based) as its type's text output, NULL as `None`.
+    pub fn text(&self, row: usize, col: i32) -> Option<String> {
+        if row >= self.rows || col < 1 || col > self.columns() {
+            return None;
+        }
+        // SAFETY: row and column are in range of the SPI result, read before SPI_finish; the
+        // text is copied and the palloc'd string freed.
+        unsafe {
+            let tup = *(*self.table).vals.add(row);
+            let v = pg_sys::SPI_getvalue(tup, (*self.table).tupdesc, col);
+            if v.is_null() {
+                None
+            } else {
+                let s = std::ffi::CStr::from_ptr(v).to_string_lossy().into_owned();
+                pg_sys::pfree(v as *mut std::ffi::c_void);
+                Some(s)
+            }
+        }
+    }
+
+    /// Row `row`'s column `col` (1-based) as a datum (`None` for NULL), pointing into SPI's
+    /// memory: copy it (e.g. into an array) before the closure of [`with_rows`] returns.
+    pub fn datum(&self, row: usize, col: i32) -> Option<pg_sys::Datum> {
+        if row >= self.rows || col < 1 || col > self.columns() {
+            return None;
+        }
+        // SAFETY: as in `text`.
+        unsafe {
+            let tup = *(*self.table).vals.add(row);
+            let mut isnull = false;
+            let d = pg_sys::SPI_getbinval(tup, (*self.table).tupdesc, col, &mut isnull);
+            (!isnull).then_some(d)
+        }
+    }
+}
+
+/// Run a query with text parameters (as [`text_rows`]) and hand its result to `f` inside the
+/// SPI connection.
+pub fn with_rows<R>(
+    query: &str,
+    args: &[Option<&str>],
+    limit: i64,
+    fresh: bool,
+    f: impl FnOnce(&RawRows) -> TideResult<R>,
+) -> TideResult<R> {
+    use std::ffi::CString;
     let cquery = CString::new(query)
         .map_err(|_| crate::error::TideError::internal("query contains a NUL byte"))?;
-    Spi::connect(|_c| -> TideResult<Vec<Vec<Option<String>>>> {
-        unsafe {
+    Spi::connect(|_c| -> TideResult<R> {
+        // SAFETY: SPI is connected; the argument arrays outlive the call; the result is read
+        // only inside `f`, before SPI_finish.
+        let rows = unsafe {
             let n = args.len();
             let mut types = vec![pg_sys::TEXTOID; n];
             let mut values = Vec::with_capacity(n);
@@ -118,29 +204,16 @@ pub fn text_rows(
                     "SPI_execute failed with code {rc}"
                 )));
             }
-            let tt = pg_sys::SPI_tuptable;
-            if tt.is_null() {
-                return Ok(Vec::new());
+            let table = pg_sys::SPI_tuptable;
+            RawRows {
+                table,
+                rows: if table.is_null() {
+                    0
+                } else {
+                    pg_sys::SPI_processed as usize
+                },
             }
-            let desc = (*tt).tupdesc;
-            let natts = (*desc).natts;
-            let nrows = pg_sys::SPI_processed as usize;
-            let mut out = Vec::with_capacity(nrows);
-            for i in 0..nrows {
-                let tup = *(*tt).vals.add(i);
-                let mut row = Vec::with_capacity(natts as usize);
-                for col in 1..=natts {
-                    let v = pg_sys::SPI_getvalue(tup, desc, col);
-                    if v.is_null() {
-                        row.push(None);
-                    } else {
-                        row.push(Some(CStr::from_ptr(v).to_string_lossy().into_owned()));
-                        pg_sys::pfree(v as *mut std::ffi::c_void);
-                    }
-                }
-                out.push(row);
-            }
-            Ok(out)
-        }
+        };
+        f(&rows)
     })
 }

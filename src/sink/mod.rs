@@ -43,6 +43,22 @@ pub struct Event {
     pub backfill: Option<(i64, i64)>,
 }
 
+/// The surviving rows of a backfill chunk as row values of the source table's row type (see
+/// [`Target::takes_row_values`]): one array, the parameter of a single upsert.
+pub struct RowBatch<'a> {
+    pub relid: u32,
+    /// Source relation, as in [`Event::relation`].
+    pub relation: &'a str,
+    /// The source columns of each row to write, by name, with their `format_type`.
+    pub columns: &'a [(String, String)],
+    /// An array of the source's row type (in the current memory context).
+    pub rows: pgrx::pg_sys::Datum,
+    /// Its type.
+    pub array_type: pgrx::pg_sys::Oid,
+    /// How many rows it holds (none: nothing to write).
+    pub count: usize,
+}
+
 /// A pipeline's target, kept by the worker across iterations (table targets cache the target
 /// tables' shapes). The worker calls, per iteration: [`Target::begin`], then
 /// [`Target::applied`], then for each decoded message [`Target::relation`] or
@@ -93,6 +109,30 @@ pub trait Target {
         _applied: Lsn,
     ) -> TideResult<()> {
         Ok(())
+    }
+
+    /// Whether a backfill chunk of source table `relid` with `columns` (name, `format_type`)
+    /// can be handed over as row values ([`Target::push_row_values`]) instead of one event per
+    /// row: only a target in this database whose table has each column with the same type.
+    /// Asked when the chunk is read (in the chunk's transaction: reads only) and again at its
+    /// high watermark; `false` (the default) means events.
+    fn takes_row_values(&mut self, _relid: u32, _columns: &[(String, String)]) -> TideResult<bool> {
+        Ok(false)
+    }
+
+    /// A backfill chunk's surviving rows as row values, in stream order (at the chunk's high
+    /// watermark), for a target that said it takes them. Same effect as pushing each row as a
+    /// `read` event.
+    fn push_row_values(
+        &mut self,
+        _c: &mut SpiClient<'_>,
+        _t: &Txn,
+        batch: RowBatch<'_>,
+    ) -> TideResult<()> {
+        Err(crate::error::TideError::internal(format!(
+            "this target cannot take the rows of a chunk of {} as row values",
+            batch.relation
+        )))
     }
 
     /// Forget cached state after a failed iteration.

@@ -17,20 +17,20 @@
 //! under new watermarks (watermark ids come from a sequence and are never reused). Any failed
 //! stream iteration forgets the chunk for the same reason.
 
+use super::chunk::{read_chunk, table_meta, Item};
 use super::estimate::Estimate;
+use super::row_values::RowValues;
 use crate::error::{TideError, TideResult};
-use crate::sink::{Event, Target};
+use crate::sink::{Event, RowBatch, Target};
 use crate::sql;
 use crate::worker::tx::{self, Locked};
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
-use tide_core::json;
 use tide_core::lsn::Lsn;
-use tide_core::model::{Op, OwnedColumn, Txn, WatermarkKind};
+use tide_core::model::{Op, Txn, WatermarkKind};
 use tide_core::reconcile::Reconciler;
-use tide_core::wire::{Tuple, Value};
 
 /// A chunk read and waiting for its high watermark.
 struct PendingChunk {
@@ -48,8 +48,11 @@ struct PendingChunk {
     low_lsn: Option<Lsn>,
     /// A TRUNCATE of the table inside the window invalidates every row of the chunk.
     truncated: bool,
-    /// The columns of the rows, in order.
-    columns: Vec<String>,
+    /// The columns of the rows, (name, `format_type`), in order.
+    columns: Vec<(String, String)>,
+    /// The rows' values, when the chunk holds them as row values (see [`Item`]), with the
+    /// attribute numbers of `columns` they were read with.
+    values: Option<(RowValues, Vec<i32>)>,
     /// Transactions in progress in the chunk's snapshot (32-bit xids, as decoding reports them).
     invisible: HashSet<u32>,
     /// Progress estimates taken while the chunk was read (see [`ChunkRead`]).
@@ -58,8 +61,8 @@ struct PendingChunk {
 
 /// In-memory backfill state of one worker.
 pub struct Backfiller {
-    /// Rows are `Some(row)` to upsert, or `None`: a repair's delete of a key gone at the source.
-    reconciler: Reconciler<u32, String, Option<String>>,
+    /// A row to upsert (JSON or row value), or a repair's delete of a key gone at the source.
+    reconciler: Reconciler<u32, String, Item>,
     pending: Option<PendingChunk>,
     not_before: Instant,
     /// The backfill whose "waiting" reason was last written to tide.backfills.
@@ -174,6 +177,25 @@ impl Backfiller {
         } else {
             result.dropped
         };
+        // Row values are read with the row type the chunk was read with: only while the table
+        // still has the same columns (no DDL since the read), and the target still takes them
+        // (its table has those columns with the same types). Otherwise the chunk is read again.
+        if let (Some((_, attnums)), true) = (
+            &p.values,
+            rows.iter().any(|(_, r)| matches!(r, Item::Value(_))),
+        ) {
+            let same_source = table_meta(p.relid, &[])?
+                .is_some_and(|m| m.shape() == p.columns && &m.attnums == attnums);
+            if !same_source || !sink.takes_row_values(p.relid, &p.columns)? {
+                pgrx::log!(
+                    "pg_tide: {} or its target changed shape while chunk {} of backfill {} waited for its high watermark; reading the chunk again",
+                    p.relation,
+                    p.chunk_no,
+                    p.backfill_id
+                );
+                return Ok(None);
+            }
+        }
         // Progress first: if the backfill was cancelled meanwhile, nothing is emitted.
         let still_active = sql::first::<bool>(c
             .update(
@@ -236,9 +258,17 @@ impl Backfiller {
             )?;
         }
         let n = rows.len() as u64;
-        for (key, row) in rows {
+        let mut as_values = Vec::new();
+        for (key, item) in rows {
+            let (op, row) = match item {
+                Item::Value(i) => {
+                    as_values.push(i);
+                    continue;
+                }
+                Item::Json(row) => (Op::Read, Some(row)),
+                Item::Delete => (Op::Delete, None),
+            };
             t.position += 1;
-            let op = if row.is_some() { Op::Read } else { Op::Delete };
             sink.push(
                 c,
                 t,
@@ -248,7 +278,7 @@ impl Backfiller {
                     op,
                     key: Some(key),
                     columns: if row.is_some() {
-                        p.columns.clone()
+                        p.columns.iter().map(|(name, _)| name.clone()).collect()
                     } else {
                         Vec::new()
                     },
@@ -258,12 +288,28 @@ impl Backfiller {
                 },
             )?;
         }
+        if let (Some((values, _)), false) = (&p.values, as_values.is_empty()) {
+            t.position += i32::try_from(as_values.len()).unwrap_or(i32::MAX);
+            sink.push_row_values(
+                c,
+                t,
+                RowBatch {
+                    relid: p.relid,
+                    relation: &p.relation,
+                    columns: &p.columns,
+                    rows: values.array_of(&as_values)?,
+                    array_type: values.array_type,
+                    count: as_values.len(),
+                },
+            )?;
+        }
         Ok(Some(Emitted { rows: n }))
     }
 
     /// Read the next chunk of the pipeline's active backfill, if one is due. Runs its own two
-    /// transactions; call it between stream iterations.
-    pub fn step(&mut self, pipeline: &str) -> TideResult<()> {
+    /// transactions; call it between stream iterations. `sink` is the pipeline's target, when
+    /// it exists yet: it says whether it takes the chunk's rows as row values.
+    pub fn step(&mut self, pipeline: &str, sink: &mut Option<Box<dyn Target>>) -> TideResult<()> {
         if self.pending.is_some() || Instant::now() < self.not_before {
             return Ok(());
         }
@@ -275,7 +321,7 @@ impl Backfiller {
         let started = Instant::now();
         // The table's lock before the chunk's snapshot (see `tx::run_locked`).
         let read = match tx::run_locked(pg_sys::Oid::from(job.relid), || {
-            read_chunk(pipeline, &job)
+            read_chunk(pipeline, &job, sink.as_deref_mut())
         }) {
             Ok(Locked::Ran(r)) => Ok(r),
             Ok(Locked::Busy) => Err(TideError::new(
@@ -332,12 +378,8 @@ impl Backfiller {
         };
         let n = read.rows.len();
         let last_key = read.rows.last().map(|r| r.key_values.clone());
-        let mut rows: Vec<(String, Option<String>)> = read
-            .rows
-            .into_iter()
-            .map(|r| (r.key, Some(r.row)))
-            .collect();
-        rows.extend(read.deletes.into_iter().map(|k| (k, None)));
+        let mut rows: Vec<(String, Item)> = read.rows.into_iter().map(|r| (r.key, r.row)).collect();
+        rows.extend(read.deletes.into_iter().map(|k| (k, Item::Delete)));
         self.reconciler.add_chunk(job.watermark, job.relid, rows);
         self.pending = Some(PendingChunk {
             watermark: job.watermark,
@@ -353,6 +395,7 @@ impl Backfiller {
             low_lsn: None,
             truncated: false,
             columns: read.columns,
+            values: read.values,
             invisible: read.invisible,
             estimate: read.estimate,
         });
@@ -366,19 +409,19 @@ impl Backfiller {
 }
 
 /// The next chunk to read, after its low watermark committed.
-struct Job {
-    backfill_id: i64,
-    watermark: u64,
-    chunk_no: i64,
-    relid: u32,
-    chunk_size: i64,
-    rows_per_second: Option<i64>,
-    condition: Option<String>,
-    owner: String,
-    key_columns: Vec<String>,
-    last_key: Option<Vec<String>>,
+pub(super) struct Job {
+    pub(super) backfill_id: i64,
+    pub(super) watermark: u64,
+    pub(super) chunk_no: i64,
+    pub(super) relid: u32,
+    pub(super) chunk_size: i64,
+    pub(super) rows_per_second: Option<i64>,
+    pub(super) condition: Option<String>,
+    pub(super) owner: String,
+    pub(super) key_columns: Vec<String>,
+    pub(super) last_key: Option<Vec<String>>,
     /// JSON array of key value arrays a repair deletes (see `tide.repair`).
-    repair_deletes: Option<String>,
+    pub(super) repair_deletes: Option<String>,
 }
 
 /// Transaction 1: pick the backfill, mark it running, write the LW.
@@ -434,304 +477,6 @@ fn low_watermark(pipeline: &str) -> TideResult<Option<Job>> {
     }))
 }
 
-struct ChunkRow {
-    key: String,
-    key_values: Vec<String>,
-    row: String,
-}
-
-struct ChunkRead {
-    invisible: HashSet<u32>,
-    estimate: Estimate,
-    /// Keys (rendered) a repair deletes at the high watermark.
-    deletes: Vec<String>,
-    relation: String,
-    columns: Vec<String>,
-    rows: Vec<ChunkRow>,
-    is_last: bool,
-    read_at: i64,
-}
-
-/// Transaction 2: SELECT the chunk (snapshot taken after the LW commit) and write the HW.
-fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
-    let relid = job.relid.to_string();
-    // The table as it is now: columns in attribute order, as the output plugin sends them.
-    let meta = sql::text_rows(
-        "SELECT format('%I.%I', n.nspname, c.relname), a.attname::text, a.atttypid::int8, format_type(a.atttypid, a.atttypmod)
-           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-           JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
-          WHERE c.oid = $1::oid ORDER BY a.attnum",
-        &[Some(&relid)],
-        0,
-        false,
-    )?;
-    if meta.is_empty() {
-        return Err(TideError::undefined(format!(
-            "the table of backfill {} (OID {relid}) no longer exists",
-            job.backfill_id
-        ))
-        .hint("Remove it from the pipeline with tide.remove_table, or cancel the backfill."));
-    }
-    let relation = meta[0][0].clone().unwrap_or_default();
-    let columns: Vec<OwnedColumn> = meta
-        .iter()
-        .map(|m| {
-            let name = m[1].clone().unwrap_or_default();
-            OwnedColumn {
-                key: job.key_columns.contains(&name),
-                type_oid: m[2].as_deref().and_then(|s| s.parse().ok()).unwrap_or(0),
-                name,
-            }
-        })
-        .collect();
-    let mut key_types = Vec::new();
-    for k in &job.key_columns {
-        let Some(m) = meta.iter().find(|m| m[1].as_deref() == Some(k.as_str())) else {
-            return Err(TideError::prerequisite(format!("key column \"{k}\" of {relation} no longer exists"))
-                .hint(format!("Remove and re-add the table: SELECT tide.remove_table('{pipeline}', '{relation}'); SELECT tide.add_table('{pipeline}', '{relation}').")));
-        };
-        key_types.push(m[3].clone().unwrap_or_default());
-    }
-    let key_idx: Vec<usize> = job
-        .key_columns
-        .iter()
-        .filter_map(|k| columns.iter().position(|c| &c.name == k))
-        .collect();
-
-    let select_list = columns
-        .iter()
-        .map(|c| quote(&c.name))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let key_list = job
-        .key_columns
-        .iter()
-        .map(|k| quote(k))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let mut query = format!("SELECT {select_list} FROM ONLY {relation}");
-    let mut clauses = Vec::new();
-    let mut args: Vec<Option<&str>> = Vec::new();
-    if let Some(last) = &job.last_key {
-        let params = key_types
-            .iter()
-            .enumerate()
-            .map(|(i, t)| format!("${}::{t}", i + 1))
-            .collect::<Vec<_>>()
-            .join(", ");
-        clauses.push(format!("({key_list}) > ({params})"));
-        args.extend(last.iter().map(|s| Some(s.as_str())));
-    }
-    if let Some(cond) = &job.condition {
-        // On lines of its own: a trailing `--` comment in it ends before the `)`.
-        clauses.push(format!("(\n{cond}\n)"));
-    }
-    if !clauses.is_empty() {
-        query.push_str(" WHERE ");
-        query.push_str(&clauses.join(" AND "));
-    }
-    query.push_str(&format!(" ORDER BY {key_list} LIMIT {}", job.chunk_size));
-
-    let read_at = unsafe { pg_sys::GetCurrentTimestamp() };
-    // The chunk's snapshot (the transaction's, like the SELECT below: both run read-only). Its
-    // in-progress transactions may include one whose commit record is already in the WAL before
-    // the low watermark (PostgreSQL makes a transaction visible only after writing its commit
-    // record); such a transaction is invisible to the chunk although the stream delivers it
-    // before the window opens, so its keys are dropped from the chunk wherever it appears.
-    let snapshot =
-        sql::one::<String>("SELECT pg_current_snapshot()::text", &[])?.unwrap_or_default();
-    let invisible: HashSet<u32> = snapshot
-        .split(':')
-        .nth(2)
-        .unwrap_or("")
-        .split(',')
-        .filter_map(|x| x.trim().parse::<u64>().ok())
-        .map(|x| x as u32)
-        .collect();
-    // A transaction already committed in the log (and in the commit log) but not yet visible,
-    // e.g. waiting for a synchronous standby: the stream may already have delivered it, so its
-    // keys cannot be dropped from this chunk. Do not read the chunk now; try again shortly.
-    // pg_xact_status() reports such a transaction as "in progress" (it asks the process array
-    // first), so ask the commit log itself.
-    let committed_invisible = invisible
-        .iter()
-        .filter(|&&x| unsafe { pg_sys::TransactionIdDidCommit(pg_sys::TransactionId::from(x)) })
-        .count();
-    if committed_invisible > 0 {
-        return Err(TideError::new(
-            pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            format!("{committed_invisible} committed transaction(s) are not visible yet"),
-        )
-        .hint("A transaction has committed but is still waiting (for example for a synchronous standby); the chunk is read again once it is visible.")
-        .retry_later());
-    }
-    // Read as the role that started the backfill (its condition is its own SQL), in a
-    // security-restricted operation (`SET ROLE`/`RESET ROLE` fail there), under a timeout: a
-    // slow condition fails its backfill instead of holding the stream.
-    let owner = crate::security::owner_oid(&job.owner, &format!("backfill {}", job.backfill_id))?;
-    let timeout_ms = crate::gucs::CHUNK_TIMEOUT_MS.get().max(10);
-    let raw = crate::security::as_owner(owner, || {
-        tx::arm_timeout(timeout_ms);
-        let r = sql::text_rows(&query, &args, 0, false);
-        tx::disarm_timeout();
-        r
-    })?;
-
-    let mut rows = Vec::with_capacity(raw.len());
-    for r in &raw {
-        let tuple = Tuple {
-            values: r
-                .iter()
-                .map(|v| v.as_deref().map_or(Value::Null, Value::Text))
-                .collect(),
-        };
-        let mut key = String::new();
-        json::render_key(&columns, &tuple, &mut key)
-            .map_err(|e| TideError::internal(format!("cannot render a chunk row: {e}")))?;
-        let mut row = String::new();
-        json::render_row(&columns, &tuple, &mut row)
-            .map_err(|e| TideError::internal(format!("cannot render a chunk row: {e}")))?;
-        let key_values = key_idx
-            .iter()
-            .map(|&i| r[i].clone().unwrap_or_default())
-            .collect();
-        rows.push(ChunkRow {
-            key,
-            key_values,
-            row,
-        });
-    }
-    let is_last = (rows.len() as i64) < job.chunk_size;
-    // A repair: keys to delete that lie in this chunk's key range and, in this same snapshot, no
-    // longer exist at the source. They are emitted as deletes at the high watermark unless the
-    // stream touches them in the window (then the stream carries the truth, as for rows).
-    let mut deletes = Vec::new();
-    if let Some(list) = &job.repair_deletes {
-        let to: Option<Vec<String>> = if is_last {
-            None
-        } else {
-            rows.last().map(|r: &ChunkRow| r.key_values.clone())
-        };
-        let elem = |i: usize, k: &str| -> String {
-            let ty = &key_types[job.key_columns.iter().position(|c| c == k).unwrap_or(0)];
-            format!("(k.v->>{i})::{ty}")
-        };
-        let elems: Vec<String> = job
-            .key_columns
-            .iter()
-            .enumerate()
-            .map(|(i, k)| elem(i, k))
-            .collect();
-        let mut clauses = vec![format!(
-            "NOT EXISTS (SELECT 1 FROM ONLY {relation} s WHERE ({}) = ({}))",
-            job.key_columns
-                .iter()
-                .map(|k| format!("s.{}", quote(k)))
-                .collect::<Vec<_>>()
-                .join(", "),
-            elems.join(", ")
-        )];
-        let mut dargs: Vec<Option<&str>> = vec![Some(list.as_str())];
-        let mut n = 2;
-        for (bound, op) in [(job.last_key.as_ref(), ">"), (to.as_ref(), "<=")] {
-            if let Some(vals) = bound {
-                let ps: Vec<String> = key_types
-                    .iter()
-                    .map(|t| {
-                        let p = format!("${n}::{t}");
-                        n += 1;
-                        p
-                    })
-                    .collect();
-                clauses.push(format!("({}) {op} ({})", elems.join(", "), ps.join(", ")));
-                dargs.extend(vals.iter().map(|s| Some(s.as_str())));
-            }
-        }
-        let q = format!(
-            "SELECT {} FROM jsonb_array_elements($1::text::jsonb) AS k(v) WHERE {}",
-            (0..job.key_columns.len())
-                .map(|i| format!("k.v->>{i}"))
-                .collect::<Vec<_>>()
-                .join(", "),
-            clauses.join(" AND ")
-        );
-        // As the backfill's owner, like the chunk: it reads the source (and casts to its key types).
-        let found = crate::security::as_owner(owner, || sql::text_rows(&q, &dargs, 0, false))?;
-        for r in found {
-            let mut values = vec![Value::Null; columns.len()];
-            for (ki, &ci) in key_idx.iter().enumerate() {
-                values[ci] = r[ki].as_deref().map_or(Value::Null, Value::Text);
-            }
-            let mut key = String::new();
-            json::render_key(&columns, &Tuple { values }, &mut key)
-                .map_err(|e| TideError::internal(format!("cannot render a key to delete: {e}")))?;
-            deletes.push(key);
-        }
-    }
-    // Defence in depth: the chunk must have read the relation file its snapshot knows. The lock
-    // taken before the snapshot guarantees it; if it ever did not hold (a rewrite committed after
-    // the snapshot, so the rows read — possibly none — come from a file the snapshot cannot see
-    // into), a short chunk would end the backfill with rows never read. Read it again instead.
-    let (seen, current) = sql::two::<i64, i64>(
-        "SELECT relfilenode::int8, pg_relation_filenode(oid)::int8 FROM pg_class WHERE oid = $1::int8::oid",
-        &[(job.relid as i64).into()],
-    )?;
-    if seen != current {
-        pgrx::log!(
-            "pg_tide worker \"{pipeline}\": {relation} was rewritten while chunk {} of backfill {} was read (file {seen:?} in its snapshot, now {current:?}); reading the chunk again",
-            job.chunk_no,
-            job.backfill_id
-        );
-        return Err(TideError::new(
-            pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
-            format!("{relation} was rewritten while a chunk was read"),
-        )
-        .hint("The chunk is read again; nothing was emitted from it.")
-        .retry_later());
-    }
-    let estimate = if is_last {
-        Estimate::default()
-    } else {
-        // Whole-table backfills only: a condition or a repair reads part of the key range.
-        let whole = job.condition.is_none() && job.repair_deletes.is_none();
-        let last = rows.last().and_then(|r| r.key_values.first());
-        Estimate::take(
-            job.relid,
-            &relation,
-            &job.key_columns,
-            &key_types,
-            whole,
-            last,
-            owner,
-        )?
-    };
-    Spi::connect_mut(|c| -> TideResult<()> {
-        c.update(
-            "UPDATE tide.signal SET kind = 'high', written_at = clock_timestamp() WHERE pipeline = $1 AND watermark = $2",
-            None,
-            &[pipeline.into(), (job.watermark as i64).into()],
-        )?;
-        if is_last {
-            c.update(
-                "UPDATE tide.backfill SET read_complete = true WHERE id = $1",
-                None,
-                &[job.backfill_id.into()],
-            )?;
-        }
-        Ok(())
-    })?;
-    Ok(ChunkRead {
-        invisible,
-        estimate,
-        deletes,
-        relation,
-        columns: columns.into_iter().map(|c| c.name).collect(),
-        rows,
-        is_last,
-        read_at,
-    })
-}
-
 fn fail_backfill(id: i64, e: &TideError) -> TideResult<()> {
     let remedy = e.hint.clone().unwrap_or_else(|| {
         "Fix the cause, then start the backfill again with tide.start_backfill.".to_string()
@@ -740,10 +485,6 @@ fn fail_backfill(id: i64, e: &TideError) -> TideResult<()> {
         "UPDATE tide.backfill SET state = 'failed', error = $2, remedy = $3, finished_at = now() WHERE id = $1 AND state IN ('queued', 'running')",
         &[id.into(), e.message.clone().into(), remedy.into()],
     )
-}
-
-fn quote(ident: &str) -> String {
-    pgrx::spi::quote_identifier(ident)
 }
 
 /// Parse a JSON array of strings (`to_json(text[])`).

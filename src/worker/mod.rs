@@ -3,11 +3,13 @@
 
 pub mod apply;
 pub mod backfill;
+mod chunk;
 pub mod decoder;
 pub mod estimate;
 pub mod launcher;
 pub mod origin;
 pub mod pipeline;
+pub mod row_values;
 pub mod tx;
 
 use pgrx::pg_sys;

@@ -129,7 +129,7 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
         match decide(phase, facts, settings) {
             Action::Exit => break,
             Action::ReadChunk => {
-                if let Err(e) = bf.step(&name) {
+                if let Err(e) = bf.step(&name, &mut sink) {
                     log_backfill_error(&name, &e);
                 }
                 phase = phase.after_read_chunk();

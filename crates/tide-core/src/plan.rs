@@ -440,29 +440,45 @@ fn statement(run: Run) -> Option<Statement> {
             );
             format!("DELETE FROM {tq} t USING json_populate_recordset(NULL::{tq}, $1::text::json) d WHERE {on}")
         }
-        RunKind::Upsert { cols } => {
-            let list = join(cols.iter(), quote_ident, ", ");
-            let select = join(cols.iter(), |c| format!("r.{}", quote_ident(c)), ", ");
-            let keys = join(t.key.iter(), quote_ident, ", ");
-            let set: Vec<String> = cols
-                .iter()
-                .filter(|c| !t.key.contains(c))
-                .map(|c| format!("{0} = EXCLUDED.{0}", quote_ident(c)))
-                .collect();
-            let action = if set.is_empty() {
-                "NOTHING".to_string()
-            } else {
-                format!("UPDATE SET {}", set.join(", "))
-            };
-            format!(
-                "INSERT INTO {tq} AS t ({list}) SELECT {select} FROM json_populate_recordset(NULL::{tq}, $1::text::json) r ON CONFLICT ({keys}) DO {action}"
-            )
-        }
+        RunKind::Upsert { cols } => upsert(
+            t,
+            cols,
+            &format!("json_populate_recordset(NULL::{tq}, $1::text::json)"),
+        ),
     };
     Some(Statement {
         sql,
         param: Some(json),
     })
+}
+
+/// `INSERT INTO table (cols) SELECT r.cols FROM <rows> r ON CONFLICT (key) DO UPDATE ...`: every
+/// column of `cols` that is not a key column takes the new value.
+fn upsert(t: &TableRef, cols: &[String], rows: &str) -> String {
+    let tq = t.qualified();
+    let list = join(cols.iter(), quote_ident, ", ");
+    let select = join(cols.iter(), |c| format!("r.{}", quote_ident(c)), ", ");
+    let keys = join(t.key.iter(), quote_ident, ", ");
+    let set: Vec<String> = cols
+        .iter()
+        .filter(|c| !t.key.contains(c))
+        .map(|c| format!("{0} = EXCLUDED.{0}", quote_ident(c)))
+        .collect();
+    let action = if set.is_empty() {
+        "NOTHING".to_string()
+    } else {
+        format!("UPDATE SET {}", set.join(", "))
+    };
+    format!("INSERT INTO {tq} AS t ({list}) SELECT {select} FROM {rows} r ON CONFLICT ({keys}) DO {action}")
+}
+
+/// The upsert of a backfill chunk's rows handed over as row values, not JSON: its parameter
+/// `$1` is an array of the source table's row type (the rows as the chunk read them, binary),
+/// and `cols` the source columns to write, each of which the target has with the same type
+/// (the caller checks: no cast or text conversion happens here). Same `ON CONFLICT` rule as a
+/// run of upserts.
+pub fn upsert_rows(table: &TableRef, cols: &[String]) -> String {
+    upsert(table, cols, "unnest($1)")
 }
 
 /// A source column as the shape check sees it.

@@ -80,6 +80,25 @@ fn statement_text() {
 }
 
 #[test]
+fn row_value_upsert_text() {
+    let t = TableRef {
+        schema: "rep".into(),
+        name: "Order".into(),
+        key: vec!["id".into(), "at".into()],
+    };
+    let cols: Vec<String> = vec!["id".into(), "at".into(), "select".into()];
+    assert_eq!(
+        upsert_rows(&t, &cols),
+        "INSERT INTO rep.\"Order\" AS t (id, at, \"select\") SELECT r.id, r.at, r.\"select\" FROM unnest($1) r ON CONFLICT (id, at) DO UPDATE SET \"select\" = EXCLUDED.\"select\""
+    );
+    // Only key columns: nothing to update on conflict.
+    assert_eq!(
+        upsert_rows(&t, &cols[..2]),
+        "INSERT INTO rep.\"Order\" AS t (id, at) SELECT r.id, r.at FROM unnest($1) r ON CONFLICT (id, at) DO NOTHING"
+    );
+}
+
+#[test]
 fn key_only_table_does_nothing_on_conflict() {
     let mut p = Planner::new();
     let t = table("k");

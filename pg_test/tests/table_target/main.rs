@@ -28,6 +28,8 @@
 //!   were committed;
 //! - `schema`: schema changes propagated, and pause / fix / resume;
 //! - `values`: json text kept exactly; unchanged TOAST values stay at the target;
+//! - `row_values`: backfill chunks reach a local target as row values (JSON nulls kept), or as
+//!   JSON events when the target's types differ;
 //! - `convergence`: backfill convergence on a table target, with kill -9 of the worker
 //!   mid-backfill;
 //! - `checks`: target tables created and checked; option errors.
@@ -36,6 +38,7 @@ mod checks;
 mod common;
 mod convergence;
 mod remote;
+mod row_values;
 mod schema;
 mod values;
 mod wallets;

@@ -137,7 +137,7 @@ fn bad_inputs() {
     assert_eq!(r.ranges_differing, 0);
     assert!(r.action.starts_with("nothing to repair"), "{r:?}");
 
-    // Never analyzed: `ranges => 4` must still mean about 4 ranges (observation, printed).
+    // Never analyzed: `ranges => 4` must still mean about 4 ranges.
     exec(
         &c,
         "CREATE TABLE w (id int PRIMARY KEY, v int);
@@ -151,5 +151,11 @@ fn bad_inputs() {
     eprintln!(
         "  ranges => 4 on 3000 never-analyzed rows (reltuples {reltuples}): {} in {:.2?}",
         v.summary.kind, v.took
+    );
+    assert_eq!(v.differ, 0);
+    assert!(
+        (4..=5).contains(&v.checked),
+        "ranges => 4 on a never-analyzed table: about 4 ranges checked, got {}",
+        v.checked
     );
 }

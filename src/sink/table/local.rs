@@ -9,6 +9,7 @@
 use super::Backend;
 use crate::error::TideResult;
 use crate::sql;
+use pgrx::datum::DatumWithOid;
 use pgrx::spi::SpiClient;
 use tide_core::lsn::Lsn;
 use tide_core::plan::Statement;
@@ -52,4 +53,24 @@ impl Backend for Local {
     }
 
     fn reset(&mut self) {}
+
+    fn in_this_database(&self) -> bool {
+        true
+    }
+
+    fn exec_rows(
+        &mut self,
+        c: &mut SpiClient<'_>,
+        sql_text: &str,
+        rows: pgrx::pg_sys::Datum,
+        array_type: pgrx::pg_sys::Oid,
+    ) -> TideResult<()> {
+        // SAFETY: `rows` is an array datum of type `array_type`, alive in the current memory
+        // context for the statement's duration.
+        let arg = unsafe { DatumWithOid::new(rows, array_type) };
+        crate::security::as_owner(self.owner, || {
+            c.update(sql_text, None, &[arg])?;
+            Ok(())
+        })
+    }
 }

@@ -38,13 +38,15 @@ use crate::catalog::PipelineRow;
 use crate::error::{TideError, TideResult};
 use crate::sink::options::{Options, SchemaPolicy};
 use crate::sink::remote::{conninfo_for_server, RemoteSink};
-use crate::sink::{Event, Target};
+use crate::sink::{Event, RowBatch, Target};
 use crate::sql;
 use pgrx::spi::SpiClient;
 use std::collections::{HashMap, HashSet};
 use tide_core::lsn::Lsn;
 use tide_core::model::{Op, RelDesc, TargetKind, Txn};
-use tide_core::plan::{plan_shape, Change, Planner, SourceColumn, Statement, TableRef};
+use tide_core::plan::{
+    plan_shape, upsert_rows, Change, Planner, SourceColumn, Statement, TableRef,
+};
 
 pub mod local;
 pub mod remote;
@@ -66,6 +68,24 @@ pub trait Backend {
     fn commits_on_its_own(&self) -> bool;
     /// Forget cached state after a failed iteration.
     fn reset(&mut self);
+    /// Whether the target tables live in this database, so a chunk's rows can reach them as
+    /// row values ([`Backend::exec_rows`]).
+    fn in_this_database(&self) -> bool {
+        false
+    }
+    /// Run `sql`, whose parameter `$1` is `rows`, an array of type `array_type` (row values of
+    /// a source table: [`tide_core::plan::upsert_rows`]).
+    fn exec_rows(
+        &mut self,
+        _c: &mut SpiClient<'_>,
+        _sql: &str,
+        _rows: pgrx::pg_sys::Datum,
+        _array_type: pgrx::pg_sys::Oid,
+    ) -> TideResult<()> {
+        Err(TideError::internal(
+            "row values can only be written to tables in this database",
+        ))
+    }
 }
 
 /// A target table's identifier as messages show it (quoted only where needed).
@@ -329,6 +349,50 @@ impl<B: Backend> Target for TableTarget<B> {
         } else {
             Ok(())
         }
+    }
+
+    fn takes_row_values(&mut self, relid: u32, columns: &[(String, String)]) -> TideResult<bool> {
+        if !self.backend.in_this_database() {
+            return Ok(false);
+        }
+        let Some(t) = self.targets.get(&relid).cloned() else {
+            return Ok(false);
+        };
+        let target = self.target_columns(&t)?;
+        Ok(columns
+            .iter()
+            .all(|col| target.iter().any(|have| have == col)))
+    }
+
+    fn push_row_values(
+        &mut self,
+        c: &mut SpiClient<'_>,
+        _t: &Txn,
+        batch: RowBatch<'_>,
+    ) -> TideResult<()> {
+        if !self.checked.contains(&batch.relid) {
+            self.ensure_shape(c, batch.relid)?;
+        }
+        if !self.takes_row_values(batch.relid, batch.columns)? {
+            return Err(TideError::internal(format!(
+                "the target of {} no longer has the chunk's columns with the same types",
+                batch.relation
+            ))
+            .hint("The worker retries; the chunk is read again."));
+        }
+        let Some(target) = self.targets.get(&batch.relid).cloned() else {
+            return Ok(());
+        };
+        // The table's events so far in this batch come first, as with events.
+        let pending = self.planner.finish();
+        self.run(c, pending)?;
+        if batch.count == 0 {
+            return Ok(());
+        }
+        let cols: Vec<String> = batch.columns.iter().map(|(n, _)| n.clone()).collect();
+        let sql = upsert_rows(&target, &cols);
+        self.backend
+            .exec_rows(c, &sql, batch.rows, batch.array_type)
     }
 
     fn reset(&mut self) {

@@ -1,0 +1,451 @@
+//! Reading one backfill chunk (transaction 2 of the watermark algorithm; see
+//! [`super::backfill`]): the keyset SELECT as the backfill's owner, in the chunk's snapshot,
+//! under the table's lock, then the high watermark.
+//!
+//! Owns: the chunk's query, the snapshot facts the reconciliation needs (transactions in
+//! progress), a repair's deletes, the rewrite check, and how the rows are held until the high
+//! watermark: as JSON text (one event per row, for every target), or, for a target in this
+//! database that has the table's columns with the same types, as row values of the source's
+//! row type ([`RowValues`]: no text output, no JSON, one upsert).
+
+use super::backfill::Job;
+use super::estimate::Estimate;
+use super::row_values::RowValues;
+use super::tx;
+use crate::error::{TideError, TideResult};
+use crate::sink::Target;
+use crate::sql;
+use pgrx::prelude::*;
+use std::collections::HashSet;
+use tide_core::json;
+use tide_core::model::OwnedColumn;
+use tide_core::wire::{Tuple, Value};
+
+/// What a chunk row carries to its high watermark (the reconciler's row type).
+pub(super) enum Item {
+    /// The row as a JSON object, emitted as a `read` event.
+    Json(String),
+    /// The row is row value `n` of the chunk's [`RowValues`].
+    Value(u32),
+    /// A repair deletes the key (it no longer exists at the source).
+    Delete,
+}
+
+/// The source table as the chunk reads it.
+pub(super) struct TableMeta {
+    /// Quoted and qualified.
+    pub relation: String,
+    /// Its name alone, quoted: a whole-row reference in the chunk's query.
+    pub relname: String,
+    pub row_type: pg_sys::Oid,
+    /// Columns in attribute order, as the output plugin sends them (no dropped or generated
+    /// columns), with their `format_type`.
+    pub columns: Vec<(OwnedColumn, String)>,
+    /// The attribute number of each column (a column dropped and added again under its name
+    /// has another).
+    pub attnums: Vec<i32>,
+}
+
+impl TableMeta {
+    /// (name, format_type) of each column.
+    pub fn shape(&self) -> Vec<(String, String)> {
+        self.columns
+            .iter()
+            .map(|(c, ty)| (c.name.clone(), ty.clone()))
+            .collect()
+    }
+}
+
+/// The table `relid` as it is now (`None`: it no longer exists); `key_columns` marks the key.
+pub(super) fn table_meta(relid: u32, key_columns: &[String]) -> TideResult<Option<TableMeta>> {
+    let relid = relid.to_string();
+    let meta = sql::text_rows(
+        "SELECT format('%I.%I', n.nspname, c.relname), quote_ident(c.relname), c.reltype::int8,
+                a.attname::text, a.atttypid::int8, format_type(a.atttypid, a.atttypmod), a.attnum::int4
+           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+           JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+          WHERE c.oid = $1::oid ORDER BY a.attnum",
+        &[Some(&relid)],
+        0,
+        false,
+    )?;
+    let Some(first) = meta.first() else {
+        return Ok(None);
+    };
+    let incomplete =
+        || TideError::internal(format!("the columns of table {relid} came back incomplete"));
+    let text = |r: &Vec<Option<String>>, i: usize| r[i].clone().ok_or_else(incomplete);
+    let oid = |r: &Vec<Option<String>>, i: usize| -> TideResult<u32> {
+        r[i].as_deref()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(incomplete)
+    };
+    let mut columns = Vec::with_capacity(meta.len());
+    let mut attnums = Vec::with_capacity(meta.len());
+    for m in &meta {
+        attnums.push(oid(m, 6)? as i32);
+        let name = text(m, 3)?;
+        columns.push((
+            OwnedColumn {
+                key: key_columns.contains(&name),
+                type_oid: oid(m, 4)?,
+                name,
+            },
+            text(m, 5)?,
+        ));
+    }
+    Ok(Some(TableMeta {
+        relation: text(first, 0)?,
+        relname: text(first, 1)?,
+        row_type: pg_sys::Oid::from(oid(first, 2)?),
+        columns,
+        attnums,
+    }))
+}
+
+pub(super) struct ChunkRow {
+    pub key: String,
+    pub key_values: Vec<String>,
+    pub row: Item,
+}
+
+pub(super) struct ChunkRead {
+    pub invisible: HashSet<u32>,
+    pub estimate: Estimate,
+    /// Keys (rendered) a repair deletes at the high watermark.
+    pub deletes: Vec<String>,
+    pub relation: String,
+    /// The chunk's columns, (name, `format_type`), in order.
+    pub columns: Vec<(String, String)>,
+    pub rows: Vec<ChunkRow>,
+    /// The rows' values, when held as row values, with the attribute numbers of `columns`
+    /// they were read with.
+    pub values: Option<(RowValues, Vec<i32>)>,
+    pub is_last: bool,
+    pub read_at: i64,
+}
+
+/// Transaction 2: SELECT the chunk (snapshot taken after the LW commit) and write the HW. The
+/// rows are held as row values when `sink` takes them for this table (see [`Item`]).
+pub(super) fn read_chunk(
+    pipeline: &str,
+    job: &Job,
+    sink: Option<&mut (dyn Target + 'static)>,
+) -> TideResult<ChunkRead> {
+    let Some(meta) = table_meta(job.relid, &job.key_columns)? else {
+        return Err(TideError::undefined(format!(
+            "the table of backfill {} (OID {}) no longer exists",
+            job.backfill_id, job.relid
+        ))
+        .hint("Remove it from the pipeline with tide.remove_table, or cancel the backfill."));
+    };
+    let relation = meta.relation.clone();
+    let shape = meta.shape();
+    // Row values need the table's name as its whole-row reference: not when a column has it.
+    let as_values = match sink {
+        Some(s)
+            if !meta
+                .columns
+                .iter()
+                .any(|(c, _)| quote(&c.name) == meta.relname) =>
+        {
+            s.takes_row_values(job.relid, &shape)?
+        }
+        _ => false,
+    };
+    let columns: Vec<OwnedColumn> = meta.columns.iter().map(|(c, _)| c.clone()).collect();
+    let mut key_types = Vec::new();
+    for k in &job.key_columns {
+        let Some((_, ty)) = meta.columns.iter().find(|(c, _)| &c.name == k) else {
+            return Err(TideError::prerequisite(format!("key column \"{k}\" of {relation} no longer exists"))
+                .hint(format!("Remove and re-add the table: SELECT tide.remove_table('{pipeline}', '{relation}'); SELECT tide.add_table('{pipeline}', '{relation}').")));
+        };
+        key_types.push(ty.clone());
+    }
+    let key_idx: Vec<usize> = job
+        .key_columns
+        .iter()
+        .filter_map(|k| columns.iter().position(|c| &c.name == k))
+        .collect();
+
+    let key_list = job
+        .key_columns
+        .iter()
+        .map(|k| quote(k))
+        .collect::<Vec<_>>()
+        .join(", ");
+    // JSON: every column; row values: the key columns, then the whole row.
+    let select_list = if as_values {
+        format!("{key_list}, {}", meta.relname)
+    } else {
+        columns
+            .iter()
+            .map(|c| quote(&c.name))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut query = format!("SELECT {select_list} FROM ONLY {relation}");
+    let mut clauses = Vec::new();
+    let mut args: Vec<Option<&str>> = Vec::new();
+    if let Some(last) = &job.last_key {
+        let params = key_types
+            .iter()
+            .enumerate()
+            .map(|(i, t)| format!("${}::{t}", i + 1))
+            .collect::<Vec<_>>()
+            .join(", ");
+        clauses.push(format!("({key_list}) > ({params})"));
+        args.extend(last.iter().map(|s| Some(s.as_str())));
+    }
+    if let Some(cond) = &job.condition {
+        // On lines of its own: a trailing `--` comment in it ends before the `)`.
+        clauses.push(format!("(\n{cond}\n)"));
+    }
+    if !clauses.is_empty() {
+        query.push_str(" WHERE ");
+        query.push_str(&clauses.join(" AND "));
+    }
+    query.push_str(&format!(" ORDER BY {key_list} LIMIT {}", job.chunk_size));
+
+    let read_at = unsafe { pg_sys::GetCurrentTimestamp() };
+    // The chunk's snapshot (the transaction's, like the SELECT below: both run read-only). Its
+    // in-progress transactions may include one whose commit record is already in the WAL before
+    // the low watermark (PostgreSQL makes a transaction visible only after writing its commit
+    // record); such a transaction is invisible to the chunk although the stream delivers it
+    // before the window opens, so its keys are dropped from the chunk wherever it appears.
+    let snapshot =
+        sql::one::<String>("SELECT pg_current_snapshot()::text", &[])?.unwrap_or_default();
+    let invisible: HashSet<u32> = snapshot
+        .split(':')
+        .nth(2)
+        .unwrap_or("")
+        .split(',')
+        .filter_map(|x| x.trim().parse::<u64>().ok())
+        .map(|x| x as u32)
+        .collect();
+    // A transaction already committed in the log (and in the commit log) but not yet visible,
+    // e.g. waiting for a synchronous standby: the stream may already have delivered it, so its
+    // keys cannot be dropped from this chunk. Do not read the chunk now; try again shortly.
+    // pg_xact_status() reports such a transaction as "in progress" (it asks the process array
+    // first), so ask the commit log itself.
+    let committed_invisible = invisible
+        .iter()
+        .filter(|&&x| unsafe { pg_sys::TransactionIdDidCommit(pg_sys::TransactionId::from(x)) })
+        .count();
+    if committed_invisible > 0 {
+        return Err(TideError::new(
+            pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("{committed_invisible} committed transaction(s) are not visible yet"),
+        )
+        .hint("A transaction has committed but is still waiting (for example for a synchronous standby); the chunk is read again once it is visible.")
+        .retry_later());
+    }
+    // Read as the role that started the backfill (its condition is its own SQL), in a
+    // security-restricted operation (`SET ROLE`/`RESET ROLE` fail there), under a timeout: a
+    // slow condition fails its backfill instead of holding the stream.
+    let owner = crate::security::owner_oid(&job.owner, &format!("backfill {}", job.backfill_id))?;
+    let timeout_ms = crate::gucs::CHUNK_TIMEOUT_MS.get().max(10);
+    let nkeys = key_idx.len();
+    let (rows, values) = crate::security::as_owner(owner, || {
+        tx::arm_timeout(timeout_ms);
+        let r = sql::with_rows(&query, &args, 0, false, |result| {
+            let mut rows = Vec::with_capacity(result.len());
+            for i in 0..result.len() {
+                // Row values: the key columns come first (in key order) and are all that is
+                // read as text; JSON: every column, in attribute order.
+                let texts: Vec<Option<String>> = if as_values {
+                    (1..=nkeys as i32).map(|col| result.text(i, col)).collect()
+                } else {
+                    (1..=result.columns())
+                        .map(|col| result.text(i, col))
+                        .collect()
+                };
+                let tuple = if as_values {
+                    // Key columns at their places, the rest NULL: enough to render the key.
+                    let mut values = vec![Value::Null; columns.len()];
+                    for (k, &ci) in key_idx.iter().enumerate() {
+                        values[ci] = value(&texts[k]);
+                    }
+                    Tuple { values }
+                } else {
+                    Tuple {
+                        values: texts.iter().map(|v| value(v)).collect(),
+                    }
+                };
+                let render_err = |e: json::RenderError| {
+                    TideError::internal(format!("cannot render a chunk row: {e}"))
+                };
+                let mut key = String::new();
+                json::render_key(&columns, &tuple, &mut key).map_err(render_err)?;
+                let row = if as_values {
+                    Item::Value(i as u32)
+                } else {
+                    let mut row = String::new();
+                    json::render_row(&columns, &tuple, &mut row).map_err(render_err)?;
+                    Item::Json(row)
+                };
+                let key_values = (0..key_idx.len())
+                    .map(|k| {
+                        let at = if as_values { k } else { key_idx[k] };
+                        texts[at].clone().unwrap_or_default()
+                    })
+                    .collect();
+                rows.push(ChunkRow {
+                    key,
+                    key_values,
+                    row,
+                });
+            }
+            let values = if as_values {
+                Some((
+                    RowValues::copy(result, nkeys as i32 + 1, meta.row_type)?,
+                    meta.attnums.clone(),
+                ))
+            } else {
+                None
+            };
+            Ok((rows, values))
+        });
+        tx::disarm_timeout();
+        r
+    })?;
+    let is_last = (rows.len() as i64) < job.chunk_size;
+    // A repair: keys to delete that lie in this chunk's key range and, in this same snapshot, no
+    // longer exist at the source. They are emitted as deletes at the high watermark unless the
+    // stream touches them in the window (then the stream carries the truth, as for rows).
+    let mut deletes = Vec::new();
+    if let Some(list) = &job.repair_deletes {
+        let to: Option<Vec<String>> = if is_last {
+            None
+        } else {
+            rows.last().map(|r: &ChunkRow| r.key_values.clone())
+        };
+        let elem = |i: usize, k: &str| -> String {
+            let ty = &key_types[job.key_columns.iter().position(|c| c == k).unwrap_or(0)];
+            format!("(k.v->>{i})::{ty}")
+        };
+        let elems: Vec<String> = job
+            .key_columns
+            .iter()
+            .enumerate()
+            .map(|(i, k)| elem(i, k))
+            .collect();
+        let mut clauses = vec![format!(
+            "NOT EXISTS (SELECT 1 FROM ONLY {relation} s WHERE ({}) = ({}))",
+            job.key_columns
+                .iter()
+                .map(|k| format!("s.{}", quote(k)))
+                .collect::<Vec<_>>()
+                .join(", "),
+            elems.join(", ")
+        )];
+        let mut dargs: Vec<Option<&str>> = vec![Some(list.as_str())];
+        let mut n = 2;
+        for (bound, op) in [(job.last_key.as_ref(), ">"), (to.as_ref(), "<=")] {
+            if let Some(vals) = bound {
+                let ps: Vec<String> = key_types
+                    .iter()
+                    .map(|t| {
+                        let p = format!("${n}::{t}");
+                        n += 1;
+                        p
+                    })
+                    .collect();
+                clauses.push(format!("({}) {op} ({})", elems.join(", "), ps.join(", ")));
+                dargs.extend(vals.iter().map(|s| Some(s.as_str())));
+            }
+        }
+        let q = format!(
+            "SELECT {} FROM jsonb_array_elements($1::text::jsonb) AS k(v) WHERE {}",
+            (0..job.key_columns.len())
+                .map(|i| format!("k.v->>{i}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            clauses.join(" AND ")
+        );
+        // As the backfill's owner, like the chunk: it reads the source (and casts to its key types).
+        let found = crate::security::as_owner(owner, || sql::text_rows(&q, &dargs, 0, false))?;
+        for r in found {
+            let mut values = vec![Value::Null; columns.len()];
+            for (ki, &ci) in key_idx.iter().enumerate() {
+                values[ci] = r[ki].as_deref().map_or(Value::Null, Value::Text);
+            }
+            let mut key = String::new();
+            json::render_key(&columns, &Tuple { values }, &mut key)
+                .map_err(|e| TideError::internal(format!("cannot render a key to delete: {e}")))?;
+            deletes.push(key);
+        }
+    }
+    // Defence in depth: the chunk must have read the relation file its snapshot knows. The lock
+    // taken before the snapshot guarantees it; if it ever did not hold (a rewrite committed after
+    // the snapshot, so the rows read — possibly none — come from a file the snapshot cannot see
+    // into), a short chunk would end the backfill with rows never read. Read it again instead.
+    let (seen, current) = sql::two::<i64, i64>(
+        "SELECT relfilenode::int8, pg_relation_filenode(oid)::int8 FROM pg_class WHERE oid = $1::int8::oid",
+        &[(job.relid as i64).into()],
+    )?;
+    if seen != current {
+        pgrx::log!(
+            "pg_tide worker \"{pipeline}\": {relation} was rewritten while chunk {} of backfill {} was read (file {seen:?} in its snapshot, now {current:?}); reading the chunk again",
+            job.chunk_no,
+            job.backfill_id
+        );
+        return Err(TideError::new(
+            pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+            format!("{relation} was rewritten while a chunk was read"),
+        )
+        .hint("The chunk is read again; nothing was emitted from it.")
+        .retry_later());
+    }
+    let estimate = if is_last {
+        Estimate::default()
+    } else {
+        // Whole-table backfills only: a condition or a repair reads part of the key range.
+        let whole = job.condition.is_none() && job.repair_deletes.is_none();
+        let last = rows.last().and_then(|r| r.key_values.first());
+        Estimate::take(
+            job.relid,
+            &relation,
+            &job.key_columns,
+            &key_types,
+            whole,
+            last,
+            owner,
+        )?
+    };
+    Spi::connect_mut(|c| -> TideResult<()> {
+        c.update(
+            "UPDATE tide.signal SET kind = 'high', written_at = clock_timestamp() WHERE pipeline = $1 AND watermark = $2",
+            None,
+            &[pipeline.into(), (job.watermark as i64).into()],
+        )?;
+        if is_last {
+            c.update(
+                "UPDATE tide.backfill SET read_complete = true WHERE id = $1",
+                None,
+                &[job.backfill_id.into()],
+            )?;
+        }
+        Ok(())
+    })?;
+    Ok(ChunkRead {
+        invisible,
+        estimate,
+        deletes,
+        relation,
+        columns: shape,
+        rows,
+        values,
+        is_last,
+        read_at,
+    })
+}
+
+fn quote(ident: &str) -> String {
+    pgrx::spi::quote_identifier(ident)
+}
+
+/// A text result value as a tuple value.
+fn value(v: &Option<String>) -> Value<'_> {
+    v.as_deref().map_or(Value::Null, Value::Text)
+}
