@@ -17,8 +17,9 @@
 //!   one `Rewrite` message for it, at the position of its first rewritten row: the rows of a
 //!   rewrite are not decoded as changes of the table, yet may all have new values.
 //! - Changes committed with a `pg_tide_*` replication origin (a pipeline worker's own writes to
-//!   table targets, see `worker::origin`) are not emitted, except those to pg_tide's own tables
-//!   (the worker's watermarks): no pipeline ever captures what pg_tide wrote.
+//!   table targets, see `worker::origin`) are not emitted: no pipeline ever captures what
+//!   pg_tide wrote. Once such an origin is known, its transactions are not even decoded
+//!   (`filter_by_origin`). A worker writes its watermarks outside those transactions.
 //! - Values are the type's text output, produced under a per-change memory context that is reset
 //!   after each change, so memory does not grow with transaction size.
 
@@ -91,6 +92,7 @@ pub unsafe extern "C-unwind" fn _PG_output_plugin_init(cb: *mut pg_sys::OutputPl
         (*cb).truncate_cb = Some(truncate);
         (*cb).commit_cb = Some(commit);
         (*cb).message_cb = Some(message);
+        (*cb).filter_by_origin_cb = Some(filter_by_origin);
         (*cb).shutdown_cb = Some(shutdown);
     }
 }
@@ -261,12 +263,15 @@ unsafe fn ensure_begun(
 #[pg_guard]
 unsafe extern "C-unwind" fn begin(
     ctx: *mut pg_sys::LogicalDecodingContext,
-    _txn: *mut pg_sys::ReorderBufferTXN,
+    txn: *mut pg_sys::ReorderBufferTXN,
 ) {
     unsafe {
         let st = state(ctx);
         st.begun = false;
         st.rewritten.clear();
+        // Learn the transaction's origin here, where the catalog can be read: from then on
+        // `filter_by_origin` drops that origin's transactions before they are decoded.
+        from_tide(st, txn);
     }
 }
 
@@ -327,9 +332,23 @@ unsafe fn from_tide(st: &mut PluginState, txn: *mut pg_sys::ReorderBufferTXN) ->
     }
 }
 
-/// Whether `rel` is one of pg_tide's own tables (its signal and marker rows are always emitted).
-fn is_tide_rel(st: &PluginState, rel: pg_sys::Relation) -> bool {
-    unsafe { Some((*(*rel).rd_rel).relnamespace) == st.tide_namespace }
+/// Called by decoding for every change record before it is queued: true drops it, and the
+/// whole transaction at its commit, unread. True only for an origin already known to be a pg_tide
+/// worker's (`begin` looked it up for an earlier transaction), so from a pipeline's second
+/// iteration on, its own writes to its table targets (a backfill chunk's rows among them) are not
+/// even queued for decoding. The lookup itself needs the catalog, which decoding may not read
+/// here: an origin not seen yet is let through, and `change`/`truncate` drop its changes.
+/// Dropping a whole transaction is what `change` would do with its changes too: a pg_tide
+/// worker commits watermarks and markers outside the transactions that carry its origin (see
+/// `worker::origin`), so no signal or marker row is lost.
+#[pg_guard]
+unsafe extern "C-unwind" fn filter_by_origin(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    origin_id: pg_sys::RepOriginId,
+) -> bool {
+    // SAFETY: called by decoding with the context startup prepared.
+    let st = unsafe { state(ctx) };
+    st.origins.get(&origin_id).copied().unwrap_or(false)
 }
 
 fn wanted(st: &PluginState, rel: pg_sys::Relation) -> bool {
@@ -494,7 +513,7 @@ unsafe extern "C-unwind" fn change(
             }
             return;
         }
-        if !wanted(st, rel) || (!is_tide_rel(st, rel) && from_tide(st, txn)) {
+        if !wanted(st, rel) || from_tide(st, txn) {
             return;
         }
         let old_cx = pg_sys::MemoryContextSwitchTo(st.change_cx);

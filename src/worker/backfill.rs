@@ -313,6 +313,7 @@ impl Backfiller {
         if self.pending.is_some() || Instant::now() < self.not_before {
             return Ok(());
         }
+        super::origin::ensure_not_held("a backfill chunk's watermarks are written")?;
         let Some(job) = tx::run(|| low_watermark(pipeline))? else {
             // Nothing to do: look again in a while (start_backfill wakes the worker anyway).
             self.not_before = Instant::now() + Duration::from_millis(500);

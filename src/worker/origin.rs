@@ -61,3 +61,19 @@ pub fn release() {
         pg_sys::replorigin_session_origin = pg_sys::InvalidRepOriginId as pg_sys::RepOriginId;
     }
 }
+
+/// `Ok` unless this session holds a pg_tide origin: a watermark written with it would never be
+/// decoded (the output plugin drops every change of a transaction that carries one), so the
+/// backfill writes its watermarks only outside iterations, and checks.
+pub fn ensure_not_held(what: &str) -> TideResult<()> {
+    // SAFETY: reads a session variable of this backend.
+    let held = unsafe {
+        pg_sys::replorigin_session_origin != pg_sys::InvalidRepOriginId as pg_sys::RepOriginId
+    };
+    if held {
+        return Err(TideError::internal(format!(
+            "{what} while holding the pipeline's replication origin"
+        )));
+    }
+    Ok(())
+}

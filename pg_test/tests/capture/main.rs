@@ -18,7 +18,8 @@
 //! - `lifecycle`: pause, resume and drop (two pipelines on one table), drop racing the worker,
 //!   a failing target visible in `tide.pipelines` and recovering by itself;
 //! - `errors`: bad input, a specific SQLSTATE (and hint) each;
-//! - `decoder`: one decoding session per worker: WAL read once, a huge transaction spilled.
+//! - `decoder`: one decoding session per worker: WAL read once, its own writes not decoded, a
+//!   huge transaction spilled.
 
 mod chaos;
 mod common;
