@@ -40,7 +40,7 @@ pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> 
             )),
         );
     }
-    let slot = catalog::slot_name(name);
+    let slot = catalog::slots::slot_name(name);
     if sql::one::<bool>(
         "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1::name)",
         &[slot.clone().into()],
@@ -91,12 +91,12 @@ pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> 
     // The slot is pg_tide's, created as pg_tide: a pipeline owner needs neither REPLICATION nor
     // a say in output_plugin_libraries, since the slot only ever feeds this pipeline's worker.
     crate::security::as_tide(|| {
-        catalog::allow_output_plugin()?;
+        catalog::slots::allow_output_plugin()?;
         // Held until this transaction ends, so the launcher does not take the new slot for an
         // orphan.
         sql::one::<bool>(
             "SELECT true FROM pg_advisory_xact_lock(hashtext($1))",
-            &[catalog::slot_lock_key(&slot).into()],
+            &[catalog::slots::slot_lock_key(&slot).into()],
         )?;
         sql::one::<bool>(
             "SELECT true FROM pg_create_logical_replication_slot($1::name, 'pg_tide')",
@@ -121,7 +121,7 @@ pub(super) fn drop_pipeline(name: Option<&str>) {
 
 pub(super) fn drop_pipeline_impl(name: &str) -> TideResult<()> {
     require_pipeline(name)?;
-    let slot = catalog::slot_name(name);
+    let slot = catalog::slots::slot_name(name);
     // The worker and the slot are pg_tide's: stopping and dropping them is done as pg_tide,
     // for the owner who asked (a non-superuser may not signal the worker's superuser process).
     crate::security::as_tide(|| drop_pipeline_as_tide(name, &slot))
@@ -134,7 +134,7 @@ pub(super) fn drop_pipeline_as_tide(name: &str, slot: &str) -> TideResult<()> {
     // iteration may run long (up to the remote sink's timeout while its target does not answer),
     // so the worker is stopped first instead of waited for; one the launcher starts meanwhile is
     // stopped on the next round.
-    let key = catalog::pipeline_lock_key(name);
+    let key = catalog::pipelines::pipeline_lock_key(name);
     let mut rounds = 0;
     // Every worker stopped here: each must have exited before its origin can be dropped (a
     // process releases its origin at exit, after its shared-memory slot).

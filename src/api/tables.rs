@@ -186,7 +186,7 @@ pub(super) fn add_table_impl(
         "SELECT target, options::text FROM tide.pipeline WHERE name = $1",
         &[pipeline.into()],
     )?;
-    let target_kind = catalog::target_kind(target_kind, pipeline)?;
+    let target_kind = catalog::pipelines::target_kind(target_kind, pipeline)?;
     let options: serde_json::Value =
         serde_json::from_str(&options.unwrap_or_default()).unwrap_or_default();
     let (target_schema, target_name) = if target_kind == TargetKind::Outbox {

@@ -103,7 +103,7 @@ pub(super) fn setup(
         "SELECT target, options::text FROM tide.pipeline WHERE name = $1",
         &[pipeline.clone().into()],
     )?;
-    let target_kind = crate::catalog::target_kind(target, &pipeline)?;
+    let target_kind = crate::catalog::pipelines::target_kind(target, &pipeline)?;
     if target_kind == TargetKind::Outbox {
         return Err(TideError::prerequisite(format!("pipeline \"{pipeline}\" writes to the outbox: there is no target table to compare"))
             .hint("tide.verify compares table targets ('table' or 'postgres'). For the outbox, replay it onto a copy and compare that."));
