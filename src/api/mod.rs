@@ -66,14 +66,6 @@ fn validate_name(name: &str) -> TideResult<()> {
     }
 }
 
-fn pipeline_exists(name: &str) -> TideResult<bool> {
-    Ok(tsql::one::<bool>(
-        "SELECT EXISTS (SELECT 1 FROM tide.pipeline WHERE name = $1)",
-        &[name.into()],
-    )?
-    .unwrap_or(false))
-}
-
 /// The pipeline must exist (42704) and the caller must own it (42501): see
 /// `security::require_owner`. Returns the owner's name.
 pub(crate) fn require_pipeline(name: &str) -> TideResult<String> {

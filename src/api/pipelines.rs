@@ -33,7 +33,7 @@ pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> 
         targets::check_remote(server)?;
     }
     let options = JsonB(parsed.to_json()?);
-    if pipeline_exists(name)? {
+    if catalog::pipelines::exists(name)? {
         return Err(
             TideError::duplicate(format!("pipeline \"{name}\" already exists")).hint(format!(
                 "Pick another name, or drop it first with tide.drop_pipeline('{name}')."
@@ -59,7 +59,7 @@ pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> 
         return Err(TideError::limit(format!("all replication slots are in use ({used} of max_replication_slots = {max})"))
             .hint("Drop unused slots (SELECT * FROM pg_replication_slots) or raise max_replication_slots and restart."));
     }
-    let pipelines = tsql::one::<i64>("SELECT count(*) FROM tide.pipeline", &[])?.unwrap_or(0);
+    let pipelines = catalog::pipelines::count()?;
     if pipelines as usize >= shmem::MAX_PIPELINES {
         return Err(TideError::limit(format!(
             "pg_tide runs at most {} pipelines",
@@ -102,10 +102,7 @@ pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> 
             "SELECT true FROM pg_create_logical_replication_slot($1::name, 'pg_tide')",
             &[slot.clone().into()],
         )?;
-        sql::exec(
-            "INSERT INTO tide.pipeline (name, target, options, slot_name, owner) VALUES ($1, $2, $3, $4::name, $5::name)",
-            &[name.into(), target.into(), options.into(), slot.into(), owner.into()],
-        )
+        catalog::pipelines::insert(name, kind, options, &slot, &owner)
     })?;
     wake_on_commit(shmem::launcher_pid());
     Ok(())
@@ -163,11 +160,7 @@ pub(super) fn drop_pipeline_as_tide(name: &str, slot: &str) -> TideResult<()> {
         }
         sleep_ms(100);
     }
-    tsql::exec("DELETE FROM tide.pipeline WHERE name = $1", &[name.into()])?;
-    tsql::exec(
-        "DELETE FROM tide.signal WHERE pipeline = $1",
-        &[name.into()],
-    )?;
+    catalog::pipelines::delete(name)?;
     if let Some(pid) = shmem::worker_pid(name) {
         sql::exec("SELECT pg_terminate_backend($1)", &[pid.into()])?;
         if !stopped.contains(&pid) {
@@ -245,10 +238,7 @@ pub(super) fn resume_pipeline(name: Option<&str>) {
 
 pub(super) fn set_enabled(name: &str, enabled: bool) -> TideResult<()> {
     require_pipeline(name)?;
-    tsql::exec(
-        "UPDATE tide.pipeline SET enabled = $2 WHERE name = $1",
-        &[name.into(), enabled.into()],
-    )?;
+    catalog::pipelines::set_enabled(name, enabled)?;
     wake_on_commit(shmem::worker_pid(name));
     Ok(())
 }

@@ -182,13 +182,7 @@ pub(super) fn add_table_impl(
         ))
         .hint("SELECT * FROM tide.tables lists what each pipeline captures."));
     }
-    let (target_kind, options) = tsql::two::<String, String>(
-        "SELECT target, options::text FROM tide.pipeline WHERE name = $1",
-        &[pipeline.into()],
-    )?;
-    let target_kind = catalog::pipelines::target_kind(target_kind, pipeline)?;
-    let options: serde_json::Value =
-        serde_json::from_str(&options.unwrap_or_default()).unwrap_or_default();
+    let (target_kind, options) = catalog::pipelines::target(pipeline)?;
     let (target_schema, target_name) = if target_kind == TargetKind::Outbox {
         if target_table.is_some() {
             return Err(TideError::invalid(format!(

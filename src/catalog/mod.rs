@@ -60,6 +60,20 @@ fn version_key(v: &str) -> Vec<u64> {
         .collect()
 }
 
+/// The OIDs of `tide.signal` and `tide.marker`, whose inserts and updates the worker picks out
+/// of the stream. Called by the worker, in its iteration's transaction (a read).
+pub(crate) fn signal_and_marker_relids() -> TideResult<(u32, u32)> {
+    let (signal, marker) = crate::sql::two::<i64, i64>(
+        "SELECT 'tide.signal'::regclass::oid::int8, 'tide.marker'::regclass::oid::int8",
+        &[],
+    )?;
+    let oid = |v: Option<i64>| {
+        v.and_then(|v| u32::try_from(v).ok())
+            .ok_or_else(|| TideError::internal("tide.signal or tide.marker is missing"))
+    };
+    Ok((oid(signal)?, oid(marker)?))
+}
+
 /// A catalog value that must be there: a NULL or malformed value in pg_tide's own tables is an
 /// error naming the column, never a default (an empty key would plan `ON CONFLICT ()`, relid 0
 /// would match no table).

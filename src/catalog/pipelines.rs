@@ -4,8 +4,10 @@
 
 use super::corrupt;
 use crate::error::{TideError, TideResult};
+use crate::tsql;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
+use pgrx::JsonB;
 use tide_core::model::TargetKind;
 
 /// A pipeline row, as the worker needs it at the start of an iteration.
@@ -170,5 +172,99 @@ fn default_remedy(e: &TideError) -> String {
     format!(
         "The worker retries with back-off. If the error persists, fix its cause (see the server log around the time in last_error_at, SQLSTATE {}) or drop and re-create the pipeline.",
         e.sqlstate()
+    )
+}
+
+// --- the SQL API ---------------------------------------------------------------------------------
+
+/// Whether a pipeline of that name exists. Called by the SQL API; runs as pg_tide.
+pub(crate) fn exists(name: &str) -> TideResult<bool> {
+    Ok(tsql::one::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM tide.pipeline WHERE name = $1)",
+        &[name.into()],
+    )?
+    .unwrap_or(false))
+}
+
+/// The pipeline's owner, `None` when there is no such pipeline. Called by the SQL API (the
+/// ownership check, a remote target's user mapping); runs as pg_tide.
+pub(crate) fn owner(name: &str) -> TideResult<Option<String>> {
+    tsql::one::<String>(
+        "SELECT owner::text FROM tide.pipeline WHERE name = $1",
+        &[name.into()],
+    )
+}
+
+/// Every pipeline with its owner: (name, owner). Called by the SQL API (`tide._owned_pipelines`,
+/// the outbox's row security); runs as pg_tide.
+pub(crate) fn owners() -> TideResult<Vec<(String, String)>> {
+    let rows = tsql::text_rows("SELECT name, owner::text FROM tide.pipeline", &[], 0, false)?;
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        let mut r = r.into_iter();
+        let name = r.next().flatten().ok_or_else(|| corrupt("name", "?"))?;
+        let owner = r.next().flatten().ok_or_else(|| corrupt("owner", &name))?;
+        out.push((name, owner));
+    }
+    Ok(out)
+}
+
+/// The number of pipelines. Called by the SQL API; runs as pg_tide.
+pub(crate) fn count() -> TideResult<i64> {
+    Ok(tsql::one::<i64>("SELECT count(*) FROM tide.pipeline", &[])?.unwrap_or(0))
+}
+
+/// The pipeline's target kind and options. A missing pipeline, like an unknown kind, is
+/// [`target_kind`]'s error. Called by the SQL API; runs as pg_tide.
+pub(crate) fn target(name: &str) -> TideResult<(TargetKind, serde_json::Value)> {
+    let (kind, opts) = tsql::two::<String, String>(
+        "SELECT target, options::text FROM tide.pipeline WHERE name = $1",
+        &[name.into()],
+    )?;
+    let kind = target_kind(kind, name)?;
+    Ok((kind, options(opts, name)?))
+}
+
+/// Whether the pipeline is enabled (not paused); `None` when there is no such pipeline. Called by
+/// the SQL API; runs as pg_tide.
+pub(crate) fn enabled(name: &str) -> TideResult<Option<bool>> {
+    tsql::one::<bool>(
+        "SELECT enabled FROM tide.pipeline WHERE name = $1",
+        &[name.into()],
+    )
+}
+
+/// Insert a pipeline's row (its slot exists by now). Called by `tide.create_pipeline` inside
+/// its `as_tide` block (so it runs as pg_tide), after the slot was created in the same
+/// transaction.
+pub(crate) fn insert(
+    name: &str,
+    target: TargetKind,
+    options: JsonB,
+    slot: &str,
+    owner: &str,
+) -> TideResult<()> {
+    crate::sql::exec(
+        "INSERT INTO tide.pipeline (name, target, options, slot_name, owner) VALUES ($1, $2, $3, $4::name, $5::name)",
+        &[name.into(), target.as_str().into(), options.into(), slot.into(), owner.into()],
+    )
+}
+
+/// Delete a pipeline's row (its tables, backfills and verifications go with it: `ON DELETE
+/// CASCADE`) and its watermark row in `tide.signal` (two statements). Called by
+/// `tide.drop_pipeline` once the worker is stopped; runs as pg_tide.
+pub(crate) fn delete(name: &str) -> TideResult<()> {
+    tsql::exec("DELETE FROM tide.pipeline WHERE name = $1", &[name.into()])?;
+    tsql::exec(
+        "DELETE FROM tide.signal WHERE pipeline = $1",
+        &[name.into()],
+    )
+}
+
+/// Pause (`false`) or resume (`true`) a pipeline. Called by the SQL API; runs as pg_tide.
+pub(crate) fn set_enabled(name: &str, enabled: bool) -> TideResult<()> {
+    tsql::exec(
+        "UPDATE tide.pipeline SET enabled = $2 WHERE name = $1",
+        &[name.into(), enabled.into()],
     )
 }

@@ -398,15 +398,7 @@ fn stream(
 ) -> TideResult<Outcome> {
     let tables = catalog::tables::captured(c, &p.name)?;
     sink.begin(c, &p.name)?;
-    let (signal_relid, marker_relid) = crate::sql::two::<i64, i64>(
-        "SELECT 'tide.signal'::regclass::oid::int8, 'tide.marker'::regclass::oid::int8",
-        &[],
-    )?;
-    let oid = |v: Option<i64>| {
-        v.and_then(|v| u32::try_from(v).ok())
-            .ok_or_else(|| TideError::internal("tide.signal or tide.marker is missing"))
-    };
-    let (signal_relid, marker_relid) = (oid(signal_relid)?, oid(marker_relid)?);
+    let (signal_relid, marker_relid) = catalog::signal_and_marker_relids()?;
     let sets = TableSets {
         capturing: tables
             .iter()

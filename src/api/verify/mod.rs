@@ -30,6 +30,7 @@
 use super::args::{relation, required, Regclass};
 use super::backfill::{relation_name, resolve_pipeline, start_backfill_internal};
 use super::{check_server, sleep_ms};
+use crate::catalog;
 use crate::error::{OrRaise, TideError, TideResult};
 use crate::shmem;
 use crate::sink::remote::conninfo_for_server;
