@@ -15,6 +15,7 @@
 
 use super::args::{relation, required, Regclass};
 use super::{check_server, require_pipeline, sleep_ms};
+use crate::catalog::tables;
 use crate::error::{OrRaise, TideError, TideResult};
 use crate::shmem;
 use crate::sql;
@@ -31,12 +32,7 @@ pub(crate) fn resolve_pipeline(relid: pg_sys::Oid, pipeline: Option<&str>) -> Ti
     match pipeline {
         Some(p) => {
             require_pipeline(p)?;
-            let captured = tsql::one::<bool>(
-                "SELECT EXISTS (SELECT 1 FROM tide.pipeline_table WHERE pipeline = $1 AND relid = $2)",
-                &[p.into(), relid.into()],
-            )?
-            .unwrap_or(false);
-            if !captured {
+            if !tables::captures(p, relid)? {
                 return Err(TideError::prerequisite(format!(
                     "pipeline \"{p}\" does not capture {qualified}"
                 ))
@@ -47,16 +43,7 @@ pub(crate) fn resolve_pipeline(relid: pg_sys::Oid, pipeline: Option<&str>) -> Ti
             Ok(p.to_string())
         }
         None => {
-            let rows = tsql::text_rows(
-                "SELECT pipeline FROM tide.pipeline_table WHERE relid = $1::oid ORDER BY pipeline",
-                &[Some(&relid.to_u32().to_string())],
-                0,
-                false,
-            )?;
-            let names: Vec<String> = rows
-                .into_iter()
-                .filter_map(|r| r.into_iter().next().flatten())
-                .collect();
+            let names = tables::pipelines_capturing(relid)?;
             match names.len() {
                 0 => Err(TideError::prerequisite(format!("no pipeline captures {qualified}"))
                     .hint(format!("Add it to a pipeline first: SELECT tide.add_table('<pipeline>', '{qualified}')."))),
@@ -241,18 +228,7 @@ fn start_backfill_core(
         validate_condition(&qualified, c, trusted_condition)?;
     }
     // The key must still be the one recorded when the table was added.
-    let (stored, now) = tsql::two::<Vec<String>, Vec<String>>(
-        "SELECT t.key_columns, ARRAY(SELECT a.attname::text
-                FROM pg_index i
-                JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
-                JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-               WHERE i.indrelid = t.relid
-                 AND CASE WHEN c.relreplident = 'i' THEN i.indisreplident ELSE i.indisprimary END
-               ORDER BY k.ord)
-           FROM tide.pipeline_table t JOIN pg_class c ON c.oid = t.relid WHERE t.pipeline = $1 AND t.relid = $2",
-        &[pipeline.clone().into(), relid.into()],
-    )?;
-    let (stored, now) = (stored.unwrap_or_default(), now.unwrap_or_default());
+    let (stored, now) = tables::recorded_and_current_key(&pipeline, relid)?.unwrap_or_default();
     if stored != now {
         return Err(TideError::prerequisite(format!(
             "the key of {qualified} changed since it was added to pipeline \"{pipeline}\" (was ({}), now ({}))",

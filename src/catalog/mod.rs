@@ -74,6 +74,24 @@ pub(crate) fn signal_and_marker_relids() -> TideResult<(u32, u32)> {
     Ok((oid(signal)?, oid(marker)?))
 }
 
+/// The first row of a query on one table of one pipeline, `$1` the pipeline and `$2` the table's
+/// OID (as text: cast it, `$2::oid`), then `more`: `crate::tsql::text_rows`, run as pg_tide,
+/// every value as its text output. `fresh`: a snapshot of its own (see `crate::sql`).
+fn table_row(
+    query: &str,
+    pipeline: &str,
+    relid: pgrx::pg_sys::Oid,
+    more: &[&str],
+    fresh: bool,
+) -> TideResult<Option<Vec<Option<String>>>> {
+    let relid = relid.to_u32().to_string();
+    let mut args = vec![Some(pipeline), Some(relid.as_str())];
+    args.extend(more.iter().map(|m| Some(*m)));
+    Ok(crate::tsql::text_rows(query, &args, 1, fresh)?
+        .into_iter()
+        .next())
+}
+
 /// A catalog value that must be there: a NULL or malformed value in pg_tide's own tables is an
 /// error naming the column, never a default (an empty key would plan `ON CONFLICT ()`, relid 0
 /// would match no table).

@@ -104,26 +104,14 @@ pub(super) fn setup(
         return Err(TideError::prerequisite(format!("pipeline \"{pipeline}\" writes to the outbox: there is no target table to compare"))
             .hint("tide.verify compares table targets ('table' or 'postgres'). For the outbox, replay it onto a copy and compare that."));
     }
-    let relid_text = relid.to_u32().to_string();
-    let row = tsql::text_rows(
-        "SELECT target_schema, target_name, to_json(key_columns)::text FROM tide.pipeline_table WHERE pipeline = $1 AND relid = $2::oid",
-        &[Some(&pipeline), Some(&relid_text)],
-        1,
-        false,
-    )?;
-    let Some(row) = row.into_iter().next() else {
+    let Some(t) = catalog::tables::target_table(&pipeline, relid)? else {
         return Err(TideError::prerequisite(format!(
             "pipeline \"{pipeline}\" does not capture {source}"
         ))
         .hint("Add it with tide.add_table."));
     };
-    let target = format!(
-        "{}.{}",
-        quote(row[0].as_deref().unwrap_or("")),
-        quote(row[1].as_deref().unwrap_or(""))
-    );
-    let key: Vec<String> =
-        serde_json::from_str(row[2].as_deref().unwrap_or("[]")).unwrap_or_default();
+    let target = format!("{}.{}", quote(&t.schema), quote(&t.name));
+    let key = t.key;
     if !allow_running_backfill {
         let active = tsql::one::<String>(
             "SELECT state FROM tide.backfill WHERE pipeline = $1 AND relid = $2 AND state IN ('queued', 'running', 'paused')",
@@ -134,6 +122,7 @@ pub(super) fn setup(
                 .hint(format!("Wait for it (SELECT tide.wait_for_backfill('{source}', '{pipeline}')) and verify then.")));
         }
     }
+    let relid_text = relid.to_u32().to_string();
     let collatable: HashSet<String> = sql::text_rows(
         "SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = $1::oid AND a.attnum > 0 AND a.attcollation <> 0",
         &[Some(&relid_text)],
