@@ -9,7 +9,6 @@ use crate::catalog;
 use crate::error::{OrRaise, TideError, TideResult};
 use crate::shmem;
 use crate::sql;
-use crate::tsql;
 use crate::worker::launcher::{LAUNCHER_TYPE, WORKER_TYPE};
 use args::{relation, required, Regclass};
 use pgrx::prelude::*;

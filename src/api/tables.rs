@@ -244,11 +244,7 @@ pub(super) fn remove_table_impl(pipeline: &str, relid: pg_sys::Oid) -> TideResul
         .hint("SELECT * FROM tide.tables lists what each pipeline captures."));
     }
     catalog::tables::write_marker(MarkerOp::RemoveTable, pipeline, relid)?;
-    tsql::exec(
-        "UPDATE tide.backfill SET state = 'cancelled', finished_at = now(), error = 'the table was removed from the pipeline'
-          WHERE pipeline = $1 AND relid = $2 AND state IN ('queued', 'running', 'paused')",
-        &[pipeline.into(), relid.into()],
-    )?;
+    catalog::backfills::cancel_for_removed_table(pipeline, relid)?;
     wake_on_commit(shmem::worker_pid(pipeline));
     Ok(())
 }

@@ -18,6 +18,7 @@
 //! stream iteration forgets the chunk for the same reason.
 
 use super::estimate::Estimate;
+use crate::catalog::backfills;
 use crate::error::{TideError, TideResult};
 use crate::sink::{Event, Target};
 use crate::sql;
@@ -175,65 +176,27 @@ impl Backfiller {
             result.dropped
         };
         // Progress first: if the backfill was cancelled meanwhile, nothing is emitted.
-        let still_active = sql::first::<bool>(c
-            .update(
-                "UPDATE tide.backfill
-                    SET chunks_done = chunks_done + 1, rows_read = rows_read + $2, rows_dropped = rows_dropped + $3,
-                        rows_emitted = rows_emitted + $4, last_key = coalesce($5, last_key),
-                        -- the total from how far into the key range the chunk reached (a single
-                        -- integer key), else as the planner estimates the table now; more than has
-                        -- been read until the last chunk (so fraction_done stays below 1 until then)
-                        estimated_rows = CASE WHEN $6 THEN rows_read + $2
-                                              ELSE greatest(coalesce(round((rows_read + $2) / nullif($9::float8, 0))::int8,
-                                                                     $8::int8, estimated_rows),
-                                                            rows_read + $2 + chunk_size) END,
-                        state = CASE WHEN $6 THEN 'done' ELSE state END,
-                        finished_at = CASE WHEN $6 THEN now() END,
-                        finished_lsn = CASE WHEN $6 THEN $7::pg_lsn END,
-                        error = NULL, remedy = NULL
-                  WHERE id = $1 AND state IN ('running', 'paused', 'queued')
-                  RETURNING true",
-                None,
-                &[
-                    p.backfill_id.into(),
-                    (p.rows_read as i64).into(),
-                    (dropped as i64).into(),
-                    (rows.len() as i64).into(),
-                    p.key_to.clone().into(),
-                    p.is_last.into(),
-                    t.lsn.to_string().into(),
-                    p.estimate.table_rows.into(),
-                    p.estimate.key_fraction.into(),
-                ],
-            )?)?
-            .unwrap_or(false);
-        if !still_active {
+        let done = backfills::ChunkDone {
+            backfill_id: p.backfill_id,
+            chunk_no: p.chunk_no,
+            key_from: p.key_from,
+            key_to: p.key_to,
+            low_lsn: p.low_lsn,
+            high_lsn: t.lsn,
+            rows_read: p.rows_read,
+            rows_dropped: dropped,
+            rows_emitted: rows.len(),
+            is_last: p.is_last,
+            read_at: p.read_at,
+            table_rows: p.estimate.table_rows,
+            key_fraction: p.estimate.key_fraction,
+        };
+        if !backfills::record_progress(c, &done)? {
             return Ok(None);
         }
-        c.update(
-            "INSERT INTO tide.chunk (backfill_id, chunk, key_from, key_to, low_lsn, high_lsn, rows_read, rows_dropped, rows_emitted, read_at)
-             VALUES ($1, $2, $3, $4, $5::pg_lsn, $6::pg_lsn, $7, $8, $9, '2000-01-01 00:00:00+00'::timestamptz + $10 * interval '1 microsecond')
-             ON CONFLICT (backfill_id, chunk) DO NOTHING",
-            None,
-            &[
-                p.backfill_id.into(),
-                p.chunk_no.into(),
-                p.key_from.clone().into(),
-                p.key_to.clone().into(),
-                p.low_lsn.map(|l| l.to_string()).into(),
-                t.lsn.to_string().into(),
-                (p.rows_read as i32).into(),
-                (dropped as i32).into(),
-                (rows.len() as i32).into(),
-                p.read_at.into(),
-            ],
-        )?;
+        backfills::record_chunk(c, &done)?;
         if p.chunk_no % 100 == 0 {
-            c.update(
-                "DELETE FROM tide.chunk WHERE backfill_id = $1 AND chunk <= $2 - 1000",
-                None,
-                &[p.backfill_id.into(), p.chunk_no.into()],
-            )?;
+            backfills::trim_chunks(c, p.backfill_id, p.chunk_no)?;
         }
         let n = rows.len() as u64;
         for (key, row) in rows {
@@ -274,7 +237,7 @@ impl Backfiller {
         };
         let started = Instant::now();
         // The table's lock before the chunk's snapshot (see `tx::run_locked`).
-        let read = match tx::run_locked(pg_sys::Oid::from(job.relid), || {
+        let read = match tx::run_locked(pg_sys::Oid::from(job.b.relid), || {
             read_chunk(pipeline, &job)
         }) {
             Ok(Locked::Ran(r)) => Ok(r),
@@ -295,20 +258,14 @@ impl Backfiller {
                 // Nothing was read: the low watermark alone is ignored by the stream. Say why
                 // in tide.backfills (once; the next emitted chunk clears it).
                 self.not_before = Instant::now() + Duration::from_millis(200);
-                if self.waiting_noted != Some(job.backfill_id) {
-                    self.waiting_noted = Some(job.backfill_id);
+                if self.waiting_noted != Some(job.b.id) {
+                    self.waiting_noted = Some(job.b.id);
                     let remedy = e.hint.clone().unwrap_or_default();
-                    if let Err(e2) = tx::run(|| {
-                        sql::exec(
-                            "UPDATE tide.backfill SET error = $2, remedy = $3 WHERE id = $1",
-                            &[
-                                job.backfill_id.into(),
-                                format!("waiting: {}", e.message).into(),
-                                remedy.into(),
-                            ],
-                        )
-                    }) {
-                        pgrx::log!("pg_tide worker \"{pipeline}\": could not note why backfill {} waits: {e2}", job.backfill_id);
+                    let waiting = format!("waiting: {}", e.message);
+                    if let Err(e2) =
+                        tx::run(|| backfills::note_waiting(job.b.id, &waiting, &remedy))
+                    {
+                        pgrx::log!("pg_tide worker \"{pipeline}\": could not note why backfill {} waits: {e2}", job.b.id);
                     }
                 }
                 return Ok(());
@@ -319,14 +276,14 @@ impl Backfiller {
                         e.code,
                         format!(
                             "a chunk of backfill {} was cancelled ({}): its SELECT may run for at most tide.chunk_timeout ({} ms)",
-                            job.backfill_id,
+                            job.b.id,
                             e.message,
                             crate::gucs::CHUNK_TIMEOUT_MS.get()
                         ),
                     )
                     .hint("Make the condition cheaper (an index on what it tests), raise tide.chunk_timeout, or start the backfill again without the condition.");
                 }
-                let _ = tx::run(|| fail_backfill(job.backfill_id, &e));
+                let _ = tx::run(|| fail_backfill(job.b.id, &e));
                 return Err(e);
             }
         };
@@ -338,15 +295,15 @@ impl Backfiller {
             .map(|r| (r.key, Some(r.row)))
             .collect();
         rows.extend(read.deletes.into_iter().map(|k| (k, None)));
-        self.reconciler.add_chunk(job.watermark, job.relid, rows);
+        self.reconciler.add_chunk(job.watermark, job.b.relid, rows);
         self.pending = Some(PendingChunk {
             watermark: job.watermark,
-            backfill_id: job.backfill_id,
-            chunk_no: job.chunk_no,
-            relid: job.relid,
+            backfill_id: job.b.id,
+            chunk_no: job.b.chunk_no,
+            relid: job.b.relid,
             relation: read.relation,
-            key_from: job.last_key.clone(),
-            key_to: last_key.or(job.last_key.clone()),
+            key_from: job.b.last_key.clone(),
+            key_to: last_key.or(job.b.last_key.clone()),
             rows_read: n,
             is_last: read.is_last,
             read_at: read.read_at,
@@ -357,7 +314,7 @@ impl Backfiller {
             estimate: read.estimate,
         });
         // Throttle: spread the rows of this chunk over rows / rows_per_second seconds.
-        self.not_before = match job.rows_per_second {
+        self.not_before = match job.b.rows_per_second {
             Some(rps) if rps > 0 => started + Duration::from_secs_f64(n as f64 / rps as f64),
             _ => Instant::now(),
         };
@@ -367,71 +324,20 @@ impl Backfiller {
 
 /// The next chunk to read, after its low watermark committed.
 struct Job {
-    backfill_id: i64,
     watermark: u64,
-    chunk_no: i64,
-    relid: u32,
-    chunk_size: i64,
-    rows_per_second: Option<i64>,
-    condition: Option<String>,
-    owner: String,
-    key_columns: Vec<String>,
-    last_key: Option<Vec<String>>,
-    /// JSON array of key value arrays a repair deletes (see `tide.repair`).
-    repair_deletes: Option<String>,
+    /// The backfill, as the catalog holds it.
+    b: backfills::Due,
 }
 
 /// Transaction 1: pick the backfill, mark it running, write the LW.
 fn low_watermark(pipeline: &str) -> TideResult<Option<Job>> {
-    let rows = sql::text_rows(
-        "SELECT b.id, b.relid::int8, b.chunk_size, b.rows_per_second, b.condition, b.owner::text,
-                to_json(b.key_columns)::text, to_json(b.last_key)::text, b.chunks_done + 1, b.repair_deletes::text
-           FROM tide.backfill b
-           JOIN tide.pipeline p ON p.name = b.pipeline AND p.enabled
-           JOIN tide.pipeline_table t ON t.pipeline = b.pipeline AND t.relid = b.relid AND t.added_lsn IS NOT NULL
-          WHERE b.pipeline = $1 AND b.state IN ('queued', 'running')
-          ORDER BY b.state = 'running' DESC, b.id
-          LIMIT 1",
-        &[Some(pipeline)],
-        1,
-        false,
-    )?;
-    let Some(r) = rows.into_iter().next() else {
+    let Some(mut b) = backfills::due(pipeline)? else {
         return Ok(None);
     };
-    let int = |i: usize| -> i64 { r[i].as_deref().and_then(|s| s.parse().ok()).unwrap_or(0) };
-    let backfill_id = int(0);
-    let watermark =
-        sql::one::<i64>("SELECT nextval('tide.watermark_seq')", &[])?.unwrap_or(0) as u64;
-    let chunk_no = int(8);
-    Spi::connect_mut(|c| -> TideResult<()> {
-        c.update(
-            "UPDATE tide.backfill SET state = 'running', started_at = coalesce(started_at, now()) WHERE id = $1 AND state <> 'running'",
-            None,
-            &[backfill_id.into()],
-        )?;
-        c.update(
-            "INSERT INTO tide.signal AS s (pipeline, watermark, kind, backfill_id, chunk) VALUES ($1, $2, 'low', $3, $4)
-             ON CONFLICT (pipeline) DO UPDATE SET watermark = excluded.watermark, kind = 'low', backfill_id = excluded.backfill_id,
-                    chunk = excluded.chunk, written_at = clock_timestamp()",
-            None,
-            &[pipeline.into(), (watermark as i64).into(), backfill_id.into(), chunk_no.into()],
-        )?;
-        Ok(())
-    })?;
-    Ok(Some(Job {
-        backfill_id,
-        watermark,
-        chunk_no,
-        relid: int(1) as u32,
-        chunk_size: int(2).max(1),
-        rows_per_second: r[3].as_deref().and_then(|s| s.parse().ok()),
-        condition: r[4].clone(),
-        owner: r[5].clone().unwrap_or_default(),
-        key_columns: json_strings(r[6].as_deref().unwrap_or("[]")),
-        last_key: r[7].as_deref().map(json_strings),
-        repair_deletes: r[9].clone(),
-    }))
+    b.chunk_size = b.chunk_size.max(1);
+    let watermark = backfills::next_watermark(pipeline)?;
+    backfills::write_low_watermark(pipeline, b.id, watermark, b.chunk_no)?;
+    Ok(Some(Job { watermark, b }))
 }
 
 struct ChunkRow {
@@ -454,7 +360,7 @@ struct ChunkRead {
 
 /// Transaction 2: SELECT the chunk (snapshot taken after the LW commit) and write the HW.
 fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
-    let relid = job.relid.to_string();
+    let relid = job.b.relid.to_string();
     // The table as it is now: columns in attribute order, as the output plugin sends them.
     let meta = sql::text_rows(
         "SELECT format('%I.%I', n.nspname, c.relname), a.attname::text, a.atttypid::int8, format_type(a.atttypid, a.atttypmod)
@@ -468,7 +374,7 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
     if meta.is_empty() {
         return Err(TideError::undefined(format!(
             "the table of backfill {} (OID {relid}) no longer exists",
-            job.backfill_id
+            job.b.id
         ))
         .hint("Remove it from the pipeline with tide.remove_table, or cancel the backfill."));
     }
@@ -478,14 +384,14 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
         .map(|m| {
             let name = m[1].clone().unwrap_or_default();
             OwnedColumn {
-                key: job.key_columns.contains(&name),
+                key: job.b.key_columns.contains(&name),
                 type_oid: m[2].as_deref().and_then(|s| s.parse().ok()).unwrap_or(0),
                 name,
             }
         })
         .collect();
     let mut key_types = Vec::new();
-    for k in &job.key_columns {
+    for k in &job.b.key_columns {
         let Some(m) = meta.iter().find(|m| m[1].as_deref() == Some(k.as_str())) else {
             return Err(TideError::prerequisite(format!("key column \"{k}\" of {relation} no longer exists"))
                 .hint(format!("Remove and re-add the table: SELECT tide.remove_table('{pipeline}', '{relation}'); SELECT tide.add_table('{pipeline}', '{relation}').")));
@@ -493,6 +399,7 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
         key_types.push(m[3].clone().unwrap_or_default());
     }
     let key_idx: Vec<usize> = job
+        .b
         .key_columns
         .iter()
         .filter_map(|k| columns.iter().position(|c| &c.name == k))
@@ -504,6 +411,7 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
         .collect::<Vec<_>>()
         .join(", ");
     let key_list = job
+        .b
         .key_columns
         .iter()
         .map(|k| quote(k))
@@ -512,7 +420,7 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
     let mut query = format!("SELECT {select_list} FROM ONLY {relation}");
     let mut clauses = Vec::new();
     let mut args: Vec<Option<&str>> = Vec::new();
-    if let Some(last) = &job.last_key {
+    if let Some(last) = &job.b.last_key {
         let params = key_types
             .iter()
             .enumerate()
@@ -522,7 +430,7 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
         clauses.push(format!("({key_list}) > ({params})"));
         args.extend(last.iter().map(|s| Some(s.as_str())));
     }
-    if let Some(cond) = &job.condition {
+    if let Some(cond) = &job.b.condition {
         // On lines of its own: a trailing `--` comment in it ends before the `)`.
         clauses.push(format!("(\n{cond}\n)"));
     }
@@ -530,7 +438,7 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
         query.push_str(" WHERE ");
         query.push_str(&clauses.join(" AND "));
     }
-    query.push_str(&format!(" ORDER BY {key_list} LIMIT {}", job.chunk_size));
+    query.push_str(&format!(" ORDER BY {key_list} LIMIT {}", job.b.chunk_size));
 
     let read_at = unsafe { pg_sys::GetCurrentTimestamp() };
     // The chunk's snapshot (the transaction's, like the SELECT below: both run read-only). Its
@@ -568,7 +476,7 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
     // Read as the role that started the backfill (its condition is its own SQL), in a
     // security-restricted operation (`SET ROLE`/`RESET ROLE` fail there), under a timeout: a
     // slow condition fails its backfill instead of holding the stream.
-    let owner = crate::security::owner_oid(&job.owner, &format!("backfill {}", job.backfill_id))?;
+    let owner = crate::security::owner_oid(&job.b.owner, &format!("backfill {}", job.b.id))?;
     let timeout_ms = crate::gucs::CHUNK_TIMEOUT_MS.get().max(10);
     let raw = crate::security::as_owner(owner, || {
         tx::arm_timeout(timeout_ms);
@@ -601,22 +509,23 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
             row,
         });
     }
-    let is_last = (rows.len() as i64) < job.chunk_size;
+    let is_last = (rows.len() as i64) < job.b.chunk_size;
     // A repair: keys to delete that lie in this chunk's key range and, in this same snapshot, no
     // longer exist at the source. They are emitted as deletes at the high watermark unless the
     // stream touches them in the window (then the stream carries the truth, as for rows).
     let mut deletes = Vec::new();
-    if let Some(list) = &job.repair_deletes {
+    if let Some(list) = &job.b.repair_deletes {
         let to: Option<Vec<String>> = if is_last {
             None
         } else {
             rows.last().map(|r: &ChunkRow| r.key_values.clone())
         };
         let elem = |i: usize, k: &str| -> String {
-            let ty = &key_types[job.key_columns.iter().position(|c| c == k).unwrap_or(0)];
+            let ty = &key_types[job.b.key_columns.iter().position(|c| c == k).unwrap_or(0)];
             format!("(k.v->>{i})::{ty}")
         };
         let elems: Vec<String> = job
+            .b
             .key_columns
             .iter()
             .enumerate()
@@ -624,7 +533,8 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
             .collect();
         let mut clauses = vec![format!(
             "NOT EXISTS (SELECT 1 FROM ONLY {relation} s WHERE ({}) = ({}))",
-            job.key_columns
+            job.b
+                .key_columns
                 .iter()
                 .map(|k| format!("s.{}", quote(k)))
                 .collect::<Vec<_>>()
@@ -633,7 +543,7 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
         )];
         let mut dargs: Vec<Option<&str>> = vec![Some(list.as_str())];
         let mut n = 2;
-        for (bound, op) in [(job.last_key.as_ref(), ">"), (to.as_ref(), "<=")] {
+        for (bound, op) in [(job.b.last_key.as_ref(), ">"), (to.as_ref(), "<=")] {
             if let Some(vals) = bound {
                 let ps: Vec<String> = key_types
                     .iter()
@@ -649,7 +559,7 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
         }
         let q = format!(
             "SELECT {} FROM jsonb_array_elements($1::text::jsonb) AS k(v) WHERE {}",
-            (0..job.key_columns.len())
+            (0..job.b.key_columns.len())
                 .map(|i| format!("k.v->>{i}"))
                 .collect::<Vec<_>>()
                 .join(", "),
@@ -674,13 +584,13 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
     // into), a short chunk would end the backfill with rows never read. Read it again instead.
     let (seen, current) = sql::two::<i64, i64>(
         "SELECT relfilenode::int8, pg_relation_filenode(oid)::int8 FROM pg_class WHERE oid = $1::int8::oid",
-        &[(job.relid as i64).into()],
+        &[(job.b.relid as i64).into()],
     )?;
     if seen != current {
         pgrx::log!(
             "pg_tide worker \"{pipeline}\": {relation} was rewritten while chunk {} of backfill {} was read (file {seen:?} in its snapshot, now {current:?}); reading the chunk again",
-            job.chunk_no,
-            job.backfill_id
+            job.b.chunk_no,
+            job.b.id
         );
         return Err(TideError::new(
             pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
@@ -693,33 +603,19 @@ fn read_chunk(pipeline: &str, job: &Job) -> TideResult<ChunkRead> {
         Estimate::default()
     } else {
         // Whole-table backfills only: a condition or a repair reads part of the key range.
-        let whole = job.condition.is_none() && job.repair_deletes.is_none();
+        let whole = job.b.condition.is_none() && job.b.repair_deletes.is_none();
         let last = rows.last().and_then(|r| r.key_values.first());
         Estimate::take(
-            job.relid,
+            job.b.relid,
             &relation,
-            &job.key_columns,
+            &job.b.key_columns,
             &key_types,
             whole,
             last,
             owner,
         )?
     };
-    Spi::connect_mut(|c| -> TideResult<()> {
-        c.update(
-            "UPDATE tide.signal SET kind = 'high', written_at = clock_timestamp() WHERE pipeline = $1 AND watermark = $2",
-            None,
-            &[pipeline.into(), (job.watermark as i64).into()],
-        )?;
-        if is_last {
-            c.update(
-                "UPDATE tide.backfill SET read_complete = true WHERE id = $1",
-                None,
-                &[job.backfill_id.into()],
-            )?;
-        }
-        Ok(())
-    })?;
+    backfills::write_high_watermark(pipeline, job.watermark, job.b.id, is_last)?;
     Ok(ChunkRead {
         invisible,
         estimate,
@@ -736,19 +632,9 @@ fn fail_backfill(id: i64, e: &TideError) -> TideResult<()> {
     let remedy = e.hint.clone().unwrap_or_else(|| {
         "Fix the cause, then start the backfill again with tide.start_backfill.".to_string()
     });
-    sql::exec(
-        "UPDATE tide.backfill SET state = 'failed', error = $2, remedy = $3, finished_at = now() WHERE id = $1 AND state IN ('queued', 'running')",
-        &[id.into(), e.message.clone().into(), remedy.into()],
-    )
+    backfills::fail(id, &e.message, &remedy)
 }
 
 fn quote(ident: &str) -> String {
     pgrx::spi::quote_identifier(ident)
-}
-
-/// Parse a JSON array of strings (`to_json(text[])`).
-fn json_strings(s: &str) -> Vec<String> {
-    serde_json::from_str::<Vec<Option<String>>>(s)
-        .map(|v| v.into_iter().map(Option::unwrap_or_default).collect())
-        .unwrap_or_default()
 }

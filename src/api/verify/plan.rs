@@ -113,11 +113,7 @@ pub(super) fn setup(
     let target = format!("{}.{}", quote(&t.schema), quote(&t.name));
     let key = t.key;
     if !allow_running_backfill {
-        let active = tsql::one::<String>(
-            "SELECT state FROM tide.backfill WHERE pipeline = $1 AND relid = $2 AND state IN ('queued', 'running', 'paused')",
-            &[pipeline.clone().into(), relid.into()],
-        )?;
-        if let Some(state) = active {
+        if let Some(state) = catalog::backfills::active_state(&pipeline, relid)? {
             return Err(TideError::prerequisite(format!("a backfill of {source} for pipeline \"{pipeline}\" is {state}: the target is not complete yet"))
                 .hint(format!("Wait for it (SELECT tide.wait_for_backfill('{source}', '{pipeline}')) and verify then.")));
         }

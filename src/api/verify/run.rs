@@ -187,10 +187,7 @@ pub(super) fn diff(src: &[(String, Vec<String>, String)], tgt: &Side) -> Diff {
 }
 
 pub(super) fn run_verify(ctx: &Ctx, ranges: Option<i32>) -> TideResult<Summary> {
-    let throttle = tsql::one::<i32>(
-        "SELECT rows_per_second FROM tide.backfill WHERE pipeline = $1 AND relid = $2 ORDER BY id DESC LIMIT 1",
-        &[ctx.pipeline.clone().into(), ctx.relid.into()],
-    )?;
+    let throttle = catalog::backfills::throttle(&ctx.pipeline, ctx.relid)?;
     let range_rows = match ranges {
         Some(n) if n <= 0 => {
             return Err(
