@@ -10,6 +10,7 @@ pub mod backfills;
 pub mod pipelines;
 pub mod slots;
 pub mod tables;
+pub mod verification;
 
 /// The version of this build of the library; the SQL objects of the database it runs in must be
 /// of the same version (see [`version_gate`]).
