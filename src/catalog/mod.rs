@@ -7,6 +7,7 @@
 use crate::error::{TideError, TideResult};
 
 pub mod backfills;
+pub mod outbox;
 pub mod pipelines;
 pub mod slots;
 pub mod tables;
