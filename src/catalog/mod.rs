@@ -1,8 +1,42 @@
-//! pg_tide's catalog: reads and writes of its own tables and of its replication slots, one file
-//! per concern, and the version gate. Every statement uses `$n` parameters; every SPI error is
-//! returned to the caller; a NULL or malformed value in a column pg_tide always fills is an error
-//! naming the column, never a default. (Not yet all SQL on pg_tide's tables is here; see issue
-//! 12.)
+//! All SQL on pg_tide's own tables, and on its replication slots; the version gate. The tables'
+//! DDL is in `schema`; every other module reads and writes them through the functions here.
+//!
+//! One file per concern:
+//! - [`pipelines`]: `tide.pipeline` (the worker's view of its pipeline, the applied position and
+//!   the error columns; create, drop, pause and resume; ownership);
+//! - [`tables`]: `tide.pipeline_table` (captured tables, their targets and keys) and the
+//!   add/remove markers (`tide.marker`);
+//! - [`backfills`]: `tide.backfill`, `tide.chunk` and the watermarks (`tide.signal`,
+//!   `tide.watermark_seq`), and the re-read after a table rewrite;
+//! - [`verification`]: `tide.verification` and `tide.verification_range`;
+//! - [`outbox`]: the outbox target's INSERT into `tide.outbox`;
+//! - [`slots`]: the slots' names and locks, orphaned slots, `output_plugin_libraries`;
+//! - this file: the version gate, the OIDs of the tables the stream watches, [`corrupt`].
+//!
+//! Guarantees:
+//! - each function runs one statement, or one tightly coupled group its doc names; values are
+//!   typed arguments bound as `$n` parameters, never formatted into the text, and the result is
+//!   typed (a struct where several columns come back);
+//! - no backfill state, watermark kind, marker op or target kind is a literal in SQL text: they
+//!   are bound from `tide_core::model`'s enums (`lib.rs`'s `#[pg_test]`
+//!   `schema_checks_list_the_enums` holds `schema`'s CHECK constraints and partial index to the
+//!   same lists);
+//! - every SPI error is returned to the caller;
+//! - a NULL or malformed value in a column pg_tide always fills is [`corrupt`], never a default.
+//!
+//! These functions are data access, not policy: what an outcome means (an error with a hint, a
+//! retry, a skip) is decided by their callers.
+//!
+//! Security contexts (each function's doc says which applies):
+//! - called by the SQL API: runs as pg_tide itself, through `crate::tsql` (`security::as_tide`
+//!   around `crate::sql`), or inside the caller's `as_tide` block, as the doc says. No other role
+//!   can read or write these tables;
+//! - called by the worker or the launcher (which run as pg_tide's bootstrap superuser): through
+//!   `crate::sql` or the iteration's `SpiClient`, in the caller's transaction.
+//!
+//! Reads never assign a transaction id (see `crate::sql`); a "fresh" read (`text_rows(..,
+//! fresh = true)`) takes a new snapshot for its statement, which polling loops and reads after a
+//! lock rely on; other reads use the statement's or transaction's snapshot as `crate::sql` says.
 
 use crate::error::{TideError, TideResult};
 
