@@ -4,7 +4,7 @@
 //! - [`gucs`]: every `tide.*` setting;
 //! - [`shmem`]: launcher identity and live worker statistics;
 //! - [`api`]: the SQL functions (validate, call, map errors);
-//! - [`catalog`]: the only code touching `tide.*` tables and slots;
+//! - [`catalog`]: all SQL on pg_tide's own `tide.*` tables, the slots' names, locks and orphans;
 //! - [`plugin`]: the logical decoding output plugin `pg_tide`;
 //! - [`worker`]: the launcher, the pipeline worker and the transaction helper;
 //! - [`schema`]: catalog tables, the outbox, views and privileges.

@@ -1,5 +1,8 @@
-//! All SQL on pg_tide's own tables, and on its replication slots; the version gate. The tables'
-//! DDL is in `schema`; every other module reads and writes them through the functions here.
+//! All SQL on pg_tide's own tables; its replication slots' names, locks and orphans; the version
+//! gate. The tables' DDL is in `schema`; every other module reads and writes them through the
+//! functions here. (Creating and dropping a pipeline's slot, interleaved with the checks of
+//! `tide.create_pipeline` and `tide.drop_pipeline`, stays in `api::pipelines`; the worker's
+//! decoder reads its slot.)
 //!
 //! One file per concern:
 //! - [`pipelines`]: `tide.pipeline` (the worker's view of its pipeline, the applied position and
