@@ -230,11 +230,8 @@ mod tests {
     }
 
     /// The texts of `values`, sorted.
-    fn texts<T: Copy>(
-        values: impl IntoIterator<Item = T>,
-        text: fn(T) -> &'static str,
-    ) -> Vec<String> {
-        let mut v: Vec<String> = values.into_iter().map(|x| text(x).to_string()).collect();
+    fn texts<T: Copy>(values: &[T], text: fn(T) -> &'static str) -> Vec<String> {
+        let mut v: Vec<String> = values.iter().map(|&x| text(x).to_string()).collect();
         v.sort();
         v
     }
@@ -245,13 +242,15 @@ mod tests {
     #[pg_test]
     fn schema_checks_list_the_enums() {
         use tide_core::model::{BackfillState, MarkerOp, Op, TargetKind, WatermarkKind};
-        let states = texts(BackfillState::ALL.iter().copied(), BackfillState::as_str);
+        let states = texts(BackfillState::ALL, BackfillState::as_str);
         assert_eq!(states.len(), BackfillState::ALL.len());
         assert_eq!(check_values("tide.backfill", "state"), states);
-        let active = texts(
-            BackfillState::ALL.iter().copied().filter(|s| s.is_active()),
-            BackfillState::as_str,
-        );
+        let active: Vec<BackfillState> = BackfillState::ALL
+            .iter()
+            .copied()
+            .filter(|s| s.is_active())
+            .collect();
+        let active = texts(&active, BackfillState::as_str);
         assert!(!active.is_empty() && active.len() < states.len());
         assert_eq!(
             literals(
@@ -262,22 +261,23 @@ mod tests {
             active,
             "the partial unique index backfill_one_active covers the active states"
         );
-        assert_eq!(
-            check_values("tide.signal", "kind"),
-            texts(WatermarkKind::ALL.iter().copied(), WatermarkKind::as_str)
-        );
-        assert_eq!(
-            check_values("tide.marker", "op"),
-            texts(MarkerOp::ALL.iter().copied(), MarkerOp::as_str)
-        );
-        assert_eq!(
-            check_values("tide.pipeline", "target"),
-            texts(TargetKind::ALL.iter().copied(), TargetKind::as_str)
-        );
-        assert_eq!(
-            check_values("tide.outbox", "op"),
-            texts(Op::ALL.iter().copied(), Op::as_str)
-        );
+        let others = [
+            (
+                "tide.signal",
+                "kind",
+                texts(WatermarkKind::ALL, WatermarkKind::as_str),
+            ),
+            ("tide.marker", "op", texts(MarkerOp::ALL, MarkerOp::as_str)),
+            (
+                "tide.pipeline",
+                "target",
+                texts(TargetKind::ALL, TargetKind::as_str),
+            ),
+            ("tide.outbox", "op", texts(Op::ALL, Op::as_str)),
+        ];
+        for (table, column, values) in others {
+            assert_eq!(check_values(table, column), values, "{table}.{column}");
+        }
     }
 
     #[pg_test]
