@@ -4,7 +4,7 @@
 //! - [`gucs`]: every `tide.*` setting;
 //! - [`shmem`]: launcher identity and live worker statistics;
 //! - [`api`]: the SQL functions (validate, call, map errors);
-//! - [`catalog`]: the only code touching `tide.*` tables and slots;
+//! - [`catalog`]: all SQL on pg_tide's own `tide.*` tables, the slots' names, locks and orphans;
 //! - [`plugin`]: the logical decoding output plugin `pg_tide`;
 //! - [`worker`]: the launcher, the pipeline worker and the transaction helper;
 //! - [`schema`]: catalog tables, the outbox, views and privileges.
@@ -204,6 +204,80 @@ mod tests {
         assert!(!ok("/* open comment"));
         // The escape the hand-written lexer let through (a quote after any e/E).
         assert!(!ok("name'\\' IS NOT NULL) OR (true OR E'\\'' IS NULL"));
+    }
+
+    /// The quoted literals of a deparsed constraint or predicate, sorted: `'queued'::text` gives
+    /// `queued`. `what` is a query of one `text` value.
+    fn literals(what: &str, args: &[pgrx::datum::DatumWithOid<'_>]) -> Vec<String> {
+        let q = format!(
+            "SELECT coalesce(array_agg(m[1] ORDER BY m[1]), '{{}}') FROM ({what}) AS d(def),
+                    regexp_matches(d.def, '''([^'']*)''', 'g') AS m"
+        );
+        Spi::get_one_with_args::<Vec<String>>(&q, args)
+            .unwrap()
+            .unwrap()
+    }
+
+    /// The values the CHECK constraint on `table.column` (and on that column only) lists.
+    fn check_values(table: &str, column: &str) -> Vec<String> {
+        literals(
+            "SELECT pg_catalog.pg_get_constraintdef(c.oid) FROM pg_catalog.pg_constraint c
+              WHERE c.conrelid = $1::text::regclass AND c.contype = 'c'
+                AND c.conkey = ARRAY[(SELECT a.attnum FROM pg_catalog.pg_attribute a
+                                       WHERE a.attrelid = $1::text::regclass AND a.attname = $2)]",
+            &[table.into(), column.into()],
+        )
+    }
+
+    /// The texts of `values`, sorted.
+    fn texts<T: Copy>(values: &[T], text: fn(T) -> &'static str) -> Vec<String> {
+        let mut v: Vec<String> = values.iter().map(|&x| text(x).to_string()).collect();
+        v.sort();
+        v
+    }
+
+    /// The schema's CHECK constraints (and `backfill_one_active`'s predicate) list exactly the
+    /// values of `tide_core::model`'s enums, which the Rust code binds into its statements: a
+    /// value added to one side only fails here.
+    #[pg_test]
+    fn schema_checks_list_the_enums() {
+        use tide_core::model::{BackfillState, MarkerOp, Op, TargetKind, WatermarkKind};
+        let states = texts(BackfillState::ALL, BackfillState::as_str);
+        assert_eq!(states.len(), BackfillState::ALL.len());
+        assert_eq!(check_values("tide.backfill", "state"), states);
+        let active: Vec<BackfillState> = BackfillState::ALL
+            .iter()
+            .copied()
+            .filter(|s| s.is_active())
+            .collect();
+        let active = texts(&active, BackfillState::as_str);
+        assert!(!active.is_empty() && active.len() < states.len());
+        assert_eq!(
+            literals(
+                "SELECT pg_catalog.pg_get_expr(i.indpred, i.indrelid) FROM pg_catalog.pg_index i
+                  WHERE i.indexrelid = 'tide.backfill_one_active'::regclass",
+                &[],
+            ),
+            active,
+            "the partial unique index backfill_one_active covers the active states"
+        );
+        let others = [
+            (
+                "tide.signal",
+                "kind",
+                texts(WatermarkKind::ALL, WatermarkKind::as_str),
+            ),
+            ("tide.marker", "op", texts(MarkerOp::ALL, MarkerOp::as_str)),
+            (
+                "tide.pipeline",
+                "target",
+                texts(TargetKind::ALL, TargetKind::as_str),
+            ),
+            ("tide.outbox", "op", texts(Op::ALL, Op::as_str)),
+        ];
+        for (table, column, values) in others {
+            assert_eq!(check_values(table, column), values, "{table}.{column}");
+        }
     }
 
     #[pg_test]

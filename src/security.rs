@@ -121,12 +121,7 @@ pub fn owner_oid(owner: &str, what: &str) -> TideResult<pg_sys::Oid> {
 /// The caller must be the pipeline's owner, a member of the owning role, or a superuser:
 /// otherwise 42501. Returns the owner's name.
 pub fn require_owner(pipeline: &str) -> TideResult<String> {
-    let owner = as_tide(|| {
-        crate::sql::one::<String>(
-            "SELECT owner::text FROM tide.pipeline WHERE name = $1",
-            &[pipeline.into()],
-        )
-    })?;
+    let owner = crate::catalog::pipelines::owner(pipeline)?;
     let Some(owner) = owner else {
         return Err(TideError::undefined(format!(
             "pipeline \"{}\" does not exist",

@@ -1,5 +1,6 @@
 //! The helpers of [`crate::sql`], run as pg_tide itself ([`crate::security::as_tide`]): the only
-//! way the SQL API reads or writes pg_tide's own tables, which no other role may touch.
+//! way the SQL API reads or writes pg_tide's own tables, which no other role may touch. Only
+//! `catalog`'s functions use them (see its header).
 //! Pass only fixed statements on pg_tide's tables and the system catalogs, with values as `$n`
 //! parameters: nothing that runs user-defined code.
 

@@ -15,10 +15,10 @@
 
 use super::args::{relation, required, Regclass};
 use super::{check_server, require_pipeline, sleep_ms};
+use crate::catalog::{backfills, tables};
 use crate::error::{OrRaise, TideError, TideResult};
 use crate::shmem;
 use crate::sql;
-use crate::tsql;
 use pgrx::prelude::*;
 use tide_core::model::BackfillState;
 
@@ -31,12 +31,7 @@ pub(crate) fn resolve_pipeline(relid: pg_sys::Oid, pipeline: Option<&str>) -> Ti
     match pipeline {
         Some(p) => {
             require_pipeline(p)?;
-            let captured = tsql::one::<bool>(
-                "SELECT EXISTS (SELECT 1 FROM tide.pipeline_table WHERE pipeline = $1 AND relid = $2)",
-                &[p.into(), relid.into()],
-            )?
-            .unwrap_or(false);
-            if !captured {
+            if !tables::captures(p, relid)? {
                 return Err(TideError::prerequisite(format!(
                     "pipeline \"{p}\" does not capture {qualified}"
                 ))
@@ -47,16 +42,7 @@ pub(crate) fn resolve_pipeline(relid: pg_sys::Oid, pipeline: Option<&str>) -> Ti
             Ok(p.to_string())
         }
         None => {
-            let rows = tsql::text_rows(
-                "SELECT pipeline FROM tide.pipeline_table WHERE relid = $1::oid ORDER BY pipeline",
-                &[Some(&relid.to_u32().to_string())],
-                0,
-                false,
-            )?;
-            let names: Vec<String> = rows
-                .into_iter()
-                .filter_map(|r| r.into_iter().next().flatten())
-                .collect();
+            let names = tables::pipelines_capturing(relid)?;
             match names.len() {
                 0 => Err(TideError::prerequisite(format!("no pipeline captures {qualified}"))
                     .hint(format!("Add it to a pipeline first: SELECT tide.add_table('<pipeline>', '{qualified}')."))),
@@ -241,18 +227,7 @@ fn start_backfill_core(
         validate_condition(&qualified, c, trusted_condition)?;
     }
     // The key must still be the one recorded when the table was added.
-    let (stored, now) = tsql::two::<Vec<String>, Vec<String>>(
-        "SELECT t.key_columns, ARRAY(SELECT a.attname::text
-                FROM pg_index i
-                JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
-                JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-               WHERE i.indrelid = t.relid
-                 AND CASE WHEN c.relreplident = 'i' THEN i.indisreplident ELSE i.indisprimary END
-               ORDER BY k.ord)
-           FROM tide.pipeline_table t JOIN pg_class c ON c.oid = t.relid WHERE t.pipeline = $1 AND t.relid = $2",
-        &[pipeline.clone().into(), relid.into()],
-    )?;
-    let (stored, now) = (stored.unwrap_or_default(), now.unwrap_or_default());
+    let (stored, now) = tables::recorded_and_current_key(&pipeline, relid)?.unwrap_or_default();
     if stored != now {
         return Err(TideError::prerequisite(format!(
             "the key of {qualified} changed since it was added to pipeline \"{pipeline}\" (was ({}), now ({}))",
@@ -266,17 +241,7 @@ fn start_backfill_core(
         "SELECT pg_advisory_xact_lock(hashtext('pg_tide backfill ' || $1 || ' ' || $2::oid::text))",
         &[pipeline.clone().into(), relid.into()],
     )?;
-    let relid_text = relid.to_u32().to_string();
-    let active = tsql::text_rows(
-        "SELECT state FROM tide.backfill WHERE pipeline = $1 AND relid = $2::oid AND state IN ('queued', 'running', 'paused')",
-        &[Some(&pipeline), Some(&relid_text)],
-        1,
-        true,
-    )?
-    .into_iter()
-    .next()
-    .and_then(|r| r.into_iter().next().flatten());
-    if let Some(state) = active {
+    if let Some(state) = backfills::active_state_after_lock(&pipeline, relid)? {
         return Err(TideError::new(
             pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_OBJECT_IN_USE,
             format!("a backfill of {qualified} for pipeline \"{pipeline}\" is already {state}"),
@@ -285,49 +250,14 @@ fn start_backfill_core(
             "Watch it in tide.backfills; cancel it with tide.cancel_backfill first to start over.",
         ));
     }
-    let id = insert_backfill(&pipeline, relid, chunk_size, condition)?;
+    // The backfill's owner is its caller: the chunk reads (and the condition) run as that role.
+    let owner = crate::security::caller_name()?;
+    let id = backfills::insert(&pipeline, relid, chunk_size, condition, &owner)?;
     if let Some(d) = repair_deletes {
-        tsql::exec(
-            "UPDATE tide.backfill SET repair_deletes = $2::jsonb WHERE id = $1",
-            &[id.into(), d.into()],
-        )?;
+        backfills::set_repair_deletes(id, d)?;
     }
     super::wake_on_commit(shmem::worker_pid(&pipeline));
     Ok(id)
-}
-
-fn insert_backfill(
-    pipeline: &str,
-    relid: pg_sys::Oid,
-    chunk_size: i32,
-    condition: Option<&str>,
-) -> TideResult<i64> {
-    // The backfill's owner is its caller: the chunk reads (and the condition) run as that role.
-    let owner = crate::security::caller_name()?;
-    let rows = crate::security::as_tide(|| {
-        Ok(Spi::connect_mut(|c| -> TideResult<Option<i64>> {
-            Ok(sql::first::<i64>(c.update(
-            "INSERT INTO tide.backfill (pipeline, relid, relation, key_columns, owner, generation, chunk_size, condition, estimated_rows)
-             SELECT t.pipeline, t.relid, t.relation, t.key_columns, $5::text::name,
-                    coalesce((SELECT max(generation) FROM tide.backfill WHERE pipeline = $1 AND relid = $2), 0) + 1,
-                    $3, $4, tide._estimate_rows($2)
-               FROM tide.pipeline_table t WHERE t.pipeline = $1 AND t.relid = $2
-             RETURNING id",
-            None,
-            &[pipeline.into(), relid.into(), chunk_size.into(), condition.into(), owner.clone().into()],
-        )?)?)
-        })?)
-    })?;
-    rows.ok_or_else(|| TideError::internal("the backfill row was not inserted"))
-}
-
-/// The active (queued, running or paused) backfill of a table, if any: (id, state).
-fn active_backfill(relid: pg_sys::Oid, pipeline: &str) -> TideResult<Option<(i64, String)>> {
-    let (id, state) = tsql::two::<i64, String>(
-        "SELECT id, state FROM tide.backfill WHERE pipeline = $1 AND relid = $2 AND state IN ('queued', 'running', 'paused')",
-        &[pipeline.into(), relid.into()],
-    )?;
-    Ok(id.zip(state))
 }
 
 fn set_state(
@@ -340,21 +270,18 @@ fn set_state(
     let relid = relation(source, "source")?;
     let pipeline = resolve_pipeline(relid, pipeline)?;
     let qualified = relation_name(relid)?;
-    let Some((id, state)) = active_backfill(relid, &pipeline)? else {
+    let Some((id, state)) = backfills::active(&pipeline, relid)? else {
         return Err(TideError::prerequisite(format!(
             "no backfill of {qualified} is active for pipeline \"{pipeline}\", nothing to {verb}"
         ))
         .hint("tide.backfills lists the backfills; tide.start_backfill starts one."));
     };
-    if !BackfillState::parse(&state).is_some_and(|s| from.contains(&s)) {
+    if !from.contains(&state) {
         let from: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
         return Err(TideError::prerequisite(format!("the backfill of {qualified} for pipeline \"{pipeline}\" is {state}, so it cannot {verb}"))
             .hint(format!("Only a backfill that is {} can {verb}.", from.join(" or "))));
     }
-    tsql::exec(
-        "UPDATE tide.backfill SET state = $2, finished_at = CASE WHEN $2 = 'cancelled' THEN now() END WHERE id = $1",
-        &[id.into(), to.as_str().into()],
-    )?;
+    backfills::set_state(id, to)?;
     super::wake_on_commit(shmem::worker_pid(&pipeline));
     Ok(())
 }
@@ -424,18 +351,13 @@ fn alter_backfill_impl(
             .hint("Pass 0 to remove the throttle."));
         }
     }
-    let Some((id, _)) = active_backfill(relid, &pipeline)? else {
+    let Some((id, _)) = backfills::active(&pipeline, relid)? else {
         return Err(TideError::prerequisite(format!(
             "no backfill of {qualified} is active for pipeline \"{pipeline}\""
         ))
         .hint("tide.backfills lists the backfills; tide.start_backfill starts one."));
     };
-    tsql::exec(
-        "UPDATE tide.backfill SET chunk_size = coalesce($2, chunk_size),
-                rows_per_second = CASE WHEN $3 IS NULL THEN rows_per_second WHEN $3 = 0 THEN NULL ELSE $3 END
-          WHERE id = $1",
-        &[id.into(), chunk_size.into(), rows_per_second.into()],
-    )?;
+    backfills::alter(id, chunk_size, rows_per_second)?;
     super::wake_on_commit(shmem::worker_pid(&pipeline));
     Ok(())
 }
@@ -467,53 +389,38 @@ fn wait_for_backfill_impl(
     let pipeline = resolve_pipeline(relid, pipeline)?;
     let qualified = relation_name(relid)?;
     let deadline = super::deadline_after(super::interval_micros(&timeout));
-    let relid_text = relid.to_u32().to_string();
     loop {
         // A fresh snapshot each time: the worker commits the progress.
-        let rows = tsql::text_rows(
-            "SELECT state, finished_lsn::text, error FROM tide.backfill WHERE pipeline = $1 AND relid = $2::oid ORDER BY id DESC LIMIT 1",
-            &[Some(&pipeline), Some(&relid_text)],
-            1,
-            true,
-        )?;
-        let Some(row) = rows.into_iter().next() else {
+        let Some(latest) = backfills::latest(&pipeline, relid)? else {
             return Err(TideError::prerequisite(format!(
                 "{qualified} has no backfill for pipeline \"{pipeline}\""
             ))
             .hint("Start one with tide.start_backfill."));
         };
-        match row[0].as_deref().and_then(BackfillState::parse) {
-            Some(BackfillState::Done) => {
-                let finished = row[1]
-                    .as_deref()
-                    .and_then(|s| s.parse::<tide_core::lsn::Lsn>().ok())
-                    .unwrap_or_default();
+        match latest.state {
+            BackfillState::Done => {
+                // (`latest` makes sure a done backfill has its finished_lsn.)
+                let finished = latest.finished_lsn.unwrap_or_default();
                 if shmem::caught_up_lsn(&pipeline).is_some_and(|l| l >= finished.0) {
                     return Ok(true);
                 }
             }
-            Some(BackfillState::Failed) => {
+            BackfillState::Failed => {
                 return Err(TideError::prerequisite(format!(
                     "the backfill of {qualified} for pipeline \"{pipeline}\" failed: {}",
-                    row[2].clone().unwrap_or_default()
+                    latest.error.unwrap_or_default()
                 ))
                 .hint(
                     "See tide.backfills for the remedy; start a new one with tide.start_backfill.",
                 ))
             }
-            Some(BackfillState::Cancelled) => {
+            BackfillState::Cancelled => {
                 return Err(TideError::prerequisite(format!(
                     "the backfill of {qualified} for pipeline \"{pipeline}\" was cancelled"
                 ))
                 .hint("Start a new one with tide.start_backfill."))
             }
-            Some(BackfillState::Queued | BackfillState::Running | BackfillState::Paused) => {}
-            None => {
-                return Err(TideError::internal(format!(
-                "the backfill of {qualified} for pipeline \"{pipeline}\" has an unknown state {:?}",
-                row[0]
-            )))
-            }
+            BackfillState::Queued | BackfillState::Running | BackfillState::Paused => {}
         }
         if std::time::Instant::now() >= deadline {
             return Ok(false);

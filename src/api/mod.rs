@@ -9,7 +9,6 @@ use crate::catalog;
 use crate::error::{OrRaise, TideError, TideResult};
 use crate::shmem;
 use crate::sql;
-use crate::tsql;
 use crate::worker::launcher::{LAUNCHER_TYPE, WORKER_TYPE};
 use args::{relation, required, Regclass};
 use pgrx::prelude::*;
@@ -64,14 +63,6 @@ fn validate_name(name: &str) -> TideResult<()> {
         Err(TideError::invalid(format!("invalid pipeline name \"{}\"", shown(name)))
             .hint(format!("Use 1 to {MAX_NAME} lower-case letters, digits and underscores, starting with a letter or underscore (the slot is named tide_<name>).")))
     }
-}
-
-fn pipeline_exists(name: &str) -> TideResult<bool> {
-    Ok(tsql::one::<bool>(
-        "SELECT EXISTS (SELECT 1 FROM tide.pipeline WHERE name = $1)",
-        &[name.into()],
-    )?
-    .unwrap_or(false))
 }
 
 /// The pipeline must exist (42704) and the caller must own it (42501): see

@@ -33,14 +33,14 @@ pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> 
         targets::check_remote(server)?;
     }
     let options = JsonB(parsed.to_json()?);
-    if pipeline_exists(name)? {
+    if catalog::pipelines::exists(name)? {
         return Err(
             TideError::duplicate(format!("pipeline \"{name}\" already exists")).hint(format!(
                 "Pick another name, or drop it first with tide.drop_pipeline('{name}')."
             )),
         );
     }
-    let slot = catalog::slot_name(name);
+    let slot = catalog::slots::slot_name(name);
     if sql::one::<bool>(
         "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1::name)",
         &[slot.clone().into()],
@@ -59,7 +59,7 @@ pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> 
         return Err(TideError::limit(format!("all replication slots are in use ({used} of max_replication_slots = {max})"))
             .hint("Drop unused slots (SELECT * FROM pg_replication_slots) or raise max_replication_slots and restart."));
     }
-    let pipelines = tsql::one::<i64>("SELECT count(*) FROM tide.pipeline", &[])?.unwrap_or(0);
+    let pipelines = catalog::pipelines::count()?;
     if pipelines as usize >= shmem::MAX_PIPELINES {
         return Err(TideError::limit(format!(
             "pg_tide runs at most {} pipelines",
@@ -91,21 +91,18 @@ pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> 
     // The slot is pg_tide's, created as pg_tide: a pipeline owner needs neither REPLICATION nor
     // a say in output_plugin_libraries, since the slot only ever feeds this pipeline's worker.
     crate::security::as_tide(|| {
-        catalog::allow_output_plugin()?;
+        catalog::slots::allow_output_plugin()?;
         // Held until this transaction ends, so the launcher does not take the new slot for an
         // orphan.
         sql::one::<bool>(
             "SELECT true FROM pg_advisory_xact_lock(hashtext($1))",
-            &[catalog::slot_lock_key(&slot).into()],
+            &[catalog::slots::slot_lock_key(&slot).into()],
         )?;
         sql::one::<bool>(
             "SELECT true FROM pg_create_logical_replication_slot($1::name, 'pg_tide')",
             &[slot.clone().into()],
         )?;
-        sql::exec(
-            "INSERT INTO tide.pipeline (name, target, options, slot_name, owner) VALUES ($1, $2, $3, $4::name, $5::name)",
-            &[name.into(), target.into(), options.into(), slot.into(), owner.into()],
-        )
+        catalog::pipelines::insert(name, kind, options, &slot, &owner)
     })?;
     wake_on_commit(shmem::launcher_pid());
     Ok(())
@@ -121,7 +118,7 @@ pub(super) fn drop_pipeline(name: Option<&str>) {
 
 pub(super) fn drop_pipeline_impl(name: &str) -> TideResult<()> {
     require_pipeline(name)?;
-    let slot = catalog::slot_name(name);
+    let slot = catalog::slots::slot_name(name);
     // The worker and the slot are pg_tide's: stopping and dropping them is done as pg_tide,
     // for the owner who asked (a non-superuser may not signal the worker's superuser process).
     crate::security::as_tide(|| drop_pipeline_as_tide(name, &slot))
@@ -134,7 +131,7 @@ pub(super) fn drop_pipeline_as_tide(name: &str, slot: &str) -> TideResult<()> {
     // iteration may run long (up to the remote sink's timeout while its target does not answer),
     // so the worker is stopped first instead of waited for; one the launcher starts meanwhile is
     // stopped on the next round.
-    let key = catalog::pipeline_lock_key(name);
+    let key = catalog::pipelines::pipeline_lock_key(name);
     let mut rounds = 0;
     // Every worker stopped here: each must have exited before its origin can be dropped (a
     // process releases its origin at exit, after its shared-memory slot).
@@ -163,11 +160,7 @@ pub(super) fn drop_pipeline_as_tide(name: &str, slot: &str) -> TideResult<()> {
         }
         sleep_ms(100);
     }
-    tsql::exec("DELETE FROM tide.pipeline WHERE name = $1", &[name.into()])?;
-    tsql::exec(
-        "DELETE FROM tide.signal WHERE pipeline = $1",
-        &[name.into()],
-    )?;
+    catalog::pipelines::delete(name)?;
     if let Some(pid) = shmem::worker_pid(name) {
         sql::exec("SELECT pg_terminate_backend($1)", &[pid.into()])?;
         if !stopped.contains(&pid) {
@@ -245,10 +238,7 @@ pub(super) fn resume_pipeline(name: Option<&str>) {
 
 pub(super) fn set_enabled(name: &str, enabled: bool) -> TideResult<()> {
     require_pipeline(name)?;
-    tsql::exec(
-        "UPDATE tide.pipeline SET enabled = $2 WHERE name = $1",
-        &[name.into(), enabled.into()],
-    )?;
+    catalog::pipelines::set_enabled(name, enabled)?;
     wake_on_commit(shmem::worker_pid(name));
     Ok(())
 }

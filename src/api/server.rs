@@ -12,12 +12,9 @@ pub(super) fn _owned_pipelines() -> SetOfIterator<'static, String> {
 
 pub(super) fn owned_pipelines() -> TideResult<Vec<String>> {
     let me = crate::security::caller();
-    let rows = tsql::text_rows("SELECT name, owner::text FROM tide.pipeline", &[], 0, false)?;
-    let names: Vec<String> = rows
+    let names: Vec<String> = catalog::pipelines::owners()?
         .into_iter()
-        .filter_map(|r| {
-            let name = r.first().cloned().flatten()?;
-            let owner = r.get(1).cloned().flatten()?;
+        .filter_map(|(name, owner)| {
             let ok = match crate::security::role_oid(&owner) {
                 Some(o) => crate::security::has_privs_of(me, o),
                 None => crate::security::is_superuser(me),
@@ -37,7 +34,7 @@ pub fn check_server() -> TideResult<String> {
     if !shmem::preloaded() {
         return Err(TideError::not_preloaded());
     }
-    crate::catalog::version_gate()?;
+    catalog::version_gate()?;
     let wal_level = setting("wal_level")?;
     if wal_level != "logical" {
         return Err(TideError::prerequisite(format!("wal_level is \"{wal_level}\"; pg_tide needs \"logical\""))

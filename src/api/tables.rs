@@ -1,6 +1,7 @@
 //! Captured tables: add (with its target table and the add marker) and remove.
 
 use super::*;
+use tide_core::model::MarkerOp;
 
 /// Information about a table to capture, from the catalogs.
 pub(super) struct SourceInfo {
@@ -16,15 +17,11 @@ pub(super) fn source_info(relid: pg_sys::Oid) -> TideResult<SourceInfo> {
     Spi::connect(|c| {
         let row = c
             .select(
-                "SELECT format('%I.%I', n.nspname, c.relname), c.relkind::text, c.relpersistence::text, n.nspname::text, c.relreplident::text,
-                        ARRAY(SELECT a.attname::text
-                                FROM pg_index i
-                                JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
-                                JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-                               WHERE i.indrelid = c.oid
-                                 AND CASE WHEN c.relreplident = 'i' THEN i.indisreplident ELSE i.indisprimary END
-                               ORDER BY k.ord)
-                   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
+                concat!(
+                    "SELECT format('%I.%I', n.nspname, c.relname), c.relkind::text, c.relpersistence::text, n.nspname::text, c.relreplident::text, ",
+                    catalog::tables::key_of_pg_class_c!(),
+                    " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1"
+                ),
                 None,
                 &[relid.into()],
             )?
@@ -143,19 +140,8 @@ pub(super) fn add_table_impl(
     let s = validate_source(relid, &owner)?;
     // A table this pipeline writes as a target cannot be captured by it: its own writes would
     // come back as changes.
-    let target_of = tsql::one::<String>(
-        "SELECT relation FROM tide.pipeline_table
-          WHERE pipeline = $1 AND target_name IS NOT NULL
-            AND to_regclass(format('%I.%I', target_schema, target_name)) = $2",
-        &[pipeline.into(), relid.into()],
-    )?;
-    let target_anywhere = tsql::one::<String>(
-        "SELECT pipeline FROM tide.pipeline_table t JOIN tide.pipeline p ON p.name = t.pipeline
-          WHERE p.target = 'table' AND t.target_name IS NOT NULL
-            AND to_regclass(format('%I.%I', t.target_schema, t.target_name)) = $1
-          LIMIT 1",
-        &[relid.into()],
-    )?;
+    let target_of = catalog::tables::source_targeting(pipeline, relid)?;
+    let target_anywhere = catalog::tables::table_pipeline_targeting(relid)?;
     if let Some(other) = target_anywhere {
         return Err(TideError::invalid(format!(
             "\"{}\" is a table target of pipeline \"{other}\": pg_tide's own writes are never captured",
@@ -171,10 +157,7 @@ pub(super) fn add_table_impl(
         ))
         .hint("Capture it with another pipeline, or give the other table another target."));
     }
-    let existing = tsql::one::<bool>(
-        "SELECT removing FROM tide.pipeline_table WHERE pipeline = $1 AND relid = $2",
-        &[pipeline.into(), relid.into()],
-    )?;
+    let existing = catalog::tables::removing(pipeline, relid)?;
     if existing == Some(false) {
         return Err(TideError::duplicate(format!(
             "pipeline \"{pipeline}\" already captures \"{}\"",
@@ -182,13 +165,7 @@ pub(super) fn add_table_impl(
         ))
         .hint("SELECT * FROM tide.tables lists what each pipeline captures."));
     }
-    let (target_kind, options) = tsql::two::<String, String>(
-        "SELECT target, options::text FROM tide.pipeline WHERE name = $1",
-        &[pipeline.into()],
-    )?;
-    let target_kind = catalog::target_kind(target_kind, pipeline)?;
-    let options: serde_json::Value =
-        serde_json::from_str(&options.unwrap_or_default()).unwrap_or_default();
+    let (target_kind, options) = catalog::pipelines::target(pipeline)?;
     let (target_schema, target_name) = if target_kind == TargetKind::Outbox {
         if target_table.is_some() {
             return Err(TideError::invalid(format!(
@@ -210,12 +187,7 @@ pub(super) fn add_table_impl(
         if target_kind == TargetKind::Table {
             // The other direction of the loop: the target must not be a table this pipeline
             // captures.
-            let captured = tsql::one::<String>(
-                "SELECT relation FROM tide.pipeline_table
-                  WHERE pipeline = $1 AND NOT removing AND relid = to_regclass(format('%I.%I', $2::text, $3::text))",
-                &[pipeline.into(), s_.clone().into(), n_.clone().into()],
-            )?;
-            if let Some(c) = captured {
+            if let Some(c) = catalog::tables::captured_named(pipeline, &s_, &n_)? {
                 return Err(TideError::invalid(format!(
                     "the target {}.{} is {c}, which pipeline \"{}\" captures",
                     pgrx::spi::quote_identifier(&s_),
@@ -227,41 +199,22 @@ pub(super) fn add_table_impl(
         }
         (Some(s_), Some(n_))
     };
+    let t = catalog::tables::NewTable {
+        pipeline,
+        relid,
+        relation: &s.qualified,
+        key_columns: &s.key_columns,
+        target_schema: target_schema.as_deref(),
+        target_name: target_name.as_deref(),
+    };
     match existing {
         Some(false) => {}
-        Some(true) => {
-            // Removed but the worker has not reached the remove marker yet: capture it again
-            // from this add marker on.
-            tsql::exec(
-                "UPDATE tide.pipeline_table SET removing = false, added_lsn = NULL, added_at = now(), relation = $3, key_columns = $4,
-                        target_schema = $5, target_name = $6
-                  WHERE pipeline = $1 AND relid = $2",
-                &[
-                    pipeline.into(),
-                    relid.into(),
-                    s.qualified.clone().into(),
-                    s.key_columns.clone().into(),
-                    target_schema.clone().into(),
-                    target_name.clone().into(),
-                ],
-            )?;
-        }
-        None => {
-            tsql::exec(
-                "INSERT INTO tide.pipeline_table (pipeline, relid, relation, key_columns, target_schema, target_name)
-                 VALUES ($1, $2, $3, $4, $5, $6)",
-                &[
-                    pipeline.into(),
-                    relid.into(),
-                    s.qualified.clone().into(),
-                    s.key_columns.clone().into(),
-                    target_schema.into(),
-                    target_name.into(),
-                ],
-            )?;
-        }
+        // Removed but the worker has not reached the remove marker yet: capture it again from
+        // this add marker on.
+        Some(true) => catalog::tables::re_add(&t)?,
+        None => catalog::tables::insert(&t)?,
     }
-    emit_signal(tide_core::model::MarkerOp::AddTable, pipeline, relid)?;
+    catalog::tables::write_marker(MarkerOp::AddTable, pipeline, relid)?;
     if backfill {
         // Queued now; the worker starts it once it has passed the add_table marker.
         backfill::start_backfill_impl(relid, Some(pipeline), None, None)?;
@@ -282,10 +235,7 @@ pub(super) fn remove_table_impl(pipeline: &str, relid: pg_sys::Oid) -> TideResul
     // The row stays (marked) until the worker reaches the remove marker in the stream, so the
     // table's changes committed before this call are still decoded and delivered; the worker
     // deletes the row at the marker.
-    let removed = tsql::exec_count(
-        "UPDATE tide.pipeline_table SET removing = true WHERE pipeline = $1 AND relid = $2 AND NOT removing",
-        &[pipeline.into(), relid.into()],
-    )?;
+    let removed = catalog::tables::mark_removing(pipeline, relid)?;
     if removed == 0 {
         return Err(TideError::undefined(format!(
             "pipeline \"{pipeline}\" does not capture {}",
@@ -293,29 +243,8 @@ pub(super) fn remove_table_impl(pipeline: &str, relid: pg_sys::Oid) -> TideResul
         ))
         .hint("SELECT * FROM tide.tables lists what each pipeline captures."));
     }
-    emit_signal(tide_core::model::MarkerOp::RemoveTable, pipeline, relid)?;
-    tsql::exec(
-        "UPDATE tide.backfill SET state = 'cancelled', finished_at = now(), error = 'the table was removed from the pipeline'
-          WHERE pipeline = $1 AND relid = $2 AND state IN ('queued', 'running', 'paused')",
-        &[pipeline.into(), relid.into()],
-    )?;
+    catalog::tables::write_marker(MarkerOp::RemoveTable, pipeline, relid)?;
+    catalog::backfills::cancel_for_removed_table(pipeline, relid)?;
     wake_on_commit(shmem::worker_pid(pipeline));
-    Ok(())
-}
-
-/// Write a pg_tide marker into the WAL, transactionally: the worker sees it exactly at this
-/// transaction's commit position in the stream. The marker is a row of `tide.marker`, which only
-/// pg_tide can write (inserted and deleted at once: the WAL keeps the insert, the table stays
-/// empty), so no other role can forge one.
-pub(super) fn emit_signal(
-    op: tide_core::model::MarkerOp,
-    pipeline: &str,
-    relid: pg_sys::Oid,
-) -> TideResult<()> {
-    let id = tsql::write_one::<i64>(
-        "INSERT INTO tide.marker (pipeline, op, relid) VALUES ($1, $2, $3) RETURNING id",
-        &[pipeline.into(), op.as_str().into(), relid.into()],
-    )?;
-    tsql::exec("DELETE FROM tide.marker WHERE id = $1", &[id.into()])?;
     Ok(())
 }

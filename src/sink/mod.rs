@@ -18,7 +18,7 @@ pub mod outbox;
 pub mod remote;
 pub mod table;
 
-use crate::catalog::PipelineRow;
+use crate::catalog::pipelines::PipelineRow;
 use crate::error::TideResult;
 use pgrx::spi::SpiClient;
 use tide_core::lsn::Lsn;

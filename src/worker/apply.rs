@@ -18,7 +18,7 @@
 //! - Only `tide.marker` and `tide.signal` rows are trusted as control messages (only pg_tide
 //!   can write them); a logical message with pg_tide's prefix is logged and ignored.
 
-use crate::catalog::PipelineRow;
+use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
 use crate::sink::{Event, Target};
 use crate::worker::backfill::Backfiller;

@@ -20,9 +20,10 @@
 use super::chunk::{read_chunk, table_meta, Item};
 use super::estimate::Estimate;
 use super::row_values::RowValues;
+use crate::catalog::backfills;
 use crate::error::{TideError, TideResult};
 use crate::sink::{Event, RowBatch, Target};
-use crate::sql;
+
 use crate::worker::tx::{self, Locked};
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
@@ -197,65 +198,27 @@ impl Backfiller {
             }
         }
         // Progress first: if the backfill was cancelled meanwhile, nothing is emitted.
-        let still_active = sql::first::<bool>(c
-            .update(
-                "UPDATE tide.backfill
-                    SET chunks_done = chunks_done + 1, rows_read = rows_read + $2, rows_dropped = rows_dropped + $3,
-                        rows_emitted = rows_emitted + $4, last_key = coalesce($5, last_key),
-                        -- the total from how far into the key range the chunk reached (a single
-                        -- integer key), else as the planner estimates the table now; more than has
-                        -- been read until the last chunk (so fraction_done stays below 1 until then)
-                        estimated_rows = CASE WHEN $6 THEN rows_read + $2
-                                              ELSE greatest(coalesce(round((rows_read + $2) / nullif($9::float8, 0))::int8,
-                                                                     $8::int8, estimated_rows),
-                                                            rows_read + $2 + chunk_size) END,
-                        state = CASE WHEN $6 THEN 'done' ELSE state END,
-                        finished_at = CASE WHEN $6 THEN now() END,
-                        finished_lsn = CASE WHEN $6 THEN $7::pg_lsn END,
-                        error = NULL, remedy = NULL
-                  WHERE id = $1 AND state IN ('running', 'paused', 'queued')
-                  RETURNING true",
-                None,
-                &[
-                    p.backfill_id.into(),
-                    (p.rows_read as i64).into(),
-                    (dropped as i64).into(),
-                    (rows.len() as i64).into(),
-                    p.key_to.clone().into(),
-                    p.is_last.into(),
-                    t.lsn.to_string().into(),
-                    p.estimate.table_rows.into(),
-                    p.estimate.key_fraction.into(),
-                ],
-            )?)?
-            .unwrap_or(false);
-        if !still_active {
+        let done = backfills::ChunkDone {
+            backfill_id: p.backfill_id,
+            chunk_no: p.chunk_no,
+            key_from: p.key_from,
+            key_to: p.key_to,
+            low_lsn: p.low_lsn,
+            high_lsn: t.lsn,
+            rows_read: p.rows_read,
+            rows_dropped: dropped,
+            rows_emitted: rows.len(),
+            is_last: p.is_last,
+            read_at: p.read_at,
+            table_rows: p.estimate.table_rows,
+            key_fraction: p.estimate.key_fraction,
+        };
+        if !backfills::record_progress(c, &done)? {
             return Ok(None);
         }
-        c.update(
-            "INSERT INTO tide.chunk (backfill_id, chunk, key_from, key_to, low_lsn, high_lsn, rows_read, rows_dropped, rows_emitted, read_at)
-             VALUES ($1, $2, $3, $4, $5::pg_lsn, $6::pg_lsn, $7, $8, $9, '2000-01-01 00:00:00+00'::timestamptz + $10 * interval '1 microsecond')
-             ON CONFLICT (backfill_id, chunk) DO NOTHING",
-            None,
-            &[
-                p.backfill_id.into(),
-                p.chunk_no.into(),
-                p.key_from.clone().into(),
-                p.key_to.clone().into(),
-                p.low_lsn.map(|l| l.to_string()).into(),
-                t.lsn.to_string().into(),
-                (p.rows_read as i32).into(),
-                (dropped as i32).into(),
-                (rows.len() as i32).into(),
-                p.read_at.into(),
-            ],
-        )?;
+        backfills::record_chunk(c, &done)?;
         if p.chunk_no % 100 == 0 {
-            c.update(
-                "DELETE FROM tide.chunk WHERE backfill_id = $1 AND chunk <= $2 - 1000",
-                None,
-                &[p.backfill_id.into(), p.chunk_no.into()],
-            )?;
+            backfills::trim_chunks(c, p.backfill_id, p.chunk_no)?;
         }
         let n = rows.len() as u64;
         let mut as_values = Vec::new();
@@ -321,7 +284,7 @@ impl Backfiller {
         };
         let started = Instant::now();
         // The table's lock before the chunk's snapshot (see `tx::run_locked`).
-        let read = match tx::run_locked(pg_sys::Oid::from(job.relid), || {
+        let read = match tx::run_locked(pg_sys::Oid::from(job.b.relid), || {
             read_chunk(pipeline, &job, sink.as_deref_mut())
         }) {
             Ok(Locked::Ran(r)) => Ok(r),
@@ -342,20 +305,14 @@ impl Backfiller {
                 // Nothing was read: the low watermark alone is ignored by the stream. Say why
                 // in tide.backfills (once; the next emitted chunk clears it).
                 self.not_before = Instant::now() + Duration::from_millis(200);
-                if self.waiting_noted != Some(job.backfill_id) {
-                    self.waiting_noted = Some(job.backfill_id);
+                if self.waiting_noted != Some(job.b.id) {
+                    self.waiting_noted = Some(job.b.id);
                     let remedy = e.hint.clone().unwrap_or_default();
-                    if let Err(e2) = tx::run(|| {
-                        sql::exec(
-                            "UPDATE tide.backfill SET error = $2, remedy = $3 WHERE id = $1",
-                            &[
-                                job.backfill_id.into(),
-                                format!("waiting: {}", e.message).into(),
-                                remedy.into(),
-                            ],
-                        )
-                    }) {
-                        pgrx::log!("pg_tide worker \"{pipeline}\": could not note why backfill {} waits: {e2}", job.backfill_id);
+                    let waiting = format!("waiting: {}", e.message);
+                    if let Err(e2) =
+                        tx::run(|| backfills::note_waiting(job.b.id, &waiting, &remedy))
+                    {
+                        pgrx::log!("pg_tide worker \"{pipeline}\": could not note why backfill {} waits: {e2}", job.b.id);
                     }
                 }
                 return Ok(());
@@ -366,14 +323,14 @@ impl Backfiller {
                         e.code,
                         format!(
                             "a chunk of backfill {} was cancelled ({}): its SELECT may run for at most tide.chunk_timeout ({} ms)",
-                            job.backfill_id,
+                            job.b.id,
                             e.message,
                             crate::gucs::CHUNK_TIMEOUT_MS.get()
                         ),
                     )
                     .hint("Make the condition cheaper (an index on what it tests), raise tide.chunk_timeout, or start the backfill again without the condition.");
                 }
-                let _ = tx::run(|| fail_backfill(job.backfill_id, &e));
+                let _ = tx::run(|| fail_backfill(job.b.id, &e));
                 return Err(e);
             }
         };
@@ -381,15 +338,15 @@ impl Backfiller {
         let last_key = read.rows.last().map(|r| r.key_values.clone());
         let mut rows: Vec<(String, Item)> = read.rows.into_iter().map(|r| (r.key, r.row)).collect();
         rows.extend(read.deletes.into_iter().map(|k| (k, Item::Delete)));
-        self.reconciler.add_chunk(job.watermark, job.relid, rows);
+        self.reconciler.add_chunk(job.watermark, job.b.relid, rows);
         self.pending = Some(PendingChunk {
             watermark: job.watermark,
-            backfill_id: job.backfill_id,
-            chunk_no: job.chunk_no,
-            relid: job.relid,
+            backfill_id: job.b.id,
+            chunk_no: job.b.chunk_no,
+            relid: job.b.relid,
             relation: read.relation,
-            key_from: job.last_key.clone(),
-            key_to: last_key.or(job.last_key.clone()),
+            key_from: job.b.last_key.clone(),
+            key_to: last_key.or(job.b.last_key.clone()),
             rows_read: n,
             is_last: read.is_last,
             read_at: read.read_at,
@@ -401,7 +358,7 @@ impl Backfiller {
             estimate: read.estimate,
         });
         // Throttle: spread the rows of this chunk over rows / rows_per_second seconds.
-        self.not_before = match job.rows_per_second {
+        self.not_before = match job.b.rows_per_second {
             Some(rps) if rps > 0 => started + Duration::from_secs_f64(n as f64 / rps as f64),
             _ => Instant::now(),
         };
@@ -411,86 +368,25 @@ impl Backfiller {
 
 /// The next chunk to read, after its low watermark committed.
 pub(super) struct Job {
-    pub(super) backfill_id: i64,
     pub(super) watermark: u64,
-    pub(super) chunk_no: i64,
-    pub(super) relid: u32,
-    pub(super) chunk_size: i64,
-    pub(super) rows_per_second: Option<i64>,
-    pub(super) condition: Option<String>,
-    pub(super) owner: String,
-    pub(super) key_columns: Vec<String>,
-    pub(super) last_key: Option<Vec<String>>,
-    /// JSON array of key value arrays a repair deletes (see `tide.repair`).
-    pub(super) repair_deletes: Option<String>,
+    /// The backfill, as the catalog holds it.
+    pub(super) b: backfills::Due,
 }
 
 /// Transaction 1: pick the backfill, mark it running, write the LW.
 fn low_watermark(pipeline: &str) -> TideResult<Option<Job>> {
-    let rows = sql::text_rows(
-        "SELECT b.id, b.relid::int8, b.chunk_size, b.rows_per_second, b.condition, b.owner::text,
-                to_json(b.key_columns)::text, to_json(b.last_key)::text, b.chunks_done + 1, b.repair_deletes::text
-           FROM tide.backfill b
-           JOIN tide.pipeline p ON p.name = b.pipeline AND p.enabled
-           JOIN tide.pipeline_table t ON t.pipeline = b.pipeline AND t.relid = b.relid AND t.added_lsn IS NOT NULL
-          WHERE b.pipeline = $1 AND b.state IN ('queued', 'running')
-          ORDER BY b.state = 'running' DESC, b.id
-          LIMIT 1",
-        &[Some(pipeline)],
-        1,
-        false,
-    )?;
-    let Some(r) = rows.into_iter().next() else {
+    let Some(mut b) = backfills::due(pipeline)? else {
         return Ok(None);
     };
-    let int = |i: usize| -> i64 { r[i].as_deref().and_then(|s| s.parse().ok()).unwrap_or(0) };
-    let backfill_id = int(0);
-    let watermark =
-        sql::one::<i64>("SELECT nextval('tide.watermark_seq')", &[])?.unwrap_or(0) as u64;
-    let chunk_no = int(8);
-    Spi::connect_mut(|c| -> TideResult<()> {
-        c.update(
-            "UPDATE tide.backfill SET state = 'running', started_at = coalesce(started_at, now()) WHERE id = $1 AND state <> 'running'",
-            None,
-            &[backfill_id.into()],
-        )?;
-        c.update(
-            "INSERT INTO tide.signal AS s (pipeline, watermark, kind, backfill_id, chunk) VALUES ($1, $2, 'low', $3, $4)
-             ON CONFLICT (pipeline) DO UPDATE SET watermark = excluded.watermark, kind = 'low', backfill_id = excluded.backfill_id,
-                    chunk = excluded.chunk, written_at = clock_timestamp()",
-            None,
-            &[pipeline.into(), (watermark as i64).into(), backfill_id.into(), chunk_no.into()],
-        )?;
-        Ok(())
-    })?;
-    Ok(Some(Job {
-        backfill_id,
-        watermark,
-        chunk_no,
-        relid: int(1) as u32,
-        chunk_size: int(2).max(1),
-        rows_per_second: r[3].as_deref().and_then(|s| s.parse().ok()),
-        condition: r[4].clone(),
-        owner: r[5].clone().unwrap_or_default(),
-        key_columns: json_strings(r[6].as_deref().unwrap_or("[]")),
-        last_key: r[7].as_deref().map(json_strings),
-        repair_deletes: r[9].clone(),
-    }))
+    b.chunk_size = b.chunk_size.max(1);
+    let watermark = backfills::next_watermark(pipeline)?;
+    backfills::write_low_watermark(pipeline, b.id, watermark, b.chunk_no)?;
+    Ok(Some(Job { watermark, b }))
 }
 
 fn fail_backfill(id: i64, e: &TideError) -> TideResult<()> {
     let remedy = e.hint.clone().unwrap_or_else(|| {
         "Fix the cause, then start the backfill again with tide.start_backfill.".to_string()
     });
-    sql::exec(
-        "UPDATE tide.backfill SET state = 'failed', error = $2, remedy = $3, finished_at = now() WHERE id = $1 AND state IN ('queued', 'running')",
-        &[id.into(), e.message.clone().into(), remedy.into()],
-    )
-}
-
-/// Parse a JSON array of strings (`to_json(text[])`).
-fn json_strings(s: &str) -> Vec<String> {
-    serde_json::from_str::<Vec<Option<String>>>(s)
-        .map(|v| v.into_iter().map(Option::unwrap_or_default).collect())
-        .unwrap_or_default()
+    backfills::fail(id, &e.message, &remedy)
 }

@@ -12,6 +12,7 @@ use super::backfill::Job;
 use super::estimate::Estimate;
 use super::row_values::RowValues;
 use super::tx;
+use crate::catalog::backfills;
 use crate::error::{TideError, TideResult};
 use crate::sink::Target;
 use crate::sql;
@@ -132,10 +133,10 @@ pub(super) fn read_chunk(
     job: &Job,
     sink: Option<&mut (dyn Target + 'static)>,
 ) -> TideResult<ChunkRead> {
-    let Some(meta) = table_meta(job.relid, &job.key_columns)? else {
+    let Some(meta) = table_meta(job.b.relid, &job.b.key_columns)? else {
         return Err(TideError::undefined(format!(
             "the table of backfill {} (OID {}) no longer exists",
-            job.backfill_id, job.relid
+            job.b.id, job.b.relid
         ))
         .hint("Remove it from the pipeline with tide.remove_table, or cancel the backfill."));
     };
@@ -149,13 +150,13 @@ pub(super) fn read_chunk(
                 .iter()
                 .any(|(c, _)| quote(&c.name) == meta.relname) =>
         {
-            s.takes_row_values(job.relid, &shape)?
+            s.takes_row_values(job.b.relid, &shape)?
         }
         _ => false,
     };
     let columns: Vec<OwnedColumn> = meta.columns.iter().map(|(c, _)| c.clone()).collect();
     let mut key_types = Vec::new();
-    for k in &job.key_columns {
+    for k in &job.b.key_columns {
         let Some((_, ty)) = meta.columns.iter().find(|(c, _)| &c.name == k) else {
             return Err(TideError::prerequisite(format!("key column \"{k}\" of {relation} no longer exists"))
                 .hint(format!("Remove and re-add the table: SELECT tide.remove_table('{pipeline}', '{relation}'); SELECT tide.add_table('{pipeline}', '{relation}').")));
@@ -163,12 +164,14 @@ pub(super) fn read_chunk(
         key_types.push(ty.clone());
     }
     let key_idx: Vec<usize> = job
+        .b
         .key_columns
         .iter()
         .filter_map(|k| columns.iter().position(|c| &c.name == k))
         .collect();
 
     let key_list = job
+        .b
         .key_columns
         .iter()
         .map(|k| quote(k))
@@ -187,7 +190,7 @@ pub(super) fn read_chunk(
     let mut query = format!("SELECT {select_list} FROM ONLY {relation}");
     let mut clauses = Vec::new();
     let mut args: Vec<Option<&str>> = Vec::new();
-    if let Some(last) = &job.last_key {
+    if let Some(last) = &job.b.last_key {
         let params = key_types
             .iter()
             .enumerate()
@@ -197,7 +200,7 @@ pub(super) fn read_chunk(
         clauses.push(format!("({key_list}) > ({params})"));
         args.extend(last.iter().map(|s| Some(s.as_str())));
     }
-    if let Some(cond) = &job.condition {
+    if let Some(cond) = &job.b.condition {
         // On lines of its own: a trailing `--` comment in it ends before the `)`.
         clauses.push(format!("(\n{cond}\n)"));
     }
@@ -205,7 +208,7 @@ pub(super) fn read_chunk(
         query.push_str(" WHERE ");
         query.push_str(&clauses.join(" AND "));
     }
-    query.push_str(&format!(" ORDER BY {key_list} LIMIT {}", job.chunk_size));
+    query.push_str(&format!(" ORDER BY {key_list} LIMIT {}", job.b.chunk_size));
 
     let read_at = unsafe { pg_sys::GetCurrentTimestamp() };
     // The chunk's snapshot (the transaction's, like the SELECT below: both run read-only). Its
@@ -243,7 +246,7 @@ pub(super) fn read_chunk(
     // Read as the role that started the backfill (its condition is its own SQL), in a
     // security-restricted operation (`SET ROLE`/`RESET ROLE` fail there), under a timeout: a
     // slow condition fails its backfill instead of holding the stream.
-    let owner = crate::security::owner_oid(&job.owner, &format!("backfill {}", job.backfill_id))?;
+    let owner = crate::security::owner_oid(&job.b.owner, &format!("backfill {}", job.b.id))?;
     let timeout_ms = crate::gucs::CHUNK_TIMEOUT_MS.get().max(10);
     let nkeys = key_idx.len();
     let (rows, values) = crate::security::as_owner(owner, || {
@@ -309,22 +312,23 @@ pub(super) fn read_chunk(
         tx::disarm_timeout();
         r
     })?;
-    let is_last = (rows.len() as i64) < job.chunk_size;
+    let is_last = (rows.len() as i64) < job.b.chunk_size;
     // A repair: keys to delete that lie in this chunk's key range and, in this same snapshot, no
     // longer exist at the source. They are emitted as deletes at the high watermark unless the
     // stream touches them in the window (then the stream carries the truth, as for rows).
     let mut deletes = Vec::new();
-    if let Some(list) = &job.repair_deletes {
+    if let Some(list) = &job.b.repair_deletes {
         let to: Option<Vec<String>> = if is_last {
             None
         } else {
             rows.last().map(|r: &ChunkRow| r.key_values.clone())
         };
         let elem = |i: usize, k: &str| -> String {
-            let ty = &key_types[job.key_columns.iter().position(|c| c == k).unwrap_or(0)];
+            let ty = &key_types[job.b.key_columns.iter().position(|c| c == k).unwrap_or(0)];
             format!("(k.v->>{i})::{ty}")
         };
         let elems: Vec<String> = job
+            .b
             .key_columns
             .iter()
             .enumerate()
@@ -332,7 +336,8 @@ pub(super) fn read_chunk(
             .collect();
         let mut clauses = vec![format!(
             "NOT EXISTS (SELECT 1 FROM ONLY {relation} s WHERE ({}) = ({}))",
-            job.key_columns
+            job.b
+                .key_columns
                 .iter()
                 .map(|k| format!("s.{}", quote(k)))
                 .collect::<Vec<_>>()
@@ -341,7 +346,7 @@ pub(super) fn read_chunk(
         )];
         let mut dargs: Vec<Option<&str>> = vec![Some(list.as_str())];
         let mut n = 2;
-        for (bound, op) in [(job.last_key.as_ref(), ">"), (to.as_ref(), "<=")] {
+        for (bound, op) in [(job.b.last_key.as_ref(), ">"), (to.as_ref(), "<=")] {
             if let Some(vals) = bound {
                 let ps: Vec<String> = key_types
                     .iter()
@@ -357,7 +362,7 @@ pub(super) fn read_chunk(
         }
         let q = format!(
             "SELECT {} FROM jsonb_array_elements($1::text::jsonb) AS k(v) WHERE {}",
-            (0..job.key_columns.len())
+            (0..job.b.key_columns.len())
                 .map(|i| format!("k.v->>{i}"))
                 .collect::<Vec<_>>()
                 .join(", "),
@@ -382,13 +387,13 @@ pub(super) fn read_chunk(
     // into), a short chunk would end the backfill with rows never read. Read it again instead.
     let (seen, current) = sql::two::<i64, i64>(
         "SELECT relfilenode::int8, pg_relation_filenode(oid)::int8 FROM pg_class WHERE oid = $1::int8::oid",
-        &[(job.relid as i64).into()],
+        &[(job.b.relid as i64).into()],
     )?;
     if seen != current {
         pgrx::log!(
             "pg_tide worker \"{pipeline}\": {relation} was rewritten while chunk {} of backfill {} was read (file {seen:?} in its snapshot, now {current:?}); reading the chunk again",
-            job.chunk_no,
-            job.backfill_id
+            job.b.chunk_no,
+            job.b.id
         );
         return Err(TideError::new(
             pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
@@ -401,33 +406,19 @@ pub(super) fn read_chunk(
         Estimate::default()
     } else {
         // Whole-table backfills only: a condition or a repair reads part of the key range.
-        let whole = job.condition.is_none() && job.repair_deletes.is_none();
+        let whole = job.b.condition.is_none() && job.b.repair_deletes.is_none();
         let last = rows.last().and_then(|r| r.key_values.first());
         Estimate::take(
-            job.relid,
+            job.b.relid,
             &relation,
-            &job.key_columns,
+            &job.b.key_columns,
             &key_types,
             whole,
             last,
             owner,
         )?
     };
-    Spi::connect_mut(|c| -> TideResult<()> {
-        c.update(
-            "UPDATE tide.signal SET kind = 'high', written_at = clock_timestamp() WHERE pipeline = $1 AND watermark = $2",
-            None,
-            &[pipeline.into(), (job.watermark as i64).into()],
-        )?;
-        if is_last {
-            c.update(
-                "UPDATE tide.backfill SET read_complete = true WHERE id = $1",
-                None,
-                &[job.backfill_id.into()],
-            )?;
-        }
-        Ok(())
-    })?;
+    backfills::write_high_watermark(pipeline, job.watermark, job.b.id, is_last)?;
     Ok(ChunkRead {
         invisible,
         estimate,

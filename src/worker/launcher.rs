@@ -247,8 +247,8 @@ fn list_pipelines_and_collect_slots() -> Result<Listing, crate::error::TideError
         }
         Some(_) => {}
     }
-    let names = Spi::connect(|c| crate::catalog::pipeline_list(c))?;
-    crate::catalog::drop_orphan_slots()?;
+    let names = Spi::connect(crate::catalog::pipelines::list)?;
+    crate::catalog::slots::drop_orphan_slots()?;
     Ok(Listing::Pipelines(names))
 }
 

@@ -35,7 +35,7 @@
 //! iteration at that transaction, and the decoder is reopened with the new table list (the same
 //! happens whenever the list changes).
 
-use crate::catalog::{self, PipelineRow};
+use crate::catalog::{self, pipelines::PipelineRow};
 use crate::error::{TideError, TideResult};
 use crate::gucs;
 use crate::shmem::{self, WorkerState};
@@ -82,7 +82,7 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
     log!("pg_tide worker for pipeline \"{name}\" started");
     // The launcher starts no worker while the SQL objects are of another version; this covers an
     // `ALTER EXTENSION` between its check and this start. The slot keeps the worker's place.
-    if let Err(e) = tx::run(crate::catalog::version_gate) {
+    if let Err(e) = tx::run(catalog::version_gate) {
         log!("pg_tide worker \"{name}\": not running: {e}");
         return;
     }
@@ -287,7 +287,7 @@ fn after_success(
 fn after_failure(name: &str, slot_idx: usize, e: &TideError, failures: u32, s: Settings) {
     if e.pause_pipeline {
         // Retrying cannot help until the user acts: pause, keep the reason.
-        if let Err(e2) = tx::run(|| catalog::pause_for(name)) {
+        if let Err(e2) = tx::run(|| catalog::pipelines::pause_for(name)) {
             log!("pg_tide worker \"{name}\": could not pause the pipeline: {e2}");
         }
     }
@@ -301,7 +301,7 @@ fn after_failure(name: &str, slot_idx: usize, e: &TideError, failures: u32, s: S
             .map(|h| format!(". Hint: {h}"))
             .unwrap_or_default()
     );
-    if let Err(e2) = tx::run(|| catalog::record_error(name, e)) {
+    if let Err(e2) = tx::run(|| catalog::pipelines::record_error(name, e)) {
         log!("pg_tide worker \"{name}\": could not record the error: {e2}");
     }
     shmem::update(slot_idx, |w| {
@@ -355,7 +355,7 @@ fn iterate(
     rels: &mut HashMap<u32, RelDesc>,
 ) -> TideResult<Outcome> {
     Spi::connect_mut(|c| {
-        let Some(p) = catalog::lock_pipeline(c, name)? else {
+        let Some(p) = catalog::pipelines::lock_pipeline(c, name)? else {
             return Ok(Outcome {
                 gone: true,
                 ..Default::default()
@@ -371,7 +371,7 @@ fn iterate(
             return Err(TideError::undefined(format!("replication slot \"{}\" of pipeline \"{name}\" does not exist", p.slot_name))
                 .hint(format!("The slot was dropped behind pg_tide's back. Drop and re-create the pipeline: SELECT tide.drop_pipeline('{name}'); SELECT tide.create_pipeline('{name}');")));
         }
-        catalog::allow_output_plugin()?;
+        catalog::slots::allow_output_plugin()?;
         // Mark this iteration's transaction (its target writes above all) as pg_tide's.
         super::origin::acquire(name)?;
         // Opening a decoder logs "starting logical decoding for slot" and the snapshot builder
@@ -396,17 +396,9 @@ fn stream(
     dec: &mut Option<Decoder>,
     rels: &mut HashMap<u32, RelDesc>,
 ) -> TideResult<Outcome> {
-    let tables = catalog::tables(c, &p.name)?;
+    let tables = catalog::tables::captured(c, &p.name)?;
     sink.begin(c, &p.name)?;
-    let (signal_relid, marker_relid) = crate::sql::two::<i64, i64>(
-        "SELECT 'tide.signal'::regclass::oid::int8, 'tide.marker'::regclass::oid::int8",
-        &[],
-    )?;
-    let oid = |v: Option<i64>| {
-        v.and_then(|v| u32::try_from(v).ok())
-            .ok_or_else(|| TideError::internal("tide.signal or tide.marker is missing"))
-    };
-    let (signal_relid, marker_relid) = (oid(signal_relid)?, oid(marker_relid)?);
+    let (signal_relid, marker_relid) = catalog::signal_and_marker_relids()?;
     let sets = TableSets {
         capturing: tables
             .iter()
@@ -517,13 +509,13 @@ fn stream(
     }
     sink.commit(c, &p.name, last_applied.map(|(end, _)| end))?;
     for relid in &removals {
-        catalog::forget_removed(c, &p.name, *relid)?;
+        catalog::tables::forget_removed(c, &p.name, *relid)?;
     }
     for (relid, lsn) in &marks {
-        catalog::mark_capturing(c, &p.name, *relid, &lsn.to_string())?;
+        catalog::tables::mark_capturing(c, &p.name, *relid, &lsn.to_string())?;
     }
     for (relid, lsn) in &rewrites {
-        out.notes.push(catalog::reread_after_rewrite(
+        out.notes.push(catalog::backfills::reread_after_rewrite(
             c,
             &p.name,
             *relid,
@@ -531,10 +523,10 @@ fn stream(
         )?);
     }
     if let Some((end, time)) = last_applied {
-        catalog::record_applied(c, &p.name, &end.to_string(), Some(time))?;
+        catalog::pipelines::record_applied(c, &p.name, &end.to_string(), Some(time))?;
         out.last_commit_time = Some(time);
     } else if p.has_error {
-        catalog::clear_error(c, &p.name)?;
+        catalog::pipelines::clear_error(c, &p.name)?;
     }
     out.drained = !stopped && read.reached_end;
     out.reopen = stopped;

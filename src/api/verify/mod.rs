@@ -30,12 +30,12 @@
 use super::args::{relation, required, Regclass};
 use super::backfill::{relation_name, resolve_pipeline, start_backfill_internal};
 use super::{check_server, sleep_ms};
+use crate::catalog;
 use crate::error::{OrRaise, TideError, TideResult};
 use crate::shmem;
 use crate::sink::remote::conninfo_for_server;
 use crate::sink::remote::{RemoteSink, RemoteStatement};
 use crate::sql;
-use crate::tsql;
 use pgrx::prelude::*;
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
@@ -311,10 +311,7 @@ fn repair_impl(relid: pg_sys::Oid, pipeline: Option<&str>) -> TideResult<Vec<Rep
         .collect();
     let deletes_json = serde_json::to_string(&deletes).unwrap_or_else(|_| "[]".into());
     let id = start_backfill_internal(relid, &ctx.pipeline, &condition, &deletes_json)?;
-    tsql::exec(
-        "UPDATE tide.verification SET repair_backfill_id = $2 WHERE id = $1",
-        &[s.id.into(), id.into()],
-    )?;
+    catalog::verification::set_repair_backfill(s.id, id)?;
     let missing_or_changed: i64 = s
         .differing
         .iter()

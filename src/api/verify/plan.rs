@@ -99,47 +99,26 @@ pub(super) fn setup(
     // takes a fresh snapshot after this, so none of them can see a rewritten source as empty.
     unsafe { pg_sys::LockRelationOid(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
     let source = relation_name(relid)?;
-    let (target, options) = tsql::two::<String, String>(
-        "SELECT target, options::text FROM tide.pipeline WHERE name = $1",
-        &[pipeline.clone().into()],
-    )?;
-    let target_kind = crate::catalog::target_kind(target, &pipeline)?;
+    let (target_kind, options) = catalog::pipelines::target(&pipeline)?;
     if target_kind == TargetKind::Outbox {
         return Err(TideError::prerequisite(format!("pipeline \"{pipeline}\" writes to the outbox: there is no target table to compare"))
             .hint("tide.verify compares table targets ('table' or 'postgres'). For the outbox, replay it onto a copy and compare that."));
     }
-    let options: serde_json::Value =
-        serde_json::from_str(&options.unwrap_or_default()).unwrap_or_default();
-    let relid_text = relid.to_u32().to_string();
-    let row = tsql::text_rows(
-        "SELECT target_schema, target_name, to_json(key_columns)::text FROM tide.pipeline_table WHERE pipeline = $1 AND relid = $2::oid",
-        &[Some(&pipeline), Some(&relid_text)],
-        1,
-        false,
-    )?;
-    let Some(row) = row.into_iter().next() else {
+    let Some(t) = catalog::tables::target_table(&pipeline, relid)? else {
         return Err(TideError::prerequisite(format!(
             "pipeline \"{pipeline}\" does not capture {source}"
         ))
         .hint("Add it with tide.add_table."));
     };
-    let target = format!(
-        "{}.{}",
-        quote(row[0].as_deref().unwrap_or("")),
-        quote(row[1].as_deref().unwrap_or(""))
-    );
-    let key: Vec<String> =
-        serde_json::from_str(row[2].as_deref().unwrap_or("[]")).unwrap_or_default();
+    let target = format!("{}.{}", quote(&t.schema), quote(&t.name));
+    let key = t.key;
     if !allow_running_backfill {
-        let active = tsql::one::<String>(
-            "SELECT state FROM tide.backfill WHERE pipeline = $1 AND relid = $2 AND state IN ('queued', 'running', 'paused')",
-            &[pipeline.clone().into(), relid.into()],
-        )?;
-        if let Some(state) = active {
+        if let Some(state) = catalog::backfills::active_state(&pipeline, relid)? {
             return Err(TideError::prerequisite(format!("a backfill of {source} for pipeline \"{pipeline}\" is {state}: the target is not complete yet"))
                 .hint(format!("Wait for it (SELECT tide.wait_for_backfill('{source}', '{pipeline}')) and verify then.")));
         }
     }
+    let relid_text = relid.to_u32().to_string();
     let collatable: HashSet<String> = sql::text_rows(
         "SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = $1::oid AND a.attnum > 0 AND a.attcollation <> 0",
         &[Some(&relid_text)],
@@ -149,11 +128,7 @@ pub(super) fn setup(
     .into_iter()
     .filter_map(|r| r.into_iter().next().flatten())
     .collect();
-    let enabled = tsql::one::<bool>(
-        "SELECT enabled FROM tide.pipeline WHERE name = $1",
-        &[pipeline.clone().into()],
-    )?
-    .unwrap_or(false);
+    let enabled = catalog::pipelines::enabled(&pipeline)?.unwrap_or(false);
     if !enabled || shmem::worker_pid(&pipeline).is_none() {
         return Err(TideError::prerequisite(format!("pipeline \"{pipeline}\" is not streaming (paused or without a worker)"))
             .hint("Verification compares the target after it has caught up with the source: resume the pipeline (tide.resume_pipeline) and look at tide.pipelines."));
@@ -173,11 +148,7 @@ pub(super) fn setup(
             .get("server")
             .and_then(|v| v.as_str())
             .unwrap_or_default();
-        let owner = tsql::one::<String>(
-            "SELECT owner::text FROM tide.pipeline WHERE name = $1",
-            &[pipeline.clone().into()],
-        )?
-        .unwrap_or_default();
+        let owner = catalog::pipelines::owner(&pipeline)?.unwrap_or_default();
         Some(RemoteSink::start(
             conninfo_for_server(server, &owner)?,
             "pg_tide verify",

@@ -2,6 +2,7 @@
 //! comparing, re-checking what differs, recording the results.
 
 use super::*;
+use crate::catalog::verification::Counts;
 
 pub(super) fn read_source(
     ctx: &Ctx,
@@ -187,10 +188,7 @@ pub(super) fn diff(src: &[(String, Vec<String>, String)], tgt: &Side) -> Diff {
 }
 
 pub(super) fn run_verify(ctx: &Ctx, ranges: Option<i32>) -> TideResult<Summary> {
-    let throttle = tsql::one::<i32>(
-        "SELECT rows_per_second FROM tide.backfill WHERE pipeline = $1 AND relid = $2 ORDER BY id DESC LIMIT 1",
-        &[ctx.pipeline.clone().into(), ctx.relid.into()],
-    )?;
+    let throttle = catalog::backfills::throttle(&ctx.pipeline, ctx.relid)?;
     let range_rows = match ranges {
         Some(n) if n <= 0 => {
             return Err(
@@ -213,11 +211,7 @@ pub(super) fn run_verify(ctx: &Ctx, ranges: Option<i32>) -> TideResult<Summary> 
         }
         None => DEFAULT_RANGE_ROWS,
     };
-    let id = tsql::write_one::<i64>(
-        "INSERT INTO tide.verification (pipeline, relid, relation) VALUES ($1, $2, $3) RETURNING id",
-        &[ctx.pipeline.clone().into(), ctx.relid.into(), ctx.source.clone().into()],
-    )?
-    .ok_or_else(|| TideError::internal("the verification row was not inserted"))?;
+    let id = catalog::verification::start(&ctx.pipeline, ctx.relid, &ctx.source)?;
     let mut summary = Summary {
         id,
         ranges: 0,
@@ -287,50 +281,40 @@ pub(super) fn run_verify(ctx: &Ctx, ranges: Option<i32>) -> TideResult<Summary> 
             }
         }
     }
-    let (mut missing, mut extra, mut changed) = (0i64, 0i64, 0i64);
+    let mut totals = Counts {
+        source_rows: summary.rows,
+        target_rows: summary.target_rows,
+        missing: 0,
+        extra: 0,
+        changed: 0,
+    };
     for r in &summary.differing {
-        missing += r.diff.missing.len() as i64;
-        extra += r.diff.extra.len() as i64;
-        changed += r.diff.changed.len() as i64;
+        let counts = Counts {
+            source_rows: r.source_rows,
+            target_rows: r.target_rows,
+            missing: r.diff.missing.len() as i64,
+            extra: r.diff.extra.len() as i64,
+            changed: r.diff.changed.len() as i64,
+        };
+        totals.missing += counts.missing;
+        totals.extra += counts.extra;
+        totals.changed += counts.changed;
         let extra_keys = serde_json::to_string(&r.diff.extra.values().collect::<Vec<_>>())
             .unwrap_or_else(|_| "[]".into());
-        tsql::exec(
-            "INSERT INTO tide.verification_range (verification_id, range, key_from, key_to, source_rows, target_rows, missing, extra, changed, kinds, extra_keys)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb)",
-            &[
-                id.into(),
-                r.range.into(),
-                r.from.clone().into(),
-                r.to.clone().into(),
-                r.source_rows.into(),
-                r.target_rows.into(),
-                (r.diff.missing.len() as i64).into(),
-                (r.diff.extra.len() as i64).into(),
-                (r.diff.changed.len() as i64).into(),
-                r.diff.kinds().into(),
-                extra_keys.into(),
-            ],
+        catalog::verification::record_range(
+            id,
+            &catalog::verification::Range {
+                range: r.range,
+                key_from: r.from.clone(),
+                key_to: r.to.clone(),
+                counts,
+                kinds: r.diff.kinds(),
+                extra_keys,
+            },
         )?;
     }
-    tsql::exec(
-        "UPDATE tide.verification SET finished_at = clock_timestamp(), ranges_checked = $2, ranges_differing = $3, source_rows = $4,
-                target_rows = $5, missing = $6, extra = $7, changed = $8 WHERE id = $1",
-        &[
-            id.into(),
-            summary.ranges.into(),
-            (summary.differing.len() as i32).into(),
-            summary.rows.into(),
-            summary.target_rows.into(),
-            missing.into(),
-            extra.into(),
-            changed.into(),
-        ],
-    )?;
+    catalog::verification::finish(id, summary.ranges, summary.differing.len() as i32, &totals)?;
     // Keep the last 100 verifications of a table.
-    tsql::exec(
-        "DELETE FROM tide.verification WHERE pipeline = $1 AND relid = $2 AND id NOT IN
-           (SELECT id FROM tide.verification WHERE pipeline = $1 AND relid = $2 ORDER BY id DESC LIMIT 100)",
-        &[ctx.pipeline.clone().into(), ctx.relid.into()],
-    )?;
+    catalog::verification::keep_last_runs(&ctx.pipeline, ctx.relid)?;
     Ok(summary)
 }

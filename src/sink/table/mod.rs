@@ -34,7 +34,7 @@
 //!   anything else — or any change under `schema_changes = 'pause'` — pauses the pipeline with
 //!   the reason and the remedy. Nothing is applied past the change until then.
 
-use crate::catalog::PipelineRow;
+use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
 use crate::sink::options::{Options, SchemaPolicy};
 use crate::sink::remote::{conninfo_for_server, RemoteSink};
@@ -260,7 +260,7 @@ impl<B: Backend> TableTarget<B> {
 
 impl<B: Backend> Target for TableTarget<B> {
     fn begin(&mut self, c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<()> {
-        self.targets = crate::catalog::target_tables(c, pipeline)?
+        self.targets = crate::catalog::tables::target_tables(c, pipeline)?
             .into_iter()
             .collect();
         self.backend.prepare()

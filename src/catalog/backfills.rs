@@ -1,0 +1,574 @@
+//! `tide.backfill` (one row per backfill of a table for a pipeline), `tide.chunk` (the recent
+//! chunks of each), and the watermarks: `tide.signal` (one row per pipeline, updated in place)
+//! with ids from `tide.watermark_seq`. Written by the SQL API (start, pause, resume, cancel,
+//! alter) and by the worker (running, each chunk's watermarks and progress, done, failed; the
+//! re-read after a table rewrite).
+//!
+//! States are bound from [`BackfillState`] and watermark kinds from [`WatermarkKind`]: a set of
+//! states is a `text[]` parameter (`state = ANY($n)`), or for `text_rows`, whose parameters are
+//! `text`, `state = ANY(string_to_array($n, ','))` (immutable, so the planner sees the list as
+//! it would a literal one, as it does a bound `text[]`, and can prove the partial index
+//! `backfill_one_active`).
+
+use super::corrupt;
+use crate::error::{TideError, TideResult};
+use crate::sql;
+use crate::tsql;
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+use tide_core::lsn::Lsn;
+use tide_core::model::{BackfillState, WatermarkKind};
+
+/// The text of each of `states`, for a `text[]` parameter.
+fn texts(states: &[BackfillState]) -> Vec<&'static str> {
+    states.iter().map(|s| s.as_str()).collect()
+}
+
+/// The active states (queued, running, paused: at most one such backfill per pipeline and
+/// table), as [`BackfillState::is_active`] says.
+fn active_states() -> Vec<&'static str> {
+    BackfillState::ALL
+        .iter()
+        .copied()
+        .filter(|s| s.is_active())
+        .map(BackfillState::as_str)
+        .collect()
+}
+
+/// A state list as one `text` parameter: `string_to_array($n, ',')` in SQL.
+fn comma_list(states: &[&str]) -> String {
+    debug_assert!(states.iter().all(|s| !s.contains(',')));
+    states.join(",")
+}
+
+/// A `tide.backfill.state` as its state: NULL or unknown text is [`corrupt`].
+fn state(text: Option<&str>, pipeline: &str) -> TideResult<BackfillState> {
+    text.and_then(BackfillState::parse)
+        .ok_or_else(|| corrupt("backfill state", pipeline))
+}
+
+// --- the worker: one chunk -----------------------------------------------------------------------
+
+/// The backfill a pipeline's worker reads next, as `tide.backfill` holds it.
+pub struct Due {
+    pub id: i64,
+    pub relid: u32,
+    pub chunk_size: i64,
+    pub rows_per_second: Option<i64>,
+    /// The SQL condition (`tide.start_backfill(condition => ...)`, or a repair's key ranges).
+    pub condition: Option<String>,
+    /// The role the chunks are read as.
+    pub owner: String,
+    pub key_columns: Vec<String>,
+    /// Key (text per key column) of the last row emitted; `None` before the first chunk.
+    pub last_key: Option<Vec<String>>,
+    /// The number of the next chunk (from 1).
+    pub chunk_no: i64,
+    /// JSON array of key value arrays a repair deletes (see `tide.repair`).
+    pub repair_deletes: Option<String>,
+}
+
+/// The pipeline's backfill to read a chunk of: the running one, else the oldest queued one,
+/// whose table the worker already captures, while the pipeline is enabled (paused backfills are
+/// not read). Called by the worker, in the chunk's first transaction (a read).
+pub(crate) fn due(pipeline: &str) -> TideResult<Option<Due>> {
+    let picked = comma_list(&texts(&[BackfillState::Queued, BackfillState::Running]));
+    let rows = sql::text_rows(
+        "SELECT b.id, b.relid::int8, b.chunk_size, b.rows_per_second, b.condition, b.owner::text,
+                to_json(b.key_columns)::text, to_json(b.last_key)::text, b.chunks_done + 1, b.repair_deletes::text
+           FROM tide.backfill b
+           JOIN tide.pipeline p ON p.name = b.pipeline AND p.enabled
+           JOIN tide.pipeline_table t ON t.pipeline = b.pipeline AND t.relid = b.relid AND t.added_lsn IS NOT NULL
+          WHERE b.pipeline = $1 AND b.state = ANY(string_to_array($2, ','))
+          ORDER BY b.state = $3 DESC, b.id
+          LIMIT 1",
+        &[
+            Some(pipeline),
+            Some(&picked),
+            Some(BackfillState::Running.as_str()),
+        ],
+        1,
+        false,
+    )?;
+    let Some(mut r) = rows.into_iter().next() else {
+        return Ok(None);
+    };
+    let bad = |what: &str| corrupt(what, pipeline);
+    let int = |v: &Option<String>, what: &str| -> TideResult<i64> {
+        v.as_deref()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| bad(what))
+    };
+    let strings = |v: &str, what: &str| -> TideResult<Vec<String>> {
+        serde_json::from_str::<Vec<String>>(v).map_err(|_| bad(what))
+    };
+    let id = int(&r[0], "backfill id")?;
+    let relid = super::relid(Some(int(&r[1], "relid")?), "relid", pipeline)?;
+    let rows_per_second = match &r[3] {
+        Some(_) => Some(int(&r[3], "rows_per_second")?),
+        None => None,
+    };
+    let key_columns = strings(r[6].as_deref().unwrap_or(""), "key_columns")?;
+    if key_columns.is_empty() {
+        return Err(bad("key_columns"));
+    }
+    let last_key = match r[7].as_deref() {
+        Some(k) => Some(strings(k, "last_key")?),
+        None => None,
+    };
+    Ok(Some(Due {
+        id,
+        relid,
+        chunk_size: int(&r[2], "chunk_size")?,
+        rows_per_second,
+        condition: r[4].take(),
+        owner: r[5].take().ok_or_else(|| bad("owner"))?,
+        key_columns,
+        last_key,
+        chunk_no: int(&r[8], "chunks_done")?,
+        repair_deletes: r[9].take(),
+    }))
+}
+
+/// A new watermark id (never reused). Called by the worker, in the chunk's first transaction.
+pub(crate) fn next_watermark(pipeline: &str) -> TideResult<u64> {
+    sql::one::<i64>("SELECT nextval('tide.watermark_seq')", &[])?
+        .map(|w| w as u64)
+        .ok_or_else(|| corrupt("watermark_seq", pipeline))
+}
+
+/// Mark the backfill running (and when it started, the first time), and write the chunk's low
+/// watermark into the pipeline's `tide.signal` row (two statements). Called by the worker, in
+/// the chunk's first transaction, which commits before the chunk is read.
+pub(crate) fn write_low_watermark(
+    pipeline: &str,
+    backfill_id: i64,
+    watermark: u64,
+    chunk_no: i64,
+) -> TideResult<()> {
+    Spi::connect_mut(|c| -> TideResult<()> {
+        c.update(
+            "UPDATE tide.backfill SET state = $2, started_at = coalesce(started_at, now()) WHERE id = $1 AND state <> $2",
+            None,
+            &[backfill_id.into(), BackfillState::Running.as_str().into()],
+        )?;
+        c.update(
+            "INSERT INTO tide.signal AS s (pipeline, watermark, kind, backfill_id, chunk) VALUES ($1, $2, $5, $3, $4)
+             ON CONFLICT (pipeline) DO UPDATE SET watermark = excluded.watermark, kind = excluded.kind, backfill_id = excluded.backfill_id,
+                    chunk = excluded.chunk, written_at = clock_timestamp()",
+            None,
+            &[
+                pipeline.into(),
+                (watermark as i64).into(),
+                backfill_id.into(),
+                chunk_no.into(),
+                WatermarkKind::Low.as_str().into(),
+            ],
+        )?;
+        Ok(())
+    })
+}
+
+/// Write the chunk's high watermark (the pipeline's `tide.signal` row, which holds its low one),
+/// and, for the last chunk, record that the table has been read (`read_complete`): one or two
+/// statements. Called by the worker, in the chunk's second transaction, after the chunk's
+/// SELECT.
+pub(crate) fn write_high_watermark(
+    pipeline: &str,
+    watermark: u64,
+    backfill_id: i64,
+    read_complete: bool,
+) -> TideResult<()> {
+    Spi::connect_mut(|c| -> TideResult<()> {
+        c.update(
+            "UPDATE tide.signal SET kind = $3, written_at = clock_timestamp() WHERE pipeline = $1 AND watermark = $2",
+            None,
+            &[
+                pipeline.into(),
+                (watermark as i64).into(),
+                WatermarkKind::High.as_str().into(),
+            ],
+        )?;
+        if read_complete {
+            c.update(
+                "UPDATE tide.backfill SET read_complete = true WHERE id = $1",
+                None,
+                &[backfill_id.into()],
+            )?;
+        }
+        Ok(())
+    })
+}
+
+/// A chunk at its high watermark: what it read, dropped and emits.
+pub struct ChunkDone {
+    pub backfill_id: i64,
+    pub chunk_no: i64,
+    /// Key of the last row of the previous chunk (`None` for the first).
+    pub key_from: Option<Vec<String>>,
+    /// Key of the last row read (`None`: none read, the backfill's last key stays).
+    pub key_to: Option<Vec<String>>,
+    pub low_lsn: Option<Lsn>,
+    /// The high watermark's commit position: where the rows are emitted.
+    pub high_lsn: Lsn,
+    pub rows_read: usize,
+    pub rows_dropped: usize,
+    pub rows_emitted: usize,
+    /// The last chunk: the backfill is done.
+    pub is_last: bool,
+    /// When it was read (PostgreSQL timestamp: microseconds since 2000-01-01).
+    pub read_at: i64,
+    /// The planner's estimate of the table's rows when the chunk was read.
+    pub table_rows: Option<i64>,
+    /// For a single integer key: the share of the key range read so far.
+    pub key_fraction: Option<f64>,
+}
+
+/// Add the chunk to the backfill's durable progress (counters, last key, the estimated total;
+/// for the last chunk the state done, when and where it finished) unless the backfill is no
+/// longer active (cancelled meanwhile): returns whether it still is. Called by the worker, in its
+/// iteration's transaction, before the chunk's rows are written.
+pub(crate) fn record_progress(c: &mut SpiClient<'_>, d: &ChunkDone) -> TideResult<bool> {
+    let active = c.update(
+        "UPDATE tide.backfill
+            SET chunks_done = chunks_done + 1, rows_read = rows_read + $2, rows_dropped = rows_dropped + $3,
+                rows_emitted = rows_emitted + $4, last_key = coalesce($5, last_key),
+                -- the total from how far into the key range the chunk reached (a single
+                -- integer key), else as the planner estimates the table now; more than has
+                -- been read until the last chunk (so fraction_done stays below 1 until then)
+                estimated_rows = CASE WHEN $6 THEN rows_read + $2
+                                      ELSE greatest(coalesce(round((rows_read + $2) / nullif($9::float8, 0))::int8,
+                                                             $8::int8, estimated_rows),
+                                                    rows_read + $2 + chunk_size) END,
+                state = CASE WHEN $6 THEN $11 ELSE state END,
+                finished_at = CASE WHEN $6 THEN now() END,
+                finished_lsn = CASE WHEN $6 THEN $7::pg_lsn END,
+                error = NULL, remedy = NULL
+          WHERE id = $1 AND state = ANY($10)
+          RETURNING true",
+        None,
+        &[
+            d.backfill_id.into(),
+            (d.rows_read as i64).into(),
+            (d.rows_dropped as i64).into(),
+            (d.rows_emitted as i64).into(),
+            d.key_to.clone().into(),
+            d.is_last.into(),
+            d.high_lsn.to_string().into(),
+            d.table_rows.into(),
+            d.key_fraction.into(),
+            active_states().into(),
+            BackfillState::Done.as_str().into(),
+        ],
+    )?;
+    Ok(sql::first::<bool>(active)?.unwrap_or(false))
+}
+
+/// Record the chunk in `tide.chunk` (once: a replayed high watermark records nothing). Called by
+/// the worker, in its iteration's transaction.
+pub(crate) fn record_chunk(c: &mut SpiClient<'_>, d: &ChunkDone) -> TideResult<()> {
+    c.update(
+        "INSERT INTO tide.chunk (backfill_id, chunk, key_from, key_to, low_lsn, high_lsn, rows_read, rows_dropped, rows_emitted, read_at)
+         VALUES ($1, $2, $3, $4, $5::pg_lsn, $6::pg_lsn, $7, $8, $9, '2000-01-01 00:00:00+00'::timestamptz + $10 * interval '1 microsecond')
+         ON CONFLICT (backfill_id, chunk) DO NOTHING",
+        None,
+        &[
+            d.backfill_id.into(),
+            d.chunk_no.into(),
+            d.key_from.clone().into(),
+            d.key_to.clone().into(),
+            d.low_lsn.map(|l| l.to_string()).into(),
+            d.high_lsn.to_string().into(),
+            (d.rows_read as i32).into(),
+            (d.rows_dropped as i32).into(),
+            (d.rows_emitted as i32).into(),
+            d.read_at.into(),
+        ],
+    )?;
+    Ok(())
+}
+
+/// Forget the backfill's chunks more than 1000 before `chunk_no`. Called by the worker, in its
+/// iteration's transaction.
+pub(crate) fn trim_chunks(
+    c: &mut SpiClient<'_>,
+    backfill_id: i64,
+    chunk_no: i64,
+) -> TideResult<()> {
+    c.update(
+        "DELETE FROM tide.chunk WHERE backfill_id = $1 AND chunk <= $2 - 1000",
+        None,
+        &[backfill_id.into(), chunk_no.into()],
+    )?;
+    Ok(())
+}
+
+/// Say why no chunk of the backfill can be read now (`error`, `remedy`; the next emitted chunk
+/// clears them). Called by the worker, in a transaction of its own.
+pub(crate) fn note_waiting(id: i64, error: &str, remedy: &str) -> TideResult<()> {
+    sql::exec(
+        "UPDATE tide.backfill SET error = $2, remedy = $3 WHERE id = $1",
+        &[id.into(), error.into(), remedy.into()],
+    )
+}
+
+/// Fail a queued or running backfill, with the error and its remedy. Called by the worker, in a
+/// transaction of its own.
+pub(crate) fn fail(id: i64, error: &str, remedy: &str) -> TideResult<()> {
+    sql::exec(
+        "UPDATE tide.backfill SET state = $4, error = $2, remedy = $3, finished_at = now() WHERE id = $1 AND state = ANY($5)",
+        &[
+            id.into(),
+            error.into(),
+            remedy.into(),
+            BackfillState::Failed.as_str().into(),
+            texts(&[BackfillState::Queued, BackfillState::Running]).into(),
+        ],
+    )
+}
+
+/// The worker reached a transaction that rewrote a captured table's heap (table-rewriting
+/// `ALTER TABLE`), committed at `lsn`. Such a rewrite can change every row's values without a
+/// row event, so the rows the target already has may be stale: the table is read again.
+/// - An active backfill (queued, running or paused) starts over from the first key: chunks
+///   emitted before the rewrite are read again.
+/// - Otherwise, if the table was backfilled before (its last whole-table backfill is done), a new
+///   backfill is queued with the same owner, chunk size and throttle.
+/// - A table that was never backfilled only streams: nothing is read.
+///
+/// Returns a line for the server log saying which. Called by the worker, in the iteration's
+/// transaction that applies the rewrite's position (one or two statements).
+pub(crate) fn reread_after_rewrite(
+    c: &mut SpiClient<'_>,
+    pipeline: &str,
+    relid: u32,
+    lsn: &str,
+) -> TideResult<String> {
+    let note = format!(
+        "the table was rewritten at {lsn} (ALTER TABLE with a rewrite): reading it again from the start"
+    );
+    let restarted = c.update(
+        "UPDATE tide.backfill
+            SET last_key = NULL, read_complete = false, error = $3, remedy = NULL
+          WHERE pipeline = $1 AND relid = $2::int8::oid AND state = ANY($4)
+          RETURNING id",
+        None,
+        &[
+            pipeline.into(),
+            (relid as i64).into(),
+            note.clone().into(),
+            active_states().into(),
+        ],
+    )?;
+    if let Some(id) = sql::first::<i64>(restarted)? {
+        return Ok(format!("backfill {id}: {note}"));
+    }
+    let queued = c.update(
+        "INSERT INTO tide.backfill (pipeline, relid, relation, key_columns, owner, generation, chunk_size,
+                                   rows_per_second, estimated_rows, error)
+         SELECT b.pipeline, b.relid, b.relation, t.key_columns, b.owner,
+                (SELECT max(generation) FROM tide.backfill WHERE pipeline = $1 AND relid = b.relid) + 1,
+                b.chunk_size, b.rows_per_second,
+                -- (the worker refreshes it at the first chunk; tide._estimate_rows here would
+                -- lock the table in the stream's transaction)
+                (SELECT CASE WHEN reltuples >= 0 THEN reltuples::int8 END FROM pg_class WHERE oid = b.relid), $3
+           FROM tide.backfill b
+           JOIN tide.pipeline_table t ON t.pipeline = b.pipeline AND t.relid = b.relid
+          WHERE b.pipeline = $1 AND b.relid = $2::int8::oid AND b.state = $4
+            AND b.condition IS NULL AND b.repair_deletes IS NULL
+          ORDER BY b.id DESC LIMIT 1
+         RETURNING id",
+        None,
+        &[
+            pipeline.into(),
+            (relid as i64).into(),
+            note.clone().into(),
+            BackfillState::Done.as_str().into(),
+        ],
+    )?;
+    Ok(match sql::first::<i64>(queued)? {
+        Some(id) => format!("backfill {id} queued: {note}"),
+        None => format!(
+            "table {relid} was rewritten at {lsn}; it was never backfilled, so rows already at the target keep the values they had (start a backfill to read them again)"
+        ),
+    })
+}
+
+// --- the SQL API ---------------------------------------------------------------------------------
+
+/// The state of the table's active backfill for the pipeline, if any, with a snapshot taken
+/// for this statement (`fresh`): the caller holds the table's backfill lock and must see a start
+/// committed just before it got it. Called by the SQL API (`tide.start_backfill`); runs as
+/// pg_tide.
+pub(crate) fn active_state_after_lock(
+    pipeline: &str,
+    relid: pg_sys::Oid,
+) -> TideResult<Option<BackfillState>> {
+    super::table_row(
+        "SELECT state FROM tide.backfill WHERE pipeline = $1 AND relid = $2::oid AND state = ANY(string_to_array($3, ','))",
+        pipeline,
+        relid,
+        &[&comma_list(&active_states())],
+        true,
+    )?
+    .map(|r| state(r[0].as_deref(), pipeline))
+    .transpose()
+}
+
+/// The state of the table's active backfill for the pipeline, if any. Called by the SQL API
+/// (`tide.verify`); runs as pg_tide.
+pub(crate) fn active_state(
+    pipeline: &str,
+    relid: pg_sys::Oid,
+) -> TideResult<Option<BackfillState>> {
+    tsql::one::<String>(
+        "SELECT state FROM tide.backfill WHERE pipeline = $1 AND relid = $2 AND state = ANY($3)",
+        &[pipeline.into(), relid.into(), active_states().into()],
+    )?
+    .map(|s| state(Some(&s), pipeline))
+    .transpose()
+}
+
+/// The table's active backfill for the pipeline, if any: (id, state). Called by the SQL API
+/// (pause, resume, cancel, alter); runs as pg_tide.
+pub(crate) fn active(
+    pipeline: &str,
+    relid: pg_sys::Oid,
+) -> TideResult<Option<(i64, BackfillState)>> {
+    let (id, s) = tsql::two::<i64, String>(
+        "SELECT id, state FROM tide.backfill WHERE pipeline = $1 AND relid = $2 AND state = ANY($3)",
+        &[pipeline.into(), relid.into(), active_states().into()],
+    )?;
+    match id {
+        Some(id) => Ok(Some((id, state(s.as_deref(), pipeline)?))),
+        None => Ok(None),
+    }
+}
+
+/// Queue a backfill of a captured table (state queued, the next generation, the planner's
+/// estimate of its rows) owned by `owner`; returns its id. Called by the SQL API; runs as
+/// pg_tide.
+pub(crate) fn insert(
+    pipeline: &str,
+    relid: pg_sys::Oid,
+    chunk_size: i32,
+    condition: Option<&str>,
+    owner: &str,
+) -> TideResult<i64> {
+    let id = crate::security::as_tide(|| {
+        Spi::connect_mut(|c| -> TideResult<Option<i64>> {
+            Ok(sql::first::<i64>(c.update(
+            "INSERT INTO tide.backfill (pipeline, relid, relation, key_columns, owner, generation, chunk_size, condition, estimated_rows)
+             SELECT t.pipeline, t.relid, t.relation, t.key_columns, $5::text::name,
+                    coalesce((SELECT max(generation) FROM tide.backfill WHERE pipeline = $1 AND relid = $2), 0) + 1,
+                    $3, $4, tide._estimate_rows($2)
+               FROM tide.pipeline_table t WHERE t.pipeline = $1 AND t.relid = $2
+             RETURNING id",
+            None,
+            &[pipeline.into(), relid.into(), chunk_size.into(), condition.into(), owner.into()],
+        )?)?)
+        })
+    })?;
+    id.ok_or_else(|| TideError::internal("the backfill row was not inserted"))
+}
+
+/// Give a repair's backfill its keys to delete (a JSON array of key value arrays). Called by the
+/// SQL API (`tide.repair`), right after [`insert`]; runs as pg_tide.
+pub(crate) fn set_repair_deletes(id: i64, deletes: &str) -> TideResult<()> {
+    tsql::exec(
+        "UPDATE tide.backfill SET repair_deletes = $2::jsonb WHERE id = $1",
+        &[id.into(), deletes.into()],
+    )
+}
+
+/// Set a backfill's state (pause, resume, cancel; a cancelled one is finished now). Called by the
+/// SQL API; runs as pg_tide.
+pub(crate) fn set_state(id: i64, to: BackfillState) -> TideResult<()> {
+    tsql::exec(
+        "UPDATE tide.backfill SET state = $2, finished_at = CASE WHEN $2 = $3 THEN now() END WHERE id = $1",
+        &[
+            id.into(),
+            to.as_str().into(),
+            BackfillState::Cancelled.as_str().into(),
+        ],
+    )
+}
+
+/// Change a backfill's chunk size and throttle: `None` keeps a value, `rows_per_second` 0 removes
+/// the throttle. Called by the SQL API; runs as pg_tide.
+pub(crate) fn alter(
+    id: i64,
+    chunk_size: Option<i32>,
+    rows_per_second: Option<i32>,
+) -> TideResult<()> {
+    tsql::exec(
+        "UPDATE tide.backfill SET chunk_size = coalesce($2, chunk_size),
+                rows_per_second = CASE WHEN $3 IS NULL THEN rows_per_second WHEN $3 = 0 THEN NULL ELSE $3 END
+          WHERE id = $1",
+        &[id.into(), chunk_size.into(), rows_per_second.into()],
+    )
+}
+
+/// Cancel the table's active backfill for the pipeline, if any, because the table was removed
+/// from it. Called by the SQL API (`tide.remove_table`); runs as pg_tide.
+pub(crate) fn cancel_for_removed_table(pipeline: &str, relid: pg_sys::Oid) -> TideResult<()> {
+    tsql::exec(
+        "UPDATE tide.backfill SET state = $3, finished_at = now(), error = 'the table was removed from the pipeline'
+          WHERE pipeline = $1 AND relid = $2 AND state = ANY($4)",
+        &[
+            pipeline.into(),
+            relid.into(),
+            BackfillState::Cancelled.as_str().into(),
+            active_states().into(),
+        ],
+    )
+}
+
+/// The latest backfill of a table for a pipeline.
+pub struct Latest {
+    pub state: BackfillState,
+    /// Commit LSN of the last chunk's high watermark; set when the state is done.
+    pub finished_lsn: Option<Lsn>,
+    pub error: Option<String>,
+}
+
+/// The table's latest backfill for the pipeline, if any, with a snapshot taken for this
+/// statement (`fresh`: the caller polls while the worker commits progress). A done backfill
+/// without a valid `finished_lsn` is [`corrupt`]. Called by the SQL API
+/// (`tide.wait_for_backfill`); runs as pg_tide.
+pub(crate) fn latest(pipeline: &str, relid: pg_sys::Oid) -> TideResult<Option<Latest>> {
+    let Some(mut r) = super::table_row(
+        "SELECT state, finished_lsn::text, error FROM tide.backfill WHERE pipeline = $1 AND relid = $2::oid ORDER BY id DESC LIMIT 1",
+        pipeline,
+        relid,
+        &[],
+        true,
+    )? else {
+        return Ok(None);
+    };
+    let state = state(r[0].as_deref(), pipeline)?;
+    let finished_lsn = match r[1].as_deref() {
+        Some(l) => Some(
+            l.parse::<Lsn>()
+                .map_err(|_| corrupt("backfill finished_lsn", pipeline))?,
+        ),
+        None if state == BackfillState::Done => {
+            return Err(corrupt("backfill finished_lsn", pipeline))
+        }
+        None => None,
+    };
+    Ok(Some(Latest {
+        state,
+        finished_lsn,
+        error: r[2].take(),
+    }))
+}
+
+/// The throttle (rows per second) of the table's latest backfill for the pipeline, if it has
+/// one. Called by the SQL API (`tide.verify` honours it); runs as pg_tide.
+pub(crate) fn throttle(pipeline: &str, relid: pg_sys::Oid) -> TideResult<Option<i32>> {
+    tsql::one::<i32>(
+        "SELECT rows_per_second FROM tide.backfill WHERE pipeline = $1 AND relid = $2 ORDER BY id DESC LIMIT 1",
+        &[pipeline.into(), relid.into()],
+    )
+}

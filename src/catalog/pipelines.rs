@@ -1,0 +1,270 @@
+//! `tide.pipeline`: one row per pipeline. Written by the SQL API (create, drop, pause, resume)
+//! and by the worker (the applied position in the same transaction as the events it applies; the
+//! error columns when an iteration fails, cleared when one succeeds).
+
+use super::corrupt;
+use crate::error::{TideError, TideResult};
+use crate::tsql;
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+use pgrx::JsonB;
+use tide_core::model::TargetKind;
+
+/// A pipeline row, as the worker needs it at the start of an iteration.
+#[derive(Debug, Clone)]
+pub struct PipelineRow {
+    pub name: String,
+    pub target: TargetKind,
+    pub options: serde_json::Value,
+    /// The role that created the pipeline (remote targets use its user mapping).
+    pub owner: String,
+    pub slot_name: String,
+    pub enabled: bool,
+    /// End LSN of the last source transaction applied, as text (`X/Y`), if any.
+    pub applied_lsn: Option<String>,
+    /// The slot's confirmed flush LSN, if the slot exists.
+    pub confirmed_lsn: Option<String>,
+    pub has_error: bool,
+}
+
+/// A pipeline's `tide.pipeline.target` as its kind. An unknown (or missing) kind is an error,
+/// never a default: this build would write the wrong target.
+pub(crate) fn target_kind(text: Option<String>, pipeline: &str) -> TideResult<TargetKind> {
+    let text = text.unwrap_or_default();
+    TargetKind::parse(&text).ok_or_else(|| {
+        TideError::unsupported(format!(
+            "pipeline \"{pipeline}\" has target \"{text}\", which this version of pg_tide cannot write"
+        ))
+        .hint("Install the pg_tide version that created the pipeline, or drop and re-create the pipeline.")
+    })
+}
+
+/// `tide.pipeline.options` (jsonb, as text) as a value: always valid JSON, so anything else is
+/// [`corrupt`].
+fn options(text: Option<String>, pipeline: &str) -> TideResult<serde_json::Value> {
+    text.and_then(|t| serde_json::from_str(&t).ok())
+        .ok_or_else(|| corrupt("options", pipeline))
+}
+
+/// The advisory lock key that serialises `drop_pipeline` against the worker's iterations.
+pub(crate) fn pipeline_lock_key(pipeline: &str) -> String {
+    format!("pg_tide pipeline {pipeline}")
+}
+
+// --- the worker --------------------------------------------------------------------------------
+
+/// Take the pipeline's advisory lock in shared mode (so `drop_pipeline`, which takes it
+/// exclusively, waits for this iteration, and this iteration waits for a drop in progress), then
+/// read the pipeline row (two statements). Neither assigns a transaction id: an idle worker
+/// writes no WAL. Called by the worker, in its iteration's transaction.
+pub(crate) fn lock_pipeline(c: &mut SpiClient<'_>, name: &str) -> TideResult<Option<PipelineRow>> {
+    c.select(
+        "SELECT true FROM pg_advisory_xact_lock_shared(hashtext($1))",
+        None,
+        &[pipeline_lock_key(name).into()],
+    )?;
+    let rows = c.select(
+        "SELECT p.name, p.target, p.slot_name::text, p.enabled, p.applied_lsn::text,
+                (SELECT s.confirmed_flush_lsn::text FROM pg_catalog.pg_replication_slots s WHERE s.slot_name = p.slot_name),
+                p.last_error IS NOT NULL, p.options::text, p.owner::text
+           FROM tide.pipeline p WHERE p.name = $1",
+        None,
+        &[name.into()],
+    )?;
+    let Some(r) = rows.into_iter().next() else {
+        return Ok(None);
+    };
+    Ok(Some(PipelineRow {
+        name: r.get::<String>(1)?.ok_or_else(|| corrupt("name", name))?,
+        target: target_kind(r.get::<String>(2)?, name)?,
+        slot_name: r
+            .get::<String>(3)?
+            .ok_or_else(|| corrupt("slot_name", name))?,
+        enabled: r.get::<bool>(4)?.ok_or_else(|| corrupt("enabled", name))?,
+        applied_lsn: r.get::<String>(5)?,
+        confirmed_lsn: r.get::<String>(6)?,
+        has_error: r
+            .get::<bool>(7)?
+            .ok_or_else(|| corrupt("last_error", name))?,
+        options: options(r.get::<String>(8)?, name)?,
+        owner: r.get::<String>(9)?.ok_or_else(|| corrupt("owner", name))?,
+    }))
+}
+
+/// Every pipeline, as (name, creation time as text), by name: a pipeline dropped and created
+/// again under the same name is another pipeline (the launcher's back-off starts afresh).
+/// Called by the launcher, in its transaction (a read).
+pub(crate) fn list(c: &SpiClient<'_>) -> TideResult<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for row in c.select(
+        "SELECT name, created_at::text FROM tide.pipeline ORDER BY name",
+        None,
+        &[],
+    )? {
+        let name = row.get::<String>(1)?.ok_or_else(|| corrupt("name", "?"))?;
+        let created = row
+            .get::<String>(2)?
+            .ok_or_else(|| corrupt("created_at", &name))?;
+        out.push((name, created));
+    }
+    Ok(out)
+}
+
+/// Record the applied position in the same transaction as the events: the heart of
+/// exactly-once. Also clears a previous error. Called by the worker, in its iteration's
+/// transaction.
+pub(crate) fn record_applied(
+    c: &mut SpiClient<'_>,
+    pipeline: &str,
+    end_lsn: &str,
+    commit_time_us: Option<i64>,
+) -> TideResult<()> {
+    c.update(
+        "UPDATE tide.pipeline
+            SET applied_lsn = $2::pg_lsn,
+                applied_commit_time = coalesce('2000-01-01 00:00:00+00'::timestamptz + make_interval(secs => $3::float8 / 1000000), applied_commit_time),
+                last_error = NULL, last_error_sqlstate = NULL, last_error_at = NULL, remedy = NULL
+          WHERE name = $1",
+        None,
+        &[pipeline.into(), end_lsn.into(), commit_time_us.map(|t| t as f64).into()],
+    )?;
+    Ok(())
+}
+
+/// Clear the error columns after a successful iteration that applied nothing. Called by the
+/// worker, in its iteration's transaction.
+pub(crate) fn clear_error(c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<()> {
+    c.update(
+        "UPDATE tide.pipeline SET last_error = NULL, last_error_sqlstate = NULL, last_error_at = NULL, remedy = NULL
+          WHERE name = $1 AND last_error IS NOT NULL",
+        None,
+        &[pipeline.into()],
+    )?;
+    Ok(())
+}
+
+/// Pause a pipeline because of an error only the user can fix (the error is recorded next).
+/// Called by the worker, in a transaction of its own.
+pub(crate) fn pause_for(pipeline: &str) -> TideResult<()> {
+    crate::sql::exec(
+        "UPDATE tide.pipeline SET enabled = false WHERE name = $1",
+        &[pipeline.into()],
+    )
+}
+
+/// Record a failed iteration (in its own transaction, after the failed one was aborted): the
+/// message (with its detail), SQLSTATE, time and remedy (the hint, else a default one). Called by
+/// the worker.
+pub(crate) fn record_error(pipeline: &str, e: &TideError) -> TideResult<()> {
+    let remedy = e.hint.clone().unwrap_or_else(|| default_remedy(e));
+    let message = match &e.detail {
+        Some(d) => format!("{} ({d})", e.message),
+        None => e.message.clone(),
+    };
+    Spi::run_with_args(
+        "UPDATE tide.pipeline SET last_error = $2, last_error_sqlstate = $3, last_error_at = now(), remedy = $4 WHERE name = $1",
+        &[pipeline.into(), message.into(), e.sqlstate().into(), remedy.into()],
+    )?;
+    Ok(())
+}
+
+fn default_remedy(e: &TideError) -> String {
+    format!(
+        "The worker retries with back-off. If the error persists, fix its cause (see the server log around the time in last_error_at, SQLSTATE {}) or drop and re-create the pipeline.",
+        e.sqlstate()
+    )
+}
+
+// --- the SQL API ---------------------------------------------------------------------------------
+
+/// Whether a pipeline of that name exists. Called by the SQL API; runs as pg_tide.
+pub(crate) fn exists(name: &str) -> TideResult<bool> {
+    Ok(tsql::one::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM tide.pipeline WHERE name = $1)",
+        &[name.into()],
+    )?
+    .unwrap_or(false))
+}
+
+/// The pipeline's owner, `None` when there is no such pipeline. Called by the SQL API (the
+/// ownership check, a remote target's user mapping); runs as pg_tide.
+pub(crate) fn owner(name: &str) -> TideResult<Option<String>> {
+    tsql::one::<String>(
+        "SELECT owner::text FROM tide.pipeline WHERE name = $1",
+        &[name.into()],
+    )
+}
+
+/// Every pipeline with its owner: (name, owner). Called by the SQL API (`tide._owned_pipelines`,
+/// the outbox's row security); runs as pg_tide.
+pub(crate) fn owners() -> TideResult<Vec<(String, String)>> {
+    let rows = tsql::text_rows("SELECT name, owner::text FROM tide.pipeline", &[], 0, false)?;
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        let mut r = r.into_iter();
+        let name = r.next().flatten().ok_or_else(|| corrupt("name", "?"))?;
+        let owner = r.next().flatten().ok_or_else(|| corrupt("owner", &name))?;
+        out.push((name, owner));
+    }
+    Ok(out)
+}
+
+/// The number of pipelines. Called by the SQL API; runs as pg_tide.
+pub(crate) fn count() -> TideResult<i64> {
+    Ok(tsql::one::<i64>("SELECT count(*) FROM tide.pipeline", &[])?.unwrap_or(0))
+}
+
+/// The pipeline's target kind and options. A missing pipeline, like an unknown kind, is
+/// [`target_kind`]'s error. Called by the SQL API; runs as pg_tide.
+pub(crate) fn target(name: &str) -> TideResult<(TargetKind, serde_json::Value)> {
+    let (kind, opts) = tsql::two::<String, String>(
+        "SELECT target, options::text FROM tide.pipeline WHERE name = $1",
+        &[name.into()],
+    )?;
+    let kind = target_kind(kind, name)?;
+    Ok((kind, options(opts, name)?))
+}
+
+/// Whether the pipeline is enabled (not paused); `None` when there is no such pipeline. Called by
+/// the SQL API; runs as pg_tide.
+pub(crate) fn enabled(name: &str) -> TideResult<Option<bool>> {
+    tsql::one::<bool>(
+        "SELECT enabled FROM tide.pipeline WHERE name = $1",
+        &[name.into()],
+    )
+}
+
+/// Insert a pipeline's row (its slot exists by now). Called by `tide.create_pipeline` inside
+/// its `as_tide` block (so it runs as pg_tide), after the slot was created in the same
+/// transaction.
+pub(crate) fn insert(
+    name: &str,
+    target: TargetKind,
+    options: JsonB,
+    slot: &str,
+    owner: &str,
+) -> TideResult<()> {
+    crate::sql::exec(
+        "INSERT INTO tide.pipeline (name, target, options, slot_name, owner) VALUES ($1, $2, $3, $4::name, $5::name)",
+        &[name.into(), target.as_str().into(), options.into(), slot.into(), owner.into()],
+    )
+}
+
+/// Delete a pipeline's row (its tables, backfills and verifications go with it: `ON DELETE
+/// CASCADE`) and its watermark row in `tide.signal` (two statements). Called by
+/// `tide.drop_pipeline` once the worker is stopped; runs as pg_tide.
+pub(crate) fn delete(name: &str) -> TideResult<()> {
+    tsql::exec("DELETE FROM tide.pipeline WHERE name = $1", &[name.into()])?;
+    tsql::exec(
+        "DELETE FROM tide.signal WHERE pipeline = $1",
+        &[name.into()],
+    )
+}
+
+/// Pause (`false`) or resume (`true`) a pipeline. Called by the SQL API; runs as pg_tide.
+pub(crate) fn set_enabled(name: &str, enabled: bool) -> TideResult<()> {
+    tsql::exec(
+        "UPDATE tide.pipeline SET enabled = $2 WHERE name = $1",
+        &[name.into(), enabled.into()],
+    )
+}

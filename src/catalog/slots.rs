@@ -1,0 +1,118 @@
+//! pg_tide's replication slots (`tide_<pipeline>`, plugin `pg_tide`): their names and the
+//! advisory lock a transaction creating one holds, orphaned slots, and the
+//! `output_plugin_libraries` setting creating one may need.
+
+use crate::error::{TideError, TideResult};
+use pgrx::prelude::*;
+
+/// The slot name of a pipeline.
+pub(crate) fn slot_name(pipeline: &str) -> String {
+    format!("tide_{pipeline}")
+}
+
+/// The key used with `pg_advisory_xact_lock(hashtext(...))` while a transaction creates a slot.
+pub(crate) fn slot_lock_key(slot: &str) -> String {
+    format!("pg_tide slot {slot}")
+}
+
+/// Drop `tide_*` slots of this database that no pipeline owns and whose creating transaction
+/// is not in progress (it holds the slot's advisory lock until it ends). Called by the launcher,
+/// in its transaction.
+pub(crate) fn drop_orphan_slots() -> TideResult<()> {
+    Spi::connect_mut(|c| -> TideResult<()> {
+        let rows = c.select(
+            "SELECT s.slot_name::text FROM pg_catalog.pg_replication_slots s
+              WHERE s.plugin = 'pg_tide' AND s.database = current_database() AND NOT s.active
+                AND s.slot_name LIKE 'tide\\_%'
+                AND NOT EXISTS (SELECT 1 FROM tide.pipeline p WHERE p.slot_name = s.slot_name)",
+            None,
+            &[],
+        )?;
+        let mut orphans = Vec::new();
+        for r in rows {
+            if let Some(s) = r.get::<String>(1)? {
+                orphans.push(s);
+            }
+        }
+        for slot in orphans {
+            let locked = c
+                .select(
+                    "SELECT pg_catalog.pg_try_advisory_xact_lock(hashtext($1))",
+                    None,
+                    &[slot_lock_key(&slot).into()],
+                )?
+                .first()
+                .get_one::<bool>()?
+                .unwrap_or(false);
+            if !locked {
+                continue;
+            }
+            // Re-check with a snapshot taken after the lock: the creator may have just committed.
+            let still_orphan = c
+                .update(
+                    "SELECT NOT EXISTS (SELECT 1 FROM tide.pipeline WHERE slot_name = $1::name)
+                        AND EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = $1::name AND NOT active)",
+                    None,
+                    &[slot.clone().into()],
+                )?
+                .first()
+                .get_one::<bool>()?
+                .unwrap_or(false);
+            if still_orphan {
+                c.update(
+                    "SELECT pg_catalog.pg_drop_replication_slot($1::name)",
+                    None,
+                    &[slot.clone().into()],
+                )?;
+                log!(
+                    "pg_tide launcher: dropped replication slot \"{slot}\", which no pipeline owns"
+                );
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Newer PostgreSQL minor releases only let slots use output plugins listed in
+/// `output_plugin_libraries` (a superuser-settable list). A superuser creating a pipeline has
+/// evidently chosen pg_tide, so the list is extended for this transaction only; anyone else gets
+/// the exact setting to ask for. Called by the worker, and by `tide.create_pipeline` inside its
+/// `as_tide` block.
+pub(crate) fn allow_output_plugin() -> TideResult<()> {
+    let exists = crate::sql::one::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM pg_settings WHERE name = 'output_plugin_libraries')",
+        &[],
+    )?
+    .unwrap_or(false);
+    if !exists {
+        return Ok(());
+    }
+    let current =
+        crate::sql::one::<String>("SELECT current_setting('output_plugin_libraries')", &[])?
+            .unwrap_or_default();
+    if current
+        .split(',')
+        .any(|l| l.trim().trim_matches('"') == "pg_tide")
+    {
+        return Ok(());
+    }
+    let superuser = crate::sql::one::<bool>(
+        "SELECT rolsuper FROM pg_roles WHERE rolname = current_user",
+        &[],
+    )?
+    .unwrap_or(false);
+    if !superuser {
+        return Err(TideError::prerequisite("pg_tide is not in output_plugin_libraries")
+            .hint(format!("Ask a superuser to run ALTER SYSTEM SET output_plugin_libraries = '{}pg_tide' and SELECT pg_reload_conf().", if current.trim().is_empty() { String::new() } else { format!("{current}, ") })));
+    }
+    let list = if current.trim().is_empty() {
+        "pg_tide".to_string()
+    } else {
+        format!("{current}, pg_tide")
+    };
+    crate::sql::one::<String>(
+        "SELECT set_config('output_plugin_libraries', $1, true)",
+        &[list.into()],
+    )?;
+    Ok(())
+}
