@@ -4,12 +4,7 @@
 -- eight rounds (populate_json_vs_jsonb_round.sql) times jb (jsonb) then js (json) on empty tables, then js then jb; the \timing lines
 -- follow that order. The last query must return 0 (same rows). Measured 2026-12-02 (8 rounds):
 -- median 55 ms jsonb, 46 ms json.
-DROP TABLE IF EXISTS s, t1, t2;
-CREATE TABLE s (id bigint PRIMARY KEY, customer text NOT NULL, amount numeric(12,2) NOT NULL, created_at timestamptz NOT NULL, qty integer NOT NULL, ref uuid NOT NULL, attrs jsonb NOT NULL, note text);
-INSERT INTO s SELECT g, 'customer-' || md5(g::text), ((g * 7919) % 10000000) / 100.0, timestamptz '2024-01-01 00:00:00+00' + g * interval '7 seconds', (g % 1000)::int, md5(g::text || 'ref')::uuid,
- jsonb_build_object('kind', (ARRAY['order','refund','invoice','credit'])[1 + g % 4], 'seq', g, 'tag', substr(md5((g * 31)::text), 1, 10)), 'note ' || substr(md5((g * 13)::text), 1, 24) FROM generate_series(1, 5000) g;
-CREATE TABLE t1 (LIKE s INCLUDING ALL); CREATE INDEX ON t1 (qty);
-CREATE TABLE t2 (LIKE s INCLUDING ALL); CREATE INDEX ON t2 (qty);
+\ir b1_shape.sql
 SELECT json_agg(row_to_json(s))::text AS payload FROM s \gset
 PREPARE jb(text) AS INSERT INTO t1 AS t (id, customer, amount, created_at, qty, ref, attrs, note) SELECT r.id, r.customer, r.amount, r.created_at, r.qty, r.ref, r.attrs, r.note FROM jsonb_populate_recordset(NULL::t1, $1::text::jsonb) r ON CONFLICT (id) DO UPDATE SET customer = EXCLUDED.customer, amount = EXCLUDED.amount, created_at = EXCLUDED.created_at, qty = EXCLUDED.qty, ref = EXCLUDED.ref, attrs = EXCLUDED.attrs, note = EXCLUDED.note;
 PREPARE js(text) AS INSERT INTO t2 AS t (id, customer, amount, created_at, qty, ref, attrs, note) SELECT r.id, r.customer, r.amount, r.created_at, r.qty, r.ref, r.attrs, r.note FROM json_populate_recordset(NULL::t2, $1::text::json) r ON CONFLICT (id) DO UPDATE SET customer = EXCLUDED.customer, amount = EXCLUDED.amount, created_at = EXCLUDED.created_at, qty = EXCLUDED.qty, ref = EXCLUDED.ref, attrs = EXCLUDED.attrs, note = EXCLUDED.note;
