@@ -20,6 +20,11 @@
 //!   different tables may run in another order than the source's: what a reader sees at commit
 //!   is the same. (Constraints between target tables must therefore be `DEFERRABLE INITIALLY
 //!   DEFERRED`.)
+//! - A backfill chunk can arrive as row values instead of events ([`Target::takes_row_values`]):
+//!   a local backend whose target table has each of the chunk's columns with the source's type
+//!   takes them, after this batch's statements so far, as one `INSERT ... SELECT FROM
+//!   unnest($1) ON CONFLICT` ([`tide_core::plan::upsert_rows`]); the same effect as the chunk's
+//!   `read` events, without JSON.
 //! - Unchanged TOAST columns are left out of the statement: the target keeps its value.
 //! - Least privilege: a local target's statements (writes and schema changes) run as the
 //!   pipeline's owner in a security-restricted operation: a right revoked after `add_table`
