@@ -5,11 +5,15 @@
 //! 1. transaction 1 writes the low watermark (LW) into `tide.signal` and commits;
 //! 2. transaction 2, whose snapshot is therefore taken after the LW commit, SELECTs the chunk
 //!    (`WHERE (k1, k2, ...) > (last key) ORDER BY k1, k2, ... LIMIT n`, as the role that started
-//!    the backfill, under AccessShareLock only) and writes the high watermark (HW), then commits;
-//! 3. the chunk waits in memory; the stream iteration feeds every change of a captured table to
-//!    the reconciler, which drops the chunk's keys changed between LW and HW, and at the HW the
-//!    surviving rows are written to the target as `read` events, at that position of the stream,
-//!    in the same target transaction as the backfill's progress (last key, counters, done).
+//!    the backfill, under AccessShareLock only) and writes the high watermark (HW), then commits
+//!    ([`super::chunk`]);
+//! 3. the chunk waits in memory (as JSON, or as row values for a target that takes them); the
+//!    stream iteration feeds every change of a captured table to the reconciler, which drops the
+//!    chunk's keys changed between LW and HW, and at the HW the surviving rows are written to the
+//!    target as `read` events (or as one batch of row values, [`crate::sink::RowBatch`]), at
+//!    that position of the stream, in the same target transaction as the backfill's progress
+//!    (last key, counters, done). Row values are used only if the table and its target still
+//!    have the chunk's shape then; otherwise the chunk is read again.
 //!
 //! Guarantees: at most one chunk is in memory per pipeline (memory = one chunk); no transaction
 //! opened here outlives one chunk; the stream never waits for a chunk. A crash loses only the
