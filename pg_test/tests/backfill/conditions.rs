@@ -140,11 +140,15 @@ fn condition_limits_rows_and_throttle() {
         "rows_per_second => 1000 read {} rows in {dt:.1} s",
         r1 - r0
     );
+    // The bound above holds whatever the machine; "slower than unthrottled" says something only
+    // where unthrottled is well above the throttle.
     if unthrottled > 3000.0 {
         assert!(
             throttled < unthrottled / 2.0,
             "the throttle did not slow the backfill"
         );
+    } else {
+        eprintln!("throttle: unthrottled only {unthrottled:.0} rows/s here, so only the bound of rows_per_second is checked");
     }
     c.execute("SELECT tide.alter_backfill('c2', rows_per_second => 0)");
     wait_backfill(&c, "c2", 120);

@@ -55,13 +55,19 @@ fn bad_inputs_have_sqlstates() {
     let res = c.try_execute(
         "BEGIN; INSERT INTO good VALUES (1); SELECT tide.create_pipeline('late'); COMMIT;",
     );
-    assert!(
-        res.is_err(),
-        "create_pipeline after a write in its transaction succeeded"
-    );
+    let err = match res {
+        Ok(()) => panic!("create_pipeline after a write in its transaction succeeded"),
+        Err(e) => e,
+    };
     eprintln!(
         "bad_inputs: create_pipeline after a write -> {}",
-        describe_error(&res.unwrap_err())
+        describe_error(&err)
+    );
+    assert_eq!(
+        err.as_db_error().map(|d| d.code().code()),
+        Some("25001"),
+        "create_pipeline after a write: {}",
+        describe_error(&err)
     );
 
     // Valid edge cases succeed.
