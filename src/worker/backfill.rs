@@ -31,11 +31,11 @@ use crate::sink::{Event, RowBatch, Target};
 use crate::worker::tx::{self, Locked};
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
-use std::collections::HashSet;
 use std::time::{Duration, Instant};
 use tide_core::lsn::Lsn;
 use tide_core::model::{Op, Txn, WatermarkKind};
 use tide_core::reconcile::Reconciler;
+use tide_core::snapshot::InvisibleXids;
 
 /// A chunk read and waiting for its high watermark.
 struct PendingChunk {
@@ -59,7 +59,7 @@ struct PendingChunk {
     /// attribute numbers of `columns` they were read with.
     values: Option<(RowValues, Vec<i32>)>,
     /// Transactions in progress in the chunk's snapshot (32-bit xids, as decoding reports them).
-    invisible: HashSet<u32>,
+    invisible: InvisibleXids,
     /// Progress estimates taken while the chunk was read (see [`ChunkRead`]).
     estimate: Estimate,
 }
@@ -118,7 +118,7 @@ impl Backfiller {
     pub fn on_change(&mut self, relid: u32, key: &str, xid: u32) {
         let Some(p) = &self.pending else { return };
         let key = key.to_string();
-        if p.relid == relid && p.invisible.contains(&xid) {
+        if p.relid == relid && p.invisible.contains(xid) {
             self.reconciler.drop_key(p.watermark, &key);
         } else {
             self.reconciler.on_change(&relid, &key);
@@ -140,7 +140,7 @@ impl Backfiller {
     /// the whole chunk; one the chunk's snapshot already reflects does not.
     pub fn on_truncate(&mut self, relid: u32, xid: u32) {
         if let Some(p) = self.pending.as_mut() {
-            if p.relid == relid && (p.low_lsn.is_some() || p.invisible.contains(&xid)) {
+            if p.relid == relid && (p.low_lsn.is_some() || p.invisible.contains(xid)) {
                 p.truncated = true;
             }
         }

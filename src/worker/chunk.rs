@@ -17,9 +17,9 @@ use crate::error::{TideError, TideResult};
 use crate::sink::Target;
 use crate::sql;
 use pgrx::prelude::*;
-use std::collections::HashSet;
 use tide_core::json;
 use tide_core::model::OwnedColumn;
+use tide_core::snapshot::InvisibleXids;
 use tide_core::wire::{Tuple, Value};
 
 /// What a chunk row carries to its high watermark (the reconciler's row type).
@@ -111,7 +111,7 @@ pub(super) struct ChunkRow {
 }
 
 pub(super) struct ChunkRead {
-    pub invisible: HashSet<u32>,
+    pub invisible: InvisibleXids,
     pub estimate: Estimate,
     /// Keys (rendered) a repair deletes at the high watermark.
     pub deletes: Vec<String>,
@@ -216,25 +216,36 @@ pub(super) fn read_chunk(
     // the low watermark (PostgreSQL makes a transaction visible only after writing its commit
     // record); such a transaction is invisible to the chunk although the stream delivers it
     // before the window opens, so its keys are dropped from the chunk wherever it appears.
+    // Every xid at or after the snapshot's xmax is invisible too, without being listed: one
+    // whose commit record just preceded the low watermark can be among them.
     let snapshot =
         sql::one::<String>("SELECT pg_current_snapshot()::text", &[])?.unwrap_or_default();
-    let invisible: HashSet<u32> = snapshot
-        .split(':')
-        .nth(2)
-        .unwrap_or("")
-        .split(',')
-        .filter_map(|x| x.trim().parse::<u64>().ok())
-        .map(|x| x as u32)
-        .collect();
+    let invisible = InvisibleXids::parse(&snapshot).ok_or_else(|| {
+        TideError::internal(format!("cannot read the chunk's snapshot {snapshot:?}"))
+    })?;
     // A transaction already committed in the log (and in the commit log) but not yet visible,
     // e.g. waiting for a synchronous standby: the stream may already have delivered it, so its
     // keys cannot be dropped from this chunk. Do not read the chunk now; try again shortly.
     // pg_xact_status() reports such a transaction as "in progress" (it asks the process array
-    // first), so ask the commit log itself.
+    // first), so ask the commit log itself. For xids from xmax on (not listed), only those
+    // still in the process array count (the others committed after the snapshot, inside the
+    // window).
+    let newest = unsafe { pg_sys::ReadNextFullTransactionId() }.value;
+    let after_xmax = invisible.xmax_full.map_or(0..0, |x| x..newest.max(x));
     let committed_invisible = invisible
+        .listed
         .iter()
         .filter(|&&x| unsafe { pg_sys::TransactionIdDidCommit(pg_sys::TransactionId::from(x)) })
-        .count();
+        .count()
+        + after_xmax
+            .take(100_000)
+            .filter(|&x| {
+                let xid = pg_sys::TransactionId::from(x as u32);
+                unsafe {
+                    pg_sys::TransactionIdDidCommit(xid) && pg_sys::TransactionIdIsInProgress(xid)
+                }
+            })
+            .count();
     if committed_invisible > 0 {
         return Err(TideError::new(
             pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,

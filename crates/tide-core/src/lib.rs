@@ -26,6 +26,7 @@ pub mod lsn;
 pub mod model;
 pub mod plan;
 pub mod reconcile;
+pub mod snapshot;
 pub mod spill;
 pub mod wire;
 pub mod worker_loop;

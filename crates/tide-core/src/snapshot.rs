@@ -1,0 +1,100 @@
+//! Which transactions a chunk's snapshot cannot see, as logical decoding names them.
+//!
+//! A backfill chunk is read with a snapshot taken after its low watermark committed. A
+//! transaction whose commit record precedes the low watermark in the WAL can still be invisible
+//! to that snapshot: PostgreSQL writes the commit record before it removes the transaction from
+//! the process array. The stream delivers such a transaction before the window opens, so the
+//! reconciliation must drop its keys from the chunk wherever it appears. Which transactions
+//! these are is what `pg_current_snapshot()` says: `xmin:xmax:xip,...` — every xid listed, and
+//! every xid at or after `xmax`, which the list leaves out (a transaction whose xid is newer
+//! than the newest one completed is in progress by definition; PostgreSQL's `XidInMVCCSnapshot`
+//! treats it so).
+//!
+//! Guarantees: [`InvisibleXids::contains`] is true exactly for the xids the snapshot treats as
+//! in progress, compared as decoding reports them (32 bits, modulo 2^32, as PostgreSQL's
+//! `TransactionIdFollowsOrEquals` does for normal xids).
+
+use std::collections::HashSet;
+
+/// The transactions a snapshot treats as in progress.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InvisibleXids {
+    /// The listed ones (32-bit).
+    pub listed: HashSet<u32>,
+    /// The snapshot's `xmax` (32-bit): it and every later xid are invisible.
+    pub xmax: Option<u32>,
+    /// The snapshot's `xmax` as a full (64-bit) xid.
+    pub xmax_full: Option<u64>,
+}
+
+impl InvisibleXids {
+    /// Parse `pg_current_snapshot()::text` (`xmin:xmax:xip1,xip2,...`, 64-bit xids).
+    /// `None` for text of another shape.
+    pub fn parse(snapshot: &str) -> Option<InvisibleXids> {
+        let mut parts = snapshot.trim().split(':');
+        let _xmin: u64 = parts.next()?.trim().parse().ok()?;
+        let xmax: u64 = parts.next()?.trim().parse().ok()?;
+        let xip = parts.next()?;
+        if parts.next().is_some() {
+            return None;
+        }
+        let mut listed = HashSet::new();
+        for x in xip.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+            listed.insert(x.parse::<u64>().ok()? as u32);
+        }
+        Some(InvisibleXids {
+            listed,
+            xmax: Some(xmax as u32),
+            xmax_full: Some(xmax),
+        })
+    }
+
+    /// Whether the snapshot treats the (32-bit) transaction `xid` as in progress.
+    pub fn contains(&self, xid: u32) -> bool {
+        self.listed.contains(&xid)
+            || self
+                .xmax
+                .is_some_and(|xmax| (xid.wrapping_sub(xmax) as i32) >= 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listed_and_at_or_after_xmax() {
+        let s = InvisibleXids::parse("100:110:101,105").unwrap();
+        assert!(s.contains(101) && s.contains(105));
+        assert!(!s.contains(100) && !s.contains(102) && !s.contains(109));
+        assert!(s.contains(110), "xmax itself is invisible");
+        assert!(
+            s.contains(111) && s.contains(5000),
+            "xids after xmax are invisible"
+        );
+        assert_eq!(s.xmax_full, Some(110));
+        let empty = InvisibleXids::parse("7:7:").unwrap();
+        assert!(empty.listed.is_empty());
+        assert!(!empty.contains(6) && empty.contains(7));
+        assert_eq!(InvisibleXids::parse("garbage"), None);
+        assert_eq!(InvisibleXids::parse("1:2:3:4"), None);
+        assert!(
+            !InvisibleXids::default().contains(1),
+            "no snapshot: nothing invisible"
+        );
+    }
+
+    #[test]
+    fn epochs_and_wraparound() {
+        // 64-bit xids of epoch 1; decoding reports 32-bit ones.
+        let base = 1u64 << 32;
+        let s = InvisibleXids::parse(&format!("{}:{}:{}", base + 5, base + 10, base + 7)).unwrap();
+        assert!(s.contains(7) && s.contains(10) && s.contains(11));
+        assert!(!s.contains(9));
+        // xmax just below the 32-bit wrap: xids past the wrap are later, hence invisible.
+        let w = u32::MAX as u64 - 2;
+        let s = InvisibleXids::parse(&format!("{w}:{w}:")).unwrap();
+        assert!(s.contains(u32::MAX - 2) && s.contains(u32::MAX) && s.contains(3));
+        assert!(!s.contains(u32::MAX - 3));
+    }
+}
