@@ -20,6 +20,16 @@
 //!   table targets, see `worker::origin`) are not emitted: no pipeline ever captures what
 //!   pg_tide wrote. Once such an origin is known, its transactions are not even decoded
 //!   (`filter_by_origin`). A worker writes its watermarks outside those transactions.
+//! - A partitioned table named in `tables` is emitted whole: a change of any of its partitions
+//!   (any depth, attached now or later, as the catalog says at the change's position) is sent as
+//!   a change of the partitioned table, with its Relation and its columns (matched by name:
+//!   partitions may have another column order or dropped columns), as pgoutput's
+//!   `publish_via_partition_root` does. (An UPDATE that moves a row to another partition changes
+//!   its key, which always includes the partition key: it is the partition's delete and the other
+//!   partition's insert, like any key change.) A TRUNCATE
+//!   of every partition is a Truncate of the table; of some partitions only, a
+//!   TruncatePartition per partition with its constraint (what was removed). See
+//!   `docs/wire-format.md`, "Partitioned tables".
 //! - Values are the type's text output, produced under a per-change memory context that is reset
 //!   after each change, so memory does not grow with transaction size.
 
@@ -58,6 +68,42 @@ struct PluginState {
     origins: HashMap<pg_sys::RepOriginId, bool>,
 }
 
+/// PostgreSQL functions pgrx does not bind (`catalog/partition.h`, `catalog/pg_inherits.h`,
+/// `utils/partcache.h`), called through pgrx's FFI guard (an ERROR becomes a Rust panic that
+/// the callback's `#[pg_guard]` turns back into the ERROR).
+mod c {
+    use pgrx::pg_sys;
+    mod raw {
+        use pgrx::pg_sys;
+        unsafe extern "C-unwind" {
+            pub fn get_partition_ancestors(relid: pg_sys::Oid) -> *mut pg_sys::List;
+            pub fn find_all_inheritors(
+                parent: pg_sys::Oid,
+                lockmode: pg_sys::LOCKMODE,
+                numparents: *mut *mut pg_sys::List,
+            ) -> *mut pg_sys::List;
+            pub fn get_partition_qual_relid(relid: pg_sys::Oid) -> *mut pg_sys::Expr;
+        }
+    }
+    pub unsafe fn get_partition_ancestors(relid: pg_sys::Oid) -> *mut pg_sys::List {
+        unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| raw::get_partition_ancestors(relid)) }
+    }
+    pub unsafe fn find_all_inheritors(parent: pg_sys::Oid) -> *mut pg_sys::List {
+        unsafe {
+            pg_sys::ffi::pg_guard_ffi_boundary(|| {
+                raw::find_all_inheritors(
+                    parent,
+                    pg_sys::NoLock as pg_sys::LOCKMODE,
+                    std::ptr::null_mut(),
+                )
+            })
+        }
+    }
+    pub unsafe fn get_partition_qual_relid(relid: pg_sys::Oid) -> *mut pg_sys::Expr {
+        unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| raw::get_partition_qual_relid(relid)) }
+    }
+}
+
 /// A Keepalive is written after this many skipped transactions...
 const KEEPALIVE_TXNS: u32 = 64;
 /// ...or this much WAL, whichever comes first.
@@ -67,6 +113,9 @@ thread_local! {
     /// Relations whose description was sent in this decoding session and not invalidated since.
     static SENT: RefCell<HashSet<pg_sys::Oid>> = RefCell::new(HashSet::new());
     static CALLBACK_REGISTERED: RefCell<bool> = const { RefCell::new(false) };
+    /// Partition → the emitted partitioned table it is sent as (`None`: not one of an emitted
+    /// table's partitions), as looked up; dropped at a relcache invalidation of either.
+    static ROUTES: RefCell<HashMap<pg_sys::Oid, Option<pg_sys::Oid>>> = RefCell::new(HashMap::new());
 }
 
 #[pg_guard]
@@ -77,6 +126,15 @@ unsafe extern "C-unwind" fn relcache_invalidated(_arg: pg_sys::Datum, relid: pg_
             s.clear();
         } else {
             s.remove(&relid);
+        }
+    });
+    ROUTES.with(|r| {
+        let mut r = r.borrow_mut();
+        if relid == pg_sys::InvalidOid {
+            r.clear();
+        } else {
+            r.remove(&relid);
+            r.retain(|_, root| *root != Some(relid));
         }
     });
 }
@@ -203,6 +261,7 @@ unsafe extern "C-unwind" fn startup(
         (*ctx).output_plugin_private = Box::into_raw(state) as *mut std::ffi::c_void;
 
         SENT.with(|s| s.borrow_mut().clear());
+        ROUTES.with(|r| r.borrow_mut().clear());
         CALLBACK_REGISTERED.with(|r| {
             if !*r.borrow() {
                 pg_sys::CacheRegisterRelcacheCallback(
@@ -452,22 +511,64 @@ unsafe fn is_external_ondisk(ptr: *const pg_sys::varlena) -> bool {
     }
 }
 
-unsafe fn put_tuple(
-    st: &mut PluginState,
-    rel: pg_sys::Relation,
-    tuple: *mut pg_sys::ReorderBufferTupleBuf,
-) {
+/// The emitted partitioned table `rel` (a partition) is sent as, if any: its topmost ancestor
+/// named in the `tables` option, as the catalog says now (decoding reads it at the change's
+/// position). Looked up once per partition and decoding session, until a relcache invalidation.
+unsafe fn route(st: &PluginState, rel: pg_sys::Relation) -> Option<pg_sys::Oid> {
     unsafe {
-        let desc = (*rel).rd_att;
+        let set = st.tables.as_ref()?;
+        if !(*(*rel).rd_rel).relispartition {
+            return None;
+        }
+        let relid = (*rel).rd_id;
+        if let Some(r) = ROUTES.with(|m| m.borrow().get(&relid).copied()) {
+            return r;
+        }
+        let ancestors = c::get_partition_ancestors(relid);
+        let mut found = None;
+        if !ancestors.is_null() {
+            // Nearest first: the last one named is the topmost.
+            for i in 0..(*ancestors).length {
+                let a = pg_sys::list_nth_oid(ancestors, i);
+                if set.contains(&a) {
+                    found = Some(a);
+                }
+            }
+            pg_sys::list_free(ancestors);
+        }
+        ROUTES.with(|m| m.borrow_mut().insert(relid, found));
+        found
+    }
+}
+
+/// The type output function of `typid`, cached.
+unsafe fn out_func(st: &mut PluginState, typid: pg_sys::Oid) -> pg_sys::Oid {
+    *st.out_funcs.entry(typid).or_insert_with(|| {
+        let mut f = pg_sys::InvalidOid;
+        let mut varlena = false;
+        unsafe { pg_sys::getTypeOutputInfo(typid, &mut f, &mut varlena) };
+        f
+    })
+}
+
+/// Deform `tuple` (laid out as `desc`) into values and nulls.
+unsafe fn deform(
+    desc: pg_sys::TupleDesc,
+    tuple: pg_sys::HeapTuple,
+) -> (Vec<pg_sys::Datum>, Vec<bool>) {
+    unsafe {
         let natts = (*desc).natts as usize;
         let mut values = vec![pg_sys::Datum::from(0); natts];
         let mut nulls = vec![false; natts];
-        pg_sys::heap_deform_tuple(
-            &mut (*tuple).tuple,
-            desc,
-            values.as_mut_ptr(),
-            nulls.as_mut_ptr(),
-        );
+        pg_sys::heap_deform_tuple(tuple, desc, values.as_mut_ptr(), nulls.as_mut_ptr());
+        (values, nulls)
+    }
+}
+
+unsafe fn put_tuple(st: &mut PluginState, desc: pg_sys::TupleDesc, tuple: pg_sys::HeapTuple) {
+    unsafe {
+        let natts = (*desc).natts as usize;
+        let (values, nulls) = deform(desc, tuple);
         let ncols = (0..natts).filter(|&i| sent_column(attr(desc, i))).count();
         wire::put_tuple_header(&mut st.buf, ncols as u16);
         for i in 0..natts {
@@ -484,13 +585,7 @@ unsafe fn put_tuple(
                 wire::put_unchanged(&mut st.buf);
                 continue;
             }
-            let typid = (*a).atttypid;
-            let func = *st.out_funcs.entry(typid).or_insert_with(|| {
-                let mut f = pg_sys::InvalidOid;
-                let mut varlena = false;
-                pg_sys::getTypeOutputInfo(typid, &mut f, &mut varlena);
-                f
-            });
+            let func = out_func(st, (*a).atttypid);
             let text = pg_sys::OidOutputFunctionCall(func, datum);
             wire::put_text(&mut st.buf, CStr::from_ptr(text).to_bytes());
         }
@@ -513,38 +608,69 @@ unsafe extern "C-unwind" fn change(
             }
             return;
         }
-        if !wanted(st, rel) || from_tide(st, txn) {
+        if from_tide(st, txn) {
             return;
         }
         let old_cx = pg_sys::MemoryContextSwitchTo(st.change_cx);
-        ensure_begun(ctx, st, txn);
-        send_relation_if_needed(ctx, st, rel);
-        let relid = (*rel).rd_id.to_u32();
+        // The relation the change is sent as: the emitted partitioned table `rel` is a partition
+        // of (which wins over `rel` itself: a table captured alone and attached later belongs to
+        // the table from then on), or `rel`.
+        let root = match route(st, rel).map(|r| pg_sys::RelationIdGetRelation(r)) {
+            Some(r) if !r.is_null() => Some(r),
+            None if wanted(st, rel) => None,
+            _ => {
+                pg_sys::MemoryContextSwitchTo(old_cx);
+                pg_sys::MemoryContextReset(st.change_cx);
+                return;
+            }
+        };
+        let out_rel = root.unwrap_or(rel);
+        let desc = (*out_rel).rd_att;
+        // Columns by name: NULL when the partition has the table's layout.
+        let map = match root {
+            Some(_) => pg_sys::convert_tuples_by_name((*rel).rd_att, desc),
+            None => std::ptr::null_mut(),
+        };
+        let conv = |t: *mut pg_sys::ReorderBufferTupleBuf| -> pg_sys::HeapTuple {
+            let h: pg_sys::HeapTuple = &mut (*t).tuple;
+            if map.is_null() {
+                h
+            } else {
+                pg_sys::execute_attr_map_tuple(h, map)
+            }
+        };
+        let relid = (*out_rel).rd_id;
         let tp = (*change).data.tp;
         use pg_sys::ReorderBufferChangeType::*;
         let mut emitted = true;
         match (*change).action {
             REORDER_BUFFER_CHANGE_INSERT if !tp.newtuple.is_null() => {
-                wire::put_insert_header(&mut st.buf, relid);
-                put_tuple(st, rel, tp.newtuple);
+                ensure_begun(ctx, st, txn);
+                send_relation_if_needed(ctx, st, out_rel);
+                wire::put_insert_header(&mut st.buf, relid.to_u32());
+                put_tuple(st, desc, conv(tp.newtuple));
             }
             REORDER_BUFFER_CHANGE_UPDATE if !tp.newtuple.is_null() => {
+                        ensure_begun(ctx, st, txn);
+                send_relation_if_needed(ctx, st, out_rel);
                 let has_old = !tp.oldtuple.is_null();
-                wire::put_update_header(&mut st.buf, relid, has_old);
+                wire::put_update_header(&mut st.buf, relid.to_u32(), has_old);
                 if has_old {
-                    put_tuple(st, rel, tp.oldtuple);
+                    put_tuple(st, desc, conv(tp.oldtuple));
                 }
-                put_tuple(st, rel, tp.newtuple);
+                put_tuple(st, desc, conv(tp.newtuple));
             }
             REORDER_BUFFER_CHANGE_DELETE if !tp.oldtuple.is_null() => {
-                wire::put_delete_header(&mut st.buf, relid);
-                put_tuple(st, rel, tp.oldtuple);
+                ensure_begun(ctx, st, txn);
+                send_relation_if_needed(ctx, st, out_rel);
+                wire::put_delete_header(&mut st.buf, relid.to_u32());
+                put_tuple(st, desc, conv(tp.oldtuple));
             }
             REORDER_BUFFER_CHANGE_DELETE => {
                 // REPLICA IDENTITY NOTHING: the key of the deleted row is not in the WAL.
                 pgrx::warning!(
                     "pg_tide: a DELETE on relation {} carries no key (REPLICA IDENTITY NOTHING) and cannot be captured",
-                    relid
+                    (*rel).rd_id.to_u32()
                 );
                 emitted = false;
             }
@@ -555,13 +681,16 @@ unsafe extern "C-unwind" fn change(
         } else {
             st.buf.clear();
         }
+        if let Some(r) = root {
+            pg_sys::RelationClose(r);
+        }
         pg_sys::MemoryContextSwitchTo(old_cx);
         pg_sys::MemoryContextReset(st.change_cx);
     }
 }
 
 /// A row written by a heap rewrite of `relid`: send one `Rewrite` message per transaction if the
-/// relation is emitted.
+/// relation is emitted (a partition's as one of its partitioned table).
 unsafe fn report_rewrite(
     ctx: *mut pg_sys::LogicalDecodingContext,
     st: &mut PluginState,
@@ -572,26 +701,69 @@ unsafe fn report_rewrite(
         if !st.rewritten.insert(relid) {
             return;
         }
-        let want = match &st.tables {
-            Some(set) => set.contains(&relid),
-            None => {
-                // Opened under the decoding's historic snapshot, like `rel` itself.
-                let orig = pg_sys::RelationIdGetRelation(relid);
-                if orig.is_null() {
-                    false
-                } else {
-                    let w = wanted(st, orig);
-                    pg_sys::RelationClose(orig);
-                    w
-                }
-            }
+        // Opened under the decoding's historic snapshot, like `rel` itself.
+        let orig = pg_sys::RelationIdGetRelation(relid);
+        if orig.is_null() {
+            return;
+        }
+        let emitted_as = route(st, orig).or(wanted(st, orig).then_some(relid));
+        pg_sys::RelationClose(orig);
+        let Some(as_relid) = emitted_as else {
+            return;
         };
-        if !want {
+        if as_relid != relid && !st.rewritten.insert(as_relid) {
             return;
         }
         ensure_begun(ctx, st, txn);
-        wire::put_rewrite(&mut st.buf, relid.to_u32());
+        wire::put_rewrite(&mut st.buf, as_relid.to_u32());
         flush(ctx, st, true);
+    }
+}
+
+/// The partitions of `root` that hold rows (tables, at any depth).
+unsafe fn leaf_partitions(root: pg_sys::Oid) -> Vec<pg_sys::Oid> {
+    unsafe {
+        let all = c::find_all_inheritors(root);
+        let mut out = Vec::new();
+        if !all.is_null() {
+            for i in 0..(*all).length {
+                let r = pg_sys::list_nth_oid(all, i);
+                if r != root && pg_sys::get_rel_relkind(r) == pg_sys::RELKIND_RELATION as std::ffi::c_char {
+                    out.push(r);
+                }
+            }
+            pg_sys::list_free(all);
+        }
+        out
+    }
+}
+
+/// The partition constraint of `leaf` as SQL (`pg_get_partition_constraintdef`), and its name.
+unsafe fn partition_predicate(leaf: pg_sys::Relation) -> (String, String) {
+    unsafe {
+        let relid = (*leaf).rd_id;
+        let relname = CStr::from_ptr((*(*leaf).rd_rel).relname.data.as_ptr());
+        let ns = pg_sys::get_namespace_name((*(*leaf).rd_rel).relnamespace);
+        let nsname = if ns.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(ns).to_string_lossy().into_owned()
+        };
+        let name = format!(
+            "{}.{}",
+            pgrx::spi::quote_identifier(nsname),
+            pgrx::spi::quote_identifier(relname.to_string_lossy().as_ref())
+        );
+        let expr = c::get_partition_qual_relid(relid);
+        let predicate = if expr.is_null() {
+            // No constraint (the only partition, a default one): it held every row.
+            "true".to_string()
+        } else {
+            let dp = pg_sys::deparse_context_for(relname.as_ptr(), relid);
+            let text = pg_sys::deparse_expression(expr as *mut pg_sys::Node, dp, false, false);
+            CStr::from_ptr(text).to_string_lossy().into_owned()
+        };
+        (name, predicate)
     }
 }
 
@@ -608,22 +780,62 @@ unsafe extern "C-unwind" fn truncate(
         if from_tide(st, txn) {
             return;
         }
-        let rels: Vec<pg_sys::Relation> = (0..nrelations as usize)
-            .map(|i| *relations.add(i))
-            .filter(|&r| wanted(st, r))
-            .collect();
-        if rels.is_empty() {
+        let all: Vec<pg_sys::Relation> = (0..nrelations as usize).map(|i| *relations.add(i)).collect();
+        let mut rels: Vec<pg_sys::Relation> = Vec::new();
+        // Partitions of emitted partitioned tables, by table.
+        let mut parts: Vec<(pg_sys::Oid, Vec<pg_sys::Relation>)> = Vec::new();
+        for &r in &all {
+            if let Some(root) = route(st, r) {
+                match parts.iter_mut().find(|(p, _)| *p == root) {
+                    Some((_, v)) => v.push(r),
+                    None => parts.push((root, vec![r])),
+                }
+            } else if wanted(st, r) {
+                rels.push(r);
+            }
+        }
+        if rels.is_empty() && parts.is_empty() {
             return;
         }
+        let old_cx = pg_sys::MemoryContextSwitchTo(st.change_cx);
         ensure_begun(ctx, st, txn);
+        let mut relids: Vec<u32> = Vec::new();
         for &r in &rels {
             send_relation_if_needed(ctx, st, r);
+            relids.push((*r).rd_id.to_u32());
         }
-        let t = (*change).data.truncate;
-        let flags = (t.cascade as u8) | ((t.restart_seqs as u8) << 1);
-        let relids: Vec<u32> = rels.iter().map(|&r| (*r).rd_id.to_u32()).collect();
-        wire::put_truncate(&mut st.buf, flags, &relids);
-        flush(ctx, st, true);
+        // (partitioned table, partition name, predicate) of partitions truncated alone.
+        let mut partial: Vec<(u32, String, String)> = Vec::new();
+        for (root, leaves) in &parts {
+            let root_rel = pg_sys::RelationIdGetRelation(*root);
+            if root_rel.is_null() {
+                continue;
+            }
+            send_relation_if_needed(ctx, st, root_rel);
+            pg_sys::RelationClose(root_rel);
+            let truncated: HashSet<pg_sys::Oid> = leaves.iter().map(|&l| (*l).rd_id).collect();
+            if leaf_partitions(*root).iter().all(|l| truncated.contains(l)) {
+                relids.push(root.to_u32());
+            } else {
+                for &l in leaves {
+                    let (name, predicate) = partition_predicate(l);
+                    partial.push((root.to_u32(), name, predicate));
+                }
+            }
+        }
+        if !relids.is_empty() {
+            let t = (*change).data.truncate;
+            let flags = (t.cascade as u8) | ((t.restart_seqs as u8) << 1);
+            wire::put_truncate(&mut st.buf, flags, &relids);
+            flush(ctx, st, partial.is_empty());
+        }
+        let n = partial.len();
+        for (i, (root, name, predicate)) in partial.into_iter().enumerate() {
+            wire::put_truncate_partition(&mut st.buf, root, &name, &predicate);
+            flush(ctx, st, i + 1 == n);
+        }
+        pg_sys::MemoryContextSwitchTo(old_cx);
+        pg_sys::MemoryContextReset(st.change_cx);
     }
 }
 

@@ -41,6 +41,10 @@ CREATE TABLE tide.pipeline_table (
     -- Table targets: where the table's changes go (NULL for the outbox).
     target_schema text,
     target_name   text,
+    -- Partitioned tables: the partitions holding rows whose rows were read or queued to be read
+    -- (set by add_table; the worker queues a backfill for each partition attached since and
+    -- updates it). NULL for other tables.
+    partitions   oid[],
     PRIMARY KEY (pipeline, relid)
 );
 COMMENT ON TABLE tide.pipeline_table IS 'Tables captured by each pipeline. Use tide.add_table/tide.remove_table.';
@@ -201,20 +205,27 @@ COMMENT ON FUNCTION tide._visible(name) IS 'pg_tide internal: may the current us
 -- table_block_relation_estimate_size): its current size in blocks times the rows per block, from
 -- the last VACUUM/ANALYZE when there is one (reltuples / relpages), otherwise from the row width
 -- (pg_statistic's average widths, else each type's width) as the planner does for a table never
--- analyzed. 0 for a table with no blocks; NULL only when the relation is not a table.
+-- analyzed. 0 for a table with no blocks; NULL only when the relation is not a table. A
+-- partitioned table's is the sum of its partitions'.
 CREATE FUNCTION tide._estimate_rows(rel oid) RETURNS bigint
 LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
-    WITH c AS (
-        SELECT c.reltuples::float8 AS reltuples, c.relpages::float8 AS relpages,
+    -- A partitioned table: the sum over its partitions that hold rows (0 with none).
+    WITH r AS (
+        SELECT t.relid FROM pg_partition_tree(rel) t
+         WHERE t.isleaf AND t.relid <> rel AND (SELECT relkind FROM pg_class WHERE oid = rel) = 'p'
+        UNION ALL
+        SELECT rel WHERE (SELECT relkind FROM pg_class WHERE oid = rel) <> 'p'
+    ), c AS (
+        SELECT c.oid, c.reltuples::float8 AS reltuples, c.relpages::float8 AS relpages,
                (pg_relation_size(c.oid) / current_setting('block_size')::int8)::float8 AS curpages,
                current_setting('block_size')::float8 AS blcksz
-          FROM pg_class c
-         WHERE c.oid = rel AND c.relkind IN ('r', 'm', 't')
+          FROM pg_class c JOIN r ON c.oid = r.relid
+         WHERE c.relkind IN ('r', 'm', 't')
     ), w AS (
         -- get_rel_data_width: per column the analyzed average width, else get_typavgwidth
         -- (fixed length; bpchar/varchar from their typmod, 4 bytes per UTF-8 character;
         -- otherwise 32)
-        SELECT coalesce(sum(coalesce(nullif(s.stawidth, 0),
+        SELECT a.attrelid, coalesce(sum(coalesce(nullif(s.stawidth, 0),
                    CASE WHEN t.typlen > 0 THEN t.typlen
                         WHEN a.atttypid = 'bpchar'::regtype AND a.atttypmod > 4 THEN (a.atttypmod - 4) * 4 + 4
                         WHEN a.atttypid = 'varchar'::regtype AND a.atttypmod > 4
@@ -223,13 +234,15 @@ LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
           FROM pg_attribute a
           JOIN pg_type t ON t.oid = a.atttypid
           LEFT JOIN pg_statistic s ON s.starelid = a.attrelid AND s.staattnum = a.attnum AND NOT s.stainherit
-         WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped
+         WHERE a.attrelid IN (SELECT relid FROM r) AND a.attnum > 0 AND NOT a.attisdropped
+         GROUP BY a.attrelid
     )
-    SELECT CASE WHEN c.curpages = 0 THEN 0
+    SELECT coalesce(sum(CASE WHEN c.curpages = 0 THEN 0
                 WHEN c.reltuples >= 0 AND c.relpages > 0 THEN round(c.reltuples / c.relpages * c.curpages)
                 -- 24 bytes of page header; 24 of tuple header and 4 of line pointer per row
-                ELSE floor((c.blcksz - 24) / (w.width + 28)) * c.curpages END::int8
-      FROM c, w
+                ELSE floor((c.blcksz - 24) / (coalesce(w.width, 0) + 28)) * c.curpages END)::int8,
+                CASE WHEN (SELECT relkind FROM pg_class WHERE oid = rel) = 'p' THEN 0 END)
+      FROM c LEFT JOIN w ON w.attrelid = c.oid
 $$;
 COMMENT ON FUNCTION tide._estimate_rows(oid) IS 'pg_tide internal: the planner''s estimate of a table''s rows now, with or without statistics (backfill progress).';
 

@@ -101,7 +101,8 @@ pub fn outbox_copy(c: &Cluster, source: &str, relation: &str, copy: &str) {
 /// An empty copy of `source` (same columns and key) named `copy`, and a plpgsql function
 /// `<copy>_replay(pipeline, skip_deletes DEFAULT false)` that replays the outbox events of
 /// `relation` onto it in id order (upsert by the key columns `keys`, delete unless
-/// `skip_deletes`, truncate; unchanged TOAST columns are refused) and returns how many. Static
+/// `skip_deletes`, truncate — of one partition: its `where`; unchanged TOAST columns are
+/// refused) and returns how many. Static
 /// SQL, so plans are cached: ~tens of thousands of events per second.
 pub fn outbox_copy_keyed(c: &Cluster, source: &str, relation: &str, copy: &str, keys: &[&str]) {
     let matches = keys
@@ -135,7 +136,12 @@ BEGIN
                 DELETE FROM {copy} c USING jsonb_populate_record(NULL::{copy}, e.key) k WHERE {matches};
             END IF;
         ELSIF e.op = 'truncate' THEN
-            DELETE FROM {copy};
+            -- A partition of a partitioned source alone: the rows its constraint holds for.
+            IF e."row" ? 'where' THEN
+                EXECUTE format('DELETE FROM {copy} WHERE (%s)', e."row"->>'where');
+            ELSE
+                DELETE FROM {copy};
+            END IF;
         ELSE
             RAISE EXCEPTION 'event % has unknown op %', e.id, e.op;
         END IF;

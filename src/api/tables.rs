@@ -49,11 +49,8 @@ pub(super) fn validate_source(relid: pg_sys::Oid, owner: &str) -> TideResult<Sou
     let s = source_info(relid)?;
     let q = &s.qualified;
     match s.relkind.as_str() {
-        "r" => {}
-        "p" => {
-            return Err(TideError::unsupported(format!("\"{q}\" is a partitioned table"))
-                .hint("Capture its partitions instead: call tide.add_table for each partition (SELECT inhrelid::regclass FROM pg_inherits WHERE inhparent = '...'::regclass)."))
-        }
+        // A partitioned table is captured with all its partitions (see below).
+        "r" | "p" => {}
         "v" | "m" => {
             return Err(TideError::wrong_object(format!("\"{q}\" is a view, which has no changes to capture"))
                 .hint("Capture the tables the view reads from."))
@@ -91,6 +88,15 @@ pub(super) fn validate_source(relid: pg_sys::Oid, owner: &str) -> TideResult<Sou
     if s.key_columns.is_empty() {
         return Err(TideError::prerequisite(format!("\"{q}\" has no primary key"))
             .hint(format!("Add one (ALTER TABLE {q} ADD PRIMARY KEY (...)) or name a unique index on NOT NULL columns: ALTER TABLE {q} REPLICA IDENTITY USING INDEX ...")));
+    }
+    if s.relkind == "p" {
+        if let Some(pr) = catalog::tables::partition_problems(relid.to_u32(), &s.key_columns, None)?.first() {
+            return Err(TideError::prerequisite(format!(
+                "partition {} of \"{q}\" {}",
+                pr.name, pr.problem
+            ))
+            .hint(format!("Every partition must be a logged table whose replica identity includes the key ({}): ALTER TABLE {} REPLICA IDENTITY DEFAULT, or detach it.", s.key_columns.join(", "), pr.name)));
+        }
     }
     // Both the caller and the pipeline's owner (who receives every change of the table at the
     // target) must be able to read it.
@@ -156,6 +162,16 @@ pub(super) fn add_table_impl(
             shown(pipeline)
         ))
         .hint("Capture it with another pipeline, or give the other table another target."));
+    }
+    // A partitioned table and one of its partitions cannot both be captured by a pipeline: the
+    // partition's changes are the table's.
+    if let Some(other) = catalog::tables::captured_partition_relative(pipeline, relid)? {
+        return Err(TideError::duplicate(format!(
+            "pipeline \"{}\" already captures {other}, which is a partition of \"{}\" or has it as a partition",
+            shown(pipeline),
+            s.qualified
+        ))
+        .hint("Capture the partitioned table alone (its partitions come with it): remove the other one with tide.remove_table."));
     }
     let existing = catalog::tables::removing(pipeline, relid)?;
     if existing == Some(false) {

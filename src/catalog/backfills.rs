@@ -394,6 +394,57 @@ pub(crate) fn reread_after_rewrite(
     })
 }
 
+/// Queue a backfill of the rows of some partitions (`partitions`, attached since the table was
+/// added) of captured partitioned table `relid`: condition `tableoid = ANY (...)`, owned by the
+/// pipeline's owner, the default chunk size (or the last backfill's). Returns its id, or `None`
+/// when a backfill of the table is active (queue it once that one is over: it may have read past
+/// the partitions' keys already). Called by the worker, in its iteration's transaction.
+pub(crate) fn queue_for_partitions(
+    c: &mut SpiClient<'_>,
+    pipeline: &str,
+    relid: u32,
+    partitions: &[u32],
+    owner: &str,
+    chunk_size: i32,
+) -> TideResult<Option<i64>> {
+    let active = c.select(
+        "SELECT 1 FROM tide.backfill WHERE pipeline = $1 AND relid = $2::int8::oid AND state = ANY($3)",
+        None,
+        &[pipeline.into(), (relid as i64).into(), active_states().into()],
+    )?;
+    if !active.is_empty() {
+        return Ok(None);
+    }
+    let list = partitions
+        .iter()
+        .map(|o| o.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let condition = format!("tableoid = ANY ('{{{list}}}'::oid[])");
+    let queued = c.update(
+        "INSERT INTO tide.backfill (pipeline, relid, relation, key_columns, owner, generation, chunk_size, condition, estimated_rows, error)
+         SELECT t.pipeline, t.relid, t.relation, t.key_columns, $4::text::name,
+                coalesce((SELECT max(generation) FROM tide.backfill WHERE pipeline = $1 AND relid = t.relid), 0) + 1,
+                coalesce((SELECT b.chunk_size FROM tide.backfill b WHERE b.pipeline = $1 AND b.relid = t.relid ORDER BY b.id DESC LIMIT 1), $5),
+                $3,
+                (SELECT sum(CASE WHEN reltuples >= 0 THEN reltuples END)::int8 FROM pg_class WHERE oid::int8 = ANY($6::int8[])),
+                $7
+           FROM tide.pipeline_table t WHERE t.pipeline = $1 AND t.relid = $2::int8::oid
+         RETURNING id",
+        None,
+        &[
+            pipeline.into(),
+            (relid as i64).into(),
+            condition.into(),
+            owner.into(),
+            chunk_size.into(),
+            partitions.iter().map(|&o| o as i64).collect::<Vec<_>>().into(),
+            "queued by pg_tide: partitions were attached".into(),
+        ],
+    )?;
+    Ok(sql::first::<i64>(queued)?)
+}
+
 // --- the SQL API ---------------------------------------------------------------------------------
 
 /// The state of the table's active backfill for the pipeline, if any, with a snapshot taken

@@ -4,10 +4,11 @@
 
 use super::{corrupt, relid};
 use crate::error::TideResult;
+use crate::sql;
 use crate::tsql;
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
-use pgrx::spi::SpiClient;
+use pgrx::spi::{Spi, SpiClient};
 use tide_core::model::{MarkerOp, TargetKind};
 use tide_core::plan::TableRef;
 
@@ -17,6 +18,8 @@ pub struct TableRow {
     pub relid: u32,
     /// True once the worker has passed the add_table marker in the stream.
     pub capturing: bool,
+    /// A partitioned table (captured with its partitions).
+    pub partitioned: bool,
 }
 
 /// A captured table's target (`None` for the outbox), as `tide.add_table` records it.
@@ -82,7 +85,7 @@ pub(crate) use key_of_pg_class_c;
 /// transaction.
 pub(crate) fn captured(c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<Vec<TableRow>> {
     let rows = c.select(
-        "SELECT relid::int8, added_lsn IS NOT NULL FROM tide.pipeline_table WHERE pipeline = $1 ORDER BY relid",
+        "SELECT relid::int8, added_lsn IS NOT NULL, partitions IS NOT NULL FROM tide.pipeline_table WHERE pipeline = $1 ORDER BY relid",
         None,
         &[pipeline.into()],
     )?;
@@ -93,6 +96,7 @@ pub(crate) fn captured(c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<Vec<
             capturing: r
                 .get::<bool>(2)?
                 .ok_or_else(|| corrupt("added_lsn", pipeline))?,
+            partitioned: r.get::<bool>(3)?.unwrap_or(false),
         });
     }
     Ok(out)
@@ -117,6 +121,159 @@ pub(crate) fn target_tables(
         out.push((relid, t));
     }
     Ok(out)
+}
+
+/// A table captured by `pipeline` that is an ancestor or a descendant of `relid` in a partition
+/// tree (quoted and qualified), if any. Called by `tide.add_table`; runs as pg_tide.
+pub(crate) fn captured_partition_relative(
+    pipeline: &str,
+    relid: pg_sys::Oid,
+) -> TideResult<Option<String>> {
+    tsql::one::<String>(
+        "SELECT t.relation FROM tide.pipeline_table t
+          WHERE t.pipeline = $1 AND NOT t.removing AND t.relid <> $2
+            AND (t.relid IN (SELECT relid FROM pg_partition_ancestors($2))
+                 OR t.relid IN (SELECT relid FROM pg_partition_tree($2)))
+          LIMIT 1",
+        &[pipeline.into(), relid.into()],
+    )
+}
+
+/// A captured partitioned table whose partitions (those holding rows) are not the recorded ones.
+pub(crate) struct PartitionChange {
+    pub relid: u32,
+    pub relation: String,
+    pub key_columns: Vec<String>,
+    /// The partitions now.
+    pub current: Vec<u32>,
+    /// Those not recorded: attached (or created) since.
+    pub attached: Vec<u32>,
+}
+
+/// The captured partitioned tables of a pipeline whose partitions changed since they were
+/// recorded (by `tide.add_table` or [`record_partitions`]). Called by the worker, in its
+/// iteration's transaction.
+pub(crate) fn partition_changes(
+    c: &mut SpiClient<'_>,
+    pipeline: &str,
+) -> TideResult<Vec<PartitionChange>> {
+    let rows = c.select(
+        "SELECT t.relid::int8, t.relation, t.key_columns,
+                ARRAY(SELECT pt.relid::int8 FROM pg_partition_tree(t.relid) pt JOIN pg_class pc ON pc.oid = pt.relid
+                       WHERE pt.isleaf AND pc.relkind = 'r' ORDER BY 1),
+                t.partitions::int8[]
+           FROM tide.pipeline_table t
+          WHERE t.pipeline = $1 AND t.partitions IS NOT NULL AND NOT t.removing AND t.added_lsn IS NOT NULL
+          ORDER BY t.relid",
+        None,
+        &[pipeline.into()],
+    )?;
+    let mut out = Vec::new();
+    for r in rows {
+        let oids = |v: Option<Vec<i64>>| -> Vec<u32> {
+            v.unwrap_or_default().into_iter().map(|o| o as u32).collect()
+        };
+        let current = oids(r.get::<Vec<i64>>(4)?);
+        let recorded = oids(r.get::<Vec<i64>>(5)?);
+        if current == recorded {
+            continue;
+        }
+        let attached = current.iter().copied().filter(|o| !recorded.contains(o)).collect();
+        out.push(PartitionChange {
+            relid: relid(r.get::<i64>(1)?, "relid", pipeline)?,
+            relation: r.get::<String>(2)?.ok_or_else(|| corrupt("relation", pipeline))?,
+            key_columns: r
+                .get::<Vec<String>>(3)?
+                .filter(|k| !k.is_empty())
+                .ok_or_else(|| corrupt("key_columns", pipeline))?,
+            current,
+            attached,
+        });
+    }
+    Ok(out)
+}
+
+/// Record the partitions of a captured partitioned table whose rows were read or queued to be.
+/// Called by the worker, in its iteration's transaction.
+pub(crate) fn record_partitions(
+    c: &mut SpiClient<'_>,
+    pipeline: &str,
+    relid: u32,
+    partitions: &[u32],
+) -> TideResult<()> {
+    let list: Vec<i64> = partitions.iter().map(|&o| o as i64).collect();
+    c.update(
+        "UPDATE tide.pipeline_table SET partitions = $3::int8[]::oid[] WHERE pipeline = $1 AND relid = $2::int8::oid",
+        None,
+        &[pipeline.into(), (relid as i64).into(), list.into()],
+    )?;
+    Ok(())
+}
+
+/// A partition of a partitioned table that a capture through the table cannot follow.
+pub(crate) struct PartitionProblem {
+    /// The partition, quoted and qualified.
+    pub name: String,
+    /// What is wrong and what to do, as (message, hint) for a partition of `table`.
+    pub problem: &'static str,
+}
+
+/// The partitions (holding rows; all, or those in `only`) of partitioned table `relid` whose
+/// changes a capture of the table with key `key` cannot follow: a foreign or unlogged one
+/// (not in this server's WAL), one whose replica identity does not include every key column (its
+/// deletes would carry no key). Catalog-only; called by `tide.add_table` and the worker.
+pub(crate) fn partition_problems(
+    relid: u32,
+    key: &[String],
+    only: Option<&[u32]>,
+) -> TideResult<Vec<PartitionProblem>> {
+    let only: Option<Vec<i64>> = only.map(|o| o.iter().map(|&x| x as i64).collect());
+    let rows = Spi::connect(|c| -> TideResult<Vec<(Option<String>, Option<String>)>> {
+        let rows = c.select(
+            "SELECT format('%I.%I', n.nspname, c.relname),
+                    CASE WHEN c.relkind = 'f' THEN 'foreign'
+                         WHEN c.relpersistence <> 'p' THEN 'unlogged'
+                         WHEN NOT (CASE c.relreplident
+                                   WHEN 'f' THEN ARRAY(SELECT a.attname::text FROM pg_attribute a
+                                                        WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped)
+                                   WHEN 'n' THEN '{}'::text[]
+                                   ELSE ARRAY(SELECT a.attname::text
+                                                FROM pg_index i
+                                                JOIN LATERAL unnest(i.indkey) AS k(attnum) ON true
+                                                JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                                               WHERE i.indrelid = c.oid
+                                                 AND CASE WHEN c.relreplident = 'i' THEN i.indisreplident ELSE i.indisprimary END)
+                                   END) @> $2::text[] THEN 'identity' END
+               FROM pg_partition_tree($1::int8::oid) pt
+               JOIN pg_class c ON c.oid = pt.relid
+               JOIN pg_namespace n ON n.oid = c.relnamespace
+              WHERE pt.isleaf AND pt.relid <> $1::int8::oid
+                AND ($3::int8[] IS NULL OR pt.relid::int8 = ANY($3::int8[]))
+              ORDER BY 1",
+            None,
+            &[(relid as i64).into(), key.to_vec().into(), only.into()],
+        )?;
+        let mut out = Vec::new();
+        for r in rows {
+            out.push((r.get::<String>(1)?, r.get::<String>(2)?));
+        }
+        Ok(out)
+    })?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(name, problem)| {
+            let problem = match problem.as_deref() {
+                Some("foreign") => "is a foreign table, whose changes are not in this server's WAL",
+                Some("unlogged") => "is unlogged or temporary, so its changes are not in the WAL",
+                Some("identity") => "has a replica identity that does not include every key column, so its deletes would carry no key",
+                _ => return None,
+            };
+            Some(PartitionProblem {
+                name: name.unwrap_or_default(),
+                problem,
+            })
+        })
+        .collect())
 }
 
 /// Record that the worker reached a table's add_table marker at commit LSN `lsn`. Called by the
@@ -245,8 +402,11 @@ pub(crate) fn removing(pipeline: &str, relid: pg_sys::Oid) -> TideResult<Option<
 /// Record a table to capture. Called by `tide.add_table`; runs as pg_tide.
 pub(crate) fn insert(t: &NewTable<'_>) -> TideResult<()> {
     tsql::exec(
-        "INSERT INTO tide.pipeline_table (pipeline, relid, relation, key_columns, target_schema, target_name)
-         VALUES ($1, $2, $3, $4, $5, $6)",
+        "INSERT INTO tide.pipeline_table (pipeline, relid, relation, key_columns, target_schema, target_name, partitions)
+         VALUES ($1, $2, $3, $4, $5, $6,
+                 CASE WHEN (SELECT relkind FROM pg_class WHERE oid = $2) = 'p'
+                     THEN ARRAY(SELECT pt.relid FROM pg_partition_tree($2) pt JOIN pg_class pc ON pc.oid = pt.relid
+                                 WHERE pt.isleaf AND pc.relkind = 'r' ORDER BY 1) END)",
         &t.args(),
     )
 }
@@ -256,7 +416,10 @@ pub(crate) fn insert(t: &NewTable<'_>) -> TideResult<()> {
 pub(crate) fn re_add(t: &NewTable<'_>) -> TideResult<()> {
     tsql::exec(
         "UPDATE tide.pipeline_table SET removing = false, added_lsn = NULL, added_at = now(), relation = $3, key_columns = $4,
-                target_schema = $5, target_name = $6
+                target_schema = $5, target_name = $6,
+                partitions = CASE WHEN (SELECT relkind FROM pg_class WHERE oid = $2) = 'p'
+                     THEN ARRAY(SELECT pt.relid FROM pg_partition_tree($2) pt JOIN pg_class pc ON pc.oid = pt.relid
+                                 WHERE pt.isleaf AND pc.relkind = 'r' ORDER BY 1) END
           WHERE pipeline = $1 AND relid = $2",
         &t.args(),
     )
@@ -302,4 +465,20 @@ pub(crate) fn write_marker(op: MarkerOp, pipeline: &str, relid: pg_sys::Oid) -> 
         &[pipeline.into(), op.as_str().into(), relid.into()],
     )?;
     tsql::exec("DELETE FROM tide.marker WHERE id = $1", &[id.into()])
+}
+
+/// How a query reads the rows of source table `relid` (named `qualified`): `ONLY` the table
+/// itself (not tables that inherit from it), or a partitioned table with all its partitions.
+/// Catalog-only; called by the worker and the SQL API.
+pub(crate) fn scan(relid: pg_sys::Oid, qualified: &str) -> TideResult<String> {
+    let partitioned = sql::one::<bool>(
+        "SELECT relkind = 'p' FROM pg_class WHERE oid = $1",
+        &[relid.into()],
+    )?
+    .unwrap_or(false);
+    Ok(if partitioned {
+        qualified.to_string()
+    } else {
+        format!("ONLY {qualified}")
+    })
 }

@@ -41,6 +41,10 @@ pub struct Event {
     pub columns: Vec<String>,
     /// (backfill id, chunk) of a `read` event.
     pub backfill: Option<(i64, i64)>,
+    /// A truncate that emptied one partition of a partitioned table only: the partition's
+    /// constraint (an SQL boolean expression on the table's columns), true for exactly the rows
+    /// removed. `row` then says the same as JSON for the outbox.
+    pub only_where: Option<String>,
 }
 
 /// The surviving rows of a backfill chunk as row values of the source table's row type (see

@@ -15,6 +15,9 @@
 //! - Every change of a captured table is reported to the backfill before it is pushed, so a
 //!   chunk in flight drops the keys that changed in its window; a rewrite (`Rewrite`) discards
 //!   the chunk and schedules the table to be read again.
+//! - A TRUNCATE of some partitions of a captured partitioned table (`TruncatePartition`) is a
+//!   truncate event that carries the partition's constraint (`Event::only_where`): only the
+//!   rows it holds for are removed; a chunk whose window it falls in is read again.
 //! - Only `tide.marker` and `tide.signal` rows are trusted as control messages (only pg_tide
 //!   can write them); a logical message with pg_tide's prefix is logged and ignored.
 
@@ -135,6 +138,11 @@ impl Applier<'_, '_> {
                 ..
             } => return Ok(self.on_commit(end_lsn, commit_time)),
             Message::Rewrite { relid } => self.on_rewrite(relid),
+            Message::TruncatePartition {
+                relid,
+                partition,
+                predicate,
+            } => self.on_truncate_partition(relid, partition, predicate)?,
             Message::Keepalive { end_lsn } => self.on_keepalive(end_lsn),
         }
         Ok(true)
@@ -333,6 +341,35 @@ impl Applier<'_, '_> {
         Ok(())
     }
 
+    /// A TRUNCATE of one partition of a captured partitioned table: a truncate event of the
+    /// table that removes the rows `predicate` (the partition's constraint) is true for.
+    fn on_truncate_partition(
+        &mut self,
+        relid: u32,
+        partition: &str,
+        predicate: &str,
+    ) -> TideResult<()> {
+        let Some(t) = self.txn.as_mut().filter(|t| !t.skip) else {
+            return Ok(());
+        };
+        if !self.sets.capturing.contains(&relid) {
+            return Ok(());
+        }
+        self.bf.on_partition_truncate(relid, t.xid);
+        let rel = rel_desc(self.rels, relid)?;
+        let mut row = String::from("{\"partition\":");
+        json::push_string(&mut row, partition);
+        row.push_str(",\"where\":");
+        json::push_string(&mut row, predicate);
+        row.push('}');
+        let mut ev = key_event(relid, rel, Op::Truncate, None);
+        ev.row = Some(row);
+        ev.columns = vec!["partition".into(), "where".into()];
+        ev.only_where = Some(predicate.to_string());
+        t.position += 1;
+        self.sink.push(self.c, t, ev)
+    }
+
     /// Returns `false` at a barrier: later transactions were decoded without the new table and
     /// are read again with a reopened decoder.
     fn on_commit(&mut self, end_lsn: Lsn, commit_time: i64) -> bool {
@@ -467,6 +504,7 @@ fn emit_row(
             unchanged,
             columns,
             backfill: None,
+            only_where: None,
         },
     )
 }
@@ -482,5 +520,6 @@ fn key_event(relid: u32, rel: &RelDesc, op: Op, key: Option<String>) -> Event {
         unchanged: Vec::new(),
         columns: Vec::new(),
         backfill: None,
+        only_where: None,
     }
 }

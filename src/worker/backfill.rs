@@ -146,6 +146,17 @@ impl Backfiller {
         }
     }
 
+    /// A TRUNCATE of some partitions of a captured partitioned table, in stream order. Like
+    /// [`Self::on_truncate`], but the chunk also holds rows of other partitions, which the
+    /// stream will not carry again: it is read again instead of emptied.
+    pub fn on_partition_truncate(&mut self, relid: u32, xid: u32) {
+        if self.pending.as_ref().is_some_and(|p| {
+            p.relid == relid && (p.low_lsn.is_some() || p.invisible.contains(xid))
+        }) {
+            self.forget();
+        }
+    }
+
     /// A write to `tide.signal` by this pipeline, in stream order. At a high watermark, the
     /// surviving rows are written through `sink` at the current position, with the progress.
     pub(crate) fn on_signal(
@@ -252,6 +263,7 @@ impl Backfiller {
                     row,
                     unchanged: Vec::new(),
                     backfill: Some((p.backfill_id, p.chunk_no)),
+                    only_where: None,
                 },
             )?;
         }

@@ -36,6 +36,9 @@ pub(super) enum Item {
 pub(super) struct TableMeta {
     /// Quoted and qualified.
     pub relation: String,
+    /// How the chunk reads it: `ONLY relation`, or a partitioned table with its partitions.
+    pub scan: String,
+    pub partitioned: bool,
     /// Its name alone, quoted: a whole-row reference in the chunk's query.
     pub relname: String,
     pub row_type: pg_sys::Oid,
@@ -62,7 +65,8 @@ pub(super) fn table_meta(relid: u32, key_columns: &[String]) -> TideResult<Optio
     let relid = relid.to_string();
     let meta = sql::text_rows(
         "SELECT format('%I.%I', n.nspname, c.relname), quote_ident(c.relname), c.reltype::int8,
-                a.attname::text, a.atttypid::int8, format_type(a.atttypid, a.atttypmod), a.attnum::int4
+                a.attname::text, a.atttypid::int8, format_type(a.atttypid, a.atttypmod), a.attnum::int4,
+                (c.relkind = 'p')::text
            FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
            JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
           WHERE c.oid = $1::oid ORDER BY a.attnum",
@@ -95,8 +99,16 @@ pub(super) fn table_meta(relid: u32, key_columns: &[String]) -> TideResult<Optio
             text(m, 5)?,
         ));
     }
+    let relation = text(first, 0)?;
+    let partitioned = first[7].as_deref() == Some("true");
     Ok(Some(TableMeta {
-        relation: text(first, 0)?,
+        scan: if partitioned {
+            relation.clone()
+        } else {
+            format!("ONLY {relation}")
+        },
+        partitioned,
+        relation,
         relname: text(first, 1)?,
         row_type: pg_sys::Oid::from(oid(first, 2)?),
         columns,
@@ -141,6 +153,7 @@ pub(super) fn read_chunk(
         .hint("Remove it from the pipeline with tide.remove_table, or cancel the backfill."));
     };
     let relation = meta.relation.clone();
+    let scan = meta.scan.clone();
     let shape = meta.shape();
     // Row values need the table's name as its whole-row reference: not when a column has it.
     let as_values = match sink {
@@ -187,7 +200,7 @@ pub(super) fn read_chunk(
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let mut query = format!("SELECT {select_list} FROM ONLY {relation}");
+    let mut query = format!("SELECT {select_list} FROM {scan}");
     let mut clauses = Vec::new();
     let mut args: Vec<Option<&str>> = Vec::new();
     if let Some(last) = &job.b.last_key {
@@ -349,7 +362,7 @@ pub(super) fn read_chunk(
             .map(|(i, k)| elem(i, k))
             .collect();
         let mut clauses = vec![format!(
-            "NOT EXISTS (SELECT 1 FROM ONLY {relation} s WHERE ({}) = ({}))",
+            "NOT EXISTS (SELECT 1 FROM {scan} s WHERE ({}) = ({}))",
             job.b
                 .key_columns
                 .iter()
@@ -399,10 +412,22 @@ pub(super) fn read_chunk(
     // taken before the snapshot guarantees it; if it ever did not hold (a rewrite committed after
     // the snapshot, so the rows read — possibly none — come from a file the snapshot cannot see
     // into), a short chunk would end the backfill with rows never read. Read it again instead.
-    let (seen, current) = sql::two::<i64, i64>(
-        "SELECT relfilenode::int8, pg_relation_filenode(oid)::int8 FROM pg_class WHERE oid = $1::int8::oid",
-        &[(job.b.relid as i64).into()],
-    )?;
+    // A partitioned table: each partition's file (it has none of its own); a partition attached
+    // after the snapshot is not in the snapshot's catalog, and its rows come by a backfill of
+    // their own (see `worker::partitions`).
+    let (seen, current) = if meta.partitioned {
+        sql::two::<i64, i64>(
+            "SELECT count(*)::int8, count(*) FILTER (WHERE c.relfilenode = pg_relation_filenode(c.oid))::int8
+               FROM pg_partition_tree($1::int8::oid) t JOIN pg_class c ON c.oid = t.relid
+              WHERE t.isleaf AND c.relkind = 'r'",
+            &[(job.b.relid as i64).into()],
+        )?
+    } else {
+        sql::two::<i64, i64>(
+            "SELECT relfilenode::int8, pg_relation_filenode(oid)::int8 FROM pg_class WHERE oid = $1::int8::oid",
+            &[(job.b.relid as i64).into()],
+        )?
+    };
     if seen != current {
         pgrx::log!(
             "pg_tide worker \"{pipeline}\": {relation} was rewritten while chunk {} of backfill {} was read (file {seen:?} in its snapshot, now {current:?}); reading the chunk again",
@@ -424,7 +449,7 @@ pub(super) fn read_chunk(
         let last = rows.last().and_then(|r| r.key_values.first());
         Estimate::take(
             job.b.relid,
-            &relation,
+            &scan,
             &job.b.key_columns,
             &key_types,
             whole,

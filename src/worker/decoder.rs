@@ -157,8 +157,10 @@ impl Decoder {
             let old = pg_sys::MemoryContextSwitchTo(cx);
             let _restore = RestoreContext(old);
             let mut options = std::ptr::null_mut::<pg_sys::List>();
+            let proto = std::ffi::CString::new(tide_core::wire::PROTO_VERSION.to_string())
+                .unwrap_or_default();
             for (name, value) in [
-                (c"proto_version", c"2".as_ptr()),
+                (c"proto_version", proto.as_ptr()),
                 (c"tables", filter_c.as_ptr()),
             ] {
                 let def = pg_sys::makeDefElem(

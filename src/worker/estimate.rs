@@ -21,7 +21,8 @@ pub struct Estimate {
 }
 
 impl Estimate {
-    /// The estimate after a chunk of `relation` (quoted, qualified) whose last key is `last`:
+    /// The estimate after a chunk of `relation` (how the chunk reads it: `ONLY` a table, or a
+    /// partitioned table) whose last key is `last`:
     /// the key-range share when the key is one integer column and the backfill reads the whole
     /// table (`whole`), else the planner's estimate.
     pub fn take(
@@ -70,7 +71,7 @@ fn key_fraction(
         return Ok(None);
     };
     let k = pgrx::spi::quote_identifier(key);
-    let q = format!("SELECT min({k})::int8, max({k})::int8 FROM ONLY {relation}");
+    let q = format!("SELECT min({k})::int8, max({k})::int8 FROM {relation}");
     let (lo, hi) = crate::security::as_owner(owner, || sql::two::<i64, i64>(&q, &[]))?;
     Ok(match (lo, hi) {
         (Some(lo), Some(hi)) if hi > lo && last >= lo => {

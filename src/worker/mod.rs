@@ -8,6 +8,7 @@ pub mod decoder;
 pub mod estimate;
 pub mod launcher;
 pub mod origin;
+mod partitions;
 pub mod pipeline;
 pub mod row_values;
 pub mod tx;

@@ -397,6 +397,10 @@ fn stream(
     rels: &mut HashMap<u32, RelDesc>,
 ) -> TideResult<Outcome> {
     let tables = catalog::tables::captured(c, &p.name)?;
+    let mut notes = Vec::new();
+    if tables.iter().any(|t| t.partitioned && t.capturing) {
+        super::partitions::follow(c, p, now_us(), &mut notes)?;
+    }
     sink.begin(c, &p.name)?;
     let (signal_relid, marker_relid) = catalog::signal_and_marker_relids()?;
     let sets = TableSets {
@@ -473,6 +477,7 @@ fn stream(
         stopped: false,
         out: Outcome {
             spilled: decoder.spilled_total() - spilled_before,
+            notes,
             ..Default::default()
         },
     };

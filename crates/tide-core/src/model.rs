@@ -11,6 +11,9 @@
 use crate::json::ColumnDesc;
 use crate::lsn::Lsn;
 
+/// Rows per backfill chunk unless told otherwise (`tide.start_backfill`'s default).
+pub const DEFAULT_CHUNK_SIZE: i32 = 5000;
+
 /// A column of a captured relation, as the worker and the targets need it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OwnedColumn {

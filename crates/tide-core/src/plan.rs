@@ -281,6 +281,10 @@ pub enum Change {
     Delete { key: String },
     /// Empty the table.
     Truncate,
+    /// Remove the rows `predicate` is true for (a TRUNCATE of one partition of a partitioned
+    /// source: its constraint, an SQL boolean expression on the table's columns as PostgreSQL
+    /// deparsed it).
+    TruncateWhere { predicate: String },
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -334,6 +338,15 @@ impl Planner {
                 out.extend(self.close(relid));
                 out.push(Statement {
                     sql: format!("TRUNCATE {}", table.qualified()),
+                    param: None,
+                });
+                return out;
+            }
+            Change::TruncateWhere { predicate } => {
+                out.extend(self.close(relid));
+                // On lines of its own, like a backfill condition.
+                out.push(Statement {
+                    sql: format!("DELETE FROM {} WHERE (\n{predicate}\n)", table.qualified()),
                     param: None,
                 });
                 return out;

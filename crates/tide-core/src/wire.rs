@@ -1,6 +1,6 @@
 //! The binary format between the output plugin and the worker.
 //!
-//! Owns the version-2 encoding of one logical-decoding message (see
+//! Owns the version-3 encoding of one logical-decoding message (see
 //! `docs/wire-format.md`, which this module implements). Guarantees:
 //!
 //! * the `put_*` functions are the only encoder; [`encode`] is built from
@@ -16,7 +16,7 @@ use std::fmt;
 
 /// The format version implemented here; the plugin option `proto_version`
 /// must be exactly this number.
-pub const PROTO_VERSION: u32 = 2;
+pub const PROTO_VERSION: u32 = 3;
 
 /// [`Column::flags`] bit: the column is part of the replica-identity key.
 pub const COLUMN_KEY: u8 = 0x01;
@@ -35,6 +35,7 @@ const TAG_TRUNCATE: u8 = b'T';
 const TAG_SIGNAL: u8 = b'M';
 const TAG_KEEPALIVE: u8 = b'K';
 const TAG_REWRITE: u8 = b'W';
+const TAG_TRUNCATE_PARTITION: u8 = b'P';
 const KIND_NULL: u8 = b'n';
 const KIND_UNCHANGED: u8 = b'u';
 const KIND_TEXT: u8 = b't';
@@ -134,6 +135,19 @@ pub enum Message<'a> {
     Rewrite {
         /// Relation OID of the rewritten table.
         relid: u32,
+    },
+    /// Inside a transaction: a `TRUNCATE` emptied one partition of the
+    /// emitted partitioned table `relid`, not all of it (a `TRUNCATE` of
+    /// the whole table is a [`Message::Truncate`] of `relid`). The rows it
+    /// removed are exactly those `predicate` is true for: the partition's
+    /// constraint, a boolean SQL expression on `relid`'s columns.
+    TruncatePartition {
+        /// Relation OID of the partitioned table.
+        relid: u32,
+        /// The partition, schema-qualified and quoted where needed.
+        partition: &'a str,
+        /// The partition constraint as PostgreSQL deparses it.
+        predicate: &'a str,
     },
 }
 
@@ -288,6 +302,17 @@ pub fn put_rewrite(buf: &mut Vec<u8>, relid: u32) {
     put_u32(buf, relid);
 }
 
+/// Writes a [`Message::TruncatePartition`].
+///
+/// # Panics
+/// If a string is longer than `u32::MAX` bytes.
+pub fn put_truncate_partition(buf: &mut Vec<u8>, relid: u32, partition: &str, predicate: &str) {
+    put_u8(buf, TAG_TRUNCATE_PARTITION);
+    put_u32(buf, relid);
+    put_bytes(buf, partition.as_bytes());
+    put_bytes(buf, predicate.as_bytes());
+}
+
 /// Starts a tuple; exactly `ncols` values ([`put_null`], [`put_unchanged`],
 /// [`put_text`]) must follow.
 pub fn put_tuple_header(buf: &mut Vec<u8>, ncols: u16) {
@@ -383,6 +408,11 @@ pub fn encode(msg: &Message<'_>, buf: &mut Vec<u8>) {
         Message::Signal { body } => put_signal(buf, body),
         Message::Keepalive { end_lsn } => put_keepalive(buf, *end_lsn),
         Message::Rewrite { relid } => put_rewrite(buf, *relid),
+        Message::TruncatePartition {
+            relid,
+            partition,
+            predicate,
+        } => put_truncate_partition(buf, *relid, partition, predicate),
     }
 }
 
@@ -653,6 +683,11 @@ impl<'a> Reader<'a> {
             TAG_REWRITE => Message::Rewrite {
                 relid: self.u32("rewritten relid")?,
             },
+            TAG_TRUNCATE_PARTITION => Message::TruncatePartition {
+                relid: self.u32("partitioned relid")?,
+                partition: self.str("partition name")?,
+                predicate: self.str("partition predicate")?,
+            },
             tag => return Err(DecodeError::UnknownTag { tag }),
         };
         Ok(msg)
@@ -663,7 +698,7 @@ impl<'a> Reader<'a> {
 ///
 /// # Errors
 /// A [`DecodeError`] naming what was expected and at which offset, if `buf`
-/// is not exactly one well-formed version-1 message.
+/// is not exactly one well-formed message of this version.
 pub fn decode(buf: &[u8]) -> Result<Message<'_>, DecodeError> {
     let mut r = Reader {
         rest: buf,

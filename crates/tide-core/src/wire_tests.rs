@@ -137,6 +137,23 @@ fn truncate_layout() {
 }
 
 #[test]
+fn truncate_partition_layout() {
+    let buf = roundtrip(&Message::TruncatePartition {
+        relid: 0x0102_0304,
+        partition: "p",
+        predicate: "a<1",
+    });
+    assert_eq!(
+        buf,
+        [b'P', 1, 2, 3, 4, 0, 0, 0, 1, b'p', 0, 0, 0, 3, b'a', b'<', b'1']
+    );
+    assert!(
+        decode(&buf[..buf.len() - 1]).is_err(),
+        "a short TruncatePartition is rejected"
+    );
+}
+
+#[test]
 fn rewrite_layout() {
     let buf = roundtrip(&Message::Rewrite { relid: 0x0102_0304 });
     assert_eq!(buf, [b'W', 1, 2, 3, 4]);
@@ -347,6 +364,13 @@ fn message() -> impl Strategy<Value = Message<'static>> {
         }),
         any::<u64>().prop_map(|l| Message::Keepalive { end_lsn: Lsn(l) }),
         any::<u32>().prop_map(|relid| Message::Rewrite { relid }),
+        (any::<u32>(), ".{0,12}", ".{0,40}").prop_map(|(relid, p, w)| {
+            Message::TruncatePartition {
+                relid,
+                partition: Box::leak(p.into_boxed_str()),
+                predicate: Box::leak(w.into_boxed_str()),
+            }
+        }),
     ]
 }
 

@@ -10,6 +10,8 @@ CREATE VIEW public.v AS SELECT * FROM public.orders;
 CREATE MATERIALIZED VIEW public.mv AS SELECT * FROM public.orders;
 CREATE TABLE public.parted (id int PRIMARY KEY) PARTITION BY RANGE (id);
 CREATE TABLE public.parted_1 PARTITION OF public.parted FOR VALUES FROM (0) TO (100);
+CREATE TABLE public.parted_2 PARTITION OF public.parted FOR VALUES FROM (100) TO (200);
+ALTER TABLE public.parted_2 REPLICA IDENTITY NOTHING;
 CREATE UNLOGGED TABLE public.unlogged_t (id int PRIMARY KEY);
 CREATE TEMP TABLE tmp (id int PRIMARY KEY);
 CREATE ROLE regress_nobody;

@@ -72,6 +72,8 @@ struct Ctx {
     pipeline: String,
     relid: pg_sys::Oid,
     source: String,
+    /// How the source is read: `ONLY source`, or a partitioned table with its partitions.
+    scan: String,
     target: String,
     key: Vec<String>,
     /// (column, source type)

@@ -172,6 +172,7 @@ pub(super) fn setup(
         collatable,
         pipeline,
         relid,
+        scan: crate::catalog::tables::scan(relid, &source)?,
         source,
         target,
         key,

@@ -14,9 +14,9 @@ pub(super) fn read_source(
     let keys_plain = ctx.key_names();
     let order = ctx.key_list("");
     let q = format!(
-        "SELECT {}, {keys_plain} FROM ONLY {} WHERE {clause} ORDER BY {order}",
+        "SELECT {}, {keys_plain} FROM {} WHERE {clause} ORDER BY {order}",
         ctx.hash_select(false),
-        ctx.source
+        ctx.scan
     );
     let args: Vec<Option<&str>> = params.iter().map(|s| Some(s.as_str())).collect();
     let rows = sql::text_rows(&q, &args, limit, true)?;

@@ -9,8 +9,8 @@ pub(super) fn sample_columns(ctx: &Ctx, n: i32) -> TideResult<Vec<(Vec<String>, 
     let keys_plain = ctx.key_names();
     let picked = sql::text_rows(
         &format!(
-            "SELECT {keys_plain} FROM ONLY {} ORDER BY random() LIMIT {n}",
-            ctx.source
+            "SELECT {keys_plain} FROM {} ORDER BY random() LIMIT {n}",
+            ctx.scan
         ),
         &[],
         0,
@@ -40,9 +40,9 @@ pub(super) fn sample_columns(ctx: &Ctx, n: i32) -> TideResult<Vec<(Vec<String>, 
             let args: Vec<Option<&str>> = key.iter().map(|s| Some(s.as_str())).collect();
             let src = sql::text_rows(
                 &format!(
-                    "SELECT {} FROM ONLY {} WHERE {}",
+                    "SELECT {} FROM {} WHERE {}",
                     cols_src.join(", "),
-                    ctx.source,
+                    ctx.scan,
                     eq.join(" AND ")
                 ),
                 &args,

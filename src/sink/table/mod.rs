@@ -299,6 +299,7 @@ impl<B: Backend> Target for TableTarget<B> {
             key,
             row,
             columns,
+            only_where,
             ..
         } = ev;
         let missing = |what: &str| {
@@ -308,7 +309,10 @@ impl<B: Backend> Target for TableTarget<B> {
             ))
         };
         let change = match op {
-            Op::Truncate => Change::Truncate,
+            Op::Truncate => match only_where {
+                Some(predicate) => Change::TruncateWhere { predicate },
+                None => Change::Truncate,
+            },
             Op::Delete => Change::Delete {
                 key: key.ok_or_else(|| missing("key"))?,
             },
