@@ -137,7 +137,7 @@ pub(crate) fn next_watermark(pipeline: &str) -> TideResult<u64> {
         .ok_or_else(|| corrupt("watermark_seq", pipeline))
 }
 
-/// Mark the backfill running (and when it started, the first time), and write the chunk's low
+/// Mark the backfill running if it was queued (and when it started), and write the chunk's low
 /// watermark into the pipeline's `tide.signal` row (two statements). Called by the worker, in
 /// the chunk's first transaction, which commits before the chunk is read.
 pub(crate) fn write_low_watermark(
@@ -148,9 +148,15 @@ pub(crate) fn write_low_watermark(
 ) -> TideResult<()> {
     Spi::connect_mut(|c| -> TideResult<()> {
         c.update(
-            "UPDATE tide.backfill SET state = $2, started_at = coalesce(started_at, now()) WHERE id = $1 AND state <> $2",
+            // From queued only: a pause or cancel that committed meanwhile (this UPDATE then
+            // re-reads the row it waited for) is not overwritten.
+            "UPDATE tide.backfill SET state = $2, started_at = coalesce(started_at, now()) WHERE id = $1 AND state = $3",
             None,
-            &[backfill_id.into(), BackfillState::Running.as_str().into()],
+            &[
+                backfill_id.into(),
+                BackfillState::Running.as_str().into(),
+                BackfillState::Queued.as_str().into(),
+            ],
         )?;
         c.update(
             "INSERT INTO tide.signal AS s (pipeline, watermark, kind, backfill_id, chunk) VALUES ($1, $2, $5, $3, $4)
