@@ -221,7 +221,7 @@ fn consumer_reads_commits_crashes_and_replays() {
     eprintln!("  {events} events in {batches} batches, {crashes} crashes");
     assert!(crashes >= 3, "the test crashed the consumer ({crashes} times)");
     assert!(
-        c.query_scalar::<i64>("SELECT coalesce(sum(rows_emitted), 0) FROM tide.backfills WHERE pipeline = 'p'") > 0,
+        c.query_scalar::<i64>("SELECT coalesce(sum(rows_emitted), 0)::int8 FROM tide.backfills WHERE pipeline = 'p'") > 0,
         "the backfill's events were among those consumed"
     );
     assert_same_rows("consumed replay", &c, "src", &c, "copy", "id, v, pad");
@@ -463,7 +463,10 @@ fn retention_by_age_only_without_consumers() {
         diag(&c)
     );
     // With the setting off (the default), nothing is deleted by age.
-    c.execute("ALTER SYSTEM SET tide.outbox_retention = 0; SELECT pg_reload_conf();");
+    c.execute("ALTER SYSTEM SET tide.outbox_retention = 0");
+    c.execute("SELECT pg_reload_conf()");
+    // (the launcher reads the setting at its next tick)
+    std::thread::sleep(Duration::from_millis(1500));
     exec(&c, "SELECT tide.drop_consumer('held', 'slow')");
     std::thread::sleep(Duration::from_secs(6));
     assert_eq!(
