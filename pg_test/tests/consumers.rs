@@ -79,7 +79,11 @@ fn check_batch(c: &Cluster, pipeline: &str, after: i64, ids: &[i64], max: usize)
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(ids, expected.as_slice(), "the batch after {after} is the next events in id order");
+    assert_eq!(
+        ids,
+        expected.as_slice(),
+        "the batch after {after} is the next events in id order"
+    );
     assert!(ids.len() <= max, "at most max_events");
     let Some(last) = ids.last() else { return };
     let first = ids[0];
@@ -136,7 +140,11 @@ fn consumer_reads_commits_crashes_and_replays() {
     // may delete it after).
     let mut last_event: Option<(String, i32)> = None;
     loop {
-        assert!(std::time::Instant::now() < deadline, "consumer did not drain\n{}", diag(&c));
+        assert!(
+            std::time::Instant::now() < deadline,
+            "consumer did not drain\n{}",
+            diag(&c)
+        );
         let after: i64 = c.query_scalar(
             "SELECT committed_id FROM tide.consumers WHERE pipeline = 'p' AND consumer = 'c1'",
         );
@@ -154,9 +162,8 @@ fn consumer_reads_commits_crashes_and_replays() {
                 );
             if done {
                 wait_pipeline(&c, "p", 60);
-                let left: i64 = c.query_scalar(
-                    "SELECT events_behind FROM tide.consumers WHERE consumer = 'c1'",
-                );
+                let left: i64 = c
+                    .query_scalar("SELECT events_behind FROM tide.consumers WHERE consumer = 'c1'");
                 if left == 0 {
                     break;
                 }
@@ -209,9 +216,8 @@ fn consumer_reads_commits_crashes_and_replays() {
             tx.commit().expect("commit");
             events += ids.len();
         }
-        let committed: i64 = c.query_scalar(
-            "SELECT committed_id FROM tide.consumers WHERE consumer = 'c1'",
-        );
+        let committed: i64 =
+            c.query_scalar("SELECT committed_id FROM tide.consumers WHERE consumer = 'c1'");
         assert!(committed > after, "the committed position moved forward");
     }
     if let Some(w) = writers.take() {
@@ -219,9 +225,14 @@ fn consumer_reads_commits_crashes_and_replays() {
         assert!(ok && n > 0, "writers: {summary}");
     }
     eprintln!("  {events} events in {batches} batches, {crashes} crashes");
-    assert!(crashes >= 3, "the test crashed the consumer ({crashes} times)");
     assert!(
-        c.query_scalar::<i64>("SELECT coalesce(sum(rows_emitted), 0)::int8 FROM tide.backfills WHERE pipeline = 'p'") > 0,
+        crashes >= 3,
+        "the test crashed the consumer ({crashes} times)"
+    );
+    assert!(
+        c.query_scalar::<i64>(
+            "SELECT coalesce(sum(rows_emitted), 0)::int8 FROM tide.backfills WHERE pipeline = 'p'"
+        ) > 0,
         "the backfill's events were among those consumed"
     );
     assert_same_rows("consumed replay", &c, "src", &c, "copy", "id, v, pad");
@@ -231,7 +242,12 @@ fn consumer_reads_commits_crashes_and_replays() {
         "the retention to delete what c1 committed",
         Duration::from_secs(30),
         Duration::from_millis(100),
-        || Ok(c.try_query_scalar::<i64>("SELECT count(*) FROM tide.outbox WHERE pipeline = 'p'")? == 0),
+        || {
+            Ok(
+                c.try_query_scalar::<i64>("SELECT count(*) FROM tide.outbox WHERE pipeline = 'p'")?
+                    == 0,
+            )
+        },
     );
     let (pruned, transactions, reads): (i64, i64, i64) = {
         let r = c.query_one(
@@ -241,7 +257,10 @@ fn consumer_reads_commits_crashes_and_replays() {
         (r.get(0), r.get(1), r.get(2))
     };
     eprintln!("  the retention deleted {pruned} events in {transactions} transactions; {reads} rows in the copy");
-    assert_eq!(pruned, events as i64, "every event was consumed exactly once, then deleted");
+    assert_eq!(
+        pruned, events as i64,
+        "every event was consumed exactly once, then deleted"
+    );
     // The view: the committed event's (commit_lsn, position), kept after the event was deleted;
     // nothing behind.
     let (lsn, pos) = last_event.expect("events were consumed");
@@ -323,7 +342,10 @@ fn batches_hold_whole_transactions() {
         "22023",
         Some("tide.read_outbox"),
     );
-    exec(&c, &format!("SELECT tide.seek_consumer('p', 'c', {})", first - 1));
+    exec(
+        &c,
+        &format!("SELECT tide.seek_consumer('p', 'c', {})", first - 1),
+    );
     assert_eq!(read(4), vec![1, 2, 3]);
     expect_fail(
         &c,
@@ -332,7 +354,10 @@ fn batches_hold_whole_transactions() {
         Some("older events were deleted"),
     );
     // latest: nothing to read until the next write
-    exec(&c, "SELECT tide.create_consumer('p', 'late', start => 'latest')");
+    exec(
+        &c,
+        "SELECT tide.create_consumer('p', 'late', start => 'latest')",
+    );
     assert_eq!(
         c.query_scalar::<i64>("SELECT count(*) FROM tide.read_outbox('p', 'late')"),
         0
@@ -372,26 +397,49 @@ fn retention_deletes_only_what_every_consumer_committed() {
     assert_eq!(ids.len(), 1000);
     // Nothing is committed yet: nothing is deleted.
     std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(c.query_scalar::<i64>("SELECT count(*) FROM tide.outbox"), 1000);
+    assert_eq!(
+        c.query_scalar::<i64>("SELECT count(*) FROM tide.outbox"),
+        1000
+    );
 
     let retained_after = |upto: i64, what: &str| {
-        c.wait_until(what, Duration::from_secs(30), Duration::from_millis(100), || {
-            Ok(c.try_query_scalar::<i64>(&format!(
-                "SELECT count(*) FROM tide.outbox WHERE id <= {upto}"
-            ))? == 0)
-        });
+        c.wait_until(
+            what,
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            || {
+                Ok(c.try_query_scalar::<i64>(&format!(
+                    "SELECT count(*) FROM tide.outbox WHERE id <= {upto}"
+                ))? == 0)
+            },
+        );
         // ... and stays so: nothing above the position both committed goes.
         std::thread::sleep(Duration::from_secs(2));
-        let left: i64 = c.query_scalar(&format!("SELECT count(*) FROM tide.outbox WHERE id > {upto}"));
+        let left: i64 = c.query_scalar(&format!(
+            "SELECT count(*) FROM tide.outbox WHERE id > {upto}"
+        ));
         let expected = ids.iter().filter(|&&i| i > upto).count() as i64;
-        assert_eq!(left, expected, "{what}: every event above {upto} is kept\n{}", diag(&c));
         assert_eq!(
-            c.query_scalar::<i64>(&format!("SELECT count(*) FROM tide.outbox WHERE id <= {upto}")),
+            left,
+            expected,
+            "{what}: every event above {upto} is kept\n{}",
+            diag(&c)
+        );
+        assert_eq!(
+            c.query_scalar::<i64>(&format!(
+                "SELECT count(*) FROM tide.outbox WHERE id <= {upto}"
+            )),
             0
         );
     };
-    exec(&c, &format!("SELECT tide.commit_consumer('p', 'a', {})", ids[699]));
-    exec(&c, &format!("SELECT tide.commit_consumer('p', 'b', {})", ids[299]));
+    exec(
+        &c,
+        &format!("SELECT tide.commit_consumer('p', 'a', {})", ids[699]),
+    );
+    exec(
+        &c,
+        &format!("SELECT tide.commit_consumer('p', 'b', {})", ids[299]),
+    );
     retained_after(ids[299], "the events both committed are deleted");
     let r = c.query_one(
         "SELECT events_pruned, prune_transactions, last_pruned_id, last_prune_reason, committed_by_all
@@ -408,14 +456,19 @@ fn retention_deletes_only_what_every_consumer_committed() {
     assert_eq!(r.get::<_, i64>(4), ids[299]);
 
     // b catches up past a: a's position is now the bound.
-    exec(&c, &format!("SELECT tide.commit_consumer('p', 'b', {})", ids[999]));
+    exec(
+        &c,
+        &format!("SELECT tide.commit_consumer('p', 'b', {})", ids[999]),
+    );
     retained_after(ids[699], "a's position bounds the retention");
     // a consumer dropped no longer holds events
     exec(&c, "SELECT tide.drop_consumer('p', 'a')");
-    retained_after(ids[999], "everything b committed is deleted once a is dropped");
-    let tx: i64 = c.query_scalar(
-        "SELECT prune_transactions FROM tide.outbox_retention WHERE pipeline = 'p'",
+    retained_after(
+        ids[999],
+        "everything b committed is deleted once a is dropped",
     );
+    let tx: i64 =
+        c.query_scalar("SELECT prune_transactions FROM tide.outbox_retention WHERE pipeline = 'p'");
     assert!(tx >= 10, "1000 events in batches of 100: {tx} transactions");
     // The bookkeeping survives the deletion of the committed events.
     let r = c.query_one(
@@ -430,7 +483,13 @@ fn retention_deletes_only_what_every_consumer_committed() {
 /// keeps what the consumer has not committed, however old.
 #[test]
 fn retention_by_age_only_without_consumers() {
-    let c = cluster("cons_age", &["tide.outbox_retention = '4s'", "tide.outbox_prune_batch = 7"]);
+    let c = cluster(
+        "cons_age",
+        &[
+            "tide.outbox_retention = '4s'",
+            "tide.outbox_prune_batch = 7",
+        ],
+    );
     c.execute("CREATE TABLE t (id int PRIMARY KEY, v int)");
     create_pipeline(&c, "aged", "outbox", "{}");
     create_pipeline(&c, "held", "outbox", "{}");
@@ -440,14 +499,17 @@ fn retention_by_age_only_without_consumers() {
     c.execute("INSERT INTO t SELECT g, 0 FROM generate_series(1, 50) g");
     wait_pipeline(&c, "aged", 30);
     wait_pipeline(&c, "held", 30);
-    let young: i64 =
-        c.query_scalar("SELECT count(*) FROM tide.outbox WHERE pipeline = 'aged'");
+    let young: i64 = c.query_scalar("SELECT count(*) FROM tide.outbox WHERE pipeline = 'aged'");
     assert_eq!(young, 50, "young events are kept");
     c.wait_until(
         "the aged pipeline's events to be deleted",
         Duration::from_secs(30),
         Duration::from_millis(200),
-        || Ok(c.try_query_scalar::<i64>("SELECT count(*) FROM tide.outbox WHERE pipeline = 'aged'")? == 0),
+        || {
+            Ok(c.try_query_scalar::<i64>(
+                "SELECT count(*) FROM tide.outbox WHERE pipeline = 'aged'",
+            )? == 0)
+        },
     );
     let r = c.query_one(
         "SELECT events_pruned, prune_transactions, last_prune_reason FROM tide.outbox_retention WHERE pipeline = 'aged'",
@@ -495,9 +557,7 @@ fn consumers_follow_pipeline_ownership() {
     );
     let mut alice = connect_as(&c, "alice");
     alice
-        .batch_execute(
-            "CREATE TABLE alice.t (id int PRIMARY KEY, v int);",
-        )
+        .batch_execute("CREATE TABLE alice.t (id int PRIMARY KEY, v int);")
         .expect("alice's table");
     alice
         .batch_execute("SELECT tide.create_pipeline('p')")
@@ -523,7 +583,10 @@ fn consumers_follow_pipeline_ownership() {
         )
         .expect("alice commits");
     let behind: i64 = alice
-        .query_one("SELECT events_behind FROM tide.consumers WHERE consumer = 'c'", &[])
+        .query_one(
+            "SELECT events_behind FROM tide.consumers WHERE consumer = 'c'",
+            &[],
+        )
         .expect("alice sees her consumer")
         .get(0);
     assert_eq!(behind, 5);
@@ -537,7 +600,12 @@ fn consumers_follow_pipeline_ownership() {
         format!("SELECT tide.seek_consumer('p', 'c', {newest})"),
         "SELECT tide.drop_consumer('p', 'c')".to_string(),
     ] {
-        expect_fail_with(&sql, mallory.batch_execute(&sql), "42501", Some("GRANT alice"));
+        expect_fail_with(
+            &sql,
+            mallory.batch_execute(&sql),
+            "42501",
+            Some("GRANT alice"),
+        );
     }
     let seen: i64 = mallory
         .query_one("SELECT count(*) FROM tide.consumers", &[])

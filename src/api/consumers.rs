@@ -20,9 +20,11 @@ fn validate_consumer_name(name: &str) -> TideResult<()> {
     if ok {
         Ok(())
     } else {
-        Err(TideError::invalid(format!("invalid consumer name \"{}\"", shown(name))).hint(
-            format!("Use 1 to {MAX_CONSUMER_NAME} lower-case letters, digits, underscores and hyphens."),
-        ))
+        Err(
+            TideError::invalid(format!("invalid consumer name \"{}\"", shown(name))).hint(format!(
+                "Use 1 to {MAX_CONSUMER_NAME} lower-case letters, digits, underscores and hyphens."
+            )),
+        )
     }
 }
 
@@ -137,10 +139,10 @@ pub(super) fn _consumer_batch(
         let max = required(max_events, "max_events")?;
         require_outbox_pipeline(pipeline)?;
         if max < 1 {
-            return Err(TideError::invalid(format!(
-                "max_events must be positive, not {max}"
-            ))
-            .hint("Pass the largest number of events to return, e.g. 1000."));
+            return Err(
+                TideError::invalid(format!("max_events must be positive, not {max}"))
+                    .hint("Pass the largest number of events to return, e.g. 1000."),
+            );
         }
         let after = require_consumer(pipeline, consumer)?;
         let upto = consumers::batch_end(pipeline, after, max as i64)?;

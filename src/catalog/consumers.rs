@@ -108,7 +108,12 @@ pub(crate) fn set_position(
                                ORDER BY o.id DESC LIMIT 1) e ON true
           WHERE c.pipeline = $1 AND c.name = $2 AND (NOT $4 OR c.committed_id < $3)
          RETURNING true",
-        &[pipeline.into(), consumer.into(), id.into(), forward_only.into()],
+        &[
+            pipeline.into(),
+            consumer.into(),
+            id.into(),
+            forward_only.into(),
+        ],
     )?
     .unwrap_or(false))
 }

@@ -24,7 +24,7 @@ pub const BUDGET: Duration = Duration::from_millis(500);
 pub fn prune() -> bool {
     let max_age_s = gucs::OUTBOX_RETENTION_S.get();
     let batch = gucs::OUTBOX_PRUNE_BATCH.get().max(1) as i64;
-    let pipelines = match tx::run(|| Ok(Spi::connect(|c| consumers::outbox_pipelines(&c))?)) {
+    let pipelines = match tx::run(|| Spi::connect(consumers::outbox_pipelines)) {
         Ok(p) => p,
         Err(e) => {
             log!("pg_tide launcher: could not list the outbox pipelines for the retention: {e}");
