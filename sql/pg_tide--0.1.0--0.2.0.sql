@@ -92,5 +92,130 @@ SELECT b.id, b.pipeline, b.relation, b.relid::regclass AS source, b.state, b.gen
   ) o ON true
  WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = b.pipeline));
 
+-- Named outbox consumers and the outbox retention (README, Outbox format > Consumers and
+-- retention).
+
+-- Named outbox consumers: each has a committed position in its pipeline's events (the id of
+-- the last event it has processed; ids of one pipeline increase in its stream order). Written by
+-- the SQL API only (tide.create_consumer, tide.commit_consumer, tide.seek_consumer,
+-- tide.drop_consumer); read by the launcher's outbox retention.
+CREATE TABLE tide.consumer (
+    pipeline           text NOT NULL REFERENCES tide.pipeline(name) ON DELETE CASCADE,
+    name               text NOT NULL,
+    owner              name NOT NULL DEFAULT current_user,
+    -- Every event of the pipeline with id <= committed_id has been processed.
+    committed_id       bigint NOT NULL,
+    -- (commit_lsn, position) of the event at committed_id when it was committed (kept here: the
+    -- event itself may be pruned since).
+    committed_lsn      pg_lsn,
+    committed_position integer,
+    committed_at       timestamptz,
+    created_at         timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (pipeline, name)
+);
+COMMENT ON TABLE tide.consumer IS 'Named outbox consumers and their committed positions. Use tide.create_consumer/tide.commit_consumer; read tide.consumers.';
+
+-- What the outbox retention has deleted per pipeline: written by the launcher in the same
+-- transaction as each batch it deletes.
+CREATE TABLE tide.outbox_prune (
+    pipeline      text PRIMARY KEY REFERENCES tide.pipeline(name) ON DELETE CASCADE,
+    events        bigint NOT NULL,
+    transactions  bigint NOT NULL,
+    last_id       bigint NOT NULL,
+    last_reason   text NOT NULL CHECK (last_reason IN ('consumers', 'age')),
+    last_at       timestamptz NOT NULL
+);
+COMMENT ON TABLE tide.outbox_prune IS 'Outbox events deleted by the retention, per pipeline (events, delete transactions, the last one). Written only by the pg_tide launcher; read tide.outbox_retention.';
+REVOKE ALL ON TABLE tide.consumer, tide.outbox_prune FROM PUBLIC;
+
+CREATE FUNCTION tide."_consumer_batch"(
+	"pipeline" TEXT,
+	"consumer" TEXT,
+	"max_events" INT
+) RETURNS bigint[]
+LANGUAGE c
+AS 'MODULE_PATHNAME', '_consumer_batch_wrapper';
+CREATE FUNCTION tide."create_consumer"(
+	"pipeline" TEXT,
+	"name" TEXT,
+	"start" TEXT DEFAULT 'earliest'
+) RETURNS bigint
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'create_consumer_wrapper';
+CREATE FUNCTION tide."drop_consumer"(
+	"pipeline" TEXT,
+	"name" TEXT
+) RETURNS void
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'drop_consumer_wrapper';
+CREATE FUNCTION tide."commit_consumer"(
+	"pipeline" TEXT,
+	"consumer" TEXT,
+	"id" bigint
+) RETURNS void
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'commit_consumer_wrapper';
+CREATE FUNCTION tide."seek_consumer"(
+	"pipeline" TEXT,
+	"consumer" TEXT,
+	"id" bigint
+) RETURNS void
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'seek_consumer_wrapper';
+
+CREATE VIEW tide.consumers AS
+SELECT c.pipeline, c.name AS consumer, c.owner, c.committed_id, c.committed_lsn, c.committed_position,
+       c.committed_at,
+       (SELECT count(*) FROM tide.outbox o WHERE o.pipeline = c.pipeline AND o.id > c.committed_id) AS events_behind,
+       -- WAL between the first event the consumer has not committed and what the pipeline has
+       -- applied (0 when it has committed everything)
+       coalesce((SELECT greatest(0, pg_wal_lsn_diff(p.applied_lsn, o.commit_lsn))::bigint
+                   FROM tide.outbox o WHERE o.pipeline = c.pipeline AND o.id > c.committed_id
+                  ORDER BY o.id LIMIT 1), 0)                                      AS bytes_behind,
+       p.applied_lsn,
+       c.created_at
+  FROM tide.consumer c
+  JOIN tide.pipeline p ON p.name = c.pipeline
+ WHERE tide._visible(p.owner);
+COMMENT ON VIEW tide.consumers IS 'Outbox consumers: committed position (id and (commit_lsn, position)), events and WAL bytes behind the pipeline.';
+
+CREATE VIEW tide.outbox_retention AS
+SELECT p.name AS pipeline,
+       (SELECT count(*) FROM tide.consumer c WHERE c.pipeline = p.name)          AS consumers,
+       (SELECT min(c.committed_id) FROM tide.consumer c WHERE c.pipeline = p.name) AS committed_by_all,
+       (SELECT min(o.id) FROM tide.outbox o WHERE o.pipeline = p.name)           AS oldest_id,
+       (SELECT max(o.id) FROM tide.outbox o WHERE o.pipeline = p.name)           AS newest_id,
+       coalesce(r.events, 0)                                                     AS events_pruned,
+       coalesce(r.transactions, 0)                                               AS prune_transactions,
+       r.last_id                                                                 AS last_pruned_id,
+       r.last_reason                                                             AS last_prune_reason,
+       r.last_at                                                                 AS last_pruned_at
+  FROM tide.pipeline p
+  LEFT JOIN tide.outbox_prune r ON r.pipeline = p.name
+ WHERE p.target = 'outbox' AND tide._visible(p.owner);
+COMMENT ON VIEW tide.outbox_retention IS 'Per outbox pipeline: its consumers, the events retained, and what the retention has deleted (events, delete transactions, the last one and why).';
+
+-- A consumer's next batch: the events after its committed position, in id order, ending at a
+-- source transaction's end (tide._consumer_batch checks the caller and picks the bounds; the
+-- rows are read as the caller, under the outbox's row security).
+CREATE FUNCTION tide.read_outbox(pipeline text, consumer text, max_events integer DEFAULT 1000)
+RETURNS SETOF tide.outbox
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT o.*
+      FROM (SELECT tide._consumer_batch($1, $2, $3) AS b) r, tide.outbox o
+     WHERE o.pipeline = $1 AND o.id > r.b[1] AND o.id <= r.b[2]
+     ORDER BY o.id
+$$;
+COMMENT ON FUNCTION tide.read_outbox(text, text, integer) IS 'The next events of a consumer after its committed position, in id order, whole source transactions (see the README, Outbox consumers); commit with tide.commit_consumer.';
+
+REVOKE ALL ON TABLE tide.consumers, tide.outbox_retention FROM PUBLIC;
+GRANT SELECT ON tide.consumers, tide.outbox_retention TO tide_admin;
+REVOKE ALL ON FUNCTION tide._consumer_batch(text, text, integer), tide.create_consumer(text, text, text),
+    tide.drop_consumer(text, text), tide.commit_consumer(text, text, bigint),
+    tide.seek_consumer(text, text, bigint), tide.read_outbox(text, text, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide._consumer_batch(text, text, integer), tide.create_consumer(text, text, text),
+    tide.drop_consumer(text, text), tide.commit_consumer(text, text, bigint),
+    tide.seek_consumer(text, text, bigint), tide.read_outbox(text, text, integer) TO tide_admin;
+
 -- Partitioned tables are captured through their root: the partitions read so far.
 ALTER TABLE tide.pipeline_table ADD COLUMN partitions oid[];

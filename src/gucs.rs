@@ -20,6 +20,11 @@ pub static SNAPSHOT_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 pub static MAX_RETRY_DELAY_S: GucSetting<i32> = GucSetting::<i32>::new(30);
 /// Longest a backfill chunk's SELECT (with its condition) may run, in milliseconds.
 pub static CHUNK_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(5000);
+/// `tide.outbox_retention`: outbox events of a pipeline without consumers older than this many
+/// seconds are deleted by the launcher; 0 or -1 (the default 0) keeps them.
+pub static OUTBOX_RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(0);
+/// `tide.outbox_prune_batch`: the most outbox rows the retention deletes per transaction.
+pub static OUTBOX_PRUNE_BATCH: GucSetting<i32> = GucSetting::<i32>::new(1000);
 
 pub fn init() {
     GucRegistry::define_string_guc(
@@ -69,6 +74,26 @@ pub fn init() {
         600_000,
         GucContext::Sighup,
         GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"tide.outbox_retention",
+        c"Age after which outbox events of a pipeline without consumers are deleted.",
+        c"0 or -1 (the default 0) keeps them until you delete them. Events of a pipeline with consumers are deleted once every consumer has committed them, whatever their age.",
+        &OUTBOX_RETENTION_S,
+        -1,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
+        c"tide.outbox_prune_batch",
+        c"The most outbox events the retention deletes in one transaction.",
+        c"The launcher deletes in batches of this size, one transaction each, so no deletion holds a long transaction.",
+        &OUTBOX_PRUNE_BATCH,
+        1,
+        1_000_000,
+        GucContext::Sighup,
+        GucFlags::default(),
     );
     GucRegistry::define_int_guc(
         c"tide.max_retry_delay",

@@ -241,7 +241,9 @@ mod tests {
     /// value added to one side only fails here.
     #[pg_test]
     fn schema_checks_list_the_enums() {
-        use tide_core::model::{BackfillState, MarkerOp, Op, TargetKind, WatermarkKind};
+        use tide_core::model::{
+            BackfillState, MarkerOp, Op, PruneReason, TargetKind, WatermarkKind,
+        };
         let states = texts(BackfillState::ALL, BackfillState::as_str);
         assert_eq!(states.len(), BackfillState::ALL.len());
         assert_eq!(check_values("tide.backfill", "state"), states);
@@ -274,6 +276,11 @@ mod tests {
                 texts(TargetKind::ALL, TargetKind::as_str),
             ),
             ("tide.outbox", "op", texts(Op::ALL, Op::as_str)),
+            (
+                "tide.outbox_prune",
+                "last_reason",
+                texts(PruneReason::ALL, PruneReason::as_str),
+            ),
         ];
         for (table, column, values) in others {
             assert_eq!(check_values(table, column), values, "{table}.{column}");

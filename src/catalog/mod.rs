@@ -13,6 +13,8 @@
 //!   `tide.watermark_seq`), and the re-read after a table rewrite;
 //! - [`verification`]: `tide.verification` and `tide.verification_range`;
 //! - [`outbox`]: the outbox target's INSERT into `tide.outbox`;
+//! - [`consumers`]: `tide.consumer` (named outbox consumers), the reads of `tide.outbox` their
+//!   batches and positions need, and the outbox retention (`tide.outbox_prune`, its DELETEs);
 //! - [`slots`]: the slots' names and locks, orphaned slots, `output_plugin_libraries`;
 //! - this file: the version gate, the OIDs of the tables the stream watches, [`corrupt`].
 //!
@@ -44,6 +46,7 @@
 use crate::error::{TideError, TideResult};
 
 pub mod backfills;
+pub mod consumers;
 pub mod outbox;
 pub mod pipelines;
 pub mod slots;

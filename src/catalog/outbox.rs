@@ -38,7 +38,10 @@ impl Rows {
 }
 
 /// Insert `rows` for `pipeline` in one statement. Called by the worker (the outbox target), in
-/// its iteration's transaction.
+/// its iteration's transaction. The rows take their ids in event order (`unnest` yields the
+/// arrays in order and the identity is drawn per row as the INSERT receives it), and a
+/// pipeline's transactions are serial: so its ids increase in stream order, which consumers'
+/// committed positions rely on (`catalog::consumers`).
 pub(crate) fn insert(c: &mut SpiClient<'_>, pipeline: &str, rows: Rows) -> TideResult<()> {
     c.update(
         "INSERT INTO tide.outbox (pipeline, commit_lsn, xid, commit_time, position, relation, op, key, \"row\", unchanged, backfill_id, chunk)

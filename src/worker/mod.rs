@@ -1,5 +1,5 @@
-//! Background workers: the launcher, the per-pipeline worker, and the one transaction helper
-//! both use.
+//! Background workers: the launcher (and the outbox retention it runs), the per-pipeline worker,
+//! and the one transaction helper both use.
 
 pub mod apply;
 pub mod backfill;
@@ -10,6 +10,7 @@ pub mod launcher;
 pub mod origin;
 mod partitions;
 pub mod pipeline;
+pub mod retention;
 pub mod row_values;
 pub mod tx;
 

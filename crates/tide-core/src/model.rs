@@ -1,6 +1,7 @@
 //! The stream model that the worker and the targets share: relation descriptors, the metadata of
 //! a source transaction being applied, and the closed sets of names the catalog and the outbox
-//! store as text (event ops, watermark kinds, marker ops, backfill states, target kinds).
+//! store as text (event ops, watermark kinds, marker ops, backfill states, target kinds, where a
+//! consumer starts, why the outbox retention deleted events).
 //!
 //! Owns: these types and their text forms. Guarantees: every enum's `as_str` is the exact text
 //! stored in pg_tide's tables (the `CHECK` constraints of `src/schema.rs` list the same words),
@@ -166,6 +167,28 @@ text_enum! {
     }
 }
 
+text_enum! {
+    /// Where a new outbox consumer starts (`tide.create_consumer(..., start)`; not persisted: it
+    /// only decides the first committed position).
+    ConsumerStart {
+        /// Before the oldest event of the pipeline still in the outbox: it reads them all.
+        Earliest => "earliest",
+        /// At the newest event of the pipeline: it reads only what is written after.
+        Latest => "latest",
+    }
+}
+
+text_enum! {
+    /// Why the outbox retention deleted a pipeline's events (`tide.outbox_prune.last_reason`,
+    /// persisted; written by the launcher with each batch it deletes).
+    PruneReason {
+        /// The pipeline has consumers and every one of them had committed the events.
+        Consumers => "consumers",
+        /// The pipeline has no consumer and the events were older than `tide.outbox_retention`.
+        Age => "age",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,6 +220,12 @@ mod tests {
         );
         check(TargetKind::ALL, TargetKind::as_str, TargetKind::parse);
         check(MarkerOp::ALL, MarkerOp::as_str, MarkerOp::parse);
+        check(
+            ConsumerStart::ALL,
+            ConsumerStart::as_str,
+            ConsumerStart::parse,
+        );
+        check(PruneReason::ALL, PruneReason::as_str, PruneReason::parse);
         assert_eq!(Op::ALL.len(), 5);
         assert_eq!(BackfillState::ALL.len(), 6);
     }
@@ -220,13 +249,17 @@ mod tests {
                 || WatermarkKind::ALL.iter().any(|v| v.as_str() == s)
                 || BackfillState::ALL.iter().any(|v| v.as_str() == s)
                 || TargetKind::ALL.iter().any(|v| v.as_str() == s)
-                || MarkerOp::ALL.iter().any(|v| v.as_str() == s);
+                || MarkerOp::ALL.iter().any(|v| v.as_str() == s)
+                || ConsumerStart::ALL.iter().any(|v| v.as_str() == s)
+                || PruneReason::ALL.iter().any(|v| v.as_str() == s);
             prop_assume!(!declared(&s));
             prop_assert_eq!(Op::parse(&s), None);
             prop_assert_eq!(WatermarkKind::parse(&s), None);
             prop_assert_eq!(BackfillState::parse(&s), None);
             prop_assert_eq!(TargetKind::parse(&s), None);
             prop_assert_eq!(MarkerOp::parse(&s), None);
+            prop_assert_eq!(ConsumerStart::parse(&s), None);
+            prop_assert_eq!(PruneReason::parse(&s), None);
         }
 
         /// Case and padding matter: the stored text is exact.

@@ -76,13 +76,46 @@ SELECT tide.create_pipeline('t', 'table', '{"schema": "tide"}');
 SELECT tide.create_pipeline('t', 'table', '{"schema": "pg_catalog"}');
 SELECT tide.create_pipeline('t', 'table', '{"schema": "rep"}');
 SELECT tide.add_table('t', 'public.orders', target_table => 'tide.orders', backfill => false);
+-- Consumers read the outbox: not a table target's pipeline.
+SELECT tide.create_consumer('t', 'c');
 SELECT tide.drop_pipeline('t');
+
+-- Outbox consumers (pipeline p has written no event yet).
+SELECT tide.create_consumer(NULL, 'c');
+SELECT tide.create_consumer('p', NULL);
+SELECT tide.create_consumer('nosuch', 'c');
+SELECT tide.create_consumer('p', 'Bad Name');
+SELECT tide.create_consumer('p', repeat('c', 64));
+SELECT tide.create_consumer('p', 'c', 'middle');
+SELECT tide.create_consumer('p', 'c', NULL);
+SELECT tide.create_consumer('p', 'c');
+SELECT tide.create_consumer('p', 'c', 'latest');
+SELECT * FROM tide.read_outbox('p', 'nosuch');
+SELECT * FROM tide.read_outbox('nosuch', 'c');
+SELECT * FROM tide.read_outbox('p', 'c', 0);
+SELECT * FROM tide.read_outbox('p', 'c', NULL);
+SELECT count(*) FROM tide.read_outbox('p', 'c');
+SELECT tide.commit_consumer('p', 'c', NULL);
+SELECT tide.commit_consumer('p', 'nosuch', 1);
+SELECT tide.commit_consumer('p', 'c', 5);
+SELECT tide.commit_consumer('p', 'c', -1);
+SELECT tide.commit_consumer('p', 'c', 0);
+SELECT tide.seek_consumer('p', 'c', 3);
+SELECT tide.seek_consumer('p', 'nosuch', 0);
+SELECT tide.drop_consumer('p', 'nosuch');
+SELECT tide.drop_consumer(NULL, 'c');
+SELECT pipeline, consumer, committed_id, committed_lsn, events_behind, bytes_behind FROM tide.consumers;
+SELECT pipeline, consumers, committed_by_all, oldest_id, events_pruned FROM tide.outbox_retention;
 
 -- A role without pg_tide's rights.
 SET ROLE regress_nobody;
 SELECT tide.create_pipeline('q');
 SELECT tide.drop_pipeline('p');
+SELECT tide.create_consumer('p', 'x');
+SELECT * FROM tide.read_outbox('p', 'c');
+SELECT tide.commit_consumer('p', 'c', 0);
 RESET ROLE;
+SELECT tide.drop_consumer('p', 'c');
 
 SELECT tide.drop_pipeline('p');
 SELECT count(*) AS pipelines_left FROM tide.pipelines;
