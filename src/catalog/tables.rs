@@ -1,6 +1,8 @@
-//! `tide.pipeline_table`: the tables each pipeline captures, with their key and (table targets)
-//! their target table; and the add/remove markers (`tide.marker`). Written by the SQL API (add,
-//! remove) and by the worker (capturing from the add marker on; forgetting at the remove marker).
+//! `tide.pipeline_table`: the tables each pipeline captures, with their key, their shape and
+//! (table targets) their target table; and the add/remove markers (`tide.marker`). Written by
+//! the SQL API (add, remove), by the worker (capturing from the add marker on; forgetting at the
+//! remove marker) and, for `shape` and the `schema` markers, by the event trigger
+//! `tide._schema_marker` (SQL, `src/schema.rs`) in the transaction of an `ALTER TABLE`.
 
 use super::{corrupt, relid};
 use crate::error::TideResult;
@@ -17,6 +19,8 @@ pub struct TableRow {
     pub relid: u32,
     /// True once the worker has passed the add_table marker in the stream.
     pub capturing: bool,
+    /// `tide.remove_table` ran; the worker forgets the table at the remove marker.
+    pub removing: bool,
 }
 
 /// A captured table's target (`None` for the outbox), as `tide.add_table` records it.
@@ -82,7 +86,7 @@ pub(crate) use key_of_pg_class_c;
 /// transaction.
 pub(crate) fn captured(c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<Vec<TableRow>> {
     let rows = c.select(
-        "SELECT relid::int8, added_lsn IS NOT NULL FROM tide.pipeline_table WHERE pipeline = $1 ORDER BY relid",
+        "SELECT relid::int8, added_lsn IS NOT NULL, removing FROM tide.pipeline_table WHERE pipeline = $1 ORDER BY relid",
         None,
         &[pipeline.into()],
     )?;
@@ -93,6 +97,9 @@ pub(crate) fn captured(c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<Vec<
             capturing: r
                 .get::<bool>(2)?
                 .ok_or_else(|| corrupt("added_lsn", pipeline))?,
+            removing: r
+                .get::<bool>(3)?
+                .ok_or_else(|| corrupt("removing", pipeline))?,
         });
     }
     Ok(out)
@@ -242,11 +249,13 @@ pub(crate) fn removing(pipeline: &str, relid: pg_sys::Oid) -> TideResult<Option<
     )
 }
 
-/// Record a table to capture. Called by `tide.add_table`; runs as pg_tide.
+/// Record a table to capture, with its shape now (the event trigger describes each later schema
+/// change against it). Called by `tide.add_table`, which holds a lock on the table so no
+/// `ALTER TABLE` can commit in between; runs as pg_tide.
 pub(crate) fn insert(t: &NewTable<'_>) -> TideResult<()> {
     tsql::exec(
-        "INSERT INTO tide.pipeline_table (pipeline, relid, relation, key_columns, target_schema, target_name)
-         VALUES ($1, $2, $3, $4, $5, $6)",
+        "INSERT INTO tide.pipeline_table (pipeline, relid, relation, key_columns, target_schema, target_name, shape)
+         VALUES ($1, $2, $3, $4, $5, $6, tide._shape($2))",
         &t.args(),
     )
 }
@@ -256,7 +265,7 @@ pub(crate) fn insert(t: &NewTable<'_>) -> TideResult<()> {
 pub(crate) fn re_add(t: &NewTable<'_>) -> TideResult<()> {
     tsql::exec(
         "UPDATE tide.pipeline_table SET removing = false, added_lsn = NULL, added_at = now(), relation = $3, key_columns = $4,
-                target_schema = $5, target_name = $6
+                target_schema = $5, target_name = $6, shape = tide._shape($2)
           WHERE pipeline = $1 AND relid = $2",
         &t.args(),
     )
