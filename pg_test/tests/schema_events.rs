@@ -424,9 +424,11 @@ fn owner_ddl_and_uncaptured_ddl() {
     alice
         .batch_execute(
             "CREATE TABLE alice_t (id int PRIMARY KEY, v int);
-             INSERT INTO alice_t SELECT g, g FROM generate_series(1, 100) g;
-             SELECT tide.create_pipeline('ap', 'outbox', '{}');",
+             INSERT INTO alice_t SELECT g, g FROM generate_series(1, 100) g;",
         )
+        .unwrap_or_else(|e| panic!("{}", describe_error(&e)));
+    alice
+        .batch_execute("SELECT tide.create_pipeline('ap', 'outbox', '{}')")
         .unwrap_or_else(|e| panic!("{}", describe_error(&e)));
     wait_streaming(&c, "ap", Duration::from_secs(30));
     alice
