@@ -1,5 +1,8 @@
-//! The SQL objects of the extension that are not functions: catalog tables, the outbox, views
-//! and privileges. The Rust code that reads and writes these tables lives in `catalog`.
+//! The SQL objects of the extension that are not Rust functions: catalog tables, the outbox,
+//! views, privileges, and the schema-change event trigger (`tide_schema_changes`, with its SQL
+//! functions `tide._shape`, `tide._schema_change`, `tide._schema_marker`: the one place outside
+//! `catalog` that writes pg_tide's tables, in the DDL's own transaction, because it must run in
+//! SQL there). The Rust code that reads and writes these tables lives in `catalog`.
 
 use pgrx::extension_sql;
 

@@ -17,7 +17,8 @@
 //!   the remedy (remove, resume, add again) brings the outbox pipeline back, capturing with the
 //!   new key.
 //! - `owner_ddl_and_uncaptured_ddl`: a non-superuser table owner (a `tide_admin` member) alters
-//!   the table they capture and the schema event reaches their outbox; another role's
+//!   (adds a column, renames one) the table they capture and the schema events reach their
+//!   outbox; they cannot write a marker themselves; another role's
 //!   `ALTER TABLE` of a table nobody captures works, writes no marker and is not measurably
 //!   slower than with the event trigger disabled.
 
@@ -237,6 +238,8 @@ fn replay_with_schema_events_equals_the_source() {
          UPDATE src SET v = v + 100000 WHERE id <= 20;
          ALTER TABLE src ADD COLUMN flag int DEFAULT 7;
          UPDATE src SET flag = 8 WHERE id <= 10;
+         -- a second ALTER TABLE that changes no column: no schema event
+         ALTER TABLE src ALTER COLUMN flag SET DEFAULT 9;
          COMMIT;",
     );
     pause();
@@ -447,6 +450,18 @@ fn owner_ddl_and_uncaptured_ddl() {
         .unwrap_or_else(|e| panic!("{}", describe_error(&e)))
         .get(0);
     assert_eq!(added, r#"[{"name": "note", "type": "text", "value": "hello"}]"#);
+    alice
+        .batch_execute("ALTER TABLE alice_t RENAME COLUMN v TO value")
+        .unwrap_or_else(|e| panic!("alice's RENAME failed: {}", describe_error(&e)));
+    wait_caught_up(&c, "ap");
+    let renamed: String = alice
+        .query_one(
+            "SELECT (\"row\"->'renamed')::text FROM tide.outbox WHERE pipeline = 'ap' AND op = 'schema' ORDER BY id DESC LIMIT 1",
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("{}", describe_error(&e)))
+        .get(0);
+    assert_eq!(renamed, r#"[{"to": "value", "from": "v"}]"#);
     // alice cannot write a marker herself.
     let e = alice
         .batch_execute("INSERT INTO tide.marker (pipeline, op, relid, payload) VALUES ('ap', 'schema', 'alice_t'::regclass, '{}')")
@@ -479,7 +494,7 @@ fn owner_ddl_and_uncaptured_ddl() {
         best.as_secs_f64() <= without.as_secs_f64() * 1.5 + 0.5,
         "DDL on an uncaptured table is slower with the event trigger: {best:?} against {without:?}"
     );
-    // No schema event but alice's: nothing was written for bob's table.
+    // No schema event but alice's two: nothing was written for bob's table.
     let schema_events: i64 = c.query_scalar("SELECT count(*) FROM tide.outbox WHERE op = 'schema'");
-    assert_eq!(schema_events, 1, "{}", diag(&c));
+    assert_eq!(schema_events, 2, "{}", diag(&c));
 }

@@ -34,10 +34,14 @@
 //!   follow stream events in the batch: the events are committed first, see
 //!   `Target::commit_early`), each together with the applied position (`<schema>.tide_applied`).
 //!   A reader of the target never sees half of a source transaction, across tables too.
-//! - Schema changes: before the first event that needs it, a new source column is added to the
-//!   target and a safe type widening is applied (`schema_changes = 'propagate'`, the default);
-//!   anything else — or any change under `schema_changes = 'pause'` — pauses the pipeline with
-//!   the reason and the remedy. Nothing is applied past the change until then.
+//! - Schema changes: at a schema event ([`Target::schema`], the position of the `ALTER TABLE`)
+//!   a renamed column is renamed, a dropped column dropped (not a key column: that pauses), a
+//!   new source column added (with the value the source's existing rows got) and a safe type
+//!   widening applied (`tide_core::plan::plan_schema_change`); a shape check before the first
+//!   event after a new relation description does the same for what it can see (new columns,
+//!   widenings: [`plan_shape`]). That is `schema_changes = 'propagate'`, the default; anything
+//!   else — or any change under `schema_changes = 'pause'` — pauses the pipeline with the
+//!   reason and the remedy. Nothing is applied past the change until then.
 
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
