@@ -261,6 +261,23 @@ fn replay_with_schema_events_equals_the_source() {
     wait_caught_up(&c, "ob");
     wait_caught_up(&c, "tt");
 
+    let cols = "id, v, code, note, flag, a2, b2";
+    c.query_scalar::<i64>("SELECT replay('ob', 'copy_with', true)");
+    c.query_scalar::<i64>("SELECT replay('ob', 'copy_without', false)");
+    let (missing, extra) = difference(&c, "src", "copy_with", cols);
+    assert_eq!(
+        (missing, extra),
+        (0, 0),
+        "the replay that applies schema events differs from the source\n{}",
+        diag(&c)
+    );
+    assert_eq!(columns_of(&c, "copy_with"), columns_of(&c, "src"));
+    let (missing, extra) = difference(&c, "src", "copy_without", cols);
+    assert!(
+        missing > 0 && extra > 0,
+        "a replay that ignores schema events should differ from the source (missing {missing}, extra {extra})"
+    );
+
     // The schema events: one per ALTER TABLE statement, with what it changed.
     let events = texts(
         &c,
@@ -291,23 +308,6 @@ fn replay_with_schema_events_equals_the_source() {
             AND id > (SELECT min(id) FROM tide.outbox WHERE pipeline = 'ob' AND op = 'schema')",
     );
     assert!(reads_after > 0, "no backfill row was emitted after the first schema event");
-
-    let cols = "id, v, code, note, flag, a2, b2";
-    c.query_scalar::<i64>("SELECT replay('ob', 'copy_with', true)");
-    c.query_scalar::<i64>("SELECT replay('ob', 'copy_without', false)");
-    let (missing, extra) = difference(&c, "src", "copy_with", cols);
-    assert_eq!(
-        (missing, extra),
-        (0, 0),
-        "the replay that applies schema events differs from the source\n{}",
-        diag(&c)
-    );
-    assert_eq!(columns_of(&c, "copy_with"), columns_of(&c, "src"));
-    let (missing, extra) = difference(&c, "src", "copy_without", cols);
-    assert!(
-        missing > 0 && extra > 0,
-        "a replay that ignores schema events should differ from the source (missing {missing}, extra {extra})"
-    );
 
     // The table target: same shape (pad dropped, types widened), same rows.
     assert_eq!(columns_of(&c, "rep.src"), columns_of(&c, "src"), "{}", diag(&c));
