@@ -252,7 +252,10 @@ fn replay_with_schema_events_equals_the_source() {
     // A widening that rewrites the table: it is read again.
     exec(&c, "ALTER TABLE src ALTER COLUMN v TYPE bigint");
     pause();
-    exec(&c, "UPDATE src SET code = repeat('z', 30) WHERE id % 500 = 0");
+    exec(
+        &c,
+        "UPDATE src SET code = repeat('z', 30) WHERE id % 500 = 0",
+    );
     pause();
     stop.store(true, Ordering::SeqCst);
     let writes = writer.join().expect("writer");
@@ -302,18 +305,39 @@ fn replay_with_schema_events_equals_the_source() {
           WHERE o.pipeline = 'ob' AND o.op IN ('insert', 'update', 'read')
             AND ((o.id < s.id AND o.\"row\" ? 'note') OR (o.id > s.id AND NOT o.\"row\" ? 'note'))",
     );
-    assert_eq!(misplaced, 0, "row events on the wrong side of the schema event\n{}", diag(&c));
+    assert_eq!(
+        misplaced,
+        0,
+        "row events on the wrong side of the schema event\n{}",
+        diag(&c)
+    );
     let reads_after: i64 = c.query_scalar(
         "SELECT count(*) FROM tide.outbox WHERE pipeline = 'ob' AND op = 'read'
             AND id > (SELECT min(id) FROM tide.outbox WHERE pipeline = 'ob' AND op = 'schema')",
     );
-    assert!(reads_after > 0, "no backfill row was emitted after the first schema event");
+    assert!(
+        reads_after > 0,
+        "no backfill row was emitted after the first schema event"
+    );
 
     // The table target: same shape (pad dropped, types widened), same rows.
-    assert_eq!(columns_of(&c, "rep.src"), columns_of(&c, "src"), "{}", diag(&c));
+    assert_eq!(
+        columns_of(&c, "rep.src"),
+        columns_of(&c, "src"),
+        "{}",
+        diag(&c)
+    );
     let (missing, extra) = difference(&c, "src", "rep.src", cols);
-    assert_eq!((missing, extra), (0, 0), "the table target differs\n{}", diag(&c));
-    eprintln!("replay_with_schema_events_equals_the_source: {:.1} s", t0.elapsed().as_secs_f64());
+    assert_eq!(
+        (missing, extra),
+        (0, 0),
+        "the table target differs\n{}",
+        diag(&c)
+    );
+    eprintln!(
+        "replay_with_schema_events_equals_the_source: {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
 }
 
 fn pipeline_state(c: &Cluster, p: &str) -> (bool, Option<String>, Option<String>) {
@@ -356,9 +380,17 @@ fn key_change_and_incompatible_type_pause() {
     let (err, remedy) = wait_paused(&c, "tt");
     let err = err.unwrap_or_default();
     assert!(err.contains("not a safe widening"), "reason: {err}");
-    assert!(remedy.unwrap_or_default().contains("resume_pipeline"), "{}", diag(&c));
+    assert!(
+        remedy.unwrap_or_default().contains("resume_pipeline"),
+        "{}",
+        diag(&c)
+    );
     wait_caught_up(&c, "ob");
-    assert!(pipeline_state(&c, "ob").0, "the outbox pipeline paused\n{}", diag(&c));
+    assert!(
+        pipeline_state(&c, "ob").0,
+        "the outbox pipeline paused\n{}",
+        diag(&c)
+    );
     // Fixed by hand, resumed: it goes on from the same place.
     exec(&c, "ALTER TABLE rep.t2 ALTER COLUMN w TYPE text");
     exec(&c, "SELECT tide.resume_pipeline('tt')");
@@ -368,14 +400,23 @@ fn key_change_and_incompatible_type_pause() {
     assert_eq!((m, x), (0, 0), "{}", diag(&c));
 
     // A primary-key change pauses both, before the change, with the reason and the remedy.
-    exec(&c, "ALTER TABLE t2 DROP CONSTRAINT t2_pkey, ADD PRIMARY KEY (id, v)");
+    exec(
+        &c,
+        "ALTER TABLE t2 DROP CONSTRAINT t2_pkey, ADD PRIMARY KEY (id, v)",
+    );
     exec(&c, "UPDATE t2 SET w = 'after key' WHERE id <= 3");
     for p in ["ob", "tt"] {
         let (err, remedy) = wait_paused(&c, p);
         let err = err.unwrap_or_default();
-        assert!(err.contains("key of public.t2 changed from (id) to (id, v)"), "{p}: {err}");
+        assert!(
+            err.contains("key of public.t2 changed from (id) to (id, v)"),
+            "{p}: {err}"
+        );
         let remedy = remedy.unwrap_or_default();
-        assert!(remedy.contains("tide.remove_table('") && remedy.contains("tide.add_table('"), "{p}: {remedy}");
+        assert!(
+            remedy.contains("tide.remove_table('") && remedy.contains("tide.add_table('"),
+            "{p}: {remedy}"
+        );
     }
     let after_key: i64 = c.query_scalar(
         "SELECT count(*) FROM tide.outbox WHERE pipeline = 'ob' AND (\"row\"->>'w') = 'after key'",
@@ -390,7 +431,10 @@ fn key_change_and_incompatible_type_pause() {
     exec(&c, "SELECT tide.remove_table('ob', 't2')");
     exec(&c, "SELECT tide.resume_pipeline('ob')");
     if let Err(m) = poll_every(Duration::from_secs(60), Duration::from_millis(100), || {
-        Ok(c.try_query_scalar::<i64>("SELECT count(*) FROM tide.tables WHERE pipeline = 'ob'")? == 0)
+        Ok(
+            c.try_query_scalar::<i64>("SELECT count(*) FROM tide.tables WHERE pipeline = 'ob'")?
+                == 0,
+        )
     }) {
         panic!("t2 was not removed: {m}\n{}", diag(&c));
     }
@@ -449,7 +493,10 @@ fn owner_ddl_and_uncaptured_ddl() {
         )
         .unwrap_or_else(|e| panic!("{}", describe_error(&e)))
         .get(0);
-    assert_eq!(added, r#"[{"name": "note", "type": "text", "value": "hello"}]"#);
+    assert_eq!(
+        added,
+        r#"[{"name": "note", "type": "text", "value": "hello"}]"#
+    );
     alice
         .batch_execute("ALTER TABLE alice_t RENAME COLUMN v TO value")
         .unwrap_or_else(|e| panic!("alice's RENAME failed: {}", describe_error(&e)));

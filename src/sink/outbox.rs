@@ -3,8 +3,8 @@
 //! (`catalog::outbox::insert`).
 
 use crate::catalog::outbox::{self, Rows};
-use crate::error::TideResult;
 use crate::error::TideError;
+use crate::error::TideResult;
 use crate::sink::{Event, SchemaEvent, Target};
 use pgrx::spi::SpiClient;
 use tide_core::lsn::Lsn;

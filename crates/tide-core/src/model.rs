@@ -295,11 +295,20 @@ mod tests {
         assert_eq!(c.changed[0].2, "bigint");
         assert_eq!(c.renamed[0], ("a".into(), "b".into()));
         assert!(!c.key_changed());
-        let k = SchemaChange::parse(&p.replace(r#""previous_key":["id"]"#, r#""previous_key":["id","x"]"#)).unwrap();
+        let k = SchemaChange::parse(
+            &p.replace(r#""previous_key":["id"]"#, r#""previous_key":["id","x"]"#),
+        )
+        .unwrap();
         assert!(k.key_changed());
         // a mistyped or missing field is not a change
-        assert_eq!(SchemaChange::parse(&p.replace(r#""dropped":["old"]"#, r#""dropped":[1]"#)), None);
-        assert_eq!(SchemaChange::parse(&p.replace(r#""key":["id"],"#, "")), None);
+        assert_eq!(
+            SchemaChange::parse(&p.replace(r#""dropped":["old"]"#, r#""dropped":[1]"#)),
+            None
+        );
+        assert_eq!(
+            SchemaChange::parse(&p.replace(r#""key":["id"],"#, "")),
+            None
+        );
         assert_eq!(SchemaChange::parse("not json"), None);
     }
 
