@@ -1,5 +1,8 @@
-//! The SQL objects of the extension that are not functions: catalog tables, the outbox, views
-//! and privileges. The Rust code that reads and writes these tables lives in `catalog`.
+//! The SQL objects of the extension that are not Rust functions: catalog tables, the outbox,
+//! views, privileges, and the schema-change event trigger (`tide_schema_changes`, with its SQL
+//! functions `tide._shape`, `tide._schema_change`, `tide._schema_marker`: the one place outside
+//! `catalog` that writes pg_tide's tables, in the DDL's own transaction, because it must run in
+//! SQL there). The Rust code that reads and writes these tables lives in `catalog`.
 
 use pgrx::extension_sql;
 
@@ -41,6 +44,10 @@ CREATE TABLE tide.pipeline_table (
     -- Table targets: where the table's changes go (NULL for the outbox).
     target_schema text,
     target_name   text,
+    -- The table's shape (tide._shape) as of the last schema marker or of add_table, kept by the
+    -- event trigger tide._schema_marker in the DDL's own transaction, so each schema change is
+    -- described against the shape before it (NULL only for a table dropped before 0.2.0).
+    shape         jsonb,
     -- Partitioned tables: the partitions holding rows whose rows were read or queued to be read
     -- (set by add_table; the worker queues a backfill for each partition attached since and
     -- updates it). NULL for other tables.
@@ -58,7 +65,7 @@ CREATE TABLE tide.outbox (
     commit_time  timestamptz NOT NULL,
     position     integer NOT NULL,
     relation     text NOT NULL,
-    op           text NOT NULL CHECK (op IN ('insert', 'update', 'delete', 'truncate', 'read')),
+    op           text NOT NULL CHECK (op IN ('insert', 'update', 'delete', 'truncate', 'read', 'schema')),
     key          jsonb,
     "row"        jsonb,
     unchanged    text[],
@@ -70,7 +77,7 @@ COMMENT ON TABLE tide.outbox IS 'Change events written by pg_tide outbox pipelin
 COMMENT ON COLUMN tide.outbox.commit_lsn IS 'LSN of the source commit record; (commit_lsn, position) identifies an event, use it to de-duplicate.';
 COMMENT ON COLUMN tide.outbox.position IS 'Position of the event within its source transaction, from 1.';
 COMMENT ON COLUMN tide.outbox.key IS 'The key columns (replica identity / primary key) of the row, as jsonb.';
-COMMENT ON COLUMN tide.outbox."row" IS 'The new row as jsonb (NULL for delete and truncate); jsonb_populate_record(NULL::source, row) rebuilds it. Columns listed in unchanged are absent.';
+COMMENT ON COLUMN tide.outbox."row" IS 'The new row as jsonb (NULL for delete and truncate); jsonb_populate_record(NULL::source, row) rebuilds it. Columns listed in unchanged are absent. For op schema: the schema change (columns, key, added, dropped, changed, renamed, rewrite; see README "Outbox format").';
 COMMENT ON COLUMN tide.outbox.unchanged IS 'Columns whose value did not change and was not sent (unchanged TOAST); keep the value you have.';
 
 -- The signal table: the worker's watermark writes. One row per pipeline, updated in place, so it
@@ -87,16 +94,19 @@ COMMENT ON TABLE tide.signal IS 'Watermark writes of the backfill (low/high per 
 CREATE SEQUENCE tide.watermark_seq;
 
 -- Markers: add_table/remove_table write a row here (and delete it in the same transaction), so
--- the worker meets the marker exactly at that transaction's commit position in the stream. Only
--- pg_tide can write this table, so a marker cannot be forged (a logical message could be: any
--- role may call pg_logical_emit_message).
+-- the worker meets the marker exactly at that transaction's commit position in the stream; the
+-- event trigger tide_schema_changes writes a 'schema' marker (with the change in payload) in the
+-- transaction of an ALTER TABLE that changed a captured table's columns or key. Only pg_tide
+-- can write this table, so a marker cannot be forged (a logical message could be: any role may
+-- call pg_logical_emit_message).
 CREATE TABLE tide.marker (
     id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     pipeline  text NOT NULL,
-    op        text NOT NULL CHECK (op IN ('add_table', 'remove_table')),
-    relid     oid NOT NULL
+    op        text NOT NULL CHECK (op IN ('add_table', 'remove_table', 'schema')),
+    relid     oid NOT NULL,
+    payload   jsonb
 );
-COMMENT ON TABLE tide.marker IS 'add_table/remove_table markers, decoded by the worker at their commit position. Written only by pg_tide.';
+COMMENT ON TABLE tide.marker IS 'add_table/remove_table/schema markers, decoded by the worker at their commit position. Written only by pg_tide.';
 
 -- Backfills: one row per (re-)seed of a table for a pipeline.
 CREATE TABLE tide.backfill (
@@ -442,6 +452,99 @@ LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
      ORDER BY o.id
 $$;
 COMMENT ON FUNCTION tide.read_outbox(text, text, integer) IS 'The next events of a consumer after its committed position, in id order, whole source transactions (see the README, Outbox consumers); commit with tide.commit_consumer.';
+
+-- Schema changes of captured tables (see README, Concepts > Schema changes, and Outbox format).
+-- The shape of a table as pg_tide describes it: its columns (attnum, name, format_type, type OID,
+-- typmod; generated columns are not sent, so not listed) in attribute order, and its key (the
+-- replica identity index, else the primary key: what tide.add_table records in key_columns).
+CREATE FUNCTION tide._shape(rel oid) RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT jsonb_build_object(
+        'columns', coalesce((SELECT jsonb_agg(jsonb_build_object(
+                                 'attnum', a.attnum, 'name', a.attname::text,
+                                 'type', format_type(a.atttypid, a.atttypmod),
+                                 'type_oid', a.atttypid::int8, 'typmod', a.atttypmod) ORDER BY a.attnum)
+                               FROM pg_attribute a
+                              WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+                                AND a.attgenerated = ''), '[]'::jsonb),
+        'key', to_jsonb(ARRAY(SELECT a.attname::text
+                 FROM pg_index i
+                 JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
+                 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                WHERE i.indrelid = c.oid
+                  AND CASE WHEN c.relreplident = 'i' THEN i.indisreplident ELSE i.indisprimary END
+                ORDER BY k.ord)))
+      FROM pg_class c
+     WHERE c.oid = rel
+$$;
+COMMENT ON FUNCTION tide._shape(oid) IS 'pg_tide internal: a table''s columns (attnum, name, type) and key, as schema events describe them.';
+
+-- The schema change from shape `old` to shape `new` of table `rel`, as the outbox's schema event
+-- carries it: the relation; the new columns and key; columns added (by attnum: a column dropped and added again
+-- under the same name is dropped and added), with the value existing rows got (attmissingval, or
+-- NULL); columns dropped; columns whose type changed; columns renamed; the key before.
+CREATE FUNCTION tide._schema_change(old jsonb, new jsonb, rel oid) RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+    WITH o AS (SELECT * FROM jsonb_to_recordset(coalesce(old->'columns', '[]'::jsonb)) AS x(attnum int, name text, type text)),
+         n AS (SELECT * FROM jsonb_to_recordset(new->'columns') AS x(attnum int, name text, type text, type_oid int8, typmod int))
+    SELECT jsonb_build_object(
+        'relation', (SELECT format('%I.%I', s.nspname, c.relname)
+                       FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace WHERE c.oid = rel),
+        'columns', (SELECT coalesce(jsonb_agg(jsonb_build_object('name', n.name, 'type', n.type,
+                                    'type_oid', n.type_oid, 'typmod', n.typmod) ORDER BY n.attnum), '[]'::jsonb) FROM n),
+        'key', new->'key',
+        'previous_key', old->'key',
+        'added', (SELECT coalesce(jsonb_agg(jsonb_build_object('name', n.name, 'type', n.type,
+                         'value', CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END) ORDER BY n.attnum), '[]'::jsonb)
+                    FROM n JOIN pg_attribute a ON a.attrelid = rel AND a.attnum = n.attnum
+                   WHERE NOT EXISTS (SELECT 1 FROM o WHERE o.attnum = n.attnum)),
+        'dropped', (SELECT coalesce(jsonb_agg(o.name ORDER BY o.attnum), '[]'::jsonb)
+                      FROM o WHERE NOT EXISTS (SELECT 1 FROM n WHERE n.attnum = o.attnum)),
+        'changed', (SELECT coalesce(jsonb_agg(jsonb_build_object('name', n.name, 'from', o.type, 'to', n.type) ORDER BY n.attnum), '[]'::jsonb)
+                      FROM o JOIN n USING (attnum) WHERE o.type <> n.type),
+        'renamed', (SELECT coalesce(jsonb_agg(jsonb_build_object('from', o.name, 'to', n.name) ORDER BY n.attnum), '[]'::jsonb)
+                      FROM o JOIN n USING (attnum) WHERE o.name <> n.name))
+$$;
+COMMENT ON FUNCTION tide._schema_change(jsonb, jsonb, oid) IS 'pg_tide internal: the schema event''s payload for a change of a table from one shape to another.';
+
+-- At the end of every ALTER TABLE: for each captured table the command touched (and the tables
+-- inheriting from it) whose shape changed, write a 'schema' marker with the change, in the DDL's
+-- own transaction, so the worker meets it exactly where the change takes effect in the stream.
+-- Does nothing else for a table no pipeline captures; runs as pg_tide (SECURITY DEFINER: any
+-- table owner's ALTER TABLE fires it, and only pg_tide may write tide.marker).
+CREATE FUNCTION tide._schema_marker() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r record;
+    now_shape jsonb;
+    marker_id bigint;
+BEGIN
+    FOR r IN
+        WITH RECURSIVE rels(relid) AS (
+            SELECT d.objid FROM pg_event_trigger_ddl_commands() d
+             WHERE d.classid = 'pg_catalog.pg_class'::regclass
+            UNION
+            SELECT i.inhrelid FROM pg_inherits i JOIN rels ON i.inhparent = rels.relid
+        )
+        SELECT t.pipeline, t.relid, t.shape
+          FROM tide.pipeline_table t
+         WHERE t.relid IN (SELECT relid FROM rels)
+         ORDER BY t.relid, t.pipeline
+    LOOP
+        now_shape := tide._shape(r.relid);
+        CONTINUE WHEN now_shape IS NULL OR now_shape IS NOT DISTINCT FROM r.shape;
+        UPDATE tide.pipeline_table SET shape = now_shape WHERE pipeline = r.pipeline AND relid = r.relid;
+        INSERT INTO tide.marker (pipeline, op, relid, payload)
+        VALUES (r.pipeline, 'schema', r.relid, tide._schema_change(r.shape, now_shape, r.relid))
+        RETURNING id INTO marker_id;
+        DELETE FROM tide.marker WHERE id = marker_id;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION tide._schema_marker() IS 'pg_tide internal: the event trigger that writes a schema marker when an ALTER TABLE changes a captured table''s columns or key.';
+CREATE EVENT TRIGGER tide_schema_changes ON ddl_command_end WHEN TAG IN ('ALTER TABLE')
+    EXECUTE FUNCTION tide._schema_marker();
+COMMENT ON EVENT TRIGGER tide_schema_changes IS 'pg_tide: schema events for captured tables (tide._schema_marker).';
 
 -- Nothing in pg_tide is for PUBLIC by default: grant what a role needs explicitly.
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA tide FROM PUBLIC;

@@ -143,6 +143,11 @@ pub(super) fn add_table_impl(
 ) -> TideResult<()> {
     check_server()?;
     let owner = require_pipeline(pipeline)?;
+    // Held until commit: an ALTER TABLE (ACCESS EXCLUSIVE) of the table commits before this
+    // call reads the table's shape or after it commits, so the event trigger describes every
+    // later schema change against the shape recorded here (catalog::tables::insert).
+    // SAFETY: a lock on a relation's OID, released at the end of the transaction.
+    unsafe { pg_sys::LockRelationOid(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
     let s = validate_source(relid, &owner)?;
     // A table this pipeline writes as a target cannot be captured by it: its own writes would
     // come back as changes.

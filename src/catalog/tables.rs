@@ -1,6 +1,8 @@
-//! `tide.pipeline_table`: the tables each pipeline captures, with their key and (table targets)
-//! their target table; and the add/remove markers (`tide.marker`). Written by the SQL API (add,
-//! remove) and by the worker (capturing from the add marker on; forgetting at the remove marker).
+//! `tide.pipeline_table`: the tables each pipeline captures, with their key, their shape and
+//! (table targets) their target table; and the add/remove markers (`tide.marker`). Written by
+//! the SQL API (add, remove), by the worker (capturing from the add marker on; forgetting at the
+//! remove marker) and, for `shape` and the `schema` markers, by the event trigger
+//! `tide._schema_marker` (SQL, `src/schema.rs`) in the transaction of an `ALTER TABLE`.
 
 use super::{corrupt, relid};
 use crate::error::TideResult;
@@ -18,6 +20,8 @@ pub struct TableRow {
     pub relid: u32,
     /// True once the worker has passed the add_table marker in the stream.
     pub capturing: bool,
+    /// `tide.remove_table` ran; the worker forgets the table at the remove marker.
+    pub removing: bool,
     /// A partitioned table (captured with its partitions).
     pub partitioned: bool,
 }
@@ -85,7 +89,7 @@ pub(crate) use key_of_pg_class_c;
 /// transaction.
 pub(crate) fn captured(c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<Vec<TableRow>> {
     let rows = c.select(
-        "SELECT relid::int8, added_lsn IS NOT NULL, partitions IS NOT NULL FROM tide.pipeline_table WHERE pipeline = $1 ORDER BY relid",
+        "SELECT relid::int8, added_lsn IS NOT NULL, removing, partitions IS NOT NULL FROM tide.pipeline_table WHERE pipeline = $1 ORDER BY relid",
         None,
         &[pipeline.into()],
     )?;
@@ -96,7 +100,10 @@ pub(crate) fn captured(c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<Vec<
             capturing: r
                 .get::<bool>(2)?
                 .ok_or_else(|| corrupt("added_lsn", pipeline))?,
-            partitioned: r.get::<bool>(3)?.unwrap_or(false),
+            removing: r
+                .get::<bool>(3)?
+                .ok_or_else(|| corrupt("removing", pipeline))?,
+            partitioned: r.get::<bool>(4)?.unwrap_or(false),
         });
     }
     Ok(out)
@@ -399,11 +406,13 @@ pub(crate) fn removing(pipeline: &str, relid: pg_sys::Oid) -> TideResult<Option<
     )
 }
 
-/// Record a table to capture. Called by `tide.add_table`; runs as pg_tide.
+/// Record a table to capture, with its shape now (the event trigger describes each later schema
+/// change against it). Called by `tide.add_table`, which holds a lock on the table so no
+/// `ALTER TABLE` can commit in between; runs as pg_tide.
 pub(crate) fn insert(t: &NewTable<'_>) -> TideResult<()> {
     tsql::exec(
-        "INSERT INTO tide.pipeline_table (pipeline, relid, relation, key_columns, target_schema, target_name, partitions)
-         VALUES ($1, $2, $3, $4, $5, $6,
+        "INSERT INTO tide.pipeline_table (pipeline, relid, relation, key_columns, target_schema, target_name, shape, partitions)
+         VALUES ($1, $2, $3, $4, $5, $6, tide._shape($2),
                  CASE WHEN (SELECT relkind FROM pg_class WHERE oid = $2) = 'p'
                      THEN ARRAY(SELECT pt.relid FROM pg_partition_tree($2) pt JOIN pg_class pc ON pc.oid = pt.relid
                                  WHERE pt.isleaf AND pc.relkind = 'r' ORDER BY 1) END)",
@@ -416,7 +425,7 @@ pub(crate) fn insert(t: &NewTable<'_>) -> TideResult<()> {
 pub(crate) fn re_add(t: &NewTable<'_>) -> TideResult<()> {
     tsql::exec(
         "UPDATE tide.pipeline_table SET removing = false, added_lsn = NULL, added_at = now(), relation = $3, key_columns = $4,
-                target_schema = $5, target_name = $6,
+                target_schema = $5, target_name = $6, shape = tide._shape($2),
                 partitions = CASE WHEN (SELECT relkind FROM pg_class WHERE oid = $2) = 'p'
                      THEN ARRAY(SELECT pt.relid FROM pg_partition_tree($2) pt JOIN pg_class pc ON pc.oid = pt.relid
                                  WHERE pt.isleaf AND pc.relkind = 'r' ORDER BY 1) END

@@ -47,6 +47,20 @@ pub struct Event {
     pub only_where: Option<String>,
 }
 
+/// A schema change of a captured table, at the position of the `ALTER TABLE` that made it (a
+/// `schema` marker; see `worker::apply`).
+pub struct SchemaEvent {
+    pub relid: u32,
+    /// Source relation, as in [`Event::relation`].
+    pub relation: String,
+    /// The marker's payload (JSON), as `tide._schema_change` wrote it.
+    pub payload: String,
+    /// The payload, parsed.
+    pub change: tide_core::model::SchemaChange,
+    /// The same transaction rewrote the table (its rows are read again after it).
+    pub rewrite: bool,
+}
+
 /// The surviving rows of a backfill chunk as row values of the source table's row type (see
 /// [`Target::takes_row_values`]): one array, the parameter of a single upsert.
 pub struct RowBatch<'a> {
@@ -90,6 +104,11 @@ pub trait Target {
 
     /// One event of the source transaction `t`, in stream order.
     fn push(&mut self, c: &mut SpiClient<'_>, t: &Txn, ev: Event) -> TideResult<()>;
+
+    /// A schema change of a captured table, at its position in the stream (between the events
+    /// of `t` before and after the `ALTER TABLE`): the outbox writes it as an event; table
+    /// targets apply it or pause (see `table`).
+    fn schema(&mut self, c: &mut SpiClient<'_>, t: &Txn, ev: SchemaEvent) -> TideResult<()>;
 
     /// Write everything buffered and make it durable together with the applied position
     /// `applied` (end LSN of the last source transaction applied), before the worker's

@@ -3,8 +3,9 @@
 //! (`catalog::outbox::insert`).
 
 use crate::catalog::outbox::{self, Rows};
+use crate::error::TideError;
 use crate::error::TideResult;
-use crate::sink::{Event, Target};
+use crate::sink::{Event, SchemaEvent, Target};
 use pgrx::spi::SpiClient;
 use tide_core::lsn::Lsn;
 use tide_core::model::Txn;
@@ -60,6 +61,32 @@ impl Target for OutboxSink {
             self.flush(c)?;
         }
         Ok(())
+    }
+
+    /// A schema event: op `schema`, no key, the change in `row` (the marker's payload and
+    /// `"rewrite"`: whether the rows are read again after it; README "Outbox format").
+    fn schema(&mut self, c: &mut SpiClient<'_>, t: &Txn, ev: SchemaEvent) -> TideResult<()> {
+        let mut row: serde_json::Value = serde_json::from_str(&ev.payload).map_err(|e| {
+            TideError::internal(format!("a schema marker's payload is not JSON: {e}"))
+        })?;
+        if let Some(o) = row.as_object_mut() {
+            o.insert("rewrite".to_string(), serde_json::Value::Bool(ev.rewrite));
+        }
+        self.push(
+            c,
+            t,
+            Event {
+                relid: ev.relid,
+                relation: ev.relation,
+                op: tide_core::model::Op::Schema,
+                key: None,
+                row: Some(row.to_string()),
+                unchanged: Vec::new(),
+                columns: Vec::new(),
+                backfill: None,
+                only_where: None,
+            },
+        )
     }
 
     /// Write the buffered events (the worker's transaction commits them, with the pipeline

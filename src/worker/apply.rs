@@ -20,16 +20,21 @@
 //!   rows it holds for are removed; a chunk whose window it falls in is read again.
 //! - Only `tide.marker` and `tide.signal` rows are trusted as control messages (only pg_tide
 //!   can write them); a logical message with pg_tide's prefix is logged and ignored.
+//! - A `schema` marker (written by the event trigger in an `ALTER TABLE`'s transaction) of a
+//!   captured table reaches the target at its position ([`Target::schema`]): the outbox writes
+//!   an event op `schema`, table targets apply the change or pause. A changed key pauses the
+//!   pipeline before the change (nothing after it is applied) unless the table is being
+//!   removed, whose changes then stop at the key change.
 
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
-use crate::sink::{Event, Target};
+use crate::sink::{Event, SchemaEvent, Target};
 use crate::worker::backfill::Backfiller;
 use pgrx::spi::SpiClient;
 use std::collections::{HashMap, HashSet};
 use tide_core::json;
 use tide_core::lsn::Lsn;
-use tide_core::model::{MarkerOp, Op, OwnedColumn, RelDesc, Txn, WatermarkKind};
+use tide_core::model::{MarkerOp, Op, OwnedColumn, RelDesc, SchemaChange, Txn, WatermarkKind};
 use tide_core::wire::{self, Column, Message, Tuple};
 
 /// What one successful iteration did.
@@ -63,6 +68,8 @@ pub struct TableSets {
     pub capturing: HashSet<u32>,
     /// Tables in the catalog whose add marker lies ahead in the stream.
     pub pending: HashSet<u32>,
+    /// Tables `tide.remove_table` is removing (their remove marker lies ahead).
+    pub removing: HashSet<u32>,
 }
 
 impl TableSets {
@@ -233,6 +240,60 @@ impl Applier<'_, '_> {
                 if !t.skip {
                     self.removals.push(table);
                 }
+            }
+            MarkerOp::Schema => {
+                if t.skip || !self.sets.capturing.contains(&table) {
+                    return Ok(());
+                }
+                let payload = column_text(rel, new, "payload").ok_or_else(|| {
+                    TideError::internal(format!(
+                        "a schema marker of relation {table} (transaction {} committed at {}) has no payload",
+                        t.xid, t.lsn
+                    ))
+                })?;
+                let change = SchemaChange::parse(payload).ok_or_else(|| {
+                    TideError::internal(format!(
+                        "a schema marker of relation {table} (transaction {} committed at {}) has a payload pg_tide cannot read: {payload}",
+                        t.xid, t.lsn
+                    ))
+                })?;
+                let relation = schema_relation(payload)
+                    .or_else(|| self.rels.get(&table).map(|r| r.qualified.clone()))
+                    .unwrap_or_else(|| format!("relation {table}"));
+                let removing = self.sets.removing.contains(&table);
+                if change.key_changed() {
+                    if !removing {
+                        let mut e = TideError::prerequisite(format!(
+                            "the key of {relation} changed from ({}) to ({}) (transaction {} committed at {}): pg_tide keys its events, backfills and table targets by the key recorded when the table was added",
+                            change.previous_key.join(", "),
+                            change.key.join(", "),
+                            t.xid,
+                            t.lsn
+                        ))
+                        .hint(format!(
+                            "The pipeline is paused before the change. Remove the table, resume, then add it again to capture and backfill it with its new key: SELECT tide.remove_table('{0}', '{1}'); SELECT tide.resume_pipeline('{0}'); and once tide.tables no longer lists it, SELECT tide.add_table('{0}', '{1}') (a table target's table must have the new key first). Rows deleted at the source in between stay at a table target until tide.repair.",
+                            self.p.name.replace('\'', "''"),
+                            relation.replace('\'', "''")
+                        ));
+                        e.pause_pipeline = true;
+                        return Err(e);
+                    }
+                    // Being removed: its changes stop here (the re-add backfills it again).
+                    self.sets.capturing.remove(&table);
+                }
+                let rewrite = self.rewrites.iter().any(|&(r, l)| r == table && l == t.lsn);
+                t.position += 1;
+                self.sink.schema(
+                    self.c,
+                    t,
+                    SchemaEvent {
+                        relid: table,
+                        relation,
+                        payload: payload.to_string(),
+                        change,
+                        rewrite,
+                    },
+                )?;
             }
         }
         Ok(())
@@ -453,6 +514,12 @@ fn parse_marker(rel: &RelDesc, t: &Tuple<'_>) -> Option<(MarkerOp, String, u32)>
         column_text(rel, t, "pipeline")?.to_string(),
         column_text(rel, t, "relid")?.parse().ok()?,
     ))
+}
+
+/// The relation named in a schema marker's payload (as the stream's events name it).
+fn schema_relation(payload: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(payload).ok()?;
+    v.get("relation")?.as_str().map(str::to_string)
 }
 
 fn rel_desc(rels: &HashMap<u32, RelDesc>, relid: u32) -> TideResult<&RelDesc> {

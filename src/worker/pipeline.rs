@@ -414,6 +414,11 @@ fn stream(
             .filter(|t| !t.capturing)
             .map(|t| t.relid)
             .collect(),
+        removing: tables
+            .iter()
+            .filter(|t| t.removing)
+            .map(|t| t.relid)
+            .collect(),
     };
     let filter: String = tables
         .iter()

@@ -62,6 +62,81 @@ pub struct Txn {
     pub barrier: bool,
 }
 
+/// A schema change of a captured table, as the event trigger `tide._schema_marker` describes it
+/// in a `schema` marker's payload (`tide._schema_change` in `src/schema.rs`; the outbox's
+/// `schema` event carries the same JSON, see README "Outbox format"). Columns are matched by
+/// attribute number, so a column dropped and added again under its name is dropped and added.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SchemaChange {
+    /// The columns after the change, in attribute order: (name, `format_type`).
+    pub columns: Vec<(String, String)>,
+    /// The key after the change, in key order.
+    pub key: Vec<String>,
+    /// The key before the change.
+    pub previous_key: Vec<String>,
+    /// Columns added: (name, `format_type`, the value rows that existed got: `attmissingval`,
+    /// or `None` for NULL).
+    pub added: Vec<(String, String, Option<String>)>,
+    /// Columns dropped, by name.
+    pub dropped: Vec<String>,
+    /// Columns whose type changed: (name, from, to).
+    pub changed: Vec<(String, String, String)>,
+    /// Columns renamed: (from, to).
+    pub renamed: Vec<(String, String)>,
+}
+
+impl SchemaChange {
+    /// Parse a marker's payload; `None` for anything that is not one (a missing or mistyped
+    /// field), never a partial change.
+    pub fn parse(payload: &str) -> Option<SchemaChange> {
+        use serde_json::Value;
+        let v: Value = serde_json::from_str(payload).ok()?;
+        let text = |v: &Value, k: &str| v.get(k)?.as_str().map(str::to_string);
+        let list = |k: &str| v.get(k)?.as_array();
+        let names = |k: &str| -> Option<Vec<String>> {
+            list(k)?
+                .iter()
+                .map(|x| x.as_str().map(str::to_string))
+                .collect()
+        };
+        Some(SchemaChange {
+            columns: list("columns")?
+                .iter()
+                .map(|c| Some((text(c, "name")?, text(c, "type")?)))
+                .collect::<Option<_>>()?,
+            key: names("key")?,
+            previous_key: match v.get("previous_key") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(_) => names("previous_key")?,
+            },
+            added: list("added")?
+                .iter()
+                .map(|c| {
+                    let value = match c.get("value") {
+                        None | Some(Value::Null) => None,
+                        Some(x) => Some(x.as_str()?.to_string()),
+                    };
+                    Some((text(c, "name")?, text(c, "type")?, value))
+                })
+                .collect::<Option<_>>()?,
+            dropped: names("dropped")?,
+            changed: list("changed")?
+                .iter()
+                .map(|c| Some((text(c, "name")?, text(c, "from")?, text(c, "to")?)))
+                .collect::<Option<_>>()?,
+            renamed: list("renamed")?
+                .iter()
+                .map(|c| Some((text(c, "from")?, text(c, "to")?)))
+                .collect::<Option<_>>()?,
+        })
+    }
+
+    /// Whether the key changed (columns or their order).
+    pub fn key_changed(&self) -> bool {
+        self.key != self.previous_key
+    }
+}
+
 /// Declares a closed set of names with its text form (`as_str`, `parse`, `ALL`).
 macro_rules! text_enum {
     ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $text:literal,)+ }) => {
@@ -109,6 +184,9 @@ text_enum! {
         Truncate => "truncate",
         /// A row of a backfill chunk, emitted at the chunk's high watermark.
         Read => "read",
+        /// A schema change of the relation (`ALTER TABLE`), at the position where it takes
+        /// effect; the event's row describes it (README, "Outbox format").
+        Schema => "schema",
     }
 }
 
@@ -122,12 +200,16 @@ text_enum! {
 }
 
 text_enum! {
-    /// What a row of `tide.marker` marks (`tide.marker.op`). Written by the SQL API only
-    /// (`add_table`, `remove_table`) in the transaction that changes the table list; decoded by
-    /// the worker, which acts on it at exactly that commit position in the stream.
+    /// What a row of `tide.marker` marks (`tide.marker.op`). Written by the SQL API
+    /// (`add_table`, `remove_table`) in the transaction that changes the table list, and by the
+    /// event trigger `tide._schema_marker` (`schema`) in the transaction of an `ALTER TABLE`
+    /// that changed a captured table's columns or key; decoded by the worker, which acts on it
+    /// at exactly that commit position in the stream.
     MarkerOp {
         AddTable => "add_table",
         RemoveTable => "remove_table",
+        /// A captured table's columns or key changed; the marker's payload says how.
+        Schema => "schema",
     }
 }
 
@@ -226,8 +308,40 @@ mod tests {
             ConsumerStart::parse,
         );
         check(PruneReason::ALL, PruneReason::as_str, PruneReason::parse);
-        assert_eq!(Op::ALL.len(), 5);
+        assert_eq!(Op::ALL.len(), 6);
         assert_eq!(BackfillState::ALL.len(), 6);
+    }
+
+    #[test]
+    fn schema_change_parses_the_trigger_payload() {
+        let p = r#"{"columns":[{"name":"id","type":"integer","type_oid":23,"typmod":-1},{"name":"note","type":"text","type_oid":25,"typmod":-1}],
+                   "key":["id"],"previous_key":["id"],
+                   "added":[{"name":"note","type":"text","value":"x"},{"name":"n2","type":"integer","value":null}],
+                   "dropped":["old"],"changed":[{"name":"v","from":"integer","to":"bigint"}],
+                   "renamed":[{"from":"a","to":"b"}]}"#;
+        let c = SchemaChange::parse(p).unwrap();
+        assert_eq!(c.columns[1], ("note".into(), "text".into()));
+        assert_eq!(c.added[0].2.as_deref(), Some("x"));
+        assert_eq!(c.added[1].2, None);
+        assert_eq!(c.dropped, ["old"]);
+        assert_eq!(c.changed[0].2, "bigint");
+        assert_eq!(c.renamed[0], ("a".into(), "b".into()));
+        assert!(!c.key_changed());
+        let k = SchemaChange::parse(
+            &p.replace(r#""previous_key":["id"]"#, r#""previous_key":["id","x"]"#),
+        )
+        .unwrap();
+        assert!(k.key_changed());
+        // a mistyped or missing field is not a change
+        assert_eq!(
+            SchemaChange::parse(&p.replace(r#""dropped":["old"]"#, r#""dropped":[1]"#)),
+            None
+        );
+        assert_eq!(
+            SchemaChange::parse(&p.replace(r#""key":["id"],"#, "")),
+            None
+        );
+        assert_eq!(SchemaChange::parse("not json"), None);
     }
 
     #[test]
@@ -264,7 +378,7 @@ mod tests {
 
         /// Case and padding matter: the stored text is exact.
         #[test]
-        fn near_misses_do_not_parse(i in 0usize..5, upper in any::<bool>()) {
+        fn near_misses_do_not_parse(i in 0usize..6, upper in any::<bool>()) {
             let t = Op::ALL[i].as_str();
             let near = if upper { t.to_uppercase() } else { format!(" {t}") };
             prop_assert_eq!(Op::parse(&near), None);

@@ -514,6 +514,8 @@ pub struct ShapePlan {
     pub refused: Vec<String>,
     /// The target's columns once `ddl` is applied.
     pub shape: Vec<(String, String)>,
+    /// The source's key changed ([`plan_schema_change`]), which pg_tide cannot follow.
+    pub key_changed: bool,
 }
 
 /// Compare the source's columns with the target's (`(name, format_type)` each) and plan the
@@ -561,6 +563,87 @@ pub fn plan_shape(table: &str, source: &[SourceColumn], target: &[(String, Strin
                 "column {name} changed from {tty} to {ty}, which is not a safe widening"
             )),
         }
+    }
+    plan
+}
+
+/// Plan what a schema event (`change`, see [`crate::model::SchemaChange`]) does to the target
+/// table `table` (quoted, qualified) whose columns are `target` and whose key is `target_key`,
+/// at the event's position: columns renamed at the source are renamed (when the target has the
+/// old name and not the new one), then each dropped column the target has is dropped (also
+/// when a column of that name was added again: its rows have the new column's values) —
+/// unless it is part of the target's key, which is refused — then [`plan_shape`] against the
+/// new columns (added columns with the value existing rows got, safe widenings; the rest
+/// refused).
+/// A changed key is refused (`key_changed`): pg_tide keys the target, its backfill and its
+/// reconciliation by the key it recorded.
+pub fn plan_schema_change(
+    table: &str,
+    change: &crate::model::SchemaChange,
+    target: &[(String, String)],
+    target_key: &[String],
+) -> ShapePlan {
+    let mut renamed_target = target.to_vec();
+    let mut ddl = Vec::new();
+    for (from, to) in &change.renamed {
+        let has = |n: &str| renamed_target.iter().any(|(c, _)| c == n);
+        if has(from) && !has(to) && !target_key.contains(from) {
+            ddl.push((
+                format!(
+                    "ALTER TABLE {table} RENAME COLUMN {} TO {}",
+                    quote_ident(from),
+                    quote_ident(to)
+                ),
+                format!("rename column {from} to {to}"),
+            ));
+            if let Some(c) = renamed_target.iter_mut().find(|(c, _)| c == from) {
+                c.0 = to.clone();
+            }
+        }
+    }
+    let mut refused = Vec::new();
+    for name in &change.dropped {
+        if !renamed_target.iter().any(|(n, _)| n == name) {
+            continue; // never at the target
+        }
+        if target_key.contains(name) {
+            refused.push(format!(
+                "column {name} was dropped at the source, and it is part of the target's key"
+            ));
+            continue;
+        }
+        // Also when a column of that name was added again: its rows have new values.
+        ddl.push((
+            format!("ALTER TABLE {table} DROP COLUMN {}", quote_ident(name)),
+            format!("drop column {name}"),
+        ));
+        renamed_target.retain(|(n, _)| n != name);
+    }
+    let source: Vec<SourceColumn> = change
+        .columns
+        .iter()
+        .map(|(name, ty)| SourceColumn {
+            name: name.clone(),
+            ty: ty.clone(),
+            missing: change
+                .added
+                .iter()
+                .find(|(n, _, _)| n == name)
+                .and_then(|(_, _, v)| v.clone()),
+        })
+        .collect();
+    let mut plan = plan_shape(table, &source, &renamed_target);
+    ddl.append(&mut plan.ddl);
+    plan.ddl = ddl;
+    refused.append(&mut plan.refused);
+    plan.refused = refused;
+    if change.key_changed() {
+        plan.key_changed = true;
+        plan.refused.push(format!(
+            "the key changed from ({}) to ({})",
+            change.previous_key.join(", "),
+            change.key.join(", ")
+        ));
     }
     plan
 }

@@ -353,3 +353,108 @@ proptest! {
         prop_assert_eq!(got, expected);
     }
 }
+
+fn cols(c: &[(&str, &str)]) -> Vec<(String, String)> {
+    c.iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect()
+}
+
+#[test]
+fn schema_change_adds_widens_drops_and_renames() {
+    use crate::model::SchemaChange;
+    let change = SchemaChange {
+        columns: cols(&[
+            ("id", "integer"),
+            ("v", "bigint"),
+            ("Note", "text"),
+            ("b2", "text"),
+        ]),
+        key: vec!["id".into()],
+        previous_key: vec!["id".into()],
+        added: vec![("Note".into(), "text".into(), Some("it's".into()))],
+        dropped: vec!["gone".into(), "never_there".into()],
+        changed: vec![("v".into(), "integer".into(), "bigint".into())],
+        renamed: vec![("b".into(), "b2".into())],
+    };
+    let target = cols(&[
+        ("id", "integer"),
+        ("v", "integer"),
+        ("gone", "text"),
+        ("b", "text"),
+    ]);
+    let plan = plan_schema_change("rep.t", &change, &target, &["id".to_string()]);
+    let ddl: Vec<&str> = plan.ddl.iter().map(|(d, _)| d.as_str()).collect();
+    assert_eq!(
+        ddl,
+        [
+            "ALTER TABLE rep.t RENAME COLUMN b TO b2",
+            "ALTER TABLE rep.t DROP COLUMN gone",
+            "ALTER TABLE rep.t ALTER COLUMN v TYPE bigint",
+            "ALTER TABLE rep.t ADD COLUMN \"Note\" text DEFAULT 'it''s'::text",
+        ]
+    );
+    assert!(plan.refused.is_empty(), "{:?}", plan.refused);
+    assert!(!plan.key_changed);
+    assert_eq!(
+        plan.shape,
+        cols(&[
+            ("id", "integer"),
+            ("v", "bigint"),
+            ("b2", "text"),
+            ("Note", "text")
+        ])
+    );
+}
+
+#[test]
+fn schema_change_refuses_a_key_change_a_dropped_key_column_and_a_narrowing() {
+    use crate::model::SchemaChange;
+    let change = SchemaChange {
+        columns: cols(&[("id2", "integer"), ("v", "text")]),
+        key: vec!["id2".into()],
+        previous_key: vec!["id".into()],
+        dropped: vec!["id".into()],
+        ..SchemaChange::default()
+    };
+    let target = cols(&[("id", "integer"), ("id2", "integer"), ("v", "integer")]);
+    let plan = plan_schema_change("rep.t", &change, &target, &["id".to_string()]);
+    assert!(plan.key_changed);
+    assert_eq!(plan.refused.len(), 3, "{:?}", plan.refused);
+    assert!(plan
+        .refused
+        .iter()
+        .any(|r| r.contains("not a safe widening")));
+    assert!(plan
+        .refused
+        .iter()
+        .any(|r| r.contains("part of the target's key")));
+    assert!(plan
+        .refused
+        .iter()
+        .any(|r| r.contains("key changed from (id) to (id2)")));
+    // a column dropped and added again under its name is dropped and added at the target
+    let again = SchemaChange {
+        columns: cols(&[("id", "integer"), ("v", "text")]),
+        key: vec!["id".into()],
+        previous_key: vec!["id".into()],
+        added: vec![("v".into(), "text".into(), None)],
+        dropped: vec!["v".into()],
+        ..SchemaChange::default()
+    };
+    let plan = plan_schema_change(
+        "rep.t",
+        &again,
+        &cols(&[("id", "integer"), ("v", "text")]),
+        &["id".to_string()],
+    );
+    let ddl: Vec<&str> = plan.ddl.iter().map(|(d, _)| d.as_str()).collect();
+    assert_eq!(
+        ddl,
+        [
+            "ALTER TABLE rep.t DROP COLUMN v",
+            "ALTER TABLE rep.t ADD COLUMN v text"
+        ]
+    );
+    assert!(plan.refused.is_empty(), "{plan:?}");
+}

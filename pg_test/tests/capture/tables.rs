@@ -37,19 +37,39 @@ fn ddl_does_not_stop_the_stream() {
     c.execute("INSERT INTO orders VALUES (6, 6.25)");
     wait_pipeline(&c, "ddl", 60);
 
+    // Row events, and the schema events (what they change) exactly where each ALTER TABLE
+    // took effect, in the middle of a transaction too.
     let rows: Vec<(String, String)> = c
-        .query("SELECT op, \"row\"::text FROM tide.outbox WHERE pipeline = 'ddl' ORDER BY id")
+        .query(
+            "SELECT op, CASE WHEN op = 'schema'
+                             THEN jsonb_build_object('added', \"row\"->'added', 'dropped', \"row\"->'dropped',
+                                                     'changed', \"row\"->'changed', 'rewrite', \"row\"->'rewrite')
+                             ELSE \"row\" END::text
+               FROM tide.outbox WHERE pipeline = 'ddl' ORDER BY id",
+        )
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
     let expected = [
         ("insert", r#"{"id": 1, "total": 10}"#),
         ("insert", r#"{"id": 2, "total": 20}"#),
+        (
+            "schema",
+            r#"{"added": [{"name": "extra", "type": "text", "value": "x"}], "changed": [], "dropped": [], "rewrite": false}"#,
+        ),
         ("insert", r#"{"id": 3, "extra": "x", "total": 30}"#),
         ("update", r#"{"id": 1, "extra": "y", "total": 11}"#),
         ("insert", r#"{"id": 4, "extra": "x", "total": 40}"#),
+        (
+            "schema",
+            r#"{"added": [], "changed": [{"to": "numeric(12,2)", "from": "integer", "name": "total"}], "dropped": [], "rewrite": true}"#,
+        ),
         ("insert", r#"{"id": 5, "extra": "x", "total": 5.00}"#),
         ("update", r#"{"id": 2, "extra": "x", "total": 20.50}"#),
+        (
+            "schema",
+            r#"{"added": [], "changed": [], "dropped": ["extra"], "rewrite": false}"#,
+        ),
         ("insert", r#"{"id": 6, "total": 6.25}"#),
     ];
     let got: Vec<(&str, &str)> = rows.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();

@@ -34,23 +34,28 @@
 //!   follow stream events in the batch: the events are committed first, see
 //!   `Target::commit_early`), each together with the applied position (`<schema>.tide_applied`).
 //!   A reader of the target never sees half of a source transaction, across tables too.
-//! - Schema changes: before the first event that needs it, a new source column is added to the
-//!   target and a safe type widening is applied (`schema_changes = 'propagate'`, the default);
-//!   anything else — or any change under `schema_changes = 'pause'` — pauses the pipeline with
-//!   the reason and the remedy. Nothing is applied past the change until then.
+//! - Schema changes: at a schema event ([`Target::schema`], the position of the `ALTER TABLE`)
+//!   a renamed column is renamed, a dropped column dropped (not a key column: that pauses), a
+//!   new source column added (with the value the source's existing rows got) and a safe type
+//!   widening applied (`tide_core::plan::plan_schema_change`); a shape check before the first
+//!   event after a new relation description does the same for what it can see (new columns,
+//!   widenings: [`plan_shape`]). That is `schema_changes = 'propagate'`, the default; anything
+//!   else — or any change under `schema_changes = 'pause'` — pauses the pipeline with the
+//!   reason and the remedy. Nothing is applied past the change until then.
 
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
 use crate::sink::options::{Options, SchemaPolicy};
 use crate::sink::remote::{conninfo_for_server, RemoteSink};
-use crate::sink::{Event, RowBatch, Target};
+use crate::sink::{Event, RowBatch, SchemaEvent, Target};
 use crate::sql;
 use pgrx::spi::SpiClient;
 use std::collections::{HashMap, HashSet};
 use tide_core::lsn::Lsn;
 use tide_core::model::{Op, RelDesc, TargetKind, Txn};
 use tide_core::plan::{
-    plan_shape, upsert_rows, Change, Planner, SourceColumn, Statement, TableRef,
+    plan_schema_change, plan_shape, upsert_rows, Change, Planner, ShapePlan, SourceColumn,
+    Statement, TableRef,
 };
 
 pub mod local;
@@ -227,18 +232,30 @@ impl<B: Backend> TableTarget<B> {
         }
         let target = self.target_columns(&t)?;
         let plan = plan_shape(&t.qualified(), &source, &target);
+        self.apply_plan(c, relid, &t, plan)
+    }
+
+    /// Apply a planned shape change to target `t` of source `relid`, or pause the pipeline
+    /// when it refuses something or the policy is `pause`.
+    fn apply_plan(
+        &mut self,
+        c: &mut SpiClient<'_>,
+        relid: u32,
+        t: &TableRef,
+        plan: ShapePlan,
+    ) -> TideResult<()> {
         if !plan.refused.is_empty() || (self.policy == SchemaPolicy::Pause && !plan.ddl.is_empty())
         {
             let mut all: Vec<String> = plan.ddl.iter().map(|(_, d)| d.clone()).collect();
             all.extend(plan.refused);
             let mut e = TideError::prerequisite(format!(
                 "the source of target {} changed shape: {}",
-                shown(&t),
+                shown(t),
                 all.join("; ")
             ))
             .hint(format!(
                 "The pipeline is paused before the first change that needs the new shape. Change {} to match the source, then SELECT tide.resume_pipeline('{}'); it resumes from the same place.",
-                shown(&t),
+                shown(t),
                 self.pipeline
             ));
             e.pause_pipeline = true;
@@ -313,6 +330,8 @@ impl<B: Backend> Target for TableTarget<B> {
                 Some(predicate) => Change::TruncateWhere { predicate },
                 None => Change::Truncate,
             },
+            // Schema changes arrive through `schema`, never as an event.
+            Op::Schema => return Ok(()),
             Op::Delete => Change::Delete {
                 key: key.ok_or_else(|| missing("key"))?,
             },
@@ -328,6 +347,22 @@ impl<B: Backend> Target for TableTarget<B> {
             None => Vec::new(),
         };
         self.run(c, stmts)
+    }
+
+    /// A schema event: apply the change at this position (renames, drops of dropped columns,
+    /// added columns with their existing rows' value, safe widenings) or pause; a key change
+    /// only arrives here for a table being removed, whose changes stop there.
+    fn schema(&mut self, c: &mut SpiClient<'_>, _t: &Txn, ev: SchemaEvent) -> TideResult<()> {
+        let Some(t) = self.targets.get(&ev.relid).cloned() else {
+            return Ok(());
+        };
+        if ev.change.key_changed() {
+            return Ok(());
+        }
+        let target = self.target_columns(&t)?;
+        let plan = plan_schema_change(&t.qualified(), &ev.change, &target, &t.key);
+        self.checked.remove(&ev.relid);
+        self.apply_plan(c, ev.relid, &t, plan)
     }
 
     fn commit(
