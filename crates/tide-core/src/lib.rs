@@ -4,6 +4,8 @@
 //! * [`lsn`]: WAL positions and their `X/Y` text form.
 //! * [`wire`]: the versioned binary format between the output plugin and the
 //!   worker (documented in `docs/wire-format.md`).
+//! * [`copy`]: rows in `COPY ... FROM STDIN`'s text format, every value
+//!   escaped (remote table targets' backfill chunks).
 //! * [`json`]: rendering decoded rows as JSON for the outbox, exactly
 //!   rebuildable with `jsonb_populate_record`.
 //! * [`model`]: the stream model the worker and the targets share (relation
@@ -21,6 +23,7 @@
 //! The crate uses only `std`, never panics while decoding untrusted input,
 //! and does no I/O except [`spill`]'s temporary files.
 
+pub mod copy;
 pub mod json;
 pub mod lsn;
 pub mod model;

@@ -494,6 +494,42 @@ pub fn upsert_rows(table: &TableRef, cols: &[String]) -> String {
     upsert(table, cols, "unnest($1)")
 }
 
+/// The staging table of a backfill chunk sent to a remote target by COPY: a temporary table
+/// (in `pg_temp`, whatever the search path; dropped at commit at the latest) that rows may be
+/// loaded into without conflicts, then upserted from in one statement ([`Staged`]).
+pub const STAGE: &str = "pg_temp.tide_stage";
+
+/// The three steps that load a chunk's rows into `table` through [`STAGE`]: create it with
+/// `cols` (name, `format_type` of the source, which the caller checked the target has: the types
+/// go into the DDL as PostgreSQL wrote them, identifiers already quoted), `COPY` the rows into
+/// it (text format, [`crate::copy`]), then one upsert from it (same `ON CONFLICT` rule as a run
+/// of upserts) and drop it, so another chunk in the same transaction can stage again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Staged {
+    /// `CREATE TEMP TABLE ... ON COMMIT DROP`.
+    pub create: String,
+    /// `COPY ... FROM STDIN`.
+    pub copy: String,
+    /// The upsert from the staging table, then its `DROP`.
+    pub upsert: String,
+}
+
+/// The statements of [`Staged`] for `table` and the source columns `cols`.
+pub fn staged_upsert(table: &TableRef, cols: &[(String, String)]) -> Staged {
+    let defs = cols
+        .iter()
+        .map(|(n, ty)| format!("{} {ty}", quote_ident(n)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let names: Vec<String> = cols.iter().map(|(n, _)| n.clone()).collect();
+    let list = join(names.iter(), quote_ident, ", ");
+    Staged {
+        create: format!("CREATE TEMP TABLE tide_stage ({defs}) ON COMMIT DROP"),
+        copy: format!("COPY {STAGE} ({list}) FROM STDIN"),
+        upsert: format!("{}; DROP TABLE {STAGE}", upsert(table, &names, STAGE)),
+    }
+}
+
 /// A source column as the shape check sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SourceColumn {

@@ -99,6 +99,30 @@ fn row_value_upsert_text() {
 }
 
 #[test]
+fn staged_upsert_text() {
+    let t = TableRef {
+        schema: "rep".into(),
+        name: "Order".into(),
+        key: vec!["id".into()],
+    };
+    let cols: Vec<(String, String)> = vec![
+        ("id".into(), "integer".into()),
+        ("select".into(), "public.\"My Type\"".into()),
+        ("Note".into(), "character varying(10)".into()),
+    ];
+    let s = staged_upsert(&t, &cols);
+    assert_eq!(
+        s.create,
+        "CREATE TEMP TABLE tide_stage (id integer, \"select\" public.\"My Type\", \"Note\" character varying(10)) ON COMMIT DROP"
+    );
+    assert_eq!(s.copy, "COPY pg_temp.tide_stage (id, \"select\", \"Note\") FROM STDIN");
+    assert_eq!(
+        s.upsert,
+        "INSERT INTO rep.\"Order\" AS t (id, \"select\", \"Note\") SELECT r.id, r.\"select\", r.\"Note\" FROM pg_temp.tide_stage r ON CONFLICT (id) DO UPDATE SET \"select\" = EXCLUDED.\"select\", \"Note\" = EXCLUDED.\"Note\"; DROP TABLE pg_temp.tide_stage"
+    );
+}
+
+#[test]
 fn key_only_table_does_nothing_on_conflict() {
     let mut p = Planner::new();
     let t = table("k");
