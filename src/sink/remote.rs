@@ -128,5 +128,18 @@ pub struct RemoteStatement {
     pub params: Vec<Option<String>>,
 }
 
+/// One step of a remote transaction ([`RemoteSink::transaction_steps`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RemoteStep {
+    /// A statement with text parameters; its rows are returned.
+    Statement(RemoteStatement),
+    /// SQL without parameters, run with the simple query protocol (several statements may be
+    /// separated by `;`); no rows are returned. Nothing is prepared.
+    Simple(String),
+    /// `COPY ... FROM STDIN` (`sql`) and the data it reads (in the COPY's format, complete
+    /// rows); no rows are returned.
+    CopyIn { sql: String, data: Vec<u8> },
+}
+
 #[cfg(test)]
 mod tests;

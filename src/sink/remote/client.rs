@@ -5,8 +5,8 @@ use super::*;
 
 /// What a request asks the sink thread to do.
 pub(super) enum Work {
-    /// Statements to run in one transaction, then commit.
-    Transaction(Vec<RemoteStatement>),
+    /// Steps to run in one transaction, then commit.
+    Transaction(Vec<RemoteStep>),
     /// One statement outside an explicit transaction.
     Query(RemoteStatement),
 }
@@ -201,10 +201,23 @@ impl RemoteSink {
         stmts: Vec<RemoteStatement>,
         timeout: Duration,
     ) -> Result<Vec<Vec<Vec<Option<String>>>>, RemoteError> {
-        if stmts.is_empty() {
+        self.transaction_steps(stmts.into_iter().map(RemoteStep::Statement).collect(), timeout)
+    }
+
+    /// [`RemoteSink::transaction`] with steps that may also be simple-protocol SQL or a
+    /// `COPY ... FROM STDIN` with its data ([`RemoteStep`]). Same guarantees (all or nothing,
+    /// bounded by `timeout`, each step under the remote `statement_timeout`; a COPY is
+    /// cancelled like a statement). Returns one entry per step: the rows of a
+    /// [`RemoteStep::Statement`], none for the others.
+    pub fn transaction_steps(
+        &self,
+        steps: Vec<RemoteStep>,
+        timeout: Duration,
+    ) -> Result<Vec<Vec<Vec<Option<String>>>>, RemoteError> {
+        if steps.is_empty() {
             return Ok(Vec::new());
         }
-        self.call(Work::Transaction(stmts), timeout)
+        self.call(Work::Transaction(steps), timeout)
     }
 
     /// Run one statement outside an explicit transaction and return its rows as text

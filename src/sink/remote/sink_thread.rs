@@ -83,6 +83,37 @@ pub(super) fn run_statement(
     })
 }
 
+/// Run one step of a transaction on `conn`: a statement (its rows), simple-protocol SQL or a
+/// `COPY ... FROM STDIN` with its data (no rows).
+pub(super) fn run_step(conn: &mut Conn, step: &RemoteStep) -> Result<Rows, StatementError> {
+    let pg_error = |e: postgres::Error| StatementError {
+        connection_ok: e.as_db_error().is_some(),
+        error: RemoteError::from_pg(&e),
+    };
+    match step {
+        RemoteStep::Statement(stmt) => run_statement(conn, stmt),
+        RemoteStep::Simple(sql) => {
+            conn.client.batch_execute(sql).map_err(pg_error)?;
+            Ok(Vec::new())
+        }
+        RemoteStep::CopyIn { sql, data } => {
+            use std::io::Write;
+            let mut writer = conn.client.copy_in(sql.as_str()).map_err(pg_error)?;
+            if let Err(e) = writer.write_all(data) {
+                // The copy is aborted when the writer is dropped; an I/O error means the
+                // connection is gone or unusable (a server error shows at `finish`).
+                drop(writer);
+                return Err(StatementError {
+                    error: RemoteError::transient(format!("sending COPY data failed: {e}")),
+                    connection_ok: false,
+                });
+            }
+            writer.finish().map_err(pg_error)?;
+            Ok(Vec::new())
+        }
+    }
+}
+
 /// Drop the connection (if any) and record that there is none.
 pub(super) fn discard(conn: &mut Option<Conn>, shared: &Shared) {
     if conn.take().is_some() {
@@ -257,7 +288,7 @@ pub(super) fn run_request(
                 let Some(c) = conn.as_mut() else {
                     return Err(RemoteError::transient("no remote connection")); // unreachable
                 };
-                match run_statement(c, stmt) {
+                match run_step(c, stmt) {
                     Ok(rows) => results.push(rows),
                     Err(StatementError {
                         error,

@@ -479,6 +479,108 @@ fn remote_transactions_commit_and_roll_back() {
     sink.query("DROP TABLE tide_sink_t", vec![], T).unwrap();
 }
 
+/// Steps with simple-protocol SQL and `COPY ... FROM STDIN`: the copied text reads back exactly
+/// (escapes, NULL, empty, the text `\N`); a COPY whose data the server refuses rolls back the
+/// whole transaction and leaves the connection usable; so does a statement failing after a COPY.
+#[test]
+fn remote_copy_steps_commit_and_roll_back() {
+    let ci = test_conninfo();
+    let sink = RemoteSink::start(ci, "tide-test-copy");
+    sink.query("DROP TABLE IF EXISTS tide_sink_c", vec![], T)
+        .unwrap();
+    sink.query(
+        "CREATE TABLE tide_sink_c (id int PRIMARY KEY, s text, j jsonb)",
+        vec![],
+        T,
+    )
+    .unwrap();
+    let values: Vec<Option<&str>> = vec![
+        Some("tab\there"),
+        Some("new\nline\r"),
+        Some("\\N"),
+        Some(""),
+        None,
+        Some("\\."),
+        Some("back\\slash"),
+    ];
+    let mut data = String::new();
+    for (i, v) in values.iter().enumerate() {
+        tide_core::copy::push_row(&mut data, [Some(i.to_string().as_str()), *v, Some("null")]);
+    }
+    let copy = |data: String| RemoteStep::CopyIn {
+        sql: "COPY pg_temp.stage (id, s, j) FROM STDIN".into(),
+        data: data.into_bytes(),
+    };
+    let out = sink
+        .transaction_steps(
+            vec![
+                RemoteStep::Simple(
+                    "CREATE TEMP TABLE stage (id int, s text, j jsonb) ON COMMIT DROP".into(),
+                ),
+                copy(data.clone()),
+                RemoteStep::Simple(
+                    "INSERT INTO tide_sink_c SELECT * FROM pg_temp.stage; DROP TABLE pg_temp.stage"
+                        .into(),
+                ),
+                RemoteStep::Statement(stmt("SELECT count(*) FROM tide_sink_c", &[])),
+            ],
+            T,
+        )
+        .unwrap();
+    assert_eq!(out.len(), 4);
+    assert_eq!(out[3], vec![vec![Some(values.len().to_string())]]);
+    let rows = sink
+        .query(
+            "SELECT s, j::text FROM tide_sink_c ORDER BY id",
+            vec![],
+            T,
+        )
+        .unwrap();
+    let want: Vec<Vec<Option<String>>> = values
+        .iter()
+        .map(|v| vec![v.map(str::to_string), Some("null".into())])
+        .collect();
+    assert_eq!(rows, want);
+    // Refused data (not an int): the whole transaction rolls back, the connection stays.
+    let before = sink
+        .query("SELECT count(*) FROM tide_sink_c", vec![], T)
+        .unwrap();
+    let e = sink
+        .transaction_steps(
+            vec![
+                RemoteStep::Statement(stmt("INSERT INTO tide_sink_c VALUES (100, 'x')", &[])),
+                RemoteStep::Simple("CREATE TEMP TABLE stage (id int, s text, j jsonb)".into()),
+                copy("x\ty\t\\N\n".into()),
+            ],
+            T,
+        )
+        .unwrap_err();
+    assert_eq!(e.sqlstate.as_deref(), Some("22P02"), "{e:?}");
+    // A statement failing after a successful COPY.
+    let e = sink
+        .transaction_steps(
+            vec![
+                RemoteStep::Simple("CREATE TEMP TABLE stage (id int, s text, j jsonb)".into()),
+                copy("200\ty\t\\N\n".into()),
+                RemoteStep::Simple("INSERT INTO tide_sink_c SELECT * FROM pg_temp.stage".into()),
+                RemoteStep::Statement(stmt("SELECT * FROM no_such_table", &[])),
+            ],
+            T,
+        )
+        .unwrap_err();
+    assert_eq!(e.sqlstate.as_deref(), Some("42P01"), "{e:?}");
+    assert!(sink.connected());
+    let after = sink
+        .query("SELECT count(*) FROM tide_sink_c", vec![], T)
+        .unwrap();
+    assert_eq!(before, after, "nothing of the failed transactions remains");
+    let stage = sink
+        .query("SELECT count(*) FROM pg_class WHERE relname = 'stage' AND relpersistence = 't'", vec![], T)
+        .unwrap();
+    assert_eq!(stage, vec![vec![Some("0".into())]], "the staging tables went with the rollback");
+    sink.query("DROP TABLE tide_sink_c", vec![], T).unwrap();
+}
+
 #[test]
 fn remote_reconnects_after_terminate_backend() {
     let ci = test_conninfo();
