@@ -77,6 +77,20 @@ pub struct RowBatch<'a> {
     pub count: usize,
 }
 
+/// The surviving rows of a backfill chunk as lines of `COPY ... FROM STDIN`'s text format (see
+/// [`Target::takes_copy_text`]), for a target in another PostgreSQL.
+pub struct CopyBatch<'a> {
+    pub relid: u32,
+    /// Source relation, as in [`Event::relation`].
+    pub relation: &'a str,
+    /// The source columns of each row, by name, with their `format_type`, in the rows' order.
+    pub columns: &'a [(String, String)],
+    /// The rows (`tide_core::copy`: each column's text output, escaped; one line per row).
+    pub data: String,
+    /// How many rows it holds (none: nothing to write).
+    pub count: usize,
+}
+
 /// A pipeline's target, kept by the worker across iterations (table targets cache the target
 /// tables' shapes). The worker calls, per iteration: [`Target::begin`], then
 /// [`Target::applied`], then for each decoded message [`Target::relation`] or
@@ -154,6 +168,30 @@ pub trait Target {
     ) -> TideResult<()> {
         Err(crate::error::TideError::internal(format!(
             "this target cannot take the rows of a chunk of {} as row values",
+            batch.relation
+        )))
+    }
+
+    /// Whether a backfill chunk of source table `relid` with `columns` (name, `format_type`)
+    /// can be handed over as COPY text ([`Target::push_copy_text`]) instead of one event per
+    /// row: only a target in another PostgreSQL whose table has each column with the same
+    /// type. Asked when the chunk is read and again at its high watermark, like
+    /// [`Target::takes_row_values`]; `false` (the default) means events.
+    fn takes_copy_text(&mut self, _relid: u32, _columns: &[(String, String)]) -> TideResult<bool> {
+        Ok(false)
+    }
+
+    /// A backfill chunk's surviving rows as COPY text, in stream order (at the chunk's high
+    /// watermark), for a target that said it takes them. Same effect as pushing each row as a
+    /// `read` event.
+    fn push_copy_text(
+        &mut self,
+        _c: &mut SpiClient<'_>,
+        _t: &Txn,
+        batch: CopyBatch<'_>,
+    ) -> TideResult<()> {
+        Err(crate::error::TideError::internal(format!(
+            "this target cannot take the rows of a chunk of {} as COPY text",
             batch.relation
         )))
     }

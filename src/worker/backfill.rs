@@ -7,13 +7,15 @@
 //!    (`WHERE (k1, k2, ...) > (last key) ORDER BY k1, k2, ... LIMIT n`, as the role that started
 //!    the backfill, under AccessShareLock only) and writes the high watermark (HW), then commits
 //!    ([`super::chunk`]);
-//! 3. the chunk waits in memory (as JSON, or as row values for a target that takes them); the
-//!    stream iteration feeds every change of a captured table to the reconciler, which drops the
-//!    chunk's keys changed between LW and HW, and at the HW the surviving rows are written to the
-//!    target as `read` events (or as one batch of row values, [`crate::sink::RowBatch`]), at
-//!    that position of the stream, in the same target transaction as the backfill's progress
-//!    (last key, counters, done). Row values are used only if the table and its target still
-//!    have the chunk's shape then; otherwise the chunk is read again.
+//! 3. the chunk waits in memory (as JSON, as row values for a local target that takes them, or
+//!    as COPY text for a remote target that takes it); the stream iteration feeds every change
+//!    of a captured table to the reconciler, which drops the chunk's keys changed between LW
+//!    and HW, and at the HW the surviving rows are written to the target as `read` events (or
+//!    as one batch of row values, [`crate::sink::RowBatch`], or of COPY text,
+//!    [`crate::sink::CopyBatch`]), at that position of the stream, in the same target
+//!    transaction as the backfill's progress (last key, counters, done). Row values and COPY
+//!    text are used only if the table and its target still have the chunk's shape then;
+//!    otherwise the chunk is read again.
 //!
 //! Guarantees: at most one chunk is in memory per pipeline (memory = one chunk); no transaction
 //! opened here outlives one chunk; the stream never waits for a chunk. A crash loses only the
@@ -26,7 +28,7 @@ use super::estimate::Estimate;
 use super::row_values::RowValues;
 use crate::catalog::backfills;
 use crate::error::{TideError, TideResult};
-use crate::sink::{Event, RowBatch, Target};
+use crate::sink::{CopyBatch, Event, RowBatch, Target};
 
 use crate::worker::tx::{self, Locked};
 use pgrx::prelude::*;
@@ -58,6 +60,8 @@ struct PendingChunk {
     /// The rows' values, when the chunk holds them as row values (see [`Item`]), with the
     /// attribute numbers of `columns` they were read with.
     values: Option<(RowValues, Vec<i32>)>,
+    /// The attribute numbers of `columns` when the chunk was read.
+    attnums: Vec<i32>,
     /// Transactions in progress in the chunk's snapshot (32-bit xids, as decoding reports them).
     invisible: InvisibleXids,
     /// Progress estimates taken while the chunk was read (see [`ChunkRead`]).
@@ -195,14 +199,24 @@ impl Backfiller {
         };
         // Row values are read with the row type the chunk was read with: only while the table
         // still has the same columns (no DDL since the read), and the target still takes them
-        // (its table has those columns with the same types). Otherwise the chunk is read again.
-        if let (Some((_, attnums)), true) = (
-            &p.values,
-            rows.iter().any(|(_, r)| matches!(r, Item::Value(_))),
-        ) {
+        // (its table has those columns with the same types). COPY text likewise: the target's
+        // staging table and upsert are made from the chunk's columns. Otherwise the chunk is
+        // read again.
+        let has_values = rows.iter().any(|(_, r)| matches!(r, Item::Value(_)));
+        let has_copy = rows.iter().any(|(_, r)| matches!(r, Item::Copy(_)));
+        if has_values || has_copy {
+            let attnums = match &p.values {
+                Some((_, attnums)) => attnums,
+                None => &p.attnums,
+            };
             let same_source = table_meta(p.relid, &[])?
                 .is_some_and(|m| m.shape() == p.columns && &m.attnums == attnums);
-            if !same_source || !sink.takes_row_values(p.relid, &p.columns)? {
+            let takes = if has_values {
+                sink.takes_row_values(p.relid, &p.columns)?
+            } else {
+                sink.takes_copy_text(p.relid, &p.columns)?
+            };
+            if !same_source || !takes {
                 pgrx::log!(
                     "pg_tide: {} or its target changed shape while chunk {} of backfill {} waited for its high watermark; reading the chunk again",
                     p.relation,
@@ -237,10 +251,16 @@ impl Backfiller {
         }
         let n = rows.len() as u64;
         let mut as_values = Vec::new();
+        let (mut copy_text, mut copy_rows) = (String::new(), 0usize);
         for (key, item) in rows {
             let (op, row) = match item {
                 Item::Value(i) => {
                     as_values.push(i);
+                    continue;
+                }
+                Item::Copy(line) => {
+                    copy_text.push_str(&line);
+                    copy_rows += 1;
                     continue;
                 }
                 Item::Json(row) => (Op::Read, Some(row)),
@@ -279,6 +299,20 @@ impl Backfiller {
                     rows: values.array_of(&as_values)?,
                     array_type: values.array_type,
                     count: as_values.len(),
+                },
+            )?;
+        }
+        if copy_rows > 0 {
+            t.position += i32::try_from(copy_rows).unwrap_or(i32::MAX);
+            sink.push_copy_text(
+                c,
+                t,
+                CopyBatch {
+                    relid: p.relid,
+                    relation: &p.relation,
+                    columns: &p.columns,
+                    data: copy_text,
+                    count: copy_rows,
                 },
             )?;
         }
@@ -370,6 +404,7 @@ impl Backfiller {
             truncated: false,
             columns: read.columns,
             values: read.values,
+            attnums: read.attnums,
             invisible: read.invisible,
             estimate: read.estimate,
         });

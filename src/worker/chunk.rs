@@ -6,7 +6,9 @@
 //! progress), a repair's deletes, the rewrite check, and how the rows are held until the high
 //! watermark: as JSON text (one event per row, for every target), or, for a target in this
 //! database that has the table's columns with the same types, as row values of the source's
-//! row type ([`RowValues`]: no text output, no JSON, one upsert).
+//! row type ([`RowValues`]: no text output, no JSON, one upsert), or, for a target in another
+//! PostgreSQL that has them, as lines of COPY text (each column's text output, escaped:
+//! `tide_core::copy`; no JSON, one COPY and one upsert at the target).
 
 use super::backfill::Job;
 use super::estimate::Estimate;
@@ -28,6 +30,8 @@ pub(super) enum Item {
     Json(String),
     /// The row is row value `n` of the chunk's [`RowValues`].
     Value(u32),
+    /// The row as one line of COPY text (its columns in the chunk's order, newline included).
+    Copy(String),
     /// A repair deletes the key (it no longer exists at the source).
     Delete,
 }
@@ -134,6 +138,8 @@ pub(super) struct ChunkRead {
     /// The rows' values, when held as row values, with the attribute numbers of `columns`
     /// they were read with.
     pub values: Option<(RowValues, Vec<i32>)>,
+    /// The attribute numbers of `columns` (what a high watermark compares for COPY text).
+    pub attnums: Vec<i32>,
     pub is_last: bool,
     pub read_at: i64,
 }
@@ -156,16 +162,18 @@ pub(super) fn read_chunk(
     let scan = meta.scan.clone();
     let shape = meta.shape();
     // Row values need the table's name as its whole-row reference: not when a column has it.
-    let as_values = match sink {
-        Some(s)
-            if !meta
+    // Otherwise COPY text, when the target takes it; otherwise JSON.
+    let (as_values, as_copy) = match sink {
+        Some(s) => {
+            let whole_row = !meta
                 .columns
                 .iter()
-                .any(|(c, _)| quote(&c.name) == meta.relname) =>
-        {
-            s.takes_row_values(job.b.relid, &shape)?
+                .any(|(c, _)| quote(&c.name) == meta.relname);
+            let values = whole_row && s.takes_row_values(job.b.relid, &shape)?;
+            let copy = !values && s.takes_copy_text(job.b.relid, &shape)?;
+            (values, copy)
         }
-        _ => false,
+        None => (false, false),
     };
     let columns: Vec<OwnedColumn> = meta.columns.iter().map(|(c, _)| c.clone()).collect();
     let mut key_types = Vec::new();
@@ -309,6 +317,10 @@ pub(super) fn read_chunk(
                 json::render_key(&columns, &tuple, &mut key).map_err(render_err)?;
                 let row = if as_values {
                     Item::Value(i as u32)
+                } else if as_copy {
+                    let mut line = String::new();
+                    tide_core::copy::push_row(&mut line, texts.iter().map(Option::as_deref));
+                    Item::Copy(line)
                 } else {
                     let mut row = String::new();
                     json::render_row(&columns, &tuple, &mut row).map_err(render_err)?;
@@ -466,6 +478,7 @@ pub(super) fn read_chunk(
         columns: shape,
         rows,
         values,
+        attnums: meta.attnums.clone(),
         is_last,
         read_at,
     })

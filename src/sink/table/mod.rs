@@ -24,7 +24,10 @@
 //!   a local backend whose target table has each of the chunk's columns with the source's type
 //!   takes them, after this batch's statements so far, as one `INSERT ... SELECT FROM
 //!   unnest($1) ON CONFLICT` ([`tide_core::plan::upsert_rows`]); the same effect as the chunk's
-//!   `read` events, without JSON.
+//!   `read` events, without JSON. A remote backend whose target table has them takes them as
+//!   COPY text instead ([`Target::takes_copy_text`]): `COPY ... FROM STDIN` into a temporary
+//!   staging table, then one `INSERT ... SELECT FROM` it `ON CONFLICT`
+//!   ([`tide_core::plan::staged_upsert`]), in the batch's remote transaction.
 //! - Unchanged TOAST columns are left out of the statement: the target keeps its value.
 //! - Least privilege: a local target's statements (writes and schema changes) run as the
 //!   pipeline's owner in a security-restricted operation: a right revoked after `add_table`
@@ -47,15 +50,15 @@ use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
 use crate::sink::options::{Options, SchemaPolicy};
 use crate::sink::remote::{conninfo_for_server, RemoteSink};
-use crate::sink::{Event, RowBatch, SchemaEvent, Target};
+use crate::sink::{CopyBatch, Event, RowBatch, SchemaEvent, Target};
 use crate::sql;
 use pgrx::spi::SpiClient;
 use std::collections::{HashMap, HashSet};
 use tide_core::lsn::Lsn;
 use tide_core::model::{Op, RelDesc, TargetKind, Txn};
 use tide_core::plan::{
-    plan_schema_change, plan_shape, upsert_rows, Change, Planner, ShapePlan, SourceColumn,
-    Statement, TableRef,
+    plan_schema_change, plan_shape, staged_upsert, upsert_rows, Change, Planner, ShapePlan,
+    SourceColumn, Staged, Statement, TableRef,
 };
 
 pub mod local;
@@ -94,6 +97,18 @@ pub trait Backend {
     ) -> TideResult<()> {
         Err(TideError::internal(
             "row values can only be written to tables in this database",
+        ))
+    }
+    /// Whether the target tables live in another PostgreSQL that a chunk's rows can reach by
+    /// COPY ([`Backend::exec_copy`]).
+    fn takes_copy(&self) -> bool {
+        false
+    }
+    /// Load a chunk's rows (`data`, COPY text of `staged.copy`'s columns) through the staging
+    /// table of `staged`, in the batch's transaction, after what was executed before.
+    fn exec_copy(&mut self, _staged: Staged, _data: String) -> TideResult<()> {
+        Err(TideError::internal(
+            "COPY text can only be written to tables in another PostgreSQL",
         ))
     }
 }
@@ -437,6 +452,48 @@ impl<B: Backend> Target for TableTarget<B> {
         let sql = upsert_rows(&target, &cols);
         self.backend
             .exec_rows(c, &sql, batch.rows, batch.array_type)
+    }
+
+    fn takes_copy_text(&mut self, relid: u32, columns: &[(String, String)]) -> TideResult<bool> {
+        if !self.backend.takes_copy() {
+            return Ok(false);
+        }
+        let Some(t) = self.targets.get(&relid).cloned() else {
+            return Ok(false);
+        };
+        let target = self.target_columns(&t)?;
+        Ok(columns
+            .iter()
+            .all(|col| target.iter().any(|have| have == col)))
+    }
+
+    fn push_copy_text(
+        &mut self,
+        c: &mut SpiClient<'_>,
+        _t: &Txn,
+        batch: CopyBatch<'_>,
+    ) -> TideResult<()> {
+        if !self.checked.contains(&batch.relid) {
+            self.ensure_shape(c, batch.relid)?;
+        }
+        if !self.takes_copy_text(batch.relid, batch.columns)? {
+            return Err(TideError::internal(format!(
+                "the target of {} no longer has the chunk's columns with the same types",
+                batch.relation
+            ))
+            .hint("The worker retries; the chunk is read again."));
+        }
+        let Some(target) = self.targets.get(&batch.relid).cloned() else {
+            return Ok(());
+        };
+        // The table's events so far in this batch come first, as with events.
+        let pending = self.planner.finish();
+        self.run(c, pending)?;
+        if batch.count == 0 {
+            return Ok(());
+        }
+        self.backend
+            .exec_copy(staged_upsert(&target, batch.columns), batch.data)
     }
 
     fn reset(&mut self) {

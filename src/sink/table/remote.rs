@@ -1,7 +1,11 @@
 //! The remote backend of a table target: statements buffered and run on another PostgreSQL in
 //! one remote transaction per batch, through the [`RemoteSink`] thread.
 //!
-//! Guarantees: a batch's statements and the applied position (`<schema>.tide_applied`, one row
+//! A backfill chunk's rows arrive as COPY text ([`Backend::exec_copy`]): `COPY ... FROM STDIN`
+//! into a temporary staging table, then one upsert from it, as steps of the same remote
+//! transaction.
+//!
+//! Guarantees: a batch's statements (and COPY loads) and the applied position (`<schema>.tide_applied`, one row
 //! per pipeline, only ever raised with `greatest`) commit in the same remote transaction, so a
 //! reader of the target never sees half of a source transaction and a replay after a crash is
 //! skipped; every wait for the remote is bounded by [`REMOTE_TIMEOUT`] and checks interrupts
@@ -10,11 +14,11 @@
 
 use super::Backend;
 use crate::error::{TideError, TideResult};
-use crate::sink::remote::{RemoteError, RemoteSink, RemoteStatement};
+use crate::sink::remote::{RemoteError, RemoteSink, RemoteStatement, RemoteStep};
 use pgrx::spi::SpiClient;
 use std::time::Duration;
 use tide_core::lsn::Lsn;
-use tide_core::plan::{quote_ident, Statement};
+use tide_core::plan::{quote_ident, Staged, Statement};
 
 /// How long the worker waits for the remote to answer one batch.
 pub const REMOTE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -46,8 +50,8 @@ pub struct Remote {
     /// The remote schema that holds the target tables and `tide_applied`.
     schema: String,
     sink: RemoteSink,
-    /// Statements of the open batch.
-    stmts: Vec<RemoteStatement>,
+    /// Steps of the open batch.
+    stmts: Vec<RemoteStep>,
     /// The remote's applied position, once read (`Some(None)`: the remote has none).
     applied: Option<Option<Lsn>>,
     /// The schema and `tide_applied` exist on the remote (checked once per connection).
@@ -108,10 +112,24 @@ impl Backend for Remote {
     }
 
     fn exec(&mut self, _c: &mut SpiClient<'_>, st: Statement) -> TideResult<()> {
-        self.stmts.push(RemoteStatement {
+        self.stmts.push(RemoteStep::Statement(RemoteStatement {
             sql: st.sql,
             params: st.param.into_iter().map(Some).collect(),
+        }));
+        Ok(())
+    }
+
+    fn takes_copy(&self) -> bool {
+        true
+    }
+
+    fn exec_copy(&mut self, staged: Staged, data: String) -> TideResult<()> {
+        self.stmts.push(RemoteStep::Simple(staged.create));
+        self.stmts.push(RemoteStep::CopyIn {
+            sql: staged.copy,
+            data: data.into_bytes(),
         });
+        self.stmts.push(RemoteStep::Simple(staged.upsert));
         Ok(())
     }
 
@@ -121,16 +139,16 @@ impl Backend for Remote {
         }
         let mut stmts = std::mem::take(&mut self.stmts);
         if let Some(a) = applied {
-            stmts.push(RemoteStatement {
+            stmts.push(RemoteStep::Statement(RemoteStatement {
                 sql: format!(
                     "INSERT INTO {} AS a (pipeline, applied_lsn) VALUES ($1, $2::text::pg_lsn)
                      ON CONFLICT (pipeline) DO UPDATE SET applied_lsn = greatest(a.applied_lsn, excluded.applied_lsn), applied_at = now()",
                     self.applied_table()
                 ),
                 params: vec![Some(pipeline.to_string()), Some(a.to_string())],
-            });
+            }));
         }
-        match self.sink.transaction(stmts, REMOTE_TIMEOUT) {
+        match self.sink.transaction_steps(stmts, REMOTE_TIMEOUT) {
             Ok(_) => {
                 if let Some(a) = applied {
                     self.applied = Some(Some(a));
