@@ -115,7 +115,10 @@ fn staged_upsert_text() {
         s.create,
         "CREATE TEMP TABLE tide_stage (id integer, \"select\" public.\"My Type\", \"Note\" character varying(10)) ON COMMIT DROP"
     );
-    assert_eq!(s.copy, "COPY pg_temp.tide_stage (id, \"select\", \"Note\") FROM STDIN");
+    assert_eq!(
+        s.copy,
+        "COPY pg_temp.tide_stage (id, \"select\", \"Note\") FROM STDIN"
+    );
     assert_eq!(
         s.upsert,
         "INSERT INTO rep.\"Order\" AS t (id, \"select\", \"Note\") SELECT r.id, r.\"select\", r.\"Note\" FROM pg_temp.tide_stage r ON CONFLICT (id) DO UPDATE SET \"select\" = EXCLUDED.\"select\", \"Note\" = EXCLUDED.\"Note\"; DROP TABLE pg_temp.tide_stage"

@@ -65,7 +65,10 @@ fn chunks_reach_remote_targets_exactly_by_copy() {
     );
     create_pipeline(&c, "rc", "postgres", r#"{"server": "tgt"}"#);
     exec(&c, "SELECT tide.add_table('rc', 'rc', backfill => false)");
-    exec(&c, "SELECT tide.start_backfill('rc', 'rc', chunk_size => 500)");
+    exec(
+        &c,
+        "SELECT tide.start_backfill('rc', 'rc', chunk_size => 500)",
+    );
     // Stream writes on the plain rows while the chunks are read.
     for round in 0..5 {
         c.execute(&format!(
@@ -87,12 +90,20 @@ fn chunks_reach_remote_targets_exactly_by_copy() {
         ))
     };
     let json_nulls = count(&c, "j = 'null'::jsonb");
-    assert_eq!(json_nulls, texts.len() as i64 + 1, "the source's JSON nulls");
+    assert_eq!(
+        json_nulls,
+        texts.len() as i64 + 1,
+        "the source's JSON nulls"
+    );
     assert_eq!(
         count(&t, "j = 'null'::jsonb"),
         json_nulls,
         "jsonb null arrives as JSON null\n{}",
-        sample(&t, &format!("SELECT id, j, k FROM rc WHERE id <= {tricky} AND j IS NULL"), 5)
+        sample(
+            &t,
+            &format!("SELECT id, j, k FROM rc WHERE id <= {tricky} AND j IS NULL"),
+            5
+        )
     );
     assert_eq!(
         count(&t, "k::text = 'null'"),
@@ -151,7 +162,10 @@ fn kill_between_copy_and_remote_commit_loses_and_duplicates_nothing() {
              FOR EACH STATEMENT EXECUTE FUNCTION stall_once();",
     );
     create_pipeline(&c, P, "postgres", r#"{"server": "tgt"}"#);
-    exec(&c, &format!("SELECT tide.add_table('{P}', 'big', backfill => false)"));
+    exec(
+        &c,
+        &format!("SELECT tide.add_table('{P}', 'big', backfill => false)"),
+    );
     exec(
         &c,
         &format!("SELECT tide.start_backfill('big', '{P}', chunk_size => {ROWS})"),
@@ -187,7 +201,14 @@ fn kill_between_copy_and_remote_commit_loses_and_duplicates_nothing() {
     wait_recovered(&c, P, Some(victim), Duration::from_secs(60), || diag(&c));
     wait_backfill(&c, "big", P, 120);
     wait_pipeline(&c, P, 60);
-    assert_same_rows("after the kill", &c, "public.big", &t, "public.big", "id, v, pad");
+    assert_same_rows(
+        "after the kill",
+        &c,
+        "public.big",
+        &t,
+        "public.big",
+        "id, v, pad",
+    );
     let (writes, keys, max_per_key): (i64, i64, i64) = {
         let r = t.query_one(
             "SELECT count(*), count(DISTINCT id), coalesce(max(n), 0)

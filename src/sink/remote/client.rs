@@ -201,7 +201,10 @@ impl RemoteSink {
         stmts: Vec<RemoteStatement>,
         timeout: Duration,
     ) -> Result<Vec<Vec<Vec<Option<String>>>>, RemoteError> {
-        self.transaction_steps(stmts.into_iter().map(RemoteStep::Statement).collect(), timeout)
+        self.transaction_steps(
+            stmts.into_iter().map(RemoteStep::Statement).collect(),
+            timeout,
+        )
     }
 
     /// [`RemoteSink::transaction`] with steps that may also be simple-protocol SQL or a

@@ -530,11 +530,7 @@ fn remote_copy_steps_commit_and_roll_back() {
     assert_eq!(out.len(), 4);
     assert_eq!(out[3], vec![vec![Some(values.len().to_string())]]);
     let rows = sink
-        .query(
-            "SELECT s, j::text FROM tide_sink_c ORDER BY id",
-            vec![],
-            T,
-        )
+        .query("SELECT s, j::text FROM tide_sink_c ORDER BY id", vec![], T)
         .unwrap();
     let want: Vec<Vec<Option<String>>> = values
         .iter()
@@ -575,9 +571,17 @@ fn remote_copy_steps_commit_and_roll_back() {
         .unwrap();
     assert_eq!(before, after, "nothing of the failed transactions remains");
     let stage = sink
-        .query("SELECT count(*) FROM pg_class WHERE relname = 'stage' AND relpersistence = 't'", vec![], T)
+        .query(
+            "SELECT count(*) FROM pg_class WHERE relname = 'stage' AND relpersistence = 't'",
+            vec![],
+            T,
+        )
         .unwrap();
-    assert_eq!(stage, vec![vec![Some("0".into())]], "the staging tables went with the rollback");
+    assert_eq!(
+        stage,
+        vec![vec![Some("0".into())]],
+        "the staging tables went with the rollback"
+    );
     sink.query("DROP TABLE tide_sink_c", vec![], T).unwrap();
 }
 
