@@ -18,8 +18,10 @@
 //!   timed out is abandoned: its in-flight statement is cancelled, its transaction is rolled
 //!   back (the connection is dropped) unless `COMMIT` had already been sent, and its late
 //!   reply is discarded by sequence number, never mistaken for a later request's reply.
-//! - [`RemoteSink::transaction`] is all or nothing: either every statement ran and `COMMIT`
-//!   succeeded (`Ok`), or the remote transaction was rolled back (`Err`). The one exception is
+//! - [`RemoteSink::transaction`] (and [`RemoteSink::transaction_steps`], whose steps may also
+//!   be simple-protocol SQL or a `COPY ... FROM STDIN` with its data, [`RemoteStep`]) is all or
+//!   nothing: either every statement ran and `COMMIT` succeeded (`Ok`), or the remote
+//!   transaction was rolled back (`Err`). The one exception is
 //!   inherent to any client: if the connection breaks (or the caller's time runs out) while
 //!   `COMMIT` is in flight, the outcome is unknown, and the error says so.
 //! - A broken connection is dropped and the next request reconnects. A reused connection

@@ -170,7 +170,11 @@ pub(super) fn read_chunk(
                 .iter()
                 .any(|(c, _)| quote(&c.name) == meta.relname);
             let values = whole_row && s.takes_row_values(job.b.relid, &shape)?;
-            let copy = !values && s.takes_copy_text(job.b.relid, &shape)?;
+            // A remote target may have to be asked for its table's columns: if it cannot
+            // answer now, read the chunk later (an error here would fail the backfill).
+            let copy = !values
+                && s.takes_copy_text(job.b.relid, &shape)
+                    .map_err(TideError::retry_later)?;
             (values, copy)
         }
         None => (false, false),
