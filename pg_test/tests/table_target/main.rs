@@ -30,7 +30,8 @@
 //! - `values`: json text kept exactly; unchanged TOAST values stay at the target;
 //! - `remote_copy`: backfill chunks reach a remote target by COPY (JSON nulls, json text and
 //!   values needing COPY escapes arrive exactly); a kill -9 between the COPY and the remote
-//!   commit of a chunk loses and duplicates nothing;
+//!   commit of a chunk loses and duplicates nothing; ordinary roles on both sides, and the
+//!   remote role's TEMPORARY privilege;
 //! - `row_values`: backfill chunks reach a local target as row values (JSON nulls kept), or as
 //!   JSON events when the target's types differ;
 //! - `convergence`: backfill convergence on a table target, with kill -9 of the worker

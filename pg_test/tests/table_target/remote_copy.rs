@@ -1,8 +1,9 @@
 //! Backfill chunks reach a remote (`postgres`) target by COPY: the chunk's columns as their text
 //! output, `COPY ... FROM STDIN` into a temporary staging table, then one upsert from it, in the
 //! batch's remote transaction; when the target table has the chunk's columns with the source's
-//! types. Values arrive exactly (no JSON in between), and a crash between the COPY and the
-//! remote commit of a chunk loses and duplicates nothing.
+//! types. Values arrive exactly (no JSON in between), a crash between the COPY and the remote
+//! commit of a chunk loses and duplicates nothing, and it works as ordinary roles on both sides
+//! (the remote role needs the TEMPORARY privilege for the staging table).
 
 use crate::common::*;
 use std::time::{Duration, Instant};
@@ -237,5 +238,86 @@ fn kill_between_copy_and_remote_commit_loses_and_duplicates_nothing() {
         (chunks, emitted),
         (2, ROWS),
         "one full chunk and the empty last one"
+    );
+}
+
+/// As ordinary roles on both sides: the pipeline is owned by `alice` (a member of `tide_admin`
+/// only) and reaches the target as `rem` (LOGIN, no other attribute). The staging table needs
+/// `rem`'s TEMPORARY privilege on the target database: without it the chunk fails with the
+/// remote's permission error, shown in `tide.pipelines`, and nothing of it is written; once it is
+/// granted the worker retries by itself and the backfill arrives by COPY (JSON nulls kept).
+#[test]
+fn ordinary_roles_and_the_staging_tables_temporary_privilege() {
+    let (c, t) = setup_remote("tt_rcopy_roles");
+    t.execute(
+        "CREATE ROLE rem LOGIN;
+         CREATE SCHEMA rem_s AUTHORIZATION rem;
+         GRANT CREATE ON DATABASE postgres TO rem;
+         REVOKE TEMPORARY ON DATABASE postgres FROM PUBLIC;",
+    );
+    c.execute(
+        "CREATE ROLE alice LOGIN; GRANT tide_admin TO alice;
+         CREATE SCHEMA alice AUTHORIZATION alice;
+         GRANT USAGE ON FOREIGN SERVER tgt TO alice;
+         CREATE USER MAPPING FOR alice SERVER tgt OPTIONS (user 'rem');",
+    );
+    let mut cfg = c.config("postgres");
+    cfg.user("alice");
+    let mut alice = cfg
+        .connect(postgres::NoTls)
+        .unwrap_or_else(|e| panic!("connect as alice: {}", describe_error(&e)));
+    alice
+        .batch_execute(
+            "CREATE TABLE alice.d (id int PRIMARY KEY, j jsonb, s text);
+             INSERT INTO alice.d SELECT g, CASE WHEN g % 2 = 0 THEN 'null'::jsonb END, E'a\\tb' || g
+               FROM generate_series(1, 3000) g;",
+        )
+        .unwrap_or_else(|e| panic!("as alice: {}", describe_error(&e)));
+    alice
+        .batch_execute(
+            r#"SELECT tide.create_pipeline('ap', 'postgres', '{"server": "tgt", "schema": "rem_s"}')"#,
+        )
+        .unwrap_or_else(|e| panic!("as alice: {}", describe_error(&e)));
+    wait_streaming(&c, "ap", Duration::from_secs(30));
+    alice
+        .batch_execute("SELECT tide.add_table('ap', 'alice.d')")
+        .unwrap_or_else(|e| panic!("as alice: {}", describe_error(&e)));
+    // The chunk fails at the target: no TEMPORARY privilege for the staging table.
+    if let Err(msg) = poll_every(Duration::from_secs(60), Duration::from_millis(100), || {
+        Ok(c.try_query_scalar::<bool>(
+            "SELECT coalesce((SELECT state = 'error' AND last_error LIKE '%permission denied%'
+                                FROM tide.pipelines WHERE name = 'ap'), false)",
+        )?)
+    }) {
+        panic!(
+            "the pipeline did not show the remote's permission error: {msg}\n{}",
+            diag(&c)
+        );
+    }
+    assert_eq!(
+        t.query_scalar::<i64>("SELECT count(*) FROM rem_s.d"),
+        0,
+        "nothing of the failed chunk was written"
+    );
+    let who: Vec<String> = texts(
+        &t,
+        "SELECT DISTINCT usename::text FROM pg_stat_activity WHERE application_name = 'pg_tide ap'",
+    );
+    assert_eq!(who, vec!["rem".to_string()], "the target is reached as rem");
+    t.execute("GRANT TEMPORARY ON DATABASE postgres TO rem");
+    wait_backfill(&c, "alice.d", "ap", 120);
+    wait_pipeline(&c, "ap", 60);
+    assert_same_rows(
+        "as ordinary roles",
+        &c,
+        "alice.d",
+        &t,
+        "rem_s.d",
+        "id, j::text, s",
+    );
+    assert_eq!(
+        t.query_scalar::<i64>("SELECT count(*) FROM rem_s.d WHERE j = 'null'::jsonb"),
+        1500,
+        "the JSON nulls arrived by COPY"
     );
 }
