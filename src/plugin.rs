@@ -651,7 +651,7 @@ unsafe extern "C-unwind" fn change(
                 put_tuple(st, desc, conv(tp.newtuple));
             }
             REORDER_BUFFER_CHANGE_UPDATE if !tp.newtuple.is_null() => {
-                        ensure_begun(ctx, st, txn);
+                ensure_begun(ctx, st, txn);
                 send_relation_if_needed(ctx, st, out_rel);
                 let has_old = !tp.oldtuple.is_null();
                 wire::put_update_header(&mut st.buf, relid.to_u32(), has_old);
@@ -728,7 +728,9 @@ unsafe fn leaf_partitions(root: pg_sys::Oid) -> Vec<pg_sys::Oid> {
         if !all.is_null() {
             for i in 0..(*all).length {
                 let r = pg_sys::list_nth_oid(all, i);
-                if r != root && pg_sys::get_rel_relkind(r) == pg_sys::RELKIND_RELATION as std::ffi::c_char {
+                if r != root
+                    && pg_sys::get_rel_relkind(r) == pg_sys::RELKIND_RELATION as std::ffi::c_char
+                {
                     out.push(r);
                 }
             }
@@ -780,7 +782,9 @@ unsafe extern "C-unwind" fn truncate(
         if from_tide(st, txn) {
             return;
         }
-        let all: Vec<pg_sys::Relation> = (0..nrelations as usize).map(|i| *relations.add(i)).collect();
+        let all: Vec<pg_sys::Relation> = (0..nrelations as usize)
+            .map(|i| *relations.add(i))
+            .collect();
         let mut rels: Vec<pg_sys::Relation> = Vec::new();
         // Partitions of emitted partitioned tables, by table.
         let mut parts: Vec<(pg_sys::Oid, Vec<pg_sys::Relation>)> = Vec::new();

@@ -152,17 +152,31 @@ fn through_the_root_under_load() {
     assert_same_rows("outbox replay", &c, "orders", &c, "replay", COLS);
     assert_same_rows("table target", &c, "orders", &c, "copy.orders", COLS);
     let attached: i64 = c.query_scalar("SELECT count(*) FROM copy.orders WHERE region = 10");
-    assert_eq!(attached, 4000, "the attached partition's rows reached the target");
+    assert_eq!(
+        attached, 4000,
+        "the attached partition's rows reached the target"
+    );
     let created: i64 = c.query_scalar("SELECT count(*) FROM copy.orders WHERE region = 20");
-    assert_eq!(created, 100, "a partition created while running is captured");
+    assert_eq!(
+        created, 100,
+        "a partition created while running is captured"
+    );
 
     // tide.verify reads the partitioned source whole, and sees a damaged target.
     let clean: i64 = c.query_scalar(
         "SELECT count(*) FROM tide.verify('orders', 'pt', sample => 50)
           WHERE kind NOT LIKE 'summary: % ranges checked, 0 differ%'",
     );
-    assert_eq!(clean, 0, "verify finds nothing to report\n{}", diag_parts(&c));
-    exec(&c, "DELETE FROM copy.orders WHERE region = 10 AND id = 100500");
+    assert_eq!(
+        clean,
+        0,
+        "verify finds nothing to report\n{}",
+        diag_parts(&c)
+    );
+    exec(
+        &c,
+        "DELETE FROM copy.orders WHERE region = 10 AND id = 100500",
+    );
     let differ: i64 = c.query_scalar(
         "SELECT count(*) FROM tide.verify('orders', 'pt') WHERE kind = 'missing rows'",
     );
@@ -212,7 +226,11 @@ fn what_cannot_be_captured() {
         "55000",
         Some("REPLICA IDENTITY DEFAULT"),
     );
-    assert!(e.message().contains("public.t_2"), "names the partition: {}", e.message());
+    assert!(
+        e.message().contains("public.t_2"),
+        "names the partition: {}",
+        e.message()
+    );
     exec(&c, "ALTER TABLE t_2 REPLICA IDENTITY DEFAULT");
     exec(&c, "SELECT tide.add_table('pe', 't')");
     expect_fail(
@@ -270,7 +288,11 @@ fn what_cannot_be_captured() {
         &c,
         "SELECT op || ' ' || (key->>'region') FROM tide.outbox WHERE pipeline = 'pe' AND key->>'id' = '9' ORDER BY id",
     );
-    assert_eq!(events, vec!["insert 1".to_string()], "only the write to t itself");
+    assert_eq!(
+        events,
+        vec!["insert 1".to_string()],
+        "only the write to t itself"
+    );
 }
 
 /// A remote target of a partitioned table: one table there; a partition truncated at the

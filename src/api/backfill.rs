@@ -73,14 +73,18 @@ pub(crate) fn relation_name(relid: pg_sys::Oid) -> TideResult<String> {
 }
 
 /// Check a backfill condition now, with the caller's privileges, rather than later in the worker.
-fn validate_condition(qualified: &str, scan: &str, condition: &str, trusted: bool) -> TideResult<()> {
+fn validate_condition(
+    qualified: &str,
+    scan: &str,
+    condition: &str,
+    trusted: bool,
+) -> TideResult<()> {
     if !trusted {
         one_expression(condition)?;
     }
     // EXPLAIN parses and analyses (unknown columns, wrong type, syntax) without reading rows. It
     // needs read-write SPI (EXPLAIN is refused in read-only mode), hence `fresh`.
-    let probe =
-        format!("EXPLAIN (COSTS OFF) SELECT 1 FROM {scan} WHERE (\n{condition}\n)");
+    let probe = format!("EXPLAIN (COSTS OFF) SELECT 1 FROM {scan} WHERE (\n{condition}\n)");
     let outcome = pgrx::PgTryBuilder::new(|| sql::text_rows(&probe, &[], 0, true).map(|_| ()))
         .catch_others(|e| {
             let (code, msg) = match &e {
@@ -224,7 +228,12 @@ fn start_backfill_core(
     }
     let condition = condition.map(str::trim).filter(|c| !c.is_empty());
     if let Some(c) = condition {
-        validate_condition(&qualified, &tables::scan(relid, &qualified)?, c, trusted_condition)?;
+        validate_condition(
+            &qualified,
+            &tables::scan(relid, &qualified)?,
+            c,
+            trusted_condition,
+        )?;
     }
     // The key must still be the one recorded when the table was added.
     let (stored, now) = tables::recorded_and_current_key(&pipeline, relid)?.unwrap_or_default();

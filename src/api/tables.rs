@@ -52,11 +52,21 @@ pub(super) fn validate_source(relid: pg_sys::Oid, owner: &str) -> TideResult<Sou
         // A partitioned table is captured with all its partitions (see below).
         "r" | "p" => {}
         "v" | "m" => {
-            return Err(TideError::wrong_object(format!("\"{q}\" is a view, which has no changes to capture"))
-                .hint("Capture the tables the view reads from."))
+            return Err(TideError::wrong_object(format!(
+                "\"{q}\" is a view, which has no changes to capture"
+            ))
+            .hint("Capture the tables the view reads from."))
         }
-        "f" => return Err(TideError::wrong_object(format!("\"{q}\" is a foreign table, whose changes are not in this server's WAL")).hint("Capture the table on the server that owns it.")),
-        _ => return Err(TideError::wrong_object(format!("\"{q}\" is not a table")).hint("tide.add_table takes an ordinary table.")),
+        "f" => {
+            return Err(TideError::wrong_object(format!(
+                "\"{q}\" is a foreign table, whose changes are not in this server's WAL"
+            ))
+            .hint("Capture the table on the server that owns it."))
+        }
+        _ => {
+            return Err(TideError::wrong_object(format!("\"{q}\" is not a table"))
+                .hint("tide.add_table takes an ordinary table."))
+        }
     }
     match s.persistence.as_str() {
         "t" => {
@@ -90,7 +100,9 @@ pub(super) fn validate_source(relid: pg_sys::Oid, owner: &str) -> TideResult<Sou
             .hint(format!("Add one (ALTER TABLE {q} ADD PRIMARY KEY (...)) or name a unique index on NOT NULL columns: ALTER TABLE {q} REPLICA IDENTITY USING INDEX ...")));
     }
     if s.relkind == "p" {
-        if let Some(pr) = catalog::tables::partition_problems(relid.to_u32(), &s.key_columns, None)?.first() {
+        if let Some(pr) =
+            catalog::tables::partition_problems(relid.to_u32(), &s.key_columns, None)?.first()
+        {
             return Err(TideError::prerequisite(format!(
                 "partition {} of \"{q}\" {}",
                 pr.name, pr.problem

@@ -178,17 +178,26 @@ pub(crate) fn partition_changes(
     let mut out = Vec::new();
     for r in rows {
         let oids = |v: Option<Vec<i64>>| -> Vec<u32> {
-            v.unwrap_or_default().into_iter().map(|o| o as u32).collect()
+            v.unwrap_or_default()
+                .into_iter()
+                .map(|o| o as u32)
+                .collect()
         };
         let current = oids(r.get::<Vec<i64>>(4)?);
         let recorded = oids(r.get::<Vec<i64>>(5)?);
         if current == recorded {
             continue;
         }
-        let attached = current.iter().copied().filter(|o| !recorded.contains(o)).collect();
+        let attached = current
+            .iter()
+            .copied()
+            .filter(|o| !recorded.contains(o))
+            .collect();
         out.push(PartitionChange {
             relid: relid(r.get::<i64>(1)?, "relid", pipeline)?,
-            relation: r.get::<String>(2)?.ok_or_else(|| corrupt("relation", pipeline))?,
+            relation: r
+                .get::<String>(2)?
+                .ok_or_else(|| corrupt("relation", pipeline))?,
             key_columns: r
                 .get::<Vec<String>>(3)?
                 .filter(|k| !k.is_empty())

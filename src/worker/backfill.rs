@@ -154,9 +154,11 @@ impl Backfiller {
     /// [`Self::on_truncate`], but the chunk also holds rows of other partitions, which the
     /// stream will not carry again: it is read again instead of emptied.
     pub fn on_partition_truncate(&mut self, relid: u32, xid: u32) {
-        if self.pending.as_ref().is_some_and(|p| {
-            p.relid == relid && (p.low_lsn.is_some() || p.invisible.contains(xid))
-        }) {
+        if self
+            .pending
+            .as_ref()
+            .is_some_and(|p| p.relid == relid && (p.low_lsn.is_some() || p.invisible.contains(xid)))
+        {
             self.forget();
         }
     }
