@@ -232,3 +232,11 @@ pub fn churn_sql(table: &str, rows: i64) -> String {
          DELETE FROM {table} WHERE id = (SELECT 1 + (random() * {rows})::int);"
     )
 }
+
+/// A new connection to database postgres as `role` (trust auth); panics with the error.
+pub fn connect_as(c: &Cluster, role: &str) -> Client {
+    let mut cfg = c.config("postgres");
+    cfg.user(role);
+    cfg.connect(postgres::NoTls)
+        .unwrap_or_else(|e| panic!("connect as {role}: {}", describe_error(&e)))
+}

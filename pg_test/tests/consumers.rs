@@ -538,13 +538,6 @@ fn retention_by_age_only_without_consumers() {
     );
 }
 
-fn connect_as(c: &Cluster, role: &str) -> postgres::Client {
-    let mut cfg = c.config("postgres");
-    cfg.user(role);
-    cfg.connect(postgres::NoTls)
-        .unwrap_or_else(|e| panic!("connect as {role}: {}", describe_error(&e)))
-}
-
 /// A member of tide_admin who does not own the pipeline can neither create, read, commit,
 /// seek nor drop its consumers (42501), nor see them; the owner, not a superuser, can.
 #[test]

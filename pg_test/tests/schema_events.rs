@@ -453,13 +453,6 @@ fn key_change_and_incompatible_type_pause() {
     assert!(pipeline_state(&c, "ob").0);
 }
 
-fn connect_as(c: &Cluster, role: &str) -> postgres::Client {
-    let mut cfg = c.config("postgres");
-    cfg.user(role);
-    cfg.connect(postgres::NoTls)
-        .unwrap_or_else(|e| panic!("connect as {role}: {}", describe_error(&e)))
-}
-
 #[test]
 fn owner_ddl_and_uncaptured_ddl() {
     let c = setup("schema_events_roles");

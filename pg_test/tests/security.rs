@@ -44,14 +44,6 @@ fn secured(name: &str) -> Cluster {
     c
 }
 
-/// A connection as `role`.
-fn connect_as(c: &Cluster, role: &str) -> postgres::Client {
-    let mut cfg = c.config("postgres");
-    cfg.user(role);
-    cfg.connect(postgres::NoTls)
-        .unwrap_or_else(|e| panic!("connect as {role}: {}", describe_error(&e)))
-}
-
 fn exec_as(c: &Cluster, role: &str, sql: &str) -> Result<(), postgres::Error> {
     connect_as(c, role).batch_execute(sql)
 }

@@ -164,6 +164,48 @@ pub fn for_pipeline(p: &PipelineRow) -> TideResult<Box<dyn Target>> {
 }
 
 impl<B: Backend> TableTarget<B> {
+    /// Whether the target table of `relid` has each of `columns` (name, `format_type`).
+    fn has_columns(&mut self, relid: u32, columns: &[(String, String)]) -> TideResult<bool> {
+        let Some(t) = self.targets.get(&relid).cloned() else {
+            return Ok(false);
+        };
+        let target = self.target_columns(&t)?;
+        Ok(columns
+            .iter()
+            .all(|col| target.iter().any(|have| have == col)))
+    }
+
+    /// Before a chunk's `count` rows of `relid` are written in bulk: the target's shape is
+    /// checked, `takes` must still accept the chunk's columns (else an error: the worker reads
+    /// the chunk again), and the table's events so far in this batch are written first. The
+    /// target, or `None` when there is nothing to write.
+    fn before_bulk(
+        &mut self,
+        c: &mut SpiClient<'_>,
+        relid: u32,
+        relation: &str,
+        columns: &[(String, String)],
+        count: usize,
+        takes: fn(&mut Self, u32, &[(String, String)]) -> TideResult<bool>,
+    ) -> TideResult<Option<TableRef>> {
+        if !self.checked.contains(&relid) {
+            self.ensure_shape(c, relid)?;
+        }
+        if !takes(self, relid, columns)? {
+            return Err(TideError::internal(format!(
+                "the target of {relation} no longer has the chunk's columns with the same types"
+            ))
+            .hint("The worker retries; the chunk is read again."));
+        }
+        let Some(target) = self.targets.get(&relid).cloned() else {
+            return Ok(None);
+        };
+        // The table's events so far in this batch come first, as with events.
+        let pending = self.planner.finish();
+        self.run(c, pending)?;
+        Ok((count > 0).then_some(target))
+    }
+
     fn new(pipeline: &str, policy: SchemaPolicy, backend: B) -> TableTarget<B> {
         TableTarget {
             pipeline: pipeline.to_string(),
@@ -411,16 +453,7 @@ impl<B: Backend> Target for TableTarget<B> {
     }
 
     fn takes_row_values(&mut self, relid: u32, columns: &[(String, String)]) -> TideResult<bool> {
-        if !self.backend.in_this_database() {
-            return Ok(false);
-        }
-        let Some(t) = self.targets.get(&relid).cloned() else {
-            return Ok(false);
-        };
-        let target = self.target_columns(&t)?;
-        Ok(columns
-            .iter()
-            .all(|col| target.iter().any(|have| have == col)))
+        Ok(self.backend.in_this_database() && self.has_columns(relid, columns)?)
     }
 
     fn push_row_values(
@@ -429,25 +462,17 @@ impl<B: Backend> Target for TableTarget<B> {
         _t: &Txn,
         batch: RowBatch<'_>,
     ) -> TideResult<()> {
-        if !self.checked.contains(&batch.relid) {
-            self.ensure_shape(c, batch.relid)?;
-        }
-        if !self.takes_row_values(batch.relid, batch.columns)? {
-            return Err(TideError::internal(format!(
-                "the target of {} no longer has the chunk's columns with the same types",
-                batch.relation
-            ))
-            .hint("The worker retries; the chunk is read again."));
-        }
-        let Some(target) = self.targets.get(&batch.relid).cloned() else {
+        let Some(target) = self.before_bulk(
+            c,
+            batch.relid,
+            batch.relation,
+            batch.columns,
+            batch.count,
+            <Self as Target>::takes_row_values,
+        )?
+        else {
             return Ok(());
         };
-        // The table's events so far in this batch come first, as with events.
-        let pending = self.planner.finish();
-        self.run(c, pending)?;
-        if batch.count == 0 {
-            return Ok(());
-        }
         let cols: Vec<String> = batch.columns.iter().map(|(n, _)| n.clone()).collect();
         let sql = upsert_rows(&target, &cols);
         self.backend
@@ -455,16 +480,7 @@ impl<B: Backend> Target for TableTarget<B> {
     }
 
     fn takes_copy_text(&mut self, relid: u32, columns: &[(String, String)]) -> TideResult<bool> {
-        if !self.backend.takes_copy() {
-            return Ok(false);
-        }
-        let Some(t) = self.targets.get(&relid).cloned() else {
-            return Ok(false);
-        };
-        let target = self.target_columns(&t)?;
-        Ok(columns
-            .iter()
-            .all(|col| target.iter().any(|have| have == col)))
+        Ok(self.backend.takes_copy() && self.has_columns(relid, columns)?)
     }
 
     fn push_copy_text(
@@ -473,25 +489,17 @@ impl<B: Backend> Target for TableTarget<B> {
         _t: &Txn,
         batch: CopyBatch<'_>,
     ) -> TideResult<()> {
-        if !self.checked.contains(&batch.relid) {
-            self.ensure_shape(c, batch.relid)?;
-        }
-        if !self.takes_copy_text(batch.relid, batch.columns)? {
-            return Err(TideError::internal(format!(
-                "the target of {} no longer has the chunk's columns with the same types",
-                batch.relation
-            ))
-            .hint("The worker retries; the chunk is read again."));
-        }
-        let Some(target) = self.targets.get(&batch.relid).cloned() else {
+        let Some(target) = self.before_bulk(
+            c,
+            batch.relid,
+            batch.relation,
+            batch.columns,
+            batch.count,
+            <Self as Target>::takes_copy_text,
+        )?
+        else {
             return Ok(());
         };
-        // The table's events so far in this batch come first, as with events.
-        let pending = self.planner.finish();
-        self.run(c, pending)?;
-        if batch.count == 0 {
-            return Ok(());
-        }
         self.backend
             .exec_copy(staged_upsert(&target, batch.columns), batch.data)
     }
