@@ -29,7 +29,8 @@ pub type ChunkId = u64;
 /// The rows of a chunk that survive reconciliation, to emit at its HW.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChunkResult<K, R> {
-    /// Surviving rows in key order.
+    /// Surviving rows in the order the chunk was registered with (the order it was read in:
+    /// its key order in the source, which the rendered keys `K` need not sort in).
     pub rows: Vec<(K, R)>,
     /// Rows the chunk was registered with.
     pub read: usize,
@@ -39,8 +40,9 @@ pub struct ChunkResult<K, R> {
 
 struct Chunk<T, K, R> {
     table: T,
-    /// Sorted by key; `None` once dropped (the row's memory is freed).
-    rows: Vec<(K, Option<R>)>,
+    /// Sorted by key, each with its place in the registered order; `None` once dropped (the
+    /// row's memory is freed).
+    rows: Vec<(K, u32, Option<R>)>,
     open: bool,
     dropped: usize,
 }
@@ -51,6 +53,21 @@ pub struct Reconciler<T, K, R> {
     chunks: HashMap<ChunkId, Chunk<T, K, R>>,
     /// Chunks whose window is open, by table.
     open: HashMap<T, Vec<ChunkId>>,
+}
+
+impl<T, K: Ord, R> Chunk<T, K, R> {
+    /// Drop every row of `key`.
+    fn drop(&mut self, key: &K) {
+        let first = self.rows.partition_point(|(k, _, _)| k < key);
+        for (k, _, row) in self.rows.iter_mut().skip(first) {
+            if k != key {
+                break;
+            }
+            if row.take().is_some() {
+                self.dropped += 1;
+            }
+        }
+    }
 }
 
 impl<T, K, R> Default for Reconciler<T, K, R> {
@@ -69,12 +86,17 @@ impl<T: Eq + Hash + Clone, K: Ord, R> Reconciler<T, K, R> {
     }
 
     /// Registers a chunk read from `table`. Must happen before the stream
-    /// reaches the chunk's LW. Rows may come in any order; registering an id
-    /// again replaces the earlier chunk.
-    pub fn add_chunk(&mut self, chunk: ChunkId, table: T, mut rows: Vec<(K, R)>) {
+    /// reaches the chunk's LW. Rows may come in any order (the survivors come
+    /// back in that order); registering an id again replaces the earlier
+    /// chunk.
+    pub fn add_chunk(&mut self, chunk: ChunkId, table: T, rows: Vec<(K, R)>) {
         self.remove(chunk);
-        rows.sort_by(|a, b| a.0.cmp(&b.0));
-        let rows = rows.into_iter().map(|(k, r)| (k, Some(r))).collect();
+        let mut rows: Vec<(K, u32, Option<R>)> = rows
+            .into_iter()
+            .enumerate()
+            .map(|(i, (k, r))| (k, u32::try_from(i).unwrap_or(u32::MAX), Some(r)))
+            .collect();
+        rows.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
         self.chunks.insert(
             chunk,
             Chunk {
@@ -111,15 +133,7 @@ impl<T: Eq + Hash + Clone, K: Ord, R> Reconciler<T, K, R> {
             let Some(c) = self.chunks.get_mut(id) else {
                 continue; // unreachable: `open` only lists registered chunks
             };
-            let first = c.rows.partition_point(|(k, _)| k < key);
-            for (k, row) in c.rows.iter_mut().skip(first) {
-                if k != key {
-                    break;
-                }
-                if row.take().is_some() {
-                    c.dropped += 1;
-                }
-            }
+            c.drop(key);
         }
     }
 
@@ -129,17 +143,8 @@ impl<T: Eq + Hash + Clone, K: Ord, R> Reconciler<T, K, R> {
     /// visible, so such a transaction can commit before the LW in the log and
     /// still be missing from the chunk). Unknown chunks are ignored.
     pub fn drop_key(&mut self, chunk: ChunkId, key: &K) {
-        let Some(c) = self.chunks.get_mut(&chunk) else {
-            return;
-        };
-        let first = c.rows.partition_point(|(k, _)| k < key);
-        for (k, row) in c.rows.iter_mut().skip(first) {
-            if k != key {
-                break;
-            }
-            if row.take().is_some() {
-                c.dropped += 1;
-            }
+        if let Some(c) = self.chunks.get_mut(&chunk) {
+            c.drop(key);
         }
     }
 
@@ -153,11 +158,13 @@ impl<T: Eq + Hash + Clone, K: Ord, R> Reconciler<T, K, R> {
             return None;
         }
         let read = c.rows.len();
-        let rows: Vec<(K, R)> = c
+        let mut rows: Vec<(u32, K, R)> = c
             .rows
             .into_iter()
-            .filter_map(|(k, r)| Some((k, r?)))
+            .filter_map(|(k, i, r)| Some((i, k, r?)))
             .collect();
+        rows.sort_unstable_by_key(|(i, _, _)| *i);
+        let rows = rows.into_iter().map(|(_, k, r)| (k, r)).collect();
         Some(ChunkResult {
             rows,
             read,
@@ -209,10 +216,11 @@ mod tests {
         r.on_change(&"u", &3); // other table
         r.on_change(&"t", &9); // not in chunk
         let res = r.on_high_watermark(1).unwrap();
+        // In the order registered, not the keys' order.
         assert_eq!(
             res,
             ChunkResult {
-                rows: rows(&[1, 3, 4]),
+                rows: rows(&[3, 1, 4]),
                 read: 4,
                 dropped: 1
             }
