@@ -56,18 +56,54 @@ pub extern "C-unwind" fn _PG_init() {
     worker::launcher::register();
 }
 
-/// After a commit that wrote WAL (it had a transaction id), wake the waiting pipeline workers.
-/// With synchronous commit the commit record is flushed by now, so the woken worker finds it;
-/// otherwise it finds it at its next poll, as before.
+/// Whether this backend's transaction changed the system catalogs and said so at pre-commit.
+static mut CATALOG_COMMIT: bool = false;
+
+/// Whether the current transaction has invalidation messages to send at commit, i.e. changed
+/// the system catalogs.
+fn changes_catalogs() -> bool {
+    let mut msgs: *mut pg_sys::SharedInvalidationMessage = std::ptr::null_mut();
+    let mut init_file = false;
+    // SAFETY: called from a top-level transaction's commit callbacks, before AtEOXact_Inval
+    // (as RecordTransactionCommit calls it); it only counts and copies the pending messages.
+    unsafe { pg_sys::xactGetCommittedInvalidationMessages(&mut msgs, &mut init_file) > 0 }
+}
+
+/// Commit callback of every backend:
+/// - after a commit that wrote WAL (it had a transaction id), wake the waiting pipeline workers.
+///   With synchronous commit the commit record is flushed by now, so the woken worker finds it;
+///   otherwise it finds it at its next poll, as before;
+/// - report transactions that changed the system catalogs (see `shmem::catalog_changed_after`):
+///   at pre-commit (before the commit becomes visible) and at commit, with the commit record's
+///   end; an abort after pre-commit withdraws the report.
 #[pg_guard]
 unsafe extern "C-unwind" fn wake_after_commit(
     event: pg_sys::XactEvent::Type,
     _arg: *mut std::ffi::c_void,
 ) {
-    if event == pg_sys::XactEvent::XACT_EVENT_COMMIT
-        && unsafe { pg_sys::GetTopTransactionIdIfAny() } != pg_sys::InvalidTransactionId
-    {
-        shmem::wake_sleepers();
+    use pg_sys::XactEvent::*;
+    match event {
+        XACT_EVENT_PRE_COMMIT if changes_catalogs() => {
+            unsafe { CATALOG_COMMIT = true };
+            shmem::catalog_commit_begins();
+        }
+        XACT_EVENT_COMMIT => {
+            let end = unsafe { pg_sys::XactLastCommitEnd };
+            if unsafe { CATALOG_COMMIT } {
+                unsafe { CATALOG_COMMIT = false };
+                shmem::catalog_commit_ends(Some(end));
+            } else if changes_catalogs() {
+                shmem::catalog_committed(end);
+            }
+            if unsafe { pg_sys::GetTopTransactionIdIfAny() } != pg_sys::InvalidTransactionId {
+                shmem::wake_sleepers();
+            }
+        }
+        XACT_EVENT_ABORT if unsafe { CATALOG_COMMIT } => {
+            unsafe { CATALOG_COMMIT = false };
+            shmem::catalog_commit_ends(None);
+        }
+        _ => {}
     }
 }
 

@@ -5,9 +5,12 @@
 //! Writers: the launcher sets `launcher_pid` and `db_ok`; a pipeline worker claims one slot at
 //! start, updates it after every iteration and clears it when it exits. Readers: the SQL API (to
 //! wake or stop workers) and the `tide.pipelines` view (through `tide._worker_status()`).
+//! Every backend's commit callback also reports here when a transaction that changed the system
+//! catalogs commits ([`catalog_changed_after`]), so a worker knows when the catalog caches it
+//! shares with its decoder must be reset (see `worker::decoder`).
 
-use pgrx::{PGRXSharedMemory, PgAtomic, PgLwLock};
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use pgrx::{pg_sys, PGRXSharedMemory, PgAtomic, PgLwLock};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 /// How many pipelines can run at once.
 pub const MAX_PIPELINES: usize = 64;
@@ -129,6 +132,14 @@ pub struct Wakeups {
     sleeping: AtomicU64,
     /// Pid of the worker of registry slot i (0: none).
     pids: [AtomicI32; MAX_PIPELINES],
+    /// End LSN of the commit record of the latest transaction that changed the system catalogs
+    /// (it had invalidation messages), as every backend's commit callback reports it; 0 until
+    /// the first look ([`catalog_changed_after`] then starts it at the WAL insert position, a
+    /// bound for every change made before this server started).
+    catalog_commit_end: AtomicU64,
+    /// Transactions that changed the catalogs and are between their pre-commit callback and
+    /// their commit or abort (visible to others, perhaps, with their end LSN not yet reported).
+    catalog_committing: AtomicU32,
 }
 
 impl Default for Wakeups {
@@ -136,6 +147,8 @@ impl Default for Wakeups {
         Wakeups {
             sleeping: AtomicU64::new(0),
             pids: std::array::from_fn(|_| AtomicI32::new(0)),
+            catalog_commit_end: AtomicU64::new(0),
+            catalog_committing: AtomicU32::new(0),
         }
     }
 }
@@ -177,6 +190,64 @@ pub fn wake_sleepers() {
             wake(w.pids[slot].load(Ordering::SeqCst));
         }
     }
+}
+
+/// A transaction that changed the catalogs is about to commit (its pre-commit callback).
+pub fn catalog_commit_begins() {
+    if preloaded() {
+        WAKEUPS
+            .get()
+            .catalog_committing
+            .fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// That transaction committed with its commit record ending at `end` (`None`: it aborted).
+pub fn catalog_commit_ends(end: Option<u64>) {
+    if !preloaded() {
+        return;
+    }
+    let w = WAKEUPS.get();
+    if let Some(end) = end {
+        w.catalog_commit_end.fetch_max(end, Ordering::SeqCst);
+    }
+    w.catalog_committing.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// A transaction that changed the catalogs committed at `end`, noticed only at its commit
+/// (changes made after the pre-commit callback, such as `ON COMMIT DROP`).
+pub fn catalog_committed(end: u64) {
+    if preloaded() {
+        WAKEUPS
+            .get()
+            .catalog_commit_end
+            .fetch_max(end, Ordering::SeqCst);
+    }
+}
+
+/// Whether a change of the system catalogs may have committed after WAL position `lsn`: one
+/// is committing now, or the latest one reported ended after `lsn`. Conservative: `true`
+/// without shared memory.
+pub fn catalog_changed_after(lsn: u64) -> bool {
+    if !preloaded() {
+        return true;
+    }
+    let w = WAKEUPS.get();
+    if w.catalog_committing.load(Ordering::SeqCst) > 0 {
+        return true;
+    }
+    let mut end = w.catalog_commit_end.load(Ordering::SeqCst);
+    if end == 0 {
+        // First look since startup: every change made before it lies before the WAL insert
+        // position (a later change's commit ends after it).
+        // SAFETY: reads the WAL insert position under its own spinlock.
+        let now = unsafe { pg_sys::GetXLogInsertRecPtr() };
+        end = w
+            .catalog_commit_end
+            .fetch_max(now, Ordering::SeqCst)
+            .max(now);
+    }
+    end > lsn
 }
 
 /// Whether `_PG_init` ran in the postmaster (library preloaded), so the registry exists.
