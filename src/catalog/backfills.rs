@@ -147,7 +147,8 @@ pub(crate) fn write_low_watermark(
     chunk_no: i64,
 ) -> TideResult<()> {
     Spi::connect_mut(|c| -> TideResult<()> {
-        c.update(
+        crate::sql::update(
+        c,
             // From queued only: a pause or cancel that committed meanwhile (this UPDATE then
             // re-reads the row it waited for) is not overwritten.
             "UPDATE tide.backfill SET state = $2, started_at = coalesce(started_at, now()) WHERE id = $1 AND state = $3",
@@ -158,7 +159,8 @@ pub(crate) fn write_low_watermark(
                 BackfillState::Queued.as_str().into(),
             ],
         )?;
-        c.update(
+        crate::sql::update(
+        c,
             "INSERT INTO tide.signal AS s (pipeline, watermark, kind, backfill_id, chunk) VALUES ($1, $2, $5, $3, $4)
              ON CONFLICT (pipeline) DO UPDATE SET watermark = excluded.watermark, kind = excluded.kind, backfill_id = excluded.backfill_id,
                     chunk = excluded.chunk, written_at = clock_timestamp()",
@@ -186,7 +188,8 @@ pub(crate) fn write_high_watermark(
     read_complete: bool,
 ) -> TideResult<()> {
     Spi::connect_mut(|c| -> TideResult<()> {
-        c.update(
+        crate::sql::update(
+        c,
             "UPDATE tide.signal SET kind = $3, written_at = clock_timestamp() WHERE pipeline = $1 AND watermark = $2",
             None,
             &[
@@ -196,7 +199,8 @@ pub(crate) fn write_high_watermark(
             ],
         )?;
         if read_complete {
-            c.update(
+            crate::sql::update(
+                c,
                 "UPDATE tide.backfill SET read_complete = true WHERE id = $1",
                 None,
                 &[backfill_id.into()],
@@ -235,7 +239,8 @@ pub struct ChunkDone {
 /// longer active (cancelled meanwhile): returns whether it still is. Called by the worker, in its
 /// iteration's transaction, before the chunk's rows are written.
 pub(crate) fn record_progress(c: &mut SpiClient<'_>, d: &ChunkDone) -> TideResult<bool> {
-    let active = c.update(
+    let active = crate::sql::update(
+        c,
         "UPDATE tide.backfill
             SET chunks_done = chunks_done + 1, rows_read = rows_read + $2, rows_dropped = rows_dropped + $3,
                 rows_emitted = rows_emitted + $4, last_key = coalesce($5, last_key),
@@ -273,7 +278,8 @@ pub(crate) fn record_progress(c: &mut SpiClient<'_>, d: &ChunkDone) -> TideResul
 /// Record the chunk in `tide.chunk` (once: a replayed high watermark records nothing). Called by
 /// the worker, in its iteration's transaction.
 pub(crate) fn record_chunk(c: &mut SpiClient<'_>, d: &ChunkDone) -> TideResult<()> {
-    c.update(
+    crate::sql::update(
+        c,
         "INSERT INTO tide.chunk (backfill_id, chunk, key_from, key_to, low_lsn, high_lsn, rows_read, rows_dropped, rows_emitted, read_at)
          VALUES ($1, $2, $3, $4, $5::pg_lsn, $6::pg_lsn, $7, $8, $9, '2000-01-01 00:00:00+00'::timestamptz + $10 * interval '1 microsecond')
          ON CONFLICT (backfill_id, chunk) DO NOTHING",
@@ -301,7 +307,8 @@ pub(crate) fn trim_chunks(
     backfill_id: i64,
     chunk_no: i64,
 ) -> TideResult<()> {
-    c.update(
+    crate::sql::update(
+        c,
         "DELETE FROM tide.chunk WHERE backfill_id = $1 AND chunk <= $2 - 1000",
         None,
         &[backfill_id.into(), chunk_no.into()],
@@ -353,7 +360,8 @@ pub(crate) fn reread_after_rewrite(
     let note = format!(
         "the table was rewritten at {lsn} (ALTER TABLE with a rewrite): reading it again from the start"
     );
-    let restarted = c.update(
+    let restarted = crate::sql::update(
+        c,
         "UPDATE tide.backfill
             SET last_key = NULL, read_complete = false, error = $3, remedy = NULL
           WHERE pipeline = $1 AND relid = $2::int8::oid AND state = ANY($4)
@@ -369,7 +377,8 @@ pub(crate) fn reread_after_rewrite(
     if let Some(id) = sql::first::<i64>(restarted)? {
         return Ok(format!("backfill {id}: {note}"));
     }
-    let queued = c.update(
+    let queued = crate::sql::update(
+        c,
         "INSERT INTO tide.backfill (pipeline, relid, relation, key_columns, owner, generation, chunk_size,
                                    rows_per_second, estimated_rows, error)
          SELECT b.pipeline, b.relid, b.relation, t.key_columns, b.owner,
@@ -413,7 +422,8 @@ pub(crate) fn queue_for_partitions(
     owner: &str,
     chunk_size: i32,
 ) -> TideResult<Option<i64>> {
-    let active = c.select(
+    let active = crate::sql::select(
+        c,
         "SELECT 1 FROM tide.backfill WHERE pipeline = $1 AND relid = $2::int8::oid AND state = ANY($3)",
         None,
         &[pipeline.into(), (relid as i64).into(), active_states().into()],
@@ -427,7 +437,8 @@ pub(crate) fn queue_for_partitions(
         .collect::<Vec<_>>()
         .join(",");
     let condition = format!("tableoid = ANY ('{{{list}}}'::oid[])");
-    let queued = c.update(
+    let queued = crate::sql::update(
+        c,
         "INSERT INTO tide.backfill (pipeline, relid, relation, key_columns, owner, generation, chunk_size, condition, estimated_rows, error)
          SELECT t.pipeline, t.relid, t.relation, t.key_columns, $4::text::name,
                 coalesce((SELECT max(generation) FROM tide.backfill WHERE pipeline = $1 AND relid = t.relid), 0) + 1,
@@ -514,7 +525,8 @@ pub(crate) fn insert(
 ) -> TideResult<i64> {
     let id = crate::security::as_tide(|| {
         Spi::connect_mut(|c| -> TideResult<Option<i64>> {
-            Ok(sql::first::<i64>(c.update(
+            Ok(sql::first::<i64>(crate::sql::update(
+        c,
             "INSERT INTO tide.backfill (pipeline, relid, relation, key_columns, owner, generation, chunk_size, condition, estimated_rows)
              SELECT t.pipeline, t.relid, t.relation, t.key_columns, $5::text::name,
                     coalesce((SELECT max(generation) FROM tide.backfill WHERE pipeline = $1 AND relid = $2), 0) + 1,

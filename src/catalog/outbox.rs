@@ -43,7 +43,8 @@ impl Rows {
 /// pipeline's transactions are serial: so its ids increase in stream order, which consumers'
 /// committed positions rely on (`catalog::consumers`).
 pub(crate) fn insert(c: &mut SpiClient<'_>, pipeline: &str, rows: Rows) -> TideResult<()> {
-    c.update(
+    crate::sql::update(
+        c,
         "INSERT INTO tide.outbox (pipeline, commit_lsn, xid, commit_time, position, relation, op, key, \"row\", unchanged, backfill_id, chunk)
          SELECT $1, u.l::pg_lsn, u.x, '2000-01-01 00:00:00+00'::timestamptz + u.t * interval '1 microsecond',
                 u.p, u.r, u.o, u.k::jsonb, u.w::jsonb,

@@ -58,12 +58,14 @@ pub(crate) fn pipeline_lock_key(pipeline: &str) -> String {
 /// read the pipeline row (two statements). Neither assigns a transaction id: an idle worker
 /// writes no WAL. Called by the worker, in its iteration's transaction.
 pub(crate) fn lock_pipeline(c: &mut SpiClient<'_>, name: &str) -> TideResult<Option<PipelineRow>> {
-    c.select(
+    crate::sql::select(
+        c,
         "SELECT true FROM pg_advisory_xact_lock_shared(hashtext($1))",
         None,
         &[pipeline_lock_key(name).into()],
     )?;
-    let rows = c.select(
+    let rows = crate::sql::select(
+        c,
         "SELECT p.name, p.target, p.slot_name::text, p.enabled, p.applied_lsn::text,
                 (SELECT s.confirmed_flush_lsn::text FROM pg_catalog.pg_replication_slots s WHERE s.slot_name = p.slot_name),
                 p.last_error IS NOT NULL, p.options::text, p.owner::text
@@ -96,7 +98,8 @@ pub(crate) fn lock_pipeline(c: &mut SpiClient<'_>, name: &str) -> TideResult<Opt
 /// Called by the launcher, in its transaction (a read).
 pub(crate) fn list(c: &SpiClient<'_>) -> TideResult<Vec<(String, String)>> {
     let mut out = Vec::new();
-    for row in c.select(
+    for row in crate::sql::select(
+        c,
         "SELECT name, created_at::text FROM tide.pipeline ORDER BY name",
         None,
         &[],
@@ -119,7 +122,8 @@ pub(crate) fn record_applied(
     end_lsn: &str,
     commit_time_us: Option<i64>,
 ) -> TideResult<()> {
-    c.update(
+    crate::sql::update(
+        c,
         "UPDATE tide.pipeline
             SET applied_lsn = $2::pg_lsn,
                 applied_commit_time = coalesce('2000-01-01 00:00:00+00'::timestamptz + make_interval(secs => $3::float8 / 1000000), applied_commit_time),
@@ -134,7 +138,8 @@ pub(crate) fn record_applied(
 /// Clear the error columns after a successful iteration that applied nothing. Called by the
 /// worker, in its iteration's transaction.
 pub(crate) fn clear_error(c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<()> {
-    c.update(
+    crate::sql::update(
+        c,
         "UPDATE tide.pipeline SET last_error = NULL, last_error_sqlstate = NULL, last_error_at = NULL, remedy = NULL
           WHERE name = $1 AND last_error IS NOT NULL",
         None,

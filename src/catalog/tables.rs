@@ -88,7 +88,8 @@ pub(crate) use key_of_pg_class_c;
 /// The tables a pipeline captures, by relid. Called by the worker, in its iteration's
 /// transaction.
 pub(crate) fn captured(c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<Vec<TableRow>> {
-    let rows = c.select(
+    let rows = crate::sql::select(
+        c,
         "SELECT relid::int8, added_lsn IS NOT NULL, removing, partitions IS NOT NULL FROM tide.pipeline_table WHERE pipeline = $1 ORDER BY relid",
         None,
         &[pipeline.into()],
@@ -115,7 +116,8 @@ pub(crate) fn target_tables(
     c: &mut SpiClient<'_>,
     pipeline: &str,
 ) -> TideResult<Vec<(u32, TableRef)>> {
-    let rows = c.select(
+    let rows = crate::sql::select(
+        c,
         "SELECT relid::int8, target_schema, target_name, key_columns
            FROM tide.pipeline_table WHERE pipeline = $1 AND target_name IS NOT NULL",
         None,
@@ -164,7 +166,8 @@ pub(crate) fn partition_changes(
     c: &mut SpiClient<'_>,
     pipeline: &str,
 ) -> TideResult<Vec<PartitionChange>> {
-    let rows = c.select(
+    let rows = crate::sql::select(
+        c,
         "SELECT t.relid::int8, t.relation, t.key_columns,
                 ARRAY(SELECT pt.relid::int8 FROM pg_partition_tree(t.relid) pt JOIN pg_class pc ON pc.oid = pt.relid
                        WHERE pt.isleaf AND pc.relkind = 'r' ORDER BY 1),
@@ -218,7 +221,8 @@ pub(crate) fn record_partitions(
     partitions: &[u32],
 ) -> TideResult<()> {
     let list: Vec<i64> = partitions.iter().map(|&o| o as i64).collect();
-    c.update(
+    crate::sql::update(
+        c,
         "UPDATE tide.pipeline_table SET partitions = $3::int8[]::oid[] WHERE pipeline = $1 AND relid = $2::int8::oid",
         None,
         &[pipeline.into(), (relid as i64).into(), list.into()],
@@ -245,7 +249,8 @@ pub(crate) fn partition_problems(
 ) -> TideResult<Vec<PartitionProblem>> {
     let only: Option<Vec<i64>> = only.map(|o| o.iter().map(|&x| x as i64).collect());
     let rows = Spi::connect(|c| -> TideResult<Vec<(Option<String>, Option<String>)>> {
-        let rows = c.select(
+        let rows = crate::sql::select(
+        c,
             "SELECT format('%I.%I', n.nspname, c.relname),
                     CASE WHEN c.relkind = 'f' THEN 'foreign'
                          WHEN c.relpersistence <> 'p' THEN 'unlogged'
@@ -300,7 +305,8 @@ pub(crate) fn mark_capturing(
     relid: u32,
     lsn: &str,
 ) -> TideResult<()> {
-    c.update(
+    crate::sql::update(
+        c,
         "UPDATE tide.pipeline_table SET added_lsn = $3::pg_lsn WHERE pipeline = $1 AND relid = $2::int8::oid AND added_lsn IS NULL",
         None,
         &[pipeline.into(), (relid as i64).into(), lsn.into()],
@@ -311,7 +317,8 @@ pub(crate) fn mark_capturing(
 /// The worker reached a table's remove marker: forget the table (unless it was re-added since).
 /// Called by the worker, in its iteration's transaction.
 pub(crate) fn forget_removed(c: &mut SpiClient<'_>, pipeline: &str, relid: u32) -> TideResult<()> {
-    c.update(
+    crate::sql::update(
+        c,
         "DELETE FROM tide.pipeline_table WHERE pipeline = $1 AND relid = $2::int8::oid AND removing",
         None,
         &[pipeline.into(), (relid as i64).into()],

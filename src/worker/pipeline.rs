@@ -99,6 +99,8 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
     }) {
         log!("pg_tide worker \"{name}\": could not set output settings: {e}");
     }
+    // The worker runs the same statements over and over: keep their plans (see crate::sql).
+    crate::sql::cache_plans();
     let mut bf = Backfiller::default();
     let mut last_snapshot_log = Instant::now();
     let mut sink: Option<Box<dyn Target>> = None;
@@ -196,6 +198,7 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
                         // The chunk in memory may have seen part of a stream that will be
                         // replayed, and the decoder has read past what the target has.
                         bf.forget();
+                        crate::sql::forget_plans();
                         if let Some(s) = sink.as_mut() {
                             s.reset();
                         }

@@ -33,8 +33,8 @@ impl Backend for Local {
     fn exec(&mut self, c: &mut SpiClient<'_>, st: Statement) -> TideResult<()> {
         crate::security::as_owner(self.owner, || {
             match st.param {
-                Some(p) => c.update(st.sql.as_str(), None, &[p.into()])?,
-                None => c.update(st.sql.as_str(), None, &[])?,
+                Some(p) => crate::sql::update(c, st.sql.as_str(), None, &[p.into()])?,
+                None => crate::sql::update(c, st.sql.as_str(), None, &[])?,
             };
             Ok(())
         })
@@ -69,7 +69,7 @@ impl Backend for Local {
         // context for the statement's duration.
         let arg = unsafe { DatumWithOid::new(rows, array_type) };
         crate::security::as_owner(self.owner, || {
-            c.update(sql_text, None, &[arg])?;
+            crate::sql::update(c, sql_text, None, &[arg])?;
             Ok(())
         })
     }
