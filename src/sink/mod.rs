@@ -62,19 +62,51 @@ pub struct SchemaEvent {
 }
 
 /// The surviving rows of a backfill chunk as row values of the source table's row type (see
-/// [`Target::takes_row_values`]): one array, the parameter of a single upsert.
+/// [`Target::takes_row_values`]), in the chunk's key order.
 pub struct RowBatch<'a> {
     pub relid: u32,
     /// Source relation, as in [`Event::relation`].
     pub relation: &'a str,
     /// The source columns of each row to write, by name, with their `format_type`.
     pub columns: &'a [(String, String)],
-    /// An array of the source's row type (in the current memory context).
-    pub rows: pgrx::pg_sys::Datum,
-    /// Its type.
-    pub array_type: pgrx::pg_sys::Oid,
-    /// How many rows it holds (none: nothing to write).
-    pub count: usize,
+    /// The rows, each a composite datum of `row_type` (alive while the batch is).
+    pub rows: Vec<pgrx::pg_sys::Datum>,
+    /// The source table's row type.
+    pub row_type: pgrx::pg_sys::Oid,
+}
+
+impl RowBatch<'_> {
+    /// The rows as one array of the row type (in the current memory context), with the array's
+    /// type: the parameter of an upsert of them (`tide_core::plan::upsert_rows`).
+    pub fn array(&self) -> TideResult<(pgrx::pg_sys::Datum, pgrx::pg_sys::Oid)> {
+        use pgrx::pg_sys;
+        let n = i32::try_from(self.rows.len())
+            .map_err(|_| crate::error::TideError::internal("a chunk of more than 2^31 rows"))?;
+        // SAFETY: catalog lookups by OID (they ereport for an unknown type); every element is a
+        // composite datum of `row_type`, alive while `self` is; construct_array copies them into
+        // a new array in the current memory context.
+        unsafe {
+            let array_type = pg_sys::get_array_type(self.row_type);
+            if array_type == pg_sys::InvalidOid {
+                return Err(crate::error::TideError::internal(format!(
+                    "the row type {} has no array type",
+                    self.row_type.to_u32()
+                )));
+            }
+            let (mut len, mut byval, mut align) = (0i16, false, 0 as std::ffi::c_char);
+            pg_sys::get_typlenbyvalalign(self.row_type, &mut len, &mut byval, &mut align);
+            let mut elems = self.rows.clone();
+            let array = pg_sys::construct_array(
+                elems.as_mut_ptr(),
+                n,
+                self.row_type,
+                i32::from(len),
+                byval,
+                align,
+            );
+            Ok((pg_sys::Datum::from(array), array_type))
+        }
+    }
 }
 
 /// The surviving rows of a backfill chunk as lines of `COPY ... FROM STDIN`'s text format (see
@@ -89,6 +121,11 @@ pub struct CopyBatch<'a> {
     pub data: String,
     /// How many rows it holds (none: nothing to write).
     pub count: usize,
+    /// The chunk's key range: the key values (text output, in key order) of its lower bound
+    /// (exclusive; `None` for a table's first chunk) and upper bound (inclusive). Every row's
+    /// key lies in it.
+    pub lower: Option<&'a [String]>,
+    pub upper: &'a [String],
 }
 
 /// A pipeline's target, kept by the worker across iterations (table targets cache the target

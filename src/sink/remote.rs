@@ -141,6 +141,17 @@ pub enum RemoteStep {
     /// `COPY ... FROM STDIN` (`sql`) and the data it reads (in the COPY's format, complete
     /// rows); no rows are returned.
     CopyIn { sql: String, data: Vec<u8> },
+    /// A backfill chunk's rows (`data`, COPY text): `probe` (one boolean row) says whether the
+    /// target holds a key of the chunk's range; if not, `COPY direct FROM STDIN` loads them
+    /// straight into the table, else `staged` steps do (a staging table and one upsert). No
+    /// rows are returned.
+    LoadChunk {
+        probe: RemoteStatement,
+        direct: String,
+        /// The staging steps; their `CopyIn` data is empty and `data` is sent instead.
+        staged: Vec<RemoteStep>,
+        data: Vec<u8>,
+    },
 }
 
 #[cfg(test)]

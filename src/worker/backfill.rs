@@ -298,13 +298,18 @@ impl Backfiller {
                     relid: p.relid,
                     relation: &p.relation,
                     columns: &p.columns,
-                    rows: values.array_of(&as_values)?,
-                    array_type: values.array_type,
-                    count: as_values.len(),
+                    rows: values.rows_at(&as_values)?,
+                    row_type: values.row_type(),
                 },
             )?;
         }
         if copy_rows > 0 {
+            let upper = done.key_to.as_deref().ok_or_else(|| {
+                TideError::internal(format!(
+                    "chunk {} of backfill {} has rows but no last key",
+                    p.chunk_no, p.backfill_id
+                ))
+            })?;
             t.position += i32::try_from(copy_rows).unwrap_or(i32::MAX);
             sink.push_copy_text(
                 c,
@@ -315,6 +320,8 @@ impl Backfiller {
                     columns: &p.columns,
                     data: copy_text,
                     count: copy_rows,
+                    lower: done.key_from.as_deref(),
+                    upper,
                 },
             )?;
         }

@@ -75,11 +75,6 @@ pub struct RowValues {
     /// Each row (into the array, which lives in `_memory`).
     elems: Vec<pg_sys::Datum>,
     row_type: pg_sys::Oid,
-    /// The array type of `row_type`.
-    pub array_type: pg_sys::Oid,
-    len: i32,
-    byval: bool,
-    align: std::ffi::c_char,
 }
 
 impl RowValues {
@@ -87,18 +82,11 @@ impl RowValues {
     /// NULL) into a chunk of its own.
     pub fn copy(result: &RawRows, col: i32, row_type: pg_sys::Oid) -> TideResult<RowValues> {
         // SAFETY: catalog lookups by OID; they error (ereport) for an unknown type.
-        let (array_type, len, byval, align) = unsafe {
-            let array_type = pg_sys::get_array_type(row_type);
+        let (len, byval, align) = unsafe {
             let (mut len, mut byval, mut align) = (0i16, false, 0 as std::ffi::c_char);
             pg_sys::get_typlenbyvalalign(row_type, &mut len, &mut byval, &mut align);
-            (array_type, i32::from(len), byval, align)
+            (i32::from(len), byval, align)
         };
-        if array_type == pg_sys::InvalidOid {
-            return Err(TideError::internal(format!(
-                "the row type {} has no array type",
-                row_type.to_u32()
-            )));
-        }
         let mut datums = Vec::with_capacity(result.len());
         for i in 0..result.len() {
             datums.push(result.datum(i, col).ok_or_else(|| {
@@ -137,36 +125,24 @@ impl RowValues {
             _memory: memory,
             elems,
             row_type,
-            array_type,
-            len,
-            byval,
-            align,
         })
     }
 
-    /// An array (in the current memory context, i.e. the caller's transaction) of the rows at
-    /// `indexes`, in that order.
-    pub fn array_of(&self, indexes: &[u32]) -> TideResult<pg_sys::Datum> {
-        let mut datums = Vec::with_capacity(indexes.len());
-        for &i in indexes {
-            datums.push(*self.elems.get(i as usize).ok_or_else(|| {
-                TideError::internal(format!("chunk row {i} is not in the chunk"))
-            })?);
-        }
-        let n = i32::try_from(datums.len())
-            .map_err(|_| TideError::internal("a chunk of more than 2^31 rows"))?;
-        // SAFETY: every element points into this chunk's array, alive while `self` is; the new
-        // array is a copy in the current memory context.
-        let array = unsafe {
-            pg_sys::construct_array(
-                datums.as_mut_ptr(),
-                n,
-                self.row_type,
-                self.len,
-                self.byval,
-                self.align,
-            )
-        };
-        Ok(pg_sys::Datum::from(array))
+    /// The rows at `indexes`, in that order (each points into this chunk's memory: alive while
+    /// `self` is).
+    pub fn rows_at(&self, indexes: &[u32]) -> TideResult<Vec<pg_sys::Datum>> {
+        indexes
+            .iter()
+            .map(|&i| {
+                self.elems.get(i as usize).copied().ok_or_else(|| {
+                    TideError::internal(format!("chunk row {i} is not in the chunk"))
+                })
+            })
+            .collect()
+    }
+
+    /// The source table's row type the rows were read with.
+    pub fn row_type(&self) -> pg_sys::Oid {
+        self.row_type
     }
 }

@@ -99,6 +99,19 @@ fn row_value_upsert_text() {
 }
 
 #[test]
+fn range_check_text() {
+    let t = TableRef {
+        schema: "rep".into(),
+        name: "Order".into(),
+        key: vec!["id".into(), "at".into()],
+    };
+    assert_eq!(
+        range_has_rows(&t),
+        "SELECT EXISTS (SELECT 1 FROM rep.\"Order\" t WHERE (t.id, t.at) >= (($1).id, ($1).at) AND (t.id, t.at) <= (($2).id, ($2).at))"
+    );
+}
+
+#[test]
 fn staged_upsert_text() {
     let t = TableRef {
         schema: "rep".into(),
@@ -110,7 +123,15 @@ fn staged_upsert_text() {
         ("select".into(), "public.\"My Type\"".into()),
         ("Note".into(), "character varying(10)".into()),
     ];
-    let s = staged_upsert(&t, &cols);
+    let s = staged_upsert(&t, &cols, true);
+    assert_eq!(
+        s.probe,
+        "SELECT EXISTS (SELECT 1 FROM rep.\"Order\" t WHERE (t.id) > ($1::integer) AND (t.id) <= ($2::integer))"
+    );
+    assert_eq!(
+        s.direct,
+        "COPY rep.\"Order\" (id, \"select\", \"Note\") FROM STDIN"
+    );
     assert_eq!(
         s.create,
         "CREATE TEMP TABLE tide_stage (id integer, \"select\" public.\"My Type\", \"Note\" character varying(10)) ON COMMIT DROP"
@@ -122,6 +143,26 @@ fn staged_upsert_text() {
     assert_eq!(
         s.upsert,
         "INSERT INTO rep.\"Order\" AS t (id, \"select\", \"Note\") SELECT r.id, r.\"select\", r.\"Note\" FROM pg_temp.tide_stage r ON CONFLICT (id) DO UPDATE SET \"select\" = EXCLUDED.\"select\", \"Note\" = EXCLUDED.\"Note\"; DROP TABLE pg_temp.tide_stage"
+    );
+}
+
+#[test]
+fn staged_probe_of_a_first_chunk_and_a_composite_key() {
+    let t = TableRef {
+        schema: "rep".into(),
+        name: "t".into(),
+        key: vec!["b".into(), "a".into()],
+    };
+    let cols: Vec<(String, String)> =
+        vec![("a".into(), "integer".into()), ("b".into(), "text".into())];
+    // No lower bound: the parameters are the upper bound's, in key order.
+    assert_eq!(
+        staged_upsert(&t, &cols, false).probe,
+        "SELECT EXISTS (SELECT 1 FROM rep.t t WHERE (t.b, t.a) <= ($1::text, $2::integer))"
+    );
+    assert_eq!(
+        staged_upsert(&t, &cols, true).probe,
+        "SELECT EXISTS (SELECT 1 FROM rep.t t WHERE (t.b, t.a) > ($1::text, $2::integer) AND (t.b, t.a) <= ($3::text, $4::integer))"
     );
 }
 

@@ -96,22 +96,49 @@ pub(super) fn run_step(conn: &mut Conn, step: &RemoteStep) -> Result<Rows, State
             conn.client.batch_execute(sql).map_err(pg_error)?;
             Ok(Vec::new())
         }
-        RemoteStep::CopyIn { sql, data } => {
-            use std::io::Write;
-            let mut writer = conn.client.copy_in(sql.as_str()).map_err(pg_error)?;
-            if let Err(e) = writer.write_all(data) {
-                // The copy is aborted when the writer is dropped; an I/O error means the
-                // connection is gone or unusable (a server error shows at `finish`).
-                drop(writer);
-                return Err(StatementError {
-                    error: RemoteError::transient(format!("sending COPY data failed: {e}")),
-                    connection_ok: false,
-                });
+        RemoteStep::CopyIn { sql, data } => copy_in(conn, sql, data),
+        RemoteStep::LoadChunk {
+            probe,
+            direct,
+            staged,
+            data,
+        } => {
+            let taken = run_statement(conn, probe)?
+                .first()
+                .and_then(|r| r.first().cloned().flatten());
+            if taken.as_deref() == Some("f") {
+                return copy_in(conn, direct, data);
             }
-            writer.finish().map_err(pg_error)?;
+            for step in staged {
+                match step {
+                    RemoteStep::CopyIn { sql, .. } => copy_in(conn, sql, data)?,
+                    other => run_step(conn, other)?,
+                };
+            }
             Ok(Vec::new())
         }
     }
+}
+
+/// `COPY ... FROM STDIN` (`sql`) on `conn`, sending `data`.
+fn copy_in(conn: &mut Conn, sql: &str, data: &[u8]) -> Result<Rows, StatementError> {
+    use std::io::Write;
+    let pg_error = |e: postgres::Error| StatementError {
+        connection_ok: e.as_db_error().is_some(),
+        error: RemoteError::from_pg(&e),
+    };
+    let mut writer = conn.client.copy_in(sql).map_err(pg_error)?;
+    if let Err(e) = writer.write_all(data) {
+        // The copy is aborted when the writer is dropped; an I/O error means the connection is
+        // gone or unusable (a server error shows at `finish`).
+        drop(writer);
+        return Err(StatementError {
+            error: RemoteError::transient(format!("sending COPY data failed: {e}")),
+            connection_ok: false,
+        });
+    }
+    writer.finish().map_err(pg_error)?;
+    Ok(Vec::new())
 }
 
 /// Drop the connection (if any) and record that there is none.

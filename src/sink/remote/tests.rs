@@ -585,6 +585,102 @@ fn remote_copy_steps_commit_and_roll_back() {
     sink.query("DROP TABLE tide_sink_c", vec![], T).unwrap();
 }
 
+/// A chunk goes straight into its table (COPY) when the probe finds its key range empty, and
+/// through the staging table's upsert otherwise: a straight COPY over an existing key would
+/// fail with a unique violation.
+#[test]
+fn remote_load_chunk_chooses_by_its_probe() {
+    let sink = RemoteSink::start(test_conninfo(), "tide-test-load");
+    sink.query("DROP TABLE IF EXISTS tide_sink_l", vec![], T)
+        .unwrap();
+    sink.query(
+        "CREATE TABLE tide_sink_l (id int PRIMARY KEY, s text, extra text DEFAULT 'dflt')",
+        vec![],
+        T,
+    )
+    .unwrap();
+    let t = tide_core::plan::TableRef {
+        schema: "public".into(),
+        name: "tide_sink_l".into(),
+        key: vec!["id".into()],
+    };
+    let cols = vec![
+        ("id".to_string(), "integer".to_string()),
+        ("s".to_string(), "text".to_string()),
+    ];
+    let load = |lower: Option<&str>, upper: &str, rows: &[(i32, &str)]| {
+        let staged = tide_core::plan::staged_upsert(&t, &cols, lower.is_some());
+        let mut data = String::new();
+        for (id, v) in rows {
+            tide_core::copy::push_row(&mut data, [Some(id.to_string().as_str()), Some(*v)]);
+        }
+        let params = lower
+            .into_iter()
+            .chain([upper])
+            .map(|v| Some(v.to_string()))
+            .collect();
+        RemoteStep::LoadChunk {
+            probe: RemoteStatement {
+                sql: staged.probe,
+                params,
+            },
+            direct: staged.direct,
+            staged: vec![
+                RemoteStep::Simple(staged.create),
+                RemoteStep::CopyIn {
+                    sql: staged.copy,
+                    data: Vec::new(),
+                },
+                RemoteStep::Simple(staged.upsert),
+            ],
+            data: data.into_bytes(),
+        }
+    };
+    let rows = |sink: &RemoteSink| {
+        sink.query(
+            "SELECT id, s, extra FROM tide_sink_l ORDER BY id",
+            vec![],
+            T,
+        )
+        .unwrap()
+    };
+    // An empty range: straight in (the staging table is never made: nothing to drop).
+    sink.transaction_steps(vec![load(None, "2", &[(1, "a"), (2, "b")])], T)
+        .unwrap();
+    // A range that holds key 2: the upsert updates it and keeps the target-only column.
+    sink.query(
+        "UPDATE tide_sink_l SET extra = 'kept' WHERE id = 2",
+        vec![],
+        T,
+    )
+    .unwrap();
+    sink.transaction_steps(vec![load(Some("1"), "3", &[(2, "B"), (3, "c")])], T)
+        .unwrap();
+    let r = |id: &str, s: &str, extra: &str| {
+        vec![
+            Some(id.to_string()),
+            Some(s.to_string()),
+            Some(extra.to_string()),
+        ]
+    };
+    assert_eq!(
+        rows(&sink),
+        vec![
+            r("1", "a", "dflt"),
+            r("2", "B", "kept"),
+            r("3", "c", "dflt")
+        ]
+    );
+    // A probe that wrongly says "empty" (a range that misses key 3): the straight COPY fails
+    // with the unique violation the remote backend falls back on.
+    let e = sink
+        .transaction_steps(vec![load(Some("3"), "4", &[(3, "x"), (4, "d")])], T)
+        .unwrap_err();
+    assert_eq!(e.sqlstate.as_deref(), Some("23505"), "{e:?}");
+    assert_eq!(rows(&sink).len(), 3, "the failed load left nothing");
+    sink.query("DROP TABLE tide_sink_l", vec![], T).unwrap();
+}
+
 #[test]
 fn remote_reconnects_after_terminate_backend() {
     let ci = test_conninfo();

@@ -6,13 +6,15 @@
 //! pipeline with the permission error; the applied position is the pipeline row's, written by
 //! the worker in the same transaction, so this backend keeps none of its own.
 
-use super::Backend;
+use super::{bulk, Backend};
 use crate::error::TideResult;
+use crate::sink::RowBatch;
 use crate::sql;
 use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
 use tide_core::lsn::Lsn;
-use tide_core::plan::Statement;
+use tide_core::plan::{range_has_rows, Statement, TableRef};
 
 /// Runs a table target's statements in this database.
 pub struct Local {
@@ -73,4 +75,64 @@ impl Backend for Local {
             Ok(())
         })
     }
+
+    fn load_rows(
+        &mut self,
+        c: &mut SpiClient<'_>,
+        target: &TableRef,
+        batch: &RowBatch<'_>,
+    ) -> TideResult<bool> {
+        let (Some(first), Some(last)) = (batch.rows.first(), batch.rows.last()) else {
+            return Ok(false);
+        };
+        let Some(oid) = relation_oid(target) else {
+            return Ok(false);
+        };
+        let columns: Vec<String> = batch.columns.iter().map(|(n, _)| n.clone()).collect();
+        let chunk = bulk::Chunk {
+            row_type: batch.row_type,
+            columns: &columns,
+            key: &target.key,
+            source: pg_sys::Oid::from(batch.relid),
+        };
+        crate::security::as_owner(self.owner, || {
+            if bulk::eligible(oid, &chunk)?.is_some() {
+                return Ok(false);
+            }
+            // The rows are in key order: none of their keys is at the target when nothing lies
+            // between the first and the last.
+            // SAFETY: both are composite datums of `row_type`, alive while the batch is.
+            let args = unsafe {
+                [
+                    DatumWithOid::new(*first, batch.row_type),
+                    DatumWithOid::new(*last, batch.row_type),
+                ]
+            };
+            let taken = c
+                .select(&range_has_rows(target), Some(1), &args)?
+                .first()
+                .get_one::<bool>()?
+                .unwrap_or(true);
+            if taken {
+                return Ok(false);
+            }
+            bulk::load(oid, &chunk, &batch.rows)?;
+            Ok(true)
+        })
+    }
+}
+
+/// The OID of `target` in this database (`None`: there is no such table).
+fn relation_oid(target: &TableRef) -> Option<pg_sys::Oid> {
+    let schema = std::ffi::CString::new(target.schema.as_str()).ok()?;
+    let name = std::ffi::CString::new(target.name.as_str()).ok()?;
+    // SAFETY: catalog lookups by name; with missing_ok they return InvalidOid, not an error.
+    let oid = unsafe {
+        let ns = pg_sys::get_namespace_oid(schema.as_ptr(), true);
+        if ns == pg_sys::InvalidOid {
+            return None;
+        }
+        pg_sys::get_relname_relid(name.as_ptr(), ns)
+    };
+    (oid != pg_sys::InvalidOid).then_some(oid)
 }

@@ -22,12 +22,15 @@
 //!   DEFERRED`.)
 //! - A backfill chunk can arrive as row values instead of events ([`Target::takes_row_values`]):
 //!   a local backend whose target table has each of the chunk's columns with the source's type
-//!   takes them, after this batch's statements so far, as one `INSERT ... SELECT FROM
+//!   takes them, after this batch's statements so far: loaded in bulk ([`bulk`]: the table
+//!   access method's `multi_insert`, as COPY FROM) when none of their keys is at the target and
+//!   the table has nothing a plain insert would bypass, else as one `INSERT ... SELECT FROM
 //!   unnest($1) ON CONFLICT` ([`tide_core::plan::upsert_rows`]); the same effect as the chunk's
 //!   `read` events, without JSON. A remote backend whose target table has them takes them as
-//!   COPY text instead ([`Target::takes_copy_text`]): `COPY ... FROM STDIN` into a temporary
-//!   staging table, then one `INSERT ... SELECT FROM` it `ON CONFLICT`
-//!   ([`tide_core::plan::staged_upsert`]), in the batch's remote transaction.
+//!   COPY text instead ([`Target::takes_copy_text`]), in the batch's remote transaction:
+//!   `COPY ... FROM STDIN` straight into the table when none of the chunk's keys is there, else
+//!   into a temporary staging table and one `INSERT ... SELECT FROM` it `ON CONFLICT`
+//!   ([`tide_core::plan::staged_upsert`]).
 //! - Unchanged TOAST columns are left out of the statement: the target keeps its value.
 //! - Least privilege: a local target's statements (writes and schema changes) run as the
 //!   pipeline's owner in a security-restricted operation: a right revoked after `add_table`
@@ -61,6 +64,7 @@ use tide_core::plan::{
     SourceColumn, Staged, Statement, TableRef,
 };
 
+pub mod bulk;
 pub mod local;
 pub mod remote;
 
@@ -99,14 +103,32 @@ pub trait Backend {
             "row values can only be written to tables in this database",
         ))
     }
+    /// Load a chunk's rows into `target` in bulk, with no `ON CONFLICT`, when none of their keys
+    /// is at the target and the table allows it (local: [`bulk`]). `false`: not done, the
+    /// caller upserts them.
+    fn load_rows(
+        &mut self,
+        _c: &mut SpiClient<'_>,
+        _target: &TableRef,
+        _batch: &RowBatch<'_>,
+    ) -> TideResult<bool> {
+        Ok(false)
+    }
     /// Whether the target tables live in another PostgreSQL that a chunk's rows can reach by
     /// COPY ([`Backend::exec_copy`]).
     fn takes_copy(&self) -> bool {
         false
     }
-    /// Load a chunk's rows (`data`, COPY text of `staged.copy`'s columns) through the staging
-    /// table of `staged`, in the batch's transaction, after what was executed before.
-    fn exec_copy(&mut self, _staged: Staged, _data: String) -> TideResult<()> {
+    /// Load a chunk's rows (`data`, COPY text of `staged.copy`'s columns) in the batch's
+    /// transaction, after what was executed before: straight into the table when none of the
+    /// chunk's keys is there (`staged.probe` with `bounds`, the key range's values), else
+    /// through the staging table of `staged`.
+    fn exec_copy(
+        &mut self,
+        _staged: Staged,
+        _bounds: Vec<Option<String>>,
+        _data: String,
+    ) -> TideResult<()> {
         Err(TideError::internal(
             "COPY text can only be written to tables in another PostgreSQL",
         ))
@@ -467,16 +489,19 @@ impl<B: Backend> Target for TableTarget<B> {
             batch.relid,
             batch.relation,
             batch.columns,
-            batch.count,
+            batch.rows.len(),
             <Self as Target>::takes_row_values,
         )?
         else {
             return Ok(());
         };
+        if self.backend.load_rows(c, &target, &batch)? {
+            return Ok(());
+        }
         let cols: Vec<String> = batch.columns.iter().map(|(n, _)| n.clone()).collect();
         let sql = upsert_rows(&target, &cols);
-        self.backend
-            .exec_rows(c, &sql, batch.rows, batch.array_type)
+        let (rows, array_type) = batch.array()?;
+        self.backend.exec_rows(c, &sql, rows, array_type)
     }
 
     fn takes_copy_text(&mut self, relid: u32, columns: &[(String, String)]) -> TideResult<bool> {
@@ -500,8 +525,18 @@ impl<B: Backend> Target for TableTarget<B> {
         else {
             return Ok(());
         };
-        self.backend
-            .exec_copy(staged_upsert(&target, batch.columns), batch.data)
+        let bounds: Vec<Option<String>> = batch
+            .lower
+            .into_iter()
+            .flatten()
+            .chain(batch.upper)
+            .map(|v| Some(v.clone()))
+            .collect();
+        self.backend.exec_copy(
+            staged_upsert(&target, batch.columns, batch.lower.is_some()),
+            bounds,
+            batch.data,
+        )
     }
 
     fn reset(&mut self) {

@@ -1,9 +1,10 @@
 //! The remote backend of a table target: statements buffered and run on another PostgreSQL in
 //! one remote transaction per batch, through the [`RemoteSink`] thread.
 //!
-//! A backfill chunk's rows arrive as COPY text ([`Backend::exec_copy`]): `COPY ... FROM STDIN`
-//! into a temporary staging table, then one upsert from it, as steps of the same remote
-//! transaction.
+//! A backfill chunk's rows arrive as COPY text ([`Backend::exec_copy`]), loaded in the same
+//! remote transaction: `COPY ... FROM STDIN` straight into the table when a probe finds none of
+//! the chunk's keys there (as PostgreSQL's initial sync loads a table), else into a temporary
+//! staging table and one upsert from it.
 //!
 //! Guarantees: a batch's statements (and COPY loads) and the applied position (`<schema>.tide_applied`, one row
 //! per pipeline, only ever raised with `greatest`) commit in the same remote transaction, so a
@@ -56,6 +57,13 @@ pub struct Remote {
     applied: Option<Option<Lsn>>,
     /// The schema and `tide_applied` exist on the remote (checked once per connection).
     ready: bool,
+    /// The open batch loads a chunk straight into its table if the range is empty.
+    has_direct: bool,
+    /// A chunk loaded straight into its table met a unique violation: the probe said its key
+    /// range was empty, yet a key was there (the remote column compares keys in another
+    /// collation than the source, or another writer inserted one meanwhile). From then on this
+    /// worker loads every chunk through the staging table, which upserts.
+    direct_refused: bool,
 }
 
 impl Remote {
@@ -67,6 +75,8 @@ impl Remote {
             stmts: Vec::new(),
             applied: None,
             ready: false,
+            has_direct: false,
+            direct_refused: false,
         }
     }
 
@@ -123,13 +133,41 @@ impl Backend for Remote {
         true
     }
 
-    fn exec_copy(&mut self, staged: Staged, data: String) -> TideResult<()> {
-        self.stmts.push(RemoteStep::Simple(staged.create));
-        self.stmts.push(RemoteStep::CopyIn {
-            sql: staged.copy,
+    fn exec_copy(
+        &mut self,
+        staged: Staged,
+        bounds: Vec<Option<String>>,
+        data: String,
+    ) -> TideResult<()> {
+        let steps = vec![
+            RemoteStep::Simple(staged.create),
+            RemoteStep::CopyIn {
+                sql: staged.copy,
+                data: Vec::new(),
+            },
+            RemoteStep::Simple(staged.upsert),
+        ];
+        if self.direct_refused {
+            // Always through the staging table (see `direct_refused`).
+            self.stmts.extend(steps.into_iter().map(|s| match s {
+                RemoteStep::CopyIn { sql, .. } => RemoteStep::CopyIn {
+                    sql,
+                    data: data.clone().into_bytes(),
+                },
+                other => other,
+            }));
+            return Ok(());
+        }
+        self.stmts.push(RemoteStep::LoadChunk {
+            probe: RemoteStatement {
+                sql: staged.probe,
+                params: bounds,
+            },
+            direct: staged.direct,
+            staged: steps,
             data: data.into_bytes(),
         });
-        self.stmts.push(RemoteStep::Simple(staged.upsert));
+        self.has_direct = true;
         Ok(())
     }
 
@@ -148,6 +186,7 @@ impl Backend for Remote {
                 params: vec![Some(pipeline.to_string()), Some(a.to_string())],
             }));
         }
+        let direct = std::mem::take(&mut self.has_direct);
         match self.sink.transaction_steps(stmts, REMOTE_TIMEOUT) {
             Ok(_) => {
                 if let Some(a) = applied {
@@ -157,6 +196,9 @@ impl Backend for Remote {
             }
             Err(e) => {
                 self.applied = None;
+                if direct && e.sqlstate.as_deref() == Some("23505") {
+                    self.direct_refused = true;
+                }
                 Err(remote_err(e))
             }
         }
@@ -199,5 +241,6 @@ impl Backend for Remote {
         self.stmts.clear();
         self.applied = None;
         self.ready = false;
+        self.has_direct = false;
     }
 }
