@@ -56,6 +56,18 @@ COMMENT ON FUNCTION tide._estimate_rows(oid) IS 'pg_tide internal: the planner''
 REVOKE ALL ON FUNCTION tide._estimate_rows(oid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tide._estimate_rows(oid) TO tide_admin;
 
+-- How each backfill chunk reached the target (tide.chunks.written_as).
+ALTER TABLE tide.chunk ADD COLUMN written_as text CHECK (written_as IN ('events', 'bulk', 'upsert', 'copy'));
+CREATE OR REPLACE VIEW tide.chunks AS
+SELECT c.backfill_id, b.pipeline, b.relation, c.chunk,
+       CASE WHEN coalesce(has_table_privilege(b.relid, 'SELECT'), false) THEN c.key_from END AS key_from,
+       CASE WHEN coalesce(has_table_privilege(b.relid, 'SELECT'), false) THEN c.key_to END AS key_to,
+       c.low_lsn, c.high_lsn,
+       c.rows_read, c.rows_dropped, c.rows_emitted, c.emitted_at - c.read_at AS duration, c.read_at, c.emitted_at,
+       c.written_as
+  FROM tide.chunk c JOIN tide.backfill b ON b.id = c.backfill_id
+ WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = b.pipeline));
+
 -- fraction_done is 0 (not NULL) while a backfill with no estimate yet is active, and
 -- estimated_time_left uses the speed so far until there are two chunks to measure.
 CREATE OR REPLACE VIEW tide.backfills AS

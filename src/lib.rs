@@ -278,7 +278,7 @@ mod tests {
     #[pg_test]
     fn schema_checks_list_the_enums() {
         use tide_core::model::{
-            BackfillState, MarkerOp, Op, PruneReason, TargetKind, WatermarkKind,
+            BackfillState, ChunkWrite, MarkerOp, Op, PruneReason, TargetKind, WatermarkKind,
         };
         let states = texts(BackfillState::ALL, BackfillState::as_str);
         assert_eq!(states.len(), BackfillState::ALL.len());
@@ -316,6 +316,11 @@ mod tests {
                 "tide.outbox_prune",
                 "last_reason",
                 texts(PruneReason::ALL, PruneReason::as_str),
+            ),
+            (
+                "tide.chunk",
+                "written_as",
+                texts(ChunkWrite::ALL, ChunkWrite::as_str),
             ),
         ];
         for (table, column, values) in others {

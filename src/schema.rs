@@ -191,6 +191,7 @@ CREATE TABLE tide.chunk (
     rows_emitted  integer NOT NULL,
     read_at       timestamptz NOT NULL,
     emitted_at    timestamptz NOT NULL DEFAULT now(),
+    written_as    text CHECK (written_as IN ('events', 'bulk', 'upsert', 'copy')),
     PRIMARY KEY (backfill_id, chunk)
 );
 
@@ -375,7 +376,8 @@ SELECT c.backfill_id, b.pipeline, b.relation, c.chunk,
        CASE WHEN coalesce(has_table_privilege(b.relid, 'SELECT'), false) THEN c.key_from END AS key_from,
        CASE WHEN coalesce(has_table_privilege(b.relid, 'SELECT'), false) THEN c.key_to END AS key_to,
        c.low_lsn, c.high_lsn,
-       c.rows_read, c.rows_dropped, c.rows_emitted, c.emitted_at - c.read_at AS duration, c.read_at, c.emitted_at
+       c.rows_read, c.rows_dropped, c.rows_emitted, c.emitted_at - c.read_at AS duration, c.read_at, c.emitted_at,
+       c.written_as
   FROM tide.chunk c JOIN tide.backfill b ON b.id = c.backfill_id
  WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = b.pipeline));
 COMMENT ON VIEW tide.chunks IS 'Recent backfill chunks (the last 1000 per backfill).';

@@ -232,6 +232,8 @@ pub struct ChunkDone {
     pub table_rows: Option<i64>,
     /// For a single integer key: the share of the key range read so far.
     pub key_fraction: Option<f64>,
+    /// How the surviving rows reached the target (`None`: there were none).
+    pub written_as: Option<tide_core::model::ChunkWrite>,
 }
 
 /// Add the chunk to the backfill's durable progress (counters, last key, the estimated total;
@@ -280,8 +282,8 @@ pub(crate) fn record_progress(c: &mut SpiClient<'_>, d: &ChunkDone) -> TideResul
 pub(crate) fn record_chunk(c: &mut SpiClient<'_>, d: &ChunkDone) -> TideResult<()> {
     crate::sql::update(
         c,
-        "INSERT INTO tide.chunk (backfill_id, chunk, key_from, key_to, low_lsn, high_lsn, rows_read, rows_dropped, rows_emitted, read_at)
-         VALUES ($1, $2, $3, $4, $5::pg_lsn, $6::pg_lsn, $7, $8, $9, '2000-01-01 00:00:00+00'::timestamptz + $10 * interval '1 microsecond')
+        "INSERT INTO tide.chunk (backfill_id, chunk, key_from, key_to, low_lsn, high_lsn, rows_read, rows_dropped, rows_emitted, read_at, written_as)
+         VALUES ($1, $2, $3, $4, $5::pg_lsn, $6::pg_lsn, $7, $8, $9, '2000-01-01 00:00:00+00'::timestamptz + $10 * interval '1 microsecond', $11)
          ON CONFLICT (backfill_id, chunk) DO NOTHING",
         None,
         &[
@@ -295,6 +297,7 @@ pub(crate) fn record_chunk(c: &mut SpiClient<'_>, d: &ChunkDone) -> TideResult<(
             (d.rows_dropped as i32).into(),
             (d.rows_emitted as i32).into(),
             d.read_at.into(),
+            d.written_as.map(|w| w.as_str()).into(),
         ],
     )?;
     Ok(())

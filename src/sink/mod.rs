@@ -196,13 +196,13 @@ pub trait Target {
 
     /// A backfill chunk's surviving rows as row values, in stream order (at the chunk's high
     /// watermark), for a target that said it takes them. Same effect as pushing each row as a
-    /// `read` event.
+    /// `read` event. Says how they were written.
     fn push_row_values(
         &mut self,
         _c: &mut SpiClient<'_>,
         _t: &Txn,
         batch: RowBatch<'_>,
-    ) -> TideResult<()> {
+    ) -> TideResult<tide_core::model::ChunkWrite> {
         Err(crate::error::TideError::internal(format!(
             "this target cannot take the rows of a chunk of {} as row values",
             batch.relation

@@ -35,7 +35,7 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use std::time::{Duration, Instant};
 use tide_core::lsn::Lsn;
-use tide_core::model::{Op, Txn, WatermarkKind};
+use tide_core::model::{ChunkWrite, Op, Txn, WatermarkKind};
 use tide_core::reconcile::Reconciler;
 use tide_core::snapshot::InvisibleXids;
 
@@ -229,7 +229,7 @@ impl Backfiller {
             }
         }
         // Progress first: if the backfill was cancelled meanwhile, nothing is emitted.
-        let done = backfills::ChunkDone {
+        let mut done = backfills::ChunkDone {
             backfill_id: p.backfill_id,
             chunk_no: p.chunk_no,
             key_from: p.key_from,
@@ -243,11 +243,11 @@ impl Backfiller {
             read_at: p.read_at,
             table_rows: p.estimate.table_rows,
             key_fraction: p.estimate.key_fraction,
+            written_as: None,
         };
         if !backfills::record_progress(c, &done)? {
             return Ok(None);
         }
-        backfills::record_chunk(c, &done)?;
         if p.chunk_no % 100 == 0 {
             backfills::trim_chunks(c, p.backfill_id, p.chunk_no)?;
         }
@@ -269,6 +269,7 @@ impl Backfiller {
                 Item::Delete => (Op::Delete, None),
             };
             t.position += 1;
+            done.written_as = Some(ChunkWrite::Events);
             sink.push(
                 c,
                 t,
@@ -291,7 +292,7 @@ impl Backfiller {
         }
         if let (Some((values, _)), false) = (&p.values, as_values.is_empty()) {
             t.position += i32::try_from(as_values.len()).unwrap_or(i32::MAX);
-            sink.push_row_values(
+            done.written_as = Some(sink.push_row_values(
                 c,
                 t,
                 RowBatch {
@@ -301,7 +302,7 @@ impl Backfiller {
                     rows: values.rows_at(&as_values)?,
                     row_type: values.row_type(),
                 },
-            )?;
+            )?);
         }
         if copy_rows > 0 {
             let upper = done.key_to.as_deref().ok_or_else(|| {
@@ -324,7 +325,9 @@ impl Backfiller {
                     upper,
                 },
             )?;
+            done.written_as = Some(ChunkWrite::Copy);
         }
+        backfills::record_chunk(c, &done)?;
         Ok(Some(Emitted { rows: n }))
     }
 

@@ -271,6 +271,24 @@ text_enum! {
     }
 }
 
+text_enum! {
+    /// How a backfill chunk's surviving rows reached the target (`tide.chunk.written_as`,
+    /// persisted; written by the worker with the chunk). Which one a chunk takes is the
+    /// target's choice, per chunk.
+    ChunkWrite {
+        /// One `read` event per row (the outbox; table targets whose columns differ in type).
+        Events => "events",
+        /// Row values, inserted in bulk by the table access method (a local table target that
+        /// holds none of the chunk's keys and allows it).
+        Bulk => "bulk",
+        /// Row values, through one `INSERT ... ON CONFLICT` (a local table target otherwise).
+        Upsert => "upsert",
+        /// COPY text sent to a remote target (straight into the table when it holds none of the
+        /// chunk's keys, else through a staging table and an upsert).
+        Copy => "copy",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,6 +326,7 @@ mod tests {
             ConsumerStart::parse,
         );
         check(PruneReason::ALL, PruneReason::as_str, PruneReason::parse);
+        check(ChunkWrite::ALL, ChunkWrite::as_str, ChunkWrite::parse);
         assert_eq!(Op::ALL.len(), 6);
         assert_eq!(BackfillState::ALL.len(), 6);
     }
@@ -365,7 +384,8 @@ mod tests {
                 || TargetKind::ALL.iter().any(|v| v.as_str() == s)
                 || MarkerOp::ALL.iter().any(|v| v.as_str() == s)
                 || ConsumerStart::ALL.iter().any(|v| v.as_str() == s)
-                || PruneReason::ALL.iter().any(|v| v.as_str() == s);
+                || PruneReason::ALL.iter().any(|v| v.as_str() == s)
+                || ChunkWrite::ALL.iter().any(|v| v.as_str() == s);
             prop_assume!(!declared(&s));
             prop_assert_eq!(Op::parse(&s), None);
             prop_assert_eq!(WatermarkKind::parse(&s), None);
@@ -374,6 +394,7 @@ mod tests {
             prop_assert_eq!(MarkerOp::parse(&s), None);
             prop_assert_eq!(ConsumerStart::parse(&s), None);
             prop_assert_eq!(PruneReason::parse(&s), None);
+            prop_assert_eq!(ChunkWrite::parse(&s), None);
         }
 
         /// Case and padding matter: the stored text is exact.

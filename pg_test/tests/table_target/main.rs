@@ -30,14 +30,19 @@
 //! - `values`: json text kept exactly; unchanged TOAST values stay at the target;
 //! - `remote_copy`: backfill chunks reach a remote target by COPY (JSON nulls, json text and
 //!   values needing COPY escapes arrive exactly); a kill -9 between the COPY and the remote
-//!   commit of a chunk loses and duplicates nothing; ordinary roles on both sides, and the
-//!   remote role's TEMPORARY privilege;
+//!   commit of a chunk loses and duplicates nothing, straight into the table or through the
+//!   staging table; ordinary roles on both sides, and the remote role's TEMPORARY privilege
+//!   (needed for the staging table only);
+//! - `bulk`: chunks loaded in bulk into a local target where its key range is empty, upserted
+//!   where it is not or where the table has triggers or row security (`tide.chunks.written_as`);
+//!   a kill -9 inside a bulk load;
 //! - `row_values`: backfill chunks reach a local target as row values (JSON nulls kept), or as
 //!   JSON events when the target's types differ;
 //! - `convergence`: backfill convergence on a table target, with kill -9 of the worker
 //!   mid-backfill;
 //! - `checks`: target tables created and checked; option errors.
 
+mod bulk;
 mod checks;
 mod common;
 mod convergence;

@@ -1,9 +1,10 @@
 //! Backfill chunks reach a remote (`postgres`) target by COPY: the chunk's columns as their text
-//! output, `COPY ... FROM STDIN` into a temporary staging table, then one upsert from it, in the
-//! batch's remote transaction; when the target table has the chunk's columns with the source's
-//! types. Values arrive exactly (no JSON in between), a crash between the COPY and the remote
-//! commit of a chunk loses and duplicates nothing, and it works as ordinary roles on both sides
-//! (the remote role needs the TEMPORARY privilege for the staging table).
+//! output, `COPY ... FROM STDIN` straight into the table when it holds none of the chunk's keys,
+//! else into a temporary staging table and one upsert from it, in the batch's remote
+//! transaction; when the target table has the chunk's columns with the source's types. Values
+//! arrive exactly (no JSON in between), a crash between the COPY and the remote commit of a
+//! chunk loses and duplicates nothing (either way), and it works as ordinary roles on both
+//! sides (the remote role needs the TEMPORARY privilege for the staging table only).
 
 use crate::common::*;
 use std::time::{Duration, Instant};
@@ -128,26 +129,35 @@ fn chunks_reach_remote_targets_exactly_by_copy() {
     );
 }
 
-/// kill -9 of the worker while a chunk's rows are at the remote, loaded by COPY into the staging
-/// table and being upserted, before the remote commit: the remote transaction rolls back (its
-/// client is gone), the chunk is read again under new watermarks, and every row is written
-/// exactly once in what the target committed (an audit trigger on the target counts the
-/// writes). The window is made deterministic: a statement trigger on the target sleeps 8 s the
+/// kill -9 of the worker while a chunk's rows are at the remote, loaded by COPY and not yet
+/// committed: the remote transaction rolls back (its client is gone), the chunk is read again
+/// under new watermarks, and every row is written exactly once in what the target committed
+/// (an audit trigger on the target counts the writes). Once with the target empty (the chunk
+/// goes straight into the table: the stall is in the COPY's statement trigger), once with a row
+/// of the chunk's range already there (through the staging table: the stall is in the upsert
+/// from it). The window is made deterministic: a statement trigger on the target sleeps 8 s the
 /// first time a statement inserts the chunk's rows (a sequence, which rollback does not undo,
-/// says which time), and the test waits until pg_stat_activity on the target shows the upsert
-/// from the staging table sleeping in that trigger.
-#[test]
-fn kill_between_copy_and_remote_commit_loses_and_duplicates_nothing() {
-    const P: &str = "rk";
+/// says which time), and the test waits until pg_stat_activity on the target shows the
+/// statement sleeping in that trigger.
+fn kill_between_copy_and_remote_commit(straight: bool) {
     const ROWS: i64 = 30_000;
-    let (c, t) = setup_remote("tt_rcopy_kill");
+    let p = if straight { "rk" } else { "rks" };
+    let (c, t) = setup_remote(if straight {
+        "tt_rcopy_kill"
+    } else {
+        "tt_rcopy_kills"
+    });
     c.execute(&format!(
         "CREATE TABLE big (id int PRIMARY KEY, v text NOT NULL, pad text);
          INSERT INTO big SELECT g, md5(g::text), repeat(E'p\\t', 20) FROM generate_series(1, {ROWS}) g;"
     ));
+    t.execute("CREATE TABLE big (id int PRIMARY KEY, v text NOT NULL, pad text)");
+    if !straight {
+        // Before the audit trigger: a stale row in the chunk's range, which the upsert updates.
+        t.execute("INSERT INTO big VALUES (15000, 'stale', NULL)");
+    }
     t.execute(
-        "CREATE TABLE big (id int PRIMARY KEY, v text NOT NULL, pad text);
-         CREATE TABLE write_log (seq bigserial PRIMARY KEY, id int NOT NULL);
+        "CREATE TABLE write_log (seq bigserial PRIMARY KEY, id int NOT NULL);
          CREATE SEQUENCE stalls;
          CREATE FUNCTION log_write() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN INSERT INTO write_log (id) VALUES (NEW.id); RETURN NULL; END $$;
@@ -162,46 +172,53 @@ fn kill_between_copy_and_remote_commit_loses_and_duplicates_nothing() {
          CREATE TRIGGER big_stall AFTER INSERT ON big REFERENCING NEW TABLE AS new_rows
              FOR EACH STATEMENT EXECUTE FUNCTION stall_once();",
     );
-    create_pipeline(&c, P, "postgres", r#"{"server": "tgt"}"#);
+    create_pipeline(&c, p, "postgres", r#"{"server": "tgt"}"#);
     exec(
         &c,
-        &format!("SELECT tide.add_table('{P}', 'big', backfill => false)"),
+        &format!("SELECT tide.add_table('{p}', 'big', backfill => false)"),
     );
     exec(
         &c,
-        &format!("SELECT tide.start_backfill('big', '{P}', chunk_size => {ROWS})"),
+        &format!("SELECT tide.start_backfill('big', '{p}', chunk_size => {ROWS})"),
     );
-    // The chunk's upsert from the staging table, stalled in the trigger (the COPY is done).
+    // The chunk's load, stalled in the trigger (the rows are in, uncommitted).
+    let statement = if straight {
+        "COPY public.big %"
+    } else {
+        "INSERT INTO public.big %FROM pg_temp.tide_stage%"
+    };
     let started = Instant::now();
-    let in_window = "SELECT count(*) FROM pg_stat_activity
-                      WHERE application_name = 'pg_tide rk' AND state = 'active'
-                        AND query LIKE 'INSERT INTO public.big %FROM pg_temp.tide_stage%'
-                        AND wait_event = 'PgSleep'";
+    let in_window = format!(
+        "SELECT count(*) FROM pg_stat_activity
+          WHERE application_name = 'pg_tide {p}' AND state = 'active'
+            AND query LIKE '{statement}' AND wait_event = 'PgSleep'"
+    );
     if let Err(msg) = poll_every(Duration::from_secs(60), Duration::from_millis(20), || {
-        Ok(t.try_query_scalar::<i64>(in_window)? == 1)
+        Ok(t.try_query_scalar::<i64>(&in_window)? == 1)
     }) {
         panic!(
-            "the chunk's upsert from the staging table never stalled: {msg}\n{}\ntarget activity:\n{}",
+            "the chunk's load never stalled: {msg}\n{}\ntarget activity:\n{}",
             diag(&c),
             sample(&t, "SELECT application_name, state, wait_event, left(query, 120) FROM pg_stat_activity", 20)
         );
     }
     let staged: i64 = t.query_scalar("SELECT count(*) FROM write_log");
-    let victim = worker_pid(&c, P).unwrap_or_else(|| panic!("no worker\n{}", diag(&c)));
+    let victim = worker_pid(&c, p).unwrap_or_else(|| panic!("no worker\n{}", diag(&c)));
     kill9(victim);
     eprintln!(
-        "remote copy kill: worker {victim} killed {:.1?} after the backfill started, while the chunk's upsert ran at the target ({staged} rows logged, uncommitted)",
+        "remote copy kill ({}): worker {victim} killed {:.1?} after the backfill started, while the chunk's load ran at the target ({staged} rows logged, uncommitted)",
+        if straight { "straight" } else { "staged" },
         started.elapsed()
     );
     // Nothing of the chunk was committed.
     assert_eq!(
         t.query_scalar::<i64>("SELECT count(*) FROM big"),
-        0,
+        if straight { 0 } else { 1 },
         "the target committed rows of the chunk before its remote commit"
     );
-    wait_recovered(&c, P, Some(victim), Duration::from_secs(60), || diag(&c));
-    wait_backfill(&c, "big", P, 120);
-    wait_pipeline(&c, P, 60);
+    wait_recovered(&c, p, Some(victim), Duration::from_secs(60), || diag(&c));
+    wait_backfill(&c, "big", p, 120);
+    wait_pipeline(&c, p, 60);
     assert_same_rows(
         "after the kill",
         &c,
@@ -226,11 +243,11 @@ fn kill_between_copy_and_remote_commit_loses_and_duplicates_nothing() {
     assert_eq!(
         t.query_scalar::<i64>("SELECT last_value FROM stalls"),
         2,
-        "the chunk's upsert ran twice (the first, rolled back, stalled)"
+        "the chunk's load ran twice (the first, rolled back, stalled)"
     );
     let (chunks, emitted): (i64, i64) = {
         let r = c.query_one(&format!(
-            "SELECT chunks_done::int8, rows_emitted::int8 FROM tide.backfills WHERE pipeline = '{P}'"
+            "SELECT chunks_done::int8, rows_emitted::int8 FROM tide.backfills WHERE pipeline = '{p}'"
         ));
         (r.get(0), r.get(1))
     };
@@ -241,11 +258,24 @@ fn kill_between_copy_and_remote_commit_loses_and_duplicates_nothing() {
     );
 }
 
+#[test]
+fn kill_between_copy_and_remote_commit_straight() {
+    kill_between_copy_and_remote_commit(true);
+}
+
+#[test]
+fn kill_between_copy_and_remote_commit_staged() {
+    kill_between_copy_and_remote_commit(false);
+}
+
 /// As ordinary roles on both sides: the pipeline is owned by `alice` (a member of `tide_admin`
-/// only) and reaches the target as `rem` (LOGIN, no other attribute). The staging table needs
-/// `rem`'s TEMPORARY privilege on the target database: without it the chunk fails with the
-/// remote's permission error, shown in `tide.pipelines`, and nothing of it is written; once it is
-/// granted the worker retries by itself and the backfill arrives by COPY (JSON nulls kept).
+/// only) and reaches the target as `rem` (LOGIN, no other attribute), which may not create
+/// temporary tables. A chunk whose key range is empty at the target goes straight into the
+/// table and needs no temporary table. One whose range holds a row (streamed before the
+/// backfill) needs the staging table: without `rem`'s TEMPORARY privilege on the target
+/// database it fails with the remote's permission error, shown in `tide.pipelines`, and nothing
+/// of it is written; once it is granted the worker retries by itself and the backfill arrives
+/// by COPY (JSON nulls kept).
 #[test]
 fn ordinary_roles_and_the_staging_tables_temporary_privilege() {
     let (c, t) = setup_remote("tt_rcopy_roles");
@@ -261,28 +291,33 @@ fn ordinary_roles_and_the_staging_tables_temporary_privilege() {
          GRANT USAGE ON FOREIGN SERVER tgt TO alice;
          CREATE USER MAPPING FOR alice SERVER tgt OPTIONS (user 'rem');",
     );
-    let mut cfg = c.config("postgres");
-    cfg.user("alice");
-    let mut alice = cfg
-        .connect(postgres::NoTls)
-        .unwrap_or_else(|e| panic!("connect as alice: {}", describe_error(&e)));
-    alice
-        .batch_execute(
-            "CREATE TABLE alice.d (id int PRIMARY KEY, j jsonb, s text);
-             INSERT INTO alice.d SELECT g, CASE WHEN g % 2 = 0 THEN 'null'::jsonb END, E'a\\tb' || g
-               FROM generate_series(1, 3000) g;",
-        )
-        .unwrap_or_else(|e| panic!("as alice: {}", describe_error(&e)));
-    alice
-        .batch_execute(
-            r#"SELECT tide.create_pipeline('ap', 'postgres', '{"server": "tgt", "schema": "rem_s"}')"#,
-        )
-        .unwrap_or_else(|e| panic!("as alice: {}", describe_error(&e)));
+    let mut alice = connect_as(&c, "alice");
+    let mut as_alice = |sql: &str| {
+        alice
+            .batch_execute(sql)
+            .unwrap_or_else(|e| panic!("as alice: {}", describe_error(&e)))
+    };
+    as_alice(
+        "CREATE TABLE alice.d (id int PRIMARY KEY, j jsonb, s text);
+         INSERT INTO alice.d SELECT g, CASE WHEN g % 2 = 0 THEN 'null'::jsonb END, E'a\\tb' || g
+           FROM generate_series(1, 3000) g;
+         CREATE TABLE alice.e (id int PRIMARY KEY, s text);
+         INSERT INTO alice.e SELECT g, 'e' || g FROM generate_series(1, 2000) g;",
+    );
+    as_alice(
+        r#"SELECT tide.create_pipeline('ap', 'postgres', '{"server": "tgt", "schema": "rem_s"}')"#,
+    );
     wait_streaming(&c, "ap", Duration::from_secs(30));
-    alice
-        .batch_execute("SELECT tide.add_table('ap', 'alice.d')")
-        .unwrap_or_else(|e| panic!("as alice: {}", describe_error(&e)));
-    // The chunk fails at the target: no TEMPORARY privilege for the staging table.
+    // An empty target: straight in, no temporary table needed.
+    as_alice("SELECT tide.add_table('ap', 'alice.e')");
+    wait_backfill(&c, "alice.e", "ap", 120);
+    assert_same_rows("straight", &c, "alice.e", &t, "rem_s.e", "id, s");
+    // A row streamed before the backfill: the first chunk needs the staging table.
+    as_alice("SELECT tide.add_table('ap', 'alice.d', backfill => false)");
+    as_alice("UPDATE alice.d SET s = 'streamed' WHERE id = 10");
+    wait_pipeline(&c, "ap", 60);
+    assert_eq!(t.query_scalar::<i64>("SELECT count(*) FROM rem_s.d"), 1);
+    as_alice("SELECT tide.start_backfill('alice.d', 'ap')");
     if let Err(msg) = poll_every(Duration::from_secs(60), Duration::from_millis(100), || {
         Ok(c.try_query_scalar::<bool>(
             "SELECT coalesce((SELECT state = 'error' AND last_error LIKE '%permission denied%'
@@ -296,7 +331,7 @@ fn ordinary_roles_and_the_staging_tables_temporary_privilege() {
     }
     assert_eq!(
         t.query_scalar::<i64>("SELECT count(*) FROM rem_s.d"),
-        0,
+        1,
         "nothing of the failed chunk was written"
     );
     let who: Vec<String> = texts(
@@ -319,5 +354,12 @@ fn ordinary_roles_and_the_staging_tables_temporary_privilege() {
         t.query_scalar::<i64>("SELECT count(*) FROM rem_s.d WHERE j = 'null'::jsonb"),
         1500,
         "the JSON nulls arrived by COPY"
+    );
+    assert_eq!(
+        texts(
+            &c,
+            "SELECT DISTINCT written_as FROM tide.chunks WHERE pipeline = 'ap' AND written_as IS NOT NULL"
+        ),
+        vec!["copy".to_string()]
     );
 }

@@ -58,7 +58,7 @@ use crate::sql;
 use pgrx::spi::SpiClient;
 use std::collections::{HashMap, HashSet};
 use tide_core::lsn::Lsn;
-use tide_core::model::{Op, RelDesc, TargetKind, Txn};
+use tide_core::model::{ChunkWrite, Op, RelDesc, TargetKind, Txn};
 use tide_core::plan::{
     plan_schema_change, plan_shape, staged_upsert, upsert_rows, Change, Planner, ShapePlan,
     SourceColumn, Staged, Statement, TableRef,
@@ -483,7 +483,7 @@ impl<B: Backend> Target for TableTarget<B> {
         c: &mut SpiClient<'_>,
         _t: &Txn,
         batch: RowBatch<'_>,
-    ) -> TideResult<()> {
+    ) -> TideResult<ChunkWrite> {
         let Some(target) = self.before_bulk(
             c,
             batch.relid,
@@ -493,15 +493,16 @@ impl<B: Backend> Target for TableTarget<B> {
             <Self as Target>::takes_row_values,
         )?
         else {
-            return Ok(());
+            return Ok(ChunkWrite::Upsert);
         };
         if self.backend.load_rows(c, &target, &batch)? {
-            return Ok(());
+            return Ok(ChunkWrite::Bulk);
         }
         let cols: Vec<String> = batch.columns.iter().map(|(n, _)| n.clone()).collect();
         let sql = upsert_rows(&target, &cols);
         let (rows, array_type) = batch.array()?;
-        self.backend.exec_rows(c, &sql, rows, array_type)
+        self.backend.exec_rows(c, &sql, rows, array_type)?;
+        Ok(ChunkWrite::Upsert)
     }
 
     fn takes_copy_text(&mut self, relid: u32, columns: &[(String, String)]) -> TideResult<bool> {
