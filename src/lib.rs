@@ -272,6 +272,35 @@ mod tests {
         v
     }
 
+    /// A table target's rows travel as `text[]` literals (`tide_core::plan::text_array`):
+    /// PostgreSQL's `array_in` reads back every value exactly, as the planner's model assumes.
+    #[pg_test]
+    fn text_arrays_read_back_exactly() {
+        let values: Vec<Option<&str>> = vec![
+            Some(""),
+            None,
+            Some("NULL"),
+            Some("null"),
+            Some("a,b"),
+            Some("{x}"),
+            Some("say \"hi\""),
+            Some("back\\slash\\"),
+            Some(" lead and trail "),
+            Some("tab\tnew\nline\r"),
+            Some("é ünïcode ✓ 😀"),
+            Some("\"\\\""),
+        ];
+        let lit = tide_core::plan::text_array(values.iter().copied());
+        let got = Spi::get_one_with_args::<Vec<Option<String>>>(
+            "SELECT array_agg(v ORDER BY o) FROM unnest($1::text::text[]) WITH ORDINALITY AS u(v, o)",
+            &[lit.as_str().into()],
+        )
+        .unwrap()
+        .unwrap();
+        let want: Vec<Option<String>> = values.iter().map(|v| v.map(str::to_string)).collect();
+        assert_eq!(got, want, "{lit}");
+    }
+
     /// The schema's CHECK constraints (and `backfill_one_active`'s predicate) list exactly the
     /// values of `tide_core::model`'s enums, which the Rust code binds into its statements: a
     /// value added to one side only fails here.

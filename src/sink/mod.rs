@@ -24,6 +24,9 @@ use pgrx::spi::SpiClient;
 use tide_core::lsn::Lsn;
 use tide_core::model::{Op, RelDesc, TargetKind, Txn};
 
+/// A row's key columns by name, with their text output (NULL as `None`).
+pub type KeyValues = Vec<(String, Option<String>)>;
+
 /// One change, rendered, on its way to a target.
 pub struct Event {
     pub relid: u32,
@@ -33,8 +36,15 @@ pub struct Event {
     pub op: Op,
     /// JSON object of the key columns.
     pub key: Option<String>,
-    /// JSON object of the row's sent columns.
+    /// JSON object of the row's sent columns (targets that take rows as JSON,
+    /// [`RowFormat::Json`]).
     pub row: Option<String>,
+    /// The text output of each column in `columns`, NULL as `None` (targets that take rows as
+    /// text, [`RowFormat::Text`], instead of `row`).
+    pub values: Option<Vec<Option<String>>>,
+    /// The key columns by name with their text output, NULL as `None` (targets that take rows
+    /// as text: what a delete deletes).
+    pub key_values: Option<KeyValues>,
     /// Columns not sent (unchanged TOAST): leave them as they are.
     pub unchanged: Vec<String>,
     /// Names of the columns present in `row`, in order.
@@ -45,6 +55,15 @@ pub struct Event {
     /// constraint (an SQL boolean expression on the table's columns), true for exactly the rows
     /// removed. `row` then says the same as JSON for the outbox.
     pub only_where: Option<String>,
+}
+
+/// How a target wants an event's row: as a JSON object (`Event::row`; the outbox), or as each
+/// column's text output (`Event::values` and `Event::key_values`; table targets, which cast
+/// each text to the target column's type, so every value arrives exactly).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowFormat {
+    Json,
+    Text,
 }
 
 /// A schema change of a captured table, at the position of the `ALTER TABLE` that made it (a
@@ -135,6 +154,12 @@ pub struct CopyBatch<'a> {
 /// rows follow stream events, and [`Target::commit`] last, inside the worker's transaction;
 /// [`Target::reset`] after a failed iteration.
 pub trait Target {
+    /// How this target wants events' rows (decided once: the worker renders each event's row
+    /// only in this form).
+    fn row_format(&self) -> RowFormat {
+        RowFormat::Json
+    }
+
     /// Start of an iteration: learn which tables go where, prepare the target.
     fn begin(&mut self, _c: &mut SpiClient<'_>, _pipeline: &str) -> TideResult<()> {
         Ok(())

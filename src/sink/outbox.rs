@@ -81,6 +81,8 @@ impl Target for OutboxSink {
                 op: tide_core::model::Op::Schema,
                 key: None,
                 row: Some(row.to_string()),
+                values: None,
+                key_values: None,
                 unchanged: Vec::new(),
                 columns: Vec::new(),
                 backfill: None,

@@ -28,14 +28,14 @@
 
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
-use crate::sink::{Event, SchemaEvent, Target};
+use crate::sink::{Event, RowFormat, SchemaEvent, Target};
 use crate::worker::backfill::Backfiller;
 use pgrx::spi::SpiClient;
 use std::collections::{HashMap, HashSet};
-use tide_core::json;
 use tide_core::lsn::Lsn;
 use tide_core::model::{MarkerOp, Op, OwnedColumn, RelDesc, SchemaChange, Txn, WatermarkKind};
 use tide_core::wire::{self, Column, Message, Tuple};
+use tide_core::{json, texts};
 
 /// What one successful iteration did.
 #[derive(Default)]
@@ -365,9 +365,12 @@ impl Applier<'_, '_> {
         match old {
             Some(old) if old != new_key => {
                 // A key change is a delete of the old key and an insert of the new row.
+                let Some(old_tuple) = old_key else {
+                    return Err(TideError::internal("a key change without the old key"));
+                };
+                let ev = delete_event(&*self.sink, relid, rel, old, old_tuple)?;
                 t.position += 1;
-                self.sink
-                    .push(self.c, t, key_event(relid, rel, Op::Delete, Some(old)))?;
+                self.sink.push(self.c, t, ev)?;
                 emit_row(self.sink, self.c, t, relid, rel, Op::Insert, new_key, new)
             }
             _ => emit_row(self.sink, self.c, t, relid, rel, Op::Update, new_key, new),
@@ -381,9 +384,9 @@ impl Applier<'_, '_> {
         let mut k = String::new();
         json::render_key(&rel.columns, old_key, &mut k).map_err(render_err)?;
         self.bf.on_change(relid, &k, t.xid);
+        let ev = delete_event(&*self.sink, relid, rel, k, old_key)?;
         t.position += 1;
-        self.sink
-            .push(self.c, t, key_event(relid, rel, Op::Delete, Some(k)))
+        self.sink.push(self.c, t, ev)
     }
 
     fn on_truncate(&mut self, relids: &[u32]) -> TideResult<()> {
@@ -545,8 +548,17 @@ fn emit_row(
     key: String,
     new: &Tuple<'_>,
 ) -> TideResult<()> {
-    let mut row = String::new();
-    let unchanged = json::render_row(&rel.columns, new, &mut row).map_err(render_err)?;
+    let (row, values, unchanged) = match sink.row_format() {
+        RowFormat::Json => {
+            let mut row = String::new();
+            let unchanged = json::render_row(&rel.columns, new, &mut row).map_err(render_err)?;
+            (Some(row), None, unchanged)
+        }
+        RowFormat::Text => {
+            let (values, unchanged) = texts::row(&rel.columns, new).map_err(render_err)?;
+            (None, Some(values), unchanged)
+        }
+    };
     let columns = rel
         .columns
         .iter()
@@ -567,7 +579,9 @@ fn emit_row(
             relation: rel.qualified.clone(),
             op,
             key: Some(key),
-            row: Some(row),
+            row,
+            values,
+            key_values: None,
             unchanged,
             columns,
             backfill: None,
@@ -584,9 +598,26 @@ fn key_event(relid: u32, rel: &RelDesc, op: Op, key: Option<String>) -> Event {
         op,
         key,
         row: None,
+        values: None,
+        key_values: None,
         unchanged: Vec::new(),
         columns: Vec::new(),
         backfill: None,
         only_where: None,
     }
+}
+
+/// A delete of the key in `old` (the old key tuple, or the old row).
+fn delete_event(
+    sink: &dyn Target,
+    relid: u32,
+    rel: &RelDesc,
+    key: String,
+    old: &Tuple<'_>,
+) -> TideResult<Event> {
+    let mut ev = key_event(relid, rel, Op::Delete, Some(key));
+    if sink.row_format() == RowFormat::Text {
+        ev.key_values = Some(texts::key(&rel.columns, old).map_err(render_err)?);
+    }
+    Ok(ev)
 }

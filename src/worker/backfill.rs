@@ -255,7 +255,7 @@ impl Backfiller {
         let mut as_values = Vec::new();
         let (mut copy_text, mut copy_rows) = (String::new(), 0usize);
         for (key, item) in rows {
-            let (op, row) = match item {
+            let (op, row, values, key_values) = match item {
                 Item::Value(i) => {
                     as_values.push(i);
                     continue;
@@ -265,8 +265,9 @@ impl Backfiller {
                     copy_rows += 1;
                     continue;
                 }
-                Item::Json(row) => (Op::Read, Some(row)),
-                Item::Delete => (Op::Delete, None),
+                Item::Json(row) => (Op::Read, Some(row), None, None),
+                Item::Text(values) => (Op::Read, None, Some(values), None),
+                Item::Delete(by_name) => (Op::Delete, None, None, Some(by_name)),
             };
             t.position += 1;
             done.written_as = Some(ChunkWrite::Events);
@@ -278,12 +279,14 @@ impl Backfiller {
                     relation: p.relation.clone(),
                     op,
                     key: Some(key),
-                    columns: if row.is_some() {
+                    columns: if op == Op::Read {
                         p.columns.iter().map(|(name, _)| name.clone()).collect()
                     } else {
                         Vec::new()
                     },
                     row,
+                    values,
+                    key_values,
                     unchanged: Vec::new(),
                     backfill: Some((p.backfill_id, p.chunk_no)),
                     only_where: None,
@@ -345,9 +348,15 @@ impl Backfiller {
             return Ok(());
         };
         let started = Instant::now();
+        let Some(sink) = sink.as_deref_mut() else {
+            // No target yet (the first iteration makes it): it decides how the rows are held.
+            // The low watermark alone is ignored by the stream.
+            self.not_before = Instant::now() + Duration::from_millis(200);
+            return Ok(());
+        };
         // The table's lock before the chunk's snapshot (see `tx::run_locked`).
         let read = match tx::run_locked(pg_sys::Oid::from(job.b.relid), || {
-            read_chunk(pipeline, &job, sink.as_deref_mut())
+            read_chunk(pipeline, &job, sink)
         }) {
             Ok(Locked::Ran(r)) => Ok(r),
             Ok(Locked::Busy) => Err(TideError::new(
@@ -399,7 +408,11 @@ impl Backfiller {
         let n = read.rows.len();
         let last_key = read.rows.last().map(|r| r.key_values.clone());
         let mut rows: Vec<(String, Item)> = read.rows.into_iter().map(|r| (r.key, r.row)).collect();
-        rows.extend(read.deletes.into_iter().map(|k| (k, Item::Delete)));
+        rows.extend(
+            read.deletes
+                .into_iter()
+                .map(|(k, by_name)| (k, Item::Delete(by_name))),
+        );
         self.reconciler.add_chunk(job.watermark, job.b.relid, rows);
         self.pending = Some(PendingChunk {
             watermark: job.watermark,

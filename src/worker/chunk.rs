@@ -16,7 +16,7 @@ use super::row_values::RowValues;
 use super::tx;
 use crate::catalog::backfills;
 use crate::error::{TideError, TideResult};
-use crate::sink::Target;
+use crate::sink::{KeyValues, RowFormat, Target};
 use crate::sql;
 use pgrx::prelude::*;
 use tide_core::json;
@@ -28,12 +28,16 @@ use tide_core::wire::{Tuple, Value};
 pub(super) enum Item {
     /// The row as a JSON object, emitted as a `read` event.
     Json(String),
+    /// The row as each column's text output (NULL as `None`), emitted as a `read` event to a
+    /// target that takes rows as text.
+    Text(Vec<Option<String>>),
     /// The row is row value `n` of the chunk's [`RowValues`].
     Value(u32),
     /// The row as one line of COPY text (its columns in the chunk's order, newline included).
     Copy(String),
-    /// A repair deletes the key (it no longer exists at the source).
-    Delete,
+    /// A repair deletes the key (it no longer exists at the source): the key columns by name,
+    /// with their text output.
+    Delete(KeyValues),
 }
 
 /// The source table as the chunk reads it.
@@ -129,8 +133,8 @@ pub(super) struct ChunkRow {
 pub(super) struct ChunkRead {
     pub invisible: InvisibleXids,
     pub estimate: Estimate,
-    /// Keys (rendered) a repair deletes at the high watermark.
-    pub deletes: Vec<String>,
+    /// Keys a repair deletes at the high watermark: rendered, and by column.
+    pub deletes: Vec<(String, KeyValues)>,
     pub relation: String,
     /// The chunk's columns, (name, `format_type`), in order.
     pub columns: Vec<(String, String)>,
@@ -149,7 +153,7 @@ pub(super) struct ChunkRead {
 pub(super) fn read_chunk(
     pipeline: &str,
     job: &Job,
-    sink: Option<&mut (dyn Target + 'static)>,
+    sink: &mut dyn Target,
 ) -> TideResult<ChunkRead> {
     let Some(meta) = table_meta(job.b.relid, &job.b.key_columns)? else {
         return Err(TideError::undefined(format!(
@@ -163,22 +167,18 @@ pub(super) fn read_chunk(
     let shape = meta.shape();
     // Row values need the table's name as its whole-row reference: not when a column has it.
     // Otherwise COPY text, when the target takes it; otherwise JSON.
-    let (as_values, as_copy) = match sink {
-        Some(s) => {
-            let whole_row = !meta
-                .columns
-                .iter()
-                .any(|(c, _)| quote(&c.name) == meta.relname);
-            let values = whole_row && s.takes_row_values(job.b.relid, &shape)?;
-            // A remote target may have to be asked for its table's columns: if it cannot
-            // answer now, read the chunk later (an error here would fail the backfill).
-            let copy = !values
-                && s.takes_copy_text(job.b.relid, &shape)
-                    .map_err(TideError::retry_later)?;
-            (values, copy)
-        }
-        None => (false, false),
-    };
+    let whole_row = !meta
+        .columns
+        .iter()
+        .any(|(c, _)| quote(&c.name) == meta.relname);
+    let as_values = whole_row && sink.takes_row_values(job.b.relid, &shape)?;
+    // A remote target may have to be asked for its table's columns: if it cannot answer now,
+    // read the chunk later (an error here would fail the backfill).
+    let as_copy = !as_values
+        && sink
+            .takes_copy_text(job.b.relid, &shape)
+            .map_err(TideError::retry_later)?;
+    let as_text = sink.row_format() == RowFormat::Text;
     let columns: Vec<OwnedColumn> = meta.columns.iter().map(|(c, _)| c.clone()).collect();
     let mut key_types = Vec::new();
     for k in &job.b.key_columns {
@@ -325,6 +325,8 @@ pub(super) fn read_chunk(
                     let mut line = String::new();
                     tide_core::copy::push_row(&mut line, texts.iter().map(Option::as_deref));
                     Item::Copy(line)
+                } else if as_text {
+                    Item::Text(texts.clone())
                 } else {
                     let mut row = String::new();
                     json::render_row(&columns, &tuple, &mut row).map_err(render_err)?;
@@ -421,7 +423,8 @@ pub(super) fn read_chunk(
             let mut key = String::new();
             json::render_key(&columns, &Tuple { values }, &mut key)
                 .map_err(|e| TideError::internal(format!("cannot render a key to delete: {e}")))?;
-            deletes.push(key);
+            let by_name = job.b.key_columns.iter().cloned().zip(r).collect();
+            deletes.push((key, by_name));
         }
     }
     // Defence in depth: the chunk must have read the relation file its snapshot knows. The lock

@@ -8,6 +8,7 @@
 //!   escaped (remote table targets' backfill chunks).
 //! * [`json`]: rendering decoded rows as JSON for the outbox, exactly
 //!   rebuildable with `jsonb_populate_record`.
+//! * [`texts`]: decoded rows as their columns' text output, for table targets.
 //! * [`model`]: the stream model the worker and the targets share (relation
 //!   descriptors, transaction metadata, event ops, watermark kinds, backfill
 //!   states, target kinds).
@@ -31,6 +32,7 @@ pub mod plan;
 pub mod reconcile;
 pub mod snapshot;
 pub mod spill;
+pub mod texts;
 pub mod wire;
 pub mod worker_loop;
 

@@ -28,6 +28,9 @@
 //!   were committed;
 //! - `schema`: schema changes propagated, and pause / fix / resume;
 //! - `values`: json text kept exactly; unchanged TOAST values stay at the target;
+//! - `types`: every common built-in type reaches local and remote targets exactly, through the
+//!   backfill and the stream (JSON null, a bare JSON string, -0, NaN, BC dates...), and verify
+//!   with a sample reports nothing;
 //! - `remote_copy`: backfill chunks reach a remote target by COPY (JSON nulls, json text and
 //!   values needing COPY escapes arrive exactly); a kill -9 between the COPY and the remote
 //!   commit of a chunk loses and duplicates nothing, straight into the table or through the
@@ -37,7 +40,7 @@
 //!   where it is not or where the table has triggers or row security (`tide.chunks.written_as`);
 //!   a kill -9 inside a bulk load;
 //! - `row_values`: backfill chunks reach a local target as row values (JSON nulls kept), or as
-//!   JSON events when the target's types differ;
+//!   text events when the target's types differ; JSON nulls exact either way;
 //! - `convergence`: backfill convergence on a table target, with kill -9 of the worker
 //!   mid-backfill;
 //! - `checks`: target tables created and checked; option errors.
@@ -50,5 +53,6 @@ mod remote;
 mod remote_copy;
 mod row_values;
 mod schema;
+mod types;
 mod values;
 mod wallets;

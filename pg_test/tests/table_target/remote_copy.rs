@@ -10,11 +10,10 @@ use crate::common::*;
 use std::time::{Duration, Instant};
 
 /// Values that JSON cannot carry to a table target, and values that need COPY's escapes, reach
-/// a remote target exactly through the backfill. The JSON path fails this test: a JSON `null`
-/// in a json or jsonb column arrives as SQL NULL (`json_populate_recordset`), and a top-level
-/// JSON string in a json column arrives re-escaped (`"str\u00e9"` as `"stré"`). Stream writes
-/// during the backfill (which travel as JSON events) touch other rows, so the rows that carry
-/// the tricky values are the backfill's.
+/// a remote target exactly through the backfill. A JSON path fails this test: a JSON `null` in
+/// a json or jsonb column arrives as SQL NULL (`json_populate_recordset`), and a top-level JSON
+/// string in a json column arrives re-escaped (`"str\u00e9"` as `"stré"`). Stream writes during
+/// the backfill touch other rows, so the rows that carry the tricky values are the backfill's.
 #[test]
 fn chunks_reach_remote_targets_exactly_by_copy() {
     let (c, t) = setup_remote("tt_rcopy");

@@ -34,10 +34,8 @@ impl Backend for Local {
 
     fn exec(&mut self, c: &mut SpiClient<'_>, st: Statement) -> TideResult<()> {
         crate::security::as_owner(self.owner, || {
-            match st.param {
-                Some(p) => crate::sql::update(c, st.sql.as_str(), None, &[p.into()])?,
-                None => crate::sql::update(c, st.sql.as_str(), None, &[])?,
-            };
+            let args: Vec<DatumWithOid> = st.params.into_iter().map(Into::into).collect();
+            crate::sql::update(c, st.sql.as_str(), None, &args)?;
             Ok(())
         })
     }

@@ -12,8 +12,10 @@
 //!   commit order. Within one target transaction (a batch of whole source transactions) the
 //!   statements are grouped per table: each table has at most one open run of upserts or of
 //!   deletes. Upserts of one table with the same column set become one
-//!   `INSERT ... SELECT FROM json_populate_recordset ... ON CONFLICT (key) DO UPDATE` as long as
-//!   no key repeats; deletes one `DELETE ... USING`. A repeated key, a delete after upserts of
+//!   `INSERT ... SELECT FROM unnest(...) ... ON CONFLICT (key) DO UPDATE` as long as no key
+//!   repeats; deletes one `DELETE ... USING unnest(...)`. Rows arrive as each column's text
+//!   output ([`RowFormat::Text`](crate::sink::RowFormat)) and travel as one `text[]` per column,
+//!   cast to the target column's type: every value exactly as the source has it. A repeated key, a delete after upserts of
 //!   the same table or the other way round, or another column set, closes the table's run
 //!   first. Every upsert is applied (none is merged into another; a key deleted twice in one
 //!   run is deleted once). Tables are independent in a target transaction, so statements of
@@ -61,7 +63,7 @@ use tide_core::lsn::Lsn;
 use tide_core::model::{ChunkWrite, Op, RelDesc, TargetKind, Txn};
 use tide_core::plan::{
     plan_schema_change, plan_shape, staged_upsert, upsert_rows, Change, Planner, ShapePlan,
-    SourceColumn, Staged, Statement, TableRef,
+    SourceColumn, Staged, Statement, TableRef, TypedColumn,
 };
 
 pub mod bulk;
@@ -187,6 +189,32 @@ pub fn for_pipeline(p: &PipelineRow) -> TideResult<Box<dyn Target>> {
 
 impl<B: Backend> TableTarget<B> {
     /// Whether the target table of `relid` has each of `columns` (name, `format_type`).
+    /// `names`, each with the target table's type for it (what its text is cast to).
+    fn typed(&mut self, t: &TableRef, names: &[String]) -> TideResult<Vec<TypedColumn>> {
+        self.target_columns(t)?;
+        let shape = self
+            .shapes
+            .get(&t.qualified())
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        names
+            .iter()
+            .map(|n| {
+                shape
+                    .iter()
+                    .find(|(c, _)| c == n)
+                    .cloned()
+                    .ok_or_else(|| {
+                        TideError::internal(format!(
+                            "target table {} has no column \"{n}\" (its shape changed behind the worker)",
+                            shown(t)
+                        ))
+                        .hint("The worker retries and checks the table again.")
+                    })
+            })
+            .collect()
+    }
+
     fn has_columns(&mut self, relid: u32, columns: &[(String, String)]) -> TideResult<bool> {
         let Some(t) = self.targets.get(&relid).cloned() else {
             return Ok(false);
@@ -350,7 +378,10 @@ impl<B: Backend> TableTarget<B> {
             let ddl = plan
                 .ddl
                 .into_iter()
-                .map(|(sql, _)| Statement { sql, param: None })
+                .map(|(sql, _)| Statement {
+                    sql,
+                    params: Vec::new(),
+                })
                 .collect();
             self.run(c, ddl)?;
         }
@@ -360,6 +391,10 @@ impl<B: Backend> TableTarget<B> {
 }
 
 impl<B: Backend> Target for TableTarget<B> {
+    fn row_format(&self) -> crate::sink::RowFormat {
+        crate::sink::RowFormat::Text
+    }
+
     fn begin(&mut self, c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<()> {
         self.targets = crate::catalog::tables::target_tables(c, pipeline)?
             .into_iter()
@@ -393,11 +428,15 @@ impl<B: Backend> Target for TableTarget<B> {
             relation,
             op,
             key,
-            row,
+            values,
+            key_values,
             columns,
             only_where,
             ..
         } = ev;
+        let Some(target) = self.targets.get(&relid).cloned() else {
+            return Ok(());
+        };
         let missing = |what: &str| {
             TideError::internal(format!(
                 "a {} event of {relation} has no {what}",
@@ -411,20 +450,31 @@ impl<B: Backend> Target for TableTarget<B> {
             },
             // Schema changes arrive through `schema`, never as an event.
             Op::Schema => return Ok(()),
-            Op::Delete => Change::Delete {
-                key: key.ok_or_else(|| missing("key"))?,
-            },
+            Op::Delete => {
+                let mut key_values = key_values.ok_or_else(|| missing("key values"))?;
+                // In the target's key order.
+                let mut ordered = Vec::with_capacity(target.key.len());
+                for k in &target.key {
+                    let i = key_values
+                        .iter()
+                        .position(|(n, _)| n == k)
+                        .ok_or_else(|| missing(&format!("value of key column \"{k}\"")))?;
+                    ordered.push(key_values.swap_remove(i).1);
+                }
+                let types = self.typed(&target, &target.key)?;
+                Change::Delete {
+                    key: key.ok_or_else(|| missing("key"))?,
+                    values: ordered,
+                    types: types.into_iter().map(|(_, ty)| ty).collect(),
+                }
+            }
             Op::Insert | Op::Update | Op::Read => Change::Upsert {
                 key: key.ok_or_else(|| missing("key"))?,
-                row: row.ok_or_else(|| missing("row"))?,
-                cols: columns,
+                values: values.ok_or_else(|| missing("row values"))?,
+                cols: self.typed(&target, &columns)?,
             },
         };
-        // The planner borrows the target; the statements it returns run after.
-        let stmts = match self.targets.get(&relid) {
-            Some(target) => self.planner.push(relid, target, change),
-            None => Vec::new(),
-        };
+        let stmts = self.planner.push(relid, &target, change);
         self.run(c, stmts)
     }
 

@@ -124,7 +124,7 @@ impl Backend for Remote {
     fn exec(&mut self, _c: &mut SpiClient<'_>, st: Statement) -> TideResult<()> {
         self.stmts.push(RemoteStep::Statement(RemoteStatement {
             sql: st.sql,
-            params: st.param.into_iter().map(Some).collect(),
+            params: st.params.into_iter().map(Some).collect(),
         }));
         Ok(())
     }
