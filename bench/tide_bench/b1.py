@@ -157,6 +157,39 @@ def run(self, b):
             except Exception as e:
                 log(f"could not drop {target.q('t')}: {errtext(e)}", "warn")
 
+    # (e) pg_tide -> outbox, default chunk: every row becomes a `read` event in tide.outbox.
+    def tide_outbox():
+        r = b["runs"][-1]
+        name = "b1_outbox"
+        drop_pipeline(src, name)
+        src.x("DELETE FROM tide.outbox WHERE pipeline = %s", (name,))
+        settle()
+        t0 = time.monotonic()
+        try:
+            src.x("SELECT tide.create_pipeline(%s, 'outbox')", (name,))
+            src.x("SELECT tide.add_table(%s, 'public.t', backfill => true)", (name,))
+            res = wait_backfill(src, name, "public.t", t0, P["b1_timeout"])
+            secs = res["end_monotonic"] - t0
+            got = src.val("SELECT count(*) FROM tide.outbox WHERE pipeline = %s AND op = 'read'", (name,))
+            if got != n:
+                raise BenchError(f"the outbox has {got:,} read events, expected {n:,}")
+            rate(r, n, secs)
+            r["series"] = res["series"]
+            r["chunks_done"] = res["chunks_done"]
+        finally:
+            drop_pipeline(src, name)
+            src.x("DELETE FROM tide.outbox WHERE pipeline = %s", (name,))
+
+    self.run(
+        b,
+        "tide_outbox_chunk5000",
+        tide_outbox,
+        method="tide_outbox",
+        label="pg_tide → outbox, chunk 5000 (default)",
+        target="bench_src (tide.outbox)",
+        chunk_size=DEFAULT_CHUNK,
+    )
+
     for kind in ("local", "remote"):
         for chunk in P["b1_chunks"]:
             label = f"pg_tide → {kind} table, chunk {chunk}" + (" (default)" if chunk == DEFAULT_CHUNK else "")
