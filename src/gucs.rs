@@ -25,8 +25,19 @@ pub static CHUNK_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(5000);
 pub static OUTBOX_RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(0);
 /// `tide.outbox_prune_batch`: the most outbox rows the retention deletes per transaction.
 pub static OUTBOX_PRUNE_BATCH: GucSetting<i32> = GucSetting::<i32>::new(1000);
+/// `tide.read_ahead`: a pipeline worker that backfills has a helper process read the next chunk
+/// while it writes the current one (see `worker::read_ahead`).
+pub static READ_AHEAD: GucSetting<bool> = GucSetting::<bool>::new(true);
 
 pub fn init() {
+    GucRegistry::define_bool_guc(
+        c"tide.read_ahead",
+        c"Whether a backfilling pipeline worker has a helper process read its next chunk.",
+        c"The helper (backend_type 'pg_tide reader', one per backfilling pipeline, from max_worker_processes) reads the next chunk while the worker writes the current one. Off, or when no background worker slot is free, the worker reads every chunk itself.",
+        &READ_AHEAD,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
     GucRegistry::define_string_guc(
         c"tide.database",
         c"Database the pg_tide launcher connects to.",

@@ -50,6 +50,7 @@ fn state(text: Option<&str>, pipeline: &str) -> TideResult<BackfillState> {
 // --- the worker: one chunk -----------------------------------------------------------------------
 
 /// The backfill a pipeline's worker reads next, as `tide.backfill` holds it.
+#[derive(Clone, Debug)]
 pub struct Due {
     pub id: i64,
     pub relid: u32,
@@ -135,6 +136,16 @@ pub(crate) fn next_watermark(pipeline: &str) -> TideResult<u64> {
     sql::one::<i64>("SELECT nextval('tide.watermark_seq')", &[])?
         .map(|w| w as u64)
         .ok_or_else(|| corrupt("watermark_seq", pipeline))
+}
+
+/// The chunk size and throttle a backfill has now (`alter_backfill` may change them while it
+/// runs). Called by a worker's reader, in the chunk's first transaction.
+pub(crate) fn settings(backfill_id: i64) -> TideResult<Option<(i64, Option<i64>)>> {
+    let (size, rps) = sql::two::<i32, i32>(
+        "SELECT chunk_size, rows_per_second FROM tide.backfill WHERE id = $1",
+        &[backfill_id.into()],
+    )?;
+    Ok(size.map(|s| (i64::from(s), rps.map(i64::from))))
 }
 
 /// Mark the backfill running if it was queued (and when it started), and write the chunk's low
@@ -236,12 +247,18 @@ pub struct ChunkDone {
     pub written_as: Option<tide_core::model::ChunkWrite>,
 }
 
-/// Add the chunk to the backfill's durable progress (counters, last key, the estimated total;
-/// for the last chunk the state done, when and where it finished) unless the backfill is no
-/// longer active (cancelled meanwhile): returns whether it still is. Called by the worker, in its
-/// iteration's transaction, before the chunk's rows are written.
-pub(crate) fn record_progress(c: &mut SpiClient<'_>, d: &ChunkDone) -> TideResult<bool> {
-    let active = crate::sql::update(
+/// Count a chunk emitted at its high watermark and move the backfill's last key past it (done at
+/// the last chunk), unless the backfill is no longer active or the chunk does not start where the
+/// backfill stands (its lower bound is not the backfill's last key: a chunk read after one that
+/// was never written, or before the backfill started over after a rewrite). Returns the
+/// backfill's state and throttle (`rows_per_second`) afterwards, `None` when nothing was
+/// recorded: then nothing of the chunk may be emitted. Called by the worker, in its iteration's
+/// transaction.
+pub(crate) fn record_progress(
+    c: &mut SpiClient<'_>,
+    d: &ChunkDone,
+) -> TideResult<Option<(BackfillState, Option<i32>)>> {
+    let state = crate::sql::update(
         c,
         "UPDATE tide.backfill
             SET chunks_done = chunks_done + 1, rows_read = rows_read + $2, rows_dropped = rows_dropped + $3,
@@ -257,8 +274,8 @@ pub(crate) fn record_progress(c: &mut SpiClient<'_>, d: &ChunkDone) -> TideResul
                 finished_at = CASE WHEN $6 THEN now() END,
                 finished_lsn = CASE WHEN $6 THEN $7::pg_lsn END,
                 error = NULL, remedy = NULL
-          WHERE id = $1 AND state = ANY($10)
-          RETURNING true",
+          WHERE id = $1 AND state = ANY($10) AND last_key IS NOT DISTINCT FROM $12::text[]
+          RETURNING state, rows_per_second",
         None,
         &[
             d.backfill_id.into(),
@@ -272,9 +289,18 @@ pub(crate) fn record_progress(c: &mut SpiClient<'_>, d: &ChunkDone) -> TideResul
             d.key_fraction.into(),
             active_states().into(),
             BackfillState::Done.as_str().into(),
+            d.key_from.clone().into(),
         ],
     )?;
-    Ok(sql::first::<bool>(active)?.unwrap_or(false))
+    if state.is_empty() {
+        return Ok(None);
+    }
+    let (s, rps) = state.first().get_two::<String, i32>()?;
+    let s = s
+        .as_deref()
+        .and_then(BackfillState::parse)
+        .ok_or_else(|| corrupt("backfill state", &d.backfill_id.to_string()))?;
+    Ok(Some((s, rps)))
 }
 
 /// Record the chunk in `tide.chunk` (once: a replayed high watermark records nothing). Called by

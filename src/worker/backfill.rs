@@ -17,14 +17,22 @@
 //!    text are used only if the table and its target still have the chunk's shape then;
 //!    otherwise the chunk is read again.
 //!
-//! Guarantees: at most one chunk is in memory per pipeline (memory = one chunk); no transaction
-//! opened here outlives one chunk; the stream never waits for a chunk. A crash loses only the
-//! chunk in memory: durable progress points at the last emitted chunk, so the chunk is read again
-//! under new watermarks (watermark ids come from a sequence and are never reused). Any failed
-//! stream iteration forgets the chunk for the same reason.
+//! Steps 1 and 2 run in the worker, or, for the chunk after one being written, in the worker's
+//! reader process ([`super::read_ahead`]), which the worker waits for before it decodes further.
+//! A chunk whose snapshot misses a transaction the stream has already delivered (decoded before
+//! it became visible: `tide_core::snapshot::DeliveredXids`) is read again rather than registered.
+//!
+//! Guarantees: at most one chunk is in memory per process (the worker's, its reader's: memory =
+//! one chunk each); no transaction opened here outlives one chunk; the stream never waits for a
+//! chunk. A crash loses only the chunks in memory: durable progress points at the last emitted
+//! chunk, so the chunk is read again under new watermarks (watermark ids come from a sequence and
+//! are never reused), and a chunk that does not start at the durable progress is never emitted
+//! (`catalog::backfills::record_progress`). Any failed stream iteration forgets the chunks for
+//! the same reason.
 
-use super::chunk::{read_chunk, table_meta, Item};
+use super::chunk::{read_chunk, table_meta, ChunkRead, Holding, Item};
 use super::estimate::Estimate;
+use super::read_ahead::Reader;
 use super::row_values::RowValues;
 use crate::catalog::backfills;
 use crate::error::{TideError, TideResult};
@@ -35,9 +43,9 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use std::time::{Duration, Instant};
 use tide_core::lsn::Lsn;
-use tide_core::model::{ChunkWrite, Op, Txn, WatermarkKind};
+use tide_core::model::{BackfillState, ChunkWrite, Op, Txn, WatermarkKind};
 use tide_core::reconcile::Reconciler;
-use tide_core::snapshot::InvisibleXids;
+use tide_core::snapshot::{DeliveredXids, InvisibleXids};
 
 /// A chunk read and waiting for its high watermark.
 struct PendingChunk {
@@ -66,6 +74,10 @@ struct PendingChunk {
     invisible: InvisibleXids,
     /// Progress estimates taken while the chunk was read (see [`ChunkRead`]).
     estimate: Estimate,
+    /// The backfill as the chunk was read (its `last_key` is where the chunk started).
+    job: backfills::Due,
+    /// How the target wanted the rows held.
+    holding: Holding,
 }
 
 /// In-memory backfill state of one worker.
@@ -76,6 +88,12 @@ pub struct Backfiller {
     not_before: Instant,
     /// The backfill whose "waiting" reason was last written to tide.backfills.
     waiting_noted: Option<i64>,
+    /// The helper that reads the next chunk while this one is written (`read_ahead`).
+    reader: Option<Reader>,
+    /// Not before then does the worker try to start a reader again.
+    reader_retry: Instant,
+    /// Transactions the stream delivered that a chunk read next may not see yet.
+    delivered: DeliveredXids,
 }
 
 impl Default for Backfiller {
@@ -85,6 +103,9 @@ impl Default for Backfiller {
             pending: None,
             not_before: Instant::now(),
             waiting_noted: None,
+            reader: None,
+            reader_retry: Instant::now(),
+            delivered: DeliveredXids::default(),
         }
     }
 }
@@ -95,15 +116,35 @@ pub struct Emitted {
 }
 
 impl Backfiller {
-    /// Forget the chunk in memory (after a failed iteration): it will be read again.
+    /// Forget the chunk in memory (after a failed iteration): it will be read again, and so will
+    /// a chunk asked of the reader meanwhile (it starts after the one forgotten).
     pub fn forget(&mut self) {
         self.reconciler.forget_all();
         self.pending = None;
+        if let Some(r) = self.reader.as_mut() {
+            r.drop_in_flight();
+        }
+    }
+
+    /// After a successful iteration: forget the delivered transactions no snapshot can miss any
+    /// more (the oldest one still running is newer), when there are many.
+    pub fn prune(&mut self) {
+        if self.delivered.len() > 1024 {
+            // SAFETY: reads the process array under its lock; outside or inside a transaction.
+            let oldest = unsafe { pg_sys::GetOldestActiveTransactionId() };
+            self.delivered.forget_before(oldest.into_inner());
+        }
     }
 
     /// Whether a chunk waits for its high watermark.
     pub fn has_pending(&self) -> bool {
         self.pending.is_some()
+    }
+
+    /// Whether a chunk asked of the reader has not arrived yet: it must be registered before
+    /// the next iteration decodes further (see `read_ahead`).
+    pub fn in_flight(&self) -> bool {
+        self.reader.as_ref().is_some_and(Reader::in_flight)
     }
 
     /// Whether `watermark` is the high watermark the chunk in memory waits for (its rows are
@@ -120,6 +161,7 @@ impl Backfiller {
     /// `xid` is the changing transaction: if the chunk's snapshot could not see it (it was in
     /// progress then), its change drops the key even before the low watermark.
     pub fn on_change(&mut self, relid: u32, key: &str, xid: u32) {
+        self.delivered.record(relid, xid);
         let Some(p) = &self.pending else { return };
         let key = key.to_string();
         if p.relid == relid && p.invisible.contains(xid) {
@@ -143,6 +185,7 @@ impl Backfiller {
     /// A TRUNCATE inside the window (or by a transaction the chunk could not see) invalidates
     /// the whole chunk; one the chunk's snapshot already reflects does not.
     pub fn on_truncate(&mut self, relid: u32, xid: u32) {
+        self.delivered.record(relid, xid);
         if let Some(p) = self.pending.as_mut() {
             if p.relid == relid && (p.low_lsn.is_some() || p.invisible.contains(xid)) {
                 p.truncated = true;
@@ -154,6 +197,7 @@ impl Backfiller {
     /// [`Self::on_truncate`], but the chunk also holds rows of other partitions, which the
     /// stream will not carry again: it is read again instead of emptied.
     pub fn on_partition_truncate(&mut self, relid: u32, xid: u32) {
+        self.delivered.record(relid, xid);
         if self
             .pending
             .as_ref()
@@ -245,8 +289,21 @@ impl Backfiller {
             key_fraction: p.estimate.key_fraction,
             written_as: None,
         };
-        if !backfills::record_progress(c, &done)? {
+        let Some((state, throttle)) = backfills::record_progress(c, &done)? else {
             return Ok(None);
+        };
+        // Read ahead: the next chunk is read while this one is written (see `read_ahead`); not
+        // for a throttled backfill (the worker spaces its chunks itself).
+        if state == BackfillState::Running && !p.is_last && throttle.is_none() {
+            if let Some(r) = self.reader.as_mut().filter(|r| !r.in_flight()) {
+                let mut next = p.job.clone();
+                next.last_key = done.key_to.clone();
+                next.chunk_no = p.chunk_no + 1;
+                if r.request(&next, p.holding).is_err() {
+                    // Gone: the next step reads the chunk itself (and says so).
+                    self.reader = None;
+                }
+            }
         }
         if p.chunk_no % 100 == 0 {
             backfills::trim_chunks(c, p.backfill_id, p.chunk_no)?;
@@ -334,10 +391,25 @@ impl Backfiller {
         Ok(Some(Emitted { rows: n }))
     }
 
-    /// Read the next chunk of the pipeline's active backfill, if one is due. Runs its own two
-    /// transactions; call it between stream iterations. `sink` is the pipeline's target, when
-    /// it exists yet: it says whether it takes the chunk's rows as row values.
+    /// Read the next chunk of the pipeline's active backfill, if one is due, or receive the one
+    /// asked of the reader. Runs its own two transactions (or waits for the reader's); call it
+    /// between stream iterations. `sink` is the pipeline's target, when it exists yet: it says
+    /// how it takes the chunk's rows.
     pub fn step(&mut self, pipeline: &str, sink: &mut Option<Box<dyn Target>>) -> TideResult<()> {
+        if let Some(r) = self.reader.as_mut().filter(|r| r.in_flight()) {
+            let started = Instant::now();
+            match r.receive() {
+                // Asked by an iteration that failed: dropped; the next step reads again.
+                Ok(None) => return Ok(()),
+                Ok(Some((job, read))) => return self.register(pipeline, job, read, started),
+                Err(e) => {
+                    pgrx::log!("pg_tide worker \"{pipeline}\": {e}; it reads the chunks itself");
+                    self.reader = None;
+                    self.reader_retry = Instant::now() + Duration::from_secs(30);
+                    return Ok(());
+                }
+            }
+        }
         if self.pending.is_some() || Instant::now() < self.not_before {
             return Ok(());
         }
@@ -345,6 +417,8 @@ impl Backfiller {
         let Some(job) = tx::run(|| low_watermark(pipeline))? else {
             // Nothing to do: look again in a while (start_backfill wakes the worker anyway).
             self.not_before = Instant::now() + Duration::from_millis(500);
+            // No backfill: no reader (it would hold a background worker slot for nothing).
+            self.reader = None;
             return Ok(());
         };
         let started = Instant::now();
@@ -356,17 +430,51 @@ impl Backfiller {
         };
         // The table's lock before the chunk's snapshot (see `tx::run_locked`).
         let read = match tx::run_locked(pg_sys::Oid::from(job.b.relid), || {
-            read_chunk(pipeline, &job, sink)
+            read_chunk(pipeline, &job, &mut |meta| {
+                Holding::for_target(sink, job.b.relid, &meta.shape())
+            })
         }) {
             Ok(Locked::Ran(r)) => Ok(r),
-            Ok(Locked::Busy) => Err(TideError::new(
-                pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
-                "the table is locked by another transaction (for example a table-rewriting ALTER TABLE, TRUNCATE, VACUUM FULL or CLUSTER, or a statement waiting for such a lock)",
-            )
-            .hint("The chunk is read once the lock is released; the stream keeps flowing meanwhile. Nothing is lost.")
-            .retry_later()),
+            Ok(Locked::Busy) => Err(table_locked()),
             Err(e) => Err(e),
         };
+        let throttled = job.b.rows_per_second.is_some();
+        self.register(pipeline, job, read, started)?;
+        if self.pending.is_some() && !throttled {
+            self.start_reader(pipeline);
+        }
+        Ok(())
+    }
+
+    /// Start the reader that reads ahead, unless there is one, `tide.read_ahead` is off, or it
+    /// failed to start lately. Outside a transaction.
+    fn start_reader(&mut self, pipeline: &str) {
+        if self.reader.is_some()
+            || !crate::gucs::READ_AHEAD.get()
+            || Instant::now() < self.reader_retry
+        {
+            return;
+        }
+        match Reader::start(pipeline) {
+            Ok(r) => self.reader = Some(r),
+            Err(e) => {
+                pgrx::log!(
+                    "pg_tide worker \"{pipeline}\": no reader ({e}); it reads the chunks itself"
+                );
+                self.reader_retry = Instant::now() + Duration::from_secs(60);
+            }
+        }
+    }
+
+    /// Take a chunk read for `job` (by this worker or its reader): register it with the
+    /// reconciler, or note why it could not be read.
+    fn register(
+        &mut self,
+        pipeline: &str,
+        job: Job,
+        read: TideResult<ChunkRead>,
+        started: Instant,
+    ) -> TideResult<()> {
         let read = match read {
             Ok(r) => {
                 self.waiting_noted = None;
@@ -405,6 +513,15 @@ impl Backfiller {
                 return Err(e);
             }
         };
+        // A transaction the stream already delivered that the chunk's snapshot does not see yet
+        // (see `DeliveredXids`): its rows may be older than the target's. Read it again.
+        if self.delivered.missed_by(job.b.relid, &read.invisible) {
+            self.not_before = Instant::now() + Duration::from_millis(20);
+            return Ok(());
+        }
+        if let Some(xmin) = read.invisible.xmin {
+            self.delivered.forget_before(xmin);
+        }
         let n = read.rows.len();
         let last_key = read.rows.last().map(|r| r.key_values.clone());
         let mut rows: Vec<(String, Item)> = read.rows.into_iter().map(|r| (r.key, r.row)).collect();
@@ -414,6 +531,11 @@ impl Backfiller {
                 .map(|(k, by_name)| (k, Item::Delete(by_name))),
         );
         self.reconciler.add_chunk(job.watermark, job.b.relid, rows);
+        // Throttle: spread the rows of this chunk over rows / rows_per_second seconds.
+        self.not_before = match job.b.rows_per_second {
+            Some(rps) if rps > 0 => started + Duration::from_secs_f64(n as f64 / rps as f64),
+            _ => Instant::now(),
+        };
         self.pending = Some(PendingChunk {
             watermark: job.watermark,
             backfill_id: job.b.id,
@@ -432,14 +554,21 @@ impl Backfiller {
             attnums: read.attnums,
             invisible: read.invisible,
             estimate: read.estimate,
+            job: job.b,
+            holding: read.holding,
         });
-        // Throttle: spread the rows of this chunk over rows / rows_per_second seconds.
-        self.not_before = match job.b.rows_per_second {
-            Some(rps) if rps > 0 => started + Duration::from_secs_f64(n as f64 / rps as f64),
-            _ => Instant::now(),
-        };
         Ok(())
     }
+}
+
+/// Why a chunk is not read now: its table is locked (see `tx::run_locked`).
+pub(super) fn table_locked() -> TideError {
+    TideError::new(
+        pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
+        "the table is locked by another transaction (for example a table-rewriting ALTER TABLE, TRUNCATE, VACUUM FULL or CLUSTER, or a statement waiting for such a lock)",
+    )
+    .hint("The chunk is read once the lock is released; the stream keeps flowing meanwhile. Nothing is lost.")
+    .retry_later()
 }
 
 /// The next chunk to read, after its low watermark committed.

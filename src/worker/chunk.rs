@@ -131,7 +131,11 @@ pub(super) struct ChunkRow {
 }
 
 pub(super) struct ChunkRead {
+    /// How the target wanted the rows held (what the next chunk asks for too).
+    pub holding: Holding,
     pub invisible: InvisibleXids,
+    /// The chunk's snapshot (`pg_current_snapshot()`), which `invisible` was parsed from.
+    pub snapshot: String,
     pub estimate: Estimate,
     /// Keys a repair deletes at the high watermark: rendered, and by column.
     pub deletes: Vec<(String, KeyValues)>,
@@ -148,12 +152,48 @@ pub(super) struct ChunkRead {
     pub read_at: i64,
 }
 
+/// How a chunk's rows are held until their high watermark (see [`Item`]): what the target takes,
+/// decided by the worker (which has the target) when the chunk is read in the worker, or when it
+/// asks its reader for the next chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Holding {
+    /// As row values (the target takes them for the chunk's columns).
+    pub values: bool,
+    /// As COPY text (the target takes it, and not row values).
+    pub copy: bool,
+    /// Otherwise as each column's text output (else as JSON).
+    pub text: bool,
+}
+
+impl Holding {
+    /// What `sink` takes for a chunk of table `relid` with `shape` (name, `format_type`).
+    pub(crate) fn for_target(
+        sink: &mut dyn Target,
+        relid: u32,
+        shape: &[(String, String)],
+    ) -> TideResult<Holding> {
+        let values = sink.takes_row_values(relid, shape)?;
+        // A remote target may have to be asked for its table's columns: if it cannot answer
+        // now, read the chunk later (an error here would fail the backfill).
+        let copy = !values
+            && sink
+                .takes_copy_text(relid, shape)
+                .map_err(TideError::retry_later)?;
+        Ok(Holding {
+            values,
+            copy,
+            text: sink.row_format() == RowFormat::Text,
+        })
+    }
+}
+
 /// Transaction 2: SELECT the chunk (snapshot taken after the LW commit) and write the HW. The
-/// rows are held as row values when `sink` takes them for this table (see [`Item`]).
+/// rows are held as `hold` says for the table as it is now (see [`Holding`]; row values also
+/// need the table's name as its whole-row reference: not when a column has that name).
 pub(super) fn read_chunk(
     pipeline: &str,
     job: &Job,
-    sink: &mut dyn Target,
+    hold: &mut dyn FnMut(&TableMeta) -> TideResult<Holding>,
 ) -> TideResult<ChunkRead> {
     let Some(meta) = table_meta(job.b.relid, &job.b.key_columns)? else {
         return Err(TideError::undefined(format!(
@@ -165,20 +205,14 @@ pub(super) fn read_chunk(
     let relation = meta.relation.clone();
     let scan = meta.scan.clone();
     let shape = meta.shape();
-    // Row values need the table's name as its whole-row reference: not when a column has it.
-    // Otherwise COPY text, when the target takes it; otherwise JSON.
+    let holding = hold(&meta)?;
     let whole_row = !meta
         .columns
         .iter()
         .any(|(c, _)| quote(&c.name) == meta.relname);
-    let as_values = whole_row && sink.takes_row_values(job.b.relid, &shape)?;
-    // A remote target may have to be asked for its table's columns: if it cannot answer now,
-    // read the chunk later (an error here would fail the backfill).
-    let as_copy = !as_values
-        && sink
-            .takes_copy_text(job.b.relid, &shape)
-            .map_err(TideError::retry_later)?;
-    let as_text = sink.row_format() == RowFormat::Text;
+    let as_values = whole_row && holding.values;
+    let as_copy = !as_values && holding.copy;
+    let as_text = holding.text;
     let columns: Vec<OwnedColumn> = meta.columns.iter().map(|(c, _)| c.clone()).collect();
     let mut key_types = Vec::new();
     for k in &job.b.key_columns {
@@ -478,7 +512,9 @@ pub(super) fn read_chunk(
     };
     backfills::write_high_watermark(pipeline, job.watermark, job.b.id, is_last)?;
     Ok(ChunkRead {
+        holding,
         invisible,
+        snapshot,
         estimate,
         deletes,
         relation,

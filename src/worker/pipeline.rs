@@ -86,17 +86,7 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
         log!("pg_tide worker \"{name}\": not running: {e}");
         return;
     }
-    // Deterministic text output for every value the worker renders (stream and backfill alike).
-    if let Err(e) = tx::run(|| {
-        crate::sql::text_rows(
-            "SELECT set_config('DateStyle', 'ISO, YMD', false), set_config('IntervalStyle', 'postgres', false),
-                    set_config('extra_float_digits', '1', false), set_config('bytea_output', 'hex', false),
-                    set_config('TimeZone', 'UTC', false)",
-            &[],
-            1,
-            false,
-        )
-    }) {
+    if let Err(e) = tx::run(output_settings) {
         log!("pg_tide worker \"{name}\": could not set output settings: {e}");
     }
     // The worker runs the same statements over and over: keep their plans (see crate::sql).
@@ -121,6 +111,7 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
             sighup,
             since_iteration: last_iteration.elapsed(),
             chunk_waiting: bf.has_pending(),
+            chunk_in_flight: bf.in_flight(),
             decoder_open: position.is_some(),
             wal_ahead: position.is_none_or(|p| flush > p.0),
         };
@@ -184,6 +175,7 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
                         Iteration::Paused
                     }
                     Ok(o) => {
+                        bf.prune();
                         after_success(
                             &name,
                             slot_idx,
@@ -214,6 +206,20 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
     }
     close_decoder(&name, &mut dec, &mut rels);
     shmem::release(slot_idx, pid);
+}
+
+/// Deterministic text output for every value a worker renders (stream and backfill alike, in the
+/// worker and its reader), whatever the server's defaults. For this session; in a transaction.
+pub(crate) fn output_settings() -> TideResult<()> {
+    crate::sql::text_rows(
+        "SELECT set_config('DateStyle', 'ISO, YMD', false), set_config('IntervalStyle', 'postgres', false),
+                set_config('extra_float_digits', '1', false), set_config('bytea_output', 'hex', false),
+                set_config('TimeZone', 'UTC', false)",
+        &[],
+        1,
+        false,
+    )?;
+    Ok(())
 }
 
 /// Bookkeeping after a successful iteration: its log lines, a standby snapshot while busy, the

@@ -128,6 +128,48 @@ impl RowValues {
         })
     }
 
+    /// Rows (composite datums of `row_type`, each as its bytes: [`RowValues::bytes`] of another
+    /// process) copied into a chunk of their own.
+    pub fn from_bytes<'a>(
+        rows: impl ExactSizeIterator<Item = &'a [u8]>,
+        row_type: pg_sys::Oid,
+    ) -> TideResult<RowValues> {
+        let memory = Memory::new();
+        let mut elems = Vec::with_capacity(rows.len());
+        for r in rows {
+            if r.len() < 4 {
+                return Err(TideError::internal("a row value of fewer than 4 bytes"));
+            }
+            // SAFETY: a fresh allocation of the row's size in the chunk's context (palloc
+            // aligns it for any datum), filled with the bytes of one flat composite datum (a
+            // 4-byte varlena header and its tuple, no external TOAST pointer: whole-row values
+            // are flattened), which another backend of this database formed with `row_type`.
+            let datum = memory.run(|| unsafe {
+                let p = pg_sys::palloc(r.len()) as *mut u8;
+                std::ptr::copy_nonoverlapping(r.as_ptr(), p, r.len());
+                pg_sys::Datum::from(p)
+            });
+            elems.push(datum);
+        }
+        Ok(RowValues {
+            _memory: memory,
+            elems,
+            row_type,
+        })
+    }
+
+    /// Each row's bytes (a flat composite datum: varlena header and tuple), in order.
+    pub fn bytes(&self) -> impl Iterator<Item = &[u8]> {
+        self.elems.iter().map(|d| {
+            // SAFETY: each element is a varlena (composite datum) in this chunk's memory, alive
+            // while `self` is; its length is in its header.
+            unsafe {
+                let p = d.cast_mut_ptr::<pg_sys::varlena>();
+                std::slice::from_raw_parts(p as *const u8, pgrx::varlena::varsize_any(p))
+            }
+        })
+    }
+
     /// The rows at `indexes`, in that order (each points into this chunk's memory: alive while
     /// `self` is).
     pub fn rows_at(&self, indexes: &[u32]) -> TideResult<Vec<pg_sys::Datum>> {

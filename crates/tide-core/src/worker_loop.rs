@@ -26,6 +26,9 @@
 //!
 //! # Rules
 //!
+//! - **A chunk in flight** (asked of the worker's reader by the iteration that wrote the chunk
+//!   before it) is received first, whatever the phase but Paused, Failing and Gone: it must be
+//!   registered before an iteration decodes past its low watermark.
 //! - **Iterate**: run one iteration (one transaction: decode, apply, record the position).
 //! - **Applied** (the iteration succeeded): read the next backfill chunk if none waits and the
 //!   iteration did not just write one: what committed while a chunk was written goes first
@@ -87,6 +90,8 @@ pub struct Facts {
     pub since_iteration: Duration,
     /// A backfill chunk is in memory, waiting for its high watermark in the stream.
     pub chunk_waiting: bool,
+    /// A backfill chunk was asked of the worker's reader and has not been received.
+    pub chunk_in_flight: bool,
     /// The worker has an open decoder.
     pub decoder_open: bool,
     /// The server's WAL flush position is past the decoder's position (or there is no decoder).
@@ -107,7 +112,8 @@ pub struct Settings {
 pub enum Action {
     /// Run one iteration.
     Iterate,
-    /// Read the next backfill chunk, if one is due (between iterations, its own transaction).
+    /// Read the next backfill chunk, if one is due, or receive the one in flight (between
+    /// iterations, its own transactions).
     ReadChunk,
     /// Wait on the latch; `wake_on_commit`: a commit elsewhere cuts the wait short.
     Sleep {
@@ -125,6 +131,14 @@ pub fn backoff(failures: u32, max: Duration) -> Duration {
 
 /// The next action. Pure: the same phase and facts always give the same action.
 pub fn decide(phase: Phase, f: Facts, s: Settings) -> Action {
+    if f.chunk_in_flight
+        && matches!(
+            phase,
+            Phase::Iterate | Phase::Applied { .. } | Phase::Quiet { .. }
+        )
+    {
+        return Action::ReadChunk;
+    }
     match phase {
         Phase::Iterate => Action::Iterate,
         Phase::Gone => Action::Exit,

@@ -23,7 +23,9 @@
 //! - `readiness`: the readiness states of a table, in order;
 //! - `errors`: bad input and wrong states have clear SQLSTATEs;
 //! - `keys`: text, timestamp and composite keys under concurrent updates;
-//! - `visibility`: a commit that becomes visible after the low watermark is not overwritten.
+//! - `visibility`: a commit that becomes visible after the low watermark is not overwritten;
+//! - `read_ahead`: the reader process reads the next chunk (present while a backfill runs, gone
+//!   after); a kill -9 of it; the worker reading alone (setting off, no free worker slot).
 
 mod common;
 mod conditions;
@@ -31,6 +33,7 @@ mod convergence;
 mod errors;
 mod keys;
 mod memory;
+mod read_ahead;
 mod readiness;
 mod resume;
 mod visibility;
