@@ -160,6 +160,7 @@ pub fn check_kafka(pipeline: &str, o: &KafkaOptions, owner: &str) -> TideResult<
         properties: props,
         pipeline: pipeline.to_string(),
         position_topic: r.position_topic.clone(),
+        transaction_topic: r.transaction_topic.clone(),
         partitions: r.partitions,
         replication_factor: r.replication_factor,
         delivery_timeout,

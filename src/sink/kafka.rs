@@ -201,6 +201,7 @@ pub fn for_pipeline(p: &PipelineRow) -> TideResult<Box<dyn Target>> {
         properties,
         pipeline: p.name.clone(),
         position_topic: r.position_topic.clone(),
+        transaction_topic: r.transaction_topic.clone(),
         partitions: r.partitions,
         replication_factor: r.replication_factor,
         delivery_timeout,

@@ -144,6 +144,8 @@ pub struct ClientSettings {
     /// The pipeline (the position record's key).
     pub pipeline: String,
     pub position_topic: String,
+    /// The transaction metadata topic (one partition: its records are in commit order).
+    pub transaction_topic: Option<String>,
     /// Partitions and replication factor of the topics pg_tide creates.
     pub partitions: i32,
     pub replication_factor: i32,
@@ -284,11 +286,8 @@ impl State {
         let Some(admin) = self.admin.as_ref() else {
             return Err(KafkaFailure::transient("no admin client"));
         };
-        let partitions = if compacted {
-            1
-        } else {
-            self.settings.partitions
-        };
+        let single = compacted || self.settings.transaction_topic.as_deref() == Some(topic);
+        let partitions = if single { 1 } else { self.settings.partitions };
         let mut t = NewTopic::new(
             topic,
             partitions,
