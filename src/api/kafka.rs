@@ -70,7 +70,12 @@ fn validate(options: Vec<Option<String>>, catalog: u32) -> TideResult<()> {
         let mut c = rdkafka::ClientConfig::new();
         c.set(&property, value);
         if let Err(e) = c.create_native_config() {
-            return Err(TideError::invalid(format!("invalid Kafka setting \"{name}\": {e}"))
+            // librdkafka's description only: the value (which may be a secret) is not repeated.
+            let why = match e {
+                rdkafka::error::KafkaError::ClientConfig(_, desc, _, _) => desc,
+                other => other.to_string(),
+            };
+            return Err(TideError::invalid(format!("invalid Kafka setting \"{name}\": {why}"))
                 .hint("Options are librdkafka configuration properties (see its CONFIGURATION.md), written with '.' or '_' (security_protocol for security.protocol)."));
         }
     }

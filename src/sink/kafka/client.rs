@@ -318,22 +318,33 @@ impl State {
             return Ok(*n);
         }
         let (p, _) = self.producer()?;
-        let md = p
-            .client()
-            .fetch_metadata(Some(topic), REQUEST_TIMEOUT)
-            .map_err(|e| {
-                KafkaFailure::from_kafka(&format!("cannot read the metadata of topic {topic}"), &e)
-            })?;
-        let n = md
-            .topics()
-            .iter()
-            .find(|t| t.name() == topic)
-            .map_or(0, |t| t.partitions().len() as i32);
-        if n == 0 {
-            return Err(KafkaFailure::transient(format!(
-                "topic {topic} has no partitions yet"
-            )));
-        }
+        // A topic created a moment ago may not show its partitions yet.
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        let n = loop {
+            let md = p
+                .client()
+                .fetch_metadata(Some(topic), REQUEST_TIMEOUT)
+                .map_err(|e| {
+                    KafkaFailure::from_kafka(
+                        &format!("cannot read the metadata of topic {topic}"),
+                        &e,
+                    )
+                })?;
+            let n = md
+                .topics()
+                .iter()
+                .find(|t| t.name() == topic)
+                .map_or(0, |t| t.partitions().len() as i32);
+            if n > 0 {
+                break n;
+            }
+            if Instant::now() >= deadline {
+                return Err(KafkaFailure::transient(format!(
+                    "topic {topic} has no partitions yet"
+                )));
+            }
+            thread::sleep(Duration::from_millis(100));
+        };
         self.partitions.insert(topic.to_string(), n);
         Ok(n)
     }
