@@ -149,8 +149,9 @@ TANSU="${TIDE_TANSU:-${TIDE_TANSU_ROOT:-$HOME/.cache/pg_tide/tansu-0.6.0}/bin/ta
 if [[ -x "$TANSU" ]]; then
     TANSU_DIR="$(mktemp -d /tmp/pg_tide_bench_tansu.XXXXXX)"
     TANSU_PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-    "$TANSU" broker --listener-url "tcp://127.0.0.1:$TANSU_PORT" --advertised-listener-url "tcp://127.0.0.1:$TANSU_PORT" \
-        --storage-engine "sqlite://$TANSU_DIR/tansu.db" >"$TANSU_DIR/broker.log" 2>&1 &
+    # (a path after sqlite:// is relative: the broker runs in its directory)
+    (cd "$TANSU_DIR" && exec "$TANSU" broker --listener-url "tcp://127.0.0.1:$TANSU_PORT" --advertised-listener-url "tcp://127.0.0.1:$TANSU_PORT" \
+        --storage-engine "sqlite://tansu.db" >"$TANSU_DIR/broker.log" 2>&1) &
     TANSU_PID=$!
     for _ in $(seq 1 100); do
         (exec 3<>"/dev/tcp/127.0.0.1/$TANSU_PORT") 2>/dev/null && break

@@ -72,8 +72,10 @@ impl Broker {
                 "--advertised-listener-url",
                 &url,
             ])
-            .arg("--storage-engine")
-            .arg(format!("sqlite://{}", self.dir.join("tansu.db").display()))
+            // A path after sqlite:// is relative (tansu strips the leading slash): run in the
+            // broker's directory.
+            .args(["--storage-engine", "sqlite://tansu.db"])
+            .current_dir(&self.dir)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
@@ -83,6 +85,9 @@ impl Broker {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
         while TcpStream::connect(self.addr()).is_err() {
+            if let Some(st) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("tansu exited ({st}):\n{}", self.log());
+            }
             assert!(
                 Instant::now() < deadline,
                 "tansu did not listen on {} within 30 s:\n{}",

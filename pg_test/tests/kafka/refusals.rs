@@ -84,9 +84,10 @@ fn kafka_refusals_and_secrets() {
         .unwrap_or_else(|e| panic!("create_pipeline with USAGE: {}", describe_error(&e)));
     wait_streaming(&c, "k", Duration::from_secs(30));
     // Kafka pipelines have no target table and no consumers of the outbox.
+    c.execute("CREATE TABLE t (id int PRIMARY KEY); GRANT SELECT ON t TO alice;");
     fails(
         &mut alice,
-        "CREATE TABLE t (id int PRIMARY KEY); SELECT tide.add_table('k', 't', target_table => 'x')",
+        "SELECT tide.add_table('k', 't', target_table => 'x')",
         "22023",
         "Omit target_table",
     );
