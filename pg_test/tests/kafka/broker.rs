@@ -194,10 +194,11 @@ pub fn consume(brokers: &str, topics: &[&str]) -> Vec<Rec> {
     consumer.assign(&tpl).expect("assign");
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut left = ends.len();
+    let mut last: HashMap<(String, i32), i64> = HashMap::new();
     while left > 0 {
         assert!(
             Instant::now() < deadline,
-            "reading {topics:?} took over 120 s"
+            "reading {topics:?} took over 120 s: (topic, partition) -> end offset {ends:?}, last offset read {last:?}"
         );
         match consumer.poll(Duration::from_millis(200)) {
             None => {}
@@ -215,6 +216,7 @@ pub fn consume(brokers: &str, topics: &[&str]) -> Vec<Rec> {
                     }
                 }
                 let k = (m.topic().to_string(), m.partition());
+                last.insert(k.clone(), m.offset());
                 let end = ends.get(&k).copied().unwrap_or(0);
                 if m.offset() < end {
                     out.push(Rec {

@@ -89,7 +89,7 @@ fn kafka_transaction_consumer_never_sees_half_a_transfer() {
     create_pipeline(&c, "w", "kafka", r#"{"server": "events", "partitions": 2}"#);
     exec(&c, "SELECT tide.add_table('w', 'ledger')");
     let script = pg_test::write_script("kafka_wallets", TRANSFER);
-    let run = spawn_pgbench(&c, &script, 3, 12, Some(400));
+    let run = spawn_pgbench(&c, &script, 3, 8, Some(150));
     std::thread::sleep(Duration::from_secs(2));
     // Added (and backfilled) while the transfers run.
     exec(
