@@ -85,7 +85,11 @@ impl Broker {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
         while TcpStream::connect(self.addr()).is_err() {
-            if let Some(st) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(st) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 panic!("tansu exited ({st}):\n{}", self.log());
             }
             assert!(

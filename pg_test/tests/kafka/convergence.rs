@@ -33,6 +33,16 @@ fn writer(c: &Cluster, stop: &AtomicBool, done: &AtomicU64) {
     }
 }
 
+/// Sets the flag when dropped: a writer thread stops even when the test panics (a scoped
+/// thread that never ends would hang the test instead of failing it).
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
 fn kdiag(c: &Cluster, b: &Broker) -> String {
     format!("{}\n--- broker log ---\n{}", diag(c), b.log())
 }
@@ -66,6 +76,7 @@ fn kafka_converges_through_backfill_kill9_outage_and_restart() {
     let mut dup_after_kill = 0;
     let mut dup_after_outage = 0;
     std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
         s.spawn(|| writer(&c, &stop, &writes));
         std::thread::sleep(Duration::from_millis(500));
         alice
@@ -152,13 +163,17 @@ fn kafka_converges_through_backfill_kill9_outage_and_restart() {
     let before = r.duplicates;
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
         s.spawn(|| writer(&c, &stop, &writes));
-        std::thread::sleep(Duration::from_secs(2));
-        c.restart();
-        wait_streaming(&c, "k", Duration::from_secs(60));
-        std::thread::sleep(Duration::from_secs(2));
-        c.restart();
-        wait_streaming(&c, "k", Duration::from_secs(60));
+        // Each restart comes right after a transaction of 2000 events, so its termination
+        // request is likely to find the worker producing or waiting for acknowledgements.
+        for _ in 0..2 {
+            std::thread::sleep(Duration::from_secs(1));
+            exec(&c, "UPDATE items SET v = v + 1 WHERE id <= 2000");
+            std::thread::sleep(Duration::from_millis(30));
+            c.restart();
+            wait_streaming(&c, "k", Duration::from_secs(60));
+        }
         std::thread::sleep(Duration::from_secs(1));
         stop.store(true, Ordering::SeqCst);
     });

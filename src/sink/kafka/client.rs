@@ -465,9 +465,9 @@ impl State {
             }
             if Instant::now() >= deadline {
                 return Err(KafkaFailure::transient(format!(
-                    "the broker did not acknowledge {} of {sent} messages within {} s",
+                    "the broker did not acknowledge {} of {sent} messages in time (message.timeout.ms = {})",
                     sent - done,
-                    deadline.elapsed().as_secs() + self.settings.delivery_timeout.as_secs()
+                    self.settings.delivery_timeout.as_millis()
                 )));
             }
             p.poll(Duration::from_millis(20));
