@@ -352,14 +352,17 @@ impl State {
     /// Hand one record to the producer, waiting while its queue is full.
     fn send_one(
         &mut self,
-        topic: &str,
-        key: Option<&str>,
-        value: Option<&str>,
-        headers: &[(&'static str, String)],
+        m: &Msg,
         partition: Option<i32>,
         shared: &Shared,
         seq: u64,
     ) -> Result<(), KafkaFailure> {
+        let (topic, key, value, headers) = (
+            m.topic.as_str(),
+            m.key.as_deref(),
+            m.value.as_deref(),
+            &m.headers,
+        );
         let deadline = Instant::now() + self.settings.delivery_timeout;
         let (p, _) = self.producer()?;
         loop {
@@ -414,27 +417,11 @@ impl State {
                 if m.broadcast {
                     let n = self.partition_count(&m.topic)?;
                     for part in 0..n {
-                        self.send_one(
-                            &m.topic,
-                            m.key.as_deref(),
-                            m.value.as_deref(),
-                            &m.headers,
-                            Some(part),
-                            shared,
-                            seq,
-                        )?;
+                        self.send_one(&m, Some(part), shared, seq)?;
                     }
                     Ok(())
                 } else {
-                    self.send_one(
-                        &m.topic,
-                        m.key.as_deref(),
-                        m.value.as_deref(),
-                        &m.headers,
-                        None,
-                        shared,
-                        seq,
-                    )
+                    self.send_one(&m, None, shared, seq)
                 }
             })();
             if let Err(e) = r {
@@ -505,7 +492,14 @@ impl State {
             self.ensure_topic(&topic, true)?;
             let value = tide_core::kafka::position_record(&self.settings.pipeline, lsn);
             let key = self.settings.pipeline.clone();
-            self.send_one(&topic, Some(&key), Some(&value), &[], Some(0), shared, seq)?;
+            let record = Msg {
+                topic,
+                key: Some(key),
+                value: Some(value),
+                headers: Vec::new(),
+                broadcast: false,
+            };
+            self.send_one(&record, Some(0), shared, seq)?;
             self.drain(shared, seq)?;
         }
         Ok(position)
