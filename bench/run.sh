@@ -61,7 +61,7 @@ pg_tide_installed() {
 
 if ((SETUP)); then
     log "scripts/setup.sh"
-    if ! bash "$TIDE_REPO/scripts/setup.sh"; then
+    if ! TIDE_SETUP_TANSU=1 bash "$TIDE_REPO/scripts/setup.sh"; then
         # setup.sh also checks the Rust toolchain; the benchmarks only need PostgreSQL and an
         # installed pg_tide.
         if pg_tide_installed && [[ -x "$TIDE_PG_BIN/pgbench" ]]; then

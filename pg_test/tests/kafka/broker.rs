@@ -20,7 +20,7 @@ pub fn tansu_bin() -> PathBuf {
     let cached = PathBuf::from(home).join(".cache/pg_tide/tansu-0.6.0/bin/tansu");
     assert!(
         cached.exists(),
-        "tansu is not installed at {} (scripts/setup.sh installs it; or set TIDE_TANSU)",
+        "tansu is not installed at {} (TIDE_SETUP_TANSU=1 scripts/setup.sh installs it, as scripts/test.sh does; or set TIDE_TANSU)",
         cached.display()
     );
     cached
