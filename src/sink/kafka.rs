@@ -467,9 +467,6 @@ impl Target for KafkaTarget {
         self.buf.clear();
         self.open = None;
         self.applied = None;
-        if self.shipped {
-            let _ = self.sink.produce(Vec::new());
-        }
         self.shipped = false;
         // Whatever the producer still holds of the failed batch is purged with it.
         let _ = self.sink.call(Work::Discard, Duration::from_secs(5), false);

@@ -92,6 +92,40 @@ fn kafka_refusals_and_secrets() {
         "Omit target_table",
     );
 
+    // Pause, resume, readiness and the views, as for the other targets.
+    c.execute("INSERT INTO t SELECT generate_series(1, 10)");
+    alice
+        .batch_execute("SELECT tide.add_table('k', 't')")
+        .unwrap_or_else(|e| panic!("add_table: {}", describe_error(&e)));
+    wait_backfill(&c, "t", "k", 60);
+    let ready: String = c.query_scalar(
+        "SELECT readiness FROM tide.readiness WHERE pipeline = 'k' AND relation = 'public.t'",
+    );
+    assert_eq!(ready, "ready");
+    let count = |b: &Broker| consume(&b.addr(), &["k.public.t"]).len();
+    assert_eq!(count(&b), 10, "the backfilled rows");
+    exec(&c, "SELECT tide.pause_pipeline('k')");
+    c.wait_until(
+        "paused",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT state = 'paused' FROM tide.pipelines WHERE name = 'k'",
+            )?)
+        },
+    );
+    c.execute("INSERT INTO t SELECT generate_series(11, 15)");
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(count(&b), 10, "nothing is sent while paused");
+    exec(&c, "SELECT tide.resume_pipeline('k')");
+    wait_pipeline(&c, "k", 60);
+    assert_eq!(
+        count(&b),
+        15,
+        "the rows written while paused arrive after resume"
+    );
+
     // Bob (the same grants as alice) reads neither alice's credentials nor the server's secrets.
     let mut bob = connect_as(&c, "bob");
     let umoptions: Option<Vec<String>> = bob
