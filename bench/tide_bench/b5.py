@@ -111,6 +111,20 @@ def outbox_consumer(node, pipeline):
     return fn
 
 
+def ack_sampler(node, pipeline, stop, out):
+    """Until `stop`: how long tide.wait_for_pipeline takes, again and again: the time until
+    everything committed before the call is applied (for Kafka: acknowledged by the broker and
+    recorded), an upper bound of the commit-to-acknowledged latency of the rows committed just
+    before it (resolution: its 20 ms poll)."""
+    conn = node.connect("b5_ack_sampler")
+    conn.autocommit = True
+    while not stop.is_set():
+        t0 = time.monotonic()
+        conn.execute("SELECT tide.wait_for_pipeline(%s, '60 seconds')", (pipeline,))
+        out.append((time.monotonic() - t0) * 1000)
+    conn.close()
+
+
 def run(self, b):
     src, P = self.src, self.P
     brokers = os.environ.get("TIDE_BENCH_KAFKA")
@@ -169,10 +183,10 @@ def run(self, b):
     os.chmod(script, 0o644)
     dur, warm = P["b2_duration"], P["b2_warmup"]
     for rate in (2000, None):
-        for kind in ("outbox", "kafka"):
+        for kind, consume in (("outbox", True), ("kafka", True), ("kafka", False)):
 
-            def stream(kind=kind, rate=rate):
-                name = fresh(kind, f"s{rate or 'max'}")
+            def stream(kind=kind, rate=rate, consume=consume):
+                name = fresh(kind, f"s{rate or 'max'}{'' if consume else 'n'}")
                 col = Collector()
                 try:
                     src.x("SELECT tide.add_table(%s, 'public.ev', backfill => false)", (name,))
@@ -182,20 +196,41 @@ def run(self, b):
                     if not src.val("SELECT tide.wait_for_pipeline(%s, '60 seconds')", (name,)):
                         raise BenchError(f"the probe did not get through: {pipeline_health(src, name)}")
                     col.ready = False
-                    col.start(kafka_consumer(brokers, f"b5_{stamp}_s{rate or 'max'}.public.ev") if kind == "kafka" else outbox_consumer(src, name))
+                    if consume:
+                        col.start(kafka_consumer(brokers, f"b5_{stamp}_s{rate or 'max'}.public.ev") if kind == "kafka" else outbox_consumer(src, name))
                     deadline = time.monotonic() + 30
-                    while not col.ready and time.monotonic() < deadline and not col.error:
+                    while consume and not col.ready and time.monotonic() < deadline and not col.error:
                         time.sleep(0.05)
                     floor = src.val("SELECT coalesce(max(id), 0) FROM public.ev")
                     t_start = dt.datetime.now(dt.timezone.utc).timestamp()
                     args = ["-n", "-c", str(PGBENCH_CLIENTS), "-j", str(PGBENCH_THREADS), "-T", str(dur), "-f", str(script)]
                     if rate:
                         args += ["-R", str(rate)]
+                    acks, ack_stop = [], threading.Event()
+                    sampler = threading.Thread(target=ack_sampler, args=(src, name, ack_stop, acks), daemon=True)
+                    sampler.start()
                     pg = pgbench_run(src, args, dur + 120)
+                    ack_stop.set()
+                    sampler.join(70)
                     n = src.val("SELECT count(*) FROM public.ev WHERE id > %s", (floor,))
-                    t_end = time.monotonic() + P["b2_drain_timeout"]
+                    t_drain = time.monotonic()
+                    if not src.val("SELECT tide.wait_for_pipeline(%s, '120 seconds')", (name,)):
+                        raise BenchError(f"the pipeline did not catch up within 120 s: {pipeline_health(src, name)}")
+                    drain = time.monotonic() - t_drain
+                    if not consume:
+                        return {
+                            "rate": rate, "source_tps": pg.get("tps"), "rows": n, "consumer": False,
+                            "applied_rows_per_s": round(n / (dur + drain), 1), "drain_s": round(drain, 2),
+                            "consumer": True,
+                        "drain_s": round(drain, 2),
+                        "ack_p50_ms": pct(acks[1:], 0.5), "ack_p99_ms": pct(acks[1:], 0.99), "ack_samples": len(acks),
+                        }
+                    # tansu's reads slow down as a partition grows: a consumer that falls behind
+                    # does not catch up, so its wait is capped (what it received is reported).
+                    t_end = time.monotonic() + (30 if kind == "kafka" else P["b2_drain_timeout"])
                     while len(col.got) < n and time.monotonic() < t_end and not col.error:
                         time.sleep(0.05)
+                    col.stop.set()
                     col.finish()
                     got = [g for g in col.got if g[0] >= t_start]
                     lat = [(r - c) * 1000 for c, r in got if c >= t_start + warm]
@@ -209,10 +244,14 @@ def run(self, b):
                         "p50_ms": pct(lat, 0.5),
                         "p99_ms": pct(lat, 0.99),
                         "max_ms": max(lat) if lat else None,
+                        "ack_p50_ms": pct(acks[1:], 0.5),
+                        "ack_p99_ms": pct(acks[1:], 0.99),
+                        "ack_samples": len(acks),
                     }
                 finally:
                     col.stop.set()
                     drop_pipeline(src, name)
                     src.x("DELETE FROM tide.outbox WHERE pipeline = %s", (name,))
 
-            self.run(b, f"streaming {rate or 'full speed'} tx/s → {kind}", stream, kind=kind, phase="streaming")
+            label = f"streaming {rate or 'full speed'} tx/s → {kind}{'' if consume else ', no consumer'}"
+            self.run(b, label, stream, kind=kind, phase="streaming")
