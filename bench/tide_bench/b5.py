@@ -184,6 +184,8 @@ def run(self, b):
     dur, warm = P["b2_duration"], P["b2_warmup"]
     for rate in (2000, None):
         for kind, consume in (("outbox", True), ("kafka", True), ("kafka", False)):
+            if kind == "kafka" and consume and rate is None:
+                continue  # tansu's read path collapses already at 2000 tx/s (bench/README.md)
 
             def stream(kind=kind, rate=rate, consume=consume):
                 name = fresh(kind, f"s{rate or 'max'}{'' if consume else 'n'}")
@@ -214,15 +216,16 @@ def run(self, b):
                     sampler.join(70)
                     n = src.val("SELECT count(*) FROM public.ev WHERE id > %s", (floor,))
                     t_drain = time.monotonic()
-                    if not src.val("SELECT tide.wait_for_pipeline(%s, '120 seconds')", (name,)):
+                    caught_up = src.val("SELECT tide.wait_for_pipeline(%s, '120 seconds')", (name,))
+                    if not caught_up and not consume:
                         raise BenchError(f"the pipeline did not catch up within 120 s: {pipeline_health(src, name)}")
-                    drain = time.monotonic() - t_drain
+                    drain = time.monotonic() - t_drain if caught_up else None
                     if not consume:
                         return {
                             "rate": rate, "source_tps": pg.get("tps"), "rows": n, "consumer": False,
                             "applied_rows_per_s": round(n / (dur + drain), 1), "drain_s": round(drain, 2),
                             "consumer": True,
-                        "drain_s": round(drain, 2),
+                        "drain_s": round(drain, 2) if drain is not None else None,
                         "ack_p50_ms": pct(acks[1:], 0.5), "ack_p99_ms": pct(acks[1:], 0.99), "ack_samples": len(acks),
                         }
                     # tansu's reads slow down as a partition grows: a consumer that falls behind
