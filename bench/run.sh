@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # pg_tide benchmark suite: the one command.
 #
-#   bench/run.sh [--quick] [--only B1,B2,B3,B4] [--budget SECONDS] [--keep] [--no-setup]
+#   bench/run.sh [--quick] [--only B1,B2,B3,B4,B5] [--budget SECONDS] [--keep] [--no-setup]
 #
 #   --quick      small scale, to check the harness (about 3 minutes)
 #   --only       run some benchmarks only (comma-separated)
@@ -11,7 +11,8 @@
 #
 # Does its own set-up: scripts/setup.sh (system packages), pg_tide itself only when it is not
 # installed yet (scripts/install.sh), a Python venv in bench/.venv with psycopg 3 and
-# matplotlib. Then destroys and re-creates the scratch clusters bench_src and bench_tgt, runs
+# matplotlib (and confluent-kafka for B5's consumer), and a tansu broker on a free loopback
+# port for B5 (when scripts/setup.sh installed it). Then destroys and re-creates the scratch clusters bench_src and bench_tgt, runs
 # bench/bench.py and destroys the clusters again on exit, whatever happens.
 #
 # Output: bench/results/results.json, bench/results/RESULTS.md, bench/results/*.png,
@@ -60,7 +61,7 @@ pg_tide_installed() {
 
 if ((SETUP)); then
     log "scripts/setup.sh"
-    if ! bash "$TIDE_REPO/scripts/setup.sh"; then
+    if ! TIDE_SETUP_TANSU=1 bash "$TIDE_REPO/scripts/setup.sh"; then
         # setup.sh also checks the Rust toolchain; the benchmarks only need PostgreSQL and an
         # installed pg_tide.
         if pg_tide_installed && [[ -x "$TIDE_PG_BIN/pgbench" ]]; then
@@ -81,7 +82,7 @@ fi
 # --- 2. Python environment -------------------------------------------------------------
 VENV="$BENCH_DIR/.venv"
 PY="$VENV/bin/python"
-py_ok() { [[ -x "$PY" ]] && "$PY" -c 'import psycopg, matplotlib' >/dev/null 2>&1; }
+py_ok() { [[ -x "$PY" ]] && "$PY" -c 'import psycopg, matplotlib, confluent_kafka' >/dev/null 2>&1; }
 if ! py_ok; then
     command -v python3 >/dev/null || die "python3 not found"
     if [[ ! -x "$PY" ]]; then
@@ -96,10 +97,10 @@ if ! py_ok; then
             python3 -m venv "$VENV" || die "cannot create a Python venv in $VENV"
         fi
     fi
-    log "pip install psycopg[binary] matplotlib into $VENV"
-    "$PY" -m pip install -q --disable-pip-version-check 'psycopg[binary]>=3.1,<4' 'matplotlib>=3.6' \
+    log "pip install psycopg[binary] matplotlib confluent-kafka into $VENV"
+    "$PY" -m pip install -q --disable-pip-version-check 'psycopg[binary]>=3.1,<4' 'matplotlib>=3.6' 'confluent-kafka>=2.3,<3' \
         || die "pip install failed (is PyPI reachable?)"
-    py_ok || die "psycopg or matplotlib still not importable from $VENV"
+    py_ok || die "psycopg, matplotlib or confluent_kafka still not importable from $VENV"
 fi
 log "Python: $("$PY" -c 'import sys, psycopg, matplotlib; print(sys.version.split()[0], "psycopg", psycopg.__version__, "matplotlib", matplotlib.__version__)')"
 
@@ -112,6 +113,11 @@ cleanup() {
         f="$("$CLUSTER" log "$c")"
         [[ -f "$f" ]] && cp "$f" "$BENCH_DIR/results/$c.server.log" 2>/dev/null || true
     done
+    if [[ -n "${TANSU_PID:-}" ]]; then
+        kill "$TANSU_PID" 2>/dev/null || true
+        wait "$TANSU_PID" 2>/dev/null || true
+        rm -rf "$TANSU_DIR"
+    fi
     if ((KEEP)); then
         log "--keep: clusters left running: ${CLUSTERS[*]} (scripts/cluster.sh destroy NAME)"
     else
@@ -137,6 +143,25 @@ for c in "${CLUSTERS[@]}"; do
     "$CLUSTER" init "$c" "${CONF[@]}"
     "$CLUSTER" start "$c"
 done
+
+# --- 3b. a Kafka broker for B5 (tansu, loopback only, sqlite storage; stopped on exit) ------
+TANSU="${TIDE_TANSU:-${TIDE_TANSU_ROOT:-$HOME/.cache/pg_tide/tansu-0.6.0}/bin/tansu}"
+if [[ -x "$TANSU" ]]; then
+    TANSU_DIR="$(mktemp -d /tmp/pg_tide_bench_tansu.XXXXXX)"
+    TANSU_PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+    # (a path after sqlite:// is relative: the broker runs in its directory)
+    (cd "$TANSU_DIR" && exec "$TANSU" broker --listener-url "tcp://127.0.0.1:$TANSU_PORT" --advertised-listener-url "tcp://127.0.0.1:$TANSU_PORT" \
+        --storage-engine "sqlite://tansu.db" >"$TANSU_DIR/broker.log" 2>&1) &
+    TANSU_PID=$!
+    for _ in $(seq 1 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$TANSU_PORT") 2>/dev/null && break
+        sleep 0.1
+    done
+    export TIDE_BENCH_KAFKA="127.0.0.1:$TANSU_PORT"
+    log "tansu broker on $TIDE_BENCH_KAFKA (pid $TANSU_PID)"
+else
+    log "no tansu at $TANSU: B5 (kafka) will record that it could not run"
+fi
 
 # --- 4. the benchmarks ---------------------------------------------------------------------
 log "bench/bench.py ${PYARGS[*]}"

@@ -9,7 +9,7 @@
 #       script pg_tide--A--B.sql of sql/
 #   /usr/share/doc/postgresql-15-pg-tide/{README.md.gz,copyright,changelog.Debian.gz}
 # Version: the crate's version, Debian revision 1. Depends: postgresql-15 and the shared
-# libraries the library links (computed by dpkg-shlibdeps: libc6, libgcc-s1, libssl3).
+# libraries the library links (computed by dpkg-shlibdeps: libc6, libgcc-s1, libssl3, zlib1g).
 # The build is a release `cargo pgrx package` against TIDE_PG_CONFIG (the system pg_config by
 # default); the files are placed by name, so a private PostgreSQL copy (scripts/test.sh) builds
 # the same package. Runs scripts/setup.sh first unless TIDE_SKIP_SETUP=1.

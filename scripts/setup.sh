@@ -130,4 +130,23 @@ if [[ -d "$target_dir" ]] && ! { pg_can -r "$target_dir" && pg_can -x "$target_d
 fi
 ((fixed)) || log "'$TIDE_PG_USER' can reach $TIDE_REPO: ok"
 
+# --- 5. tansu: the Kafka-protocol broker the kafka suite runs on loopback --------------------
+# (pg_test/tests/kafka, bench B5). Only with TIDE_SETUP_TANSU=1 (scripts/test.sh and bench/run.sh
+# set it; building, installing and the demo do not need it). Built from crates.io once per
+# version (about 15 minutes on 2 cores) into a cache that later runs reuse; the suite finds it
+# there (or at TIDE_TANSU).
+TANSU_VERSION=0.6.0
+TANSU_ROOT="${TIDE_TANSU_ROOT:-$HOME/.cache/pg_tide/tansu-$TANSU_VERSION}"
+if [[ "${TIDE_SETUP_TANSU:-0}" != 1 ]]; then
+    :
+elif [[ -x "$TANSU_ROOT/bin/tansu" ]] && "$TANSU_ROOT/bin/tansu" --version 2>/dev/null | grep -q "$TANSU_VERSION"; then
+    log "tansu $TANSU_VERSION: ok ($TANSU_ROOT/bin/tansu)"
+else
+    log "cargo install tansu --version $TANSU_VERSION --locked --features libsql --root $TANSU_ROOT (once; about 15 minutes)"
+    mkdir -p "$TANSU_ROOT"
+    nice -n 10 cargo install tansu --version "$TANSU_VERSION" --locked --features libsql --root "$TANSU_ROOT"
+    "$TANSU_ROOT/bin/tansu" --version 2>/dev/null | grep -q "$TANSU_VERSION" \
+        || tide_die setup "tansu --version does not report $TANSU_VERSION after install"
+fi
+
 log "done"

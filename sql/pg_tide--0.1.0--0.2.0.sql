@@ -340,3 +340,19 @@ GRANT EXECUTE ON FUNCTION tide._consumer_batch(text, text, integer), tide.create
 
 -- Partitioned tables are captured through their root: the partitions read so far.
 ALTER TABLE tide.pipeline_table ADD COLUMN partitions oid[];
+
+-- The kafka target (README "Kafka target"): its brokers and settings are the options of a server
+-- of this wrapper, its credentials those of the pipeline owner's user mapping (hidden from other
+-- roles); the validator refuses secrets in a server's options and the settings pg_tide sets.
+ALTER TABLE tide.pipeline DROP CONSTRAINT pipeline_target_check,
+    ADD CONSTRAINT pipeline_target_check CHECK (target IN ('outbox', 'table', 'postgres', 'kafka'));
+CREATE FUNCTION tide."_kafka_fdw_validator"(
+	"options" TEXT[],
+	"catalog" oid
+) RETURNS void
+LANGUAGE c
+AS 'MODULE_PATHNAME', '_kafka_fdw_validator_wrapper';
+REVOKE ALL ON FUNCTION tide._kafka_fdw_validator(text[], oid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide._kafka_fdw_validator(text[], oid) TO tide_admin;
+CREATE FOREIGN DATA WRAPPER tide_kafka VALIDATOR tide._kafka_fdw_validator;
+COMMENT ON FOREIGN DATA WRAPPER tide_kafka IS 'pg_tide: servers of kafka targets (option brokers; credentials in user mappings).';

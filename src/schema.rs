@@ -11,7 +11,7 @@ extension_sql!(
 -- Pipelines: one logical slot, one worker, one target each.
 CREATE TABLE tide.pipeline (
     name         text PRIMARY KEY,
-    target       text NOT NULL CHECK (target IN ('outbox', 'table', 'postgres')),
+    target       text NOT NULL CHECK (target IN ('outbox', 'table', 'postgres', 'kafka')),
     options      jsonb NOT NULL DEFAULT '{}',
     owner        name NOT NULL DEFAULT current_user,
     slot_name    name NOT NULL UNIQUE,
@@ -547,6 +547,12 @@ COMMENT ON FUNCTION tide._schema_marker() IS 'pg_tide internal: the event trigge
 CREATE EVENT TRIGGER tide_schema_changes ON ddl_command_end WHEN TAG IN ('ALTER TABLE')
     EXECUTE FUNCTION tide._schema_marker();
 COMMENT ON EVENT TRIGGER tide_schema_changes IS 'pg_tide: schema events for captured tables (tide._schema_marker).';
+
+-- The kafka target (README "Kafka target"): its brokers and settings are the options of a server
+-- of this wrapper, its credentials those of the pipeline owner's user mapping (hidden from other
+-- roles); the validator refuses secrets in a server's options and the settings pg_tide sets.
+CREATE FOREIGN DATA WRAPPER tide_kafka VALIDATOR tide._kafka_fdw_validator;
+COMMENT ON FOREIGN DATA WRAPPER tide_kafka IS 'pg_tide: servers of kafka targets (option brokers; credentials in user mappings).';
 
 -- Nothing in pg_tide is for PUBLIC by default: grant what a role needs explicitly.
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA tide FROM PUBLIC;

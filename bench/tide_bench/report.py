@@ -201,6 +201,19 @@ def write_report(res):
                 f"snapshot age flat: **{s.get('snapshot_flat')}** (flat = ratio ≤ 1.5)."
             )
         out.append("\n![bounds](b4_bounds.png)\n")
+    # B5
+    b = header("B5")
+    if b:
+        out.append(f"{b.get('method', '')}\n\nReference, not run: {b.get('reference', '')}.\n")
+        out.append(
+            "| run | target | rows | received | rows/s received | consumer p50 ms | consumer p99 ms | applied p50 ms | applied p99 ms | drain s | applied rows/s | status |"
+        )
+        out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+        for r in b["runs"]:
+            out.append(
+                f"| {md_escape(r.get('name', ''))} | {r.get('kind')} | {fmt(r.get('rows'))} | {fmt(r.get('received'))} | {fmt(r.get('rows_per_s'))} | "
+                f"{fmt(r.get('p50_ms'), '.1f')} | {fmt(r.get('p99_ms'), '.1f')} | {fmt(r.get('ack_p50_ms'), '.1f')} | {fmt(r.get('ack_p99_ms'), '.1f')} | {fmt(r.get('drain_s'), '.2f')} | {fmt(r.get('applied_rows_per_s'))} | {status(r)} |"
+            )
     if res.get("plot_error"):
         out.append(f"\nPlots failed: {md_escape(res['plot_error'])}\n")
     (RESULTS / "RESULTS.md").write_text("\n".join(out) + "\n")

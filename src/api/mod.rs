@@ -2,7 +2,7 @@
 //! specific SQLSTATE and a hint. Nothing here runs in a worker.
 //!
 //! [`server`]: readiness checks; [`pipelines`]: the pipeline functions; [`tables`]: add and
-//! remove tables; [`consumers`]: outbox consumers; [`backfill`], [`verify`]: those functions; [`targets`]: table targets' checks;
+//! remove tables; [`consumers`]: outbox consumers; [`backfill`], [`verify`]: those functions; [`targets`]: table targets' checks; [`kafka`]: the kafka target's checks and its wrapper's validator;
 //! [`args`]: argument types. This file holds what they share.
 
 use crate::catalog;
@@ -18,6 +18,7 @@ use tide_core::model::TargetKind;
 pub mod args;
 pub mod backfill;
 mod consumers;
+pub mod kafka;
 mod pipelines;
 mod server;
 mod tables;

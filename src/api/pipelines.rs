@@ -25,11 +25,13 @@ pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> 
     validate_name(name)?;
     let Some(kind) = TargetKind::parse(target) else {
         return Err(TideError::invalid(format!("unknown target kind \"{target}\"")).hint(
-            "Target kinds: 'outbox' (the table tide.outbox), 'table' (tables in this database, option schema), 'postgres' (tables in another PostgreSQL, option server).",
+            "Target kinds: 'outbox' (the table tide.outbox), 'table' (tables in this database, option schema), 'postgres' (tables in another PostgreSQL, option server), 'kafka' (topics of a Kafka cluster, option server: a tide_kafka foreign server).",
         ));
     };
     let parsed = crate::sink::options::Options::parse(kind, &options.0)?;
-    if let Some(server) = parsed.server() {
+    if let crate::sink::options::Options::Kafka(o) = &parsed {
+        kafka::check_kafka(name, o, &crate::security::caller_name()?)?;
+    } else if let Some(server) = parsed.server() {
         targets::check_remote(server)?;
     }
     let options = JsonB(parsed.to_json()?);

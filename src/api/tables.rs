@@ -199,7 +199,15 @@ pub(super) fn add_table_impl(
         .hint("SELECT * FROM tide.tables lists what each pipeline captures."));
     }
     let (target_kind, options) = catalog::pipelines::target(pipeline)?;
-    let (target_schema, target_name) = if target_kind == TargetKind::Outbox {
+    let (target_schema, target_name) = if target_kind == TargetKind::Kafka {
+        if target_table.is_some() {
+            return Err(TideError::invalid(format!(
+                "pipeline \"{pipeline}\" writes to Kafka topics, which are named by its options, not by target_table"
+            ))
+            .hint("Omit target_table for kafka pipelines; the pipeline's topic option names each table's topic."));
+        }
+        (None, None)
+    } else if target_kind == TargetKind::Outbox {
         if target_table.is_some() {
             return Err(TideError::invalid(format!(
                 "pipeline \"{pipeline}\" writes to the outbox, which has no target tables"

@@ -3,7 +3,9 @@
 //! - [`outbox`]: rows in `tide.outbox` (events for consumers);
 //! - [`table`]: ordered upserts and deletes into a table, local (same database, applied through
 //!   SPI in the worker's transaction) or remote (another PostgreSQL, applied by the [`remote`]
-//!   sink thread in one remote transaction per batch).
+//!   sink thread in one remote transaction per batch);
+//! - [`kafka`]: messages in Kafka topics (Debezium's envelope), produced by the [`kafka`] sink
+//!   thread and acknowledged by the broker before the slot moves.
 //!
 //! Each is a [`Target`]; the worker holds a `Box<dyn Target>` and knows no target's type.
 //! [`options`] types each kind's options. Targets depend on `tide_core::model` (the stream
@@ -13,6 +15,7 @@
 //! after a crash is skipped (exactly once in effect), and receives whole source transactions
 //! only: a target transaction never holds part of one.
 
+pub mod kafka;
 pub mod options;
 pub mod outbox;
 pub mod remote;
@@ -267,5 +270,6 @@ pub fn for_pipeline(p: &PipelineRow) -> TideResult<Box<dyn Target>> {
     match p.target {
         TargetKind::Outbox => Ok(Box::new(outbox::OutboxSink::new(&p.name))),
         TargetKind::Table | TargetKind::Postgres => table::for_pipeline(p),
+        TargetKind::Kafka => kafka::for_pipeline(p),
     }
 }

@@ -51,12 +51,157 @@ pub struct PostgresOptions {
     pub schema_changes: Option<SchemaPolicy>,
 }
 
+/// Options of the `kafka` target (topics of a Kafka cluster; README "Kafka target").
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaOptions {
+    /// The foreign server (wrapper `tide_kafka`) naming the brokers (required).
+    pub server: Option<String>,
+    /// `{prefix}` of topic names (default: the pipeline's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic_prefix: Option<String>,
+    /// Topic of a table: a template with `{prefix}`, `{schema}`, `{table}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
+    /// Topic of the transaction metadata (default `{prefix}.transaction`; `""`: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transaction_topic: Option<String>,
+    /// Topic of the pipeline's positions (default `{prefix}.pg_tide.position`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position_topic: Option<String>,
+    /// A tombstone (null value) after each delete (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tombstones: Option<bool>,
+    /// Format of the key: `json` (the key columns as a JSON object; the only one today).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_format: Option<String>,
+    /// Format of the value: `debezium` (the envelope as JSON; the only one today).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_format: Option<String>,
+    /// Partitions of the topics pg_tide creates (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<i32>,
+    /// Replication factor of the topics pg_tide creates (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication_factor: Option<i32>,
+    /// librdkafka producer settings passed through (no secrets, none the guarantees rest on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub producer: Option<std::collections::BTreeMap<String, serde_json::Value>>,
+}
+
+impl KafkaOptions {
+    /// The pass-through settings as librdkafka properties (values as text).
+    pub fn producer_settings(&self) -> Vec<(String, String)> {
+        self.producer
+            .iter()
+            .flatten()
+            .map(|(k, v)| {
+                let v = match v {
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                (tide_core::kafka::property_name(k), v)
+            })
+            .collect()
+    }
+
+    /// Check what serde cannot: required and allowed values, refused settings.
+    fn check(&self) -> TideResult<()> {
+        if non_empty(&self.server).is_none() {
+            return Err(TideError::invalid("target \"kafka\" needs the option \"server\"")
+                .hint("Create a foreign server of the wrapper tide_kafka naming the brokers (CREATE SERVER events FOREIGN DATA WRAPPER tide_kafka OPTIONS (brokers 'host:9092')), then pass '{\"server\": \"events\"}'."));
+        }
+        if let Some(t) = &self.topic {
+            tide_core::kafka::valid_template(t).map_err(|m| {
+                TideError::invalid(m).hint("The topic template may use {prefix}, {schema} and {table}, e.g. '{prefix}.{schema}.{table}' (the default).")
+            })?;
+        }
+        for (name, v) in [
+            ("topic_prefix", &self.topic_prefix),
+            ("position_topic", &self.position_topic),
+        ] {
+            if v.is_some() && non_empty(v).is_none() {
+                return Err(TideError::invalid(format!(
+                    "option \"{name}\" must be a non-empty string"
+                ))
+                .hint("Leave it out for its default."));
+            }
+        }
+        if self.key_format.as_deref().is_some_and(|f| f != "json") {
+            return Err(TideError::invalid(format!(
+                "unknown key_format \"{}\"",
+                self.key_format.as_deref().unwrap_or_default()
+            ))
+            .hint(
+                "key_format is 'json' (the key columns as a JSON object): the only format today.",
+            ));
+        }
+        if self
+            .value_format
+            .as_deref()
+            .is_some_and(|f| f != "debezium")
+        {
+            return Err(TideError::invalid(format!(
+                "unknown value_format \"{}\"",
+                self.value_format.as_deref().unwrap_or_default()
+            ))
+            .hint(
+                "value_format is 'debezium' (Debezium's envelope as JSON): the only format today.",
+            ));
+        }
+        for (name, v) in [
+            ("partitions", self.partitions),
+            ("replication_factor", self.replication_factor),
+        ] {
+            if v.is_some_and(|n| n < 1) {
+                return Err(
+                    TideError::invalid(format!("option \"{name}\" must be at least 1")).hint(
+                        "It applies to the topics pg_tide creates; existing topics keep theirs.",
+                    ),
+                );
+            }
+        }
+        for (k, v) in self.producer.iter().flatten() {
+            if !(v.is_string() || v.is_number() || v.is_boolean()) {
+                return Err(TideError::invalid(format!(
+                    "producer setting \"{k}\" must be a string, number or boolean, not {v}"
+                ))
+                .hint("Pass librdkafka settings as '{\"producer\": {\"linger.ms\": \"5\"}}'."));
+            }
+            check_property(
+                &tide_core::kafka::property_name(k),
+                "the pipeline's producer option",
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Refuse a librdkafka property that pg_tide sets itself (22023) or that holds a secret where
+/// other roles could read it (`place` names where it was given).
+pub fn check_property(property: &str, place: &str) -> TideResult<()> {
+    if let Some(why) = tide_core::kafka::refused_setting(property) {
+        return Err(TideError::invalid(format!(
+            "the Kafka setting \"{property}\" cannot be set in {place}"
+        ))
+        .hint(format!("pg_tide sets it: {why}. Leave it out.")));
+    }
+    if tide_core::kafka::secret_setting(property) && !place.contains("user mapping") {
+        return Err(TideError::invalid(format!(
+            "the Kafka setting \"{property}\" holds a secret and cannot be set in {place}, which other roles can read"
+        ))
+        .hint("Put it in the user mapping of the pipeline's owner: CREATE USER MAPPING FOR <owner> SERVER <server> OPTIONS (\"sasl.password\" '...'); only that role and superusers can read it."));
+    }
+    Ok(())
+}
+
 /// A pipeline's options, checked.
 #[derive(Debug)]
 pub enum Options {
     Outbox(OutboxOptions),
     Table(TableOptions),
     Postgres(PostgresOptions),
+    Kafka(KafkaOptions),
 }
 
 /// The options each kind takes, for hints.
@@ -65,6 +210,7 @@ fn names(kind: TargetKind) -> &'static str {
         TargetKind::Outbox => "none",
         TargetKind::Table => "schema (required), schema_changes",
         TargetKind::Postgres => "server (required), schema, schema_changes",
+        TargetKind::Kafka => "server (required), topic_prefix, topic, transaction_topic, position_topic, tombstones, key_format, value_format, partitions, replication_factor, producer",
     }
 }
 
@@ -89,6 +235,7 @@ impl Options {
         let bad = |e: serde_json::Error| {
             let hint = match kind {
                 TargetKind::Outbox => "The outbox target takes no options: pass '{}'.".to_string(),
+                TargetKind::Kafka => format!("Options of target \"kafka\": {}.", names(kind)),
                 _ => format!(
                     "Options of target \"{}\": {}. schema_changes is 'propagate' (the default: new columns and safe type widenings are applied to the target) or 'pause' (the pipeline stops with the reason).",
                     kind.as_str(),
@@ -132,6 +279,11 @@ impl Options {
                 o.schema.get_or_insert_with(|| "public".to_string());
                 Options::Postgres(o)
             }
+            TargetKind::Kafka => {
+                let o = KafkaOptions::deserialize(value).map_err(bad)?;
+                o.check()?;
+                Options::Kafka(o)
+            }
         };
         Ok(opts)
     }
@@ -142,6 +294,7 @@ impl Options {
             Options::Outbox(o) => serde_json::to_value(o),
             Options::Table(o) => serde_json::to_value(o),
             Options::Postgres(o) => serde_json::to_value(o),
+            Options::Kafka(o) => serde_json::to_value(o),
         };
         v.map_err(|e| TideError::internal(format!("cannot render options: {e}")))
     }
@@ -149,7 +302,7 @@ impl Options {
     /// The schema target tables live in (`public` where the kind has no schema).
     pub fn schema(&self) -> &str {
         match self {
-            Options::Outbox(_) => "public",
+            Options::Outbox(_) | Options::Kafka(_) => "public",
             Options::Table(o) => o.schema.as_deref().unwrap_or("public"),
             Options::Postgres(o) => o.schema.as_deref().unwrap_or("public"),
         }
@@ -159,6 +312,7 @@ impl Options {
     pub fn server(&self) -> Option<&str> {
         match self {
             Options::Postgres(o) => o.server.as_deref(),
+            Options::Kafka(o) => o.server.as_deref(),
             _ => None,
         }
     }
@@ -166,7 +320,7 @@ impl Options {
     /// What to do on a schema change (table targets).
     pub fn schema_changes(&self) -> SchemaPolicy {
         match self {
-            Options::Outbox(_) => SchemaPolicy::default(),
+            Options::Outbox(_) | Options::Kafka(_) => SchemaPolicy::default(),
             Options::Table(o) => o.schema_changes.unwrap_or_default(),
             Options::Postgres(o) => o.schema_changes.unwrap_or_default(),
         }

@@ -6,6 +6,8 @@
 //!   worker (documented in `docs/wire-format.md`).
 //! * [`copy`]: rows in `COPY ... FROM STDIN`'s text format, every value
 //!   escaped (remote table targets' backfill chunks).
+//! * [`kafka`]: the kafka target's messages (Debezium envelopes, transaction
+//!   metadata, position records, topic names) and its guarded settings.
 //! * [`json`]: rendering decoded rows as JSON for the outbox, exactly
 //!   rebuildable with `jsonb_populate_record`.
 //! * [`texts`]: decoded rows as their columns' text output, for table targets.
@@ -26,6 +28,7 @@
 
 pub mod copy;
 pub mod json;
+pub mod kafka;
 pub mod lsn;
 pub mod model;
 pub mod plan;

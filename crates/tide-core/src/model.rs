@@ -246,6 +246,8 @@ text_enum! {
         Table => "table",
         /// A table in a remote PostgreSQL (a `postgres_fdw` server).
         Postgres => "postgres",
+        /// Topics of a Kafka cluster (a `tide_kafka` foreign server).
+        Kafka => "kafka",
     }
 }
 

@@ -26,6 +26,7 @@ SELECT tide.create_pipeline('');
 SELECT tide.create_pipeline('has-dash');
 SELECT tide.create_pipeline('x;drop');
 SELECT tide.create_pipeline('p', 'kafka');
+SELECT tide.create_pipeline('p', 'no_such_kind');
 SELECT tide.create_pipeline('p', 'outbox', '[]');
 SELECT tide.create_pipeline('p', 'outbox', '"x"');
 SELECT tide.create_pipeline('p', 'outbox', '{"batch": 1}');
@@ -118,4 +119,26 @@ RESET ROLE;
 SELECT tide.drop_consumer('p', 'c');
 
 SELECT tide.drop_pipeline('p');
+SELECT count(*) AS pipelines_left FROM tide.pipelines;
+
+-- The kafka target: its wrapper's servers and user mappings, and the pipeline's options.
+CREATE SERVER regress_k0 FOREIGN DATA WRAPPER tide_kafka;
+CREATE SERVER regress_k1 FOREIGN DATA WRAPPER tide_kafka OPTIONS (brokers '127.0.0.1:1', sasl_password 'secret');
+CREATE SERVER regress_k2 FOREIGN DATA WRAPPER tide_kafka OPTIONS (brokers '127.0.0.1:1', "enable.idempotence" 'false');
+CREATE SERVER regress_k3 FOREIGN DATA WRAPPER tide_kafka OPTIONS (brokers '127.0.0.1:1', no_such_setting 'x');
+CREATE SERVER regress_k4 FOREIGN DATA WRAPPER tide_kafka OPTIONS (brokers '127.0.0.1:1', "message.timeout.ms" 'soon');
+CREATE SERVER regress_k FOREIGN DATA WRAPPER tide_kafka OPTIONS (brokers '127.0.0.1:1', "security.protocol" 'plaintext');
+CREATE USER MAPPING FOR regress_nobody SERVER regress_k OPTIONS (acks '1');
+CREATE USER MAPPING FOR regress_nobody SERVER regress_k OPTIONS (brokers '127.0.0.1:2');
+CREATE USER MAPPING FOR regress_nobody SERVER regress_k OPTIONS (sasl_username 'nobody', sasl_password 'secret');
+SELECT tide.create_pipeline('k', 'kafka', '{}');
+SELECT tide.create_pipeline('k', 'kafka', '{"server": "no_such_server"}');
+SELECT tide.create_pipeline('k', 'kafka', '{"server": "regress_k", "brokers": "x"}');
+SELECT tide.create_pipeline('k', 'kafka', '{"server": "regress_k", "topic": "{prefix}.{tabel}"}');
+SELECT tide.create_pipeline('k', 'kafka', '{"server": "regress_k", "value_format": "avro"}');
+SELECT tide.create_pipeline('k', 'kafka', '{"server": "regress_k", "partitions": 0}');
+SELECT tide.create_pipeline('k', 'kafka', '{"server": "regress_k", "producer": {"acks": "1"}}');
+SELECT tide.create_pipeline('k', 'kafka', '{"server": "regress_k", "producer": {"enable_idempotence": false}}');
+SELECT tide.create_pipeline('k', 'kafka', '{"server": "regress_k", "producer": {"sasl.password": "x"}}');
+SELECT tide.create_pipeline('k', 'kafka', '{"server": "regress_k", "producer": {"linger.ms": [5]}}');
 SELECT count(*) AS pipelines_left FROM tide.pipelines;

@@ -104,6 +104,10 @@ pub(super) fn setup(
         return Err(TideError::prerequisite(format!("pipeline \"{pipeline}\" writes to the outbox: there is no target table to compare"))
             .hint("tide.verify compares table targets ('table' or 'postgres'). For the outbox, replay it onto a copy and compare that."));
     }
+    if target_kind == TargetKind::Kafka {
+        return Err(TideError::prerequisite(format!("pipeline \"{pipeline}\" writes to Kafka topics: there is no target table to compare"))
+            .hint("tide.verify compares table targets ('table' or 'postgres'). For Kafka, replay the topics onto a copy and compare that (README, Kafka target)."));
+    }
     let Some(t) = catalog::tables::target_table(&pipeline, relid)? else {
         return Err(TideError::prerequisite(format!(
             "pipeline \"{pipeline}\" does not capture {source}"

@@ -1,0 +1,260 @@
+"""B5: the kafka target next to the outbox target, in the same run: backfill rows/s, streaming
+rows/s and commit-to-consumer latency (p50/p99). Debezium's published engine figure (50–67k
+events/s) is cited, not run.
+
+`run(suite, b)` is called by Suite.b5. The broker (tansu, on loopback) is started by run.sh,
+which exports its address as TIDE_BENCH_KAFKA."""
+
+import threading
+
+from .common import *  # noqa: F401,F403
+
+try:
+    from confluent_kafka import Consumer, TopicPartition
+except ImportError:  # the venv predates B5: run.sh installs it
+    Consumer = None
+
+DEBEZIUM = (
+    "Debezium's published engine figure: 50–67k events/s (as cited by issue 16; a different "
+    "machine and setup, not run here)"
+)
+
+
+def ts(text):
+    """A timestamptz as the worker renders it (ISO, UTC: '2026-12-03 19:01:04.123456+00')."""
+    t = text.replace(" ", "T")
+    if t.endswith("+00"):
+        t = t[:-3] + "+00:00"
+    return dt.datetime.fromisoformat(t).timestamp()
+
+
+def pct(xs, q):
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+class Collector:
+    """A consumer thread: records (commit time, receive time) of each inserted ev row."""
+
+    def __init__(self):
+        self.got = []
+        self.stop = threading.Event()
+        self.error = None
+        self.thread = None
+        self.ready = False
+
+    def start(self, fn):
+        def loop():
+            try:
+                fn(self)
+            except Exception as e:  # reported by the run
+                self.error = errtext(e)
+
+        self.thread = threading.Thread(target=loop, daemon=True)
+        self.thread.start()
+
+    def finish(self):
+        self.stop.set()
+        if self.thread:
+            self.thread.join(30)
+        if self.error:
+            raise BenchError(f"consumer failed: {self.error}")
+
+
+def kafka_consumer(brokers, topic):
+    def fn(col):
+        c = Consumer({"bootstrap.servers": brokers, "group.id": "b5", "enable.auto.commit": False})
+        md = c.list_topics(topic, timeout=10)
+        parts = md.topics[topic].partitions
+        # from each partition's current end: only what the workload writes
+        tps = []
+        for p in parts:
+            lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            tps.append(TopicPartition(topic, p, hi))
+        c.assign(tps)
+        col.ready = True
+        while not col.stop.is_set():
+            m = c.poll(0.05)
+            if m is None or m.error() or m.value() is None:
+                continue
+            now = time.time()
+            v = json.loads(m.value())
+            if v.get("op") == "c":
+                col.got.append((ts(v["after"]["committed_at"]), now))
+        c.close()
+
+    return fn
+
+
+def outbox_consumer(node, pipeline):
+    def fn(col):
+        conn = node.connect("b5_outbox_consumer")
+        conn.autocommit = True
+        conn.execute("SELECT tide.create_consumer(%s, 'b5', 'latest')", (pipeline,))
+        col.ready = True
+        while not col.stop.is_set():
+            rows = conn.execute(
+                "SELECT id, op, row->>'committed_at' FROM tide.read_outbox(%s, 'b5', 5000)", (pipeline,)
+            ).fetchall()
+            now = time.time()
+            if not rows:
+                time.sleep(0.001)
+                continue
+            for _id, op, committed in rows:
+                if op == "insert":
+                    col.got.append((ts(committed), now))
+            conn.execute("SELECT tide.commit_consumer(%s, 'b5', %s)", (pipeline, rows[-1][0]))
+        conn.close()
+
+    return fn
+
+
+def ack_sampler(node, pipeline, stop, out):
+    """Until `stop`: how long tide.wait_for_pipeline takes, again and again: the time until
+    everything committed before the call is applied (for Kafka: acknowledged by the broker and
+    recorded), an upper bound of the commit-to-acknowledged latency of the rows committed just
+    before it (resolution: its 20 ms poll)."""
+    conn = node.connect("b5_ack_sampler")
+    conn.autocommit = True
+    while not stop.is_set():
+        t0 = time.monotonic()
+        conn.execute("SELECT tide.wait_for_pipeline(%s, '60 seconds')", (pipeline,))
+        out.append((time.monotonic() - t0) * 1000)
+    conn.close()
+
+
+def run(self, b):
+    src, P = self.src, self.P
+    brokers = os.environ.get("TIDE_BENCH_KAFKA")
+    b["reference"] = DEBEZIUM
+    if not brokers:
+        raise BenchError("no Kafka broker: TIDE_BENCH_KAFKA is unset (run.sh starts tansu when scripts/setup.sh installed it)")
+    if Consumer is None:
+        raise BenchError("confluent_kafka is not importable from the venv (run.sh installs it)")
+    src.x("DROP SERVER IF EXISTS bench_kafka CASCADE")
+    src.x(f"CREATE SERVER bench_kafka FOREIGN DATA WRAPPER tide_kafka OPTIONS (brokers '{brokers}')")
+    ensure_source_table(src, "t", P["b1_rows"])
+    if not src.val("SELECT to_regclass('public.ev') IS NOT NULL"):
+        src.x(self.EV_SRC)
+    stamp = int(time.time())
+    b["method"] = (
+        "backfill: tide.add_table of public.t (default chunk 5000) into a fresh pipeline, timed until "
+        "tide.wait_for_backfill is true (kafka: every message acknowledged by the broker, acks=all). Streaming: "
+        "pgbench INSERTs into public.ev at a fixed rate and at full speed; a consumer (confluent-kafka for Kafka, "
+        "tide.read_outbox + tide.commit_consumer in a loop for the outbox) stamps each row on receipt: latency = "
+        "receipt - committed_at. Kafka topics: 3 partitions, tansu 0.6.0 (sqlite storage) on the same host."
+    )
+    opts = {
+        "outbox": lambda n: "{}",
+        "kafka": lambda n: json.dumps({"server": "bench_kafka", "topic_prefix": f"b5_{stamp}_{n}", "partitions": 3}),
+    }
+
+    def fresh(kind, n):
+        name = f"b5_{kind}"
+        drop_pipeline(src, name)
+        src.x("DELETE FROM tide.outbox WHERE pipeline = %s", (name,))
+        src.x("SELECT tide.create_pipeline(%s, %s, %s)", (name, kind, opts[kind](n)))
+        return name
+
+    for kind in ("outbox", "kafka"):
+
+        def backfill(kind=kind):
+            name = fresh(kind, "bf")
+            try:
+                t0 = time.monotonic()
+                src.x("SELECT tide.add_table(%s, 'public.t')", (name,))
+                r = wait_backfill(src, name, "public.t", t0, P["b1_timeout"])
+                secs = r["end_monotonic"] - t0
+                return {"rows": r["rows_emitted"], "seconds": round(secs, 2), "rows_per_s": round(r["rows_emitted"] / secs, 1)}
+            finally:
+                drop_pipeline(src, name)
+                src.x("DELETE FROM tide.outbox WHERE pipeline = %s", (name,))
+
+        self.run(b, f"backfill {P['b1_rows']:,} rows → {kind}", backfill, kind=kind, phase="backfill")
+
+    script = self.tmp / "ev_b5.sql"
+    script.write_text(
+        "\\set aid random(1, 100000)\n"
+        "\\set delta random(-5000, 5000)\n"
+        "INSERT INTO public.ev (aid, delta, note) VALUES (:aid, :delta, 'event ' || md5(:aid::text));\n"
+    )
+    os.chmod(script, 0o644)
+    dur, warm = P["b2_duration"], P["b2_warmup"]
+    for rate in (2000, None):
+        for kind, consume in (("outbox", True), ("kafka", True), ("kafka", False)):
+            if kind == "kafka" and consume and rate is None:
+                continue  # tansu's read path collapses already at 2000 tx/s (bench/README.md)
+
+            def stream(kind=kind, rate=rate, consume=consume):
+                name = fresh(kind, f"s{rate or 'max'}{'' if consume else 'n'}")
+                col = Collector()
+                try:
+                    src.x("SELECT tide.add_table(%s, 'public.ev', backfill => false)", (name,))
+                    wait_capturing(src, name, "public.ev")
+                    # a probe row makes the topic exist and the path live
+                    src.x("INSERT INTO public.ev (aid, delta, note) VALUES (0, 0, 'probe')")
+                    if not src.val("SELECT tide.wait_for_pipeline(%s, '60 seconds')", (name,)):
+                        raise BenchError(f"the probe did not get through: {pipeline_health(src, name)}")
+                    col.ready = False
+                    if consume:
+                        col.start(kafka_consumer(brokers, f"b5_{stamp}_s{rate or 'max'}.public.ev") if kind == "kafka" else outbox_consumer(src, name))
+                    deadline = time.monotonic() + 30
+                    while consume and not col.ready and time.monotonic() < deadline and not col.error:
+                        time.sleep(0.05)
+                    floor = src.val("SELECT coalesce(max(id), 0) FROM public.ev")
+                    t_start = dt.datetime.now(dt.timezone.utc).timestamp()
+                    args = ["-n", "-c", str(PGBENCH_CLIENTS), "-j", str(PGBENCH_THREADS), "-T", str(dur), "-f", str(script)]
+                    if rate:
+                        args += ["-R", str(rate)]
+                    acks, ack_stop = [], threading.Event()
+                    sampler = threading.Thread(target=ack_sampler, args=(src, name, ack_stop, acks), daemon=True)
+                    sampler.start()
+                    pg = pgbench_run(src, args, dur + 120)
+                    ack_stop.set()
+                    sampler.join(70)
+                    n = src.val("SELECT count(*) FROM public.ev WHERE id > %s", (floor,))
+                    t_drain = time.monotonic()
+                    caught_up = src.val("SELECT tide.wait_for_pipeline(%s, '120 seconds')", (name,))
+                    if not caught_up and not consume:
+                        raise BenchError(f"the pipeline did not catch up within 120 s: {pipeline_health(src, name)}")
+                    drain = time.monotonic() - t_drain if caught_up else None
+                    if not consume:
+                        return {
+                            "rate": rate, "source_tps": pg.get("tps"), "rows": n, "consumer": False,
+                            "applied_rows_per_s": round(n / (dur + drain), 1), "drain_s": round(drain, 2),
+                            "consumer": True,
+                        "drain_s": round(drain, 2) if drain is not None else None,
+                        "ack_p50_ms": pct(acks[1:], 0.5), "ack_p99_ms": pct(acks[1:], 0.99), "ack_samples": len(acks),
+                        }
+                    # tansu's reads slow down as a partition grows: a consumer that falls behind
+                    # does not catch up, so its wait is capped (what it received is reported).
+                    t_end = time.monotonic() + (30 if kind == "kafka" else P["b2_drain_timeout"])
+                    while len(col.got) < n and time.monotonic() < t_end and not col.error:
+                        time.sleep(0.05)
+                    col.stop.set()
+                    col.finish()
+                    got = [g for g in col.got if g[0] >= t_start]
+                    lat = [(r - c) * 1000 for c, r in got if c >= t_start + warm]
+                    span = (max(r for _, r in got) - min(c for c, _ in got)) if got else 0
+                    return {
+                        "rate": rate,
+                        "source_tps": pg.get("tps"),
+                        "rows": n,
+                        "received": len(got),
+                        "rows_per_s": round(len(got) / span, 1) if span > 0 else None,
+                        "p50_ms": pct(lat, 0.5),
+                        "p99_ms": pct(lat, 0.99),
+                        "max_ms": max(lat) if lat else None,
+                        "ack_p50_ms": pct(acks[1:], 0.5),
+                        "ack_p99_ms": pct(acks[1:], 0.99),
+                        "ack_samples": len(acks),
+                    }
+                finally:
+                    col.stop.set()
+                    drop_pipeline(src, name)
+                    src.x("DELETE FROM tide.outbox WHERE pipeline = %s", (name,))
+
+            label = f"streaming {rate or 'full speed'} tx/s → {kind}{'' if consume else ', no consumer'}"
+            self.run(b, label, stream, kind=kind, phase="streaming")

@@ -1,0 +1,23 @@
+//! Kafka-target e2e tests, against a real Kafka-protocol broker (tansu, installed by
+//! `scripts/setup.sh`) on loopback.
+//!
+//! What is checked, against README "Kafka target":
+//! - `convergence`: every topic replayed onto a copy (duplicate identities dropped) equals the
+//!   source, by set difference both ways, after writes, a backfill, a kill -9 of the worker and a
+//!   broker outage (the pipeline shows `error` with the reason, then catches up by itself); per
+//!   key, one partition and increasing identities; duplicates after the kill -9 at most one batch,
+//!   none after a clean restart; the pipeline's owner is an ordinary role (`GRANT tide_admin`);
+//! - `wallets`: a consumer that buffers by source transaction (the transaction topic's `END`
+//!   records and the `transaction` block of each message) never sees a partial transfer, while a
+//!   consumer that applies message by message does (the check can fail);
+//! - `refusals`: options, servers, user mappings and privileges refused with SQLSTATE and hint;
+//!   secrets readable by no other role.
+//!
+//! Modules: `broker` (tansu started and stopped on a free port, and a consumer that reads whole
+//! topics), `replay` (messages back into rows).
+
+mod broker;
+mod convergence;
+mod refusals;
+mod replay;
+mod wallets;

@@ -1,0 +1,474 @@
+//! The `kafka` target: every event as a message in a Kafka topic (Debezium's envelope, JSON),
+//! with Debezium-style transaction metadata, written by an idempotent producer that lives on a
+//! thread of its own ([`client`]).
+//!
+//! Owns: turning events into messages (topic per table, key, envelope, headers, tombstones, the
+//! `BEGIN`/`END` records of each source transaction; the JSON itself is rendered by
+//! `tide_core::kafka`), the pipeline's position in the broker (the position topic), and mapping
+//! the client's failures to [`TideError`]s.
+//!
+//! Guarantees:
+//! - Per-key order: a message's key is the row's key and the partitioner is fixed (murmur2), so
+//!   every event of a key goes to one partition, where the idempotent producer keeps them in
+//!   stream order. Truncates and schema events go to every partition of the table's topic, so
+//!   each partition has them at their place in the stream.
+//! - Durable progress: a batch (one worker iteration, whole source transactions) is produced,
+//!   then [`Target::commit`] waits until the broker acknowledged every message of it, then
+//!   writes the batch's applied position to the position topic (one partition, compacted; key =
+//!   the pipeline) and waits for that acknowledgement too; only then does the worker commit its
+//!   transaction and confirm the slot. After a crash [`Target::applied`] reads the last position
+//!   back, and the worker skips every source transaction the broker already holds: what is sent
+//!   twice is at most the batch that was in flight (its messages carry the same identities), and
+//!   nothing after a clean shutdown (a termination request waits up to
+//!   `client::COMMIT_GRACE` for a commit being acknowledged).
+//! - Nothing is sent for a batch before [`Target::commit`] unless it grows beyond
+//!   [`SHIP_MESSAGES`] (a large source transaction): an interrupted decode leaves nothing behind.
+//! - Kafka transactions are not used (the broker this is tested against does not implement
+//!   them): the batch boundary and the position record are where a transactional producer would
+//!   `begin`/`commit` (with the position record inside the transaction), so adding them changes
+//!   `client::State::commit` and nothing here.
+
+pub mod client;
+
+use crate::catalog::pipelines::PipelineRow;
+use crate::error::{TideError, TideResult};
+use crate::sink::options::{KafkaOptions, Options};
+use crate::sink::{Event, SchemaEvent, Target};
+use client::{ClientSettings, KafkaFailure, KafkaSink, Msg, Work};
+use pgrx::pg_sys::errcodes::PgSqlErrorCode;
+use pgrx::spi::SpiClient;
+use std::collections::HashMap;
+use std::time::Duration;
+use tide_core::kafka::{self as fmt, EnvelopeEvent, SourceInfo, TxnCounter};
+use tide_core::lsn::Lsn;
+use tide_core::model::{Op, RelDesc, Txn};
+
+/// Messages a batch holds before they are handed to the producer ahead of the commit.
+pub const SHIP_MESSAGES: usize = 10_000;
+/// How long the worker waits for the position topic to be read.
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default of `message.timeout.ms`: how long the broker may take to acknowledge a message.
+pub const DEFAULT_DELIVERY_TIMEOUT_MS: u64 = 30_000;
+
+/// The options of a kafka pipeline with their defaults applied.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub server: String,
+    pub prefix: String,
+    pub topic: String,
+    pub transaction_topic: Option<String>,
+    pub position_topic: String,
+    pub tombstones: bool,
+    pub partitions: i32,
+    pub replication_factor: i32,
+    pub producer: Vec<(String, String)>,
+}
+
+/// Apply the defaults to a kafka pipeline's options.
+pub fn resolve(pipeline: &str, o: &KafkaOptions) -> Resolved {
+    let prefix = o
+        .topic_prefix
+        .clone()
+        .unwrap_or_else(|| pipeline.to_string());
+    Resolved {
+        server: o.server.clone().unwrap_or_default(),
+        topic: o
+            .topic
+            .clone()
+            .unwrap_or_else(|| "{prefix}.{schema}.{table}".to_string()),
+        transaction_topic: match o.transaction_topic.as_deref() {
+            Some("") => None,
+            Some(t) => Some(fmt::legal_topic(t)),
+            None => Some(fmt::legal_topic(&format!("{prefix}.transaction"))),
+        },
+        position_topic: fmt::legal_topic(
+            &o.position_topic
+                .clone()
+                .unwrap_or_else(|| format!("{prefix}.pg_tide.position")),
+        ),
+        tombstones: o.tombstones.unwrap_or(true),
+        partitions: o.partitions.unwrap_or(1),
+        replication_factor: o.replication_factor.unwrap_or(1),
+        producer: o.producer_settings(),
+        prefix,
+    }
+}
+
+/// The librdkafka properties of a kafka pipeline: the server's and user mapping's options (as
+/// `targets::kafka_server_options` reads them), the pipeline's pass-through settings, then
+/// pg_tide's own, which nothing overrides.
+pub fn properties(
+    pipeline: &str,
+    server_options: &[(String, String)],
+    r: &Resolved,
+) -> (Vec<(String, String)>, Duration) {
+    let mut props: Vec<(String, String)> = Vec::new();
+    for (k, v) in server_options {
+        let k = if k == "brokers" {
+            "bootstrap.servers".to_string()
+        } else {
+            fmt::property_name(k)
+        };
+        props.push((k, v.clone()));
+    }
+    props.extend(r.producer.iter().cloned());
+    let mut timeout_ms = DEFAULT_DELIVERY_TIMEOUT_MS;
+    if let Some((_, v)) = props.iter().rev().find(|(k, _)| k == "message.timeout.ms") {
+        timeout_ms = v.parse().unwrap_or(DEFAULT_DELIVERY_TIMEOUT_MS);
+    } else {
+        props.push(("message.timeout.ms".into(), timeout_ms.to_string()));
+    }
+    for (k, v) in [
+        ("enable.idempotence", "true"),
+        ("enable.gapless.guarantee", "true"),
+        ("acks", "all"),
+        ("max.in.flight.requests.per.connection", "5"),
+        ("partitioner", "murmur2_random"),
+        ("client.id", &format!("pg_tide-{pipeline}")),
+    ] {
+        props.push((k.to_string(), v.to_string()));
+    }
+    (props, Duration::from_millis(timeout_ms))
+}
+
+/// A client failure as the pipeline's error.
+pub fn kafka_err(e: KafkaFailure) -> TideError {
+    if e.config {
+        return TideError::invalid(format!("kafka target: {}", e.message)).hint(
+            "Fix the setting in the foreign server's or user mapping's options (ALTER SERVER / ALTER USER MAPPING ... OPTIONS (SET ...)) or the pipeline's producer option; see librdkafka's CONFIGURATION.md for the property.",
+        );
+    }
+    if e.transient {
+        return TideError::new(
+            PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE,
+            format!("kafka target: {}", e.message),
+        )
+        .hint("The broker is unreachable or slow; the worker retries with back-off and nothing is lost meanwhile (the slot keeps the WAL). Check the server's brokers option and the broker.");
+    }
+    TideError::new(
+        PgSqlErrorCode::ERRCODE_FDW_ERROR,
+        format!("kafka target: {}", e.message),
+    )
+    .hint("The broker refused the batch (see the message: authorization, message size, topic); fix that and the worker retries by itself.")
+}
+
+/// The open source transaction: its BEGIN was written, its END is due.
+struct Open {
+    xid: u32,
+    lsn: Lsn,
+    commit_time: i64,
+    counter: TxnCounter,
+}
+
+/// A kafka pipeline's target.
+pub struct KafkaTarget {
+    r: Resolved,
+    source: SourceInfo,
+    sink: KafkaSink,
+    /// The batch's messages not yet handed to the sink thread.
+    buf: Vec<Msg>,
+    /// Messages handed to the sink thread in this batch.
+    shipped: bool,
+    open: Option<Open>,
+    /// The broker's position, once read (`Some(None)`: no record).
+    applied: Option<Option<Lsn>>,
+    /// Topic, schema and table of each relation (by OID).
+    names: HashMap<u32, (String, String, String)>,
+    delivery_timeout: Duration,
+}
+
+/// The target of a kafka pipeline: options, the server's settings, the sink thread.
+pub fn for_pipeline(p: &PipelineRow) -> TideResult<Box<dyn Target>> {
+    let opts = Options::parse(p.target, &p.options).map_err(|e| {
+        TideError::internal(format!(
+            "pipeline \"{}\" has options pg_tide cannot read: {}",
+            p.name, e.message
+        ))
+        .hint("Drop the pipeline and create it again.")
+    })?;
+    let Options::Kafka(o) = opts else {
+        return Err(TideError::internal("not a kafka pipeline"));
+    };
+    let r = resolve(&p.name, &o);
+    let server_options = {
+        // USAGE revoked since create_pipeline: the pipeline fails with 42501 until granted.
+        crate::api::kafka::check_server_usage(&r.server, &p.owner)?;
+        crate::api::kafka::kafka_server_options(&r.server, &p.owner)?
+    };
+    let (properties, delivery_timeout) = properties(&p.name, &server_options, &r);
+    let db = crate::sql::one::<String>("SELECT current_database()::text", &[])?.unwrap_or_default();
+    let sink = KafkaSink::start(ClientSettings {
+        properties,
+        pipeline: p.name.clone(),
+        position_topic: r.position_topic.clone(),
+        transaction_topic: r.transaction_topic.clone(),
+        partitions: r.partitions,
+        replication_factor: r.replication_factor,
+        delivery_timeout,
+    });
+    Ok(Box::new(KafkaTarget {
+        source: SourceInfo {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            name: r.prefix.clone(),
+            db,
+        },
+        r,
+        sink,
+        buf: Vec::new(),
+        shipped: false,
+        open: None,
+        applied: None,
+        names: HashMap::new(),
+        delivery_timeout,
+    }))
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+impl KafkaTarget {
+    fn names(&mut self, relid: u32, relation: &str) -> (String, String, String) {
+        if let Some(n) = self.names.get(&relid) {
+            if n.1.is_empty() || relation.is_empty() {
+                return n.clone();
+            }
+        }
+        let (schema, table) = fmt::split_qualified(relation);
+        let topic = fmt::topic_for(&self.r.topic, &self.r.prefix, &schema, &table);
+        let n = (topic, schema, table);
+        self.names.insert(relid, n.clone());
+        n
+    }
+
+    /// The transaction metadata of `t`: END of the open one when `t` is another, BEGIN of `t`.
+    fn enter(&mut self, t: &Txn) {
+        if self
+            .open
+            .as_ref()
+            .is_some_and(|o| o.lsn == t.lsn && o.xid == t.xid)
+        {
+            return;
+        }
+        self.close();
+        if let Some(topic) = &self.r.transaction_topic {
+            self.buf.push(Msg {
+                topic: topic.clone(),
+                key: Some(fmt::txn_key(t.xid, t.lsn)),
+                value: Some(fmt::txn_record(t.xid, t.lsn, t.commit_time, None)),
+                headers: vec![(fmt::HEADER_COMMIT_LSN, t.lsn.to_string())],
+                broadcast: false,
+            });
+        }
+        self.open = Some(Open {
+            xid: t.xid,
+            lsn: t.lsn,
+            commit_time: t.commit_time,
+            counter: TxnCounter::default(),
+        });
+    }
+
+    /// The END record of the open transaction.
+    fn close(&mut self) {
+        let Some(o) = self.open.take() else {
+            return;
+        };
+        if let Some(topic) = &self.r.transaction_topic {
+            self.buf.push(Msg {
+                topic: topic.clone(),
+                key: Some(fmt::txn_key(o.xid, o.lsn)),
+                value: Some(fmt::txn_record(
+                    o.xid,
+                    o.lsn,
+                    o.commit_time,
+                    Some(&o.counter),
+                )),
+                headers: vec![(fmt::HEADER_COMMIT_LSN, o.lsn.to_string())],
+                broadcast: false,
+            });
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn message(
+        &mut self,
+        t: &Txn,
+        relid: u32,
+        relation: &str,
+        op: Op,
+        key: Option<&str>,
+        row: Option<&str>,
+        unchanged: &[String],
+        backfill: Option<(i64, i64)>,
+        schema_change: Option<&str>,
+    ) -> TideResult<()> {
+        self.enter(t);
+        let (topic, schema, table) = self.names(relid, relation);
+        let collection = format!("{schema}.{table}");
+        let order = match self.open.as_mut() {
+            Some(o) => o.counter.count(&collection),
+            None => 1,
+        };
+        let mut value = String::with_capacity(256 + row.map_or(0, str::len));
+        fmt::envelope(
+            &self.source,
+            &EnvelopeEvent {
+                op,
+                key,
+                row,
+                unchanged,
+                schema: &schema,
+                table: &table,
+                xid: t.xid,
+                commit_lsn: t.lsn,
+                position: t.position,
+                commit_time: t.commit_time,
+                backfill,
+                data_collection_order: order,
+                now_ms: now_ms(),
+                schema_change,
+            },
+            &mut value,
+        );
+        let headers = vec![
+            (fmt::HEADER_COMMIT_LSN, t.lsn.to_string()),
+            (fmt::HEADER_POSITION, t.position.to_string()),
+            (fmt::HEADER_OP, op.as_str().to_string()),
+        ];
+        let broadcast = fmt::broadcast(op);
+        let key = if broadcast {
+            None
+        } else {
+            key.map(str::to_string)
+        };
+        let tombstone = op == Op::Delete && self.r.tombstones && key.is_some();
+        self.buf.push(Msg {
+            topic: topic.clone(),
+            key: key.clone(),
+            value: Some(value),
+            headers: headers.clone(),
+            broadcast,
+        });
+        if tombstone {
+            self.buf.push(Msg {
+                topic,
+                key,
+                value: None,
+                headers,
+                broadcast: false,
+            });
+        }
+        if self.buf.len() >= SHIP_MESSAGES {
+            self.ship()?;
+        }
+        Ok(())
+    }
+
+    fn ship(&mut self) -> TideResult<()> {
+        let msgs = std::mem::take(&mut self.buf);
+        if !msgs.is_empty() {
+            self.shipped = true;
+            self.sink.produce(msgs).map_err(kafka_err)?;
+        }
+        Ok(())
+    }
+}
+
+impl Target for KafkaTarget {
+    fn applied(&mut self) -> TideResult<Option<Lsn>> {
+        if let Some(a) = self.applied {
+            return Ok(a);
+        }
+        let a = self
+            .sink
+            .call(Work::ReadPosition, READ_TIMEOUT, false)
+            .map_err(kafka_err)?;
+        self.applied = Some(a);
+        Ok(a)
+    }
+
+    fn relation(&mut self, _c: &mut SpiClient<'_>, relid: u32, rel: &RelDesc) -> TideResult<()> {
+        // A renamed table keeps its topic until the worker restarts; a new description of the
+        // same name changes nothing.
+        if !self.names.contains_key(&relid) {
+            self.names(relid, &rel.qualified);
+        }
+        Ok(())
+    }
+
+    fn push(&mut self, _c: &mut SpiClient<'_>, t: &Txn, ev: Event) -> TideResult<()> {
+        self.message(
+            t,
+            ev.relid,
+            &ev.relation,
+            ev.op,
+            ev.key.as_deref(),
+            ev.row.as_deref(),
+            &ev.unchanged,
+            ev.backfill,
+            None,
+        )
+    }
+
+    /// A schema event: op `schema`, the change as the outbox's schema event has it
+    /// (`schema_change`), on every partition of the table's topic.
+    fn schema(&mut self, _c: &mut SpiClient<'_>, t: &Txn, ev: SchemaEvent) -> TideResult<()> {
+        let mut change: serde_json::Value = serde_json::from_str(&ev.payload).map_err(|e| {
+            TideError::internal(format!("a schema marker's payload is not JSON: {e}"))
+        })?;
+        if let Some(o) = change.as_object_mut() {
+            o.insert("rewrite".to_string(), serde_json::Value::Bool(ev.rewrite));
+        }
+        let change = change.to_string();
+        self.message(
+            t,
+            ev.relid,
+            &ev.relation,
+            Op::Schema,
+            None,
+            None,
+            &[],
+            None,
+            Some(&change),
+        )
+    }
+
+    /// Produce the batch, wait for every acknowledgement, then record the position.
+    fn commit(
+        &mut self,
+        _c: &mut SpiClient<'_>,
+        _pipeline: &str,
+        applied: Option<Lsn>,
+    ) -> TideResult<()> {
+        self.close();
+        if self.buf.is_empty() && !self.shipped && applied.is_none() {
+            return Ok(());
+        }
+        self.ship()?;
+        self.shipped = false;
+        let wait = self.delivery_timeout * 2 + Duration::from_secs(10);
+        match self.sink.call(Work::Commit(applied), wait, true) {
+            Ok(_) => {
+                if let Some(a) = applied {
+                    self.applied = Some(Some(a));
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.applied = None;
+                Err(kafka_err(e))
+            }
+        }
+    }
+
+    fn reset(&mut self) {
+        self.buf.clear();
+        self.open = None;
+        self.applied = None;
+        self.shipped = false;
+        // Whatever the producer still holds of the failed batch is purged with it.
+        let _ = self.sink.call(Work::Discard, Duration::from_secs(5), false);
+    }
+}

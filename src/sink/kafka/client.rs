@@ -1,0 +1,864 @@
+//! The Kafka client of one pipeline, owned by a thread of its own ([`KafkaSink`]).
+//!
+//! Owns: the sink thread, its librdkafka producer (idempotent), the admin client that creates
+//! topics, the consumer that reads the position topic, and the request/reply protocol with the
+//! worker's main thread.
+//!
+//! Guarantees:
+//! - The sink thread never calls into PostgreSQL and blocks every signal before it creates a
+//!   librdkafka client, so librdkafka's own threads (which inherit the mask) never run
+//!   PostgreSQL's signal handlers. Every failure is a [`KafkaFailure`] value; a panic inside the
+//!   client is caught and returned as one.
+//! - [`Work::Commit`] answers `Ok` only once the broker acknowledged every message produced
+//!   since the previous commit and then the position record that follows them: the position
+//!   topic never names a transaction the broker does not hold whole. Any failure drops the
+//!   producer (a new one, with a new producer id, serves the next batch), so a batch is never
+//!   half-retried inside librdkafka behind the worker's back.
+//! - The main thread waits in slices of [`WAIT_SLICE`], looking at the postmaster and at
+//!   interrupts between them ([`KafkaSink::call`]); a wait is bounded by its timeout. A
+//!   termination request (SIGTERM: shutdown, `drop_pipeline`) that arrives while a commit is
+//!   being acknowledged is held for up to [`COMMIT_GRACE`], so a clean shutdown records the
+//!   batch's position instead of leaving it to be sent again.
+
+use std::collections::{HashMap, HashSet};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
+use tide_core::lsn::Lsn;
+
+/// The longest the main thread waits for the sink thread without looking at interrupts.
+const WAIT_SLICE: Duration = Duration::from_millis(100);
+/// How long a termination request waits for a commit being acknowledged.
+pub const COMMIT_GRACE: Duration = Duration::from_secs(5);
+/// Timeout of one metadata, watermark or admin request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How many position records are read per step when looking back for the pipeline's last one.
+const POSITION_WINDOW: i64 = 100;
+
+/// One message to produce.
+#[derive(Debug, Clone)]
+pub struct Msg {
+    pub topic: String,
+    /// The key (JSON text); none for a message every partition gets.
+    pub key: Option<String>,
+    /// The value; none for a tombstone.
+    pub value: Option<String>,
+    pub headers: Vec<(&'static str, String)>,
+    /// A copy goes to every partition of the topic (truncate, schema change).
+    pub broadcast: bool,
+}
+
+/// What the sink thread is asked to do.
+pub enum Work {
+    /// Produce these messages (no reply; failures are reported by the next commit).
+    Produce(Vec<Msg>),
+    /// Wait until every message produced since the last commit is acknowledged, then write the
+    /// position record (when given) and wait for its acknowledgement.
+    Commit(Option<Lsn>),
+    /// The pipeline's last position in the position topic (none: no record).
+    ReadPosition,
+    /// Connect and read the cluster's metadata (create_pipeline's check).
+    Check,
+    /// Forget the open batch: purge what is not acknowledged, drop the producer.
+    Discard,
+}
+
+/// A failure of the Kafka client.
+#[derive(Debug, Clone)]
+pub struct KafkaFailure {
+    pub message: String,
+    /// The broker is unreachable or slow: retrying later may succeed.
+    pub transient: bool,
+    /// A setting librdkafka refuses (unknown property, invalid value).
+    pub config: bool,
+}
+
+impl KafkaFailure {
+    fn transient(message: impl Into<String>) -> Self {
+        KafkaFailure {
+            message: message.into(),
+            transient: true,
+            config: false,
+        }
+    }
+    fn from_kafka(context: &str, e: &KafkaError) -> Self {
+        let config = matches!(
+            e,
+            KafkaError::ClientConfig(..) | KafkaError::ClientCreation(..)
+        );
+        let transient = !config
+            && match e.rdkafka_error_code() {
+                None => true,
+                Some(code) => matches!(
+                    code,
+                    RDKafkaErrorCode::MessageTimedOut
+                        | RDKafkaErrorCode::OperationTimedOut
+                        | RDKafkaErrorCode::RequestTimedOut
+                        | RDKafkaErrorCode::AllBrokersDown
+                        | RDKafkaErrorCode::BrokerTransportFailure
+                        | RDKafkaErrorCode::NetworkException
+                        | RDKafkaErrorCode::LeaderNotAvailable
+                        | RDKafkaErrorCode::NotLeaderForPartition
+                        | RDKafkaErrorCode::BrokerNotAvailable
+                        | RDKafkaErrorCode::NotEnoughReplicas
+                        | RDKafkaErrorCode::NotEnoughReplicasAfterAppend
+                        | RDKafkaErrorCode::UnknownTopicOrPartition
+                        | RDKafkaErrorCode::Resolve
+                        | RDKafkaErrorCode::QueueFull
+                        | RDKafkaErrorCode::PurgeQueue
+                        | RDKafkaErrorCode::PurgeInflight
+                        | RDKafkaErrorCode::CoordinatorNotAvailable
+                        | RDKafkaErrorCode::Fatal
+                        | RDKafkaErrorCode::OutOfOrderSequenceNumber
+                        | RDKafkaErrorCode::UnknownProducerId
+                        | RDKafkaErrorCode::InvalidProducerEpoch
+                        | RDKafkaErrorCode::ProducerFenced
+                ),
+            };
+        KafkaFailure {
+            message: format!("{context}: {e}"),
+            transient,
+            config,
+        }
+    }
+}
+
+/// Settings of the sink thread's clients.
+#[derive(Clone, Debug)]
+pub struct ClientSettings {
+    /// librdkafka properties: the foreign server's and the user mapping's options, then the
+    /// pipeline's pass-through `producer` settings (validated), then pg_tide's own.
+    pub properties: Vec<(String, String)>,
+    /// The pipeline (the position record's key).
+    pub pipeline: String,
+    pub position_topic: String,
+    /// The transaction metadata topic (one partition: its records are in commit order).
+    pub transaction_topic: Option<String>,
+    /// Partitions and replication factor of the topics pg_tide creates.
+    pub partitions: i32,
+    pub replication_factor: i32,
+    /// How long the broker may take to acknowledge a message (`message.timeout.ms`).
+    pub delivery_timeout: Duration,
+}
+
+struct Request {
+    seq: u64,
+    work: Work,
+}
+
+struct Reply {
+    seq: u64,
+    result: Result<Option<Lsn>, KafkaFailure>,
+}
+
+/// State both threads see.
+#[derive(Default)]
+struct Shared {
+    /// Highest request the main thread gave up on.
+    abandoned: AtomicU64,
+    /// The sink thread must exit.
+    stop: AtomicBool,
+}
+
+/// Delivery reports and global errors of the producer.
+#[derive(Default)]
+struct Reports {
+    acked: AtomicU64,
+    failed: AtomicU64,
+    first_failure: Mutex<Option<KafkaError>>,
+    last_error: Mutex<Option<String>>,
+}
+
+struct Ctx(Arc<Reports>);
+
+impl ClientContext for Ctx {
+    fn error(&self, error: KafkaError, reason: &str) {
+        *self
+            .0
+            .last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(format!("{error}: {reason}"));
+    }
+    fn log(&self, _level: rdkafka::config::RDKafkaLogLevel, _fac: &str, _message: &str) {}
+}
+
+impl ProducerContext for Ctx {
+    type DeliveryOpaque = ();
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        match result {
+            Ok(_) => {
+                self.0.acked.fetch_add(1, Ordering::SeqCst);
+            }
+            Err((e, _)) => {
+                self.0.failed.fetch_add(1, Ordering::SeqCst);
+                let mut first = self
+                    .0
+                    .first_failure
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if first.is_none() {
+                    *first = Some(e.clone());
+                }
+            }
+        }
+    }
+}
+
+/// The sink thread's clients and the open batch.
+struct State {
+    settings: ClientSettings,
+    producer: Option<(BaseProducer<Ctx>, Arc<Reports>)>,
+    admin: Option<AdminClient<DefaultClientContext>>,
+    /// Messages handed to the producer in the open batch.
+    sent: u64,
+    /// A failure of the open batch, reported at its commit.
+    failure: Option<KafkaFailure>,
+    /// Topics known to exist, with their partition count once read.
+    topics: HashSet<String>,
+    partitions: HashMap<String, i32>,
+}
+
+fn config(properties: &[(String, String)]) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    for (k, v) in properties {
+        c.set(k, v);
+    }
+    c
+}
+
+/// Block every signal in the calling thread (and the threads it creates).
+fn block_signals() {
+    // SAFETY: `set` is initialised by sigfillset before use; a null `old` is allowed.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+impl State {
+    fn producer(&mut self) -> Result<&(BaseProducer<Ctx>, Arc<Reports>), KafkaFailure> {
+        if self.producer.is_none() {
+            let reports = Arc::new(Reports::default());
+            let p: BaseProducer<Ctx> = config(&self.settings.properties)
+                .create_with_context(Ctx(Arc::clone(&reports)))
+                .map_err(|e| KafkaFailure::from_kafka("cannot create the Kafka producer", &e))?;
+            self.producer = Some((p, reports));
+        }
+        self.producer
+            .as_ref()
+            .ok_or_else(|| KafkaFailure::transient("no producer"))
+    }
+
+    fn last_error(&self) -> Option<String> {
+        self.producer.as_ref().and_then(|(_, r)| {
+            r.last_error
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+        })
+    }
+
+    /// Create `topic` unless it is known to exist (compacted for the position topic).
+    fn ensure_topic(&mut self, topic: &str, compacted: bool) -> Result<(), KafkaFailure> {
+        if self.topics.contains(topic) {
+            return Ok(());
+        }
+        if self.admin.is_none() {
+            let a: AdminClient<DefaultClientContext> =
+                config(&self.settings.properties).create().map_err(|e| {
+                    KafkaFailure::from_kafka("cannot create the Kafka admin client", &e)
+                })?;
+            self.admin = Some(a);
+        }
+        let Some(admin) = self.admin.as_ref() else {
+            return Err(KafkaFailure::transient("no admin client"));
+        };
+        let single = compacted || self.settings.transaction_topic.as_deref() == Some(topic);
+        let partitions = if single { 1 } else { self.settings.partitions };
+        let mut t = NewTopic::new(
+            topic,
+            partitions,
+            TopicReplication::Fixed(self.settings.replication_factor),
+        );
+        if compacted {
+            t = t.set("cleanup.policy", "compact");
+        }
+        let opts = AdminOptions::new().request_timeout(Some(REQUEST_TIMEOUT));
+        let results = futures_executor::block_on(admin.create_topics([&t], &opts))
+            .map_err(|e| KafkaFailure::from_kafka(&format!("cannot create topic {topic}"), &e))?;
+        for r in results {
+            if let Err((name, code)) = r {
+                if code != RDKafkaErrorCode::TopicAlreadyExists {
+                    return Err(KafkaFailure::from_kafka(
+                        &format!("cannot create topic {name}"),
+                        &KafkaError::AdminOp(code),
+                    ));
+                }
+            }
+        }
+        self.topics.insert(topic.to_string());
+        Ok(())
+    }
+
+    fn partition_count(&mut self, topic: &str) -> Result<i32, KafkaFailure> {
+        if let Some(n) = self.partitions.get(topic) {
+            return Ok(*n);
+        }
+        let (p, _) = self.producer()?;
+        // A topic created a moment ago may not show its partitions yet.
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        let n = loop {
+            let md = p
+                .client()
+                .fetch_metadata(Some(topic), REQUEST_TIMEOUT)
+                .map_err(|e| {
+                    KafkaFailure::from_kafka(
+                        &format!("cannot read the metadata of topic {topic}"),
+                        &e,
+                    )
+                })?;
+            let n = md
+                .topics()
+                .iter()
+                .find(|t| t.name() == topic)
+                .map_or(0, |t| t.partitions().len() as i32);
+            if n > 0 {
+                break n;
+            }
+            if Instant::now() >= deadline {
+                return Err(KafkaFailure::transient(format!(
+                    "topic {topic} has no partitions yet"
+                )));
+            }
+            thread::sleep(Duration::from_millis(100));
+        };
+        self.partitions.insert(topic.to_string(), n);
+        Ok(n)
+    }
+
+    /// Hand one record to the producer, waiting while its queue is full.
+    fn send_one(
+        &mut self,
+        m: &Msg,
+        partition: Option<i32>,
+        shared: &Shared,
+        seq: u64,
+    ) -> Result<(), KafkaFailure> {
+        let (topic, key, value, headers) = (
+            m.topic.as_str(),
+            m.key.as_deref(),
+            m.value.as_deref(),
+            &m.headers,
+        );
+        let deadline = Instant::now() + self.settings.delivery_timeout;
+        let (p, _) = self.producer()?;
+        loop {
+            let mut h = OwnedHeaders::new_with_capacity(headers.len());
+            for (k, v) in headers {
+                h = h.insert(Header {
+                    key: k,
+                    value: Some(v.as_bytes()),
+                });
+            }
+            let mut r: BaseRecord<'_, str, str, ()> = BaseRecord::to(topic).headers(h);
+            if let Some(k) = key {
+                r = r.key(k);
+            }
+            if let Some(v) = value {
+                r = r.payload(v);
+            }
+            if let Some(n) = partition {
+                r = r.partition(n);
+            }
+            match p.send(r) {
+                Ok(()) => {
+                    self.sent += 1;
+                    return Ok(());
+                }
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    p.poll(Duration::from_millis(50));
+                    if Instant::now() >= deadline || shared.abandoned.load(Ordering::SeqCst) >= seq
+                    {
+                        return Err(KafkaFailure::transient(
+                            "the producer's queue stayed full: the broker does not take messages",
+                        ));
+                    }
+                }
+                Err((e, _)) => {
+                    return Err(KafkaFailure::from_kafka(
+                        &format!("cannot produce to topic {topic}"),
+                        &e,
+                    ))
+                }
+            }
+        }
+    }
+
+    fn produce(&mut self, msgs: Vec<Msg>, shared: &Shared, seq: u64) {
+        if self.failure.is_some() {
+            return;
+        }
+        for m in msgs {
+            let r = (|| {
+                self.ensure_topic(&m.topic, false)?;
+                if m.broadcast {
+                    let n = self.partition_count(&m.topic)?;
+                    for part in 0..n {
+                        self.send_one(&m, Some(part), shared, seq)?;
+                    }
+                    Ok(())
+                } else {
+                    self.send_one(&m, None, shared, seq)
+                }
+            })();
+            if let Err(e) = r {
+                self.failure = Some(e);
+                return;
+            }
+        }
+    }
+
+    /// Wait until every message handed over is acknowledged (or failed).
+    fn drain(&mut self, shared: &Shared, seq: u64) -> Result<(), KafkaFailure> {
+        let deadline = Instant::now() + self.settings.delivery_timeout + Duration::from_secs(5);
+        let sent = self.sent;
+        let Some((p, reports)) = self.producer.as_ref() else {
+            return if sent == 0 {
+                Ok(())
+            } else {
+                Err(KafkaFailure::transient("the producer is gone"))
+            };
+        };
+        loop {
+            let done = reports.acked.load(Ordering::SeqCst) + reports.failed.load(Ordering::SeqCst);
+            if done >= sent {
+                break;
+            }
+            if shared.abandoned.load(Ordering::SeqCst) >= seq {
+                return Err(KafkaFailure::transient("abandoned"));
+            }
+            if Instant::now() >= deadline {
+                return Err(KafkaFailure::transient(format!(
+                    "the broker did not acknowledge {} of {sent} messages in time (message.timeout.ms = {})",
+                    sent - done,
+                    self.settings.delivery_timeout.as_millis()
+                )));
+            }
+            p.poll(Duration::from_millis(20));
+        }
+        if reports.failed.load(Ordering::SeqCst) > 0 {
+            let e = reports
+                .first_failure
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            let mut f = match e {
+                Some(e) => KafkaFailure::from_kafka("the broker did not take a message", &e),
+                None => KafkaFailure::transient("the broker did not take a message"),
+            };
+            if let Some(last) = self.last_error() {
+                f.message.push_str(&format!(" (last client error: {last})"));
+            }
+            return Err(f);
+        }
+        Ok(())
+    }
+
+    fn commit(
+        &mut self,
+        position: Option<Lsn>,
+        shared: &Shared,
+        seq: u64,
+    ) -> Result<Option<Lsn>, KafkaFailure> {
+        if let Some(f) = self.failure.take() {
+            return Err(f);
+        }
+        self.drain(shared, seq)?;
+        if let Some(lsn) = position {
+            let topic = self.settings.position_topic.clone();
+            self.ensure_topic(&topic, true)?;
+            let value = tide_core::kafka::position_record(&self.settings.pipeline, lsn);
+            let key = self.settings.pipeline.clone();
+            let record = Msg {
+                topic,
+                key: Some(key),
+                value: Some(value),
+                headers: Vec::new(),
+                broadcast: false,
+            };
+            self.send_one(&record, Some(0), shared, seq)?;
+            self.drain(shared, seq)?;
+        }
+        Ok(position)
+    }
+
+    /// Forget the open batch: whatever librdkafka still holds is purged with the producer.
+    fn discard(&mut self) {
+        self.producer = None;
+        self.sent = 0;
+        self.failure = None;
+        self.partitions.clear();
+    }
+
+    fn read_position(&mut self) -> Result<Option<Lsn>, KafkaFailure> {
+        let topic = self.settings.position_topic.clone();
+        self.ensure_topic(&topic, true)?;
+        let mut props = self.settings.properties.clone();
+        props.retain(|(k, _)| !PRODUCER_ONLY.contains(&k.as_str()));
+        props.push((
+            "group.id".into(),
+            format!("pg_tide-{}-position", self.settings.pipeline),
+        ));
+        props.push(("enable.auto.commit".into(), "false".into()));
+        props.push(("enable.auto.offset.store".into(), "false".into()));
+        props.push(("enable.partition.eof".into(), "true".into()));
+        let consumer: BaseConsumer = config(&props)
+            .create()
+            .map_err(|e| KafkaFailure::from_kafka("cannot create the Kafka consumer", &e))?;
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        let (low, high) = loop {
+            match consumer.fetch_watermarks(&topic, 0, REQUEST_TIMEOUT) {
+                Ok(w) => break w,
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => {
+                    return Err(KafkaFailure::from_kafka(
+                        &format!("cannot read the offsets of topic {topic}"),
+                        &e,
+                    ))
+                }
+            }
+        };
+        let mut end = high;
+        while end > low {
+            let start = (end - POSITION_WINDOW).max(low);
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset(&topic, 0, Offset::Offset(start))
+                .map_err(|e| KafkaFailure::from_kafka("cannot assign the position topic", &e))?;
+            consumer
+                .assign(&tpl)
+                .map_err(|e| KafkaFailure::from_kafka("cannot assign the position topic", &e))?;
+            let mut found = None;
+            let deadline = Instant::now() + REQUEST_TIMEOUT;
+            loop {
+                if Instant::now() >= deadline {
+                    return Err(KafkaFailure::transient(format!(
+                        "cannot read topic {topic} within {} s",
+                        REQUEST_TIMEOUT.as_secs()
+                    )));
+                }
+                match consumer.poll(Duration::from_millis(100)) {
+                    None => continue,
+                    Some(Err(KafkaError::PartitionEOF(_))) => break,
+                    Some(Err(e)) => {
+                        return Err(KafkaFailure::from_kafka(
+                            &format!("cannot read topic {topic}"),
+                            &e,
+                        ))
+                    }
+                    Some(Ok(m)) => {
+                        if m.key() == Some(self.settings.pipeline.as_bytes()) {
+                            if let Some(l) = m
+                                .payload()
+                                .and_then(tide_core::kafka::parse_position_record)
+                            {
+                                found = Some(l);
+                            }
+                        }
+                        if m.offset() >= end - 1 {
+                            break;
+                        }
+                    }
+                }
+            }
+            if found.is_some() {
+                return Ok(found);
+            }
+            end = start;
+        }
+        Ok(None)
+    }
+
+    fn check(&mut self) -> Result<Option<Lsn>, KafkaFailure> {
+        let (p, _) = self.producer()?;
+        p.client()
+            .fetch_metadata(None, REQUEST_TIMEOUT)
+            .map_err(|e| KafkaFailure::from_kafka("cannot read the cluster's metadata", &e))?;
+        Ok(None)
+    }
+}
+
+/// Properties only a producer accepts (left out of the position consumer's configuration).
+const PRODUCER_ONLY: &[&str] = &[
+    "enable.idempotence",
+    "acks",
+    "max.in.flight.requests.per.connection",
+    "enable.gapless.guarantee",
+    "partitioner",
+    "message.timeout.ms",
+    "linger.ms",
+    "queue.buffering.max.ms",
+    "queue.buffering.max.messages",
+    "queue.buffering.max.kbytes",
+    "batch.num.messages",
+    "batch.size",
+    "compression.type",
+    "compression.codec",
+    "compression.level",
+    "message.send.max.retries",
+    "retries",
+    "retry.backoff.ms",
+    "request.timeout.ms",
+    "sticky.partitioning.linger.ms",
+];
+
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+fn sink_thread(
+    settings: ClientSettings,
+    requests: Receiver<Request>,
+    replies: Sender<Reply>,
+    shared: Arc<Shared>,
+) {
+    block_signals();
+    let mut st = State {
+        settings,
+        producer: None,
+        admin: None,
+        sent: 0,
+        failure: None,
+        topics: HashSet::new(),
+        partitions: HashMap::new(),
+    };
+    while let Ok(Request { seq, work }) = requests.recv() {
+        if shared.stop.load(Ordering::SeqCst) {
+            break;
+        }
+        let reply = !matches!(work, Work::Produce(_));
+        let result = catch_unwind(AssertUnwindSafe(|| match work {
+            Work::Produce(msgs) => {
+                st.produce(msgs, &shared, seq);
+                Ok(None)
+            }
+            Work::Commit(position) => {
+                let r = st.commit(position, &shared, seq);
+                if r.is_err() {
+                    st.discard();
+                } else {
+                    st.sent = 0;
+                    if let Some((_, reports)) = st.producer.as_ref() {
+                        reports.acked.store(0, Ordering::SeqCst);
+                        reports.failed.store(0, Ordering::SeqCst);
+                    }
+                }
+                r
+            }
+            Work::ReadPosition => st.read_position(),
+            Work::Check => st.check(),
+            Work::Discard => {
+                st.discard();
+                Ok(None)
+            }
+        }))
+        .unwrap_or_else(|p| {
+            st.failure = None;
+            st.producer = None;
+            st.sent = 0;
+            Err(KafkaFailure {
+                message: format!(
+                    "internal error in the Kafka client: {}",
+                    panic_text(p.as_ref())
+                ),
+                transient: false,
+                config: false,
+            })
+        });
+        if reply {
+            let _ = replies.send(Reply { seq, result });
+        }
+    }
+    let _ = catch_unwind(AssertUnwindSafe(move || drop(st)));
+}
+
+/// The main thread's handle on one Kafka sink thread.
+pub struct KafkaSink {
+    settings: ClientSettings,
+    requests: Option<Sender<Request>>,
+    replies: Option<Receiver<Reply>>,
+    handle: Option<JoinHandle<()>>,
+    shared: Arc<Shared>,
+    seq: u64,
+}
+
+impl KafkaSink {
+    /// Start the sink thread; it connects lazily, on the first request.
+    pub fn start(settings: ClientSettings) -> KafkaSink {
+        let mut s = KafkaSink {
+            settings,
+            requests: None,
+            replies: None,
+            handle: None,
+            shared: Arc::new(Shared::default()),
+            seq: 0,
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let (rq_tx, rq_rx) = mpsc::channel();
+        let (rp_tx, rp_rx) = mpsc::channel();
+        let shared = Arc::new(Shared::default());
+        let thread_shared = Arc::clone(&shared);
+        let settings = self.settings.clone();
+        let handle = thread::Builder::new()
+            .name("tide-kafka".into())
+            .spawn(move || sink_thread(settings, rq_rx, rp_tx, thread_shared))
+            .ok();
+        self.requests = handle.as_ref().map(|_| rq_tx);
+        self.replies = handle.as_ref().map(|_| rp_rx);
+        self.handle = handle;
+        self.shared = shared;
+    }
+
+    fn alive(&self) -> bool {
+        self.handle.as_ref().is_some_and(|h| !h.is_finished())
+    }
+
+    fn submit(&mut self, work: Work) -> Result<u64, KafkaFailure> {
+        if !self.alive() {
+            self.stop();
+            self.spawn();
+        }
+        self.seq += 1;
+        let seq = self.seq;
+        match self.requests.as_ref() {
+            Some(tx) if tx.send(Request { seq, work }).is_ok() => Ok(seq),
+            _ => Err(KafkaFailure::transient(
+                "the Kafka sink thread is not running",
+            )),
+        }
+    }
+
+    /// Hand messages to the sink thread without waiting.
+    pub fn produce(&mut self, msgs: Vec<Msg>) -> Result<(), KafkaFailure> {
+        if msgs.is_empty() {
+            return Ok(());
+        }
+        self.submit(Work::Produce(msgs)).map(|_| ())
+    }
+
+    /// Ask the sink thread and wait for its answer, at most `timeout`. `graceful`: a
+    /// termination request waits up to [`COMMIT_GRACE`] for the answer first.
+    pub fn call(
+        &mut self,
+        work: Work,
+        timeout: Duration,
+        graceful: bool,
+    ) -> Result<Option<Lsn>, KafkaFailure> {
+        let seq = self.submit(work)?;
+        let deadline = Instant::now() + timeout;
+        let mut terminating_since: Option<Instant> = None;
+        loop {
+            let Some(rx) = self.replies.as_ref() else {
+                return Err(KafkaFailure::transient(
+                    "the Kafka sink thread is not running",
+                ));
+            };
+            match rx.recv_timeout(WAIT_SLICE) {
+                Ok(r) if r.seq == seq => return r.result,
+                Ok(_) => continue,
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(KafkaFailure::transient(
+                        "the Kafka sink thread stopped unexpectedly",
+                    ))
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            if Instant::now() >= deadline {
+                self.abandon(seq);
+                return Err(KafkaFailure::transient(format!(
+                    "the Kafka broker did not answer within {} s",
+                    timeout.as_secs()
+                )));
+            }
+            let shared = Arc::clone(&self.shared);
+            let abandon = || shared.abandoned.fetch_max(seq, Ordering::SeqCst);
+            if postmaster_died() {
+                abandon();
+                unsafe { pgrx::pg_sys::proc_exit(1) };
+            }
+            if unsafe { pgrx::pg_sys::InterruptPending } != 0 {
+                let dying = unsafe { pgrx::pg_sys::ProcDiePending } != 0;
+                let since = *terminating_since.get_or_insert_with(Instant::now);
+                if graceful && dying && since.elapsed() < COMMIT_GRACE {
+                    continue;
+                }
+                abandon();
+                pgrx::pg_sys::check_for_interrupts!();
+            }
+        }
+    }
+
+    fn abandon(&self, seq: u64) {
+        self.shared.abandoned.fetch_max(seq, Ordering::SeqCst);
+    }
+
+    /// Stop the sink thread (waiting up to 2 s; a thread blocked in the network is left to
+    /// exit by itself).
+    fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.abandoned.store(u64::MAX, Ordering::SeqCst);
+        self.requests = None;
+        self.replies = None;
+        if let Some(h) = self.handle.take() {
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while !h.is_finished() && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(5));
+            }
+            if h.is_finished() {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+impl Drop for KafkaSink {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A zero-timeout WaitLatch reports whether the postmaster is gone.
+fn postmaster_died() -> bool {
+    use pgrx::pg_sys;
+    let events = unsafe {
+        pg_sys::WaitLatch(
+            pg_sys::MyLatch,
+            (pg_sys::WL_TIMEOUT | pg_sys::WL_POSTMASTER_DEATH) as i32,
+            0,
+            pg_sys::PG_WAIT_EXTENSION,
+        )
+    };
+    events & pg_sys::WL_POSTMASTER_DEATH as i32 != 0
+}
