@@ -94,6 +94,10 @@ pub struct Backfiller {
     reader_retry: Instant,
     /// Transactions the stream delivered that a chunk read next may not see yet.
     delivered: DeliveredXids,
+    /// Iterations in a row that failed with a chunk in memory (reset when one is written): the
+    /// next chunk is read only after a back-off, so a chunk that cannot be written (a
+    /// constraint of the target, say) is not read again and again at full speed.
+    chunk_failures: u32,
 }
 
 impl Default for Backfiller {
@@ -106,6 +110,7 @@ impl Default for Backfiller {
             reader: None,
             reader_retry: Instant::now(),
             delivered: DeliveredXids::default(),
+            chunk_failures: 0,
         }
     }
 }
@@ -123,6 +128,19 @@ impl Backfiller {
         self.pending = None;
         if let Some(r) = self.reader.as_mut() {
             r.drop_in_flight();
+        }
+    }
+
+    /// After a failed iteration: forget the chunks in memory ([`Self::forget`]) and, when there
+    /// was one, read the next only after a back-off that doubles with each failure in a row (up
+    /// to `max`).
+    pub fn failed(&mut self, max: Duration) {
+        let had_chunk = self.pending.is_some() || self.in_flight();
+        self.forget();
+        if had_chunk {
+            self.chunk_failures = (self.chunk_failures + 1).min(16);
+            self.not_before =
+                Instant::now() + tide_core::worker_loop::backoff(self.chunk_failures, max);
         }
     }
 
@@ -388,6 +406,7 @@ impl Backfiller {
             done.written_as = Some(ChunkWrite::Copy);
         }
         backfills::record_chunk(c, &done)?;
+        self.chunk_failures = 0;
         Ok(Some(Emitted { rows: n }))
     }
 

@@ -189,7 +189,7 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
                     Err(e) => {
                         // The chunk in memory may have seen part of a stream that will be
                         // replayed, and the decoder has read past what the target has.
-                        bf.forget();
+                        bf.failed(settings.max_retry_delay);
                         crate::sql::forget_plans();
                         if let Some(s) = sink.as_mut() {
                             s.reset();
