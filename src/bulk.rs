@@ -1,11 +1,12 @@
-//! Bulk loading a backfill chunk into a local target table, as PostgreSQL's own COPY FROM and
-//! logical replication's initial sync do: tuples go to the table access method's
+//! Bulk loading rows into a table of this database (a backfill chunk into a local target table;
+//! outbox events into `tide.outbox`), as PostgreSQL's own COPY FROM and logical replication's
+//! initial sync do: tuples go to the table access method's
 //! `multi_insert` (one WAL record per page instead of one per row, a bulk-insert buffer ring)
 //! and then to the indexes, with no `ON CONFLICT` machinery (speculative insertion takes a
 //! lock, a second WAL record and an index probe per row).
 //!
-//! Owns: the decision whether a chunk may be loaded this way ([`eligible`]), and the load
-//! itself ([`load`]). The caller ([`super::local::Local`]) runs both as the pipeline's owner,
+//! Owns: the decision whether a chunk may be loaded this way ([`eligible`]), the load itself
+//! ([`load`] for row values of a source table, [`insert`] for values given column by column). The caller ([`super::local::Local`]) runs both as the pipeline's owner,
 //! in a security-restricted operation, after checking that none of the chunk's keys exists at
 //! the target (a plain insert of an existing key would fail, where the upsert updates it).
 //!
@@ -149,8 +150,8 @@ fn name_of(a: &pg_sys::FormData_pg_attribute) -> &str {
 /// Where a target column's value comes from.
 #[derive(Clone, Copy)]
 enum Fill {
-    /// Attribute `i` (0-based) of the source row.
-    Source(usize),
+    /// Value `i` of the row's values (the columns written, in order).
+    Given(usize),
     /// Default expression `i` of the load's defaults.
     Default(usize),
     /// NULL (no default, or a dropped column).
@@ -164,10 +165,72 @@ pub fn load(target: pg_sys::Oid, chunk: &Chunk<'_>, rows: &[pg_sys::Datum]) -> T
     if rows.is_empty() {
         return Ok(0);
     }
+    // SAFETY: the row type's descriptor (a palloc'd copy) deforms each composite datum, which
+    // lives as long as `rows` do; the values copied out point into it, and `insert` copies
+    // them into its slots before the next row is deformed.
+    unsafe {
+        let src = pg_sys::lookup_rowtype_tupdesc_copy(chunk.row_type, -1);
+        let src_natts = (*src).natts as usize;
+        let src_attrs = (*src).attrs.as_slice(src_natts);
+        let mut from = Vec::with_capacity(chunk.columns.len());
+        for c in chunk.columns {
+            let j = src_attrs
+                .iter()
+                .position(|s| !s.attisdropped && name_of(s) == c.as_str())
+                .ok_or_else(|| {
+                    TideError::internal(format!("the row type has no column \"{c}\""))
+                })?;
+            from.push(j);
+        }
+        let mut src_values = vec![pg_sys::Datum::from(0usize); src_natts];
+        let mut src_nulls = vec![false; src_natts];
+        let n = insert(
+            target,
+            chunk.columns,
+            rows.len(),
+            &mut |i, values, nulls| {
+                let td = pg_sys::pg_detoast_datum(rows[i].cast_mut_ptr::<pg_sys::varlena>())
+                    as pg_sys::HeapTupleHeader;
+                let mut tuple: pg_sys::HeapTupleData = std::mem::zeroed();
+                tuple.t_len = pgrx::varlena::varsize_any(td as *const pg_sys::varlena) as u32;
+                tuple.t_data = td;
+                pg_sys::heap_deform_tuple(
+                    &mut tuple,
+                    src,
+                    src_values.as_mut_ptr(),
+                    src_nulls.as_mut_ptr(),
+                );
+                for (k, &j) in from.iter().enumerate() {
+                    values[k] = src_values[j];
+                    nulls[k] = src_nulls[j];
+                }
+                Ok(())
+            },
+        );
+        pg_sys::FreeTupleDesc(src);
+        n
+    }
+}
+
+/// Insert `n` rows into `target` in bulk: row `i` gives the values of `columns` (by name, in
+/// that order) through `row(i, values, nulls)`, called in a short-lived memory context (what it
+/// allocates lives until the row is stored); the other columns get their defaults, as an
+/// `INSERT` naming `columns` gives them. Constraints and indexes as for an `INSERT`; no
+/// triggers, no row security (the caller makes sure there is nothing of either to bypass).
+/// Runs as the caller's current user, in its transaction. Returns the rows inserted.
+pub fn insert(
+    target: pg_sys::Oid,
+    columns: &[String],
+    n: usize,
+    row: &mut dyn FnMut(usize, &mut [pg_sys::Datum], &mut [bool]) -> TideResult<()>,
+) -> TideResult<usize> {
+    if n == 0 {
+        return Ok(0);
+    }
     // SAFETY: PostgreSQL's executor API as COPY FROM (copyfrom.c) and the apply worker
     // (worker.c) use it. Everything is allocated in memory contexts of the current
-    // transaction and released on abort; `rows` point to composite datums that outlive the
-    // call; slots are filled with `natts` values and nulls, as their descriptor says.
+    // transaction and released on abort; slots are filled with `natts` values and nulls, as
+    // their descriptor says.
     unsafe {
         let rel = pg_sys::table_open(target, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
         let tdesc = (*rel).rd_att;
@@ -175,9 +238,6 @@ pub fn load(target: pg_sys::Oid, chunk: &Chunk<'_>, rows: &[pg_sys::Datum]) -> T
         // Everything the load sets up lives in the executor state's memory, freed with it.
         let estate = pg_sys::CreateExecutorState();
         let caller_cxt = pg_sys::MemoryContextSwitchTo((*estate).es_query_cxt);
-        let src = pg_sys::lookup_rowtype_tupdesc_copy(chunk.row_type, -1);
-        let src_natts = (*src).natts as usize;
-        let src_attrs = (*src).attrs.as_slice(src_natts);
         let tgt_attrs = (*tdesc).attrs.as_slice(natts);
 
         let rri = pg_sys::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>())
@@ -197,15 +257,8 @@ pub fn load(target: pg_sys::Oid, chunk: &Chunk<'_>, rows: &[pg_sys::Datum]) -> T
                 continue;
             }
             let name = name_of(t);
-            let from = if chunk.columns.iter().any(|c| c == name) {
-                src_attrs
-                    .iter()
-                    .position(|s| !s.attisdropped && name_of(s) == name)
-            } else {
-                None
-            };
-            match from {
-                Some(j) => fill.push(Fill::Source(j)),
+            match columns.iter().position(|c| c == name) {
+                Some(k) => fill.push(Fill::Given(k)),
                 None => {
                     let expr = pg_sys::build_column_default(rel, (i + 1) as i32);
                     if expr.is_null() {
@@ -220,36 +273,28 @@ pub fn load(target: pg_sys::Oid, chunk: &Chunk<'_>, rows: &[pg_sys::Datum]) -> T
         }
         let has_constraints = !(*tdesc).constr.is_null();
         let bistate = pg_sys::GetBulkInsertState();
-        let nslots = rows.len().min(BATCH);
+        let nslots = n.min(BATCH);
         let mut slots: Vec<*mut pg_sys::TupleTableSlot> = (0..nslots)
             .map(|_| pg_sys::table_slot_create(rel, &mut (*estate).es_tupleTable))
             .collect();
         pg_sys::MemoryContextSwitchTo(caller_cxt);
-        let mut src_values = vec![pg_sys::Datum::from(0usize); src_natts];
-        let mut src_nulls = vec![false; src_natts];
+        let mut given = vec![pg_sys::Datum::from(0usize); columns.len()];
+        let mut given_nulls = vec![true; columns.len()];
         let mut used = 0usize;
-        for &row in rows {
+        for r in 0..n {
             let slot = slots[used];
             pg_sys::ExecClearTuple(slot);
-            // The source row, deformed (values point into it).
-            let td = pg_sys::pg_detoast_datum(row.cast_mut_ptr::<pg_sys::varlena>())
-                as pg_sys::HeapTupleHeader;
-            let mut tuple: pg_sys::HeapTupleData = std::mem::zeroed();
-            tuple.t_len = pgrx::varlena::varsize_any(td as *const pg_sys::varlena) as u32;
-            tuple.t_data = td;
-            pg_sys::heap_deform_tuple(
-                &mut tuple,
-                src,
-                src_values.as_mut_ptr(),
-                src_nulls.as_mut_ptr(),
-            );
+            let old = pg_sys::MemoryContextSwitchTo((*econtext).ecxt_per_tuple_memory);
+            let filled = row(r, &mut given, &mut given_nulls);
+            pg_sys::MemoryContextSwitchTo(old);
+            filled?;
             let values = std::slice::from_raw_parts_mut((*slot).tts_values, natts);
             let nulls = std::slice::from_raw_parts_mut((*slot).tts_isnull, natts);
             for (i, f) in fill.iter().enumerate() {
                 match *f {
-                    Fill::Source(j) => {
-                        values[i] = src_values[j];
-                        nulls[i] = src_nulls[j];
+                    Fill::Given(k) => {
+                        values[i] = given[k];
+                        nulls[i] = given_nulls[k];
                     }
                     Fill::Default(d) => {
                         let mut isnull = false;
@@ -267,7 +312,8 @@ pub fn load(target: pg_sys::Oid, chunk: &Chunk<'_>, rows: &[pg_sys::Datum]) -> T
             if has_constraints {
                 pg_sys::ExecConstraints(rri, slot, estate);
             }
-            // The slot keeps its own copy: the per-tuple memory (defaults) is reset below.
+            // The slot keeps its own copy: the per-tuple memory (the row's values, defaults)
+            // is reset below.
             pg_sys::ExecMaterializeSlot(slot);
             pg_sys::MemoryContextReset((*econtext).ecxt_per_tuple_memory);
             used += 1;
@@ -289,7 +335,7 @@ pub fn load(target: pg_sys::Oid, chunk: &Chunk<'_>, rows: &[pg_sys::Datum]) -> T
         pg_sys::CommandCounterIncrement();
         slots.clear();
     }
-    Ok(rows.len())
+    Ok(n)
 }
 
 /// Insert the filled `slots` (COPY FROM's `CopyMultiInsertBufferFlush`): the table first, then

@@ -17,6 +17,7 @@ use pgrx::prelude::*;
 ::pgrx::pg_module_magic!(name, version);
 
 pub mod api;
+pub mod bulk;
 pub mod catalog;
 pub mod error;
 pub mod gucs;

@@ -1,5 +1,5 @@
 //! The outbox target: one row per event in `tide.outbox`, written in the worker's transaction
-//! (so together with the applied position) with one multi-row INSERT per [`FLUSH_ROWS`] events
+//! (so together with the applied position), in bulk, [`FLUSH_ROWS`] events at a time
 //! (`catalog::outbox::insert`).
 
 use crate::catalog::outbox::{self, Rows};
@@ -10,10 +10,10 @@ use pgrx::spi::SpiClient;
 use tide_core::lsn::Lsn;
 use tide_core::model::Txn;
 
-/// Rows per outbox INSERT statement.
+/// Events per bulk insert.
 const FLUSH_ROWS: usize = 1000;
 
-/// Buffers outbox rows and writes them with one multi-row INSERT per [`FLUSH_ROWS`].
+/// Buffers outbox rows and writes them in bulk, [`FLUSH_ROWS`] at a time.
 pub struct OutboxSink {
     pipeline: String,
     rows: Rows,
@@ -32,28 +32,16 @@ impl OutboxSink {
 impl Target for OutboxSink {
     /// Buffer one event (flushes every [`FLUSH_ROWS`]).
     fn push(&mut self, c: &mut SpiClient<'_>, t: &Txn, ev: Event) -> TideResult<()> {
-        let unchanged = if ev.unchanged.is_empty() {
-            None
-        } else {
-            let mut s = String::from("[");
-            for (i, name) in ev.unchanged.iter().enumerate() {
-                if i > 0 {
-                    s.push(',');
-                }
-                tide_core::json::push_string(&mut s, name);
-            }
-            s.push(']');
-            Some(s)
-        };
+        let unchanged = (!ev.unchanged.is_empty()).then_some(ev.unchanged);
         let r = &mut self.rows;
         r.backfill.push(ev.backfill.map(|b| b.0));
         r.chunk.push(ev.backfill.map(|b| b.1));
-        r.lsn.push(t.lsn.to_string());
+        r.lsn.push(t.lsn.0);
         r.xid.push(t.xid as i64);
         r.time.push(t.commit_time);
         r.pos.push(t.position);
         r.rel.push(ev.relation);
-        r.op.push(ev.op.as_str().to_string());
+        r.op.push(ev.op.as_str());
         r.key.push(ev.key);
         r.row.push(ev.row);
         r.unchanged.push(unchanged);

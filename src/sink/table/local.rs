@@ -6,7 +6,8 @@
 //! pipeline with the permission error; the applied position is the pipeline row's, written by
 //! the worker in the same transaction, so this backend keeps none of its own.
 
-use super::{bulk, Backend};
+use super::Backend;
+use crate::bulk;
 use crate::error::TideResult;
 use crate::sink::RowBatch;
 use crate::sql;

@@ -24,7 +24,7 @@
 //!   DEFERRED`.)
 //! - A backfill chunk can arrive as row values instead of events ([`Target::takes_row_values`]):
 //!   a local backend whose target table has each of the chunk's columns with the source's type
-//!   takes them, after this batch's statements so far: loaded in bulk ([`bulk`]: the table
+//!   takes them, after this batch's statements so far: loaded in bulk ([`crate::bulk`]: the table
 //!   access method's `multi_insert`, as COPY FROM) when none of their keys is at the target and
 //!   the table has nothing a plain insert would bypass, else as one `INSERT ... SELECT FROM
 //!   unnest($1) ON CONFLICT` ([`tide_core::plan::upsert_rows`]); the same effect as the chunk's
@@ -66,7 +66,6 @@ use tide_core::plan::{
     SourceColumn, Staged, Statement, TableRef, TypedColumn,
 };
 
-pub mod bulk;
 pub mod local;
 pub mod remote;
 
@@ -106,7 +105,7 @@ pub trait Backend {
         ))
     }
     /// Load a chunk's rows into `target` in bulk, with no `ON CONFLICT`, when none of their keys
-    /// is at the target and the table allows it (local: [`bulk`]). `false`: not done, the
+    /// is at the target and the table allows it (local: [`crate::bulk`]). `false`: not done, the
     /// caller upserts them.
     fn load_rows(
         &mut self,
