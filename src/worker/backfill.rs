@@ -145,12 +145,19 @@ impl Backfiller {
     }
 
     /// After a successful iteration: forget the delivered transactions no snapshot can miss any
-    /// more (the oldest one still running is newer), when there are many.
+    /// more, when there are many: those older than the oldest one still running, then those no
+    /// longer in progress (a long-running transaction elsewhere keeps the first bound low).
     pub fn prune(&mut self) {
         if self.delivered.len() > 1024 {
             // SAFETY: reads the process array under its lock; outside or inside a transaction.
             let oldest = unsafe { pg_sys::GetOldestActiveTransactionId() };
             self.delivered.forget_before(oldest.into_inner());
+        }
+        if self.delivered.len() > 1024 {
+            // SAFETY: as above, per xid (a finished one mostly answers from its fast paths).
+            self.delivered.retain(|x| unsafe {
+                pg_sys::TransactionIdIsInProgress(pg_sys::TransactionId::from(x))
+            });
         }
     }
 

@@ -76,8 +76,9 @@ impl InvisibleXids {
 /// read ahead makes the gap easy to hit (the next chunk is read while the stream is applied), but
 /// any chunk read right after an iteration can meet it.
 ///
-/// Memory: xids are forgotten once a chunk's snapshot has `xmin` past them (every later snapshot
-/// sees them finished); the set holds the transactions of about one chunk's time.
+/// Memory: xids are forgotten once a chunk's snapshot has `xmin` past them, or once they are no
+/// longer in progress (the worker checks when the set grows: [`DeliveredXids::retain`]); what
+/// stays are the transactions committed but not yet visible, a handful.
 #[derive(Debug, Default)]
 pub struct DeliveredXids {
     by_table: HashMap<u32, HashSet<u32>>,
@@ -101,6 +102,15 @@ impl DeliveredXids {
     pub fn forget_before(&mut self, xmin: u32) {
         for xids in self.by_table.values_mut() {
             xids.retain(|&x| (x.wrapping_sub(xmin) as i32) >= 0);
+        }
+        self.by_table.retain(|_, xids| !xids.is_empty());
+    }
+
+    /// Keep only the xids `keep` is true for (those still in progress: a transaction no longer
+    /// in progress is visible to every later snapshot).
+    pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
+        for xids in self.by_table.values_mut() {
+            xids.retain(|&x| keep(x));
         }
         self.by_table.retain(|_, xids| !xids.is_empty());
     }
