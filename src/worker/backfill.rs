@@ -324,7 +324,9 @@ impl Backfiller {
                 let mut next = p.job.clone();
                 next.last_key = done.key_to.clone();
                 next.chunk_no = p.chunk_no + 1;
-                if r.request(&next, p.holding).is_err() {
+                // SAFETY: reads this transaction's xid (it has one: it just wrote the progress).
+                let writer = unsafe { pg_sys::GetTopTransactionIdIfAny() }.into_inner();
+                if r.request(&next, p.holding, writer).is_err() {
                     // Gone: the next step reads the chunk itself (and says so).
                     self.reader = None;
                 }
@@ -456,9 +458,12 @@ impl Backfiller {
         };
         // The table's lock before the chunk's snapshot (see `tx::run_locked`).
         let read = match tx::run_locked(pg_sys::Oid::from(job.b.relid), || {
-            read_chunk(pipeline, &job, &mut |meta| {
-                Holding::for_target(sink, job.b.relid, &meta.shape())
-            })
+            read_chunk(
+                pipeline,
+                &job,
+                &mut |meta| Holding::for_target(sink, job.b.relid, &meta.shape()),
+                None,
+            )
         }) {
             Ok(Locked::Ran(r)) => Ok(r),
             Ok(Locked::Busy) => Err(table_locked()),

@@ -190,10 +190,15 @@ impl Holding {
 /// Transaction 2: SELECT the chunk (snapshot taken after the LW commit) and write the HW. The
 /// rows are held as `hold` says for the table as it is now (see [`Holding`]; row values also
 /// need the table's name as its whole-row reference: not when a column has that name).
+///
+/// `writer` is the worker's iteration transaction when a reader reads the chunk while it runs
+/// (see `read_ahead`): it is in the chunk's snapshot's list of transactions in progress, and may
+/// commit before the check below, but it writes no source table, so it does not hold the chunk.
 pub(super) fn read_chunk(
     pipeline: &str,
     job: &Job,
     hold: &mut dyn FnMut(&TableMeta) -> TideResult<Holding>,
+    writer: Option<u32>,
 ) -> TideResult<ChunkRead> {
     let Some(meta) = table_meta(job.b.relid, &job.b.key_columns)? else {
         return Err(TideError::undefined(format!(
@@ -294,6 +299,7 @@ pub(super) fn read_chunk(
     let committed_invisible = invisible
         .listed
         .iter()
+        .filter(|&&x| Some(x) != writer)
         .filter(|&&x| unsafe { pg_sys::TransactionIdDidCommit(pg_sys::TransactionId::from(x)) })
         .count()
         // The range holds the xids assigned after the newest completed one: at most the
@@ -301,6 +307,7 @@ pub(super) fn read_chunk(
         // work should that ever not hold; past it, xids are not checked.
         + after_xmax
             .take(100_000)
+            .filter(|&x| Some(x as u32) != writer)
             .filter(|&x| {
                 let xid = pg_sys::TransactionId::from(x as u32);
                 unsafe {

@@ -144,7 +144,18 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
                 if wake_on_commit {
                     shmem::sleeping(slot_idx, pid);
                 }
-                let alive = BackgroundWorker::wait_latch(Some(wait));
+                let deadline = Instant::now() + wait;
+                let mut alive = BackgroundWorker::wait_latch(Some(wait));
+                // A back-off lasts its whole time: the latch set meanwhile (the reader's queue,
+                // a reload) does not end it early.
+                while alive && matches!(phase, Phase::Failing { .. }) {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    pg_sys::check_for_interrupts!();
+                    alive = BackgroundWorker::wait_latch(Some(left));
+                }
                 shmem::awake(slot_idx);
                 if !alive {
                     break;

@@ -200,18 +200,20 @@ fn get_due(d: &mut Dec<'_>) -> TideResult<Due> {
     })
 }
 
-/// A request: read the next chunk of `job` (pipeline `pipeline`), holding rows as `hold` says.
-fn encode_request(pipeline: &str, job: &Due, hold: Holding) -> Vec<u8> {
+/// A request: read the next chunk of `job` (pipeline `pipeline`), holding rows as `hold` says,
+/// while the worker's transaction `writer` runs.
+fn encode_request(pipeline: &str, job: &Due, hold: Holding, writer: u32) -> Vec<u8> {
     let mut e = Enc::default();
     e.str(pipeline);
     put_due(&mut e, job);
     e.bool(hold.values);
     e.bool(hold.copy);
     e.bool(hold.text);
+    e.u32(writer);
     e.0
 }
 
-fn decode_request(buf: &[u8]) -> TideResult<(String, Due, Holding)> {
+fn decode_request(buf: &[u8]) -> TideResult<(String, Due, Holding, u32)> {
     let mut d = Dec { buf, at: 0 };
     let pipeline = d.str()?;
     let job = get_due(&mut d)?;
@@ -220,8 +222,9 @@ fn decode_request(buf: &[u8]) -> TideResult<(String, Due, Holding)> {
         copy: d.bool()?,
         text: d.bool()?,
     };
+    let writer = d.u32()?;
     d.end()?;
-    Ok((pipeline, job, hold))
+    Ok((pipeline, job, hold, writer))
 }
 
 /// The reader's answer: the chunk read under watermark `watermark` for the backfill as it was
@@ -504,12 +507,13 @@ impl Reader {
         self.in_flight.is_some()
     }
 
-    /// Ask for the next chunk of `job` (its `last_key` is where the chunk starts).
-    pub fn request(&mut self, job: &Due, hold: Holding) -> TideResult<()> {
+    /// Ask for the next chunk of `job` (its `last_key` is where the chunk starts), from inside
+    /// the worker's transaction `writer` (its xid; 0 when it has none).
+    pub fn request(&mut self, job: &Due, hold: Holding, writer: u32) -> TideResult<()> {
         if self.in_flight.is_some() {
             return Err(TideError::internal("a chunk was asked of the reader twice"));
         }
-        let msg = encode_request(&self.pipeline, job, hold);
+        let msg = encode_request(&self.pipeline, job, hold, writer);
         // SAFETY: the queue handle is attached (see `start`); the message is copied in.
         let r = unsafe {
             pg_sys::shm_mq_send(
@@ -660,7 +664,7 @@ pub extern "C-unwind" fn tide_reader_main(arg: pg_sys::Datum) {
             decode_request(std::slice::from_raw_parts(data as *const u8, n))
         };
         let answer = match request {
-            Ok((p, job, hold)) => read(&p, job, hold),
+            Ok((p, job, hold, writer)) => read(&p, job, hold, writer),
             Err(e) => Err(e),
         };
         if answer.is_err() {
@@ -687,7 +691,12 @@ pub extern "C-unwind" fn tide_reader_main(arg: pg_sys::Datum) {
 
 /// The reader's work for one request: the chunk's low watermark, then the chunk and its high
 /// watermark, as `super::backfill` does in the worker.
-fn read(pipeline: &str, mut b: Due, hold: Holding) -> TideResult<(u64, Due, ChunkRead)> {
+fn read(
+    pipeline: &str,
+    mut b: Due,
+    hold: Holding,
+    writer: u32,
+) -> TideResult<(u64, Due, ChunkRead)> {
     let watermark = tx::run(|| {
         // The backfill's chunk size and throttle as they are now (alter_backfill).
         if let Some((size, rps)) = backfills::settings(b.id)? {
@@ -700,7 +709,12 @@ fn read(pipeline: &str, mut b: Due, hold: Holding) -> TideResult<(u64, Due, Chun
     })?;
     let job = Job { watermark, b };
     match tx::run_locked(pg_sys::Oid::from(job.b.relid), || {
-        read_chunk(pipeline, &job, &mut |_| Ok(hold))
+        read_chunk(
+            pipeline,
+            &job,
+            &mut |_| Ok(hold),
+            (writer != 0).then_some(writer),
+        )
     })? {
         Locked::Ran(read) => Ok((watermark, job.b, read)),
         Locked::Busy => Err(super::backfill::table_locked()),
@@ -736,12 +750,12 @@ mod tests {
             copy: true,
             text: true,
         };
-        let (p, j, h) = decode_request(&encode_request("pipé", &job, hold)).unwrap();
-        assert_eq!(p, "pipé");
+        let (p, j, h, w) = decode_request(&encode_request("pipé", &job, hold, 77)).unwrap();
+        assert_eq!((p.as_str(), w), ("pipé", 77));
         assert_eq!(format!("{j:?}"), format!("{job:?}"));
         assert_eq!(h, hold);
         // Truncated or extended messages are errors, not defaults.
-        let msg = encode_request("p", &job, hold);
+        let msg = encode_request("p", &job, hold, 0);
         for cut in 0..msg.len() {
             assert!(decode_request(&msg[..cut]).is_err(), "cut at {cut}");
         }

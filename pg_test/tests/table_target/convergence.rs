@@ -69,7 +69,7 @@ fn convergence_with_table_target() {
     );
 
     let mut run = spawn_pgbench(&c, &script, 2, 120, Some(rate));
-    let id: i64 = c.query_scalar("SELECT tide.start_backfill('t', 'conv', chunk_size => 1000)");
+    let id: i64 = c.query_scalar("SELECT tide.start_backfill('t', 'conv', chunk_size => 200)");
     let t_bf = Instant::now();
     let mut last_report = Instant::now();
     c.wait_until(
