@@ -17,7 +17,8 @@
 //!   columns gives them; NOT NULL and CHECK constraints are checked (`ExecConstraints`); every
 //!   index is maintained (`ExecInsertIndexTuples`), unique ones checked.
 //! - Only where nothing else would happen through SQL: a plain table (`relkind` `r`, heap
-//!   access method), no triggers of any kind (so no foreign key either way), no row-level
+//!   access method, not a partition: its constraint would go unchecked), no rules, no triggers
+//!   of any kind (so no foreign key either way), no row-level
 //!   security that applies to the owner, no stored generated columns, no `GENERATED ALWAYS`
 //!   identity among the columns written, the owner holding `INSERT` on the table, and each
 //!   column of the chunk with the source's exact type (OID and typmod) and, for key columns,
@@ -61,6 +62,33 @@ pub fn eligible(target: pg_sys::Oid, chunk: &Chunk<'_>) -> TideResult<Option<Str
     }
 }
 
+/// What an `INSERT` into `target` would run that [`insert`] bypasses (`None`: nothing): its
+/// triggers, its rules, a partition's constraint, another kind of relation. For a table of
+/// pg_tide's own (`tide.outbox`), which a user may still give a trigger.
+pub fn bypasses(target: pg_sys::Oid) -> Option<&'static str> {
+    // SAFETY: opening a relation by OID with the lock an INSERT takes (kept to the end of the
+    // transaction) and reading its relcache entry while it is open.
+    unsafe {
+        let rel = pg_sys::table_open(target, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
+        let form = &*(*rel).rd_rel;
+        let why = if form.relkind as u8 != pg_sys::RELKIND_RELATION
+            || form.relam != pg_sys::HEAP_TABLE_AM_OID
+        {
+            Some("not a plain heap table")
+        } else if form.relispartition {
+            Some("it is a partition")
+        } else if !(*rel).trigdesc.is_null() {
+            Some("it has triggers")
+        } else if form.relhasrules {
+            Some("it has rules")
+        } else {
+            None
+        };
+        pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+        why
+    }
+}
+
 /// See [`eligible`]; `rel` is open.
 unsafe fn why_not(
     rel: pg_sys::Relation,
@@ -74,8 +102,17 @@ unsafe fn why_not(
     if form.relam != pg_sys::HEAP_TABLE_AM_OID {
         return Ok(Some("not a heap table".into()));
     }
+    if form.relispartition {
+        // A partition's constraint is checked by an INSERT into it (ExecPartitionCheck), not
+        // by a multi-insert.
+        return Ok(Some("it is a partition".into()));
+    }
     if !(*rel).trigdesc.is_null() {
         return Ok(Some("it has triggers".into()));
+    }
+    if form.relhasrules {
+        // An INSERT rule rewrites the statement; a multi-insert would bypass it.
+        return Ok(Some("it has rules".into()));
     }
     if pg_sys::check_enable_rls(target, pg_sys::InvalidOid, true)
         != pg_sys::CheckEnableRlsResult::RLS_NONE as i32

@@ -538,6 +538,58 @@ fn retention_by_age_only_without_consumers() {
     );
 }
 
+/// A trigger a user puts on `tide.outbox` (to notify consumers, say) fires for every event:
+/// the worker's bulk insert gives way to an INSERT statement while the table has one. The
+/// events are the same either way: in stream order by id, every column filled.
+#[test]
+fn outbox_triggers_fire() {
+    let c = cluster("cons_trigger", &[]);
+    c.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, v int, big text);
+         ALTER TABLE t ALTER COLUMN big SET STORAGE EXTERNAL;
+         INSERT INTO t SELECT g, 0, repeat('x', 3000) FROM generate_series(1, 300) g;
+         CREATE TABLE seen (outbox_id bigint, op text, unchanged text[]);
+         CREATE FUNCTION note_event() RETURNS trigger LANGUAGE plpgsql AS
+           $$ BEGIN INSERT INTO public.seen VALUES (NEW.id, NEW.op, NEW.unchanged); RETURN NEW; END $$;
+         CREATE TRIGGER note AFTER INSERT ON tide.outbox FOR EACH ROW EXECUTE FUNCTION note_event();",
+    );
+    create_pipeline(&c, "trg", "outbox", "{}");
+    exec(&c, "SELECT tide.add_table('trg', 't')");
+    wait_backfill(&c, "t", "trg", 60);
+    // Updates that leave a TOASTed value unchanged (the event names it in `unchanged`).
+    c.execute("UPDATE t SET v = 1 WHERE id <= 10; DELETE FROM t WHERE id > 290");
+    wait_pipeline(&c, "trg", 30);
+    let events: i64 = c.query_scalar("SELECT count(*) FROM tide.outbox WHERE pipeline = 'trg'");
+    assert_eq!(
+        events,
+        320,
+        "300 backfilled, 10 updated, 10 deleted\n{}",
+        diag(&c)
+    );
+    assert_eq!(
+        c.query_scalar::<i64>(
+            "SELECT count(*) FROM tide.outbox o JOIN seen s ON s.outbox_id = o.id
+              WHERE s.op = o.op AND s.unchanged IS NOT DISTINCT FROM o.unchanged"
+        ),
+        events,
+        "the trigger saw every event as it was stored"
+    );
+    assert_eq!(
+        c.query_scalar::<i64>(
+            "SELECT count(*) FROM tide.outbox WHERE op = 'update' AND unchanged = ARRAY['big']"
+        ),
+        10,
+        "the unchanged TOASTed column is named"
+    );
+    let out_of_order: i64 = c.query_scalar(
+        "SELECT count(*) FROM (SELECT commit_lsn, position,
+                lag(commit_lsn) OVER (ORDER BY id) AS plsn, lag(position) OVER (ORDER BY id) AS ppos
+           FROM tide.outbox WHERE pipeline = 'trg') e
+          WHERE (commit_lsn, position) <= (plsn, ppos)",
+    );
+    assert_eq!(out_of_order, 0, "ids follow the stream's order");
+}
+
 /// A member of tide_admin who does not own the pipeline can neither create, read, commit,
 /// seek nor drop its consumers (42501), nor see them; the owner, not a superuser, can.
 #[test]

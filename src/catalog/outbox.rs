@@ -58,9 +58,10 @@ const COLUMNS: [&str; 12] = [
 /// as binary values). Called by the worker (the outbox target), in its iteration's transaction.
 /// The rows take their ids in event order (the identity is drawn per row, in order), and a
 /// pipeline's transactions are serial: so its ids increase in stream order, which consumers'
-/// committed positions rely on (`catalog::consumers`). `tide.outbox` has no trigger, and its row
-/// security does not apply to the worker (pg_tide itself), so nothing is bypassed.
-pub(crate) fn insert(_c: &mut SpiClient<'_>, pipeline: &str, rows: Rows) -> TideResult<()> {
+/// committed positions rely on (`catalog::consumers`). Its row security does not apply to the
+/// worker (pg_tide itself); when a user gave the table a trigger or a rule (to notify
+/// consumers, say), the rows go through one `INSERT` statement instead, so that it runs.
+pub(crate) fn insert(c: &mut SpiClient<'_>, pipeline: &str, rows: Rows) -> TideResult<()> {
     use pgrx::pg_sys;
     let columns: Vec<String> = COLUMNS.iter().map(|c| c.to_string()).collect();
     // SAFETY: catalog lookups by name and OID; fmgr_info fills the FmgrInfo it is given. Every
@@ -74,6 +75,9 @@ pub(crate) fn insert(_c: &mut SpiClient<'_>, pipeline: &str, rows: Rows) -> Tide
             return Err(crate::error::TideError::internal(
                 "tide.outbox does not exist",
             ));
+        }
+        if crate::bulk::bypasses(outbox).is_some() {
+            return insert_sql(c, pipeline, rows);
         }
         let (mut jsonb_in, mut jsonb_param) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
         pg_sys::getTypeInputInfo(pg_sys::JSONBOID, &mut jsonb_in, &mut jsonb_param);
@@ -134,5 +138,49 @@ pub(crate) fn insert(_c: &mut SpiClient<'_>, pipeline: &str, rows: Rows) -> Tide
             Ok(())
         })?;
     }
+    Ok(())
+}
+
+/// [`insert`] through SQL: one `INSERT ... SELECT FROM unnest(...)` (the rows in event order, so
+/// their ids increase in it), which fires the table's triggers and applies its rules.
+fn insert_sql(c: &mut SpiClient<'_>, pipeline: &str, rows: Rows) -> TideResult<()> {
+    let lsn: Vec<String> = rows
+        .lsn
+        .iter()
+        .map(|l| format!("{:X}/{:X}", l >> 32, l & 0xFFFF_FFFF))
+        .collect();
+    let op: Vec<String> = rows.op.iter().map(|o| o.to_string()).collect();
+    let unchanged: Vec<Option<String>> = rows
+        .unchanged
+        .iter()
+        .map(|u| u.as_ref().map(|names| serde_json::json!(names).to_string()))
+        .collect();
+    crate::sql::update(
+        c,
+        "INSERT INTO tide.outbox (pipeline, commit_lsn, xid, commit_time, position, relation, op, key, \"row\", unchanged, backfill_id, chunk)
+         SELECT $1, u.l::pg_lsn, u.x, '2000-01-01 00:00:00+00'::timestamptz + u.t * interval '1 microsecond',
+                u.p, u.r, u.o, u.k::jsonb, u.w::jsonb,
+                CASE WHEN u.n IS NULL THEN NULL ELSE ARRAY(SELECT jsonb_array_elements_text(u.n::jsonb)) END,
+                u.b, u.c
+           FROM unnest($2::text[], $3::int8[], $4::int8[], $5::int4[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[],
+                       $11::int8[], $12::int8[]) WITH ORDINALITY
+                AS u(l, x, t, p, r, o, k, w, n, b, c, i)
+          ORDER BY u.i",
+        None,
+        &[
+            pipeline.into(),
+            lsn.into(),
+            rows.xid.into(),
+            rows.time.into(),
+            rows.pos.into(),
+            rows.rel.into(),
+            op.into(),
+            rows.key.into(),
+            rows.row.into(),
+            unchanged.into(),
+            rows.backfill.into(),
+            rows.chunk.into(),
+        ],
+    )?;
     Ok(())
 }

@@ -147,7 +147,12 @@ impl Backfiller {
     /// After a successful iteration: forget the delivered transactions no snapshot can miss any
     /// more, when there are many: those older than the oldest one still running, then those no
     /// longer in progress (a long-running transaction elsewhere keeps the first bound low).
+    /// Not while a chunk asked of the reader is in flight: its snapshot may predate the oldest
+    /// running transaction, and registering it looks its invisible transactions up here.
     pub fn prune(&mut self) {
+        if self.in_flight() {
+            return;
+        }
         if self.delivered.len() > 1024 {
             // SAFETY: reads the process array under its lock; outside or inside a transaction.
             let oldest = unsafe { pg_sys::GetOldestActiveTransactionId() };
@@ -326,8 +331,9 @@ impl Backfiller {
                 next.chunk_no = p.chunk_no + 1;
                 // SAFETY: reads this transaction's xid (it has one: it just wrote the progress).
                 let writer = unsafe { pg_sys::GetTopTransactionIdIfAny() }.into_inner();
-                if r.request(&next, p.holding, writer).is_err() {
-                    // Gone: the next step reads the chunk itself (and says so).
+                if let Err(e) = r.request(&next, p.holding, writer) {
+                    // Gone: the next step reads the chunk itself.
+                    pgrx::log!("pg_tide worker: {e}; it reads the chunks itself");
                     self.reader = None;
                 }
             }
@@ -437,6 +443,10 @@ impl Backfiller {
                     return Ok(());
                 }
             }
+        }
+        // `tide.read_ahead` turned off (a reload): the reader goes once nothing is asked of it.
+        if !crate::gucs::READ_AHEAD.get() {
+            self.reader = None;
         }
         if self.pending.is_some() || Instant::now() < self.not_before {
             return Ok(());

@@ -439,11 +439,27 @@ impl Reader {
     /// Start a reader for `pipeline` (this worker's database). Outside a transaction. An error
     /// (no free background worker slot, say) leaves nothing behind.
     pub fn start(pipeline: &str) -> TideResult<Reader> {
+        // An ERROR here (no room in /dev/shm for the segment, say) is returned, not raised:
+        // the worker then reads each chunk itself. A reader made before the error is dropped
+        // as the error unwinds (detaching what it attached).
+        tx::guard(|| Self::start_unguarded(pipeline))
+    }
+
+    fn start_unguarded(pipeline: &str) -> TideResult<Reader> {
         // SAFETY: PostgreSQL's DSM, shm_mq and dynamic background worker API, as parallel query
         // and pg_background use them: the segment is mapped for the life of this process
         // (pinned) and each queue lies inside it; the handles are freed in `Drop`.
         unsafe {
-            let seg = pg_sys::dsm_create(2 * QUEUE_BYTES, 0);
+            let seg = pg_sys::dsm_create(
+                2 * QUEUE_BYTES,
+                pg_sys::DSM_CREATE_NULL_IF_MAXSEGMENTS as i32,
+            );
+            if seg.is_null() {
+                return Err(TideError::prerequisite(
+                    "no dynamic shared memory segment is free for a pg_tide reader",
+                )
+                .hint("The worker reads each chunk itself; raise max_connections or max_worker_processes (which size the segment table) to let it read ahead."));
+            }
             pg_sys::dsm_pin_mapping(seg);
             let base = pg_sys::dsm_segment_address(seg) as *mut u8;
             let to_q = pg_sys::shm_mq_create(base as *mut std::ffi::c_void, QUEUE_BYTES);
@@ -550,17 +566,22 @@ impl Reader {
         let Some(f) = self.in_flight.take() else {
             return Ok(None);
         };
-        let mut n: pg_sys::Size = 0;
-        let mut data: *mut std::ffi::c_void = std::ptr::null_mut();
-        // SAFETY: the queue handle is attached; the received bytes are valid until the next
-        // receive on it, and are decoded (copied) before that.
-        let decoded = unsafe {
-            let r = pg_sys::shm_mq_receive(self.from_reader, &mut n, &mut data, false);
-            if r != pg_sys::shm_mq_result::SHM_MQ_SUCCESS {
-                return Err(gone());
+        let from_reader = self.from_reader;
+        // An ERROR while receiving (a chunk larger than a palloc can hold, no memory) is
+        // returned, not raised: the caller drops the reader and reads the chunk itself.
+        let decoded = tx::guard(|| {
+            let mut n: pg_sys::Size = 0;
+            let mut data: *mut std::ffi::c_void = std::ptr::null_mut();
+            // SAFETY: the queue handle is attached; the received bytes are valid until the
+            // next receive on it, and are decoded (copied) before that.
+            unsafe {
+                let r = pg_sys::shm_mq_receive(from_reader, &mut n, &mut data, false);
+                if r != pg_sys::shm_mq_result::SHM_MQ_SUCCESS {
+                    return Err(gone());
+                }
+                decode_response(std::slice::from_raw_parts(data as *const u8, n), f.hold)
             }
-            decode_response(std::slice::from_raw_parts(data as *const u8, n), f.hold)?
-        };
+        })?;
         if f.stale {
             return Ok(None);
         }
@@ -663,6 +684,13 @@ pub extern "C-unwind" fn tide_reader_main(arg: pg_sys::Datum) {
             }
             decode_request(std::slice::from_raw_parts(data as *const u8, n))
         };
+        // A reload (SIGHUP: its handler only sets a flag and the latch) applies before the
+        // next chunk is read, as in the worker.
+        if BackgroundWorker::sighup_received() {
+            // SAFETY: re-reads the configuration files, outside a transaction, as the
+            // worker's loop does.
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        }
         let answer = match request {
             Ok((p, job, hold, writer)) => read(&p, job, hold, writer),
             Err(e) => Err(e),

@@ -43,6 +43,30 @@ pub fn run<R>(body: impl FnOnce() -> Result<R, TideError>) -> Result<R, TideErro
     finish(body)
 }
 
+/// Run `body` outside a transaction (with no snapshot), turning a PostgreSQL ERROR or a panic
+/// it raises into a [`TideError`] instead of letting it end the process. For calls that must
+/// not be tied to a transaction's memory or resource owner (shared memory mapped for the
+/// session, a queue's handle) and that can still fail: no space for a DSM segment, a message
+/// too large to receive. Whatever `body` allocated before the error stays allocated (in the
+/// memory context it was current in); the error state is flushed and the memory context
+/// restored.
+pub fn guard<R>(body: impl FnOnce() -> Result<R, TideError>) -> Result<R, TideError> {
+    // SAFETY: reading and restoring the current memory context; flushing the error state that
+    // a caught ERROR left (as the error recovery of a backend's main loop does).
+    let cxt = unsafe { pg_sys::CurrentMemoryContext };
+    let outcome = PgTryBuilder::new(std::panic::AssertUnwindSafe(body))
+        .catch_others(|caught| Err(from_caught(caught)))
+        .catch_rust_panic(|caught| Err(from_caught(caught)))
+        .execute();
+    if outcome.is_err() {
+        unsafe {
+            pg_sys::MemoryContextSwitchTo(cxt);
+            pg_sys::FlushErrorState();
+        }
+    }
+    outcome
+}
+
 /// What [`run_locked`] did.
 pub enum Locked<R> {
     /// The lock was taken before the snapshot, and `body` ran (and committed).

@@ -1,8 +1,8 @@
 //! Read-ahead: a backfilling worker's reader process (`backend_type = 'pg_tide reader'`) reads
 //! the next chunk while the worker writes the current one. It appears while a backfill runs and
 //! goes away after; it survives nothing the worker does not (a kill -9 of it restarts the
-//! server, and the backfill converges all the same); with `tide.read_ahead = off`, or no free
-//! background worker slot, the worker reads every chunk itself.
+//! server, and the backfill converges all the same); with `tide.read_ahead = off` (a reload stops
+//! a running reader), or no free background worker slot, the worker reads every chunk itself.
 
 use crate::common::*;
 use std::time::{Duration, Instant};
@@ -10,10 +10,9 @@ use std::time::{Duration, Instant};
 const READER: &str = "pg_tide reader";
 
 fn readers(c: &Cluster) -> i64 {
-    c.try_query_scalar::<i64>(&format!(
+    c.query_scalar::<i64>(&format!(
         "SELECT count(*) FROM pg_stat_activity WHERE backend_type = '{READER}'"
     ))
-    .unwrap_or(0)
 }
 
 /// A table of `n` rows and its outbox replay copy.
@@ -96,10 +95,10 @@ fn kill9_of_the_reader_restarts_and_converges() {
     assert_eq!(bf_state(&c, id), "done");
 }
 
-/// Without read-ahead (the setting off), and without a free background worker slot for a
-/// reader, the worker reads every chunk itself and says why in the server log.
+/// Without a free background worker slot for a reader, the worker reads every chunk itself and
+/// says why in the server log.
 #[test]
-fn without_a_reader_the_worker_reads_itself() {
+fn without_a_slot_the_worker_reads_itself() {
     // Slots: the logical replication launcher, pg_tide's launcher, the pipeline's worker.
     let c = start_cluster(Cluster::builder("bf_noreader").conf("max_worker_processes = 3"));
     init_extension(&c);
@@ -118,9 +117,46 @@ fn without_a_reader_the_worker_reads_itself() {
         "the log says why there is no reader\n{}",
         c.log_tail(30)
     );
+}
 
+/// `tide.read_ahead` turned off by a reload while a backfill runs with a reader: the reader goes
+/// away before the backfill ends, the worker reads the rest itself, and a later backfill starts
+/// none; the result converges all the same.
+#[test]
+fn read_ahead_off_stops_the_reader() {
+    let c = setup("bf_readahead_off");
+    table(&c, 300_000);
+    create_pipeline(&c, "ra");
+    add_table(&c, "ra", "ra", false);
+    let id: i64 = c.query_scalar("SELECT tide.start_backfill('ra', 'ra', chunk_size => 200)");
+    if let Err(msg) = poll_every(Duration::from_secs(60), Duration::from_millis(10), || {
+        Ok(readers(&c) == 1)
+    }) {
+        panic!("no reader appeared: {msg}\n{}", diag(&c));
+    }
+    write_round(&c, 1);
     c.execute("ALTER SYSTEM SET tide.read_ahead = off");
     c.execute("SELECT pg_reload_conf()");
+    if let Err(msg) = poll_every(Duration::from_secs(30), Duration::from_millis(20), || {
+        Ok(readers(&c) == 0)
+    }) {
+        panic!(
+            "the reader stayed after tide.read_ahead = off: {msg}\n{}",
+            diag(&c)
+        );
+    }
+    assert_eq!(
+        bf_state(&c, id),
+        "running",
+        "the reader went away while the backfill ran (not because it ended)"
+    );
+    write_round(&c, 2);
+    wait_backfill(&c, "ra", 180);
+    wait_pipeline(&c, "ra", 60);
+    replay(&c, "copy_ra", "ra", false);
+    assert_converged(&c, "public.ra", "copy_ra");
+    check_backfill_invariants(&c, id);
+
     c.execute("TRUNCATE ra; INSERT INTO ra SELECT g, g, 'again' FROM generate_series(1, 20000) g;");
     let id2: i64 = c.query_scalar("SELECT tide.start_backfill('ra', 'ra', chunk_size => 1000)");
     let mut seen = 0;

@@ -43,10 +43,14 @@ fn bulk_where_the_range_is_empty_upsert_elsewhere() {
          CREATE TABLE rb.trg_log (id int);
          CREATE FUNCTION rb.log_trg() RETURNS trigger LANGUAGE plpgsql AS
            $$ BEGIN INSERT INTO rb.trg_log VALUES (NEW.id); RETURN NEW; END $$;
-         CREATE TRIGGER trg_log BEFORE INSERT ON rb.trg FOR EACH ROW EXECUTE FUNCTION rb.log_trg();",
+         CREATE TRIGGER trg_log BEFORE INSERT ON rb.trg FOR EACH ROW EXECUTE FUNCTION rb.log_trg();
+         CREATE TABLE prt (id int PRIMARY KEY, v text);
+         INSERT INTO prt SELECT g, 'v' || g FROM generate_series(1, 1500) g;
+         CREATE TABLE rb.prt_all (id int PRIMARY KEY, v text) PARTITION BY RANGE (id);
+         CREATE TABLE rb.prt PARTITION OF rb.prt_all FOR VALUES FROM (1) TO (100000);",
     );
     create_pipeline(&c, "bk", "table", r#"{"schema": "rb"}"#);
-    for t in ["b", "trg"] {
+    for t in ["b", "trg", "prt"] {
         exec(
             &c,
             &format!("SELECT tide.add_table('bk', '{t}', backfill => false)"),
@@ -57,7 +61,7 @@ fn bulk_where_the_range_is_empty_upsert_elsewhere() {
     c.execute("UPDATE b SET s = 'streamed' WHERE id IN (1200, 3700)");
     wait_pipeline(&c, "bk", 60);
     c.execute("UPDATE rb.b SET origin = 'kept' WHERE id = 1200");
-    for t in ["b", "trg"] {
+    for t in ["b", "trg", "prt"] {
         exec(
             &c,
             &format!("SELECT tide.start_backfill('{t}', 'bk', chunk_size => 500)"),
@@ -100,6 +104,13 @@ fn bulk_where_the_range_is_empty_upsert_elsewhere() {
         c.query_scalar::<i64>("SELECT count(DISTINCT id) FROM rb.trg_log"),
         1500,
         "the trigger fired for every backfilled row"
+    );
+    // A partition's constraint is checked by an INSERT into it, not by a multi-insert.
+    assert_same_rows("partition", &c, "public.prt", &c, "rb.prt", "id, v");
+    assert_eq!(
+        written_as(&c, "bk", "public.prt"),
+        vec!["upsert", "upsert", "upsert", "-"],
+        "a partition is upserted"
     );
 
     // Row security that applies to the pipeline's owner (alice owns the target; FORCE makes the
