@@ -121,20 +121,34 @@ fn without_a_slot_the_worker_reads_itself() {
 
 /// `tide.read_ahead` turned off by a reload while a backfill runs with a reader: the reader goes
 /// away before the backfill ends, the worker reads the rest itself, and a later backfill starts
-/// none; the result converges all the same.
+/// none; the result converges all the same. (The backfill is held meanwhile by a lock on the
+/// table, which makes every chunk read wait: the reader stays, idle, until the setting is off.)
 #[test]
 fn read_ahead_off_stops_the_reader() {
     let c = setup("bf_readahead_off");
-    table(&c, 300_000);
+    table(&c, 100_000);
     create_pipeline(&c, "ra");
     add_table(&c, "ra", "ra", false);
-    let id: i64 = c.query_scalar("SELECT tide.start_backfill('ra', 'ra', chunk_size => 200)");
-    if let Err(msg) = poll_every(Duration::from_secs(60), Duration::from_millis(10), || {
+    let id: i64 = c.query_scalar("SELECT tide.start_backfill('ra', 'ra', chunk_size => 100)");
+    if let Err(msg) = poll_every(Duration::from_secs(60), Duration::from_millis(5), || {
         Ok(readers(&c) == 1)
     }) {
         panic!("no reader appeared: {msg}\n{}", diag(&c));
     }
-    write_round(&c, 1);
+    let mut lock = c.client();
+    lock.batch_execute("BEGIN; LOCK TABLE ra IN ACCESS EXCLUSIVE MODE")
+        .expect("lock the table");
+    assert_eq!(
+        bf_state(&c, id),
+        "running",
+        "the backfill ended before the table was locked (a larger table is needed)"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        readers(&c),
+        1,
+        "the reader stays while chunks wait for the lock"
+    );
     c.execute("ALTER SYSTEM SET tide.read_ahead = off");
     c.execute("SELECT pg_reload_conf()");
     if let Err(msg) = poll_every(Duration::from_secs(30), Duration::from_millis(20), || {
@@ -148,8 +162,9 @@ fn read_ahead_off_stops_the_reader() {
     assert_eq!(
         bf_state(&c, id),
         "running",
-        "the reader went away while the backfill ran (not because it ended)"
+        "the backfill still waits for the lock"
     );
+    lock.batch_execute("COMMIT").expect("unlock");
     write_round(&c, 2);
     wait_backfill(&c, "ra", 180);
     wait_pipeline(&c, "ra", 60);
