@@ -11,8 +11,8 @@
 #
 # Does its own set-up: scripts/setup.sh (system packages), pg_tide itself only when it is not
 # installed yet (scripts/install.sh), a Python venv in bench/.venv with psycopg 3 and
-# matplotlib (and confluent-kafka for B5's consumer), and a tansu broker on a free loopback
-# port for B5 (when scripts/setup.sh installed it). Then destroys and re-creates the scratch clusters bench_src and bench_tgt, runs
+# matplotlib (and confluent-kafka for B5's consumer); B5 starts a tansu broker per kafka run
+# (when scripts/setup.sh installed it). Then destroys and re-creates the scratch clusters bench_src and bench_tgt, runs
 # bench/bench.py and destroys the clusters again on exit, whatever happens.
 #
 # Output: bench/results/results.json, bench/results/RESULTS.md, bench/results/*.png,
@@ -113,11 +113,6 @@ cleanup() {
         f="$("$CLUSTER" log "$c")"
         [[ -f "$f" ]] && cp "$f" "$BENCH_DIR/results/$c.server.log" 2>/dev/null || true
     done
-    if [[ -n "${TANSU_PID:-}" ]]; then
-        kill "$TANSU_PID" 2>/dev/null || true
-        wait "$TANSU_PID" 2>/dev/null || true
-        rm -rf "$TANSU_DIR"
-    fi
     if ((KEEP)); then
         log "--keep: clusters left running: ${CLUSTERS[*]} (scripts/cluster.sh destroy NAME)"
     else
@@ -144,21 +139,16 @@ for c in "${CLUSTERS[@]}"; do
     "$CLUSTER" start "$c"
 done
 
-# --- 3b. a Kafka broker for B5 (tansu, loopback only, sqlite storage; stopped on exit) ------
+# --- 3b. a Kafka broker for B5 (tansu, loopback only, sqlite storage) ---------------------
+# b5.py starts a fresh broker (new storage, free port) for each kafka run and stops it after
+# (tansu's sqlite storage slows down as its topics grow). TIDE_BENCH_KAFKA=host:port set by the
+# caller uses that broker instead.
 TANSU="${TIDE_TANSU:-${TIDE_TANSU_ROOT:-$HOME/.cache/pg_tide/tansu-0.6.0}/bin/tansu}"
-if [[ -x "$TANSU" ]]; then
-    TANSU_DIR="$(mktemp -d /tmp/pg_tide_bench_tansu.XXXXXX)"
-    TANSU_PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-    # (a path after sqlite:// is relative: the broker runs in its directory)
-    (cd "$TANSU_DIR" && exec "$TANSU" broker --listener-url "tcp://127.0.0.1:$TANSU_PORT" --advertised-listener-url "tcp://127.0.0.1:$TANSU_PORT" \
-        --storage-engine "sqlite://tansu.db" >"$TANSU_DIR/broker.log" 2>&1) &
-    TANSU_PID=$!
-    for _ in $(seq 1 100); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$TANSU_PORT") 2>/dev/null && break
-        sleep 0.1
-    done
-    export TIDE_BENCH_KAFKA="127.0.0.1:$TANSU_PORT"
-    log "tansu broker on $TIDE_BENCH_KAFKA (pid $TANSU_PID)"
+if [[ -n "${TIDE_BENCH_KAFKA:-}" ]]; then
+    log "B5 uses the Kafka broker at $TIDE_BENCH_KAFKA"
+elif [[ -x "$TANSU" ]]; then
+    export TIDE_BENCH_TANSU="$TANSU"
+    log "B5 starts a tansu broker ($TANSU) for each kafka run"
 else
     log "no tansu at $TANSU: B5 (kafka) will record that it could not run"
 fi

@@ -2,9 +2,15 @@
 rows/s and commit-to-consumer latency (p50/p99). Debezium's published engine figure (50–67k
 events/s) is cited, not run.
 
-`run(suite, b)` is called by Suite.b5. The broker (tansu, on loopback) is started by run.sh,
-which exports its address as TIDE_BENCH_KAFKA."""
+`run(suite, b)` is called by Suite.b5. The broker: with TIDE_BENCH_TANSU (the tansu binary;
+run.sh exports it), a tansu broker of this module's own on loopback, started afresh (new sqlite
+storage, new port) for each kafka run: tansu's sqlite storage slows down as its topics grow, and a
+broker that took the 1M-row backfill stopped answering metadata requests in the next run. With
+TIDE_BENCH_KAFKA (host:port) instead, that broker for every run."""
 
+import socket
+import subprocess
+import tempfile
 import threading
 
 from .common import *  # noqa: F401,F403
@@ -61,6 +67,63 @@ class Collector:
             self.thread.join(30)
         if self.error:
             raise BenchError(f"consumer failed: {self.error}")
+
+
+class Broker:
+    """The broker of one kafka run: an external one (TIDE_BENCH_KAFKA), or a fresh tansu."""
+
+    def __init__(self, src):
+        self.src = src
+        self.proc = None
+        self.dir = None
+        self.address = None
+
+    def start(self):
+        tansu = os.environ.get("TIDE_BENCH_TANSU")
+        if not tansu:
+            self.address = os.environ.get("TIDE_BENCH_KAFKA")
+            if not self.address:
+                raise BenchError("no Kafka broker: neither TIDE_BENCH_TANSU nor TIDE_BENCH_KAFKA is set (run.sh sets the first when scripts/setup.sh installed tansu)")
+        else:
+            self.dir = tempfile.mkdtemp(prefix="pg_tide_bench_tansu.")
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            url = f"tcp://127.0.0.1:{port}"
+            log_file = open(os.path.join(self.dir, "broker.log"), "w")
+            # (a path after sqlite:// is relative: the broker runs in its directory)
+            self.proc = subprocess.Popen(
+                [tansu, "broker", "--listener-url", url, "--advertised-listener-url", url, "--storage-engine", "sqlite://tansu.db"],
+                cwd=self.dir, stdout=log_file, stderr=subprocess.STDOUT,
+            )
+            log_file.close()
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    if self.proc.poll() is not None or time.monotonic() > deadline:
+                        self.stop()
+                        raise BenchError(f"tansu did not start on port {port}")
+                    time.sleep(0.1)
+            self.address = f"127.0.0.1:{port}"
+        self.src.x("DROP SERVER IF EXISTS bench_kafka CASCADE")
+        self.src.x(f"CREATE SERVER bench_kafka FOREIGN DATA WRAPPER tide_kafka OPTIONS (brokers '{self.address}')")
+        return self.address
+
+    def stop(self):
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+            self.proc = None
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
 
 
 def kafka_consumer(brokers, topic):
@@ -127,14 +190,12 @@ def ack_sampler(node, pipeline, stop, out):
 
 def run(self, b):
     src, P = self.src, self.P
-    brokers = os.environ.get("TIDE_BENCH_KAFKA")
     b["reference"] = DEBEZIUM
-    if not brokers:
-        raise BenchError("no Kafka broker: TIDE_BENCH_KAFKA is unset (run.sh starts tansu when scripts/setup.sh installed it)")
+    if not (os.environ.get("TIDE_BENCH_TANSU") or os.environ.get("TIDE_BENCH_KAFKA")):
+        raise BenchError("no Kafka broker: neither TIDE_BENCH_TANSU nor TIDE_BENCH_KAFKA is set (run.sh sets the first when scripts/setup.sh installed tansu)")
     if Consumer is None:
         raise BenchError("confluent_kafka is not importable from the venv (run.sh installs it)")
-    src.x("DROP SERVER IF EXISTS bench_kafka CASCADE")
-    src.x(f"CREATE SERVER bench_kafka FOREIGN DATA WRAPPER tide_kafka OPTIONS (brokers '{brokers}')")
+    broker = Broker(src)
     ensure_source_table(src, "t", P["b1_rows"])
     if not src.val("SELECT to_regclass('public.ev') IS NOT NULL"):
         src.x(self.EV_SRC)
@@ -144,7 +205,8 @@ def run(self, b):
         "tide.wait_for_backfill is true (kafka: every message acknowledged by the broker, acks=all). Streaming: "
         "pgbench INSERTs into public.ev at a fixed rate and at full speed; a consumer (confluent-kafka for Kafka, "
         "tide.read_outbox + tide.commit_consumer in a loop for the outbox) stamps each row on receipt: latency = "
-        "receipt - committed_at. Kafka topics: 3 partitions, tansu 0.6.0 (sqlite storage) on the same host."
+        "receipt - committed_at. Kafka topics: 3 partitions, tansu 0.6.0 (sqlite storage) on the same host, "
+        "a fresh broker (new storage) for each kafka run."
     )
     opts = {
         "outbox": lambda n: "{}",
@@ -161,7 +223,13 @@ def run(self, b):
     for kind in ("outbox", "kafka"):
 
         def backfill(kind=kind):
-            name = fresh(kind, "bf")
+            if kind == "kafka":
+                broker.start()
+            try:
+                name = fresh(kind, "bf")
+            except BaseException:
+                broker.stop()
+                raise
             try:
                 t0 = time.monotonic()
                 src.x("SELECT tide.add_table(%s, 'public.t')", (name,))
@@ -171,6 +239,7 @@ def run(self, b):
             finally:
                 drop_pipeline(src, name)
                 src.x("DELETE FROM tide.outbox WHERE pipeline = %s", (name,))
+                broker.stop()
 
         self.run(b, f"backfill {P['b1_rows']:,} rows → {kind}", backfill, kind=kind, phase="backfill")
 
@@ -188,7 +257,12 @@ def run(self, b):
                 continue  # tansu's read path collapses already at 2000 tx/s (bench/README.md)
 
             def stream(kind=kind, rate=rate, consume=consume):
-                name = fresh(kind, f"s{rate or 'max'}{'' if consume else 'n'}")
+                brokers = broker.start() if kind == "kafka" else None
+                try:
+                    name = fresh(kind, f"s{rate or 'max'}{'' if consume else 'n'}")
+                except BaseException:
+                    broker.stop()
+                    raise
                 col = Collector()
                 try:
                     src.x("SELECT tide.add_table(%s, 'public.ev', backfill => false)", (name,))
@@ -255,6 +329,7 @@ def run(self, b):
                     col.stop.set()
                     drop_pipeline(src, name)
                     src.x("DELETE FROM tide.outbox WHERE pipeline = %s", (name,))
+                    broker.stop()
 
             label = f"streaming {rate or 'full speed'} tx/s → {kind}{'' if consume else ', no consumer'}"
             self.run(b, label, stream, kind=kind, phase="streaming")
