@@ -21,6 +21,8 @@ pub struct Rows {
     /// JSON objects.
     pub key: Vec<Option<String>>,
     pub row: Vec<Option<String>>,
+    /// A `jsonb` datum's bytes, for rows given as such instead of `row` (`Event::row_jsonb`).
+    pub row_jsonb: Vec<Option<Vec<u8>>>,
     /// Column names.
     pub unchanged: Vec<Option<Vec<String>>>,
     pub backfill: Vec<Option<i64>>,
@@ -115,6 +117,10 @@ pub(crate) fn insert(c: &mut SpiClient<'_>, pipeline: &str, rows: Rows) -> TideR
                     None => nulls[k] = true,
                 }
             }
+            if let Some(bytes) = &rows.row_jsonb[i] {
+                v[8] = jsonb_datum(bytes)?;
+                nulls[8] = false;
+            }
             match &rows.unchanged[i] {
                 Some(names) => {
                     let mut elems: Vec<pg_sys::Datum> = names.iter().map(|n| text(n)).collect();
@@ -143,7 +149,13 @@ pub(crate) fn insert(c: &mut SpiClient<'_>, pipeline: &str, rows: Rows) -> TideR
 
 /// [`insert`] through SQL: one `INSERT ... SELECT FROM unnest(...)` (the rows in event order, so
 /// their ids increase in it), which fires the table's triggers and applies its rules.
-fn insert_sql(c: &mut SpiClient<'_>, pipeline: &str, rows: Rows) -> TideResult<()> {
+fn insert_sql(c: &mut SpiClient<'_>, pipeline: &str, mut rows: Rows) -> TideResult<()> {
+    // Rows given as jsonb go in as their text (jsonb_out), parsed back by the statement.
+    for i in 0..rows.len() {
+        if let Some(bytes) = rows.row_jsonb[i].take() {
+            rows.row[i] = Some(jsonb_text(&bytes)?);
+        }
+    }
     let lsn: Vec<String> = rows
         .lsn
         .iter()
@@ -183,4 +195,46 @@ fn insert_sql(c: &mut SpiClient<'_>, pipeline: &str, rows: Rows) -> TideResult<(
         ],
     )?;
     Ok(())
+}
+
+/// A `jsonb` datum (palloc'd in the current memory context) from its varlena's bytes, as
+/// `Event::row_jsonb` carries them. Checked to be one whole varlena (4-byte header) of that size.
+fn jsonb_datum(bytes: &[u8]) -> TideResult<pgrx::pg_sys::Datum> {
+    use pgrx::pg_sys;
+    if bytes.len() < 4 {
+        return Err(crate::error::TideError::internal(
+            "a backfilled row's jsonb is not one whole value",
+        ));
+    }
+    // SAFETY: a palloc'd (so aligned) copy of the bytes, whose header is read only after the
+    // copy and checked against their length: a 4-byte-header varlena (jsonb_in's result, as
+    // the chunk's reader copied it) of exactly that size, or an error.
+    unsafe {
+        let p = pg_sys::palloc(bytes.len()) as *mut u8;
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len());
+        let v = p as *const pg_sys::varlena;
+        if !pgrx::varlena::varatt_is_4b_u(v) || pgrx::varlena::varsize_4b(v) != bytes.len() {
+            pg_sys::pfree(p as *mut std::ffi::c_void);
+            return Err(crate::error::TideError::internal(
+                "a backfilled row's jsonb is not one whole value",
+            ));
+        }
+        Ok(pg_sys::Datum::from(p))
+    }
+}
+
+/// The text of a jsonb given as its bytes (`jsonb_out`).
+fn jsonb_text(bytes: &[u8]) -> TideResult<String> {
+    use pgrx::pg_sys;
+    let d = jsonb_datum(bytes)?;
+    // SAFETY: `d` is a jsonb datum; jsonb's output function returns a palloc'd C string.
+    unsafe {
+        let (mut out, mut varlena) = (pg_sys::InvalidOid, false);
+        pg_sys::getTypeOutputInfo(pg_sys::JSONBOID, &mut out, &mut varlena);
+        let s = pg_sys::OidOutputFunctionCall(out, d);
+        let text = std::ffi::CStr::from_ptr(s).to_string_lossy().into_owned();
+        pg_sys::pfree(s as *mut std::ffi::c_void);
+        pg_sys::pfree(d.cast_mut_ptr());
+        Ok(text)
+    }
 }

@@ -42,6 +42,10 @@ pub struct Event {
     /// JSON object of the row's sent columns (targets that take rows as JSON,
     /// [`RowFormat::Json`]).
     pub row: Option<String>,
+    /// The row as a `jsonb` datum's bytes (its varlena, header included), instead of `row`:
+    /// a backfilled row parsed from `row`'s JSON by `jsonb_in` where the chunk was read, for a
+    /// target that [`Target::takes_jsonb`].
+    pub row_jsonb: Option<Vec<u8>>,
     /// The text output of each column in `columns`, NULL as `None` (targets that take rows as
     /// text, [`RowFormat::Text`], instead of `row`).
     pub values: Option<Vec<Option<String>>>,
@@ -161,6 +165,12 @@ pub trait Target {
     /// only in this form).
     fn row_format(&self) -> RowFormat {
         RowFormat::Json
+    }
+
+    /// Whether backfilled rows may come as `jsonb` ([`Event::row_jsonb`]) instead of JSON text
+    /// (the outbox: the chunk's reader parses them, so the worker does not).
+    fn takes_jsonb(&self) -> bool {
+        false
     }
 
     /// Start of an iteration: learn which tables go where, prepare the target.

@@ -30,6 +30,11 @@ impl OutboxSink {
 }
 
 impl Target for OutboxSink {
+    /// Backfilled rows come parsed (`jsonb` bytes) from the chunk's reader.
+    fn takes_jsonb(&self) -> bool {
+        true
+    }
+
     /// Buffer one event (flushes every [`FLUSH_ROWS`]).
     fn push(&mut self, c: &mut SpiClient<'_>, t: &Txn, ev: Event) -> TideResult<()> {
         let unchanged = (!ev.unchanged.is_empty()).then_some(ev.unchanged);
@@ -44,6 +49,7 @@ impl Target for OutboxSink {
         r.op.push(ev.op.as_str());
         r.key.push(ev.key);
         r.row.push(ev.row);
+        r.row_jsonb.push(ev.row_jsonb);
         r.unchanged.push(unchanged);
         if r.len() >= FLUSH_ROWS {
             self.flush(c)?;
@@ -69,6 +75,7 @@ impl Target for OutboxSink {
                 op: tide_core::model::Op::Schema,
                 key: None,
                 row: Some(row.to_string()),
+                row_jsonb: None,
                 values: None,
                 key_values: None,
                 unchanged: Vec::new(),

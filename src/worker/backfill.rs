@@ -345,6 +345,7 @@ impl Backfiller {
         let mut as_values = Vec::new();
         let (mut copy_text, mut copy_rows) = (String::new(), 0usize);
         for (key, item) in rows {
+            let mut row_jsonb = None;
             let (op, row, values, key_values) = match item {
                 Item::Value(i) => {
                     as_values.push(i);
@@ -356,6 +357,10 @@ impl Backfiller {
                     continue;
                 }
                 Item::Json(row) => (Op::Read, Some(row), None, None),
+                Item::Jsonb(b) => {
+                    row_jsonb = Some(b);
+                    (Op::Read, None, None, None)
+                }
                 Item::Text(values) => (Op::Read, None, Some(values), None),
                 Item::Delete(by_name) => (Op::Delete, None, None, Some(by_name)),
             };
@@ -375,6 +380,7 @@ impl Backfiller {
                         Vec::new()
                     },
                     row,
+                    row_jsonb,
                     values,
                     key_values,
                     unchanged: Vec::new(),

@@ -28,6 +28,10 @@ use tide_core::wire::{Tuple, Value};
 pub(super) enum Item {
     /// The row as a JSON object, emitted as a `read` event.
     Json(String),
+    /// The same JSON object parsed into a `jsonb` datum (its bytes), for a target that takes
+    /// it so ([`Holding::jsonb`]): parsed by the process that read the chunk (the reader, with
+    /// read-ahead) instead of the worker.
+    Jsonb(Vec<u8>),
     /// The row as each column's text output (NULL as `None`), emitted as a `read` event to a
     /// target that takes rows as text.
     Text(Vec<Option<String>>),
@@ -163,6 +167,8 @@ pub(crate) struct Holding {
     pub copy: bool,
     /// Otherwise as each column's text output (else as JSON).
     pub text: bool,
+    /// JSON parsed into `jsonb` (else as JSON text).
+    pub jsonb: bool,
 }
 
 impl Holding {
@@ -183,6 +189,7 @@ impl Holding {
             values,
             copy,
             text: sink.row_format() == RowFormat::Text,
+            jsonb: sink.takes_jsonb(),
         })
     }
 }
@@ -218,6 +225,19 @@ pub(super) fn read_chunk(
     let as_values = whole_row && holding.values;
     let as_copy = !as_values && holding.copy;
     let as_text = holding.text;
+    let as_jsonb = !as_values && !as_copy && !as_text && holding.jsonb;
+    // jsonb's input function, for `as_jsonb`.
+    let mut jsonb_in: pg_sys::FmgrInfo = unsafe { std::mem::zeroed() };
+    let mut jsonb_param = pg_sys::InvalidOid;
+    if as_jsonb {
+        let mut f = pg_sys::InvalidOid;
+        // SAFETY: a catalog lookup of a built-in type; fmgr_info fills the struct it is given
+        // (in the current memory context, the transaction's).
+        unsafe {
+            pg_sys::getTypeInputInfo(pg_sys::JSONBOID, &mut f, &mut jsonb_param);
+            pg_sys::fmgr_info(f, &mut jsonb_in);
+        }
+    }
     let columns: Vec<OwnedColumn> = meta.columns.iter().map(|(c, _)| c.clone()).collect();
     let mut key_types = Vec::new();
     for k in &job.b.key_columns {
@@ -371,7 +391,11 @@ pub(super) fn read_chunk(
                 } else {
                     let mut row = String::new();
                     json::render_row(&columns, &tuple, &mut row).map_err(render_err)?;
-                    Item::Json(row)
+                    if as_jsonb {
+                        Item::Jsonb(parse_jsonb(&mut jsonb_in, jsonb_param, row)?)
+                    } else {
+                        Item::Json(row)
+                    }
                 };
                 let key_values = (0..key_idx.len())
                     .map(|k| {
@@ -541,4 +565,21 @@ fn quote(ident: &str) -> String {
 /// A text result value as a tuple value.
 fn value(v: &Option<String>) -> Value<'_> {
     v.as_deref().map_or(Value::Null, Value::Text)
+}
+
+/// `row` (rendered JSON) parsed by jsonb's input function `f`: the datum's bytes (a 4-byte
+/// header varlena), copied out and the datum freed.
+fn parse_jsonb(f: &mut pg_sys::FmgrInfo, param: pg_sys::Oid, row: String) -> TideResult<Vec<u8>> {
+    let c = std::ffi::CString::new(row)
+        .map_err(|_| TideError::internal("a chunk row's JSON has a NUL byte"))?;
+    // SAFETY: jsonb_in returns a palloc'd, uncompressed jsonb varlena; its size is read from
+    // its header and the bytes are copied before it is freed.
+    unsafe {
+        let d = pg_sys::InputFunctionCall(f, c.as_ptr() as *mut std::ffi::c_char, param, -1);
+        let v = d.cast_mut_ptr::<pg_sys::varlena>();
+        let n = pgrx::varlena::varsize_any(v);
+        let bytes = std::slice::from_raw_parts(v as *const u8, n).to_vec();
+        pg_sys::pfree(v as *mut std::ffi::c_void);
+        Ok(bytes)
+    }
 }

@@ -11,8 +11,9 @@
 //!    and how the target wants its rows held ([`Holding`]);
 //! 2. the reader runs the same two transactions the worker would ([`super::backfill`]): the low
 //!    watermark, then the chunk's SELECT and its high watermark (`super::chunk::read_chunk`, as
-//!    the backfill's owner, security-restricted) and sends the chunk back (rows as JSON, text,
-//!    COPY text, or row values as their bytes), or the error;
+//!    the backfill's owner, security-restricted) and sends the chunk back (rows as JSON, as
+//!    `jsonb` it parsed for the outbox, text, COPY text, or row values as their bytes), or the
+//!    error;
 //! 3. the worker receives it **before its next iteration** (`tide_core::worker_loop`: a read in
 //!    flight comes first) and registers it with the reconciler as if it had read it itself.
 //!
@@ -209,6 +210,7 @@ fn encode_request(pipeline: &str, job: &Due, hold: Holding, writer: u32) -> Vec<
     e.bool(hold.values);
     e.bool(hold.copy);
     e.bool(hold.text);
+    e.bool(hold.jsonb);
     e.u32(writer);
     e.0
 }
@@ -221,6 +223,7 @@ fn decode_request(buf: &[u8]) -> TideResult<(String, Due, Holding, u32)> {
         values: d.bool()?,
         copy: d.bool()?,
         text: d.bool()?,
+        jsonb: d.bool()?,
     };
     let writer = d.u32()?;
     d.end()?;
@@ -285,6 +288,10 @@ fn encode_response(r: &TideResult<(u64, Due, ChunkRead)>) -> Vec<u8> {
                     }
                     // A chunk's rows are never deletes (those are in `deletes`).
                     Item::Delete(_) => e.u8(4),
+                    Item::Jsonb(b) => {
+                        e.u8(5);
+                        e.bytes(b);
+                    }
                 }
             }
             e.opt(c.values.as_ref(), |e, (values, attnums)| {
@@ -358,6 +365,7 @@ fn decode_response(buf: &[u8], holding: Holding) -> TideResult<TideResult<(u64, 
                     1 => Item::Text(d.opt_strs()?),
                     2 => Item::Value(d.u32()?),
                     3 => Item::Copy(d.str()?),
+                    5 => Item::Jsonb(d.bytes()?.to_vec()),
                     _ => return Err(malformed()),
                 };
                 rows.push(ChunkRow {
@@ -777,6 +785,7 @@ mod tests {
             values: false,
             copy: true,
             text: true,
+            jsonb: true,
         };
         let (p, j, h, w) = decode_request(&encode_request("pipé", &job, hold, 77)).unwrap();
         assert_eq!((p.as_str(), w), ("pipé", 77));

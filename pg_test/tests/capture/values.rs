@@ -160,6 +160,41 @@ INSERT INTO src (id, c_dbl, c_real, c_num, c_numany) VALUES (7, 0.1, 1e-45, 0, 1
         checks.join(",\n")
     );
     assert_no_rows(&c, "columns that do not rebuild from the outbox", &sql);
+    // The same rows backfilled (`read` events: their JSON parsed into jsonb where the chunk was
+    // read: by the worker for the first chunk, by its reader for the next ones) rebuild the
+    // same way, and are the streamed rows' jsonb exactly.
+    let id: i64 = c.query_scalar("SELECT tide.start_backfill('src', 'types', chunk_size => 1)");
+    wait_backfill(&c, "src", "types", 60);
+    assert_eq!(
+        c.query_scalar::<String>(&format!("SELECT state FROM tide.backfills WHERE id = {id}")),
+        "done"
+    );
+    let read_sql = sql.replace(
+        "WHERE pipeline = 'types' AND relation = 'public.src'",
+        "WHERE pipeline = 'types' AND relation = 'public.src' AND op = 'read'",
+    );
+    assert_ne!(read_sql, sql);
+    assert_no_rows(
+        &c,
+        "columns that do not rebuild from the backfill's events",
+        &read_sql,
+    );
+    assert_no_rows(
+        &c,
+        "backfilled rows that differ from the latest streamed row",
+        "WITH r AS (SELECT key, \"row\" FROM tide.outbox WHERE pipeline = 'types' AND op = 'read'),
+              s AS (SELECT DISTINCT ON (key) key, op, \"row\" FROM tide.outbox
+                     WHERE pipeline = 'types' AND op <> 'read' ORDER BY key, id DESC)
+         SELECT r.key, r.\"row\", s.\"row\" FROM r JOIN s USING (key)
+          WHERE s.op IN ('insert', 'update') AND r.\"row\" IS DISTINCT FROM s.\"row\"",
+    );
+    assert_eq!(
+        c.query_scalar::<i64>(
+            "SELECT count(*) FROM tide.outbox WHERE pipeline = 'types' AND op = 'read'"
+        ),
+        c.query_scalar::<i64>("SELECT count(*) FROM src"),
+        "one read event per row"
+    );
     let last_ops = sample(
         &c,
         "SELECT op, count(*) FROM (SELECT DISTINCT ON (key) op FROM tide.outbox
