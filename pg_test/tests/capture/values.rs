@@ -160,6 +160,30 @@ INSERT INTO src (id, c_dbl, c_real, c_num, c_numany) VALUES (7, 0.1, 1e-45, 0, 1
         checks.join(",\n")
     );
     assert_no_rows(&c, "columns that do not rebuild from the outbox", &sql);
+    let last_ops = sample(
+        &c,
+        "SELECT op, count(*) FROM (SELECT DISTINCT ON (key) op FROM tide.outbox
+           WHERE pipeline = 'types' ORDER BY key, id DESC) x GROUP BY 1 ORDER BY 1",
+        5,
+    );
+    assert!(
+        last_ops.contains("\"op\":\"update\""),
+        "the update of row 4 is not the latest event of any row: {last_ops}"
+    );
+    // Numbers stay JSON numbers (digit for digit); floats -0/NaN/Infinity are strings.
+    let kinds: String = c.query_scalar(
+        "SELECT string_agg(k || '=' || jsonb_typeof(\"row\"->k), ' ' ORDER BY k)
+           FROM tide.outbox, unnest(ARRAY['c_int8', 'c_num', 'c_real', 'c_dbl', 'c_bool', 'c_jsonb']) k
+          WHERE pipeline = 'types' AND op = 'insert' AND key = '{\"id\": 1}'",
+    );
+    assert_eq!(
+        kinds,
+        "c_bool=boolean c_dbl=number c_int8=number c_jsonb=object c_num=number c_real=number"
+    );
+    let num: String = c.query_scalar(
+        "SELECT \"row\"->>'c_num' FROM tide.outbox WHERE pipeline = 'types' AND op = 'insert' AND key = '{\"id\": 1}'",
+    );
+    assert_eq!(num, "12345678901234567890.0123456789");
     // The same rows backfilled (`read` events: their JSON parsed into jsonb where the chunk was
     // read: by the worker for the first chunk, by its reader for the next ones) rebuild the
     // same way, and are the streamed rows' jsonb exactly.
@@ -195,30 +219,6 @@ INSERT INTO src (id, c_dbl, c_real, c_num, c_numany) VALUES (7, 0.1, 1e-45, 0, 1
         c.query_scalar::<i64>("SELECT count(*) FROM src"),
         "one read event per row"
     );
-    let last_ops = sample(
-        &c,
-        "SELECT op, count(*) FROM (SELECT DISTINCT ON (key) op FROM tide.outbox
-           WHERE pipeline = 'types' ORDER BY key, id DESC) x GROUP BY 1 ORDER BY 1",
-        5,
-    );
-    assert!(
-        last_ops.contains("\"op\":\"update\""),
-        "the update of row 4 is not the latest event of any row: {last_ops}"
-    );
-    // Numbers stay JSON numbers (digit for digit); floats -0/NaN/Infinity are strings.
-    let kinds: String = c.query_scalar(
-        "SELECT string_agg(k || '=' || jsonb_typeof(\"row\"->k), ' ' ORDER BY k)
-           FROM tide.outbox, unnest(ARRAY['c_int8', 'c_num', 'c_real', 'c_dbl', 'c_bool', 'c_jsonb']) k
-          WHERE pipeline = 'types' AND op = 'insert' AND key = '{\"id\": 1}'",
-    );
-    assert_eq!(
-        kinds,
-        "c_bool=boolean c_dbl=number c_int8=number c_jsonb=object c_num=number c_real=number"
-    );
-    let num: String = c.query_scalar(
-        "SELECT \"row\"->>'c_num' FROM tide.outbox WHERE pipeline = 'types' AND op = 'insert' AND key = '{\"id\": 1}'",
-    );
-    assert_eq!(num, "12345678901234567890.0123456789");
 }
 
 #[test]
