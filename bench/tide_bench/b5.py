@@ -79,6 +79,16 @@ class Broker:
         self.address = None
 
     def start(self):
+        """Start a fresh broker (stopping any left from a run that failed) and point the
+        bench_kafka server at it. Stops what it started when it fails."""
+        self.stop()
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self):
         tansu = os.environ.get("TIDE_BENCH_TANSU")
         if not tansu:
             self.address = os.environ.get("TIDE_BENCH_KAFKA")
@@ -101,12 +111,16 @@ class Broker:
             while True:
                 try:
                     socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
                 except OSError:
-                    if self.proc.poll() is not None or time.monotonic() > deadline:
-                        self.stop()
-                        raise BenchError(f"tansu did not start on port {port}")
-                    time.sleep(0.1)
+                    pass
+                else:
+                    # (something else may have taken the port meanwhile: tansu must be alive)
+                    if self.proc.poll() is None:
+                        break
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    tail = open(os.path.join(self.dir, "broker.log"), errors="replace").read()[-500:]
+                    raise BenchError(f"tansu did not start on port {port}: {tail}")
+                time.sleep(0.1)
             self.address = f"127.0.0.1:{port}"
         self.src.x("DROP SERVER IF EXISTS bench_kafka CASCADE")
         self.src.x(f"CREATE SERVER bench_kafka FOREIGN DATA WRAPPER tide_kafka OPTIONS (brokers '{self.address}')")
@@ -237,9 +251,11 @@ def run(self, b):
                 secs = r["end_monotonic"] - t0
                 return {"rows": r["rows_emitted"], "seconds": round(secs, 2), "rows_per_s": round(r["rows_emitted"] / secs, 1)}
             finally:
-                drop_pipeline(src, name)
-                src.x("DELETE FROM tide.outbox WHERE pipeline = %s", (name,))
-                broker.stop()
+                try:
+                    drop_pipeline(src, name)
+                    src.x("DELETE FROM tide.outbox WHERE pipeline = %s", (name,))
+                finally:
+                    broker.stop()
 
         self.run(b, f"backfill {P['b1_rows']:,} rows → {kind}", backfill, kind=kind, phase="backfill")
 
@@ -327,9 +343,11 @@ def run(self, b):
                     }
                 finally:
                     col.stop.set()
-                    drop_pipeline(src, name)
-                    src.x("DELETE FROM tide.outbox WHERE pipeline = %s", (name,))
-                    broker.stop()
+                    try:
+                        drop_pipeline(src, name)
+                        src.x("DELETE FROM tide.outbox WHERE pipeline = %s", (name,))
+                    finally:
+                        broker.stop()
 
             label = f"streaming {rate or 'full speed'} tx/s → {kind}{'' if consume else ', no consumer'}"
             self.run(b, label, stream, kind=kind, phase="streaming")

@@ -554,8 +554,15 @@ fn outbox_triggers_fire() {
          CREATE TRIGGER note AFTER INSERT ON tide.outbox FOR EACH ROW EXECUTE FUNCTION note_event();",
     );
     create_pipeline(&c, "trg", "outbox", "{}");
-    exec(&c, "SELECT tide.add_table('trg', 't')");
+    exec(&c, "SELECT tide.add_table('trg', 't', backfill => false)");
+    // Chunks of 50: all but the first are read (and their rows parsed into jsonb) by the
+    // worker's reader, and go through the INSERT statement all the same.
+    exec(
+        &c,
+        "SELECT tide.start_backfill('t', 'trg', chunk_size => 50)",
+    );
     wait_backfill(&c, "t", "trg", 60);
+    c.execute("CREATE TABLE t0 AS SELECT * FROM t");
     // Updates that leave a TOASTed value unchanged (the event names it in `unchanged`).
     c.execute("UPDATE t SET v = 1 WHERE id <= 10; DELETE FROM t WHERE id > 290");
     wait_pipeline(&c, "trg", 30);
@@ -580,6 +587,15 @@ fn outbox_triggers_fire() {
         ),
         10,
         "the unchanged TOASTed column is named"
+    );
+    assert_eq!(
+        c.query_scalar::<i64>(
+            "SELECT count(*) FROM tide.outbox o, jsonb_populate_record(NULL::t, o.\"row\") r, t0
+              WHERE o.pipeline = 'trg' AND o.op = 'read' AND t0.id = (o.key->>'id')::int
+                AND (r.id, r.v, r.big) = (t0.id, t0.v, t0.big)"
+        ),
+        300,
+        "every backfilled row is stored whole, as the source had it"
     );
     let out_of_order: i64 = c.query_scalar(
         "SELECT count(*) FROM (SELECT commit_lsn, position,

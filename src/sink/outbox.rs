@@ -35,6 +35,12 @@ impl Target for OutboxSink {
         true
     }
 
+    /// After a failed iteration: the events buffered and not yet written belong to it (the
+    /// next iteration decodes them again); written ones were rolled back with it.
+    fn reset(&mut self) {
+        self.rows = Rows::default();
+    }
+
     /// Buffer one event (flushes every [`FLUSH_ROWS`]).
     fn push(&mut self, c: &mut SpiClient<'_>, t: &Txn, ev: Event) -> TideResult<()> {
         let unchanged = (!ev.unchanged.is_empty()).then_some(ev.unchanged);

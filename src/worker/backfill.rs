@@ -441,7 +441,12 @@ impl Backfiller {
             match r.receive() {
                 // Asked by an iteration that failed: dropped; the next step reads again.
                 Ok(None) => return Ok(()),
-                Ok(Some((job, read))) => return self.register(pipeline, job, read, started),
+                Ok(Some((job, read))) => {
+                    let r = self.register(pipeline, job, read, started);
+                    // Nothing is in flight now: the pruning skipped meanwhile (see `prune`).
+                    self.prune();
+                    return r;
+                }
                 Err(e) => {
                     pgrx::log!("pg_tide worker \"{pipeline}\": {e}; it reads the chunks itself");
                     self.reader = None;

@@ -449,7 +449,9 @@ impl Reader {
     pub fn start(pipeline: &str) -> TideResult<Reader> {
         // An ERROR here (no room in /dev/shm for the segment, say) is returned, not raised:
         // the worker then reads each chunk itself. A reader made before the error is dropped
-        // as the error unwinds (detaching what it attached).
+        // as the error unwinds (detaching what it attached). What dsm_create allocated before
+        // failing (its segment descriptor, a few dozen bytes in TopMemoryContext) stays: once
+        // per attempt, and attempts are a minute apart.
         tx::guard(|| Self::start_unguarded(pipeline))
     }
 
@@ -692,6 +694,12 @@ pub extern "C-unwind" fn tide_reader_main(arg: pg_sys::Datum) {
             }
             decode_request(std::slice::from_raw_parts(data as *const u8, n))
         };
+        if let Err(e) = &request {
+            // Another build's worker (a pg_tide.so replaced while it ran): not a reason to
+            // fail its backfill. The reader exits; the worker sees it gone and reads itself.
+            log!("pg_tide reader \"{pipeline}\": {e}; exiting");
+            break;
+        }
         // A reload (SIGHUP: its handler only sets a flag and the latch) applies before the
         // next chunk is read, as in the worker.
         if BackgroundWorker::sighup_received() {
