@@ -70,22 +70,28 @@ pub fn bypasses(target: pg_sys::Oid) -> Option<&'static str> {
     // transaction) and reading its relcache entry while it is open.
     unsafe {
         let rel = pg_sys::table_open(target, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE);
-        let form = &*(*rel).rd_rel;
-        let why = if form.relkind as u8 != pg_sys::RELKIND_RELATION
-            || form.relam != pg_sys::HEAP_TABLE_AM_OID
-        {
-            Some("not a plain heap table")
-        } else if form.relispartition {
-            Some("it is a partition")
-        } else if !(*rel).trigdesc.is_null() {
-            Some("it has triggers")
-        } else if form.relhasrules {
-            Some("it has rules")
-        } else {
-            None
-        };
+        let why = bypassed(rel);
         pg_sys::table_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
         why
+    }
+}
+
+/// See [`bypasses`]; `rel` is open.
+unsafe fn bypassed(rel: pg_sys::Relation) -> Option<&'static str> {
+    let form = &*(*rel).rd_rel;
+    if form.relkind as u8 != pg_sys::RELKIND_RELATION || form.relam != pg_sys::HEAP_TABLE_AM_OID {
+        Some("not a plain heap table")
+    } else if form.relispartition {
+        // A partition's constraint is checked by an INSERT into it (ExecPartitionCheck), not
+        // by a multi-insert.
+        Some("it is a partition")
+    } else if !(*rel).trigdesc.is_null() {
+        Some("it has triggers")
+    } else if form.relhasrules {
+        // An INSERT rule rewrites the statement; a multi-insert would bypass it.
+        Some("it has rules")
+    } else {
+        None
     }
 }
 
@@ -95,24 +101,8 @@ unsafe fn why_not(
     target: pg_sys::Oid,
     chunk: &Chunk<'_>,
 ) -> TideResult<Option<String>> {
-    let form = &*(*rel).rd_rel;
-    if form.relkind as u8 != pg_sys::RELKIND_RELATION {
-        return Ok(Some("not a plain table".into()));
-    }
-    if form.relam != pg_sys::HEAP_TABLE_AM_OID {
-        return Ok(Some("not a heap table".into()));
-    }
-    if form.relispartition {
-        // A partition's constraint is checked by an INSERT into it (ExecPartitionCheck), not
-        // by a multi-insert.
-        return Ok(Some("it is a partition".into()));
-    }
-    if !(*rel).trigdesc.is_null() {
-        return Ok(Some("it has triggers".into()));
-    }
-    if form.relhasrules {
-        // An INSERT rule rewrites the statement; a multi-insert would bypass it.
-        return Ok(Some("it has rules".into()));
+    if let Some(why) = bypassed(rel) {
+        return Ok(Some(why.into()));
     }
     if pg_sys::check_enable_rls(target, pg_sys::InvalidOid, true)
         != pg_sys::CheckEnableRlsResult::RLS_NONE as i32
@@ -183,6 +173,9 @@ fn name_of(a: &pg_sys::FormData_pg_attribute) -> &str {
         .to_str()
         .unwrap_or("")
 }
+
+/// Fills row `i`'s values and nulls (the columns written, in order): see [`insert`].
+pub type RowFill<'a> = dyn FnMut(usize, &mut [pg_sys::Datum], &mut [bool]) -> TideResult<()> + 'a;
 
 /// Where a target column's value comes from.
 #[derive(Clone, Copy)]
@@ -259,7 +252,7 @@ pub fn insert(
     target: pg_sys::Oid,
     columns: &[String],
     n: usize,
-    row: &mut dyn FnMut(usize, &mut [pg_sys::Datum], &mut [bool]) -> TideResult<()>,
+    row: &mut RowFill<'_>,
 ) -> TideResult<usize> {
     if n == 0 {
         return Ok(0);

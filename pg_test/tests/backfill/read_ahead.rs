@@ -135,6 +135,7 @@ fn read_ahead_off_stops_the_reader() {
     }) {
         panic!("no reader appeared: {msg}\n{}", diag(&c));
     }
+    // (a test's own connection: an error here is the test's failure)
     let mut lock = c.client();
     lock.batch_execute("BEGIN; LOCK TABLE ra IN ACCESS EXCLUSIVE MODE")
         .expect("lock the table");
