@@ -7,6 +7,9 @@
 //! is granted to no one.
 
 use pg_test::*;
+
+mod kafka;
+mod remote;
 use std::time::{Duration, Instant};
 
 fn diag(c: &Cluster) -> String {
