@@ -356,3 +356,26 @@ REVOKE ALL ON FUNCTION tide._kafka_fdw_validator(text[], oid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tide._kafka_fdw_validator(text[], oid) TO tide_admin;
 CREATE FOREIGN DATA WRAPPER tide_kafka VALIDATOR tide._kafka_fdw_validator;
 COMMENT ON FOREIGN DATA WRAPPER tide_kafka IS 'pg_tide: servers of kafka targets (option brokers; credentials in user mappings).';
+
+-- Security (README "Security"): members trim the outbox through tide.trim_outbox, not with a
+-- DELETE right (which would also let them LOCK the table and stop every outbox pipeline); every
+-- view is a security_barrier, so a function in a viewer's WHERE clause never sees rows the
+-- view filters out.
+DROP POLICY outbox_trim_owned_pipelines ON tide.outbox;
+REVOKE DELETE ON tide.outbox FROM tide_admin;
+CREATE FUNCTION tide."trim_outbox"(
+	"pipeline" TEXT,
+	"up_to" bigint
+) RETURNS bigint
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'trim_outbox_wrapper';
+REVOKE ALL ON FUNCTION tide.trim_outbox(text, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide.trim_outbox(text, bigint) TO tide_admin;
+ALTER VIEW tide.pipelines SET (security_barrier = true);
+ALTER VIEW tide.tables SET (security_barrier = true);
+ALTER VIEW tide.backfills SET (security_barrier = true);
+ALTER VIEW tide.chunks SET (security_barrier = true);
+ALTER VIEW tide.verifications SET (security_barrier = true);
+ALTER VIEW tide.readiness SET (security_barrier = true);
+ALTER VIEW tide.consumers SET (security_barrier = true);
+ALTER VIEW tide.outbox_retention SET (security_barrier = true);

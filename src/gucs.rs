@@ -28,6 +28,14 @@ pub static OUTBOX_PRUNE_BATCH: GucSetting<i32> = GucSetting::<i32>::new(1000);
 /// `tide.read_ahead`: a pipeline worker that backfills has a helper process read the next chunk
 /// while it writes the current one (see `worker::read_ahead`).
 pub static READ_AHEAD: GucSetting<bool> = GucSetting::<bool>::new(true);
+/// `tide.max_pipelines_per_role`: the most pipelines one role may own (superusers are not
+/// limited); -1 (the default) is a quarter of `max_replication_slots`, at least 1, so one role
+/// cannot take every slot. See [`max_pipelines_per_role`].
+pub static MAX_PIPELINES_PER_ROLE: GucSetting<i32> = GucSetting::<i32>::new(-1);
+/// `tide.max_paused_wal_size`: the most WAL (MB) a paused pipeline's slot may retain; past it the
+/// slot is dropped and the pipeline fails with the remedy, instead of filling the disk. -1: no
+/// limit.
+pub static MAX_PAUSED_WAL_MB: GucSetting<i32> = GucSetting::<i32>::new(8192);
 
 pub fn init() {
     GucRegistry::define_bool_guc(
@@ -107,6 +115,26 @@ pub fn init() {
         GucFlags::default(),
     );
     GucRegistry::define_int_guc(
+        c"tide.max_pipelines_per_role",
+        c"The most pipelines one role may own; -1 is a quarter of max_replication_slots.",
+        c"Each pipeline takes a replication slot and a worker. The limit keeps one role from taking them all; superusers are not limited. -1 (the default): max_replication_slots / 4, at least 1.",
+        &MAX_PIPELINES_PER_ROLE,
+        -1,
+        10_000,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"tide.max_paused_wal_size",
+        c"The most WAL a paused pipeline's slot may retain before it is dropped; -1 means no limit.",
+        c"A paused pipeline's slot keeps every change since the pause. Past this size the worker drops the slot (as max_slot_wal_keep_size invalidates one) and records the error with its remedy in tide.pipelines.",
+        &MAX_PAUSED_WAL_MB,
+        -1,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_MB,
+    );
+    GucRegistry::define_int_guc(
         c"tide.max_retry_delay",
         c"Longest back-off, in seconds, after a failed pipeline iteration.",
         c"",
@@ -126,4 +154,13 @@ pub fn database() -> String {
         .map(CStr::to_string_lossy)
         .map(|s| s.into_owned())
         .unwrap_or_else(|| "postgres".to_string())
+}
+
+/// The most pipelines one role may own now: `tide.max_pipelines_per_role`, or for -1 a quarter
+/// of `max_replication_slots` (at least 1).
+pub fn max_pipelines_per_role(max_replication_slots: i64) -> i64 {
+    match MAX_PIPELINES_PER_ROLE.get() {
+        n if n >= 0 => i64::from(n),
+        _ => (max_replication_slots / 4).max(1),
+    }
 }

@@ -21,6 +21,7 @@ pub mod bulk;
 pub mod catalog;
 pub mod error;
 pub mod gucs;
+pub mod locks;
 pub mod plugin;
 pub mod schema;
 pub mod security;

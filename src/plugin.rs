@@ -4,8 +4,8 @@
 //! `docs/wire-format.md` (encoded by `tide_core::wire`, the same code the worker decodes with).
 //!
 //! Guarantees:
-//! - Only the relations listed in the `tables` option are emitted (plus pg_tide's transactional
-//!   logical messages with prefix `pg_tide`). Without a `tables` option every user table outside
+//! - Only the relations listed in the `tables` option are emitted, and no logical message (any
+//!   role may emit one; pg_tide's markers are rows of `tide.marker`). Without a `tables` option every user table outside
 //!   the `tide` schema is emitted, which is handy for `pg_logical_slot_peek_binary_changes` by hand.
 //!   pg_tide's own catalog and outbox tables are never emitted, so its writes cannot feed back.
 //! - Transactions that emit nothing are not emitted at all (Begin is written lazily).
@@ -40,9 +40,6 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::CStr;
 use tide_core::lsn::Lsn;
 use tide_core::wire;
-
-/// Prefix of the transactional logical messages pg_tide writes (`pg_logical_emit_message`).
-pub const MESSAGE_PREFIX: &str = "pg_tide";
 
 /// Per-decoding-session state, owned by `ctx->output_plugin_private`.
 struct PluginState {
@@ -149,7 +146,8 @@ pub unsafe extern "C-unwind" fn _PG_output_plugin_init(cb: *mut pg_sys::OutputPl
         (*cb).change_cb = Some(change);
         (*cb).truncate_cb = Some(truncate);
         (*cb).commit_cb = Some(commit);
-        (*cb).message_cb = Some(message);
+        // No message_cb: logical messages are not pg_tide's (any role can emit one with
+        // pg_logical_emit_message), so none reaches a worker.
         (*cb).filter_by_origin_cb = Some(filter_by_origin);
         (*cb).shutdown_cb = Some(shutdown);
     }
@@ -840,30 +838,5 @@ unsafe extern "C-unwind" fn truncate(
         }
         pg_sys::MemoryContextSwitchTo(old_cx);
         pg_sys::MemoryContextReset(st.change_cx);
-    }
-}
-
-#[pg_guard]
-unsafe extern "C-unwind" fn message(
-    ctx: *mut pg_sys::LogicalDecodingContext,
-    txn: *mut pg_sys::ReorderBufferTXN,
-    _lsn: pg_sys::XLogRecPtr,
-    transactional: bool,
-    prefix: *const std::ffi::c_char,
-    size: pg_sys::Size,
-    content: *const std::ffi::c_char,
-) {
-    unsafe {
-        if !transactional
-            || txn.is_null()
-            || CStr::from_ptr(prefix).to_bytes() != MESSAGE_PREFIX.as_bytes()
-        {
-            return;
-        }
-        let st = state(ctx);
-        ensure_begun(ctx, st, txn);
-        let body = std::slice::from_raw_parts(content as *const u8, size);
-        wire::put_signal(&mut st.buf, body);
-        flush(ctx, st, true);
     }
 }

@@ -115,7 +115,7 @@ CREATE TABLE tide.backfill (
     relid           oid NOT NULL,
     relation        text NOT NULL,
     key_columns     text[] NOT NULL,
-    owner           name NOT NULL,          -- the chunk SELECTs run as this role
+    owner           name NOT NULL,          -- the pipeline's owner: the chunk SELECTs run as this role
     -- queued, running, paused, done, cancelled, failed. Set by the SQL API (queued, paused,
     -- cancelled, running on resume) and by the worker (running, done, failed).
     state           text NOT NULL DEFAULT 'queued'
@@ -289,7 +289,7 @@ LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 $$;
 COMMENT ON FUNCTION tide._estimate_rows(oid) IS 'pg_tide internal: the planner''s estimate of a table''s rows now, with or without statistics (backfill progress).';
 
-CREATE VIEW tide.pipelines AS
+CREATE VIEW tide.pipelines WITH (security_barrier) AS
 SELECT p.name,
        p.target,
        CASE WHEN NOT p.enabled AND w.pid IS NOT NULL THEN 'paused'
@@ -329,14 +329,14 @@ SELECT p.name,
  WHERE tide._visible(p.owner);
 COMMENT ON VIEW tide.pipelines IS 'One row per pipeline: is it healthy, how far behind, and why not.';
 
-CREATE VIEW tide.tables AS
+CREATE VIEW tide.tables WITH (security_barrier) AS
 SELECT t.pipeline, t.relation, t.relid::regclass AS source, t.key_columns, t.added_at, t.added_lsn,
        CASE WHEN t.removing THEN 'removing' WHEN t.added_lsn IS NULL THEN 'pending' ELSE 'capturing' END AS state
   FROM tide.pipeline_table t
  WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = t.pipeline));
 COMMENT ON VIEW tide.tables IS 'Tables captured by each pipeline: pending until the worker reaches the add_table point in the stream, then capturing; removing until it reaches the remove_table point.';
 
-CREATE VIEW tide.backfills AS
+CREATE VIEW tide.backfills WITH (security_barrier) AS
 SELECT b.id, b.pipeline, b.relation, b.relid::regclass AS source, b.state, b.generation, b.chunk_size,
        b.rows_per_second, b.condition, b.chunks_done, b.rows_read, b.rows_dropped, b.rows_emitted,
        CASE WHEN coalesce(has_table_privilege(b.relid, 'SELECT'), false) THEN b.last_key END AS last_key,
@@ -371,7 +371,7 @@ SELECT b.id, b.pipeline, b.relation, b.relid::regclass AS source, b.state, b.gen
  WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = b.pipeline));
 COMMENT ON VIEW tide.backfills IS 'One row per backfill: state, progress, speed, estimated time left, error and remedy.';
 
-CREATE VIEW tide.chunks AS
+CREATE VIEW tide.chunks WITH (security_barrier) AS
 SELECT c.backfill_id, b.pipeline, b.relation, c.chunk,
        CASE WHEN coalesce(has_table_privilege(b.relid, 'SELECT'), false) THEN c.key_from END AS key_from,
        CASE WHEN coalesce(has_table_privilege(b.relid, 'SELECT'), false) THEN c.key_to END AS key_to,
@@ -382,7 +382,7 @@ SELECT c.backfill_id, b.pipeline, b.relation, c.chunk,
  WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = b.pipeline));
 COMMENT ON VIEW tide.chunks IS 'Recent backfill chunks (the last 1000 per backfill).';
 
-CREATE VIEW tide.verifications AS
+CREATE VIEW tide.verifications WITH (security_barrier) AS
 SELECT DISTINCT ON (v.pipeline, v.relid)
        v.pipeline, v.relation, v.relid::regclass AS source, v.id AS verification_id, v.started_at, v.finished_at,
        v.finished_at IS NOT NULL AS finished, v.ranges_checked, v.ranges_differing, v.source_rows, v.target_rows,
@@ -393,7 +393,7 @@ SELECT DISTINCT ON (v.pipeline, v.relid)
  ORDER BY v.pipeline, v.relid, v.id DESC;
 COMMENT ON VIEW tide.verifications IS 'The last verification of each captured table: when, ranges checked, differences found, repair.';
 
-CREATE VIEW tide.readiness AS
+CREATE VIEW tide.readiness WITH (security_barrier) AS
 SELECT t.pipeline, t.relation, t.relid::regclass AS source, b.id AS backfill_id, b.state AS backfill_state,
        coalesce(b.state = 'done' OR b.read_complete, false)                     AS snapshot_read_complete,
        coalesce(b.state = 'done', false)                                       AS snapshot_emitted,
@@ -410,7 +410,7 @@ SELECT t.pipeline, t.relation, t.relid::regclass AS source, b.id AS backfill_id,
  WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = t.pipeline));
 COMMENT ON VIEW tide.readiness IS 'Per pipeline and table: snapshot read complete, snapshot emitted, target caught up past the completion position.';
 
-CREATE VIEW tide.consumers AS
+CREATE VIEW tide.consumers WITH (security_barrier) AS
 SELECT c.pipeline, c.name AS consumer, c.owner, c.committed_id, c.committed_lsn, c.committed_position,
        c.committed_at,
        (SELECT count(*) FROM tide.outbox o WHERE o.pipeline = c.pipeline AND o.id > c.committed_id) AS events_behind,
@@ -426,7 +426,7 @@ SELECT c.pipeline, c.name AS consumer, c.owner, c.committed_id, c.committed_lsn,
  WHERE tide._visible(p.owner);
 COMMENT ON VIEW tide.consumers IS 'Outbox consumers: committed position (id and (commit_lsn, position)), events and WAL bytes behind the pipeline.';
 
-CREATE VIEW tide.outbox_retention AS
+CREATE VIEW tide.outbox_retention WITH (security_barrier) AS
 SELECT p.name AS pipeline,
        (SELECT count(*) FROM tide.consumer c WHERE c.pipeline = p.name)          AS consumers,
        (SELECT min(c.committed_id) FROM tide.consumer c WHERE c.pipeline = p.name) AS committed_by_all,
@@ -559,17 +559,18 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA tide FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA tide FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA tide FROM PUBLIC;
 
--- The outbox: a consumer reads (and trims) the events of the pipelines it owns (or whose
--- owning role it is a member of), nothing else. Only pg_tide's worker writes it.
+-- The outbox: a consumer reads the events of the pipelines it owns (or whose owning role it is
+-- a member of), nothing else, and trims them with tide.trim_outbox (no role but pg_tide has
+-- DELETE on it: that right would also let a role LOCK it and stop every outbox pipeline). Only
+-- pg_tide's worker writes it.
 ALTER TABLE tide.outbox ENABLE ROW LEVEL SECURITY;
 CREATE POLICY outbox_owned_pipelines ON tide.outbox FOR SELECT
     USING (pipeline IN (SELECT tide._owned_pipelines()));
-CREATE POLICY outbox_trim_owned_pipelines ON tide.outbox FOR DELETE
-    USING (pipeline IN (SELECT tide._owned_pipelines()));
 
 -- The one documented grant: GRANT tide_admin TO <role>. Members may create pipelines, use the
--- whole API on the pipelines they own, read the views (filtered to those pipelines) and read
--- and trim their pipelines' outbox events. pg_tide's own tables stay out of reach: the API
+-- whole API on the pipelines they own, read the views (filtered to those pipelines; every view
+-- is a security_barrier, so a function in a viewer's WHERE clause never sees the rows filtered
+-- out) and read their pipelines' outbox events. pg_tide's own tables stay out of reach: the API
 -- writes them as pg_tide, after checking the caller. (A role outlives DROP EXTENSION.)
 DO $$
 BEGIN
@@ -582,7 +583,7 @@ COMMENT ON ROLE tide_admin IS 'pg_tide: members may create and run pg_tide pipel
 GRANT USAGE ON SCHEMA tide TO tide_admin;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA tide TO tide_admin;
 GRANT SELECT ON tide.pipelines, tide.tables, tide.backfills, tide.chunks, tide.verifications, tide.readiness, tide.consumers, tide.outbox_retention TO tide_admin;
-GRANT SELECT, DELETE ON tide.outbox TO tide_admin;
+GRANT SELECT ON tide.outbox TO tide_admin;
 -- Used by the outbox's row security for any reader; it only lists the caller's own pipelines.
 GRANT EXECUTE ON FUNCTION tide._owned_pipelines() TO PUBLIC;
 "#,

@@ -18,7 +18,9 @@
 //!
 //! Guarantees: the previous identity, security context and GUC values are restored when the
 //! closure returns, whether `Ok` or `Err`; if it raises an ERROR instead, the transaction (or
-//! subtransaction) abort restores them, as PostgreSQL does for its own switches.
+//! subtransaction) abort restores them, as PostgreSQL does for its own switches. No setting
+//! made inside a switch outlives it (`set_config(name, value, false)` included): the settings
+//! scope opened around it is thrown away, never committed.
 
 use crate::error::{TideError, TideResult};
 use pgrx::pg_sys;
@@ -84,10 +86,30 @@ fn switched<R>(
     }
     let out = f();
     unsafe {
-        pg_sys::AtEOXact_GUC(true, nest);
+        // Discard every setting made inside, as PostgreSQL's maintenance commands do around
+        // user code (`AtEOXact_GUC(false, ...)`): a `set_config(..., false)` in an owner's
+        // function must not outlive it and reach the worker's own statements.
+        pg_sys::AtEOXact_GUC(false, nest);
         pg_sys::SetUserIdAndSecContext(save_user, save_ctx);
     }
     out
+}
+
+/// The `search_path` of pg_tide's own sessions (launcher, pipeline workers, readers), pinned at
+/// connection, as a `SECURITY DEFINER` function's `SET search_path` is: `pg_catalog` first and
+/// nothing a role can create objects in, so no unqualified name in a statement pg_tide runs as
+/// itself can resolve to an owner's function, operator or table. User code that runs in the
+/// session ([`as_owner`]) cannot move it: its settings are discarded when it returns.
+pub const PINNED_SEARCH_PATH: &str = "pg_catalog, pg_temp";
+
+/// Pin this session's `search_path` (see [`PINNED_SEARCH_PATH`]). For a background worker, once
+/// after it connects; in a transaction.
+pub fn pin_search_path() -> TideResult<()> {
+    crate::sql::one::<String>(
+        "SELECT pg_catalog.set_config('search_path', $1, false)",
+        &[PINNED_SEARCH_PATH.into()],
+    )?;
+    Ok(())
 }
 
 /// Run `f` as pg_tide itself (the bootstrap superuser), for fixed statements on pg_tide's own
@@ -96,7 +118,7 @@ fn switched<R>(
 pub fn as_tide<R>(f: impl FnOnce() -> TideResult<R>) -> TideResult<R> {
     switched(
         pg_sys::Oid::from(pg_sys::BOOTSTRAP_SUPERUSERID),
-        c"pg_catalog, pg_temp",
+        c"pg_catalog, pg_temp", // PINNED_SEARCH_PATH
         f,
     )
 }
@@ -139,10 +161,72 @@ pub fn require_owner(pipeline: &str) -> TideResult<String> {
             "must be the owner of pipeline \"{}\" (or a member of role \"{owner}\")",
             crate::api::shown(pipeline)
         ))
-        .hint(format!(
-            "Ask its owner to run this, or to GRANT {} TO you.",
-            pgrx::spi::quote_identifier(&owner)
-        )));
+        .hint(match role_oid(&owner) {
+            // Never suggest handing out a superuser's membership.
+            Some(o) if !is_superuser(o) => format!(
+                "Ask its owner to run this, or to GRANT {} TO you.",
+                pgrx::spi::quote_identifier(&owner)
+            ),
+            _ => "Ask its owner to run this.".to_string(),
+        }));
     }
     Ok(owner)
+}
+
+/// Why `owner` may not read every row of table `relid` (`qualified`) as a pipeline delivers it,
+/// if it may not: it lacks SELECT, or row-level security applies to it (it would read only some
+/// rows, and the pipeline would deliver all of them). PostgreSQL 16's subscriptions refuse the
+/// same. `None` when it may, and for a table that no longer exists (its changes end with it).
+/// In a transaction; reads the catalogs as they are now.
+pub fn read_problem(owner: pg_sys::Oid, relid: pg_sys::Oid, qualified: &str) -> Option<TideError> {
+    let mut missing = false;
+    // SAFETY: catalog lookups in a transaction; a missing relation is reported, not raised.
+    let acl = unsafe {
+        pg_sys::pg_class_aclcheck_ext(
+            relid,
+            owner,
+            pg_sys::ACL_SELECT as pg_sys::AclMode,
+            &mut missing,
+        )
+    };
+    if missing {
+        return None;
+    }
+    let name = || {
+        let c = unsafe { pg_sys::GetUserNameFromId(owner, true) };
+        if c.is_null() {
+            format!("{}", owner.to_u32())
+        } else {
+            unsafe { std::ffi::CStr::from_ptr(c) }
+                .to_string_lossy()
+                .into_owned()
+        }
+    };
+    if acl != pg_sys::AclResult::ACLCHECK_OK {
+        let who = name();
+        return Some(
+            TideError::privilege(format!(
+                "the pipeline's owner \"{who}\" may not SELECT from {qualified}"
+            ))
+            .hint(format!(
+                "A pipeline delivers only what its owner may read. GRANT SELECT ON {qualified} TO {} (its changes are then delivered), or drop the pipeline.",
+                pgrx::spi::quote_identifier(&who)
+            )),
+        );
+    }
+    // SAFETY: as above; noError = true returns RLS_ENABLED instead of raising.
+    let rls = unsafe { pg_sys::check_enable_rls(relid, owner, true) };
+    if rls == pg_sys::CheckEnableRlsResult::RLS_ENABLED as std::ffi::c_int {
+        let who = name();
+        return Some(
+            TideError::privilege(format!(
+                "row-level security of {qualified} applies to the pipeline's owner \"{who}\""
+            ))
+            .hint(format!(
+                "A pipeline delivers every row, so its owner must read every row: give {} BYPASSRLS, or a policy that lets it read all rows, or make it the table's owner (without FORCE ROW LEVEL SECURITY).",
+                pgrx::spi::quote_identifier(&who)
+            )),
+        );
+    }
+    None
 }

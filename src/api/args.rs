@@ -52,6 +52,69 @@ unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for Regclass {
     }
 }
 
+/// A `jsonb` argument, parsed into a `serde_json::Value` here instead of by pgrx's `JsonB`,
+/// which panics (an XX000 with pgrx's internals) on a value `serde_json` cannot hold: a number
+/// beyond `f64` (`1e400`) or nesting deeper than 128 levels. Such a value is kept as the error
+/// text, reported by [`json_arg`] as 22023 with the argument's name.
+#[derive(Clone, Debug)]
+pub struct JsonbArg(pub Result<serde_json::Value, String>);
+
+impl FromDatum for JsonbArg {
+    unsafe fn from_polymorphic_datum(
+        datum: pg_sys::Datum,
+        is_null: bool,
+        _typoid: pg_sys::Oid,
+    ) -> Option<Self> {
+        if is_null {
+            return None;
+        }
+        // SAFETY: a non-NULL jsonb datum (as pgrx's JsonB reads it); jsonb_out returns a
+        // palloc'd C string, copied here.
+        let text = unsafe {
+            let out =
+                pgrx::direct_function_call::<&std::ffi::CStr>(pg_sys::jsonb_out, &[Some(datum)])?;
+            let s = out.to_string_lossy().into_owned();
+            pg_sys::pfree(out.as_ptr() as *mut std::ffi::c_void);
+            s
+        };
+        Some(JsonbArg(
+            serde_json::from_str(&text).map_err(|e| e.to_string()),
+        ))
+    }
+}
+
+impl IntoDatum for JsonbArg {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        pgrx::JsonB(self.0.ok()?).into_datum()
+    }
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::JSONBOID
+    }
+}
+
+pgrx::impl_sql_translatable!(JsonbArg, "jsonb");
+
+unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for JsonbArg {
+    unsafe fn unbox_arg_unchecked(arg: pgrx::callconv::Arg<'_, 'fcx>) -> Self {
+        // Only reached for a non-NULL argument: every function takes `Option<JsonbArg>`.
+        unsafe { arg.unbox_arg_using_from_datum() }.unwrap_or(JsonbArg(Err("NULL".to_string())))
+    }
+
+    unsafe fn unbox_nullable_arg(
+        arg: pgrx::callconv::Arg<'_, 'fcx>,
+    ) -> pgrx::nullable::Nullable<Self> {
+        unsafe { arg.unbox_arg_using_from_datum() }.into()
+    }
+}
+
+/// A required `jsonb` argument that `serde_json` can hold (22004 for NULL, 22023 otherwise).
+pub fn json_arg(v: Option<JsonbArg>, name: &str) -> TideResult<serde_json::Value> {
+    required(v, name)?.0.map_err(|e| {
+        TideError::invalid(format!("argument \"{name}\" is not JSON pg_tide can read: {e}"))
+            .hint("Numbers must fit a double precision (about 1e308), and nesting stay within 128 levels.")
+    })
+}
+
 fn null(name: &str) -> TideError {
     TideError::new(
         pg_sys::errcodes::PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,

@@ -72,7 +72,8 @@ pub(crate) fn relation_name(relid: pg_sys::Oid) -> TideResult<String> {
         })
 }
 
-/// Check a backfill condition now, with the caller's privileges, rather than later in the worker.
+/// Check a backfill condition now, rather than later in the worker. Called as the pipeline's
+/// owner (the role the chunks will run as).
 fn validate_condition(
     qualified: &str,
     scan: &str,
@@ -218,6 +219,11 @@ fn start_backfill_core(
     check_server()?;
     let pipeline = resolve_pipeline(relid, pipeline)?;
     let qualified = relation_name(relid)?;
+    // The backfill's owner is the pipeline's, whoever starts it (a superuser included): the
+    // condition is checked, and the chunk reads run, as that role.
+    let owner = crate::catalog::pipelines::owner(&pipeline)?
+        .ok_or_else(|| TideError::undefined(format!("pipeline \"{pipeline}\" does not exist")))?;
+    let owner_oid = crate::security::owner_oid(&owner, &format!("pipeline \"{pipeline}\""))?;
     let chunk_size = chunk_size.unwrap_or(DEFAULT_CHUNK_SIZE);
     if chunk_size <= 0 {
         return Err(
@@ -228,12 +234,10 @@ fn start_backfill_core(
     }
     let condition = condition.map(str::trim).filter(|c| !c.is_empty());
     if let Some(c) = condition {
-        validate_condition(
-            &qualified,
-            &tables::scan(relid, &qualified)?,
-            c,
-            trusted_condition,
-        )?;
+        let scan = tables::scan(relid, &qualified)?;
+        crate::security::as_owner(owner_oid, || {
+            validate_condition(&qualified, &scan, c, trusted_condition)
+        })?;
     }
     // The key must still be the one recorded when the table was added.
     let (stored, now) = tables::recorded_and_current_key(&pipeline, relid)?.unwrap_or_default();
@@ -246,9 +250,9 @@ fn start_backfill_core(
         .hint(format!("Remove and re-add the table so pg_tide learns the new key: SELECT tide.remove_table('{pipeline}', '{qualified}'); SELECT tide.add_table('{pipeline}', '{qualified}').")));
     }
     // Serialise concurrent starts for one table, then look with a snapshot taken after the lock.
-    sql::exec(
-        "SELECT pg_advisory_xact_lock(hashtext('pg_tide backfill ' || $1 || ' ' || $2::oid::text))",
-        &[pipeline.clone().into(), relid.into()],
+    crate::locks::lock(
+        crate::locks::Lock::Backfill(&pipeline, relid),
+        crate::locks::Mode::Exclusive,
     )?;
     if let Some(state) = backfills::active_state_after_lock(&pipeline, relid)? {
         return Err(TideError::new(
@@ -259,8 +263,6 @@ fn start_backfill_core(
             "Watch it in tide.backfills; cancel it with tide.cancel_backfill first to start over.",
         ));
     }
-    // The backfill's owner is its caller: the chunk reads (and the condition) run as that role.
-    let owner = crate::security::caller_name()?;
     let id = backfills::insert(&pipeline, relid, chunk_size, condition, &owner)?;
     if let Some(d) = repair_deletes {
         backfills::set_repair_deletes(id, d)?;

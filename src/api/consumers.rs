@@ -124,6 +124,21 @@ pub(super) fn drop_consumer(pipeline: Option<&str>, name: Option<&str>) {
     .or_raise()
 }
 
+/// Delete the pipeline's outbox events with `id <= up_to` (what a consumer that tracks its own
+/// position has processed); returns how many. Members have no DELETE right on `tide.outbox` (it
+/// would also let them `LOCK` it and stop every outbox pipeline): trimming goes through here,
+/// for the pipelines the caller may act on. Takes the retention lock, like a prune batch.
+#[pg_extern]
+pub(super) fn trim_outbox(pipeline: Option<&str>, up_to: Option<i64>) -> i64 {
+    (|| {
+        let pipeline = required(pipeline, "pipeline")?;
+        let up_to = required(up_to, "up_to")?;
+        require_outbox_pipeline(pipeline)?;
+        consumers::trim(pipeline, up_to)
+    })()
+    .or_raise()
+}
+
 /// pg_tide internal (`tide.read_outbox`): checks the caller and the arguments and returns the
 /// bounds `[after, upto]` of the consumer's next batch: its events are those with
 /// `after < id <= upto`.

@@ -10,7 +10,7 @@ use crate::error::{OrRaise, TideError, TideResult};
 use crate::shmem;
 use crate::sql;
 use crate::worker::launcher::{LAUNCHER_TYPE, WORKER_TYPE};
-use args::{relation, required, Regclass};
+use args::{json_arg, relation, required, JsonbArg, Regclass};
 use pgrx::prelude::*;
 use pgrx::JsonB;
 use tide_core::model::TargetKind;

@@ -7,13 +7,13 @@ use super::*;
 pub(super) fn create_pipeline(
     name: Option<&str>,
     target: default!(Option<&str>, "'outbox'"),
-    options: default!(Option<JsonB>, "'{}'"),
+    options: default!(Option<JsonbArg>, "'{}'"),
 ) {
     (|| {
         create_pipeline_impl(
             required(name, "name")?,
             required(target, "target")?,
-            required(options, "options")?,
+            JsonB(json_arg(options, "options")?),
         )
     })()
     .or_raise()
@@ -42,6 +42,21 @@ pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> 
             )),
         );
     }
+    // A dropped pipeline's outbox events are deleted with it; events an older version left
+    // behind must not become readable by a new pipeline of the same name (whoever owns it).
+    let leftover = crate::security::as_tide(|| {
+        sql::one::<bool>(
+            "SELECT EXISTS (SELECT 1 FROM tide.outbox WHERE pipeline = $1)",
+            &[name.into()],
+        )
+    })?
+    .unwrap_or(false);
+    if leftover {
+        return Err(TideError::duplicate(format!(
+            "tide.outbox still holds events of an earlier pipeline named \"{name}\""
+        ))
+        .hint(format!("They belong to that pipeline, not to its name: pick another name, or have a superuser read and delete them (DELETE FROM tide.outbox WHERE pipeline = '{name}').")));
+    }
     let slot = catalog::slots::slot_name(name);
     if sql::one::<bool>(
         "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1::name)",
@@ -60,6 +75,25 @@ pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> 
     if used >= max {
         return Err(TideError::limit(format!("all replication slots are in use ({used} of max_replication_slots = {max})"))
             .hint("Drop unused slots (SELECT * FROM pg_replication_slots) or raise max_replication_slots and restart."));
+    }
+    // One role may not take every slot (superusers are not limited).
+    if !crate::security::is_superuser(crate::security::caller()) {
+        let me = crate::security::caller_name()?;
+        // tide.pipeline is pg_tide's: counted as pg_tide.
+        let owned = crate::security::as_tide(|| {
+            sql::one::<i64>(
+                "SELECT count(*) FROM tide.pipeline WHERE owner = $1::name",
+                &[me.clone().into()],
+            )
+        })?
+        .unwrap_or(0);
+        let limit = crate::gucs::max_pipelines_per_role(max);
+        if owned >= limit {
+            return Err(TideError::limit(format!(
+                "role \"{me}\" already owns {owned} pipelines, the most tide.max_pipelines_per_role allows ({limit})"
+            ))
+            .hint("Drop a pipeline you no longer need, or ask a superuser to raise tide.max_pipelines_per_role (-1: a quarter of max_replication_slots)."));
+        }
     }
     let pipelines = catalog::pipelines::count()?;
     if pipelines as usize >= shmem::MAX_PIPELINES {
@@ -96,9 +130,9 @@ pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> 
         catalog::slots::allow_output_plugin()?;
         // Held until this transaction ends, so the launcher does not take the new slot for an
         // orphan.
-        sql::one::<bool>(
-            "SELECT true FROM pg_advisory_xact_lock(hashtext($1))",
-            &[catalog::slots::slot_lock_key(&slot).into()],
+        crate::locks::lock(
+            crate::locks::Lock::Slot(&slot),
+            crate::locks::Mode::Exclusive,
         )?;
         sql::one::<bool>(
             "SELECT true FROM pg_create_logical_replication_slot($1::name, 'pg_tide')",
@@ -110,7 +144,8 @@ pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> 
     Ok(())
 }
 
-/// Drop a pipeline: stop its worker, drop its slot and forget its tables. Its outbox rows stay.
+/// Drop a pipeline: stop its worker, drop its slot, forget its tables and delete its outbox
+/// events.
 #[pg_extern]
 pub(super) fn drop_pipeline(name: Option<&str>) {
     required(name, "name")
@@ -133,7 +168,6 @@ pub(super) fn drop_pipeline_as_tide(name: &str, slot: &str) -> TideResult<()> {
     // iteration may run long (up to the remote sink's timeout while its target does not answer),
     // so the worker is stopped first instead of waited for; one the launcher starts meanwhile is
     // stopped on the next round.
-    let key = catalog::pipelines::pipeline_lock_key(name);
     let mut rounds = 0;
     // Every worker stopped here: each must have exited before its origin can be dropped (a
     // process releases its origin at exit, after its shared-memory slot).
@@ -145,12 +179,10 @@ pub(super) fn drop_pipeline_as_tide(name: &str, slot: &str) -> TideResult<()> {
                 stopped.push(pid);
             }
         }
-        if sql::one::<bool>(
-            "SELECT pg_try_advisory_xact_lock(hashtext($1))",
-            &[key.clone().into()],
-        )?
-        .unwrap_or(false)
-        {
+        if crate::locks::try_lock(
+            crate::locks::Lock::Pipeline(name),
+            crate::locks::Mode::Exclusive,
+        )? {
             break;
         }
         rounds += 1;
@@ -163,6 +195,12 @@ pub(super) fn drop_pipeline_as_tide(name: &str, slot: &str) -> TideResult<()> {
         sleep_ms(100);
     }
     catalog::pipelines::delete(name)?;
+    // Its outbox events go with it: they belong to this pipeline, and a later pipeline of the
+    // same name (another role's, maybe) must never read them.
+    sql::exec(
+        "DELETE FROM tide.outbox WHERE pipeline = $1",
+        &[name.into()],
+    )?;
     if let Some(pid) = shmem::worker_pid(name) {
         sql::exec("SELECT pg_terminate_backend($1)", &[pid.into()])?;
         if !stopped.contains(&pid) {

@@ -71,11 +71,13 @@ pub struct Due {
 
 /// The pipeline's backfill to read a chunk of: the running one, else the oldest queued one,
 /// whose table the worker already captures, while the pipeline is enabled (paused backfills are
-/// not read). Called by the worker, in the chunk's first transaction (a read).
+/// not read). Its chunks run as the pipeline's owner, whoever started it (a backfill a superuser
+/// started, or a row written by an older version with another owner, runs with the owner's
+/// rights all the same). Called by the worker, in the chunk's first transaction (a read).
 pub(crate) fn due(pipeline: &str) -> TideResult<Option<Due>> {
     let picked = comma_list(&texts(&[BackfillState::Queued, BackfillState::Running]));
     let rows = sql::text_rows(
-        "SELECT b.id, b.relid::int8, b.chunk_size, b.rows_per_second, b.condition, b.owner::text,
+        "SELECT b.id, b.relid::int8, b.chunk_size, b.rows_per_second, b.condition, p.owner::text,
                 to_json(b.key_columns)::text, to_json(b.last_key)::text, b.chunks_done + 1, b.repair_deletes::text
            FROM tide.backfill b
            JOIN tide.pipeline p ON p.name = b.pipeline AND p.enabled
@@ -410,7 +412,8 @@ pub(crate) fn reread_after_rewrite(
         c,
         "INSERT INTO tide.backfill (pipeline, relid, relation, key_columns, owner, generation, chunk_size,
                                    rows_per_second, estimated_rows, error)
-         SELECT b.pipeline, b.relid, b.relation, t.key_columns, b.owner,
+         SELECT b.pipeline, b.relid, b.relation, t.key_columns,
+                (SELECT p.owner FROM tide.pipeline p WHERE p.name = b.pipeline),
                 (SELECT max(generation) FROM tide.backfill WHERE pipeline = $1 AND relid = b.relid) + 1,
                 b.chunk_size, b.rows_per_second,
                 -- (the worker refreshes it at the first chunk; tide._estimate_rows here would

@@ -20,19 +20,13 @@ use crate::tsql;
 use pgrx::spi::SpiClient;
 use tide_core::model::PruneReason;
 
-/// The advisory lock key of a pipeline's outbox retention (see the module header).
-fn retention_lock_key(pipeline: &str) -> String {
-    format!("pg_tide retention {pipeline}")
-}
-
 /// Take the pipeline's retention lock until the end of the transaction. Called by the SQL API
 /// (as pg_tide) before it creates a consumer or seeks one.
 pub(crate) fn lock_retention(pipeline: &str) -> TideResult<()> {
-    tsql::one::<bool>(
-        "SELECT true FROM pg_advisory_xact_lock(hashtext($1))",
-        &[retention_lock_key(pipeline).into()],
-    )?;
-    Ok(())
+    crate::locks::lock(
+        crate::locks::Lock::Retention(pipeline),
+        crate::locks::Mode::Exclusive,
+    )
 }
 
 /// A consumer's committed id; `None` when there is no such consumer. Called by the SQL API;
@@ -189,9 +183,9 @@ pub(crate) struct Pruned {
 /// (`commit_time`), in id order up to the first younger one; none when `max_age_s <= 0`.
 /// Called by the launcher, in a transaction of its own per batch.
 pub(crate) fn prune_batch(pipeline: &str, batch: i64, max_age_s: f64) -> TideResult<Pruned> {
-    crate::sql::one::<bool>(
-        "SELECT true FROM pg_advisory_xact_lock(hashtext($1))",
-        &[retention_lock_key(pipeline).into()],
+    crate::locks::lock(
+        crate::locks::Lock::Retention(pipeline),
+        crate::locks::Mode::Exclusive,
     )?;
     // A writing statement: it takes its snapshot now, after the lock (see the module header).
     let rows = crate::sql::text_rows(
@@ -251,4 +245,15 @@ pub(crate) fn prune_batch(pipeline: &str, batch: i64, max_age_s: f64) -> TideRes
         last_id,
         reason,
     })
+}
+
+/// Delete `pipeline`'s outbox events with `id <= up_to` under the retention lock; returns how
+/// many. Called by the SQL API (`tide.trim_outbox`, after its checks); runs as pg_tide.
+pub(crate) fn trim(pipeline: &str, up_to: i64) -> TideResult<i64> {
+    lock_retention(pipeline)?;
+    let n = tsql::exec_count(
+        "DELETE FROM tide.outbox WHERE pipeline = $1 AND id <= $2",
+        &[pipeline.into(), up_to.into()],
+    )?;
+    Ok(n as i64)
 }

@@ -46,23 +46,16 @@ fn options(text: Option<String>, pipeline: &str) -> TideResult<serde_json::Value
         .ok_or_else(|| corrupt("options", pipeline))
 }
 
-/// The advisory lock key that serialises `drop_pipeline` against the worker's iterations.
-pub(crate) fn pipeline_lock_key(pipeline: &str) -> String {
-    format!("pg_tide pipeline {pipeline}")
-}
-
 // --- the worker --------------------------------------------------------------------------------
 
-/// Take the pipeline's advisory lock in shared mode (so `drop_pipeline`, which takes it
+/// Take the pipeline's lock ([`crate::locks::Lock::Pipeline`]) in shared mode (so `drop_pipeline`, which takes it
 /// exclusively, waits for this iteration, and this iteration waits for a drop in progress), then
-/// read the pipeline row (two statements). Neither assigns a transaction id: an idle worker
+/// read the pipeline row. Neither assigns a transaction id: an idle worker
 /// writes no WAL. Called by the worker, in its iteration's transaction.
 pub(crate) fn lock_pipeline(c: &mut SpiClient<'_>, name: &str) -> TideResult<Option<PipelineRow>> {
-    crate::sql::select(
-        c,
-        "SELECT true FROM pg_advisory_xact_lock_shared(hashtext($1))",
-        None,
-        &[pipeline_lock_key(name).into()],
+    crate::locks::lock(
+        crate::locks::Lock::Pipeline(name),
+        crate::locks::Mode::Shared,
     )?;
     let rows = crate::sql::select(
         c,

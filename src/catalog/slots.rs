@@ -1,5 +1,5 @@
 //! pg_tide's replication slots (`tide_<pipeline>`, plugin `pg_tide`): their names and the
-//! advisory lock a transaction creating one holds, orphaned slots, and the
+//! lock a transaction creating one holds ([`crate::locks::Lock::Slot`]), orphaned slots, and the
 //! `output_plugin_libraries` setting creating one may need.
 
 use crate::error::{TideError, TideResult};
@@ -10,13 +10,8 @@ pub(crate) fn slot_name(pipeline: &str) -> String {
     format!("tide_{pipeline}")
 }
 
-/// The key used with `pg_advisory_xact_lock(hashtext(...))` while a transaction creates a slot.
-pub(crate) fn slot_lock_key(slot: &str) -> String {
-    format!("pg_tide slot {slot}")
-}
-
 /// Drop `tide_*` slots of this database that no pipeline owns and whose creating transaction
-/// is not in progress (it holds the slot's advisory lock until it ends). Called by the launcher,
+/// is not in progress (it holds the slot's lock until it ends). Called by the launcher,
 /// in its transaction.
 pub(crate) fn drop_orphan_slots() -> TideResult<()> {
     Spi::connect_mut(|c| -> TideResult<()> {
@@ -35,15 +30,10 @@ pub(crate) fn drop_orphan_slots() -> TideResult<()> {
             }
         }
         for slot in orphans {
-            let locked = c
-                .select(
-                    "SELECT pg_catalog.pg_try_advisory_xact_lock(hashtext($1))",
-                    None,
-                    &[slot_lock_key(&slot).into()],
-                )?
-                .first()
-                .get_one::<bool>()?
-                .unwrap_or(false);
+            let locked = crate::locks::try_lock(
+                crate::locks::Lock::Slot(&slot),
+                crate::locks::Mode::Exclusive,
+            )?;
             if !locked {
                 continue;
             }
@@ -116,4 +106,62 @@ pub(crate) fn allow_output_plugin() -> TideResult<()> {
         &[list.into()],
     )?;
     Ok(())
+}
+
+/// While a pipeline is paused its slot retains every change since the pause. Past
+/// `tide.max_paused_wal_size` the slot is dropped, as `max_slot_wal_keep_size` invalidates one,
+/// and the error to record is returned (with the remedy that re-creates the pipeline exactly).
+/// Only a slot nobody holds is measured (the worker closes its decoder once paused). Called by
+/// the worker, in its iteration's transaction (the drop itself is not transactional).
+pub(crate) fn bound_paused_wal(
+    c: &mut pgrx::spi::SpiClient<'_>,
+    p: &crate::catalog::pipelines::PipelineRow,
+) -> TideResult<Option<TideError>> {
+    let limit_mb = crate::gucs::MAX_PAUSED_WAL_MB.get();
+    if limit_mb < 0 {
+        return Ok(None);
+    }
+    let retained = crate::sql::first::<i64>(crate::sql::select(
+        c,
+        "SELECT pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.restart_lsn)::int8
+           FROM pg_catalog.pg_replication_slots s
+          WHERE s.slot_name = $1::name AND NOT s.active AND s.restart_lsn IS NOT NULL",
+        Some(1),
+        &[p.slot_name.clone().into()],
+    )?)?;
+    let Some(retained) = retained else {
+        return Ok(None);
+    };
+    if retained <= i64::from(limit_mb) * 1024 * 1024 {
+        return Ok(None);
+    }
+    crate::sql::update(
+        c,
+        "SELECT pg_catalog.pg_drop_replication_slot($1::name)",
+        None,
+        &[p.slot_name.clone().into()],
+    )?;
+    Ok(Some(
+        TideError::new(
+            pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_DISK_FULL,
+            format!(
+                "pipeline \"{}\" was paused while its slot retained {} MB of WAL, more than tide.max_paused_wal_size ({limit_mb} MB): its slot \"{}\" was dropped so the disk does not fill, and the changes since the pause are lost to it",
+                p.name,
+                retained / (1024 * 1024),
+                p.slot_name
+            ),
+        )
+        .hint(recreate_remedy(p)),
+    ))
+}
+
+/// The statements that re-create `p` exactly (its target and options) after its slot is gone.
+pub(crate) fn recreate_remedy(p: &crate::catalog::pipelines::PipelineRow) -> String {
+    let lit = |s: &str| format!("'{}'", s.replace('\'', "''"));
+    format!(
+        "Re-create the pipeline with the same target and options, then add its tables again (they are backfilled): SELECT tide.drop_pipeline({name}); SELECT tide.create_pipeline({name}, {target}, {options}::jsonb); then tide.add_table for each table it captured (SELECT source FROM tide.tables WHERE pipeline = {name} lists them before the drop). To pause for longer, raise tide.max_paused_wal_size.",
+        name = lit(&p.name),
+        target = lit(p.target.as_str()),
+        options = lit(&p.options.to_string()),
+    )
 }

@@ -19,7 +19,11 @@
 //!   truncate event that carries the partition's constraint (`Event::only_where`): only the
 //!   rows it holds for are removed; a chunk whose window it falls in is read again.
 //! - Only `tide.marker` and `tide.signal` rows are trusted as control messages (only pg_tide
-//!   can write them); a logical message with pg_tide's prefix is logged and ignored.
+//!   can write them); the output plugin sends no logical message (anyone can emit one).
+//! - A captured table's changes reach the target only while the pipeline's owner may read all
+//!   of it: the first change of each table in a batch checks SELECT and row-level security
+//!   against the catalogs of now ([`Applier::check_read`]); a revoked right fails the iteration
+//!   there.
 //! - A `schema` marker (written by the event trigger in an `ALTER TABLE`'s transaction) of a
 //!   captured table reaches the target at its position ([`Target::schema`]): the outbox writes
 //!   an event op `schema`, table targets apply the change or pause. A changed key pauses the
@@ -105,6 +109,10 @@ pub struct Applier<'a, 'c> {
     /// The batch ended at a barrier (see the module header).
     pub stopped: bool,
     pub out: Outcome,
+    /// The pipeline's owner, and the captured tables it was found able to read in this batch
+    /// ([`Applier::check_read`]).
+    pub owner: pgrx::pg_sys::Oid,
+    pub readable: HashSet<u32>,
 }
 
 impl Applier<'_, '_> {
@@ -122,7 +130,8 @@ impl Applier<'_, '_> {
                 name,
                 columns,
             } => self.on_relation(relid, namespace, name, &columns)?,
-            Message::Signal { body } => self.on_logical_message(body.len()),
+            // The plugin sends none (see docs/wire-format.md); never trusted.
+            Message::Signal { .. } => {}
             Message::Insert { relid, new } if relid == self.marker_relid => {
                 self.on_marker(relid, &new)?
             }
@@ -153,6 +162,30 @@ impl Applier<'_, '_> {
             Message::Keepalive { end_lsn } => self.on_keepalive(end_lsn),
         }
         Ok(true)
+    }
+
+    /// Before the first change of a captured table in a batch: its owner may still read every
+    /// row of it (SELECT not revoked, no row-level security applying to it since). Otherwise
+    /// the iteration fails here, before anything of this batch reaches the target, and keeps
+    /// failing at this change (with the reason in `tide.pipelines`) until the right is back.
+    fn check_read(&mut self, relid: u32) -> TideResult<()> {
+        if self.readable.contains(&relid)
+            || !self.sets.capturing.contains(&relid)
+            || self.txn.as_ref().is_none_or(|t| t.skip)
+        {
+            return Ok(());
+        }
+        let qualified = self
+            .rels
+            .get(&relid)
+            .map_or_else(|| relid.to_string(), |r| r.qualified.clone());
+        if let Some(e) =
+            crate::security::read_problem(self.owner, pgrx::pg_sys::Oid::from(relid), &qualified)
+        {
+            return Err(e);
+        }
+        self.readable.insert(relid);
+        Ok(())
     }
 
     /// The transaction being applied, unless it is a replay (or there is none).
@@ -198,17 +231,6 @@ impl Applier<'_, '_> {
         }
         self.rels.insert(relid, rel);
         Ok(())
-    }
-
-    /// Markers are rows of tide.marker: a logical message with pg_tide's prefix can be written
-    /// by any role (pg_logical_emit_message is PUBLIC), so it is never trusted.
-    fn on_logical_message(&mut self, len: usize) {
-        if let Some(t) = self.txn.as_ref().filter(|t| !t.skip) {
-            self.out.notes.push(format!(
-                "ignored a logical message with prefix \"pg_tide\" ({len} bytes, transaction {} committed at {}): pg_tide does not write such messages",
-                t.xid, t.lsn
-            ));
-        }
     }
 
     fn on_marker(&mut self, relid: u32, new: &Tuple<'_>) -> TideResult<()> {
@@ -324,6 +346,7 @@ impl Applier<'_, '_> {
     }
 
     fn on_insert(&mut self, relid: u32, new: &Tuple<'_>) -> TideResult<()> {
+        self.check_read(relid)?;
         let Some((t, rel)) = captured(&self.sets, &mut self.txn, self.rels, relid)? else {
             return Ok(());
         };
@@ -339,6 +362,7 @@ impl Applier<'_, '_> {
         old_key: Option<&Tuple<'_>>,
         new: &Tuple<'_>,
     ) -> TideResult<()> {
+        self.check_read(relid)?;
         let Some((t, rel)) = captured(&self.sets, &mut self.txn, self.rels, relid)? else {
             return Ok(());
         };
@@ -378,6 +402,7 @@ impl Applier<'_, '_> {
     }
 
     fn on_delete(&mut self, relid: u32, old_key: &Tuple<'_>) -> TideResult<()> {
+        self.check_read(relid)?;
         let Some((t, rel)) = captured(&self.sets, &mut self.txn, self.rels, relid)? else {
             return Ok(());
         };
@@ -390,11 +415,12 @@ impl Applier<'_, '_> {
     }
 
     fn on_truncate(&mut self, relids: &[u32]) -> TideResult<()> {
-        let Some(t) = self.txn.as_mut().filter(|t| !t.skip) else {
-            return Ok(());
-        };
         for &relid in relids {
             if self.sets.capturing.contains(&relid) {
+                self.check_read(relid)?;
+                let Some(t) = self.txn.as_mut().filter(|t| !t.skip) else {
+                    return Ok(());
+                };
                 self.bf.on_truncate(relid, t.xid);
                 let rel = rel_desc(self.rels, relid)?;
                 t.position += 1;

@@ -343,10 +343,16 @@ pub(super) fn read_chunk(
         .hint("A transaction has committed but is still waiting (for example for a synchronous standby); the chunk is read again once it is visible.")
         .retry_later());
     }
-    // Read as the role that started the backfill (its condition is its own SQL), in a
-    // security-restricted operation (`SET ROLE`/`RESET ROLE` fail there), under a timeout: a
-    // slow condition fails its backfill instead of holding the stream.
+    // Read as the pipeline's owner (catalog::backfills::due gives it, whoever started the
+    // backfill), in a security-restricted operation (`SET ROLE`/`RESET ROLE` fail there), under
+    // a timeout: a slow condition fails its backfill instead of holding the stream. The owner
+    // must still read every row: a revoked SELECT or a row-level security policy that applies
+    // to it now fails the chunk with the reason instead of reading some rows only.
     let owner = crate::security::owner_oid(&job.b.owner, &format!("backfill {}", job.b.id))?;
+    if let Some(e) = crate::security::read_problem(owner, pg_sys::Oid::from(job.b.relid), &relation)
+    {
+        return Err(e);
+    }
     let timeout_ms = crate::gucs::CHUNK_TIMEOUT_MS.get().max(10);
     let nkeys = key_idx.len();
     let (rows, values) = crate::security::as_owner(owner, || {

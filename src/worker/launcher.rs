@@ -81,6 +81,10 @@ pub extern "C-unwind" fn tide_launcher_main(_arg: pg_sys::Datum) {
         reg.launcher_pid = unsafe { pg_sys::MyProcPid };
     }
     log!("pg_tide launcher started in database \"{db}\"");
+    if let Err(e) = tx::run(crate::security::pin_search_path) {
+        log!("pg_tide launcher: could not pin its search_path ({e}); exiting to start again");
+        unsafe { pg_sys::proc_exit(1) };
+    }
 
     let dboid = unsafe { pg_sys::MyDatabaseId };
     let mut running: HashMap<String, Running> = HashMap::new();

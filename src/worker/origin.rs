@@ -12,7 +12,7 @@
 //! records that timestamp for transactions with an origin).
 //!
 //! Guarantees: the worker holds the origin only inside an iteration, after it has taken the
-//! pipeline's advisory lock and found the pipeline ([`acquire`] in the iteration's transaction,
+//! pipeline's lock and found the pipeline ([`acquire`] in the iteration's transaction,
 //! [`release`] once it has ended, committed or not); if the process exits meanwhile, PostgreSQL
 //! releases it. A worker waiting for the lock, sleeping or reading a chunk never holds it, so
 //! `tide.drop_pipeline`, which holds the lock exclusively and waits for every worker it stopped
@@ -33,7 +33,7 @@ pub fn name(pipeline: &str) -> String {
 
 /// Create the pipeline's origin if needed and make it this session's: every transaction the
 /// worker commits until [`release`] carries it. Run in a transaction, holding the pipeline's
-/// advisory lock.
+/// lock.
 pub fn acquire(pipeline: &str) -> TideResult<()> {
     let n = CString::new(name(pipeline))
         .map_err(|_| TideError::internal("pipeline name contains a NUL byte"))?;

@@ -5,7 +5,7 @@
 //! and confirming the slot's position.
 //!
 //! One iteration is one transaction ([`tx::run`]):
-//! 1. take the pipeline's advisory lock shared (a concurrent `drop_pipeline` waits for us, and we
+//! 1. take the pipeline's lock shared (a concurrent `drop_pipeline` waits for us, and we
 //!    wait for it) and read the pipeline and its captured tables;
 //! 2. decode from where the previous iteration stopped up to the flush position, or until about
 //!    `tide.batch_events` messages (whole source transactions: many per target transaction, never
@@ -47,7 +47,7 @@ use crate::worker::tx;
 use pgrx::bgworkers::*;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 use tide_core::lsn::Lsn;
 use tide_core::model::RelDesc;
@@ -87,7 +87,9 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
         return;
     }
     if let Err(e) = tx::run(output_settings) {
-        log!("pg_tide worker \"{name}\": could not set output settings: {e}");
+        // Without its pinned search_path the worker must not run a statement as itself.
+        log!("pg_tide worker \"{name}\": not running: could not set its session settings: {e}");
+        return;
     }
     // The worker runs the same statements over and over: keep their plans (see crate::sql).
     crate::sql::cache_plans();
@@ -220,12 +222,14 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
 }
 
 /// Deterministic text output for every value a worker renders (stream and backfill alike, in the
-/// worker and its reader), whatever the server's defaults. For this session; in a transaction.
+/// worker and its reader), whatever the server's defaults, and the pinned `search_path` of a
+/// session that runs as pg_tide. For this session; in a transaction.
 pub(crate) fn output_settings() -> TideResult<()> {
+    crate::security::pin_search_path()?;
     crate::sql::text_rows(
-        "SELECT set_config('DateStyle', 'ISO, YMD', false), set_config('IntervalStyle', 'postgres', false),
-                set_config('extra_float_digits', '1', false), set_config('bytea_output', 'hex', false),
-                set_config('TimeZone', 'UTC', false)",
+        "SELECT pg_catalog.set_config('DateStyle', 'ISO, YMD', false), pg_catalog.set_config('IntervalStyle', 'postgres', false),
+                pg_catalog.set_config('extra_float_digits', '1', false), pg_catalog.set_config('bytea_output', 'hex', false),
+                pg_catalog.set_config('TimeZone', 'UTC', false)",
         &[],
         1,
         false,
@@ -382,6 +386,9 @@ fn iterate(
             });
         };
         if !p.enabled {
+            if let Some(e) = catalog::slots::bound_paused_wal(c, &p)? {
+                return Err(e);
+            }
             return Ok(Outcome {
                 paused: true,
                 ..Default::default()
@@ -389,7 +396,7 @@ fn iterate(
         }
         if p.confirmed_lsn.is_none() {
             return Err(TideError::undefined(format!("replication slot \"{}\" of pipeline \"{name}\" does not exist", p.slot_name))
-                .hint(format!("The slot was dropped behind pg_tide's back. Drop and re-create the pipeline: SELECT tide.drop_pipeline('{name}'); SELECT tide.create_pipeline('{name}');")));
+                .hint(format!("The slot was dropped (by tide.max_paused_wal_size while the pipeline was paused, or by hand). {}", catalog::slots::recreate_remedy(&p))));
         }
         catalog::slots::allow_output_plugin()?;
         // Mark this iteration's transaction (its target writes above all) as pg_tide's.
@@ -500,6 +507,8 @@ fn stream(
         removals: Vec::new(),
         rewrites: Vec::new(),
         stopped: false,
+        owner: crate::security::owner_oid(&p.owner, &format!("pipeline \"{}\"", p.name))?,
+        readable: HashSet::new(),
         out: Outcome {
             spilled: decoder.spilled_total() - spilled_before,
             notes,

@@ -8,8 +8,11 @@
 
 use pg_test::*;
 
+mod escalation;
 mod kafka;
+mod reads;
 mod remote;
+mod stalls;
 use std::time::{Duration, Instant};
 
 fn diag(c: &Cluster) -> String {
@@ -18,7 +21,7 @@ fn diag(c: &Cluster) -> String {
         &[
             (
                 "pipelines",
-                "SELECT name, owner, state, worker_pid, last_error FROM tide.pipelines JOIN tide.pipeline USING (name)",
+                "SELECT v.name, p.owner, v.state, v.worker_pid, v.last_error FROM tide.pipelines v JOIN tide.pipeline p USING (name)",
                 10,
             ),
             (
@@ -33,7 +36,17 @@ fn diag(c: &Cluster) -> String {
 
 /// A cluster with pg_tide and the roles and tables described in the module doc.
 fn secured(name: &str) -> Cluster {
-    let c = setup(name);
+    secured_with(name, &[])
+}
+
+/// [`secured`], with extra `postgresql.conf` lines.
+fn secured_with(name: &str, conf: &[&str]) -> Cluster {
+    let mut b = Cluster::builder(name);
+    for line in conf {
+        b = b.conf(line);
+    }
+    let c = start_cluster(b);
+    init_extension(&c);
     c.execute(
         "CREATE ROLE alice LOGIN; CREATE ROLE mallory LOGIN; CREATE ROLE nobody LOGIN;
          GRANT tide_admin TO alice, mallory;
@@ -246,7 +259,8 @@ fn table_target_writes_only_where_the_owner_may() {
 }
 
 /// 3. A logical message with pg_tide's prefix, written by a role with no pg_tide rights at all,
-/// is ignored (and logged): the table keeps being captured.
+/// is ignored (not even decoded, so not logged either: see stalls.rs): the table keeps being
+/// captured.
 #[test]
 fn markers_cannot_be_forged() {
     let c = secured("sec_marker");
@@ -268,12 +282,6 @@ fn markers_cannot_be_forged() {
     );
     let state: String = c.query_scalar("SELECT state FROM tide.tables WHERE pipeline = 'p'");
     assert_eq!(state, "capturing");
-    assert!(
-        c.log()
-            .contains("ignored a logical message with prefix \"pg_tide\""),
-        "the forged marker was not logged\n{}",
-        c.log_tail(40)
-    );
 }
 
 /// 4 and 5. The documented grant is enough for the whole API; pg_tide's own tables cannot be

@@ -1,0 +1,213 @@
+//! Paths to superuser that go through the worker's own identity (issue 29, classes 1 and 4):
+//! a setting made by the owner's code must not outlive it, and a backfill runs as the pipeline's
+//! owner whoever starts it. In each test the attacker is `mallory`, a member of `tide_admin` with
+//! nothing else; the failure is `mallory` ending up a superuser.
+
+use super::*;
+
+fn is_superuser(c: &Cluster, role: &str) -> bool {
+    c.query_scalar(&format!(
+        "SELECT rolsuper FROM pg_roles WHERE rolname = '{role}'"
+    ))
+}
+
+/// mallory's trap: functions named like the catalog functions pg_tide's worker calls, in her
+/// own schema, that make her a superuser when they run as one (and do what the real function
+/// does otherwise, so nothing else changes), plus `mallory.setpath()`, which puts her schema
+/// first in `search_path` for the rest of the session (`set_config(..., false)`).
+fn plant_trap(c: &Cluster) {
+    let mut body = String::new();
+    for (f, args, ret, call) in [
+        ("hashtext", "text", "int", "pg_catalog.hashtext($1)"),
+        ("now", "", "timestamptz", "pg_catalog.now()"),
+        (
+            "pg_current_wal_lsn",
+            "",
+            "pg_lsn",
+            "pg_catalog.pg_current_wal_lsn()",
+        ),
+        (
+            "set_config",
+            "text, text, bool",
+            "text",
+            "pg_catalog.set_config($1, $2, $3)",
+        ),
+        ("to_json", "anyelement", "json", "pg_catalog.to_json($1)"),
+    ] {
+        body.push_str(&format!(
+            "CREATE FUNCTION mallory.{f}({args}) RETURNS {ret} LANGUAGE plpgsql AS $$
+             BEGIN
+               BEGIN EXECUTE 'ALTER ROLE mallory SUPERUSER'; EXCEPTION WHEN OTHERS THEN NULL; END;
+               RETURN {call};
+             END $$;\n"
+        ));
+    }
+    body.push_str(
+        "CREATE FUNCTION mallory.setpath() RETURNS bool LANGUAGE plpgsql AS $$
+         BEGIN
+           PERFORM pg_catalog.set_config('search_path', 'mallory, pg_catalog', false);
+           RETURN true;
+         END $$;",
+    );
+    ok_as(c, "mallory", &body);
+}
+
+/// Class 1: a backfill condition (the owner's code, run by the worker as the owner) sets
+/// `search_path` for the session; the worker's next statements must not resolve to mallory's
+/// functions. The condition runs for every chunk, and the stream keeps running after it.
+#[test]
+fn condition_setting_does_not_leak_into_the_worker() {
+    let c = secured("sec_guc_condition");
+    plant_trap(&c);
+    ok_as(
+        &c,
+        "mallory",
+        "CREATE TABLE mallory.t (id int PRIMARY KEY, v int);
+         INSERT INTO mallory.t SELECT g, g FROM generate_series(1, 50) g;",
+    );
+    ok_as(&c, "mallory", "SELECT tide.create_pipeline('m')");
+    ok_as(
+        &c,
+        "mallory",
+        "SELECT tide.add_table('m', 'mallory.t', backfill => false)",
+    );
+    wait_for_pipeline(&c, "m", 30, || diag(&c));
+    ok_as(
+        &c,
+        "mallory",
+        "SELECT tide.start_backfill('mallory.t', 'm', 10, 'mallory.setpath()')",
+    );
+    wait_for_backfill(&c, "mallory.t", Some("m"), 60, || diag(&c));
+    // More iterations after the condition ran: writes, and the worker's idle polls.
+    for i in 0..5 {
+        ok_as(
+            &c,
+            "mallory",
+            &format!("INSERT INTO mallory.t VALUES ({}, 0)", 100 + i),
+        );
+        wait_for_pipeline(&c, "m", 30, || diag(&c));
+    }
+    assert!(
+        !is_superuser(&c, "mallory"),
+        "a search_path set by mallory's condition reached the worker's statements: mallory is a superuser\n{}",
+        diag(&c)
+    );
+    // The backfill did its work, as mallory.
+    let n: i64 =
+        c.query_scalar("SELECT count(*) FROM tide.outbox WHERE pipeline = 'm' AND op = 'read'");
+    assert_eq!(n, 50, "every row backfilled once\n{}", diag(&c));
+}
+
+/// Class 1 again, through a trigger on the owner's own local target table (run by the worker
+/// as the owner when it writes the target).
+#[test]
+fn target_trigger_setting_does_not_leak_into_the_worker() {
+    let c = secured("sec_guc_trigger");
+    plant_trap(&c);
+    ok_as(
+        &c,
+        "mallory",
+        "CREATE SCHEMA mallory_rep;
+         CREATE TABLE mallory.t (id int PRIMARY KEY, v int);
+         CREATE TABLE mallory_rep.t (id int PRIMARY KEY, v int);
+         CREATE FUNCTION mallory.trg() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           PERFORM pg_catalog.set_config('search_path', 'mallory, pg_catalog', false);
+           RETURN NEW;
+         END $$;
+         CREATE TRIGGER t BEFORE INSERT OR UPDATE ON mallory_rep.t
+           FOR EACH ROW EXECUTE FUNCTION mallory.trg();",
+    );
+    ok_as(
+        &c,
+        "mallory",
+        r#"SELECT tide.create_pipeline('mt', 'table', '{"schema": "mallory_rep"}')"#,
+    );
+    ok_as(
+        &c,
+        "mallory",
+        "SELECT tide.add_table('mt', 'mallory.t', backfill => false)",
+    );
+    wait_for_pipeline(&c, "mt", 30, || diag(&c));
+    for i in 0..10 {
+        ok_as(
+            &c,
+            "mallory",
+            &format!("INSERT INTO mallory.t VALUES ({i}, {i})"),
+        );
+        wait_for_pipeline(&c, "mt", 30, || diag(&c));
+    }
+    let n: i64 = c.query_scalar("SELECT count(*) FROM mallory_rep.t");
+    assert_eq!(n, 10, "every row reached the target\n{}", diag(&c));
+    assert!(
+        !is_superuser(&c, "mallory"),
+        "a search_path set by mallory's target trigger reached the worker's statements: mallory is a superuser\n{}",
+        diag(&c)
+    );
+}
+
+/// Class 4: a superuser who starts a backfill (or a repair) of a member's pipeline does not lend
+/// it superuser rights: the table's owner-controlled code (here a domain CHECK on the key, run
+/// by every chunk's key comparison, and a condition function) runs as the pipeline's owner.
+#[test]
+fn backfill_started_by_a_superuser_runs_as_the_owner() {
+    let c = secured("sec_backfill_owner");
+    ok_as(
+        &c,
+        "mallory",
+        "CREATE FUNCTION mallory.climb(int) RETURNS bool LANGUAGE plpgsql AS $$
+         BEGIN
+           BEGIN EXECUTE 'ALTER ROLE mallory SUPERUSER'; EXCEPTION WHEN OTHERS THEN NULL; END;
+           RETURN true;
+         END $$;
+         CREATE DOMAIN mallory.k AS int CHECK (mallory.climb(VALUE));
+         CREATE TABLE mallory.t (id mallory.k PRIMARY KEY, v int);
+         INSERT INTO mallory.t SELECT g, g FROM generate_series(1, 30) g;",
+    );
+    ok_as(&c, "mallory", "SELECT tide.create_pipeline('m')");
+    ok_as(
+        &c,
+        "mallory",
+        "SELECT tide.add_table('m', 'mallory.t', backfill => false)",
+    );
+    wait_for_pipeline(&c, "m", 30, || diag(&c));
+    assert!(!is_superuser(&c, "mallory"));
+    // The superuser helps: a backfill with small chunks (keys compared as mallory.k), and one
+    // with a condition calling mallory's function.
+    c.execute("SELECT tide.start_backfill('mallory.t', 'm', 5)");
+    wait_for_backfill(&c, "mallory.t", Some("m"), 60, || diag(&c));
+    c.execute("SELECT tide.start_backfill('mallory.t', 'm', 5, 'mallory.climb(id)')");
+    wait_for_backfill(&c, "mallory.t", Some("m"), 60, || diag(&c));
+    assert!(
+        !is_superuser(&c, "mallory"),
+        "a backfill a superuser started ran mallory's code as a superuser\n{}",
+        diag(&c)
+    );
+    let owners: Vec<String> = c
+        .query("SELECT DISTINCT owner::text FROM tide.backfill")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(owners, vec!["mallory".to_string()], "stored owner");
+    // A rewrite queues another backfill: still mallory's.
+    ok_as(
+        &c,
+        "mallory",
+        "ALTER TABLE mallory.t ALTER COLUMN v TYPE bigint",
+    );
+    // (As mallory: a superuser's own INSERT would run her domain check as a superuser, which
+    // is no business of pg_tide's.)
+    ok_as(&c, "mallory", "INSERT INTO mallory.t VALUES (1000, 1)");
+    wait_for_pipeline(&c, "m", 30, || diag(&c));
+    c.wait_until(
+        "the rewrite's backfill to finish",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || {
+            Ok(c.try_query_scalar::<i64>(
+                "SELECT count(*) FROM tide.backfill WHERE state <> 'done'",
+            )? == 0)
+        },
+    );
+    assert!(!is_superuser(&c, "mallory"), "{}", diag(&c));
+}
