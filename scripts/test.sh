@@ -15,6 +15,8 @@
 #         sql/releases.txt, built once by scripts/release.sh, upgraded to this build)
 #   package scripts/test-package.sh: builds the .deb (scripts/deb.sh), installs it with dpkg -i,
 #         runs CREATE EXTENSION and a pipeline from it, then puts the machine back as it was
+# TIDE_TEST_LOAD=N runs the stages with N CPU-bound and N I/O-bound processes beside them
+# (scripts/load.sh); scripts/test-loaded.sh repeats chosen e2e suites that way.
 # scripts/setup.sh runs first. The pgrx and e2e stages install pg_tide into private copies of
 # PostgreSQL (scripts/private-pg.sh: target/pg15-pgrx for pgrx, with its own PGRX_HOME in
 # target/pgrx-home, and target/pg15-private for e2e), never into the system's: a server that
@@ -212,6 +214,12 @@ stage_package() {
 
 # --- main -------------------------------------------------------------------------
 run_stage setup stage_setup
+# TIDE_TEST_LOAD=N: the stages run with N CPU-bound and N I/O-bound processes beside them
+# (scripts/load.sh), stopped when this script exits.
+if [[ -n "${TIDE_TEST_LOAD:-}" && "${TIDE_TEST_LOAD}" != 0 ]]; then
+    bash "$TIDE_REPO/scripts/load.sh" start "$TIDE_TEST_LOAD"
+    trap 'bash "$TIDE_REPO/scripts/load.sh" stop' EXIT
+fi
 use_private_pg
 for s in "${stages[@]}"; do
     run_stage "$s" "stage_$s"

@@ -379,3 +379,7 @@ ALTER VIEW tide.verifications SET (security_barrier = true);
 ALTER VIEW tide.readiness SET (security_barrier = true);
 ALTER VIEW tide.consumers SET (security_barrier = true);
 ALTER VIEW tide.outbox_retention SET (security_barrier = true);
+
+-- A backfill queued (or restarted) by a table rewrite carries changes of the stream: the
+-- position of the rewrite, which tide.wait_for_pipeline waits for.
+ALTER TABLE tide.backfill ADD COLUMN required_lsn pg_lsn;

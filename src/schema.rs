@@ -140,7 +140,11 @@ CREATE TABLE tide.backfill (
     -- chunk covering them shows they no longer exist at the source.
     repair_deletes  jsonb,
     error           text,
-    remedy          text
+    remedy          text,
+    -- Set by the worker when a table-rewriting ALTER TABLE committed at this position makes the
+    -- backfill carry changes of the stream (the rewritten values, which no row event delivers):
+    -- tide.wait_for_pipeline waits for it as for the stream itself.
+    required_lsn    pg_lsn
 );
 CREATE UNIQUE INDEX backfill_one_active ON tide.backfill (pipeline, relid)
     WHERE state IN ('queued', 'running', 'paused');

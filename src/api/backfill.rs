@@ -373,8 +373,10 @@ fn alter_backfill_impl(
     Ok(())
 }
 
-/// Wait until the table's latest backfill is done and the pipeline has applied everything up to
-/// where it finished. False on timeout; an ERROR if the backfill failed or was cancelled.
+/// Wait until the pipeline has decoded everything committed before the call (so a rewrite
+/// among it has queued its backfill), the table's latest backfill is done, and the pipeline has
+/// applied everything up to where it finished. False on timeout; an ERROR if the backfill
+/// failed or was cancelled.
 #[pg_extern]
 fn wait_for_backfill(
     source: Option<Regclass>,
@@ -399,8 +401,23 @@ fn wait_for_backfill_impl(
     check_server()?;
     let pipeline = resolve_pipeline(relid, pipeline)?;
     let qualified = relation_name(relid)?;
+    // Everything committed before the call must have been decoded first: a table rewrite among
+    // it queues a new backfill (the latest then), which the one done now does not cover.
+    let target = sql::one::<String>("SELECT pg_current_wal_lsn()::text", &[])?
+        .and_then(|s| s.parse::<tide_core::lsn::Lsn>().ok())
+        .ok_or_else(|| TideError::internal("cannot read the current WAL position"))?;
     let deadline = super::deadline_after(super::interval_micros(&timeout));
+    if let Some(pid) = shmem::worker_pid(&pipeline) {
+        shmem::wake(pid);
+    }
     loop {
+        if !shmem::caught_up_lsn(&pipeline).is_some_and(|l| l >= target.0) {
+            if std::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            sleep_ms(50);
+            continue;
+        }
         // A fresh snapshot each time: the worker commits the progress.
         let Some(latest) = backfills::latest(&pipeline, relid)? else {
             return Err(TideError::prerequisite(format!(

@@ -310,7 +310,9 @@ pub(super) fn wait_for_pipeline_impl(
         shmem::wake(pid);
     }
     loop {
-        if shmem::caught_up_lsn(name).is_some_and(|l| l >= target.0) {
+        if shmem::caught_up_lsn(name).is_some_and(|l| l >= target.0)
+            && rewrites_applied(name, target)?
+        {
             return Ok(true);
         }
         if std::time::Instant::now() >= deadline {
@@ -318,4 +320,39 @@ pub(super) fn wait_for_pipeline_impl(
         }
         sleep_ms(20);
     }
+}
+
+/// Whether the backfills that carry changes of the stream up to `target` (a table rewritten
+/// at or before it: its new values reach the target only by reading the table again) are done
+/// and applied. Called once the stream has passed `target`, so every such backfill is queued
+/// already (in the transaction that applied the rewrite's position). One that failed or was
+/// cancelled will never deliver them: an ERROR, not a wait.
+fn rewrites_applied(name: &str, target: tide_core::lsn::Lsn) -> TideResult<bool> {
+    for b in catalog::backfills::required_by(name, target)? {
+        match b.state {
+            tide_core::model::BackfillState::Done => {
+                let finished = b.finished_lsn.unwrap_or_default();
+                if !shmem::caught_up_lsn(name).is_some_and(|l| l >= finished.0) {
+                    return Ok(false);
+                }
+            }
+            tide_core::model::BackfillState::Failed
+            | tide_core::model::BackfillState::Cancelled => {
+                return Err(TideError::prerequisite(format!(
+                    "backfill {} of {}, which re-reads it after a table rewrite, is {}: the rewritten rows are not at the target{}",
+                    b.id,
+                    b.relation,
+                    b.state.as_str(),
+                    b.error.map(|e| format!(" ({e})")).unwrap_or_default()
+                ))
+                .hint(format!(
+                    "Start it again: SELECT tide.start_backfill('{}', '{}');",
+                    b.relation.replace('\'', "''"),
+                    name
+                )));
+            }
+            _ => return Ok(false),
+        }
+    }
+    Ok(true)
 }

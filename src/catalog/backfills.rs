@@ -380,6 +380,9 @@ pub(crate) fn fail(id: i64, error: &str, remedy: &str) -> TideResult<()> {
 ///   backfill is queued with the same owner, chunk size and throttle.
 /// - A table that was never backfilled only streams: nothing is read.
 ///
+/// The backfill's `required_lsn` is set to `lsn`: it now carries changes of the stream (the
+/// rewritten values), so `tide.wait_for_pipeline` waits for it like for the stream itself.
+///
 /// Returns a line for the server log saying which. Called by the worker, in the iteration's
 /// transaction that applies the rewrite's position (one or two statements).
 pub(crate) fn reread_after_rewrite(
@@ -394,7 +397,8 @@ pub(crate) fn reread_after_rewrite(
     let restarted = crate::sql::update(
         c,
         "UPDATE tide.backfill
-            SET last_key = NULL, read_complete = false, error = $3, remedy = NULL
+            SET last_key = NULL, read_complete = false, error = $3, remedy = NULL,
+                required_lsn = $5::pg_lsn
           WHERE pipeline = $1 AND relid = $2::int8::oid AND state = ANY($4)
           RETURNING id",
         None,
@@ -403,6 +407,7 @@ pub(crate) fn reread_after_rewrite(
             (relid as i64).into(),
             note.clone().into(),
             active_states().into(),
+            lsn.into(),
         ],
     )?;
     if let Some(id) = sql::first::<i64>(restarted)? {
@@ -411,14 +416,15 @@ pub(crate) fn reread_after_rewrite(
     let queued = crate::sql::update(
         c,
         "INSERT INTO tide.backfill (pipeline, relid, relation, key_columns, owner, generation, chunk_size,
-                                   rows_per_second, estimated_rows, error)
+                                   rows_per_second, estimated_rows, error, required_lsn)
          SELECT b.pipeline, b.relid, b.relation, t.key_columns,
                 (SELECT p.owner FROM tide.pipeline p WHERE p.name = b.pipeline),
                 (SELECT max(generation) FROM tide.backfill WHERE pipeline = $1 AND relid = b.relid) + 1,
                 b.chunk_size, b.rows_per_second,
                 -- (the worker refreshes it at the first chunk; tide._estimate_rows here would
                 -- lock the table in the stream's transaction)
-                (SELECT CASE WHEN reltuples >= 0 THEN reltuples::int8 END FROM pg_class WHERE oid = b.relid), $3
+                (SELECT CASE WHEN reltuples >= 0 THEN reltuples::int8 END FROM pg_class WHERE oid = b.relid), $3,
+                $5::pg_lsn
            FROM tide.backfill b
            JOIN tide.pipeline_table t ON t.pipeline = b.pipeline AND t.relid = b.relid
           WHERE b.pipeline = $1 AND b.relid = $2::int8::oid AND b.state = $4
@@ -431,6 +437,7 @@ pub(crate) fn reread_after_rewrite(
             (relid as i64).into(),
             note.clone().into(),
             BackfillState::Done.as_str().into(),
+            lsn.into(),
         ],
     )?;
     Ok(match sql::first::<i64>(queued)? {
@@ -672,4 +679,47 @@ pub(crate) fn throttle(pipeline: &str, relid: pg_sys::Oid) -> TideResult<Option<
         "SELECT rows_per_second FROM tide.backfill WHERE pipeline = $1 AND relid = $2 ORDER BY id DESC LIMIT 1",
         &[pipeline.into(), relid.into()],
     )
+}
+
+/// A table's latest backfill that carries changes of the stream up to `upto` (queued or
+/// restarted by a rewrite at or before it): what `tide.wait_for_pipeline` waits for besides
+/// the stream.
+pub(crate) struct Required {
+    pub id: i64,
+    pub relation: String,
+    pub state: BackfillState,
+    pub finished_lsn: Option<Lsn>,
+    pub error: Option<String>,
+}
+
+/// The latest backfill of each of `pipeline`'s tables whose `required_lsn` is at or before
+/// `upto`. Called by the SQL API; runs as pg_tide.
+pub(crate) fn required_by(pipeline: &str, upto: Lsn) -> TideResult<Vec<Required>> {
+    let rows = tsql::text_rows(
+        "SELECT b.id::text, b.relation, b.state, b.finished_lsn::text, b.error
+           FROM tide.pipeline_table t
+           JOIN LATERAL (SELECT * FROM tide.backfill b
+                          WHERE b.pipeline = t.pipeline AND b.relid = t.relid
+                          ORDER BY b.id DESC LIMIT 1) b ON true
+          WHERE t.pipeline = $1 AND b.required_lsn <= $2::pg_lsn",
+        &[Some(pipeline), Some(&upto.to_string())],
+        0,
+        // (a new snapshot each call: the caller polls while the worker commits)
+        true,
+    )?;
+    rows.into_iter()
+        .map(|mut r| {
+            let bad = || TideError::internal("tide.backfill returned an incomplete row");
+            Ok(Required {
+                id: r[0].take().and_then(|s| s.parse().ok()).ok_or_else(bad)?,
+                relation: r[1].take().ok_or_else(bad)?,
+                state: r[2]
+                    .take()
+                    .and_then(|s| BackfillState::parse(&s))
+                    .ok_or_else(bad)?,
+                finished_lsn: r[3].take().and_then(|s| s.parse().ok()),
+                error: r[4].take(),
+            })
+        })
+        .collect()
 }
