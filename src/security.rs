@@ -112,6 +112,33 @@ pub fn pin_search_path() -> TideResult<()> {
     Ok(())
 }
 
+/// Run `f` (fixed catalog queries of pg_tide's own sessions) with `search_path` set to
+/// `pg_catalog, "$user", public` for its duration, so that `format_type` names a type as it did
+/// before the session's path was pinned and as a target's session names it (`mood`, not
+/// `public.mood`: the text both sides of a shape comparison must agree on). Every function and
+/// operator in such a query must be written `pg_catalog.f(...)` / `OPERATOR(pg_catalog.=)`
+/// (as pg_dump does), so that nothing in `public` can be chosen by overload resolution; types
+/// and relations resolve in `pg_catalog` first. The setting is discarded afterwards.
+pub fn with_type_names<R>(f: impl FnOnce() -> TideResult<R>) -> TideResult<R> {
+    let nest;
+    unsafe {
+        nest = pg_sys::NewGUCNestLevel();
+        pg_sys::set_config_option(
+            c"search_path".as_ptr(),
+            c"pg_catalog, \"$user\", public".as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_SAVE,
+            true,
+            0,
+            false,
+        );
+    }
+    let out = f();
+    unsafe { pg_sys::AtEOXact_GUC(false, nest) };
+    out
+}
+
 /// Run `f` as pg_tide itself (the bootstrap superuser), for fixed statements on pg_tide's own
 /// tables. Never pass user-supplied SQL, or statements that call user-defined functions or
 /// operators, to code run here.

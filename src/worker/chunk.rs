@@ -75,17 +75,24 @@ impl TableMeta {
 /// The table `relid` as it is now (`None`: it no longer exists); `key_columns` marks the key.
 pub(super) fn table_meta(relid: u32, key_columns: &[String]) -> TideResult<Option<TableMeta>> {
     let relid = relid.to_string();
-    let meta = sql::text_rows(
-        "SELECT format('%I.%I', n.nspname, c.relname), quote_ident(c.relname), c.reltype::int8,
-                a.attname::text, a.atttypid::int8, format_type(a.atttypid, a.atttypmod), a.attnum::int4,
-                (c.relkind = 'p')::text
-           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-           JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
-          WHERE c.oid = $1::oid ORDER BY a.attnum",
-        &[Some(&relid)],
-        0,
-        false,
-    )?;
+    // Type names as a target's session writes them (see security::with_type_names).
+    let meta = crate::security::with_type_names(|| {
+        sql::text_rows(
+            "SELECT pg_catalog.format('%I.%I', n.nspname, c.relname), pg_catalog.quote_ident(c.relname),
+                    c.reltype::pg_catalog.int8, a.attname::pg_catalog.text, a.atttypid::pg_catalog.int8,
+                    pg_catalog.format_type(a.atttypid, a.atttypmod), a.attnum::pg_catalog.int4,
+                    (c.relkind OPERATOR(pg_catalog.=) 'p')::pg_catalog.text
+               FROM pg_catalog.pg_class c
+               JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+               JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) c.oid
+                AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
+                AND a.attgenerated OPERATOR(pg_catalog.=) ''
+              WHERE c.oid OPERATOR(pg_catalog.=) $1::pg_catalog.oid ORDER BY a.attnum",
+            &[Some(&relid)],
+            0,
+            false,
+        )
+    })?;
     let Some(first) = meta.first() else {
         return Ok(None);
     };

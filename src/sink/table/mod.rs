@@ -316,16 +316,23 @@ impl<B: Backend> TableTarget<B> {
         };
         let relid_text = relid.to_string();
         let mut source = Vec::new();
-        for r in sql::text_rows(
-            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod),
-                    CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END
-               FROM pg_attribute a
-              WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
-              ORDER BY a.attnum",
-            &[Some(&relid_text)],
-            0,
-            true,
-        )? {
+        // Type names as the target's session writes them (see security::with_type_names).
+        let rows = crate::security::with_type_names(|| {
+            sql::text_rows(
+                "SELECT a.attname::pg_catalog.text, pg_catalog.format_type(a.atttypid, a.atttypmod),
+                        CASE WHEN a.atthasmissing
+                             THEN (a.attmissingval::pg_catalog.text::pg_catalog.text[])[1] END
+                   FROM pg_catalog.pg_attribute a
+                  WHERE a.attrelid OPERATOR(pg_catalog.=) $1::pg_catalog.oid
+                    AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
+                    AND a.attgenerated OPERATOR(pg_catalog.=) ''
+                  ORDER BY a.attnum",
+                &[Some(&relid_text)],
+                0,
+                true,
+            )
+        })?;
+        for r in rows {
             let mut r = r.into_iter();
             match (r.next().flatten(), r.next().flatten(), r.next().flatten()) {
                 (Some(name), Some(ty), missing) => source.push(SourceColumn { name, ty, missing }),
