@@ -162,7 +162,16 @@ fn paths(property: &str, value: &str) -> Vec<(&'static str, String)> {
     ]
 }
 
-fn cases_for(property: &str, value: &str) -> Vec<(&'static str, &'static str, String, &'static str, &'static str)> {
+fn cases_for(
+    property: &str,
+    value: &str,
+) -> Vec<(
+    &'static str,
+    &'static str,
+    String,
+    &'static str,
+    &'static str,
+)> {
     let mut cases = Vec::new();
     for (what, sql) in paths(property, value) {
         cases.push(("mallory", what, sql.clone(), "42501", "superuser"));
@@ -204,7 +213,8 @@ fn kafka_plugin_library_is_never_loaded_for_a_non_superuser() {
             "superuser",
         )],
     );
-    let servers: i64 = c.query_scalar("SELECT count(*) FROM pg_foreign_server WHERE srvname LIKE 'evil%'");
+    let servers: i64 =
+        c.query_scalar("SELECT count(*) FROM pg_foreign_server WHERE srvname LIKE 'evil%'");
     assert_eq!(servers, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -307,7 +317,12 @@ fn kafka_a_superusers_file_settings_are_usable() {
         format!("SELECT tide.create_pipeline('k', 'kafka', '{{\"server\": \"{server}\"}}')")
     };
     // The settings pass, librdkafka loads the CA bundle and finds no broker.
-    let e = expect_fail_with(&create("tls"), alice.batch_execute(&create("tls")), "08001", None);
+    let e = expect_fail_with(
+        &create("tls"),
+        alice.batch_execute(&create("tls")),
+        "08001",
+        None,
+    );
     assert!(e.message().contains("cannot reach"), "{}", e.message());
     // librdkafka really reads the file: one it cannot read is its configuration error.
     expect_fail_with(
@@ -330,12 +345,21 @@ fn kafka_a_superusers_file_settings_are_usable() {
     assert!(e.message().contains("ssl.ca.location"), "{}", e.message());
     // The superuser's server handed to mallory: its file settings are no longer used.
     c.execute("ALTER SERVER tls OWNER TO mallory");
-    let e = expect_fail_with(&create("tls"), alice.batch_execute(&create("tls")), "42501", Some("OWNER TO"));
+    let e = expect_fail_with(
+        &create("tls"),
+        alice.batch_execute(&create("tls")),
+        "42501",
+        Some("OWNER TO"),
+    );
     assert!(e.message().contains("ssl.ca.location"), "{}", e.message());
     // ... and mallory cannot change its options any more (the validator sees them all).
     expect_fail_with(
         "mallory alters the server she was given",
-        exec_as(&c, "mallory", "ALTER SERVER tls OPTIONS (ADD \"linger.ms\" '5')"),
+        exec_as(
+            &c,
+            "mallory",
+            "ALTER SERVER tls OPTIONS (ADD \"linger.ms\" '5')",
+        ),
         "42501",
         Some("superuser"),
     );
@@ -346,7 +370,12 @@ fn kafka_a_superusers_file_settings_are_usable() {
                     \"socket.connection.setup.timeout.ms\" '2000');
          GRANT USAGE ON FOREIGN SERVER mine TO alice;",
     );
-    expect_fail_with(&create("mine"), alice.batch_execute(&create("mine")), "08001", None);
+    expect_fail_with(
+        &create("mine"),
+        alice.batch_execute(&create("mine")),
+        "08001",
+        None,
+    );
     // The producer option never names a file, whoever writes it.
     let json = r#"{"server": "events", "producer": {"ssl.ca.location": "/etc/ssl/certs"}}"#;
     let sql = format!("SELECT tide.create_pipeline('k2', 'kafka', '{json}')");
