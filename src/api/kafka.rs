@@ -7,10 +7,17 @@
 //! in a user mapping (whose options only the mapped role, the server's owner and superusers can
 //! read). The validator refuses a secret anywhere else, and any setting the target's guarantees
 //! rest on everywhere (22023, with a hint).
+//!
+//! What reaches librdkafka: only the properties of the allow-list (`tide_core::kafka::access`;
+//! anything else 22023). A property that names a file, a program or a library (librdkafka
+//! reads, runs or loads it inside this process: `plugin.library.paths` is dlopen()ed the moment
+//! it is set) is accepted only from a superuser, checked before any librdkafka configuration
+//! is built (42501 otherwise, also when the validator is called directly), and used only from
+//! a server a superuser owns or from a user mapping ([`kafka_server_options`]).
 
 use crate::error::{OrRaise, TideError, TideResult};
 use crate::sink::kafka::{client, kafka_err, properties, resolve};
-use crate::sink::options::{check_property, KafkaOptions};
+use crate::sink::options::{check_property, KafkaOptions, Place};
 use crate::sql;
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::prelude::*;
@@ -38,22 +45,29 @@ fn _kafka_fdw_validator(options: Option<Vec<Option<String>>>, catalog: Option<pg
 
 fn validate(options: Vec<Option<String>>, catalog: u32) -> TideResult<()> {
     let place = match catalog {
-        FOREIGN_SERVER => "a foreign server's options",
-        USER_MAPPING => "a user mapping",
-        _ => "the foreign-data wrapper's options",
-    };
-    if catalog != FOREIGN_SERVER && catalog != USER_MAPPING {
-        if let Some(o) = options.into_iter().flatten().next() {
-            return Err(TideError::invalid(format!("the wrapper {WRAPPER} takes no options, not \"{o}\""))
-                .hint("Put the brokers and settings on the server: CREATE SERVER events FOREIGN DATA WRAPPER tide_kafka OPTIONS (brokers 'host:9092')."));
+        FOREIGN_SERVER => Place::Server,
+        USER_MAPPING => Place::UserMapping,
+        _ => {
+            if let Some(o) = options.into_iter().flatten().next() {
+                return Err(TideError::invalid(format!("the wrapper {WRAPPER} takes no options, not \"{o}\""))
+                    .hint("Put the brokers and settings on the server: CREATE SERVER events FOREIGN DATA WRAPPER tide_kafka OPTIONS (brokers 'host:9092')."));
+            }
+            return Ok(());
         }
-        return Ok(());
-    }
+    };
+    // The validator runs as the role executing CREATE/ALTER SERVER or USER MAPPING (or calling
+    // it directly): a property naming a file, a program or a library is a superuser's.
+    // SAFETY: superuser() only reads the current user's role attributes (from the syscache);
+    // a validator always runs in a backend, inside a transaction.
+    let superuser = unsafe { pg_sys::superuser() };
+    // Every option against the allow-list first: nothing reaches librdkafka (which loads
+    // plugin.library.paths the moment it is set) before every option has passed.
     let mut brokers = false;
+    let mut checked = Vec::new();
     for o in options.into_iter().flatten() {
         let (name, value) = o.split_once('=').unwrap_or((o.as_str(), ""));
         if name == "brokers" {
-            if catalog != FOREIGN_SERVER {
+            if place != Place::Server {
                 return Err(TideError::invalid("option \"brokers\" belongs to the foreign server")
                     .hint("ALTER SERVER ... OPTIONS (SET brokers '...'); the user mapping holds credentials."));
             }
@@ -65,10 +79,17 @@ fn validate(options: Vec<Option<String>>, catalog: u32) -> TideResult<()> {
             continue;
         }
         let property = tide_core::kafka::property_name(name);
-        check_property(&property, place)?;
-        // librdkafka knows every property and its values: refuse what it would refuse later.
+        check_property(&property, value, place, superuser)?;
+        checked.push((name.to_string(), property, value.to_string()));
+    }
+    if place == Place::Server && !brokers {
+        return Err(TideError::invalid("a tide_kafka server needs the option \"brokers\"")
+            .hint("CREATE SERVER events FOREIGN DATA WRAPPER tide_kafka OPTIONS (brokers 'host:9092');"));
+    }
+    // librdkafka knows every property's values: refuse what it would refuse later.
+    for (name, property, value) in checked {
         let mut c = rdkafka::ClientConfig::new();
-        c.set(&property, value);
+        c.set(&property, &value);
         if let Err(e) = c.create_native_config() {
             // librdkafka's description only: the value (which may be a secret) is not repeated.
             let why = match e {
@@ -79,19 +100,22 @@ fn validate(options: Vec<Option<String>>, catalog: u32) -> TideResult<()> {
                 .hint("Options are librdkafka configuration properties (see its CONFIGURATION.md), written with '.' or '_' (security_protocol for security.protocol)."));
         }
     }
-    if catalog == FOREIGN_SERVER && !brokers {
-        return Err(TideError::invalid("a tide_kafka server needs the option \"brokers\"")
-            .hint("CREATE SERVER events FOREIGN DATA WRAPPER tide_kafka OPTIONS (brokers 'host:9092');"));
-    }
     Ok(())
 }
 
 /// The options of `server` and then of the user mapping of `role` (or PUBLIC), as (name,
-/// value); read as pg_tide (user mappings' options are hidden from other roles).
+/// value); read as pg_tide (user mappings' options are hidden from other roles). Each is checked
+/// against the allow-list as the validator checks it (so an option written before a rule
+/// existed is refused here too), and a property that names a file, a program or a library is
+/// taken from the server only if the server's owner is a superuser now, and from the user
+/// mapping always (the validator lets only a superuser write it there). The catalog does not
+/// record who wrote a server's option; its owner is who may change them, so after ALTER SERVER
+/// ... OWNER TO a non-superuser such a property is refused here (42501), as it is for a server
+/// a dump restored with a non-superuser owner.
 pub fn kafka_server_options(server: &str, role: &str) -> TideResult<Vec<(String, String)>> {
-    let rows = crate::security::as_tide(|| {
-        sql::text_rows(
-            "SELECT o.k, o.v FROM (
+    let (rows, owner) = crate::security::as_tide(|| {
+        let rows = sql::text_rows(
+            "SELECT o.n::text, o.k, o.v FROM (
                  SELECT 1 AS n, split_part(x, '=', 1) AS k, substr(x, length(split_part(x, '=', 1)) + 2) AS v
                    FROM pg_foreign_server s, unnest(s.srvoptions) x WHERE s.srvname = $1
                  UNION ALL
@@ -105,15 +129,67 @@ pub fn kafka_server_options(server: &str, role: &str) -> TideResult<Vec<(String,
             &[Some(server), Some(role)],
             0,
             false,
-        )
+        )?;
+        let owner = sql::text_rows(
+            "SELECT r.rolname::text, r.rolsuper::text FROM pg_foreign_server s
+               JOIN pg_roles r ON r.oid = s.srvowner WHERE s.srvname = $1",
+            &[Some(server)],
+            1,
+            false,
+        )?;
+        Ok((rows, owner))
     })?;
-    Ok(rows
+    let (owner, owner_super) = owner
         .into_iter()
-        .filter_map(|r| {
+        .next()
+        .map(|r| {
             let mut r = r.into_iter();
-            Some((r.next().flatten()?, r.next().flatten().unwrap_or_default()))
+            (
+                r.next().flatten().unwrap_or_default(),
+                r.next().flatten().as_deref() == Some("true"),
+            )
         })
-        .collect())
+        .unwrap_or_default();
+    let q = pgrx::spi::quote_identifier;
+    let mut out = Vec::new();
+    for r in rows {
+        let mut r = r.into_iter();
+        let (Some(n), Some(k)) = (r.next().flatten(), r.next().flatten()) else {
+            continue;
+        };
+        let v = r.next().flatten().unwrap_or_default();
+        let from_server = n == "1";
+        if from_server && k == "brokers" {
+            out.push((k, v));
+            continue;
+        }
+        let property = tide_core::kafka::property_name(&k);
+        if from_server && !owner_super {
+            if let tide_core::kafka::Access::Superuser(what) =
+                tide_core::kafka::access(&property, &v)
+            {
+                return Err(TideError::privilege(format!(
+                    "foreign server \"{server}\" sets the Kafka setting \"{property}\", which is superuser-only ({what}), but its owner \"{owner}\" is not a superuser"
+                ))
+                .hint(format!(
+                    "Only a server a superuser owns may name files, programs and libraries (its owner may change its options). Give it back to a superuser (ALTER SERVER {} OWNER TO <superuser>), or have a superuser move the setting to the user mapping.",
+                    q(server)
+                )));
+            }
+        }
+        let (place, whose) = if from_server {
+            (Place::Server, format!("foreign server \"{server}\""))
+        } else {
+            (
+                Place::UserMapping,
+                format!("the user mapping of server \"{server}\" that role \"{role}\" uses"),
+            )
+        };
+        check_property(&property, &v, place, true)
+            .map_err(|e| e.detail(format!("The setting is in the options of {whose}.")))?;
+        out.push((k, v));
+    }
+    Ok(out)
 }
 
 /// The server exists, is a `tide_kafka` server, and `owner` may use it (42704, 22023, 42501).

@@ -95,8 +95,9 @@ pub fn resolve(pipeline: &str, o: &KafkaOptions) -> Resolved {
 }
 
 /// The librdkafka properties of a kafka pipeline: the server's and user mapping's options (as
-/// `targets::kafka_server_options` reads them), the pipeline's pass-through settings, then
-/// pg_tide's own, which nothing overrides.
+/// `api::kafka::kafka_server_options` reads and checks them against the allow-list), the
+/// pipeline's pass-through settings (checked by `KafkaOptions`), then pg_tide's own, which
+/// nothing overrides.
 pub fn properties(
     pipeline: &str,
     server_options: &[(String, String)],
@@ -179,12 +180,18 @@ pub struct KafkaTarget {
 
 /// The target of a kafka pipeline: options, the server's settings, the sink thread.
 pub fn for_pipeline(p: &PipelineRow) -> TideResult<Box<dyn Target>> {
-    let opts = Options::parse(p.target, &p.options).map_err(|e| {
-        TideError::internal(format!(
-            "pipeline \"{}\" has options pg_tide cannot read: {}",
+    // Options the rules of this build refuse (a producer setting no longer taken, say) keep
+    // their SQLSTATE and reason: the pipeline fails with them until it is created again.
+    let opts = Options::parse(p.target, &p.options).map_err(|e| TideError {
+        message: format!(
+            "pipeline \"{}\" has options pg_tide does not take: {}",
             p.name, e.message
-        ))
-        .hint("Drop the pipeline and create it again.")
+        ),
+        hint: Some(format!(
+            "{} Drop the pipeline and create it again without it.",
+            e.hint.as_deref().unwrap_or_default()
+        )),
+        ..e
     })?;
     let Options::Kafka(o) = opts else {
         return Err(TideError::internal("not a kafka pipeline"));

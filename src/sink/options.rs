@@ -168,29 +168,94 @@ impl KafkaOptions {
                 ))
                 .hint("Pass librdkafka settings as '{\"producer\": {\"linger.ms\": \"5\"}}'."));
             }
-            check_property(
-                &tide_core::kafka::property_name(k),
-                "the pipeline's producer option",
-            )?;
+        }
+        for (property, value) in self.producer_settings() {
+            check_property(&property, &value, Place::Producer, false)?;
         }
         Ok(())
     }
 }
 
-/// Refuse a librdkafka property that pg_tide sets itself (22023) or that holds a secret where
-/// other roles could read it (`place` names where it was given).
-pub fn check_property(property: &str, place: &str) -> TideResult<()> {
-    if let Some(why) = tide_core::kafka::refused_setting(property) {
-        return Err(TideError::invalid(format!(
-            "the Kafka setting \"{property}\" cannot be set in {place}"
-        ))
-        .hint(format!("pg_tide sets it: {why}. Leave it out.")));
+/// Where a librdkafka property was given.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Place {
+    /// A `tide_kafka` foreign server's options (every role can read them).
+    Server,
+    /// A user mapping (only the mapped role, the server's owner and superusers read it).
+    UserMapping,
+    /// A pipeline's `producer` option (written by the pipeline's owner).
+    Producer,
+}
+
+impl Place {
+    fn describe(self) -> &'static str {
+        match self {
+            Place::Server => "a foreign server's options",
+            Place::UserMapping => "a user mapping",
+            Place::Producer => "the pipeline's producer option",
+        }
     }
-    if tide_core::kafka::secret_setting(property) && !place.contains("user mapping") {
-        return Err(TideError::invalid(format!(
-            "the Kafka setting \"{property}\" holds a secret and cannot be set in {place}, which other roles can read"
+}
+
+/// Check a librdkafka property against pg_tide's allow-list (`tide_core::kafka::access`) for
+/// `place`; `superuser`: whether a superuser wrote it. Refuses a property pg_tide sets itself
+/// or that is not on the list (22023), one that names a file, a program or a library from
+/// anyone but a superuser, or in `producer` (42501), a connection setting in `producer` and a
+/// secret outside a user mapping (22023). Pure: nothing reaches librdkafka here.
+pub fn check_property(
+    property: &str,
+    value: &str,
+    place: Place,
+    superuser: bool,
+) -> TideResult<()> {
+    use tide_core::kafka::{access, secret_setting, Access, ALLOW_LIST_DOC};
+    let at = place.describe();
+    let secret = || {
+        TideError::invalid(format!(
+            "the Kafka setting \"{property}\" holds a secret and cannot be set in {at}, which other roles can read"
         ))
-        .hint("Put it in the user mapping of the pipeline's owner: CREATE USER MAPPING FOR <owner> SERVER <server> OPTIONS (\"sasl.password\" '...'); only that role and superusers can read it."));
+        .hint("Put it in the user mapping of the pipeline's owner: CREATE USER MAPPING FOR <owner> SERVER <server> OPTIONS (\"sasl.password\" '...'); only that role and superusers can read it.")
+    };
+    match access(property, value) {
+        Access::PgTide(why) => {
+            return Err(TideError::invalid(format!(
+                "the Kafka setting \"{property}\" cannot be set in {at}"
+            ))
+            .hint(format!("pg_tide sets it: {why}. Leave it out.")))
+        }
+        Access::Unknown => {
+            return Err(TideError::invalid(format!(
+                "the Kafka setting \"{property}\" is not one pg_tide takes"
+            ))
+            .hint(format!("pg_tide passes librdkafka only the properties of its allow-list: producer tuning (linger.ms, batch.size, compression.type, message.timeout.ms, socket and back-off timeouts, ...) anywhere; how to connect (security.protocol, sasl.mechanism, sasl.username, sasl.password, ssl.ca.pem, ...) in the server or user mapping; files librdkafka reads (ssl.ca.location, ...) only from a superuser. Names are librdkafka's, with '.' or '_'. The allow-list: {ALLOW_LIST_DOC}.")))
+        }
+        Access::Superuser(what) => {
+            if place == Place::Producer {
+                return Err(TideError::privilege(format!(
+                    "the Kafka setting \"{property}\" cannot be set in {at}: {what}"
+                ))
+                .hint(format!("Only a superuser decides which files, programs and libraries librdkafka uses, in a foreign server's or user mapping's options: ask one to add it to the server (ALTER SERVER <server> OPTIONS (ADD \"{property}\" '...')).")));
+            }
+            if !superuser {
+                return Err(TideError::privilege(format!(
+                    "the Kafka setting \"{property}\" is superuser-only: {what}"
+                ))
+                .hint(format!("Ask a superuser to put it in the foreign server's options (ALTER SERVER <server> OPTIONS (ADD \"{property}\" '...')) or in your user mapping.")));
+            }
+        }
+        Access::Connection if place == Place::Producer => {
+            if secret_setting(property) {
+                return Err(secret());
+            }
+            return Err(TideError::invalid(format!(
+                "the Kafka setting \"{property}\" cannot be set in {at}: how to connect belongs to the foreign server or the user mapping"
+            ))
+            .hint(format!("Connection and authentication settings go with the credentials they protect: ALTER SERVER <server> OPTIONS (ADD \"{property}\" '...') or the user mapping of the pipeline's owner.")));
+        }
+        Access::Connection | Access::Anywhere => {}
+    }
+    if secret_setting(property) && place != Place::UserMapping {
+        return Err(secret());
     }
     Ok(())
 }

@@ -4,7 +4,8 @@
 //! renders; nothing here talks to a broker.
 //!
 //! Owns: the exact JSON of every message pg_tide writes to Kafka (README "Kafka target" documents
-//! it field by field), and the list of librdkafka settings the target's guarantees rest on.
+//! it field by field), and which librdkafka settings pg_tide takes from whom (the allow-list,
+//! [`access`]).
 //!
 //! Guarantees:
 //! - A data message's key is the event's key JSON exactly as the outbox has it (the same
@@ -16,8 +17,12 @@
 //!   `event_count` is the number of events of the transaction and `data_collections` the count
 //!   per table ([`TxnCounter`]).
 //! - Topic names only ever contain Kafka's legal characters (`[A-Za-z0-9._-]`, at most 249).
-//! - [`refused_setting`] names every setting that would weaken idempotence, acknowledgement or
-//!   per-key order; [`secret_setting`] every setting that holds a secret (which belongs in a
+//! - [`access`] is the allow-list of librdkafka properties: what anyone may tune, what only a
+//!   server or user mapping may say (how to connect), what only a superuser may write (a
+//!   property that names a file, a program or a library: librdkafka reads, runs or loads it
+//!   inside PostgreSQL's processes), what pg_tide sets itself ([`refused_setting`]: every
+//!   setting that would weaken idempotence, acknowledgement or per-key order); anything else is
+//!   refused. [`secret_setting`] names every setting that holds a secret (which belongs in a
 //!   user mapping, never in a table or option other roles can read).
 
 use crate::json::push_string;
@@ -332,13 +337,168 @@ pub fn parse_position_record(value: &[u8]) -> Option<Lsn> {
 
 /// A librdkafka property name as users may write it: `security_protocol` for
 /// `security.protocol` (option names of a foreign server are identifiers). A name with a `.`
-/// is taken as it is.
+/// is taken as it is. `delivery.timeout.ms` (the Java clients' name) is librdkafka's alias of
+/// `message.timeout.ms`, which pg_tide reads itself: it becomes that.
 pub fn property_name(name: &str) -> String {
-    if name.contains('.') {
+    let p = if name.contains('.') {
         name.to_string()
     } else {
         name.replace('_', ".")
+    };
+    if p == "delivery.timeout.ms" {
+        return "message.timeout.ms".to_string();
     }
+    p
+}
+
+/// Who may set a librdkafka property, and where: pg_tide's allow-list ([`access`]; README
+/// "Kafka target", which lists it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Producer and connection tuning ([`TUNING`]): anyone who may write the place, in a foreign
+    /// server's options, a user mapping or a pipeline's `producer` option.
+    Anywhere,
+    /// How to connect and authenticate ([`CONNECTION`]): a foreign server's options or a user
+    /// mapping (anyone who may write them), never a pipeline's `producer` option, whose writer
+    /// (the pipeline's owner) would otherwise decide how credentials that may not be theirs
+    /// (PUBLIC's user mapping) are sent.
+    Connection,
+    /// Names a file, a program or a library that librdkafka (or OpenSSL) reads, runs or loads
+    /// inside PostgreSQL's processes, or authenticates with the server host's own identity
+    /// ([`SUPERUSER`], and `sasl.mechanism` `GSSAPI`): only in a foreign server's or user
+    /// mapping's options written by a superuser, never in `producer`. The text says what it does.
+    Superuser(&'static str),
+    /// pg_tide sets it itself ([`refused_setting`], the reason): refused everywhere.
+    PgTide(&'static str),
+    /// Not on the allow-list: refused everywhere.
+    Unknown,
+}
+
+/// Where the allow-list is documented, for hints.
+pub const ALLOW_LIST_DOC: &str = "README.md, section \"Kafka target\" (the allow-list is tide_core::kafka::access in crates/tide-core/src/kafka.rs)";
+
+/// Producer and connection tuning anyone may set (class [`Access::Anywhere`]): sizes, batching,
+/// compression, timeouts, retries' back-off, sockets, metadata refresh. None names a file, a
+/// program or a library, enables a callback or logging, or touches the guarantees.
+pub const TUNING: &[&str] = &[
+    // batching and compression
+    "linger.ms",
+    "queue.buffering.max.ms",
+    "queue.buffering.max.messages",
+    "queue.buffering.max.kbytes",
+    "queue.buffering.backpressure.threshold",
+    "batch.num.messages",
+    "batch.size",
+    "compression.type",
+    "compression.codec",
+    "compression.level",
+    // sizes
+    "message.max.bytes",
+    "message.copy.max.bytes",
+    "receive.message.max.bytes",
+    // timeouts and back-off
+    "message.timeout.ms",
+    "request.timeout.ms",
+    "socket.timeout.ms",
+    "socket.connection.setup.timeout.ms",
+    "connections.max.idle.ms",
+    "reconnect.backoff.ms",
+    "reconnect.backoff.max.ms",
+    "retry.backoff.ms",
+    "retry.backoff.max.ms",
+    "api.version.request",
+    "api.version.request.timeout.ms",
+    "api.version.fallback.ms",
+    "broker.version.fallback",
+    // sockets and addresses
+    "socket.send.buffer.bytes",
+    "socket.receive.buffer.bytes",
+    "socket.keepalive.enable",
+    "socket.nagle.disable",
+    "socket.max.fails",
+    "broker.address.ttl",
+    "broker.address.family",
+    "client.dns.lookup",
+    "client.rack",
+    // metadata
+    "metadata.recovery.strategy",
+    "metadata.recovery.rebootstrap.trigger.ms",
+    "metadata.max.age.ms",
+    "topic.metadata.refresh.interval.ms",
+    "topic.metadata.refresh.fast.interval.ms",
+    "topic.metadata.refresh.sparse",
+    "topic.metadata.propagation.max.ms",
+    "enable.metrics.push",
+];
+
+/// How to connect and authenticate (class [`Access::Connection`]): values, never files. The
+/// secrets among them ([`secret_setting`]) belong in a user mapping.
+pub const CONNECTION: &[&str] = &[
+    "security.protocol",
+    "sasl.mechanism",
+    "sasl.mechanisms",
+    "sasl.username",
+    "sasl.password",
+    "ssl.key.password",
+    "ssl.key.pem",
+    "ssl.certificate.pem",
+    "ssl.ca.pem",
+    "ssl.keystore.password",
+    "ssl.cipher.suites",
+    "ssl.curves.list",
+    "ssl.sigalgs.list",
+    "enable.ssl.certificate.verification",
+    "ssl.endpoint.identification.algorithm",
+];
+
+/// Properties that name a file, a program or a library, or use the server host's identity
+/// (class [`Access::Superuser`]), with what librdkafka does with them.
+pub const SUPERUSER: &[(&str, &str)] = &[
+    ("plugin.library.paths", "librdkafka loads each library named into the process (dlopen) the moment the property is set"),
+    ("ssl.engine.location", "OpenSSL loads the engine library named"),
+    ("ssl.engine.id", "OpenSSL loads the engine of that id from its engines directory"),
+    ("ssl.providers", "OpenSSL loads the providers named, which may be paths to libraries"),
+    ("ssl.key.location", "it names a file of the server host (a private key)"),
+    ("ssl.certificate.location", "it names a file of the server host (a certificate)"),
+    ("ssl.ca.location", "it names a file or directory of the server host (CA certificates)"),
+    ("ssl.crl.location", "it names a file of the server host (a revocation list)"),
+    ("ssl.keystore.location", "it names a file of the server host (a PKCS#12 keystore)"),
+    ("https.ca.location", "it names a file or directory of the server host (CA certificates)"),
+    ("sasl.kerberos.kinit.cmd", "librdkafka runs it as a shell command"),
+    ("sasl.kerberos.keytab", "it names a file of the server host (a Kerberos keytab)"),
+    ("sasl.kerberos.principal", "Kerberos authenticates with the server host's own tickets and keytab"),
+    ("sasl.kerberos.service.name", "Kerberos authenticates with the server host's own tickets and keytab"),
+    ("sasl.kerberos.min.time.before.relogin", "Kerberos authenticates with the server host's own tickets and keytab (it schedules kinit)"),
+    ("sasl.oauthbearer.assertion.file", "it names a file of the server host"),
+    ("sasl.oauthbearer.assertion.private.key.file", "it names a file of the server host (a private key)"),
+    ("sasl.oauthbearer.assertion.jwt.template.file", "it names a file of the server host"),
+    ("sasl.oauthbearer.metadata.authentication.type", "it authenticates with the server host's own cloud identity"),
+];
+
+/// Who may set `property` to `value`, and where (pg_tide's allow-list). `property` is as
+/// [`property_name`] returns it. Only `sasl.mechanism(s)` depends on the value: `GSSAPI`
+/// (Kerberos) authenticates with the server host's tickets and runs `kinit`.
+pub fn access(property: &str, value: &str) -> Access {
+    if let Some(why) = refused_setting(property) {
+        return Access::PgTide(why);
+    }
+    if let Some((_, why)) = SUPERUSER.iter().find(|(p, _)| *p == property) {
+        return Access::Superuser(why);
+    }
+    if CONNECTION.contains(&property) {
+        if matches!(property, "sasl.mechanism" | "sasl.mechanisms")
+            && value.trim().eq_ignore_ascii_case("gssapi")
+        {
+            return Access::Superuser(
+                "Kerberos (GSSAPI) authenticates with the server host's own tickets and keytab, and runs kinit",
+            );
+        }
+        return Access::Connection;
+    }
+    if TUNING.contains(&property) {
+        return Access::Anywhere;
+    }
+    Access::Unknown
 }
 
 /// Why a producer setting may not be set by the user (`None`: it may), for the settings the
@@ -368,6 +528,8 @@ pub fn refused_setting(property: &str) -> Option<&'static str> {
         "produce.offset.report" | "delivery.report.only.error" | "dr_cb" | "dr_msg_cb" => {
             "pg_tide confirms the slot from every message's delivery report"
         }
+        "group.id" | "enable.auto.commit" | "enable.auto.offset.store" | "enable.partition.eof"
+        | "isolation.level" => "pg_tide reads its position topic with a consumer it configures itself",
         _ => return None,
     })
 }
@@ -377,10 +539,15 @@ pub fn refused_setting(property: &str) -> Option<&'static str> {
 /// every role) or a pipeline's options.
 pub fn secret_setting(property: &str) -> bool {
     property.contains("password")
+        || property.contains("passphrase")
         || property.contains("secret")
         || matches!(
             property,
-            "ssl.key.pem" | "ssl_key" | "sasl.oauthbearer.config" | "ssl.keystore.location"
+            "ssl.key.pem"
+                | "ssl_key"
+                | "sasl.oauthbearer.config"
+                | "sasl.oauthbearer.assertion.private.key.pem"
+                | "ssl.keystore.location"
         )
 }
 
@@ -537,5 +704,221 @@ mod tests {
         assert!(secret_setting("sasl.password"));
         assert!(secret_setting("ssl.key.password"));
         assert!(!secret_setting("sasl.username"));
+    }
+
+    /// Every property of librdkafka 2.12.1's CONFIGURATION.md (the version rdkafka-sys 4.10
+    /// bundles), so that each is classified knowingly.
+    const LIBRDKAFKA_PROPERTIES: &str = "\
+        acks allow.auto.create.topics api.version.fallback.ms api.version.request \
+        api.version.request.timeout.ms auto.commit.enable auto.commit.interval.ms \
+        auto.offset.reset background_event_cb batch.num.messages batch.size bootstrap.servers \
+        broker.address.family broker.address.ttl broker.version.fallback builtin.features \
+        check.crcs client.dns.lookup client.id client.rack closesocket_cb compression.codec \
+        compression.level compression.type connect_cb connections.max.idle.ms \
+        consume.callback.max.messages consume_cb coordinator.query.interval.ms debug \
+        default_topic_conf delivery.report.only.error delivery.timeout.ms dr_cb dr_msg_cb \
+        enable.auto.commit enable.auto.offset.store enable.gapless.guarantee enable.idempotence \
+        enable.metrics.push enable.partition.eof enable.random.seed \
+        enable.sasl.oauthbearer.unsecure.jwt enable.ssl.certificate.verification enabled_events \
+        error_cb fetch.error.backoff.ms fetch.max.bytes fetch.message.max.bytes fetch.min.bytes \
+        fetch.queue.backoff.ms fetch.wait.max.ms group.id group.instance.id group.protocol \
+        group.protocol.type group.remote.assignor heartbeat.interval.ms https.ca.location \
+        https.ca.pem interceptors internal.termination.signal isolation.level linger.ms \
+        log.connection.close log.queue log.thread.name log_cb log_level max.in.flight \
+        max.in.flight.requests.per.connection max.partition.fetch.bytes max.poll.interval.ms \
+        message.copy.max.bytes message.max.bytes message.send.max.retries message.timeout.ms \
+        metadata.broker.list metadata.max.age.ms metadata.recovery.rebootstrap.trigger.ms \
+        metadata.recovery.strategy msg_order_cmp oauthbearer_token_refresh_cb \
+        offset.store.method offset.store.path offset.store.sync.interval.ms offset_commit_cb \
+        opaque open_cb partition.assignment.strategy partitioner partitioner_cb \
+        plugin.library.paths produce.offset.report queue.buffering.backpressure.threshold \
+        queue.buffering.max.kbytes queue.buffering.max.messages queue.buffering.max.ms \
+        queued.max.messages.kbytes queued.min.messages queuing.strategy rebalance_cb \
+        receive.message.max.bytes reconnect.backoff.jitter.ms reconnect.backoff.max.ms \
+        reconnect.backoff.ms request.required.acks request.timeout.ms resolve_cb retries \
+        retry.backoff.max.ms retry.backoff.ms sasl.kerberos.keytab sasl.kerberos.kinit.cmd \
+        sasl.kerberos.min.time.before.relogin sasl.kerberos.principal sasl.kerberos.service.name \
+        sasl.mechanism sasl.mechanisms sasl.oauthbearer.assertion.algorithm \
+        sasl.oauthbearer.assertion.claim.aud sasl.oauthbearer.assertion.claim.exp.seconds \
+        sasl.oauthbearer.assertion.claim.iss sasl.oauthbearer.assertion.claim.jti.include \
+        sasl.oauthbearer.assertion.claim.nbf.seconds sasl.oauthbearer.assertion.claim.sub \
+        sasl.oauthbearer.assertion.file sasl.oauthbearer.assertion.jwt.template.file \
+        sasl.oauthbearer.assertion.private.key.file \
+        sasl.oauthbearer.assertion.private.key.passphrase \
+        sasl.oauthbearer.assertion.private.key.pem sasl.oauthbearer.client.credentials.client.id \
+        sasl.oauthbearer.client.credentials.client.secret sasl.oauthbearer.client.id \
+        sasl.oauthbearer.client.secret sasl.oauthbearer.config sasl.oauthbearer.extensions \
+        sasl.oauthbearer.grant.type sasl.oauthbearer.metadata.authentication.type \
+        sasl.oauthbearer.method sasl.oauthbearer.scope sasl.oauthbearer.token.endpoint.url \
+        sasl.password sasl.username security.protocol session.timeout.ms socket.blocking.max.ms \
+        socket.connection.setup.timeout.ms socket.keepalive.enable socket.max.fails \
+        socket.nagle.disable socket.receive.buffer.bytes socket.send.buffer.bytes \
+        socket.timeout.ms socket_cb ssl.ca.certificate.stores ssl.ca.location ssl.ca.pem \
+        ssl.certificate.location ssl.certificate.pem ssl.certificate.verify_cb ssl.cipher.suites \
+        ssl.crl.location ssl.curves.list ssl.endpoint.identification.algorithm ssl.engine.id \
+        ssl.engine.location ssl.key.location ssl.key.password ssl.key.pem ssl.keystore.location \
+        ssl.keystore.password ssl.providers ssl.sigalgs.list ssl_ca ssl_certificate \
+        ssl_engine_callback_data ssl_key statistics.interval.ms stats_cb \
+        sticky.partitioning.linger.ms throttle_cb topic.blacklist \
+        topic.metadata.propagation.max.ms topic.metadata.refresh.fast.cnt \
+        topic.metadata.refresh.fast.interval.ms topic.metadata.refresh.interval.ms \
+        topic.metadata.refresh.sparse transaction.timeout.ms transactional.id";
+
+    #[test]
+    fn the_allow_list_names_real_properties_once() {
+        let mut seen = std::collections::HashSet::new();
+        let known: Vec<&str> = LIBRDKAFKA_PROPERTIES.split_whitespace().collect();
+        assert_eq!(known.len(), 190);
+        for p in TUNING
+            .iter()
+            .chain(CONNECTION)
+            .chain(SUPERUSER.iter().map(|(p, _)| p))
+        {
+            assert!(known.contains(p), "{p} is not a librdkafka property");
+            assert!(seen.insert(*p), "{p} is listed twice");
+            assert_eq!(
+                refused_setting(p),
+                None,
+                "{p} is both allowed and pg_tide's"
+            );
+        }
+    }
+
+    /// Every property that names a file, a directory, a program, a library or an engine, sets a
+    /// callback or changes logging, signals or the process's random seed is never `Anywhere` or
+    /// `Connection`, whatever its value.
+    #[test]
+    fn files_programs_libraries_are_never_open_to_everyone() {
+        let dangerous = |p: &str| {
+            [
+                "location",
+                "path",
+                "file",
+                "cmd",
+                "keytab",
+                "engine",
+                "provider",
+                "plugin",
+                "kerberos",
+                "_cb",
+                "interceptor",
+                "debug",
+                "log",
+                "signal",
+                "random",
+                "opaque",
+                "conf",
+                "stores",
+                "events",
+                "statistics",
+                "metadata.authentication",
+            ]
+            .iter()
+            .any(|w| p.contains(w))
+        };
+        for p in LIBRDKAFKA_PROPERTIES.split_whitespace() {
+            let a = access(p, "x");
+            if dangerous(p) {
+                assert!(
+                    matches!(
+                        a,
+                        Access::Superuser(_) | Access::PgTide(_) | Access::Unknown
+                    ),
+                    "{p} is {a:?}"
+                );
+            }
+        }
+        for p in [
+            "plugin.library.paths",
+            "ssl.engine.location",
+            "ssl.engine.id",
+            "ssl.providers",
+            "ssl.key.location",
+            "ssl.certificate.location",
+            "ssl.ca.location",
+            "ssl.crl.location",
+            "ssl.keystore.location",
+            "https.ca.location",
+            "sasl.kerberos.kinit.cmd",
+            "sasl.kerberos.keytab",
+            "sasl.oauthbearer.assertion.file",
+            "sasl.oauthbearer.assertion.private.key.file",
+            "sasl.oauthbearer.assertion.jwt.template.file",
+        ] {
+            assert!(matches!(access(p, ""), Access::Superuser(_)), "{p}");
+        }
+        // Kerberos is the host's identity whichever way it is asked for.
+        for v in ["GSSAPI", "gssapi", " GSSAPI "] {
+            assert!(matches!(access("sasl.mechanism", v), Access::Superuser(_)));
+            assert!(matches!(access("sasl.mechanisms", v), Access::Superuser(_)));
+        }
+        assert_eq!(
+            access("sasl.mechanism", "SCRAM-SHA-512"),
+            Access::Connection
+        );
+        // Not on the list: logging, signals, callbacks, consumer settings, unknown names, and
+        // names spelled differently from librdkafka's (it compares exactly).
+        for p in [
+            "debug",
+            "log_level",
+            "internal.termination.signal",
+            "enable.random.seed",
+            "statistics.interval.ms",
+            "ssl_key",
+            "ssl_engine_callback_data",
+            "open_cb",
+            "fetch.wait.max.ms",
+            "offset.store.path",
+            "enable.sasl.oauthbearer.unsecure.jwt",
+            "sasl.oauthbearer.token.endpoint.url",
+            "no.such.property",
+            "Plugin.Library.Paths",
+            " plugin.library.paths",
+            "",
+        ] {
+            assert_eq!(access(p, ""), Access::Unknown, "{p:?}");
+        }
+    }
+
+    #[test]
+    fn classes_of_common_settings() {
+        for p in [
+            "linger.ms",
+            "batch.size",
+            "compression.type",
+            "message.timeout.ms",
+            "socket.connection.setup.timeout.ms",
+            "retry.backoff.ms",
+        ] {
+            assert_eq!(access(p, "5"), Access::Anywhere, "{p}");
+        }
+        for p in [
+            "security.protocol",
+            "sasl.username",
+            "sasl.password",
+            "ssl.ca.pem",
+            "enable.ssl.certificate.verification",
+        ] {
+            assert_eq!(access(p, "x"), Access::Connection, "{p}");
+        }
+        for p in [
+            "acks",
+            "enable.idempotence",
+            "client.id",
+            "bootstrap.servers",
+            "group.id",
+        ] {
+            assert!(matches!(access(p, "x"), Access::PgTide(_)), "{p}");
+        }
+        assert_eq!(property_name("delivery.timeout.ms"), "message.timeout.ms");
+        assert_eq!(
+            property_name("plugin_library_paths"),
+            "plugin.library.paths"
+        );
+        assert!(secret_setting(
+            "sasl.oauthbearer.assertion.private.key.passphrase"
+        ));
+        assert!(secret_setting("sasl.oauthbearer.assertion.private.key.pem"));
+        assert!(!secret_setting("ssl.ca.location"));
     }
 }

@@ -141,4 +141,6 @@ SELECT tide.create_pipeline('k', 'kafka', '{"server": "regress_k", "producer": {
 SELECT tide.create_pipeline('k', 'kafka', '{"server": "regress_k", "producer": {"enable_idempotence": false}}');
 SELECT tide.create_pipeline('k', 'kafka', '{"server": "regress_k", "producer": {"sasl.password": "x"}}');
 SELECT tide.create_pipeline('k', 'kafka', '{"server": "regress_k", "producer": {"linger.ms": [5]}}');
+SELECT tide.create_pipeline('k', 'kafka', '{"server": "regress_k", "producer": {"plugin.library.paths": "/tmp/x.so"}}');
+SELECT tide.create_pipeline('k', 'kafka', '{"server": "regress_k", "producer": {"security.protocol": "plaintext"}}');
 SELECT count(*) AS pipelines_left FROM tide.pipelines;

@@ -1,7 +1,8 @@
 //! What a kafka pipeline refuses, as an ordinary role would meet it: a server it may not use
 //! (42501), one of another wrapper, settings pg_tide sets itself and secrets where other roles
-//! could read them (22023), brokers that do not answer (08001); and what another role can read
-//! of the owner's credentials: nothing.
+//! could read them (22023), brokers that do not answer (08001), a file setting of a server no
+//! superuser owns, at worker start (42501); and what another role can read of the owner's
+//! credentials: nothing. (The allow-list's refusals need no broker: the security suite.)
 
 use crate::broker::*;
 use pg_test::*;
@@ -155,6 +156,33 @@ fn kafka_refusals_and_secrets() {
         .expect("own mapping")
         .get(0);
     assert!(own.is_some_and(|o| o.iter().any(|x| x == "sasl_password=alice-secret")));
+    // A setting that names a file counts only from a server a superuser owns: handed to bob
+    // (ALTER SERVER ... OWNER TO), the server's ssl.ca.location stops the pipeline when its worker
+    // starts again (42501); given back to a superuser, the pipeline streams again by itself.
+    c.execute(
+        "ALTER SERVER events OPTIONS (ADD \"ssl.ca.location\" '/etc/ssl/certs/ca-certificates.crt');
+         ALTER SERVER events OWNER TO bob;
+         SELECT pg_terminate_backend(worker_pid) FROM tide.pipelines WHERE name = 'k';",
+    );
+    c.wait_until(
+        "the pipeline fails on a file setting of a server bob owns",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT coalesce((SELECT last_error_sqlstate = '42501' AND last_error LIKE '%ssl.ca.location%'
+                                    FROM tide.pipelines WHERE name = 'k'), false)",
+            )?)
+        },
+    );
+    c.execute("ALTER SERVER events OWNER TO postgres");
+    c.execute("INSERT INTO t SELECT generate_series(16, 20)");
+    wait_pipeline(&c, "k", 90);
+    assert_eq!(
+        count(&b),
+        20,
+        "the rows written while the pipeline was refused"
+    );
     // Revoking USAGE stops the running pipeline with the reason.
     c.execute("REVOKE USAGE ON FOREIGN SERVER events FROM alice; SELECT pg_terminate_backend(worker_pid) FROM tide.pipelines WHERE name = 'k';");
     c.wait_until("the revoked pipeline fails", Duration::from_secs(30), Duration::from_millis(100), || {
