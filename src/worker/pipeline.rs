@@ -398,6 +398,13 @@ fn iterate(
         // logs its progress, at LOG. Quiet them for this transaction only (the worker's own
         // messages are logged after the transaction ends).
         crate::sql::one::<String>("SELECT set_config('log_min_messages', 'fatal', true)", &[])?;
+        // A foreign server, user mapping or role changed: a remote target connects again,
+        // through the rules again (a mapping that lost its password stops the pipeline here).
+        if p.target == tide_core::model::TargetKind::Postgres
+            && crate::sink::remote::take_options_changed()
+        {
+            *sink = None;
+        }
         if sink.is_none() {
             *sink = Some(crate::sink::for_pipeline(&p)?);
         }

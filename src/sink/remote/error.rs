@@ -16,7 +16,17 @@ pub struct RemoteError {
     pub hint: Option<String>,
     /// True if retrying later may succeed without anyone changing anything.
     pub transient: bool,
+    /// More about an error this module raises itself (a server's DETAIL is in `message`).
+    pub detail: Option<String>,
+    /// The SQLSTATE of an error this module raises itself, when it has one of its own
+    /// ([`PASSWORD_REQUIRED`]); `sqlstate` is the server's.
+    pub own_sqlstate: Option<&'static str>,
 }
+
+/// SQLSTATE of "password is required" (postgres_fdw's: `2F003`,
+/// prohibited_sql_statement_attempted), raised when the remote let a connection that must use
+/// its password in without asking for it.
+pub const PASSWORD_REQUIRED: &str = "2F003";
 
 impl RemoteError {
     /// An error raised by this module that a retry may cure.
@@ -26,6 +36,8 @@ impl RemoteError {
             sqlstate: None,
             hint: None,
             transient: true,
+            detail: None,
+            own_sqlstate: None,
         }
     }
 
@@ -36,6 +48,8 @@ impl RemoteError {
             sqlstate: None,
             hint: None,
             transient: false,
+            detail: None,
+            own_sqlstate: None,
         }
     }
 
@@ -60,6 +74,8 @@ impl RemoteError {
                 sqlstate: Some(code.to_string()),
                 hint: db.hint().map(str::to_string),
                 transient: is_transient(Some(code)) || is_stale_plan(code, db.message()),
+                detail: None,
+                own_sqlstate: None,
             }
         } else {
             RemoteError {
@@ -67,6 +83,8 @@ impl RemoteError {
                 sqlstate: None,
                 hint: None,
                 transient: !is_client_side_permanent(&e.to_string()),
+                detail: None,
+                own_sqlstate: None,
             }
         }
     }

@@ -54,7 +54,7 @@
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
 use crate::sink::options::{Options, SchemaPolicy};
-use crate::sink::remote::{conninfo_for_server, RemoteSink};
+use crate::sink::remote::{remote_access, watch_remote_options, RemoteSink};
 use crate::sink::{CopyBatch, Event, RowBatch, SchemaEvent, Target};
 use crate::sql;
 use pgrx::spi::SpiClient;
@@ -173,8 +173,11 @@ pub fn for_pipeline(p: &PipelineRow) -> TideResult<Box<dyn Target>> {
         let server = opts.server().ok_or_else(|| {
             TideError::invalid(format!("pipeline \"{}\" has no server option", p.name))
         })?;
-        let conninfo = conninfo_for_server(server, &p.owner)?;
-        let sink = RemoteSink::start(conninfo, &format!("pg_tide {}", p.name));
+        // Watched before the options are read, so a later change is never missed: the worker
+        // then builds its connection again, with the rules checked again.
+        watch_remote_options();
+        let access = remote_access(server, &p.owner)?;
+        let sink = RemoteSink::start_with(access, &format!("pg_tide {}", p.name));
         let backend = remote::Remote::new(&p.name, opts.schema(), sink);
         return Ok(Box::new(TableTarget::new(&p.name, policy, backend)));
     }
