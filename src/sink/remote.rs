@@ -39,6 +39,15 @@
 //! [`tls`] module for the details and the (stricter) differences from libpq. Certificate files
 //! are read when connecting, on the sink thread. A certificate that does not verify, or a file
 //! that cannot be read, is a non-transient error with a hint.
+//!
+//! A connection made for a role that is no superuser ([`RemoteAccess::probe_password`], decided
+//! by [`remote_access`] on the main thread with postgres_fdw's rules) must be seen to use its
+//! password, as postgres_fdw checks with libpq's `PQconnectionUsedPassword`, which this client
+//! lacks: for each endpoint (host names resolved once), the sink thread first connects without
+//! the password, which must end with the server asking for one, and only then connects with it
+//! to the same address; a server that lets the probe in is refused ("password is required",
+//! SQLSTATE 2F003, [`PASSWORD_REQUIRED`]). The worker rebuilds its sink when a foreign server,
+//! user mapping or role changes ([`take_options_changed`]), so the rules are checked again.
 
 use std::collections::HashMap;
 use std::fmt;
