@@ -133,8 +133,7 @@ pub fn check(
     let password = server
         .iter()
         .chain(mapping.iter())
-        .filter(|(k, _)| k == "password")
-        .last()
+        .rfind(|(k, _)| k == "password")
         .map(|(_, v)| v.as_str())
         .unwrap_or("");
     if password.is_empty() {
