@@ -119,6 +119,12 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
             poll: Duration::from_millis(gucs::POLL_INTERVAL_MS.get().max(1) as u64),
             max_retry_delay: Duration::from_secs(gucs::MAX_RETRY_DELAY_S.get().max(0) as u64),
         };
+        // A foreign server, user mapping or role changed (seen by an earlier transaction; only
+        // a remote target's worker watches): the target connects anew, under the rules again,
+        // before a chunk read or an iteration uses it.
+        if crate::sink::remote::take_options_changed() {
+            sink = None;
+        }
         match decide(phase, facts, settings) {
             Action::Exit => break,
             Action::ReadChunk => {
