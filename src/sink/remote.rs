@@ -46,8 +46,9 @@
 //! lacks: for each endpoint (host names resolved once), the sink thread first connects without
 //! the password, which must end with the server asking for one, and only then connects with it
 //! to the same address; a server that lets the probe in is refused ("password is required",
-//! SQLSTATE 2F003, [`PASSWORD_REQUIRED`]). The worker rebuilds its sink when a foreign server,
-//! user mapping or role changes ([`take_options_changed`]), so the rules are checked again.
+//! SQLSTATE 2F003, [`PASSWORD_REQUIRED`]). After a foreign server, user mapping or role
+//! changed ([`take_options_changed`]) the worker checks the rules again and rebuilds its sink
+//! if what it connects with changed.
 
 use std::collections::HashMap;
 use std::fmt;

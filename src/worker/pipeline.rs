@@ -119,12 +119,6 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
             poll: Duration::from_millis(gucs::POLL_INTERVAL_MS.get().max(1) as u64),
             max_retry_delay: Duration::from_secs(gucs::MAX_RETRY_DELAY_S.get().max(0) as u64),
         };
-        // A foreign server, user mapping or role changed (seen by an earlier transaction; only
-        // a remote target's worker watches): the target connects anew, under the rules again,
-        // before a chunk read or an iteration uses it.
-        if crate::sink::remote::take_options_changed() {
-            sink = None;
-        }
         match decide(phase, facts, settings) {
             Action::Exit => break,
             Action::ReadChunk => {
@@ -404,12 +398,21 @@ fn iterate(
         // logs its progress, at LOG. Quiet them for this transaction only (the worker's own
         // messages are logged after the transaction ends).
         crate::sql::one::<String>("SELECT set_config('log_min_messages', 'fatal', true)", &[])?;
-        // A foreign server, user mapping or role changed: a remote target connects again,
-        // through the rules again (a mapping that lost its password stops the pipeline here).
-        if p.target == tide_core::model::TargetKind::Postgres
-            && crate::sink::remote::take_options_changed()
-        {
-            *sink = None;
+        // A foreign server, user mapping or role changed (only a remote target's worker
+        // watches): what the target connects with is read and checked again, and the target
+        // is built anew if it differs. A mapping that lost its password stops the pipeline
+        // here, with the reason; the next iteration checks again.
+        if crate::sink::remote::take_options_changed() {
+            if let Some(current) = sink.as_ref().and_then(|s| s.remote_access()) {
+                match crate::sink::table::remote_access_unchanged(&p, &current) {
+                    Ok(true) => {}
+                    Ok(false) => *sink = None,
+                    Err(e) => {
+                        *sink = None;
+                        return Err(e);
+                    }
+                }
+            }
         }
         if sink.is_none() {
             *sink = Some(crate::sink::for_pipeline(&p)?);

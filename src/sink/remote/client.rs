@@ -206,6 +206,14 @@ impl RemoteSink {
         }
     }
 
+    /// What this sink connects with.
+    pub fn access(&self) -> RemoteAccess {
+        RemoteAccess {
+            conninfo: self.conninfo.clone(),
+            probe_password: self.probe_password,
+        }
+    }
+
     /// Run statements in ONE remote transaction, then commit. All or nothing: on any error
     /// the remote transaction is rolled back and the error returned; on a broken connection
     /// the client is dropped and the next request reconnects.

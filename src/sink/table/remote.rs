@@ -89,6 +89,10 @@ impl Remote {
 }
 
 impl Backend for Remote {
+    fn remote_access(&self) -> Option<crate::sink::remote::RemoteAccess> {
+        Some(self.sink.access())
+    }
+
     fn prepare(&mut self) -> TideResult<()> {
         if self.ready {
             return Ok(());
