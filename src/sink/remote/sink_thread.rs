@@ -330,7 +330,7 @@ pub(super) fn endpoints(config: &Config) -> Result<Vec<Endpoint>, RemoteError> {
 /// The client configuration of one endpoint: the probe's keywords, the endpoint, our defaults;
 /// with the password for the connection itself, without it (and without `options`, whose
 /// settings a probe has no business applying) for the probe.
-fn endpoint_config(
+pub(super) fn endpoint_config(
     target: &Target,
     probe: &PasswordProbe,
     endpoint: &Endpoint,
@@ -372,7 +372,7 @@ fn endpoint_config(
 }
 
 /// The application name of a password probe's connection.
-const PROBE_APPLICATION_NAME: &str = "pg_tide password check";
+pub(super) const PROBE_APPLICATION_NAME: &str = "pg_tide password check";
 
 /// True if the client gave up because the server asked for a password it was not given:
 /// proof that the server requires one. (The server logs nothing: a client that hangs up when
