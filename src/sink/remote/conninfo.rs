@@ -537,16 +537,12 @@ pub fn remote_access(server: &str, owner: &str) -> TideResult<RemoteAccess> {
 /// in without asking for the password), with its own SQLSTATE, detail and hint; `None` for
 /// every other remote error.
 pub fn refusal_error(e: &RemoteError) -> Option<TideError> {
-    if e.own_sqlstate != Some(PASSWORD_REQUIRED) {
-        return None;
-    }
+    let own = e.own.as_ref().filter(|o| o.sqlstate == PASSWORD_REQUIRED)?;
     let mut err = TideError::new(
         PgSqlErrorCode::ERRCODE_S_R_E_PROHIBITED_SQL_STATEMENT_ATTEMPTED,
         e.message.clone(),
-    );
-    if let Some(d) = &e.detail {
-        err = err.detail(d.clone());
-    }
+    )
+    .detail(own.detail.clone());
     if let Some(h) = &e.hint {
         err = err.hint(h.clone());
     }

@@ -16,11 +16,18 @@ pub struct RemoteError {
     pub hint: Option<String>,
     /// True if retrying later may succeed without anyone changing anything.
     pub transient: bool,
-    /// More about an error this module raises itself (a server's DETAIL is in `message`).
-    pub detail: Option<String>,
-    /// The SQLSTATE of an error this module raises itself, when it has one of its own
-    /// ([`PASSWORD_REQUIRED`]); `sqlstate` is the server's.
-    pub own_sqlstate: Option<&'static str>,
+    /// An error this module raises itself with a SQLSTATE of its own ([`PASSWORD_REQUIRED`]);
+    /// `sqlstate` is the server's. (Boxed: the error travels in every statement's result.)
+    pub own: Option<Box<OwnCode>>,
+}
+
+/// The SQLSTATE and DETAIL of an error the remote sink raises itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnCode {
+    /// Its SQLSTATE.
+    pub sqlstate: &'static str,
+    /// Its DETAIL (a server's DETAIL is in `message`).
+    pub detail: String,
 }
 
 /// SQLSTATE of "password is required" (postgres_fdw's: `2F003`,
@@ -36,8 +43,7 @@ impl RemoteError {
             sqlstate: None,
             hint: None,
             transient: true,
-            detail: None,
-            own_sqlstate: None,
+            own: None,
         }
     }
 
@@ -48,8 +54,7 @@ impl RemoteError {
             sqlstate: None,
             hint: None,
             transient: false,
-            detail: None,
-            own_sqlstate: None,
+            own: None,
         }
     }
 
@@ -74,8 +79,7 @@ impl RemoteError {
                 sqlstate: Some(code.to_string()),
                 hint: db.hint().map(str::to_string),
                 transient: is_transient(Some(code)) || is_stale_plan(code, db.message()),
-                detail: None,
-                own_sqlstate: None,
+                own: None,
             }
         } else {
             RemoteError {
@@ -83,8 +87,7 @@ impl RemoteError {
                 sqlstate: None,
                 hint: None,
                 transient: !is_client_side_permanent(&e.to_string()),
-                detail: None,
-                own_sqlstate: None,
+                own: None,
             }
         }
     }

@@ -432,12 +432,14 @@ pub(super) fn password_not_requested(config: &Config, endpoint: &Endpoint) -> Re
          of (ALTER USER MAPPING ... OPTIONS (SET user '...', SET password '...')); or a superuser \
          sets password_required 'false' in the user mapping.",
     );
-    e.detail = Some(format!(
-        "The remote server ({endpoint}) did not ask for the password of user \"{user}\": a \
+    e.own = Some(Box::new(OwnCode {
+        sqlstate: PASSWORD_REQUIRED,
+        detail: format!(
+            "The remote server ({endpoint}) did not ask for the password of user \"{user}\": a \
          pipeline owned by a role that is no superuser must log in with its user mapping's \
          password, as postgres_fdw requires."
-    ));
-    e.own_sqlstate = Some(PASSWORD_REQUIRED);
+        ),
+    }));
     e
 }
 
