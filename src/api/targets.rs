@@ -2,8 +2,7 @@
 //! of each captured table (created when missing, checked when present).
 
 use crate::error::{TideError, TideResult};
-use crate::sink::remote::conninfo_for_server;
-use crate::sink::remote::RemoteSink;
+use crate::sink::remote::{refusal_error, remote_access, RemoteSink};
 use crate::sql;
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::prelude::*;
@@ -49,8 +48,13 @@ pub fn check_remote(server: &str) -> TideResult<()> {
             quote(server)
         )));
     }
-    let remote = RemoteSink::start(conninfo_for_server(server, &role)?, "pg_tide check");
+    // The rules a connection for this role follows (USAGE, password, files), checked here and
+    // again whenever the worker connects.
+    let remote = RemoteSink::start_with(remote_access(server, &role)?, "pg_tide check");
     remote.query("SELECT 1::text", vec![], CHECK_TIMEOUT).map_err(|e| {
+        if let Some(refused) = refusal_error(&e) {
+            return refused;
+        }
         // A client-side failure (no SQLSTATE) carries the sink's own hint (a TLS certificate
         // or file problem, an option it refuses), which says more than the generic one.
         let hint = match (&e.sqlstate, &e.hint) {
@@ -147,9 +151,9 @@ pub fn ensure_target(
                 .get("server")
                 .and_then(|v| v.as_str())
                 .unwrap_or_default();
-            // The owner's user mapping, the one the worker will use.
-            Some(RemoteSink::start(
-                conninfo_for_server(server, owner)?,
+            // The owner's user mapping, the one the worker will use, and its rules.
+            Some(RemoteSink::start_with(
+                remote_access(server, owner)?,
                 "pg_tide add_table",
             ))
         }
@@ -170,6 +174,9 @@ pub fn ensure_target(
         Some(r) => r
             .query(TARGET_SHAPE, vec![Some(qualified.clone())], CHECK_TIMEOUT)
             .map_err(|e| {
+                if let Some(refused) = refusal_error(&e) {
+                    return refused;
+                }
                 // A client-side failure (no SQLSTATE: connection, TLS) carries the sink's hint.
                 let hint = match (&e.sqlstate, &e.hint) {
                     (None, Some(h)) => h.clone(),

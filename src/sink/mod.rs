@@ -273,6 +273,11 @@ pub trait Target {
 
     /// Forget cached state after a failed iteration.
     fn reset(&mut self) {}
+
+    /// How a remote target connects (`None` for every other target).
+    fn remote_access(&self) -> Option<crate::sink::remote::RemoteAccess> {
+        None
+    }
 }
 
 /// The target of a pipeline.

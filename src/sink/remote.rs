@@ -39,6 +39,16 @@
 //! [`tls`] module for the details and the (stricter) differences from libpq. Certificate files
 //! are read when connecting, on the sink thread. A certificate that does not verify, or a file
 //! that cannot be read, is a non-transient error with a hint.
+//!
+//! A connection made for a role that is no superuser ([`RemoteAccess::probe_password`], decided
+//! by [`remote_access`] on the main thread with postgres_fdw's rules) must be seen to use its
+//! password, as postgres_fdw checks with libpq's `PQconnectionUsedPassword`, which this client
+//! lacks: for each endpoint (host names resolved once), the sink thread first connects without
+//! the password, which must end with the server asking for one, and only then connects with it
+//! to the same address; a server that lets the probe in is refused ("password is required",
+//! SQLSTATE 2F003, [`PASSWORD_REQUIRED`]). After a foreign server, user mapping or role
+//! changed ([`take_options_changed`]) the worker checks the rules again and rebuilds its sink
+//! if what it connects with changed.
 
 use std::collections::HashMap;
 use std::fmt;

@@ -405,6 +405,22 @@ fn iterate(
         // logs its progress, at LOG. Quiet them for this transaction only (the worker's own
         // messages are logged after the transaction ends).
         crate::sql::one::<String>("SELECT set_config('log_min_messages', 'fatal', true)", &[])?;
+        // A foreign server, user mapping or role changed (only a remote target's worker
+        // watches): what the target connects with is read and checked again, and the target
+        // is built anew if it differs. A mapping that lost its password stops the pipeline
+        // here, with the reason; the next iteration checks again.
+        if crate::sink::remote::take_options_changed() {
+            if let Some(current) = sink.as_ref().and_then(|s| s.remote_access()) {
+                match crate::sink::table::remote_access_unchanged(&p, &current) {
+                    Ok(true) => {}
+                    Ok(false) => *sink = None,
+                    Err(e) => {
+                        *sink = None;
+                        return Err(e);
+                    }
+                }
+            }
+        }
         if sink.is_none() {
             *sink = Some(crate::sink::for_pipeline(&p)?);
         }

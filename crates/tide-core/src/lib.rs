@@ -16,6 +16,8 @@
 //!   states, target kinds).
 //! * [`plan`]: a table target's statements planned from its events (grouping,
 //!   statement text, schema-change DDL, safe widenings, quoting).
+//! * [`remote_auth`]: postgres_fdw's rules for a remote target's connection made
+//!   for a non-superuser (password required and used, no server files).
 //! * [`reconcile`]: the DBLog watermark reconciler merging backfill chunks
 //!   into the change stream.
 //! * [`worker_loop`]: the pipeline worker's main loop as a state machine (one
@@ -33,6 +35,7 @@ pub mod lsn;
 pub mod model;
 pub mod plan;
 pub mod reconcile;
+pub mod remote_auth;
 pub mod snapshot;
 pub mod spill;
 pub mod texts;

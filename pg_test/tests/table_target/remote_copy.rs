@@ -268,7 +268,8 @@ fn kill_between_copy_and_remote_commit_staged() {
 }
 
 /// As ordinary roles on both sides: the pipeline is owned by `alice` (a member of `tide_admin`
-/// only) and reaches the target as `rem` (LOGIN, no other attribute), which may not create
+/// only) and reaches the target as `rem` (LOGIN, no other attribute; the target trusts it, so
+/// the superuser's mapping for alice waives the password: `password_required 'false'`), which may not create
 /// temporary tables. A chunk whose key range is empty at the target goes straight into the
 /// table and needs no temporary table. One whose range holds a row (streamed before the
 /// backfill) needs the staging table: without `rem`'s TEMPORARY privilege on the target
@@ -288,7 +289,7 @@ fn ordinary_roles_and_the_staging_tables_temporary_privilege() {
         "CREATE ROLE alice LOGIN; GRANT tide_admin TO alice;
          CREATE SCHEMA alice AUTHORIZATION alice;
          GRANT USAGE ON FOREIGN SERVER tgt TO alice;
-         CREATE USER MAPPING FOR alice SERVER tgt OPTIONS (user 'rem');",
+         CREATE USER MAPPING FOR alice SERVER tgt OPTIONS (user 'rem', password_required 'false');",
     );
     let mut alice = connect_as(&c, "alice");
     let mut as_alice = |sql: &str| {

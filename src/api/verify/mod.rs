@@ -33,7 +33,7 @@ use super::{check_server, sleep_ms};
 use crate::catalog;
 use crate::error::{OrRaise, TideError, TideResult};
 use crate::shmem;
-use crate::sink::remote::conninfo_for_server;
+use crate::sink::remote::remote_access;
 use crate::sink::remote::{RemoteSink, RemoteStatement};
 use crate::sql;
 use pgrx::prelude::*;

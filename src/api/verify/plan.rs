@@ -153,8 +153,8 @@ pub(super) fn setup(
             .and_then(|v| v.as_str())
             .unwrap_or_default();
         let owner = catalog::pipelines::owner(&pipeline)?.unwrap_or_default();
-        Some(RemoteSink::start(
-            conninfo_for_server(server, &owner)?,
+        Some(RemoteSink::start_with(
+            remote_access(server, &owner)?,
             "pg_tide verify",
         ))
     } else {

@@ -102,6 +102,9 @@ pub(super) fn remote_read(
         params: params.into_iter().map(Some).collect(),
     });
     let mut res = r.transaction(stmts, REMOTE_TIMEOUT).map_err(|e| {
+        if let Some(refused) = crate::sink::remote::refusal_error(&e) {
+            return refused;
+        }
         TideError::new(
             pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_FDW_ERROR,
             format!("cannot read the remote target {target}: {}", e.message),

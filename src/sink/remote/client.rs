@@ -93,6 +93,8 @@ pub(super) struct SinkState {
 pub struct RemoteSink {
     /// The caller's conninfo (may contain a password: never printed).
     pub(super) conninfo: String,
+    /// The remote must be seen to ask for the password (see [`RemoteAccess`]).
+    pub(super) probe_password: bool,
     /// Application name given to the remote connection.
     pub(super) application_name: String,
     /// Main-thread state.
@@ -134,7 +136,11 @@ pub(super) fn spawn_cancel(canceller: Canceller) {
 }
 
 /// Start a sink thread.
-pub(super) fn spawn_worker(conninfo: &str, application_name: &str) -> std::io::Result<Worker> {
+pub(super) fn spawn_worker(
+    conninfo: &str,
+    application_name: &str,
+    probe_password: bool,
+) -> std::io::Result<Worker> {
     let (request_tx, request_rx) = mpsc::sync_channel(REQUEST_QUEUE);
     let (reply_tx, reply_rx) = mpsc::channel();
     let shared = Arc::new(Shared::default());
@@ -147,6 +153,7 @@ pub(super) fn spawn_worker(conninfo: &str, application_name: &str) -> std::io::R
             sink_thread(
                 &conninfo,
                 &application_name,
+                probe_password,
                 request_rx,
                 reply_tx,
                 &thread_shared,
@@ -169,15 +176,41 @@ impl RemoteSink {
     /// `conninfo`. An invalid conninfo is reported (non-transient) by the first request. If the
     /// thread cannot be spawned, requests report it (transient) and retry spawning.
     pub fn start(conninfo: String, application_name: &str) -> RemoteSink {
-        let worker = spawn_worker(&conninfo, application_name).ok();
+        RemoteSink::start_with(
+            RemoteAccess {
+                conninfo,
+                probe_password: false,
+            },
+            application_name,
+        )
+    }
+
+    /// [`RemoteSink::start`] with what [`remote_access`] decided: when `probe_password`, every
+    /// connection is made so that it is known to use its password, and one the remote lets in
+    /// without asking for it is refused with "password is required" ([`PASSWORD_REQUIRED`]).
+    pub fn start_with(access: RemoteAccess, application_name: &str) -> RemoteSink {
+        let RemoteAccess {
+            conninfo,
+            probe_password,
+        } = access;
+        let worker = spawn_worker(&conninfo, application_name, probe_password).ok();
         RemoteSink {
             conninfo,
+            probe_password,
             application_name: application_name.to_string(),
             state: Mutex::new(SinkState {
                 worker,
                 retired: Vec::new(),
                 next_seq: 0,
             }),
+        }
+    }
+
+    /// What this sink connects with.
+    pub fn access(&self) -> RemoteAccess {
+        RemoteAccess {
+            conninfo: self.conninfo.clone(),
+            probe_password: self.probe_password,
         }
     }
 
@@ -268,9 +301,13 @@ impl RemoteSink {
                 if let Some(old) = state.worker.take() {
                     let _ = old.handle.join(); // finished: returns at once
                 }
-                let worker = spawn_worker(&self.conninfo, &self.application_name).map_err(|e| {
-                    RemoteError::transient(format!("could not start the remote sink thread: {e}"))
-                })?;
+                let worker =
+                    spawn_worker(&self.conninfo, &self.application_name, self.probe_password)
+                        .map_err(|e| {
+                            RemoteError::transient(format!(
+                                "could not start the remote sink thread: {e}"
+                            ))
+                        })?;
                 state.worker = Some(worker);
             }
             let Some(worker) = state.worker.as_ref() else {

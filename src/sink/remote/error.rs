@@ -16,7 +16,24 @@ pub struct RemoteError {
     pub hint: Option<String>,
     /// True if retrying later may succeed without anyone changing anything.
     pub transient: bool,
+    /// An error this module raises itself with a SQLSTATE of its own ([`PASSWORD_REQUIRED`]);
+    /// `sqlstate` is the server's. (Boxed: the error travels in every statement's result.)
+    pub own: Option<Box<OwnCode>>,
 }
+
+/// The SQLSTATE and DETAIL of an error the remote sink raises itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnCode {
+    /// Its SQLSTATE.
+    pub sqlstate: &'static str,
+    /// Its DETAIL (a server's DETAIL is in `message`).
+    pub detail: String,
+}
+
+/// SQLSTATE of "password is required" (postgres_fdw's: `2F003`,
+/// prohibited_sql_statement_attempted), raised when the remote let a connection that must use
+/// its password in without asking for it.
+pub const PASSWORD_REQUIRED: &str = "2F003";
 
 impl RemoteError {
     /// An error raised by this module that a retry may cure.
@@ -26,6 +43,7 @@ impl RemoteError {
             sqlstate: None,
             hint: None,
             transient: true,
+            own: None,
         }
     }
 
@@ -36,6 +54,7 @@ impl RemoteError {
             sqlstate: None,
             hint: None,
             transient: false,
+            own: None,
         }
     }
 
@@ -60,6 +79,7 @@ impl RemoteError {
                 sqlstate: Some(code.to_string()),
                 hint: db.hint().map(str::to_string),
                 transient: is_transient(Some(code)) || is_stale_plan(code, db.message()),
+                own: None,
             }
         } else {
             RemoteError {
@@ -67,6 +87,7 @@ impl RemoteError {
                 sqlstate: None,
                 hint: None,
                 transient: !is_client_side_permanent(&e.to_string()),
+                own: None,
             }
         }
     }

@@ -181,39 +181,266 @@ pub(super) fn connect_error(
     error.context("could not connect to the remote server")
 }
 
-/// Open a connection as the TLS options say. `allow` tries clear text first and TLS when the
-/// server refuses that (libpq's order); the other modes make one attempt, with the client's
-/// `sslmode` (`prefer` falls back to clear text only if the server does not support TLS).
-/// Returns the client and the TLS connector it used, if any (for cancel requests).
-pub(super) fn connect(target: &Target) -> Result<(Client, Option<MakeTlsConnector>), RemoteError> {
-    let failure = Arc::new(Mutex::new(None));
+/// A connection attempt that failed: the client's error, or one raised before connecting (a
+/// TLS connector that could not be built).
+pub(super) enum OpenError {
+    Client(postgres::Error),
+    Setup(RemoteError),
+}
+
+/// Open a connection with `config` as the TLS options say. `allow` tries clear text first and
+/// TLS when the server refuses that (libpq's order); the other modes make one attempt, with the
+/// client's `sslmode` (`prefer` falls back to clear text only if the server does not support
+/// TLS). Returns the client and the TLS connector it used, if any (for cancel requests).
+pub(super) fn open(
+    config: &Config,
+    tls: &TlsOptions,
+    failure: &Arc<Mutex<Option<VerifyFailure>>>,
+) -> Result<(Client, Option<MakeTlsConnector>), OpenError> {
     let attempt = |config: &Config, tls: Option<&MakeTlsConnector>| match tls {
         Some(tls) => config.connect(tls.clone()),
         None => config.connect(NoTls),
     };
-    match target.tls.mode {
-        tls::SslMode::Disable => attempt(&target.config, None)
+    match tls.mode {
+        tls::SslMode::Disable => attempt(config, None)
             .map(|c| (c, None))
-            .map_err(|e| connect_error(&e, target, &failure)),
-        tls::SslMode::Allow => match attempt(&target.config, None) {
+            .map_err(OpenError::Client),
+        tls::SslMode::Allow => match attempt(config, None) {
             Ok(client) => Ok((client, None)),
             Err(e) if e.as_db_error().is_some() => {
-                let connector = target.tls.connector(&failure)?;
-                let mut config = target.config.clone();
+                let connector = tls.connector(failure).map_err(OpenError::Setup)?;
+                let mut config = config.clone();
                 config.ssl_mode(SslMode::Require);
                 attempt(&config, Some(&connector))
                     .map(|c| (c, Some(connector)))
-                    .map_err(|e| connect_error(&e, target, &failure))
+                    .map_err(OpenError::Client)
             }
-            Err(e) => Err(connect_error(&e, target, &failure)),
+            Err(e) => Err(OpenError::Client(e)),
         },
         _ => {
-            let connector = target.tls.connector(&failure)?;
-            attempt(&target.config, Some(&connector))
+            let connector = tls.connector(failure).map_err(OpenError::Setup)?;
+            attempt(config, Some(&connector))
                 .map(|c| (c, Some(connector)))
-                .map_err(|e| connect_error(&e, target, &failure))
+                .map_err(OpenError::Client)
         }
     }
+}
+
+/// Open a connection as the target says: with `config` as it is, or, for a connection that
+/// must use its password, [`connect_using_password`].
+pub(super) fn connect(target: &Target) -> Result<(Client, Option<MakeTlsConnector>), RemoteError> {
+    if let Some(probe) = &target.probe {
+        return connect_using_password(target, probe);
+    }
+    let failure = Arc::new(Mutex::new(None));
+    open(&target.config, &target.tls, &failure).map_err(|e| open_error(e, target, &failure))
+}
+
+fn open_error(
+    e: OpenError,
+    target: &Target,
+    failure: &Mutex<Option<VerifyFailure>>,
+) -> RemoteError {
+    match e {
+        OpenError::Client(e) => connect_error(&e, target, failure),
+        OpenError::Setup(e) => e,
+    }
+}
+
+/// One place to connect to: a host (name or socket directory), the address to use for it (a
+/// TCP host's, resolved once here), and a port.
+#[derive(Debug, Clone)]
+pub(super) struct Endpoint {
+    pub(super) host: Host,
+    pub(super) addr: Option<std::net::IpAddr>,
+    pub(super) port: u16,
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.host, &self.addr) {
+            (Host::Tcp(h), Some(a)) if h != &a.to_string() => {
+                write!(f, "host \"{h}\" ({a}), port {}", self.port)
+            }
+            (_, Some(a)) => write!(f, "host {a}, port {}", self.port),
+            (Host::Tcp(h), None) => write!(f, "host \"{h}\", port {}", self.port),
+            #[cfg(unix)]
+            (Host::Unix(p), None) => write!(
+                f,
+                "socket directory \"{}\", port {}",
+                p.display(),
+                self.port
+            ),
+        }
+    }
+}
+
+/// Every endpoint of `config`, in its order, each TCP host name resolved to its addresses (so
+/// the probe and the connection reach the same address).
+pub(super) fn endpoints(config: &Config) -> Result<Vec<Endpoint>, RemoteError> {
+    use std::net::ToSocketAddrs;
+    let hosts = config.get_hosts();
+    let addrs = config.get_hostaddrs();
+    let ports = config.get_ports();
+    if !addrs.is_empty() && addrs.len() != hosts.len() {
+        return Err(RemoteError::permanent(format!(
+            "number of hosts ({}) is different from number of hostaddrs ({})",
+            hosts.len(),
+            addrs.len()
+        )));
+    }
+    if ports.len() > 1 && ports.len() != hosts.len() {
+        return Err(RemoteError::permanent("invalid number of ports"));
+    }
+    let mut out = Vec::new();
+    let mut unresolved = None;
+    for (i, host) in hosts.iter().enumerate() {
+        let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+        match (host, addrs.get(i)) {
+            (_, Some(addr)) => out.push(Endpoint {
+                host: host.clone(),
+                addr: Some(*addr),
+                port,
+            }),
+            (Host::Tcp(name), None) => match (name.as_str(), port).to_socket_addrs() {
+                Ok(resolved) => out.extend(resolved.map(|a| Endpoint {
+                    host: host.clone(),
+                    addr: Some(a.ip()),
+                    port,
+                })),
+                Err(e) => unresolved = Some(format!("could not resolve host \"{name}\": {e}")),
+            },
+            #[cfg(unix)]
+            (Host::Unix(_), None) => out.push(Endpoint {
+                host: host.clone(),
+                addr: None,
+                port,
+            }),
+        }
+    }
+    if out.is_empty() {
+        return Err(RemoteError::transient(
+            unresolved.unwrap_or_else(|| "no host to connect to".to_string()),
+        )
+        .context("could not connect to the remote server"));
+    }
+    Ok(out)
+}
+
+/// The client configuration of one endpoint: the probe's keywords, the endpoint, our defaults;
+/// with the password for the connection itself, without it (and without `options`, whose
+/// settings a probe has no business applying) for the probe.
+pub(super) fn endpoint_config(
+    target: &Target,
+    probe: &PasswordProbe,
+    endpoint: &Endpoint,
+    with_password: bool,
+) -> Result<Config, RemoteError> {
+    let text = probe
+        .keywords
+        .iter()
+        .filter(|(k, _)| with_password || k != "options")
+        .map(|(k, v)| format!("{k}={}", quote_value(v)))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut config = Config::from_str(&text).map_err(|e| {
+        RemoteError::permanent(format!(
+            "invalid remote connection string: {}",
+            error_chain(&e)
+        ))
+    })?;
+    match &endpoint.host {
+        Host::Tcp(h) => {
+            config.host(h);
+        }
+        #[cfg(unix)]
+        Host::Unix(p) => {
+            config.host_path(p);
+        }
+    }
+    if let Some(addr) = endpoint.addr {
+        config.hostaddr(addr);
+    }
+    config.port(endpoint.port);
+    if with_password {
+        config.password(&probe.password);
+        apply_defaults(&mut config, &target.tls, &probe.application_name);
+    } else {
+        apply_defaults(&mut config, &target.tls, PROBE_APPLICATION_NAME);
+    }
+    Ok(config)
+}
+
+/// The application name of a password probe's connection.
+pub(super) const PROBE_APPLICATION_NAME: &str = "pg_tide password check";
+
+/// True if the client gave up because the server asked for a password it was not given:
+/// proof that the server requires one. (The server logs nothing: a client that hangs up when
+/// asked for a password is how psql finds out whether to prompt for one.)
+pub(super) fn asked_for_password(e: &postgres::Error) -> bool {
+    // The client's `Error::config("password missing")`: kind "invalid configuration", and
+    // the reason as its source.
+    e.as_db_error().is_none()
+        && e.to_string() == "invalid configuration"
+        && std::error::Error::source(e).is_some_and(|s| s.to_string() == "password missing")
+}
+
+/// Connect so that the connection is known to have used its password, as postgres_fdw
+/// requires of a non-superuser's (`PQconnectionUsedPassword`; the `postgres` client does not
+/// say whether it sent one). For each endpoint in turn (host names resolved once, so both
+/// attempts reach the same address): first a probe with the same options but no password —
+/// the server must ask for one, which ends the probe before it logs in; then, at that same
+/// endpoint, the connection with the password. A server that lets the probe in (trust, peer,
+/// ident, a client certificate) refuses the whole connection ([`PASSWORD_REQUIRED`]), whichever
+/// endpoint it is; any other failure moves on to the next endpoint, as the client does.
+pub(super) fn connect_using_password(
+    target: &Target,
+    probe: &PasswordProbe,
+) -> Result<(Client, Option<MakeTlsConnector>), RemoteError> {
+    let mut last = None;
+    for endpoint in endpoints(&target.config)? {
+        let failure = Arc::new(Mutex::new(None));
+        let probe_config = endpoint_config(target, probe, &endpoint, false)?;
+        match open(&probe_config, &target.tls, &failure) {
+            Ok((client, _)) => {
+                drop(client);
+                return Err(password_not_requested(&target.config, &endpoint));
+            }
+            Err(OpenError::Client(e)) if asked_for_password(&e) => {
+                let config = endpoint_config(target, probe, &endpoint, true)?;
+                let failure = Arc::new(Mutex::new(None));
+                match open(&config, &target.tls, &failure) {
+                    Ok(opened) => return Ok(opened),
+                    Err(e) => last = Some(open_error(e, target, &failure)),
+                }
+            }
+            Err(e) => last = Some(open_error(e, target, &failure)),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        RemoteError::transient("no host to connect to")
+            .context("could not connect to the remote server")
+    }))
+}
+
+/// "password is required": the remote let a connection without a password in.
+pub(super) fn password_not_requested(config: &Config, endpoint: &Endpoint) -> RemoteError {
+    let user = config.get_user().unwrap_or_default();
+    let mut e = RemoteError::permanent("password is required").with_hint(
+        "Change the remote server's authentication method for that user (pg_hba.conf) to one \
+         that asks for the password (scram-sha-256, md5), or map to a user it asks a password \
+         of (ALTER USER MAPPING ... OPTIONS (SET user '...', SET password '...')); or a superuser \
+         sets password_required 'false' in the user mapping.",
+    );
+    e.own = Some(Box::new(OwnCode {
+        sqlstate: PASSWORD_REQUIRED,
+        detail: format!(
+            "The remote server ({endpoint}) did not ask for the password of user \"{user}\": a \
+         pipeline owned by a role that is no superuser must log in with its user mapping's \
+         password, as postgres_fdw requires."
+        ),
+    }));
+    e
 }
 
 /// Make sure `conn` holds a live connection; true if it was just opened.
@@ -372,13 +599,14 @@ pub(super) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 pub(super) fn sink_thread(
     conninfo: &str,
     application_name: &str,
+    probe_password: bool,
     requests: Receiver<Request>,
     replies: Sender<Reply>,
     shared: &Shared,
 ) {
     block_signals();
     let target = catch_unwind(AssertUnwindSafe(|| {
-        build_config(conninfo, application_name)
+        build_config_for(conninfo, application_name, probe_password)
     }))
     .unwrap_or_else(|p| {
         Err(RemoteError::permanent(format!(

@@ -187,6 +187,87 @@ fn build_config_applies_defaults_and_takes_tls_options() {
 }
 
 #[test]
+fn password_probe_config() {
+    let t = build_config_for(
+        "host=127.0.0.1,/tmp port=5432,5433 user=u password='p w' dbname=d options='-c x=1'",
+        "app",
+        true,
+    )
+    .unwrap();
+    let probe = t.probe.as_ref().expect("a probe");
+    assert_eq!(probe.password, "p w");
+    assert_eq!(probe.application_name, "app");
+    let keys: Vec<&str> = probe.keywords.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, ["user", "dbname", "options"]);
+    // Never the password in Debug output.
+    assert!(!format!("{probe:?}").contains("p w"));
+    // One endpoint per host, each TCP host resolved, ports paired.
+    let eps = endpoints(&t.config).unwrap();
+    assert_eq!(eps.len(), 2, "{eps:?}");
+    assert_eq!(eps[0].addr, Some("127.0.0.1".parse().unwrap()));
+    assert_eq!(eps[0].port, 5432);
+    assert!(matches!(&eps[1].host, Host::Unix(_)) && eps[1].addr.is_none());
+    assert_eq!(eps[1].port, 5433);
+    // Each endpoint's configurations: the probe's without password and options.
+    let probe_config = endpoint_config(&t, probe, &eps[0], false).unwrap();
+    assert!(probe_config.get_password().is_none());
+    assert!(probe_config.get_options().is_none());
+    assert_eq!(
+        probe_config.get_application_name(),
+        Some(PROBE_APPLICATION_NAME)
+    );
+    assert_eq!(
+        probe_config.get_hostaddrs(),
+        ["127.0.0.1".parse::<std::net::IpAddr>().unwrap()]
+    );
+    let config = endpoint_config(&t, probe, &eps[0], true).unwrap();
+    assert_eq!(config.get_password(), Some("p w".as_bytes()));
+    assert_eq!(config.get_options(), Some("-c x=1"));
+    assert_eq!(config.get_user(), Some("u"));
+    assert_eq!(config.get_dbname(), Some("d"));
+    assert_eq!(config.get_ports(), [5432]);
+    // Without a probe, nothing changes; a URI cannot be probed.
+    assert!(build_config_for("host=h user=u password=p", "a", false)
+        .unwrap()
+        .probe
+        .is_none());
+    assert!(build_config_for("postgresql://u:p@h/db", "a", true).is_err());
+    // localhost resolves to at least one address.
+    let t = build_config_for("host=localhost user=u password=p", "a", true).unwrap();
+    assert!(!endpoints(&t.config).unwrap().is_empty());
+}
+
+/// The test server trusts its user: a connection that must use its password is refused,
+/// "password is required" (2F003), before anything runs; one that need not works.
+#[test]
+fn password_the_server_does_not_ask_for_is_refused() {
+    let conninfo = format!("{} password='not used'", test_conninfo());
+    let sink = RemoteSink::start_with(
+        RemoteAccess {
+            conninfo: conninfo.clone(),
+            probe_password: true,
+        },
+        "pg_tide test",
+    );
+    let e = sink
+        .query("SELECT 1::text", vec![], T)
+        .expect_err("a trusting server is refused");
+    let own = e.own.as_deref().expect("an error of the sink's own");
+    assert_eq!(own.sqlstate, PASSWORD_REQUIRED, "{e:?}");
+    assert_eq!(e.message, "password is required");
+    assert!(own.detail.contains("did not ask for the password"), "{e:?}");
+    assert!(!e.transient && e.hint.is_some());
+    let sink = RemoteSink::start_with(
+        RemoteAccess {
+            conninfo,
+            probe_password: false,
+        },
+        "pg_tide test",
+    );
+    assert!(sink.query("SELECT 1::text", vec![], T).is_ok());
+}
+
+#[test]
 fn transient_classification() {
     for code in [
         None,

@@ -54,7 +54,7 @@
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
 use crate::sink::options::{Options, SchemaPolicy};
-use crate::sink::remote::{conninfo_for_server, RemoteSink};
+use crate::sink::remote::{remote_access, watch_remote_options, RemoteAccess, RemoteSink};
 use crate::sink::{CopyBatch, Event, RowBatch, SchemaEvent, Target};
 use crate::sql;
 use pgrx::spi::SpiClient;
@@ -86,6 +86,10 @@ pub trait Backend {
     fn commits_on_its_own(&self) -> bool;
     /// Forget cached state after a failed iteration.
     fn reset(&mut self);
+    /// How a remote backend connects (`None` for a local one).
+    fn remote_access(&self) -> Option<crate::sink::remote::RemoteAccess> {
+        None
+    }
     /// Whether the target tables live in this database, so a chunk's rows can reach them as
     /// row values ([`Backend::exec_rows`]).
     fn in_this_database(&self) -> bool {
@@ -170,11 +174,8 @@ pub fn for_pipeline(p: &PipelineRow) -> TideResult<Box<dyn Target>> {
     })?;
     let policy = opts.schema_changes();
     if p.target == TargetKind::Postgres {
-        let server = opts.server().ok_or_else(|| {
-            TideError::invalid(format!("pipeline \"{}\" has no server option", p.name))
-        })?;
-        let conninfo = conninfo_for_server(server, &p.owner)?;
-        let sink = RemoteSink::start(conninfo, &format!("pg_tide {}", p.name));
+        let access = pipeline_access(p, &opts)?;
+        let sink = RemoteSink::start_with(access, &format!("pg_tide {}", p.name));
         let backend = remote::Remote::new(&p.name, opts.schema(), sink);
         return Ok(Box::new(TableTarget::new(&p.name, policy, backend)));
     }
@@ -184,6 +185,32 @@ pub fn for_pipeline(p: &PipelineRow) -> TideResult<Box<dyn Target>> {
         policy,
         local::Local { owner },
     )))
+}
+
+/// How a `postgres` pipeline connects now: its server's and the owner's user mapping's options,
+/// through the rules of [`remote_access`]. Foreign servers, user mappings and roles are watched
+/// from then on ([`crate::sink::remote::take_options_changed`]): watching starts before the
+/// options are read, so no later change is missed.
+fn pipeline_access(p: &PipelineRow, opts: &Options) -> TideResult<RemoteAccess> {
+    let server = opts.server().ok_or_else(|| {
+        TideError::invalid(format!("pipeline \"{}\" has no server option", p.name))
+    })?;
+    watch_remote_options();
+    remote_access(server, &p.owner)
+}
+
+/// After a foreign server, user mapping or role changed: whether a `postgres` pipeline's
+/// target, built to connect with `current`, may go on (`Ok(true)`: what it connects with is
+/// unchanged and still allowed), must be built again (`Ok(false)`), or may not connect at all
+/// (the error, e.g. "password is required").
+pub fn remote_access_unchanged(p: &PipelineRow, current: &RemoteAccess) -> TideResult<bool> {
+    let opts = Options::parse(p.target, &p.options).map_err(|e| {
+        TideError::internal(format!(
+            "pipeline \"{}\" has options pg_tide cannot read: {}",
+            p.name, e.message
+        ))
+    })?;
+    Ok(pipeline_access(p, &opts)? == *current)
 }
 
 impl<B: Backend> TableTarget<B> {
@@ -399,6 +426,10 @@ impl<B: Backend> TableTarget<B> {
 impl<B: Backend> Target for TableTarget<B> {
     fn row_format(&self) -> crate::sink::RowFormat {
         crate::sink::RowFormat::Text
+    }
+
+    fn remote_access(&self) -> Option<crate::sink::remote::RemoteAccess> {
+        self.backend.remote_access()
     }
 
     fn begin(&mut self, c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<()> {

@@ -27,6 +27,9 @@ pub const REMOTE_TIMEOUT: Duration = Duration::from_secs(60);
 /// A remote failure as the pipeline's error: transient ones (the target unreachable) are
 /// retried by the worker with back-off, the others wait for the user.
 pub fn remote_err(e: RemoteError) -> TideError {
+    if let Some(refused) = crate::sink::remote::refusal_error(&e) {
+        return refused;
+    }
     let code = if e.transient {
         pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE
     } else {
@@ -86,6 +89,10 @@ impl Remote {
 }
 
 impl Backend for Remote {
+    fn remote_access(&self) -> Option<crate::sink::remote::RemoteAccess> {
+        Some(self.sink.access())
+    }
+
     fn prepare(&mut self) -> TideResult<()> {
         if self.ready {
             return Ok(());
