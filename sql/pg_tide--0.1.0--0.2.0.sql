@@ -383,3 +383,20 @@ ALTER VIEW tide.outbox_retention SET (security_barrier = true);
 -- A backfill queued (or restarted) by a table rewrite carries changes of the stream: the
 -- position of the rewrite, which tide.wait_for_pipeline waits for.
 ALTER TABLE tide.backfill ADD COLUMN required_lsn pg_lsn;
+-- (tide.readiness reads tide.backfill with SELECT *: defined again so it has the new column,
+-- as a fresh install's does.)
+CREATE OR REPLACE VIEW tide.readiness WITH (security_barrier) AS
+SELECT t.pipeline, t.relation, t.relid::regclass AS source, b.id AS backfill_id, b.state AS backfill_state,
+       coalesce(b.state = 'done' OR b.read_complete, false)                     AS snapshot_read_complete,
+       coalesce(b.state = 'done', false)                                       AS snapshot_emitted,
+       coalesce(b.state = 'done' AND w.caught_up_lsn::pg_lsn >= b.finished_lsn, false)  AS target_caught_up,
+       CASE WHEN b.id IS NULL THEN 'no backfill'
+            WHEN b.state IN ('queued', 'running', 'paused') THEN 'backfilling'
+            WHEN b.state <> 'done' THEN 'backfill ' || b.state
+            WHEN w.caught_up_lsn::pg_lsn >= b.finished_lsn THEN 'ready'
+            ELSE 'catching up' END                                              AS readiness
+  FROM tide.pipeline_table t
+  LEFT JOIN LATERAL (SELECT * FROM tide.backfill b WHERE b.pipeline = t.pipeline AND b.relid = t.relid
+                      ORDER BY b.id DESC LIMIT 1) b ON true
+  LEFT JOIN tide._worker_status() w ON w.pipeline = t.pipeline
+ WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = t.pipeline));

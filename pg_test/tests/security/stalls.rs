@@ -278,3 +278,21 @@ fn no_hint_to_grant_superuser_membership() {
         .to_string();
     assert!(!hint.contains("GRANT"), "{hint}");
 }
+
+/// Class 9: JSON that jsonb holds but pg_tide's parser cannot (a number beyond a double) is a
+/// clean 22023 naming the argument, not an XX000 with pgrx's internals.
+#[test]
+fn unreadable_json_is_a_clean_error() {
+    let c = secured("sec_json");
+    let mut m = connect_as(&c, "mallory");
+    for options in [r#"{"x": 1e400}"#, r#"{"schema": "s", "n": -1e999}"#] {
+        let e = m
+            .batch_execute(&format!(
+                "SELECT tide.create_pipeline('j', 'table', '{options}')"
+            ))
+            .expect_err("options pg_tide cannot read");
+        assert_db_error(&e, "22023", Some("double precision"));
+        let msg = e.as_db_error().map(|d| d.message().to_string()).unwrap_or_default();
+        assert!(msg.contains("\"options\""), "{msg}");
+    }
+}
