@@ -1,23 +1,26 @@
 //! pg_tide's own heavyweight locks: the ones that serialise a pipeline's worker against
 //! `drop_pipeline`, a slot's creation against the launcher's orphan sweep, a pipeline's outbox
-//! retention against its consumers, and concurrent backfill starts of one table.
+//! retention against its consumers, concurrent backfill starts of one table, and one role's
+//! concurrent `create_pipeline`s (its pipeline count).
 //!
 //! Owns: the lock tags and the only way pg_tide takes them.
 //!
 //! Guarantees: no other role can take, hold or wait in line for one of these locks. They used to
 //! be advisory locks on `hashtext(<key>)`, and any role can call `pg_advisory_lock` with the same
 //! number (pipeline names are public in `pg_replication_slots`), stalling another owner's
-//! pipeline. These are object locks (`LOCKTAG_OBJECT`) whose class is the OID of pg_tide's own
-//! table `tide.pipeline`: PostgreSQL takes object locks only for objects of its system catalogs
-//! (classes below `FirstNormalObjectId`), and no SQL function takes an object lock by number, so
-//! only pg_tide's code ever takes a lock with this class. Every lock is held until the end of the
-//! current transaction (or subtransaction abort), like `pg_advisory_xact_lock`; `pg_locks` shows
-//! them as `locktype = 'object'` with `classid = 'tide.pipeline'::regclass`.
+//! pipeline. These are advisory lock tags too, but with a fourth field (`objsubid` in
+//! `pg_locks`) of `0x7401`.. (`0x74` for pg_tide, then the kind): PostgreSQL's SQL functions only
+//! ever make tags with 1 (a `bigint` key) or 2 (two `int4` keys) there, so no SQL statement can
+//! name one of ours. The key is a 64-bit SipHash of the name (fields two and three): a role
+//! that picks a name of its own (a pipeline, say) to collide with another's would need about
+//! 2^64 tries, where the 32-bit hash of the first version of this module took minutes. Every
+//! lock is held until the end of the current transaction (or subtransaction abort), like
+//! `pg_advisory_xact_lock`; `pg_locks` shows them as `locktype = 'advisory'`.
 
-use crate::error::{TideError, TideResult};
+use crate::error::TideResult;
 use pgrx::pg_sys;
 
-/// What a lock serialises; its number is the lock tag's `objsubid`, so the same name never
+/// What a lock serialises; its number goes into the tag's fourth field, so the same name never
 /// collides across kinds.
 #[derive(Clone, Copy, Debug)]
 pub enum Lock<'a> {
@@ -25,23 +28,48 @@ pub enum Lock<'a> {
     Pipeline(&'a str),
     /// A slot being created: held by the creating transaction, tried by the launcher.
     Slot(&'a str),
-    /// A pipeline's outbox retention: consumers' create/seek against the pruning launcher.
+    /// A pipeline's outbox retention: consumers' create/seek and `trim_outbox` hold it, the
+    /// launcher's prune batch only tries it.
     Retention(&'a str),
     /// Backfill starts of one table for one pipeline.
     Backfill(&'a str, pg_sys::Oid),
+    /// A role's `create_pipeline`s (the per-role limit counts its pipelines under it).
+    Role(pg_sys::Oid),
 }
 
+/// The fourth field of pg_tide's tags: `0x74` (pg_tide), then the kind. Never 1 or 2.
+const TAG_BASE: u16 = 0x7400;
+
 impl Lock<'_> {
-    fn tag_parts(&self) -> (u32, u16) {
-        match self {
-            Lock::Pipeline(p) => (fnv1a(&[p.as_bytes()]), 1),
-            Lock::Slot(s) => (fnv1a(&[s.as_bytes()]), 2),
-            Lock::Retention(p) => (fnv1a(&[p.as_bytes()]), 3),
-            Lock::Backfill(p, relid) => (
-                fnv1a(&[p.as_bytes(), b"\0", &relid.to_u32().to_le_bytes()]),
-                4,
-            ),
-        }
+    fn tag_parts(&self) -> (u64, u16) {
+        use std::hash::Hasher;
+        // SipHash-1-3 with fixed keys: the same in every process of this build.
+        let mut h = std::hash::DefaultHasher::new();
+        let kind = match self {
+            Lock::Pipeline(p) => {
+                h.write(p.as_bytes());
+                1
+            }
+            Lock::Slot(s) => {
+                h.write(s.as_bytes());
+                2
+            }
+            Lock::Retention(p) => {
+                h.write(p.as_bytes());
+                3
+            }
+            Lock::Backfill(p, relid) => {
+                h.write(p.as_bytes());
+                h.write_u8(0);
+                h.write_u32(relid.to_u32());
+                4
+            }
+            Lock::Role(oid) => {
+                h.write_u32(oid.to_u32());
+                5
+            }
+        };
+        (h.finish(), TAG_BASE + kind)
     }
 }
 
@@ -52,48 +80,15 @@ pub enum Mode {
     Exclusive,
 }
 
-/// 32-bit FNV-1a over the parts (a collision only makes two unrelated keys wait for each other).
-fn fnv1a(parts: &[&[u8]]) -> u32 {
-    let mut h: u32 = 0x811c_9dc5;
-    for p in parts {
-        for b in *p {
-            h ^= u32::from(*b);
-            h = h.wrapping_mul(0x0100_0193);
-        }
-    }
-    h
-}
-
-/// The OID of `tide.pipeline`: the lock tags' class. In a transaction.
-fn class_oid() -> TideResult<pg_sys::Oid> {
-    // SAFETY: catalog lookups by name, in a transaction; both return InvalidOid when missing.
-    let oid = unsafe {
-        let nsp = pg_sys::get_namespace_oid(c"tide".as_ptr(), true);
-        if nsp == pg_sys::InvalidOid {
-            pg_sys::InvalidOid
-        } else {
-            pg_sys::get_relname_relid(c"pipeline".as_ptr(), nsp)
-        }
-    };
-    if oid == pg_sys::InvalidOid {
-        return Err(
-            TideError::prerequisite("pg_tide's table tide.pipeline does not exist")
-                .hint("CREATE EXTENSION pg_tide in this database."),
-        );
-    }
-    Ok(oid)
-}
-
 fn acquire(lock: Lock<'_>, mode: Mode, wait: bool) -> TideResult<bool> {
-    let class = class_oid()?;
-    let (objid, subid) = lock.tag_parts();
+    let (key, kind) = lock.tag_parts();
     let tag = pg_sys::LOCKTAG {
         locktag_field1: unsafe { pg_sys::MyDatabaseId }.to_u32(),
-        locktag_field2: class.to_u32(),
-        locktag_field3: objid,
-        locktag_field4: subid,
-        locktag_type: pg_sys::LockTagType::LOCKTAG_OBJECT as u8,
-        locktag_lockmethodid: pg_sys::DEFAULT_LOCKMETHOD as u8,
+        locktag_field2: (key >> 32) as u32,
+        locktag_field3: key as u32,
+        locktag_field4: kind,
+        locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
+        locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
     };
     let lockmode = match mode {
         Mode::Shared => pg_sys::ShareLock,
@@ -121,7 +116,7 @@ mod tests {
     use super::*;
 
     #[pgrx::pg_test]
-    fn kinds_do_not_collide() {
+    fn kinds_do_not_collide_and_sql_cannot_name_them() {
         let a = Lock::Pipeline("x").tag_parts();
         let b = Lock::Slot("x").tag_parts();
         assert_eq!(a.0, b.0);
@@ -130,5 +125,15 @@ mod tests {
             Lock::Backfill("p", pg_sys::Oid::from(1)).tag_parts(),
             Lock::Backfill("p", pg_sys::Oid::from(2)).tag_parts()
         );
+        for l in [
+            Lock::Pipeline("x"),
+            Lock::Slot("x"),
+            Lock::Retention("x"),
+            Lock::Backfill("x", pg_sys::Oid::from(1)),
+            Lock::Role(pg_sys::Oid::from(10)),
+        ] {
+            // pg_advisory_lock(bigint) makes 1, pg_advisory_lock(int4, int4) makes 2.
+            assert!(l.tag_parts().1 > 2);
+        }
     }
 }

@@ -411,13 +411,7 @@ fn wait_for_backfill_impl(
         shmem::wake(pid);
     }
     loop {
-        if !shmem::caught_up_lsn(&pipeline).is_some_and(|l| l >= target.0) {
-            if std::time::Instant::now() >= deadline {
-                return Ok(false);
-            }
-            sleep_ms(50);
-            continue;
-        }
+        let decoded = shmem::caught_up_lsn(&pipeline).is_some_and(|l| l >= target.0);
         // A fresh snapshot each time: the worker commits the progress.
         let Some(latest) = backfills::latest(&pipeline, relid)? else {
             return Err(TideError::prerequisite(format!(
@@ -429,7 +423,7 @@ fn wait_for_backfill_impl(
             BackfillState::Done => {
                 // (`latest` makes sure a done backfill has its finished_lsn.)
                 let finished = latest.finished_lsn.unwrap_or_default();
-                if shmem::caught_up_lsn(&pipeline).is_some_and(|l| l >= finished.0) {
+                if decoded && shmem::caught_up_lsn(&pipeline).is_some_and(|l| l >= finished.0) {
                     return Ok(true);
                 }
             }

@@ -78,6 +78,11 @@ pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> 
     }
     // One role may not take every slot (superusers are not limited).
     if !crate::security::is_superuser(crate::security::caller()) {
+        // One create at a time per role, so two concurrent ones cannot both see room for one.
+        crate::locks::lock(
+            crate::locks::Lock::Role(crate::security::caller()),
+            crate::locks::Mode::Exclusive,
+        )?;
         let me = crate::security::caller_name()?;
         // tide.pipeline is pg_tide's: counted as pg_tide.
         let owned = crate::security::as_tide(|| {
@@ -328,30 +333,35 @@ pub(super) fn wait_for_pipeline_impl(
 /// already (in the transaction that applied the rewrite's position). One that failed or was
 /// cancelled will never deliver them: an ERROR, not a wait.
 fn rewrites_applied(name: &str, target: tide_core::lsn::Lsn) -> TideResult<bool> {
-    for b in catalog::backfills::required_by(name, target)? {
-        match b.state {
-            tide_core::model::BackfillState::Done => {
-                let finished = b.finished_lsn.unwrap_or_default();
+    use tide_core::model::BackfillState as S;
+    for r in catalog::backfills::required_by(name, target)? {
+        let gone = |what: String| {
+            Err(TideError::prerequisite(format!(
+                "{} was rewritten (backfill {} was to read it again), and {what}: the rewritten rows are not at the target",
+                r.relation, r.required_id
+            ))
+            .hint(format!(
+                "Read the whole table again: SELECT tide.start_backfill('{}', '{}');",
+                r.relation.replace('\'', "''"),
+                name
+            )))
+        };
+        match r.by {
+            None => return gone("no backfill of the whole table followed".to_string()),
+            Some((_, S::Done, finished, _)) => {
+                let finished = finished.unwrap_or_default();
                 if !shmem::caught_up_lsn(name).is_some_and(|l| l >= finished.0) {
                     return Ok(false);
                 }
             }
-            tide_core::model::BackfillState::Failed
-            | tide_core::model::BackfillState::Cancelled => {
-                return Err(TideError::prerequisite(format!(
-                    "backfill {} of {}, which re-reads it after a table rewrite, is {}: the rewritten rows are not at the target{}",
-                    b.id,
-                    b.relation,
-                    b.state.as_str(),
-                    b.error.map(|e| format!(" ({e})")).unwrap_or_default()
+            Some((id, s @ (S::Failed | S::Cancelled), _, error)) => {
+                return gone(format!(
+                    "backfill {id}, the latest to read the whole table since, is {}{}",
+                    s.as_str(),
+                    error.map(|e| format!(" ({e})")).unwrap_or_default()
                 ))
-                .hint(format!(
-                    "Start it again: SELECT tide.start_backfill('{}', '{}');",
-                    b.relation.replace('\'', "''"),
-                    name
-                )));
             }
-            _ => return Ok(false),
+            Some(_) => return Ok(false),
         }
     }
     Ok(true)

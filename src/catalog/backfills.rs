@@ -375,12 +375,15 @@ pub(crate) fn fail(id: i64, error: &str, remedy: &str) -> TideResult<()> {
 /// `ALTER TABLE`), committed at `lsn`. Such a rewrite can change every row's values without a
 /// row event, so the rows the target already has may be stale: the table is read again.
 /// - An active backfill (queued, running or paused) starts over from the first key: chunks
-///   emitted before the rewrite are read again.
+///   emitted before the rewrite are read again, and the whole table is read (a `condition` —
+///   a repair's ranges, attached partitions, the user's own — is dropped: the rewrite may have
+///   changed every row; a repair keeps its deletes).
 /// - Otherwise, if the table was backfilled before (its last whole-table backfill is done), a new
 ///   backfill is queued with the same owner, chunk size and throttle.
 /// - A table that was never backfilled only streams: nothing is read.
 ///
-/// The backfill's `required_lsn` is set to `lsn`: it now carries changes of the stream (the
+/// The backfill's `required_lsn` is set to `lsn` (kept when it has an earlier one: a waiter past
+/// that earlier rewrite still needs this backfill): it now carries changes of the stream (the
 /// rewritten values), so `tide.wait_for_pipeline` waits for it like for the stream itself.
 ///
 /// Returns a line for the server log saying which. Called by the worker, in the iteration's
@@ -398,7 +401,7 @@ pub(crate) fn reread_after_rewrite(
         c,
         "UPDATE tide.backfill
             SET last_key = NULL, read_complete = false, error = $3, remedy = NULL,
-                required_lsn = $5::pg_lsn
+                condition = NULL, required_lsn = coalesce(required_lsn, $5::pg_lsn)
           WHERE pipeline = $1 AND relid = $2::int8::oid AND state = ANY($4)
           RETURNING id",
         None,
@@ -681,27 +684,34 @@ pub(crate) fn throttle(pipeline: &str, relid: pg_sys::Oid) -> TideResult<Option<
     )
 }
 
-/// A table's latest backfill that carries changes of the stream up to `upto` (queued or
-/// restarted by a rewrite at or before it): what `tide.wait_for_pipeline` waits for besides
-/// the stream.
+/// What a table's rewrite (at or before a waiter's position) still needs: the latest such
+/// requirement (`required_id`), and the latest whole-table backfill from it on that could meet
+/// it (`None`: none exists, e.g. it was cancelled and replaced by one with a condition). What
+/// `tide.wait_for_pipeline` waits for besides the stream.
 pub(crate) struct Required {
-    pub id: i64,
+    pub required_id: i64,
     pub relation: String,
-    pub state: BackfillState,
-    pub finished_lsn: Option<Lsn>,
-    pub error: Option<String>,
+    pub by: Option<(i64, BackfillState, Option<Lsn>, Option<String>)>,
 }
 
-/// The latest backfill of each of `pipeline`'s tables whose `required_lsn` is at or before
-/// `upto`. Called by the SQL API; runs as pg_tide.
+/// For each of `pipeline`'s tables with a backfill whose `required_lsn` is at or before `upto`:
+/// the latest such backfill, and the latest backfill from it on that reads the whole table (no
+/// condition; a repair's deletes are fine), preferring a done one. Called by the SQL API; runs
+/// as pg_tide.
 pub(crate) fn required_by(pipeline: &str, upto: Lsn) -> TideResult<Vec<Required>> {
     let rows = tsql::text_rows(
-        "SELECT b.id::text, b.relation, b.state, b.finished_lsn::text, b.error
-           FROM tide.pipeline_table t
-           JOIN LATERAL (SELECT * FROM tide.backfill b
-                          WHERE b.pipeline = t.pipeline AND b.relid = t.relid
-                          ORDER BY b.id DESC LIMIT 1) b ON true
-          WHERE t.pipeline = $1 AND b.required_lsn <= $2::pg_lsn",
+        "WITH req AS (
+             SELECT DISTINCT ON (b.relid) b.relid, b.id, b.relation
+               FROM tide.backfill b
+               JOIN tide.pipeline_table t ON t.pipeline = b.pipeline AND t.relid = b.relid
+              WHERE b.pipeline = $1 AND b.required_lsn <= $2::pg_lsn
+              ORDER BY b.relid, b.id DESC)
+         SELECT r.id::text, r.relation, c.id::text, c.state, c.finished_lsn::text, c.error
+           FROM req r
+           LEFT JOIN LATERAL (
+                SELECT c.* FROM tide.backfill c
+                 WHERE c.pipeline = $1 AND c.relid = r.relid AND c.id >= r.id AND c.condition IS NULL
+                 ORDER BY c.state = 'done' DESC, c.id DESC LIMIT 1) c ON true",
         &[Some(pipeline), Some(&upto.to_string())],
         0,
         // (a new snapshot each call: the caller polls while the worker commits)
@@ -710,15 +720,21 @@ pub(crate) fn required_by(pipeline: &str, upto: Lsn) -> TideResult<Vec<Required>
     rows.into_iter()
         .map(|mut r| {
             let bad = || TideError::internal("tide.backfill returned an incomplete row");
+            let by = match r[2].take().and_then(|s| s.parse::<i64>().ok()) {
+                None => None,
+                Some(id) => Some((
+                    id,
+                    r[3].take()
+                        .and_then(|s| BackfillState::parse(&s))
+                        .ok_or_else(bad)?,
+                    r[4].take().and_then(|s| s.parse().ok()),
+                    r[5].take(),
+                )),
+            };
             Ok(Required {
-                id: r[0].take().and_then(|s| s.parse().ok()).ok_or_else(bad)?,
+                required_id: r[0].take().and_then(|s| s.parse().ok()).ok_or_else(bad)?,
                 relation: r[1].take().ok_or_else(bad)?,
-                state: r[2]
-                    .take()
-                    .and_then(|s| BackfillState::parse(&s))
-                    .ok_or_else(bad)?,
-                finished_lsn: r[3].take().and_then(|s| s.parse().ok()),
-                error: r[4].take(),
+                by,
             })
         })
         .collect()

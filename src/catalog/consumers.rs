@@ -181,12 +181,21 @@ pub(crate) struct Pruned {
 /// consumers, deletes and counts). With consumers: the events every consumer has committed
 /// (`id <= min(committed_id)`). Without: the events older than `max_age_s` seconds
 /// (`commit_time`), in id order up to the first younger one; none when `max_age_s <= 0`.
-/// Called by the launcher, in a transaction of its own per batch.
+/// Called by the launcher, in a transaction of its own per batch. The lock is only tried: a
+/// role that holds it (a transaction left open after `tide.trim_outbox` or `create_consumer`)
+/// must not stop the launcher, which starts every role's workers; that pipeline's retention
+/// waits for the next tick (an empty batch).
 pub(crate) fn prune_batch(pipeline: &str, batch: i64, max_age_s: f64) -> TideResult<Pruned> {
-    crate::locks::lock(
+    if !crate::locks::try_lock(
         crate::locks::Lock::Retention(pipeline),
         crate::locks::Mode::Exclusive,
-    )?;
+    )? {
+        return Ok(Pruned {
+            events: 0,
+            last_id: None,
+            reason: PruneReason::Consumers,
+        });
+    }
     // A writing statement: it takes its snapshot now, after the lock (see the module header).
     let rows = crate::sql::text_rows(
         "WITH c AS (SELECT count(*) AS n, min(committed_id) AS upto

@@ -135,6 +135,18 @@ pub(crate) fn bound_paused_wal(
     if retained <= i64::from(limit_mb) * 1024 * 1024 {
         return Ok(None);
     }
+    // A resume may have committed since this iteration read the pipeline row: look again under
+    // the row's lock (a resume now waits for this transaction), and drop only a paused one.
+    let still_paused = crate::sql::first::<bool>(crate::sql::update(
+        c,
+        "SELECT NOT enabled FROM tide.pipeline WHERE name = $1 FOR UPDATE",
+        None,
+        &[p.name.clone().into()],
+    )?)?
+    .unwrap_or(false);
+    if !still_paused {
+        return Ok(None);
+    }
     crate::sql::update(
         c,
         "SELECT pg_catalog.pg_drop_replication_slot($1::name)",

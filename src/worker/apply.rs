@@ -439,6 +439,7 @@ impl Applier<'_, '_> {
         partition: &str,
         predicate: &str,
     ) -> TideResult<()> {
+        self.check_read(relid)?;
         let Some(t) = self.txn.as_mut().filter(|t| !t.skip) else {
             return Ok(());
         };

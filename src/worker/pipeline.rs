@@ -82,13 +82,13 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
     log!("pg_tide worker for pipeline \"{name}\" started");
     // The launcher starts no worker while the SQL objects are of another version; this covers an
     // `ALTER EXTENSION` between its check and this start. The slot keeps the worker's place.
-    if let Err(e) = tx::run(catalog::version_gate) {
-        log!("pg_tide worker \"{name}\": not running: {e}");
-        return;
-    }
     if let Err(e) = tx::run(output_settings) {
         // Without its pinned search_path the worker must not run a statement as itself.
         log!("pg_tide worker \"{name}\": not running: could not set its session settings: {e}");
+        return;
+    }
+    if let Err(e) = tx::run(catalog::version_gate) {
+        log!("pg_tide worker \"{name}\": not running: {e}");
         return;
     }
     // The worker runs the same statements over and over: keep their plans (see crate::sql).

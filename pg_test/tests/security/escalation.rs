@@ -211,3 +211,44 @@ fn backfill_started_by_a_superuser_runs_as_the_owner() {
     );
     assert!(!is_superuser(&c, "mallory"), "{}", diag(&c));
 }
+
+/// Class 4 again, for `tide.verify` and `tide.repair` run by a superuser on a member's table
+/// target: their reads cast keys to the key's domain (whose CHECK is mallory's function), and run
+/// as the pipeline's owner.
+#[test]
+fn verify_and_repair_by_a_superuser_run_as_the_owner() {
+    let c = secured("sec_verify_owner");
+    ok_as(
+        &c,
+        "mallory",
+        "CREATE FUNCTION mallory.climb(int) RETURNS bool LANGUAGE plpgsql AS $$
+         BEGIN
+           BEGIN EXECUTE 'ALTER ROLE mallory SUPERUSER'; EXCEPTION WHEN OTHERS THEN NULL; END;
+           RETURN true;
+         END $$;
+         CREATE DOMAIN mallory.k AS int CHECK (mallory.climb(VALUE));
+         CREATE SCHEMA mallory_rep;
+         CREATE TABLE mallory.t (id mallory.k PRIMARY KEY, v int);
+         INSERT INTO mallory.t SELECT g, g FROM generate_series(1, 30) g;",
+    );
+    ok_as(
+        &c,
+        "mallory",
+        r#"SELECT tide.create_pipeline('mv', 'table', '{"schema": "mallory_rep"}')"#,
+    );
+    ok_as(&c, "mallory", "SELECT tide.add_table('mv', 'mallory.t')");
+    wait_for_backfill(&c, "mallory.t", Some("mv"), 60, || diag(&c));
+    // Make the target differ, so repair has work.
+    ok_as(&c, "mallory", "DELETE FROM mallory_rep.t WHERE id <= 3");
+    assert!(!is_superuser(&c, "mallory"));
+    c.execute("SELECT count(*) FROM tide.verify('mallory.t', 'mv', sample => 5)");
+    c.execute("SELECT count(*) FROM tide.repair('mallory.t', 'mv')");
+    wait_for_backfill(&c, "mallory.t", Some("mv"), 60, || diag(&c));
+    assert!(
+        !is_superuser(&c, "mallory"),
+        "verify or repair by a superuser ran mallory's domain check as a superuser\n{}",
+        diag(&c)
+    );
+    let n: i64 = c.query_scalar("SELECT count(*) FROM mallory_rep.t");
+    assert_eq!(n, 30, "the repair re-seeded the deleted rows\n{}", diag(&c));
+}

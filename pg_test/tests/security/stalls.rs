@@ -292,7 +292,10 @@ fn unreadable_json_is_a_clean_error() {
             ))
             .expect_err("options pg_tide cannot read");
         assert_db_error(&e, "22023", Some("double precision"));
-        let msg = e.as_db_error().map(|d| d.message().to_string()).unwrap_or_default();
+        let msg = e
+            .as_db_error()
+            .map(|d| d.message().to_string())
+            .unwrap_or_default();
         assert!(msg.contains("\"options\""), "{msg}");
     }
 }

@@ -64,6 +64,21 @@ const SETTINGS: &[(&str, &str)] = &[
     ("TimeZone", "UTC"),
 ];
 
+/// Run `f` (the reads of a verification: source and local target, with casts to the key's
+/// types, so the table's domain checks run) as the pipeline's owner, security-restricted, as
+/// the worker's chunk reads do: a superuser who verifies or repairs a member's pipeline lends
+/// the member's code nothing. The owner must still read every row of the source.
+fn as_pipeline_owner<R>(ctx: &Ctx, f: impl FnOnce() -> TideResult<R>) -> TideResult<R> {
+    let owner = crate::catalog::pipelines::owner(&ctx.pipeline)?.ok_or_else(|| {
+        TideError::undefined(format!("pipeline \"{}\" does not exist", ctx.pipeline))
+    })?;
+    let oid = crate::security::owner_oid(&owner, &format!("pipeline \"{}\"", ctx.pipeline))?;
+    if let Some(e) = crate::security::read_problem(oid, ctx.relid, &ctx.source) {
+        return Err(e);
+    }
+    crate::security::as_owner(oid, f)
+}
+
 fn quote(ident: &str) -> String {
     pgrx::spi::quote_identifier(ident)
 }
@@ -176,7 +191,7 @@ fn verify_impl(
         );
     }
     let ctx = setup(relid, pipeline, false)?;
-    let s = run_verify(&ctx, ranges)?;
+    let s = as_pipeline_owner(&ctx, || run_verify(&ctx, ranges))?;
     let mut out: Vec<_> = s
         .differing
         .iter()
@@ -196,7 +211,7 @@ fn verify_impl(
         })
         .collect();
     if sample > 0 {
-        for (key, cols) in sample_columns(&ctx, sample)? {
+        for (key, cols) in as_pipeline_owner(&ctx, || sample_columns(&ctx, sample))? {
             out.push((
                 None,
                 Some(key),
@@ -271,7 +286,7 @@ fn repair(
 
 fn repair_impl(relid: pg_sys::Oid, pipeline: Option<&str>) -> TideResult<Vec<RepairRow>> {
     let ctx = setup(relid, pipeline, false)?;
-    let s = run_verify(&ctx, None)?;
+    let s = as_pipeline_owner(&ctx, || run_verify(&ctx, None))?;
     if s.differing.is_empty() {
         return Ok(vec![(
             0,

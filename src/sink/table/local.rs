@@ -28,9 +28,12 @@ impl Backend for Local {
         Ok(())
     }
 
+    /// A fixed catalog query (the target's shape), with type names as the source's shape
+    /// query renders them (see `security::with_type_names`: the query is written with
+    /// `pg_catalog.` functions and operators).
     fn query(&mut self, sql_text: &str, params: &[&str]) -> TideResult<Vec<Vec<Option<String>>>> {
         let args: Vec<Option<&str>> = params.iter().map(|p| Some(*p)).collect();
-        sql::text_rows(sql_text, &args, 0, true)
+        crate::security::with_type_names(|| sql::text_rows(sql_text, &args, 0, true))
     }
 
     fn exec(&mut self, c: &mut SpiClient<'_>, st: Statement) -> TideResult<()> {

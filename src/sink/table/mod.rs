@@ -307,9 +307,10 @@ impl<B: Backend> TableTarget<B> {
             return Ok(s.clone());
         }
         let rows = self.backend.query(
-            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod)
-               FROM pg_attribute a
-              WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
+            "SELECT a.attname::pg_catalog.text, pg_catalog.format_type(a.atttypid, a.atttypmod)
+               FROM pg_catalog.pg_attribute a
+              WHERE a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($1)
+                AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
               ORDER BY a.attnum",
             &[&q],
         )?;
