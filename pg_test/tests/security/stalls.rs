@@ -299,3 +299,24 @@ fn unreadable_json_is_a_clean_error() {
         assert!(msg.contains("\"options\""), "{msg}");
     }
 }
+
+/// A member's transaction left open while it holds its own pipeline's retention lock
+/// (`tide.trim_outbox`, `create_consumer`, `seek_consumer` take it) does not stall the launcher,
+/// which starts every role's workers: alice's new pipeline still gets its worker.
+#[test]
+fn an_open_transaction_does_not_stall_the_launcher() {
+    let c = secured("sec_launcher_stall");
+    ok_as(&c, "mallory", "CREATE TABLE mallory.t (id int PRIMARY KEY)");
+    ok_as(&c, "mallory", "SELECT tide.create_pipeline('m')");
+    ok_as(&c, "mallory", "SELECT tide.add_table('m', 'mallory.t', backfill => false)");
+    ok_as(&c, "mallory", "SELECT tide.create_consumer('m', 'c1')");
+    ok_as(&c, "mallory", "INSERT INTO mallory.t SELECT generate_series(1, 10)");
+    wait_for_pipeline(&c, "m", 30, || diag(&c));
+    let mut m = connect_as(&c, "mallory");
+    m.batch_execute("BEGIN; SELECT tide.trim_outbox('m', 0)")
+        .unwrap_or_else(|e| panic!("trim_outbox: {}", describe_error(&e)));
+    // The launcher's retention visits m's outbox every tick (it has a consumer).
+    std::thread::sleep(Duration::from_secs(3));
+    alice_pipeline(&c);
+    m.batch_execute("ROLLBACK").expect("rollback");
+}
