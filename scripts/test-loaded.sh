@@ -5,7 +5,8 @@
 #       LOAD  CPU-bound and I/O-bound processes each (scripts/load.sh; default 3)
 #       RUNS  runs of each suite (default 5)
 #       SUITE a pg_test test target (pg_test/tests/SUITE.rs or SUITE/main.rs), e.g.
-#             schema_events rewrite backfill table_target
+#             schema_events rewrite backfill table_target; SUITE:FILTER runs only its tests
+#             whose name contains FILTER (backfill:convergence)
 #
 # Installs the current build into the e2e copy of PostgreSQL once (as scripts/test.sh does),
 # starts the load, then runs `cargo test -p pg_test --test SUITE -- --test-threads=1` RUNS times
@@ -34,7 +35,7 @@ if [[ "${TIDE_SKIP_INSTALL:-0}" != 1 ]]; then
     TIDE_SKIP_SETUP=1 bash scripts/install.sh
 fi
 # Build the suites before the load starts.
-for s in "$@"; do cargo test -p pg_test --test "$s" --no-run; done
+for s in "$@"; do cargo test -p pg_test --test "${s%%:*}" --no-run; done
 bash scripts/load.sh start "$load"
 trap 'bash "$TIDE_REPO/scripts/load.sh" stop' EXIT
 passed=0
@@ -42,9 +43,11 @@ failed=0
 for ((r = 1; r <= runs; r++)); do
     for s in "$@"; do
         bash scripts/cluster.sh prune >/dev/null 2>&1 || true
-        log="$logdir/$s.$r.log"
+        log="$logdir/${s//:/-}.$r.log"
         start=$SECONDS
-        if cargo test -p pg_test --test "$s" -- --test-threads=1 >"$log" 2>&1; then
+        filter=()
+        [[ "$s" == *:* ]] && filter=("${s#*:}")
+        if cargo test -p pg_test --test "${s%%:*}" -- --test-threads=1 "${filter[@]}" >"$log" 2>&1; then
             passed=$((passed + 1)); verdict=ok
         else
             failed=$((failed + 1)); verdict=FAILED
