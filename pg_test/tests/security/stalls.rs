@@ -302,10 +302,14 @@ fn unreadable_json_is_a_clean_error() {
 
 /// A member's transaction left open while it holds its own pipeline's retention lock
 /// (`tide.trim_outbox`, `create_consumer`, `seek_consumer` take it) does not stall the launcher,
-/// which starts every role's workers: alice's new pipeline still gets its worker.
+/// which starts (and restarts) every role's workers: alice's worker, stopped meanwhile, is
+/// started again and applies. (Her pipeline exists before: creating a logical slot waits for
+/// every transaction that has written to end, mallory's open one too — PostgreSQL's rule for
+/// any slot, not a lock of pg_tide's.)
 #[test]
 fn an_open_transaction_does_not_stall_the_launcher() {
     let c = secured("sec_launcher_stall");
+    alice_pipeline(&c);
     ok_as(&c, "mallory", "CREATE TABLE mallory.t (id int PRIMARY KEY)");
     ok_as(&c, "mallory", "SELECT tide.create_pipeline('m')");
     ok_as(&c, "mallory", "SELECT tide.add_table('m', 'mallory.t', backfill => false)");
@@ -319,6 +323,15 @@ fn an_open_transaction_does_not_stall_the_launcher() {
         .unwrap_or_else(|e| panic!("create_consumer: {}", describe_error(&e)));
     // The launcher's retention visits m's outbox every tick (it has a consumer).
     std::thread::sleep(Duration::from_secs(3));
-    alice_pipeline(&c);
+    let before = worker_pid(&c, "p").unwrap_or_else(|| panic!("no worker for p\n{}", diag(&c)));
+    c.execute(&format!("SELECT pg_terminate_backend({before})"));
+    c.wait_until(
+        "the launcher to start alice's worker again",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || Ok(worker_pid(&c, "p").is_some_and(|p| p != before)),
+    );
+    c.execute("INSERT INTO alice.t VALUES (5000, 1)");
+    wait_for_pipeline(&c, "p", 30, || diag(&c));
     m.batch_execute("ROLLBACK").expect("rollback");
 }
