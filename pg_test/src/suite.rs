@@ -38,6 +38,21 @@ pub fn diag_of(c: &Cluster, sections: &[(&str, &str, usize)], log_lines: usize) 
     for (title, sql, limit) in sections {
         s.push_str(&format!("--- {title} ---\n{}\n", sample(c, sql, *limit)));
     }
+    // Always: what pg_tide's processes are doing, and the tables' capture state (a worker that
+    // stops making progress shows here what it waits for).
+    for (title, sql) in [
+        (
+            "pg_tide processes (pg_stat_activity)",
+            "SELECT pid, backend_type, state, wait_event_type, wait_event, xact_start, left(query, 120) AS query
+               FROM pg_stat_activity WHERE backend_type LIKE 'pg_tide%' OR (state <> 'idle' AND pid <> pg_backend_pid())",
+        ),
+        (
+            "tide.tables",
+            "SELECT pipeline, relation, state, added_lsn FROM tide.tables",
+        ),
+    ] {
+        s.push_str(&format!("--- {title} ---\n{}\n", sample(c, sql, 20)));
+    }
     s.push_str(&format!(
         "--- last {log_lines} lines of {} ---\n{}\n--- end of server log ---",
         c.log_path().display(),
