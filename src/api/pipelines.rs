@@ -350,7 +350,7 @@ fn rewrites_applied(name: &str, target: tide_core::lsn::Lsn) -> TideResult<bool>
             None => return gone("no backfill of the whole table followed".to_string()),
             Some((_, S::Done, finished, _)) => {
                 let finished = finished.unwrap_or_default();
-                if !shmem::caught_up_lsn(name).is_some_and(|l| l >= finished.0) {
+                if shmem::caught_up_lsn(name).is_none_or(|l| l < finished.0) {
                     return Ok(false);
                 }
             }

@@ -126,7 +126,7 @@ pub(super) fn validate_source(relid: pg_sys::Oid, owner: &str) -> TideResult<Sou
     }
     // The owner must read every row (no row-level security applying to it).
     let owner_oid = crate::security::owner_oid(owner, "the pipeline")?;
-    if let Some(e) = crate::security::read_problem(owner_oid, relid, &q) {
+    if let Some(e) = crate::security::read_problem(owner_oid, relid, q) {
         return Err(e);
     }
     Ok(s)

@@ -312,9 +312,17 @@ fn an_open_transaction_does_not_stall_the_launcher() {
     alice_pipeline(&c);
     ok_as(&c, "mallory", "CREATE TABLE mallory.t (id int PRIMARY KEY)");
     ok_as(&c, "mallory", "SELECT tide.create_pipeline('m')");
-    ok_as(&c, "mallory", "SELECT tide.add_table('m', 'mallory.t', backfill => false)");
+    ok_as(
+        &c,
+        "mallory",
+        "SELECT tide.add_table('m', 'mallory.t', backfill => false)",
+    );
     ok_as(&c, "mallory", "SELECT tide.create_consumer('m', 'c1')");
-    ok_as(&c, "mallory", "INSERT INTO mallory.t SELECT generate_series(1, 10)");
+    ok_as(
+        &c,
+        "mallory",
+        "INSERT INTO mallory.t SELECT generate_series(1, 10)",
+    );
     wait_for_pipeline(&c, "m", 30, || diag(&c));
     let mut m = connect_as(&c, "mallory");
     // (create_consumer takes the lock as trim_outbox and seek_consumer do, and exists in older

@@ -183,7 +183,8 @@ fn convergence_with_table_target() {
     while dropped == 0 && extra_tries < 4 {
         extra_tries += 1;
         let retry = spawn_pgbench(&c, &script_again, 2, 20, Some(rate * 2));
-        let again: i64 = c.query_scalar("SELECT tide.start_backfill('t', 'conv', chunk_size => 200)");
+        let again: i64 =
+            c.query_scalar("SELECT tide.start_backfill('t', 'conv', chunk_size => 200)");
         wait_backfill(&c, "t", P, 180);
         let (_, ok, summary) = retry.finish_summary();
         assert!(ok, "pgbench failed: {summary}\n{}", diag(&c));
