@@ -63,7 +63,6 @@ fn switched<R>(
 ) -> TideResult<R> {
     let mut save_user = pg_sys::InvalidOid;
     let mut save_ctx: std::ffi::c_int = 0;
-    let nest;
     unsafe {
         pg_sys::GetUserIdAndSecContext(&mut save_user, &mut save_ctx);
         pg_sys::SetUserIdAndSecContext(
@@ -72,7 +71,24 @@ fn switched<R>(
                 | pg_sys::SECURITY_LOCAL_USERID_CHANGE as std::ffi::c_int
                 | pg_sys::SECURITY_RESTRICTED_OPERATION as std::ffi::c_int,
         );
-        nest = pg_sys::NewGUCNestLevel();
+    }
+    let out = with_search_path(search_path, f);
+    unsafe { pg_sys::SetUserIdAndSecContext(save_user, save_ctx) };
+    out
+}
+
+/// Run `f` in a settings scope of its own with `search_path` set to `search_path`; every
+/// setting made inside (`set_config(..., false)` included) is discarded when it returns, as
+/// PostgreSQL's maintenance commands do around user code (`AtEOXact_GUC(false, ...)`), so
+/// nothing user code sets reaches the statements pg_tide runs afterwards. An ERROR instead
+/// unwinds the scope with the (sub)transaction.
+fn with_search_path<R>(
+    search_path: &std::ffi::CStr,
+    f: impl FnOnce() -> TideResult<R>,
+) -> TideResult<R> {
+    // SAFETY: a GUC nest level opened and closed around `f` on this (the main) thread.
+    let nest = unsafe {
+        let nest = pg_sys::NewGUCNestLevel();
         pg_sys::set_config_option(
             c"search_path".as_ptr(),
             search_path.as_ptr(),
@@ -83,15 +99,10 @@ fn switched<R>(
             0,
             false,
         );
-    }
+        nest
+    };
     let out = f();
-    unsafe {
-        // Discard every setting made inside, as PostgreSQL's maintenance commands do around
-        // user code (`AtEOXact_GUC(false, ...)`): a `set_config(..., false)` in an owner's
-        // function must not outlive it and reach the worker's own statements.
-        pg_sys::AtEOXact_GUC(false, nest);
-        pg_sys::SetUserIdAndSecContext(save_user, save_ctx);
-    }
+    unsafe { pg_sys::AtEOXact_GUC(false, nest) };
     out
 }
 
@@ -120,23 +131,7 @@ pub fn pin_search_path() -> TideResult<()> {
 /// (as pg_dump does), so that nothing in `public` can be chosen by overload resolution; types
 /// and relations resolve in `pg_catalog` first. The setting is discarded afterwards.
 pub fn with_type_names<R>(f: impl FnOnce() -> TideResult<R>) -> TideResult<R> {
-    let nest;
-    unsafe {
-        nest = pg_sys::NewGUCNestLevel();
-        pg_sys::set_config_option(
-            c"search_path".as_ptr(),
-            c"pg_catalog, \"$user\", public".as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_SAVE,
-            true,
-            0,
-            false,
-        );
-    }
-    let out = f();
-    unsafe { pg_sys::AtEOXact_GUC(false, nest) };
-    out
+    with_search_path(c"pg_catalog, \"$user\", public", f)
 }
 
 /// Run `f` as pg_tide itself (the bootstrap superuser), for fixed statements on pg_tide's own
