@@ -67,6 +67,10 @@ pub struct Due {
     pub chunk_no: i64,
     /// JSON array of key value arrays a repair deletes (see `tide.repair`).
     pub repair_deletes: Option<String>,
+    /// A resync's backfill at a local table target: that table (quoted, qualified), whose rows
+    /// in each chunk's key range that the source no longer has are deleted at the chunk's high
+    /// watermark (see `catalog::slots`).
+    pub sweep: Option<String>,
 }
 
 /// The pipeline's backfill to read a chunk of: the running one, else the oldest queued one,
@@ -78,7 +82,9 @@ pub(crate) fn due(pipeline: &str) -> TideResult<Option<Due>> {
     let picked = comma_list(&texts(&[BackfillState::Queued, BackfillState::Running]));
     let rows = sql::text_rows(
         "SELECT b.id, b.relid::int8, b.chunk_size, b.rows_per_second, b.condition, p.owner::text,
-                to_json(b.key_columns)::text, to_json(b.last_key)::text, b.chunks_done + 1, b.repair_deletes::text
+                to_json(b.key_columns)::text, to_json(b.last_key)::text, b.chunks_done + 1, b.repair_deletes::text,
+                CASE WHEN b.resync AND p.target = 'table' AND t.target_name IS NOT NULL
+                     THEN pg_catalog.format('%I.%I', t.target_schema, t.target_name) END
            FROM tide.backfill b
            JOIN tide.pipeline p ON p.name = b.pipeline AND p.enabled
            JOIN tide.pipeline_table t ON t.pipeline = b.pipeline AND t.relid = b.relid AND t.added_lsn IS NOT NULL
@@ -130,6 +136,7 @@ pub(crate) fn due(pipeline: &str) -> TideResult<Option<Due>> {
         last_key,
         chunk_no: int(&r[8], "chunks_done")?,
         repair_deletes: r[9].take(),
+        sweep: r[10].take(),
     }))
 }
 

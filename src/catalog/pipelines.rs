@@ -25,6 +25,11 @@ pub struct PipelineRow {
     /// The slot's confirmed flush LSN, if the slot exists.
     pub confirmed_lsn: Option<String>,
     pub has_error: bool,
+    /// What is wrong with the pipeline's slot (`None`: it is a usable pg_tide slot): see
+    /// [`crate::catalog::slots::SlotProblem`].
+    pub slot_problem: Option<crate::catalog::slots::SlotProblem>,
+    /// `tide.pipeline.resync`: a lost slot being recovered (see [`crate::catalog::slots`]).
+    pub resync: Option<crate::catalog::slots::Resync>,
 }
 
 /// A pipeline's `tide.pipeline.target` as its kind. An unknown (or missing) kind is an error,
@@ -61,7 +66,16 @@ pub(crate) fn lock_pipeline(c: &mut SpiClient<'_>, name: &str) -> TideResult<Opt
         c,
         "SELECT p.name, p.target, p.slot_name::text, p.enabled, p.applied_lsn::text,
                 (SELECT s.confirmed_flush_lsn::text FROM pg_catalog.pg_replication_slots s WHERE s.slot_name = p.slot_name),
-                p.last_error IS NOT NULL, p.options::text, p.owner::text
+                p.last_error IS NOT NULL, p.options::text, p.owner::text,
+                (SELECT CASE WHEN s.slot_name IS NULL THEN 'missing'
+                             WHEN s.wal_status = 'lost' OR s.restart_lsn IS NULL THEN 'invalidated'
+                             WHEN s.slot_type <> 'logical' OR s.plugin IS DISTINCT FROM 'pg_tide' OR s.temporary
+                                  OR s.database IS DISTINCT FROM current_database()
+                             THEN pg_catalog.format('foreign:a %s slot with plugin %s in database %s%s', s.slot_type,
+                                         coalesce(s.plugin, 'none'), coalesce(s.database::text, 'none'),
+                                         CASE WHEN s.temporary THEN ', temporary' ELSE '' END) END
+                   FROM (SELECT 1) x LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = p.slot_name),
+                p.resync
            FROM tide.pipeline p WHERE p.name = $1",
         None,
         &[name.into()],
@@ -83,6 +97,16 @@ pub(crate) fn lock_pipeline(c: &mut SpiClient<'_>, name: &str) -> TideResult<Opt
             .ok_or_else(|| corrupt("last_error", name))?,
         options: options(r.get::<String>(8)?, name)?,
         owner: r.get::<String>(9)?.ok_or_else(|| corrupt("owner", name))?,
+        slot_problem: r
+            .get::<String>(10)?
+            .as_deref()
+            .map(crate::catalog::slots::SlotProblem::parse),
+        resync: match r.get::<String>(11)? {
+            None => None,
+            Some(t) => Some(
+                crate::catalog::slots::Resync::parse(&t).ok_or_else(|| corrupt("resync", name))?,
+            ),
+        },
     }))
 }
 

@@ -439,8 +439,19 @@ pub(super) fn read_chunk(
     // A repair: keys to delete that lie in this chunk's key range and, in this same snapshot, no
     // longer exist at the source. They are emitted as deletes at the high watermark unless the
     // stream touches them in the window (then the stream carries the truth, as for rows).
+    // A resync's sweep at a local table target: the same, for every key the target holds in the
+    // range (read in this snapshot too: the target is written only by this pipeline, so a stale
+    // row, one whose delete was in the lost WAL, is there in every snapshot until deleted).
     let mut deletes = Vec::new();
-    if let Some(list) = &job.b.repair_deletes {
+    let candidates = match (&job.b.repair_deletes, &job.b.sweep) {
+        (Some(list), _) => Some((
+            "jsonb_array_elements($1::text::jsonb) AS k(v)".to_string(),
+            Some(list.as_str()),
+        )),
+        (None, Some(target)) => Some((format!("{target} AS k"), None)),
+        (None, None) => None,
+    };
+    if let Some((from, list)) = candidates {
         let to: Option<Vec<String>> = if is_last {
             None
         } else {
@@ -448,7 +459,11 @@ pub(super) fn read_chunk(
         };
         let elem = |i: usize, k: &str| -> String {
             let ty = &key_types[job.b.key_columns.iter().position(|c| c == k).unwrap_or(0)];
-            format!("(k.v->>{i})::{ty}")
+            if list.is_some() {
+                format!("(k.v->>{i})::{ty}")
+            } else {
+                format!("(k.{})::{ty}", quote(k))
+            }
         };
         let elems: Vec<String> = job
             .b
@@ -467,8 +482,8 @@ pub(super) fn read_chunk(
                 .join(", "),
             elems.join(", ")
         )];
-        let mut dargs: Vec<Option<&str>> = vec![Some(list.as_str())];
-        let mut n = 2;
+        let mut dargs: Vec<Option<&str>> = list.into_iter().map(Some).collect();
+        let mut n = dargs.len() + 1;
         for (bound, op) in [(job.b.last_key.as_ref(), ">"), (to.as_ref(), "<=")] {
             if let Some(vals) = bound {
                 let ps: Vec<String> = key_types
@@ -483,15 +498,20 @@ pub(super) fn read_chunk(
                 dargs.extend(vals.iter().map(|s| Some(s.as_str())));
             }
         }
-        let q = format!(
-            "SELECT {} FROM jsonb_array_elements($1::text::jsonb) AS k(v) WHERE {}",
+        let selected = if list.is_some() {
             (0..job.b.key_columns.len())
                 .map(|i| format!("k.v->>{i}"))
                 .collect::<Vec<_>>()
-                .join(", "),
+        } else {
+            elems.clone()
+        };
+        let q = format!(
+            "SELECT {} FROM {from} WHERE {}",
+            selected.join(", "),
             clauses.join(" AND ")
         );
-        // As the backfill's owner, like the chunk: it reads the source (and casts to its key types).
+        // As the backfill's owner, like the chunk: it reads the source (and casts to its key
+        // types), and a sweep the target's keys (which its writes need anyway).
         let found = crate::security::as_owner(owner, || sql::text_rows(&q, &dargs, 0, false))?;
         for r in found {
             let mut values = vec![Value::Null; columns.len()];

@@ -184,6 +184,7 @@ fn put_due(e: &mut Enc, b: &Due) {
     e.opt(b.last_key.as_deref(), |e, v| e.strs(v));
     e.i64(b.chunk_no);
     e.opt(b.repair_deletes.as_deref(), |e, v| e.str(v));
+    e.opt(b.sweep.as_deref(), |e, v| e.str(v));
 }
 
 fn get_due(d: &mut Dec<'_>) -> TideResult<Due> {
@@ -198,6 +199,7 @@ fn get_due(d: &mut Dec<'_>) -> TideResult<Due> {
         last_key: d.opt(|d| d.strs())?,
         chunk_no: d.i64()?,
         repair_deletes: d.opt(|d| d.str())?,
+        sweep: d.opt(|d| d.str())?,
     })
 }
 
@@ -788,6 +790,7 @@ mod tests {
             last_key: Some(vec!["42".into(), "".into()]),
             chunk_no: 3,
             repair_deletes: None,
+            sweep: Some("\"a b\".t".into()),
         };
         let hold = Holding {
             values: false,
