@@ -56,7 +56,11 @@ fn cluster(name: &str, conf: &[&str]) -> Cluster {
 #[track_caller]
 fn as_alice(c: &Cluster, sql: &str) {
     if let Err(e) = connect_as(c, "alice").batch_execute(sql) {
-        panic!("as alice: {sql}\nfailed: {}\n{}", describe_error(&e), diag(c));
+        panic!(
+            "as alice: {sql}\nfailed: {}\n{}",
+            describe_error(&e),
+            diag(c)
+        );
     }
 }
 
@@ -70,12 +74,18 @@ fn table_pipeline(c: &Cluster, rows: i64) {
              INSERT INTO alice.t SELECT g, g, md5(g::text) FROM generate_series(1, {rows}) g;"
         ),
     );
-    as_alice(c, r#"SELECT tide.create_pipeline('p', 'table', '{"schema": "alice"}')"#);
+    as_alice(
+        c,
+        r#"SELECT tide.create_pipeline('p', 'table', '{"schema": "alice"}')"#,
+    );
     as_alice(
         c,
         "SELECT tide.add_table('p', 'alice.t', target_table => 'copy')",
     );
-    as_alice(c, "SELECT tide.alter_backfill('alice.t', 'p', chunk_size => 200)");
+    as_alice(
+        c,
+        "SELECT tide.alter_backfill('alice.t', 'p', chunk_size => 200)",
+    );
     wait_for_backfill(c, "alice.t", Some("p"), 120, || diag(c));
     wait_for_pipeline(c, "p", 60, || diag(c));
     assert_converged(c, "after the first backfill");
@@ -141,7 +151,10 @@ fn invalidated_slot_resyncs() {
     // (A warning margin below max_slot_wal_keep_size: the new slot must not warn.)
     let c = cluster(
         "slot_invalidated",
-        &["max_slot_wal_keep_size = 64MB", "tide.slot_warning_size = '16MB'"],
+        &[
+            "max_slot_wal_keep_size = 64MB",
+            "tide.slot_warning_size = '16MB'",
+        ],
     );
     table_pipeline(&c, 10000);
     as_alice(&c, "SELECT tide.pause_pipeline('p')");
@@ -179,7 +192,11 @@ fn invalidated_slot_resyncs() {
     let at: i64 = c.query_scalar(
         "SELECT coalesce(max(last_key[1]::int8), 0) FROM tide.backfill WHERE pipeline = 'p' AND resync AND state = 'running'",
     );
-    assert!(at < 9000, "the resync read too far ({at}) to test writes ahead of it\n{}", diag(&c));
+    assert!(
+        at < 9000,
+        "the resync read too far ({at}) to test writes ahead of it\n{}",
+        diag(&c)
+    );
     // Ahead of the resync: new keys (must stay), deleted keys (must go), changed keys.
     c.execute(
         "INSERT INTO alice.t SELECT g, g, 'during' FROM generate_series(30001, 30100) g;
@@ -188,7 +205,9 @@ fn invalidated_slot_resyncs() {
     );
     wait_resynced(&c, 180);
     let (reason, warning): (String, Option<String>) = {
-        let r = c.query_one("SELECT slot_lost_reason, slot_warning FROM tide.pipelines WHERE name = 'p'");
+        let r = c.query_one(
+            "SELECT slot_lost_reason, slot_warning FROM tide.pipelines WHERE name = 'p'",
+        );
         (r.get(0), r.get(1))
     };
     assert!(reason.contains("invalidated"), "{reason}");
@@ -263,7 +282,9 @@ fn on_slot_lost_error_waits() {
         },
     );
     assert_eq!(
-        c.query_scalar::<i64>("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'tide_p'"),
+        c.query_scalar::<i64>(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'tide_p'"
+        ),
         0
     );
     c.execute("ALTER SYSTEM SET tide.on_slot_lost = 'resync'");
@@ -416,7 +437,10 @@ fn outbox_resync_events() {
 fn warns_before_the_slot_is_lost() {
     let c = cluster(
         "slot_warn",
-        &["max_slot_wal_keep_size = 256MB", "tide.slot_warning_size = '128MB'"],
+        &[
+            "max_slot_wal_keep_size = 256MB",
+            "tide.slot_warning_size = '128MB'",
+        ],
     );
     table_pipeline(&c, 100);
     let mut a = connect_as(&c, "alice");

@@ -198,7 +198,11 @@ pub(crate) fn bound_paused_wal(
         p.slot_name
     );
     if crate::gucs::ON_SLOT_LOST.get() == crate::gucs::OnSlotLost::Resync {
-        mark_lost_in(c, &p.name, &format!("{message}; it is read again when the pipeline is resumed"))?;
+        mark_lost_in(
+            c,
+            &p.name,
+            &format!("{message}; it is read again when the pipeline is resumed"),
+        )?;
         return Ok(None);
     }
     Ok(Some(
@@ -508,7 +512,9 @@ pub(crate) fn finish_resync(
         None,
         &[p.name.clone().into()],
     )?;
-    Ok(Some("the resync after the lost slot is over: every table was read again".to_string()))
+    Ok(Some(
+        "the resync after the lost slot is over: every table was read again".to_string(),
+    ))
 }
 
 /// The statements that re-create `p` exactly (its target and options) after its slot is gone.

@@ -253,7 +253,10 @@ fn recover(name: &str, lost: catalog::slots::SlotLost) -> TideResult<Vec<String>
     if gucs::ON_SLOT_LOST.get() == gucs::OnSlotLost::Error {
         return Err(lost.error);
     }
-    let mut notes = vec![format!("{}; creating a new slot and reading every table again (tide.on_slot_lost = 'resync')", lost.reason)];
+    let mut notes = vec![format!(
+        "{}; creating a new slot and reading every table again (tide.on_slot_lost = 'resync')",
+        lost.reason
+    )];
     let mut created = tx::run(|| catalog::slots::create_new_slot(name));
     if let Ok(catalog::slots::NewSlot::Dropped) = created {
         created = tx::run(|| catalog::slots::create_new_slot(name));
@@ -458,7 +461,10 @@ fn iterate(
         if p.slot_problem.is_some() || p.resync == Some(Resync::SlotLost) {
             let reason = match &p.slot_problem {
                 Some(problem) => problem.reason(&p.slot_name),
-                None => format!("the recovery of replication slot \"{}\" did not finish", p.slot_name),
+                None => format!(
+                    "the recovery of replication slot \"{}\" did not finish",
+                    p.slot_name
+                ),
             };
             let error = catalog::slots::lost_error(&p, &reason);
             return Ok(Outcome {
