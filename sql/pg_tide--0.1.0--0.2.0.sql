@@ -406,7 +406,8 @@ SELECT t.pipeline, t.relation, t.relid::regclass AS source, b.id AS backfill_id,
 -- resync queued, the outbox's resync events (in outbox_op_check above), and tide.pipelines' slot columns.
 ALTER TABLE tide.pipeline ADD COLUMN resync text CHECK (resync IN ('slot lost', 'resyncing')),
                           ADD COLUMN slot_lost_at timestamptz,
-                          ADD COLUMN slot_lost_reason text;
+                          ADD COLUMN slot_lost_reason text,
+                          ADD COLUMN paused_lsn pg_lsn;
 ALTER TABLE tide.backfill ADD COLUMN resync boolean NOT NULL DEFAULT false;
 CREATE OR REPLACE VIEW tide.pipelines WITH (security_barrier) AS
 SELECT p.name,

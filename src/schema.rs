@@ -32,7 +32,11 @@ CREATE TABLE tide.pipeline (
     -- backfills are done (slot_lost_at and slot_lost_reason stay, as the last loss).
     resync       text CHECK (resync IN ('slot lost', 'resyncing')),
     slot_lost_at timestamptz,
-    slot_lost_reason text
+    slot_lost_reason text,
+    -- Written by the worker: its slot's confirmed position when it found the pipeline paused
+    -- (NULL again once it runs). A slot further on at resume was consumed, advanced or
+    -- re-created by someone else meanwhile: it is lost.
+    paused_lsn   pg_lsn
 );
 COMMENT ON TABLE tide.pipeline IS 'pg_tide pipelines (one slot, one worker, one target). Use tide.create_pipeline/tide.drop_pipeline; read tide.pipelines.';
 

@@ -234,6 +234,54 @@ fn dropped_slot_resyncs() {
     assert!(reason.contains("does not exist"), "{reason}");
 }
 
+/// A slot of the pipeline's name that is not pg_tide's (a physical slot someone created after
+/// dropping it), then a pg_tide slot that someone consumed while the pipeline was paused: each
+/// is lost, and the pipeline resyncs.
+#[test]
+fn foreign_or_moved_slot_resyncs() {
+    let c = cluster("slot_foreign", &[]);
+    table_pipeline(&c, 3000);
+    as_alice(&c, "SELECT tide.pause_pipeline('p')");
+    c.execute("DELETE FROM alice.t WHERE id <= 100");
+    c.execute("SELECT pg_drop_replication_slot('tide_p')");
+    c.execute("SELECT pg_create_physical_replication_slot('tide_p', true)");
+    as_alice(&c, "SELECT tide.resume_pipeline('p')");
+    wait_resynced(&c, 120);
+    let reason: String =
+        c.query_scalar("SELECT slot_lost_reason FROM tide.pipelines WHERE name = 'p'");
+    assert!(
+        reason.contains("is not pg_tide's (a physical slot"),
+        "{reason}"
+    );
+    // Paused (the worker has seen it: paused_lsn is kept), then its slot consumed by hand.
+    as_alice(&c, "SELECT tide.pause_pipeline('p')");
+    c.wait_until(
+        "the paused worker to keep its slot's position",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT paused_lsn IS NOT NULL FROM tide.pipeline WHERE name = 'p'",
+            )?)
+        },
+    );
+    c.execute("DELETE FROM alice.t WHERE id <= 200; UPDATE alice.t SET v = 7 WHERE id > 2900");
+    c.execute("SELECT pg_replication_slot_advance('tide_p', pg_current_wal_lsn())");
+    as_alice(&c, "SELECT tide.resume_pipeline('p')");
+    c.wait_until(
+        "the moved slot to be noticed",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT coalesce((SELECT slot_lost_reason LIKE '%moved while the pipeline was paused%'
+                                    FROM tide.pipelines WHERE name = 'p'), false)",
+            )?)
+        },
+    );
+    wait_resynced(&c, 120);
+}
+
 /// tide.max_paused_wal_size drops a paused pipeline's slot: the paused pipeline shows the loss
 /// at once (resync 'slot lost', the reason), and resyncs when resumed.
 #[test]

@@ -30,6 +30,8 @@ pub struct PipelineRow {
     pub slot_problem: Option<crate::catalog::slots::SlotProblem>,
     /// `tide.pipeline.resync`: a lost slot being recovered (see [`crate::catalog::slots`]).
     pub resync: Option<crate::catalog::slots::Resync>,
+    /// `tide.pipeline.paused_lsn` is set (see [`crate::catalog::slots::note_paused`]).
+    pub paused_lsn_set: bool,
 }
 
 /// A pipeline's `tide.pipeline.target` as its kind. An unknown (or missing) kind is an error,
@@ -73,9 +75,11 @@ pub(crate) fn lock_pipeline(c: &mut SpiClient<'_>, name: &str) -> TideResult<Opt
                                   OR s.database IS DISTINCT FROM current_database()
                              THEN pg_catalog.format('foreign:a %s slot with plugin %s in database %s%s', s.slot_type,
                                          coalesce(s.plugin, 'none'), coalesce(s.database::text, 'none'),
-                                         CASE WHEN s.temporary THEN ', temporary' ELSE '' END) END
+                                         CASE WHEN s.temporary THEN ', temporary' ELSE '' END)
+                             WHEN p.enabled AND s.confirmed_flush_lsn > p.paused_lsn
+                             THEN pg_catalog.format('moved:from %s to %s', p.paused_lsn, s.confirmed_flush_lsn) END
                    FROM (SELECT 1) x LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = p.slot_name),
-                p.resync
+                p.resync, p.paused_lsn IS NOT NULL
            FROM tide.pipeline p WHERE p.name = $1",
         None,
         &[name.into()],
@@ -107,6 +111,7 @@ pub(crate) fn lock_pipeline(c: &mut SpiClient<'_>, name: &str) -> TideResult<Opt
                 crate::catalog::slots::Resync::parse(&t).ok_or_else(|| corrupt("resync", name))?,
             ),
         },
+        paused_lsn_set: r.get::<bool>(12)?.unwrap_or(false),
     }))
 }
 

@@ -8,6 +8,8 @@
 //! past `max_slot_wal_keep_size`), missing (dropped by hand or by `tide.max_paused_wal_size`, or
 //! never there on this server: a restore from a base backup, a failover to a standby, a major
 //! upgrade), or not pg_tide's (a slot of that name with another plugin, database or type:
+//! re-created by someone else), or moved while the pipeline was paused (its confirmed position
+//! is past `tide.pipeline.paused_lsn`, kept by [`note_paused`]: consumed, advanced or
 //! re-created by someone else). [`crate::catalog::pipelines::lock_pipeline`] reads which
 //! ([`SlotProblem`]) at every iteration. The changes the slot did not deliver are gone, so the
 //! only way back is to read every table again; `tide.pipeline.resync` ([`Resync`], written by the
@@ -225,6 +227,9 @@ pub enum SlotProblem {
     Invalidated,
     /// A slot of that name that pg_tide did not create: what it is.
     Foreign(String),
+    /// A slot whose confirmed position moved while the pipeline was paused (from, to): someone
+    /// consumed or advanced it, or re-created it, so what it skipped is lost.
+    Moved(String),
 }
 
 impl SlotProblem {
@@ -233,7 +238,10 @@ impl SlotProblem {
         match text {
             "missing" => SlotProblem::Missing,
             "invalidated" => SlotProblem::Invalidated,
-            other => SlotProblem::Foreign(other.trim_start_matches("foreign:").to_string()),
+            other => match other.strip_prefix("moved:") {
+                Some(m) => SlotProblem::Moved(m.to_string()),
+                None => SlotProblem::Foreign(other.trim_start_matches("foreign:").to_string()),
+            },
         }
     }
 
@@ -243,6 +251,7 @@ impl SlotProblem {
             SlotProblem::Missing => format!("replication slot \"{slot}\" does not exist (dropped by hand or by tide.max_paused_wal_size, or never on this server: a restore from a base backup, a failover to a standby without it, a major upgrade)"),
             SlotProblem::Invalidated => format!("replication slot \"{slot}\" was invalidated (wal_status lost: the WAL it needed was removed past max_slot_wal_keep_size)"),
             SlotProblem::Foreign(what) => format!("replication slot \"{slot}\" is not pg_tide's ({what}): it was re-created by someone else"),
+            SlotProblem::Moved(how) => format!("replication slot \"{slot}\" moved while the pipeline was paused ({how}): someone consumed, advanced or re-created it, and the changes it skipped are lost to the pipeline"),
         }
     }
 }
@@ -265,6 +274,34 @@ impl Resync {
             _ => None,
         }
     }
+}
+
+/// Keep where the slot stands while the pipeline is paused (`paused_lsn`, once per pause), or
+/// forget it once the pipeline runs with its slot intact: a slot found further on at resume is
+/// lost ([`SlotProblem::Moved`]). Called by the worker, in its iteration's transaction.
+pub(crate) fn note_paused(
+    c: &mut pgrx::spi::SpiClient<'_>,
+    p: &crate::catalog::pipelines::PipelineRow,
+) -> TideResult<()> {
+    if !p.enabled && !p.paused_lsn_set {
+        crate::sql::update(
+            c,
+            "UPDATE tide.pipeline p SET paused_lsn = s.confirmed_flush_lsn
+               FROM pg_catalog.pg_replication_slots s
+              WHERE p.name = $1 AND s.slot_name = p.slot_name AND s.confirmed_flush_lsn IS NOT NULL
+                AND p.paused_lsn IS NULL",
+            None,
+            &[p.name.clone().into()],
+        )?;
+    } else if p.enabled && p.paused_lsn_set {
+        crate::sql::update(
+            c,
+            "UPDATE tide.pipeline SET paused_lsn = NULL WHERE name = $1",
+            None,
+            &[p.name.clone().into()],
+        )?;
+    }
+    Ok(())
 }
 
 /// What an iteration found: the pipeline's slot is lost (see the module doc). The worker
@@ -457,7 +494,7 @@ pub(crate) fn queue_resync(pipeline: &str, lsn: &str) -> TideResult<Option<Strin
         crate::sql::update(
             c,
             "UPDATE tide.pipeline SET resync = 'resyncing', last_error = NULL, last_error_sqlstate = NULL,
-                    last_error_at = NULL, remedy = NULL
+                    last_error_at = NULL, remedy = NULL, paused_lsn = NULL
               WHERE name = $1",
             None,
             &[pipeline.into()],

@@ -451,6 +451,7 @@ fn iterate(
             if let (Some(problem), None) = (&p.slot_problem, p.resync) {
                 catalog::slots::mark_lost_in(c, name, &problem.reason(&p.slot_name))?;
             }
+            catalog::slots::note_paused(c, &p)?;
             return Ok(Outcome {
                 paused: true,
                 ..Default::default()
@@ -472,6 +473,7 @@ fn iterate(
                 ..Default::default()
             });
         }
+        catalog::slots::note_paused(c, &p)?;
         let mut notes = Vec::new();
         if p.resync == Some(Resync::Resyncing) {
             notes.extend(catalog::slots::finish_resync(c, &p)?);
