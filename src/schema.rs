@@ -347,9 +347,9 @@ SELECT p.name,
        s.safe_wal_size,
        -- (see README, Concepts > Lost slots; the margin is tide.slot_warning_size)
        CASE WHEN s.slot_name IS NULL
-            THEN 'the slot does not exist: the worker creates a new one and reads every table again (tide.on_slot_lost)'
+            THEN 'the slot does not exist: the worker creates a new one and reads every table again, unless tide.on_slot_lost = ''error'''
             WHEN s.wal_status = 'lost'
-            THEN 'the slot was invalidated (max_slot_wal_keep_size): the worker creates a new one and reads every table again (tide.on_slot_lost)'
+            THEN 'the slot was invalidated (max_slot_wal_keep_size): the worker creates a new one and reads every table again, unless tide.on_slot_lost = ''error'''
             WHEN s.wal_status = 'unreserved'
             THEN format('the slot retains more WAL than max_wal_size: the next checkpoint invalidates it once it is past max_slot_wal_keep_size (%s left)',
                         pg_size_pretty(s.safe_wal_size))
