@@ -30,7 +30,7 @@
 //! (`catalog::backfills::record_progress`). Any failed stream iteration forgets the chunks for
 //! the same reason.
 
-use super::chunk::{read_chunk, table_meta, ChunkRead, Holding, Item};
+use super::chunk::{read_chunk, table_locked, table_meta, ChunkRead, Holding, Item, Job};
 use super::estimate::Estimate;
 use super::read_ahead::Reader;
 use super::row_values::RowValues;
@@ -611,23 +611,6 @@ impl Backfiller {
         });
         Ok(())
     }
-}
-
-/// Why a chunk is not read now: its table is locked (see `tx::run_locked`).
-pub(super) fn table_locked() -> TideError {
-    TideError::new(
-        pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
-        "the table is locked by another transaction (for example a table-rewriting ALTER TABLE, TRUNCATE, VACUUM FULL or CLUSTER, or a statement waiting for such a lock)",
-    )
-    .hint("The chunk is read once the lock is released; the stream keeps flowing meanwhile. Nothing is lost.")
-    .retry_later()
-}
-
-/// The next chunk to read, after its low watermark committed.
-pub(super) struct Job {
-    pub(super) watermark: u64,
-    /// The backfill, as the catalog holds it.
-    pub(super) b: backfills::Due,
 }
 
 /// Transaction 1: pick the backfill, mark it running, write the LW.

@@ -10,7 +10,7 @@
 //! PostgreSQL that has them, as lines of COPY text (each column's text output, escaped:
 //! `tide_core::copy`; no JSON, one COPY and one upsert at the target).
 
-use super::backfill::Job;
+
 use super::estimate::Estimate;
 use super::row_values::RowValues;
 use super::tx;
@@ -595,4 +595,21 @@ fn parse_jsonb(f: &mut pg_sys::FmgrInfo, param: pg_sys::Oid, row: String) -> Tid
         pg_sys::pfree(v as *mut std::ffi::c_void);
         Ok(bytes)
     }
+}
+
+/// Why a chunk is not read now: its table is locked (see `tx::run_locked`).
+pub(super) fn table_locked() -> TideError {
+    TideError::new(
+        pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
+        "the table is locked by another transaction (for example a table-rewriting ALTER TABLE, TRUNCATE, VACUUM FULL or CLUSTER, or a statement waiting for such a lock)",
+    )
+    .hint("The chunk is read once the lock is released; the stream keeps flowing meanwhile. Nothing is lost.")
+    .retry_later()
+}
+
+/// The next chunk to read, after its low watermark committed.
+pub(super) struct Job {
+    pub(super) watermark: u64,
+    /// The backfill, as the catalog holds it.
+    pub(super) b: backfills::Due,
 }

@@ -82,7 +82,7 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
     log!("pg_tide worker for pipeline \"{name}\" started");
     // The launcher starts no worker while the SQL objects are of another version; this covers an
     // `ALTER EXTENSION` between its check and this start. The slot keeps the worker's place.
-    if let Err(e) = tx::run(output_settings) {
+    if let Err(e) = tx::run(tx::output_settings) {
         // Without its pinned search_path the worker must not run a statement as itself.
         log!("pg_tide worker \"{name}\": not running: could not set its session settings: {e}");
         return;
@@ -219,22 +219,6 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
     }
     close_decoder(&name, &mut dec, &mut rels);
     shmem::release(slot_idx, pid);
-}
-
-/// Deterministic text output for every value a worker renders (stream and backfill alike, in the
-/// worker and its reader), whatever the server's defaults, and the pinned `search_path` of a
-/// session that runs as pg_tide. For this session; in a transaction.
-pub(crate) fn output_settings() -> TideResult<()> {
-    crate::security::pin_search_path()?;
-    crate::sql::text_rows(
-        "SELECT pg_catalog.set_config('DateStyle', 'ISO, YMD', false), pg_catalog.set_config('IntervalStyle', 'postgres', false),
-                pg_catalog.set_config('extra_float_digits', '1', false), pg_catalog.set_config('bytea_output', 'hex', false),
-                pg_catalog.set_config('TimeZone', 'UTC', false)",
-        &[],
-        1,
-        false,
-    )?;
-    Ok(())
 }
 
 /// Bookkeeping after a successful iteration: its log lines, a standby snapshot while busy, the

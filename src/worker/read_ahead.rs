@@ -31,7 +31,7 @@
 //! itself, as before. The reader exits when the worker detaches (the worker drops it when no
 //! backfill is due, or exits), and with the postmaster.
 
-use super::backfill::Job;
+use super::chunk::Job;
 use super::chunk::{read_chunk, ChunkRead, ChunkRow, Holding, Item};
 use super::estimate::Estimate;
 use super::row_values::RowValues;
@@ -676,7 +676,7 @@ pub extern "C-unwind" fn tide_reader_main(arg: pg_sys::Datum) {
             pg_sys::shm_mq_attach(requests, seg, std::ptr::null_mut()),
         )
     };
-    if let Err(e) = tx::run(super::pipeline::output_settings) {
+    if let Err(e) = tx::run(tx::output_settings) {
         log!("pg_tide reader \"{pipeline}\": could not set output settings: {e}");
         return;
     }
@@ -761,7 +761,7 @@ fn read(
         )
     })? {
         Locked::Ran(read) => Ok((watermark, job.b, read)),
-        Locked::Busy => Err(super::backfill::table_locked()),
+        Locked::Busy => Err(super::chunk::table_locked()),
     }
 }
 
