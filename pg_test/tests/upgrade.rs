@@ -35,26 +35,6 @@ const RATE: i64 = 2_000;
 /// (pipeline, source table, target kind)
 const PIPELINES: &[(&str, &str)] = &[("ob", "o_src"), ("lt", "l_src"), ("rt", "r_src")];
 
-fn diag(c: &Cluster) -> String {
-    diag_of(
-        c,
-        &[
-            (
-                "tide.pipelines",
-                "SELECT name, state, worker_pid, lag_bytes, events_applied, last_error FROM tide.pipelines",
-                10,
-            ),
-            (
-                "tide.backfills",
-                "SELECT id, pipeline, relation, state, chunks_done, rows_read, estimated_rows, fraction_done, error \
-                  FROM tide.backfills ORDER BY id",
-                20,
-            ),
-        ],
-        40,
-    )
-}
-
 /// Writers on the three source tables until `stop`: updates, inserts (in and past the key
 /// range) and deletes, one row each. A failed round (the server restarting) reconnects.
 fn spawn_writer(c: &Cluster, stop: Arc<AtomicBool>) -> JoinHandle<(u64, u64)> {
