@@ -49,25 +49,8 @@ fn state(text: Option<&str>, pipeline: &str) -> TideResult<BackfillState> {
 
 // --- the worker: one chunk -----------------------------------------------------------------------
 
-/// The backfill a pipeline's worker reads next, as `tide.backfill` holds it.
-#[derive(Clone, Debug)]
-pub struct Due {
-    pub id: i64,
-    pub relid: u32,
-    pub chunk_size: i64,
-    pub rows_per_second: Option<i64>,
-    /// The SQL condition (`tide.start_backfill(condition => ...)`, or a repair's key ranges).
-    pub condition: Option<String>,
-    /// The role the chunks are read as.
-    pub owner: String,
-    pub key_columns: Vec<String>,
-    /// Key (text per key column) of the last row emitted; `None` before the first chunk.
-    pub last_key: Option<Vec<String>>,
-    /// The number of the next chunk (from 1).
-    pub chunk_no: i64,
-    /// JSON array of key value arrays a repair deletes (see `tide.repair`).
-    pub repair_deletes: Option<String>,
-}
+/// A backfill as the chunk reader needs it (the read-ahead protocol carries it).
+pub use tide_core::read_ahead::Due;
 
 /// The pipeline's backfill to read a chunk of: the running one, else the oldest queued one,
 /// whose table the worker already captures, while the pipeline is enabled (paused backfills are

@@ -33,7 +33,7 @@ pub mod client;
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
 use crate::sink::options::{check_property, KafkaOptions, Options, Place};
-use crate::sink::{Event, SchemaEvent, Target};
+use crate::sink::{CommitPoint, Event, Row, RowForm, SchemaEvent, Target};
 use crate::sql;
 use client::{ClientSettings, KafkaFailure, KafkaSink, Msg, Work};
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
@@ -385,7 +385,17 @@ impl KafkaTarget {
 }
 
 impl Target for KafkaTarget {
-    fn applied(&mut self) -> TideResult<Option<Lsn>> {
+    /// Rows as JSON (the envelope's `before`/`after`).
+    fn row_form(
+        &mut self,
+        _relid: u32,
+        _chunk: Option<&[(String, String)]>,
+    ) -> TideResult<RowForm> {
+        Ok(RowForm::Json)
+    }
+
+    /// The position the target keeps in its position topic (read once, then kept).
+    fn begin(&mut self, _c: &mut SpiClient<'_>, _p: &PipelineRow) -> TideResult<Option<Lsn>> {
         if let Some(a) = self.applied {
             return Ok(a);
         }
@@ -407,13 +417,22 @@ impl Target for KafkaTarget {
     }
 
     fn push(&mut self, _c: &mut SpiClient<'_>, t: &Txn, ev: Event) -> TideResult<()> {
+        let row = match &ev.row {
+            Row::None => None,
+            Row::Json(s) => Some(s.as_str()),
+            _ => {
+                return Err(TideError::internal(
+                    "the kafka target was handed a row that is not JSON",
+                ))
+            }
+        };
         self.message(
             t,
             ev.relid,
             &ev.relation,
             ev.op,
             ev.key.as_deref(),
-            ev.row.as_deref(),
+            row,
             &ev.unchanged,
             ev.backfill,
             None,
@@ -449,7 +468,12 @@ impl Target for KafkaTarget {
         _c: &mut SpiClient<'_>,
         _pipeline: &str,
         applied: Option<Lsn>,
+        at: CommitPoint,
     ) -> TideResult<()> {
+        if at == CommitPoint::Early {
+            // Acknowledged and recorded once per iteration, at its end.
+            return Ok(());
+        }
         self.close();
         if self.buf.is_empty() && !self.shipped && applied.is_none() {
             return Ok(());

@@ -32,7 +32,7 @@
 
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
-use crate::sink::{Event, RowFormat, SchemaEvent, Target};
+use crate::sink::{CommitPoint, Event, Row, RowForm, SchemaEvent, Target};
 use crate::worker::backfill::Backfiller;
 use pgrx::spi::SpiClient;
 use std::collections::{HashMap, HashSet};
@@ -336,7 +336,8 @@ impl Applier<'_, '_> {
             // Make the stream events before the chunk visible now, rather than after the
             // chunk's rows.
             if let Some((end, _)) = self.last_applied {
-                self.sink.commit_early(self.c, &self.p.name, end)?;
+                self.sink
+                    .commit(self.c, &self.p.name, Some(end), CommitPoint::Early)?;
             }
         }
         if let Some(e) = self.bf.on_signal(self.c, self.sink, t, watermark, kind)? {
@@ -392,7 +393,7 @@ impl Applier<'_, '_> {
                 let Some(old_tuple) = old_key else {
                     return Err(TideError::internal("a key change without the old key"));
                 };
-                let ev = delete_event(&*self.sink, relid, rel, old, old_tuple)?;
+                let ev = delete_event(self.sink, relid, rel, old, old_tuple)?;
                 t.position += 1;
                 self.sink.push(self.c, t, ev)?;
                 emit_row(self.sink, self.c, t, relid, rel, Op::Insert, new_key, new)
@@ -409,7 +410,7 @@ impl Applier<'_, '_> {
         let mut k = String::new();
         json::render_key(&rel.columns, old_key, &mut k).map_err(render_err)?;
         self.bf.on_change(relid, &k, t.xid);
-        let ev = delete_event(&*self.sink, relid, rel, k, old_key)?;
+        let ev = delete_event(self.sink, relid, rel, k, old_key)?;
         t.position += 1;
         self.sink.push(self.c, t, ev)
     }
@@ -454,7 +455,7 @@ impl Applier<'_, '_> {
         json::push_string(&mut row, predicate);
         row.push('}');
         let mut ev = key_event(relid, rel, Op::Truncate, None);
-        ev.row = Some(row);
+        ev.row = Row::Json(row);
         ev.columns = vec!["partition".into(), "where".into()];
         ev.only_where = Some(predicate.to_string());
         t.position += 1;
@@ -575,15 +576,15 @@ fn emit_row(
     key: String,
     new: &Tuple<'_>,
 ) -> TideResult<()> {
-    let (row, values, unchanged) = match sink.row_format() {
-        RowFormat::Json => {
+    let (row, unchanged) = match sink.row_form(relid, None)?.per_row() {
+        RowForm::Text => {
+            let (values, unchanged) = texts::row(&rel.columns, new).map_err(render_err)?;
+            (Row::Text(values), unchanged)
+        }
+        _ => {
             let mut row = String::new();
             let unchanged = json::render_row(&rel.columns, new, &mut row).map_err(render_err)?;
-            (Some(row), None, unchanged)
-        }
-        RowFormat::Text => {
-            let (values, unchanged) = texts::row(&rel.columns, new).map_err(render_err)?;
-            (None, Some(values), unchanged)
+            (Row::Json(row), unchanged)
         }
     };
     let columns = rel
@@ -607,9 +608,6 @@ fn emit_row(
             op,
             key: Some(key),
             row,
-            row_jsonb: None,
-            values,
-            key_values: None,
             unchanged,
             columns,
             backfill: None,
@@ -620,33 +618,20 @@ fn emit_row(
 
 /// An event without a row (delete, truncate).
 fn key_event(relid: u32, rel: &RelDesc, op: Op, key: Option<String>) -> Event {
-    Event {
-        relid,
-        relation: rel.qualified.clone(),
-        op,
-        key,
-        row: None,
-        row_jsonb: None,
-        values: None,
-        key_values: None,
-        unchanged: Vec::new(),
-        columns: Vec::new(),
-        backfill: None,
-        only_where: None,
-    }
+    Event::bare(relid, rel.qualified.clone(), op, key)
 }
 
 /// A delete of the key in `old` (the old key tuple, or the old row).
 fn delete_event(
-    sink: &dyn Target,
+    sink: &mut dyn Target,
     relid: u32,
     rel: &RelDesc,
     key: String,
     old: &Tuple<'_>,
 ) -> TideResult<Event> {
     let mut ev = key_event(relid, rel, Op::Delete, Some(key));
-    if sink.row_format() == RowFormat::Text {
-        ev.key_values = Some(texts::key(&rel.columns, old).map_err(render_err)?);
+    if sink.row_form(relid, None)?.per_row() == RowForm::Text {
+        ev.row = Row::Key(texts::key(&rel.columns, old).map_err(render_err)?);
     }
     Ok(ev)
 }

@@ -389,22 +389,8 @@ fn iterate(
         // logs its progress, at LOG. Quiet them for this transaction only (the worker's own
         // messages are logged after the transaction ends).
         crate::sql::one::<String>("SELECT set_config('log_min_messages', 'fatal', true)", &[])?;
-        // A foreign server, user mapping or role changed (only a remote target's worker
-        // watches): what the target connects with is read and checked again, and the target
-        // is built anew if it differs. A mapping that lost its password stops the pipeline
-        // here, with the reason; the next iteration checks again.
-        if crate::sink::remote::take_options_changed() {
-            if let Some(current) = sink.as_ref().and_then(|s| s.remote_access()) {
-                match crate::sink::table::remote_access_unchanged(&p, &current) {
-                    Ok(true) => {}
-                    Ok(false) => *sink = None,
-                    Err(e) => {
-                        *sink = None;
-                        return Err(e);
-                    }
-                }
-            }
-        }
+        // A remote target checks what it connects with in `begin` (after a foreign server,
+        // user mapping or role changed) and connects anew, or stops with the reason.
         if sink.is_none() {
             *sink = Some(crate::sink::for_pipeline(&p)?);
         }
@@ -428,7 +414,8 @@ fn stream(
     if tables.iter().any(|t| t.partitioned && t.capturing) {
         super::partitions::follow(c, p, now_us(), &mut notes)?;
     }
-    sink.begin(c, &p.name)?;
+    // A remote target keeps its own applied position (written in its own transactions).
+    let target_applied = sink.begin(c, p)?;
     let (signal_relid, marker_relid) = catalog::signal_and_marker_relids()?;
     let sets = TableSets {
         capturing: tables
@@ -460,8 +447,7 @@ fn stream(
             .map_err(|_| TideError::internal(format!("bad applied_lsn {s}")))?,
         None => Lsn(0),
     };
-    // A remote target keeps its own applied position (written in its own transactions).
-    let applied = applied.max(sink.applied()?.unwrap_or(Lsn(0)));
+    let applied = applied.max(target_applied.unwrap_or(Lsn(0)));
     let confirmed = p
         .confirmed_lsn
         .as_deref()
@@ -546,7 +532,12 @@ fn stream(
             "the decoded stream ended inside a transaction",
         ));
     }
-    sink.commit(c, &p.name, last_applied.map(|(end, _)| end))?;
+    sink.commit(
+        c,
+        &p.name,
+        last_applied.map(|(end, _)| end),
+        crate::sink::CommitPoint::End,
+    )?;
     for relid in &removals {
         catalog::tables::forget_removed(c, &p.name, *relid)?;
     }
