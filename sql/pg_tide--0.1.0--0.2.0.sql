@@ -400,3 +400,7 @@ SELECT t.pipeline, t.relation, t.relid::regclass AS source, b.id AS backfill_id,
                       ORDER BY b.id DESC LIMIT 1) b ON true
   LEFT JOIN tide._worker_status() w ON w.pipeline = t.pipeline
  WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = t.pipeline));
+
+-- tide.version() is the loaded library's version: STABLE, not IMMUTABLE (a plan or an index must
+-- not keep the value across a library upgrade).
+ALTER FUNCTION tide.version() STABLE;

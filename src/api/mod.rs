@@ -32,8 +32,9 @@ use server::*;
 /// Longest pipeline name (the slot name `tide_<name>` must fit in 63 bytes).
 const MAX_NAME: usize = 48;
 
-/// pg_tide's version.
-#[pg_extern(immutable, parallel_safe)]
+/// pg_tide's version: the loaded library's, which a library upgrade changes without a change
+/// to the catalog (so STABLE, not IMMUTABLE: no plan or index may keep an old value).
+#[pg_extern(stable, parallel_safe)]
 fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")
 }
