@@ -35,7 +35,11 @@ fn cluster(name: &str) -> Cluster {
 #[track_caller]
 fn ok_as(c: &Cluster, role: &str, sql: &str) {
     if let Err(e) = connect_as(c, role).batch_execute(sql) {
-        panic!("as {role}: {sql}\nfailed: {}\n{}", describe_error(&e), diag(c));
+        panic!(
+            "as {role}: {sql}\nfailed: {}\n{}",
+            describe_error(&e),
+            diag(c)
+        );
     }
 }
 
@@ -43,7 +47,7 @@ fn alice(c: &Cluster) -> Client {
     connect_as(c, "alice")
 }
 
-/// 1. DROP TABLE of a captured table: it leaves the pipeline at the DROP's position (the events
+/// Item 1: DROP TABLE of a captured table: it leaves the pipeline at the DROP's position (the events
 /// of the same transaction before and after it are on either side of its schema event), with a
 /// LOG line; tide.tables no longer lists it; re-created and added again it is one row. A table
 /// dropped while event triggers are off (session_replication_role = replica) is removed with
@@ -144,7 +148,8 @@ fn dropped_table_leaves_its_pipeline() {
         "alice",
         &format!("SELECT tide.remove_table('p', {d_oid}::oid::regclass)"),
     );
-    let err = expect_db_error(alice(&c).batch_execute("SELECT tide.remove_table('p', 'alice.nosuch')"));
+    let err =
+        expect_db_error(alice(&c).batch_execute("SELECT tide.remove_table('p', 'alice.nosuch')"));
     assert_eq!(err.code().code(), "42P01", "{err:?}");
     ok_as(&c, "alice", "INSERT INTO alice.b VALUES (3, 3)");
     wait_for_pipeline(&c, "p", 30, || diag(&c));
@@ -185,7 +190,7 @@ fn assert_lag_grows(c: &Cluster, state: &str) {
     assert!(bytes > 0, "{state}: lag_bytes {bytes}\n{}", diag(c));
 }
 
-/// 2. apply_lag_seconds and lag_bytes while paused with a backlog and while a CHECK constraint at
+/// Item 2: apply_lag_seconds and lag_bytes while paused with a backlog and while a CHECK constraint at
 /// the target blocks the pipeline (state error): not 0, growing; small again once caught up.
 #[test]
 fn lag_is_true_in_every_state() {
@@ -216,7 +221,12 @@ fn lag_is_true_in_every_state() {
         "the pipeline to be paused",
         Duration::from_secs(30),
         Duration::from_millis(100),
-        || Ok(c.try_query_scalar::<String>("SELECT state FROM tide.pipelines WHERE name = 'p'")? == "paused"),
+        || {
+            Ok(
+                c.try_query_scalar::<String>("SELECT state FROM tide.pipelines WHERE name = 'p'")?
+                    == "paused",
+            )
+        },
     );
     ok_as(
         &c,
@@ -238,17 +248,26 @@ fn lag_is_true_in_every_state() {
         "the pipeline to fail on the CHECK constraint",
         Duration::from_secs(30),
         Duration::from_millis(100),
-        || Ok(c.try_query_scalar::<String>("SELECT state FROM tide.pipelines WHERE name = 'p'")? == "error"),
+        || {
+            Ok(
+                c.try_query_scalar::<String>("SELECT state FROM tide.pipelines WHERE name = 'p'")?
+                    == "error",
+            )
+        },
     );
     assert_lag_grows(&c, "error");
 
-    ok_as(&c, "alice", "ALTER TABLE alice.t_copy DROP CONSTRAINT small");
+    ok_as(
+        &c,
+        "alice",
+        "ALTER TABLE alice.t_copy DROP CONSTRAINT small",
+    );
     wait_for_pipeline(&c, "p", 60, || diag(&c));
     let (after, _) = lag(&c);
     assert!(after < 5.0, "caught up again: {after}\n{}", diag(&c));
 }
 
-/// 3. drop_pipeline in a transaction block (explicit, or a multi-statement string) is refused
+/// Item 3: drop_pipeline in a transaction block (explicit, or a multi-statement string) is refused
 /// with 25001 and leaves the pipeline and its slot alone. After its slot was dropped (a paused
 /// pipeline past tide.max_paused_wal_size), the remedy's statements, run one by one as alice,
 /// re-create the pipeline as it was: target, options, tables with their target tables.
@@ -287,7 +306,8 @@ fn drop_pipeline_and_the_recreate_remedy() {
     a.batch_execute("ROLLBACK").unwrap();
     let err = expect_db_error(a.batch_execute("SELECT 1; SELECT tide.drop_pipeline('p')"));
     assert_eq!(err.code().code(), "25001", "{err:?}");
-    let slots: i64 = c.query_scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'tide_p'");
+    let slots: i64 =
+        c.query_scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'tide_p'");
     assert_eq!(slots, 1, "the refused drop_pipeline dropped the slot");
     ok_as(&c, "alice", "INSERT INTO alice.t VALUES (1000, 1000)");
     wait_for_pipeline(&c, "p", 30, || diag(&c));
@@ -316,8 +336,10 @@ fn drop_pipeline_and_the_recreate_remedy() {
         Duration::from_secs(30),
         Duration::from_millis(100),
         || {
-            Ok(c.try_query_scalar::<Option<String>>("SELECT remedy FROM tide.pipelines WHERE name = 'p'")?
-                .is_some_and(|r| r.contains("create_pipeline")))
+            Ok(c.try_query_scalar::<Option<String>>(
+                "SELECT remedy FROM tide.pipelines WHERE name = 'p'",
+            )?
+            .is_some_and(|r| r.contains("create_pipeline")))
         },
     );
     let remedy: String = c.query_scalar("SELECT remedy FROM tide.pipelines WHERE name = 'p'");
@@ -330,8 +352,12 @@ fn drop_pipeline_and_the_recreate_remedy() {
     );
     let mut a = alice(&c);
     for s in &stmts {
-        a.batch_execute(s)
-            .unwrap_or_else(|e| panic!("remedy statement {s}: {}\nremedy: {remedy}", describe_error(&e)));
+        a.batch_execute(s).unwrap_or_else(|e| {
+            panic!(
+                "remedy statement {s}: {}\nremedy: {remedy}",
+                describe_error(&e)
+            )
+        });
     }
     let (target, options): (String, String) = {
         let r = c.query_one("SELECT target, options::text FROM tide.pipeline WHERE name = 'p'");
@@ -345,7 +371,11 @@ fn drop_pipeline_and_the_recreate_remedy() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(tables, ["alice.t -> alice.t_copy alice"], "remedy: {remedy}");
+    assert_eq!(
+        tables,
+        ["alice.t -> alice.t_copy alice"],
+        "remedy: {remedy}"
+    );
     wait_for_backfill(&c, "alice.t", Some("p"), 60, || diag(&c));
     ok_as(&c, "alice", "INSERT INTO alice.t VALUES (1001, 1001)");
     wait_for_pipeline(&c, "p", 30, || diag(&c));
@@ -365,7 +395,7 @@ fn statements_of(remedy: &str) -> Vec<String> {
     while i < b.len() {
         let rest = &remedy[i..];
         if rest.starts_with("SET ROLE ") || rest.starts_with("RESET ROLE") {
-            let end = rest.find(|ch| ch == ';' || ch == '.').unwrap_or(rest.len());
+            let end = rest.find([';', '.']).unwrap_or(rest.len());
             // (a role name is an identifier: no ';' or '.' unless quoted; alice is not)
             out.push(rest[..end].to_string());
             i += end;
@@ -399,7 +429,7 @@ fn statements_of(remedy: &str) -> Vec<String> {
     out
 }
 
-/// 4. A table removed, rows deleted at its source meanwhile, added again into the same target:
+/// Item 4: A table removed, rows deleted at its source meanwhile, added again into the same target:
 /// the backfill writes into a target that holds 2,001 rows the source no longer has. Readiness
 /// is not 'ready' until tide.repair removed them; with truncate_target => true the target is
 /// emptied first and readiness becomes 'ready' with the target equal to the source.
@@ -514,7 +544,10 @@ fn readd_into_a_nonempty_target() {
 /// The OS uid and gid of the postgres user (the cluster's processes).
 fn postgres_ids() -> (u32, u32) {
     let id = |flag: &str| -> u32 {
-        let out = Command::new("id").args([flag, "postgres"]).output().unwrap();
+        let out = Command::new("id")
+            .args([flag, "postgres"])
+            .output()
+            .unwrap();
         String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
     };
     (id("-u"), id("-g"))
@@ -543,7 +576,7 @@ fn process_with_pid(pid: i32) -> Child {
     panic!("could not start a process with pid {pid}");
 }
 
-/// 11. A worker terminated while it waits for WAL (its wake-up bit set) leaves nothing behind:
+/// Item 11: A worker terminated while it waits for WAL (its wake-up bit set) leaves nothing behind:
 /// the next commit does not signal its pid, even once another process (not PostgreSQL) has it.
 /// The launcher is kept from starting the next worker (which would take over the slot) by a lock
 /// on tide.pipeline held in a transaction that is rolled back (it commits nothing, so it wakes
@@ -579,7 +612,10 @@ fn stale_wakeup_signals_no_reused_pid() {
     c.execute(&format!("SELECT pg_terminate_backend({pid})"));
     let t = Instant::now();
     while std::path::Path::new(&format!("/proc/{pid}")).exists() {
-        assert!(t.elapsed() < Duration::from_secs(30), "worker {pid} did not exit");
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "worker {pid} did not exit"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     let mut other = process_with_pid(pid);

@@ -211,7 +211,11 @@ pub(super) fn add_table_impl(
         if matches!(target_kind, TargetKind::Kafka | TargetKind::Outbox) {
             return Err(TideError::invalid(format!(
                 "pipeline \"{pipeline}\" writes to {}, which has no target table to truncate",
-                if target_kind == TargetKind::Kafka { "Kafka topics" } else { "the outbox" }
+                if target_kind == TargetKind::Kafka {
+                    "Kafka topics"
+                } else {
+                    "the outbox"
+                }
             ))
             .hint("truncate_target is for table and postgres pipelines; omit it."));
         }

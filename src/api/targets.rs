@@ -360,7 +360,12 @@ pub fn ensure_target(
                         .hint("Grant the mapped user SELECT on the target table.")
                     })
                 })?;
-            rows.first().and_then(|r| r.first()).cloned().flatten().as_deref() == Some("true")
+            rows.first()
+                .and_then(|r| r.first())
+                .cloned()
+                .flatten()
+                .as_deref()
+                == Some("true")
         }
         // Read as pg_tide: the owner needs no SELECT on its target.
         None => crate::security::as_tide(|| {
