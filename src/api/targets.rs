@@ -97,8 +97,17 @@ const TARGET_SHAPE: &str = "SELECT a.attname::text, format_type(a.atttypid, a.at
         coalesce((SELECT true FROM pg_index i WHERE i.indrelid = a.attrelid AND i.indisprimary AND a.attnum = ANY (i.indkey)), false)::text
    FROM pg_attribute a WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum";
 
-/// Make sure the target table of a captured table exists and fits; returns (schema, name).
-/// `options` are the pipeline's (validated) options.
+/// A target table as `add_table` found it: where it is, and whether it already held rows that
+/// are still there (`truncate` empties them first, as the pipeline's owner).
+pub struct EnsuredTarget {
+    pub schema: String,
+    pub name: String,
+    pub held_rows: bool,
+}
+
+/// Make sure the target table of a captured table exists and fits; returns where it is and
+/// whether it holds rows. `options` are the pipeline's (validated) options.
+#[allow(clippy::too_many_arguments)]
 pub fn ensure_target(
     target: &str,
     options: &serde_json::Value,
@@ -107,7 +116,8 @@ pub fn ensure_target(
     key: &[String],
     target_table: Option<&str>,
     owner: &str,
-) -> TideResult<(String, String)> {
+    truncate: bool,
+) -> TideResult<EnsuredTarget> {
     let (schema, name) = target_name(options, relid, target_table)?;
     let qualified = format!("{}.{}", quote(&schema), quote(&name));
     if target == "table" && crate::sink::options::reserved_schema(&schema) {
@@ -146,7 +156,11 @@ pub fn ensure_target(
     let shape = target_shape(remote.as_ref(), &qualified)?;
     if shape.is_empty() {
         create_target(remote.as_ref(), &schema, &qualified, &cols, key, owner_oid)?;
-        return Ok((schema, name));
+        return Ok(EnsuredTarget {
+            schema,
+            name,
+            held_rows: false,
+        });
     }
     // The table exists. A local one must be an ordinary table the owner may write as pg_tide
     // will.
@@ -165,7 +179,12 @@ pub fn ensure_target(
             "Fix {qualified} (or drop it and pg_tide creates it), or pass another target_table."
         )));
     }
-    Ok((schema, name))
+    let held_rows = holds_rows(remote.as_ref(), &qualified, truncate, owner_oid)?;
+    Ok(EnsuredTarget {
+        schema,
+        name,
+        held_rows,
+    })
 }
 
 /// The target table's (schema, name) for source `relid`: `target_table` (a name, optionally
@@ -378,4 +397,70 @@ fn differences(cols: &[SourceCol], key: &[String], shape: &[Vec<Option<String>>]
         ));
     }
     diffs
+}
+
+/// Whether the existing target table still holds rows: none when `truncate` emptied it (as the
+/// pipeline's owner here, whose TRUNCATE privilege was checked; as the mapped user on a remote).
+fn holds_rows(
+    remote: Option<&RemoteSink>,
+    qualified: &str,
+    truncate: bool,
+    owner_oid: pg_sys::Oid,
+) -> TideResult<bool> {
+    let held_rows = match remote {
+        Some(r) => {
+            let rows = r
+                .query(
+                    &format!("SELECT EXISTS (SELECT 1 FROM {qualified})::text"),
+                    vec![],
+                    CHECK_TIMEOUT,
+                )
+                .map_err(|e| {
+                    refusal_error(&e).unwrap_or_else(|| {
+                        TideError::new(
+                            PgSqlErrorCode::ERRCODE_FDW_ERROR,
+                            format!("cannot read the remote target {qualified}: {}", e.message),
+                        )
+                        .hint("Grant the mapped user SELECT on the target table.")
+                    })
+                })?;
+            rows.first()
+                .and_then(|r| r.first())
+                .cloned()
+                .flatten()
+                .as_deref()
+                == Some("true")
+        }
+        // Read as pg_tide: the owner needs no SELECT on its target.
+        None => crate::security::as_tide(|| {
+            sql::one::<bool>(&format!("SELECT EXISTS (SELECT 1 FROM {qualified})"), &[])
+        })?
+        .unwrap_or(false),
+    };
+    if !(held_rows && truncate) {
+        return Ok(held_rows);
+    }
+    let stmt = format!("TRUNCATE {qualified}");
+    match remote {
+        Some(r) => {
+            r.transaction(
+                vec![crate::sink::remote::RemoteStatement {
+                    sql: stmt,
+                    params: vec![],
+                }],
+                CHECK_TIMEOUT,
+            )
+            .map_err(|e| {
+                refusal_error(&e).unwrap_or_else(|| {
+                    TideError::new(
+                        PgSqlErrorCode::ERRCODE_FDW_ERROR,
+                        format!("cannot truncate the remote target {qualified}: {}", e.message),
+                    )
+                    .hint("Grant the mapped user TRUNCATE on the target table, or empty it yourself.")
+                })
+            })?;
+        }
+        None => crate::security::as_owner(owner_oid, || sql::exec(&stmt, &[]))?,
+    }
+    Ok(false)
 }

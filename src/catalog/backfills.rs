@@ -618,6 +618,16 @@ pub(crate) fn cancel_for_removed_table(pipeline: &str, relid: pg_sys::Oid) -> Ti
     )
 }
 
+/// Record that backfill `id` writes into a target that already held rows (tide.readiness then
+/// waits for a verification that finds no difference). Called by `tide.add_table`; runs as
+/// pg_tide.
+pub(crate) fn mark_target_held_rows(id: i64) -> TideResult<()> {
+    tsql::exec(
+        "UPDATE tide.backfill SET target_held_rows = true WHERE id = $1",
+        &[id.into()],
+    )
+}
+
 /// The latest backfill of a table for a pipeline.
 pub struct Latest {
     pub state: BackfillState,

@@ -86,6 +86,9 @@ pub struct SchemaEvent {
     pub change: tide_core::model::SchemaChange,
     /// The same transaction rewrote the table (its rows are read again after it).
     pub rewrite: bool,
+    /// The table was dropped: its changes end here (`change` is empty; `payload` says
+    /// `"table_dropped": true`). A table target keeps its copy as it is.
+    pub dropped: bool,
 }
 
 /// The surviving rows of a backfill chunk as row values of the source table's row type

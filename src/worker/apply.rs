@@ -257,10 +257,35 @@ impl Applier<'_, '_> {
                 }
             }
             MarkerOp::RemoveTable => {
-                self.sets.capturing.remove(&table);
+                let was_capturing = self.sets.capturing.remove(&table);
                 self.sets.pending.remove(&table);
                 if !t.skip {
                     self.removals.push(table);
+                }
+                // The table was dropped (the marker of the event trigger tide._drop_marker, in
+                // the DROP's transaction): it leaves here, with an event saying so.
+                let dropped = column_text(rel, new, "payload").filter(|p| dropped_table(p));
+                if let (Some(payload), false, true) = (dropped, t.skip, was_capturing) {
+                    let relation = schema_relation(payload)
+                        .or_else(|| self.rels.get(&table).map(|r| r.qualified.clone()))
+                        .unwrap_or_else(|| format!("relation {table}"));
+                    self.out.notes.push(format!(
+                        "captured table {relation} was dropped (transaction {} committed at {}): it left the pipeline at that point of the stream",
+                        t.xid, t.lsn
+                    ));
+                    t.position += 1;
+                    self.sink.schema(
+                        self.c,
+                        t,
+                        SchemaEvent {
+                            relid: table,
+                            relation,
+                            payload: payload.to_string(),
+                            change: SchemaChange::default(),
+                            rewrite: false,
+                            dropped: true,
+                        },
+                    )?;
                 }
             }
             MarkerOp::Schema => {
@@ -314,6 +339,7 @@ impl Applier<'_, '_> {
                         payload: payload.to_string(),
                         change,
                         rewrite,
+                        dropped: false,
                     },
                 )?;
             }
@@ -545,6 +571,14 @@ fn parse_marker(rel: &RelDesc, t: &Tuple<'_>) -> Option<(MarkerOp, String, u32)>
         column_text(rel, t, "pipeline")?.to_string(),
         column_text(rel, t, "relid")?.parse().ok()?,
     ))
+}
+
+/// Whether a remove marker's payload says the table was dropped (`"table_dropped": true`).
+fn dropped_table(payload: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(payload)
+        .ok()
+        .and_then(|v| v.get("table_dropped")?.as_bool())
+        .unwrap_or(false)
 }
 
 /// The relation named in a schema marker's payload (as the stream's events name it).

@@ -107,6 +107,9 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
         if sighup {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
+        // Taken before the flush position is read: whatever committed before it is flushed by
+        // then (synchronous commit), so a drained reader has applied it (caught_up_at).
+        let loop_at = now_us();
         let flush = unsafe { pg_sys::GetFlushRecPtr(std::ptr::null_mut()) };
         let position = dec.as_ref().map(|d| d.position());
         let facts = Facts {
@@ -138,6 +141,7 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
                     // every transaction committed before `p`.
                     shmem::update(slot_idx, |w| {
                         w.caught_up_lsn = w.caught_up_lsn.max(p.0);
+                        w.caught_up_at = w.caught_up_at.max(loop_at);
                         w.last_poll = now_us();
                     });
                 }
@@ -166,6 +170,8 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
             }
             Action::Iterate => {
                 last_iteration = Instant::now();
+                // Before the iteration reads the flush position it drains up to (o.start_flush).
+                let started_at = now_us();
                 let chunk_was_waiting = bf.has_pending();
                 let result = tx::run(|| iterate(&name, &mut bf, &mut sink, &mut dec, &mut rels));
                 // Held only inside an iteration (see worker::origin).
@@ -192,6 +198,7 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
                         after_success(
                             &name,
                             slot_idx,
+                            started_at,
                             &o,
                             &mut dec,
                             &mut rels,
@@ -226,6 +233,7 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
 fn after_success(
     name: &str,
     slot_idx: usize,
+    started_at: i64,
     o: &Outcome,
     dec: &mut Option<Decoder>,
     rels: &mut HashMap<u32, RelDesc>,
@@ -285,6 +293,7 @@ fn after_success(
         }
         if o.drained {
             w.caught_up_lsn = w.caught_up_lsn.max(o.start_flush.0);
+            w.caught_up_at = w.caught_up_at.max(started_at);
         }
         w.last_poll = now_us();
     });
@@ -379,8 +388,9 @@ fn iterate(
             });
         }
         if p.confirmed_lsn.is_none() {
+            let remedy = catalog::slots::recreate_remedy(c, &p)?;
             return Err(TideError::undefined(format!("replication slot \"{}\" of pipeline \"{name}\" does not exist", p.slot_name))
-                .hint(format!("The slot was dropped (by tide.max_paused_wal_size while the pipeline was paused, or by hand). {}", catalog::slots::recreate_remedy(&p))));
+                .hint(format!("The slot was dropped (by tide.max_paused_wal_size while the pipeline was paused, or by hand). {remedy}")));
         }
         catalog::slots::allow_output_plugin()?;
         // Mark this iteration's transaction (its target writes above all) as pg_tide's.

@@ -527,12 +527,13 @@ impl<B: Backend> Target for TableTarget<B> {
 
     /// A schema event: apply the change at this position (renames, drops of dropped columns,
     /// added columns with their existing rows' value, safe widenings) or pause; a key change
-    /// only arrives here for a table being removed, whose changes stop there.
+    /// only arrives here for a table being removed, whose changes stop there; a dropped source
+    /// table leaves its copy as it is.
     fn schema(&mut self, c: &mut SpiClient<'_>, _t: &Txn, ev: SchemaEvent) -> TideResult<()> {
         let Some(t) = self.targets.get(&ev.relid).cloned() else {
             return Ok(());
         };
-        if ev.change.key_changed() {
+        if ev.change.key_changed() || ev.dropped {
             return Ok(());
         }
         let target = self.target_columns(&t)?;
