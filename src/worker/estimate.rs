@@ -9,45 +9,36 @@ use crate::error::TideResult;
 use crate::sql;
 use pgrx::prelude::*;
 
-/// What a chunk read tells about the backfill's total. The worker turns it into
-/// `estimated_rows` at the chunk's high watermark (kept above the rows read until the last chunk).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Estimate {
-    /// The planner's estimate of the table's rows now (`tide._estimate_rows`).
-    pub table_rows: Option<i64>,
-    /// For a whole-table backfill on a single integer key: the share of the key range
-    /// `[min, max]` up to the chunk's last key, in (0, 1].
-    pub key_fraction: Option<f64>,
-}
+/// What a chunk read tells about the backfill's total (the read-ahead protocol carries it). The
+/// worker turns it into `estimated_rows` at the chunk's high watermark (kept above the rows read
+/// until the last chunk).
+pub use tide_core::read_ahead::Estimate;
 
-impl Estimate {
-    /// The estimate after a chunk of `relation` (how the chunk reads it: `ONLY` a table, or a
-    /// partitioned table) whose last key is `last`:
-    /// the key-range share when the key is one integer column and the backfill reads the whole
-    /// table (`whole`), else the planner's estimate.
-    pub fn take(
-        relid: u32,
-        relation: &str,
-        key_columns: &[String],
-        key_types: &[String],
-        whole: bool,
-        last: Option<&String>,
-        owner: pg_sys::Oid,
-    ) -> TideResult<Estimate> {
-        if let Some(f) = key_fraction(relation, key_columns, key_types, whole, last, owner)? {
-            return Ok(Estimate {
-                table_rows: None,
-                key_fraction: Some(f),
-            });
-        }
-        Ok(Estimate {
-            table_rows: sql::one::<i64>(
-                "SELECT tide._estimate_rows($1::int8::oid)",
-                &[(relid as i64).into()],
-            )?,
-            key_fraction: None,
-        })
+/// The estimate after a chunk of `relation` (how the chunk reads it: `ONLY` a table, or a
+/// partitioned table) whose last key is `last`: the key-range share when the key is one integer
+/// column and the backfill reads the whole table (`whole`), else the planner's estimate.
+pub fn take(
+    relid: u32,
+    relation: &str,
+    key_columns: &[String],
+    key_types: &[String],
+    whole: bool,
+    last: Option<&String>,
+    owner: pg_sys::Oid,
+) -> TideResult<Estimate> {
+    if let Some(f) = key_fraction(relation, key_columns, key_types, whole, last, owner)? {
+        return Ok(Estimate {
+            table_rows: None,
+            key_fraction: Some(f),
+        });
     }
+    Ok(Estimate {
+        table_rows: sql::one::<i64>(
+            "SELECT tide._estimate_rows($1::int8::oid)",
+            &[(relid as i64).into()],
+        )?,
+        key_fraction: None,
+    })
 }
 
 /// The share of the table's key range up to `last`, as a progress estimate that does not depend
