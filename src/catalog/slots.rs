@@ -11,9 +11,9 @@
 //! re-created by someone else), or moved while the pipeline was paused (its confirmed position
 //! is past `tide.pipeline.paused_lsn`, kept by [`note_paused`]: consumed, advanced or
 //! re-created by someone else). [`crate::catalog::pipelines::lock_pipeline`] reads which
-//! ([`SlotProblem`]) at every iteration. The changes the slot did not deliver are gone, so the
-//! only way back is to read every table again; `tide.pipeline.resync` ([`Resync`], written by the
-//! worker only) makes that recovery survive a crash at any step:
+//! ([`super::pipelines::SlotProblem`]) at every iteration. The changes the slot did not deliver
+//! are gone, so the only way back is to read every table again; `tide.pipeline.resync`
+//! ([`Resync`], written by the worker only) makes that recovery survive a crash at any step:
 //!
 //! 1. [`mark_lost`] (a transaction of its own): `resync = 'slot lost'`, with when and why. From
 //!    here on every iteration recovers first, whatever the slot looks like (a slot created by a
@@ -40,6 +40,7 @@
 //! touches inside the chunk's window is left to the stream, so a key inserted after the new
 //! slot's start is never deleted, and one deleted in the gap is.
 
+use super::pipelines::Resync;
 use crate::error::{TideError, TideResult};
 use pgrx::prelude::*;
 
@@ -216,69 +217,10 @@ pub(crate) fn bound_paused_wal(
     ))
 }
 
-/// What is wrong with a pipeline's slot, as [`crate::catalog::pipelines::lock_pipeline`] reads it
-/// from `pg_replication_slots` (see the module doc). Set by that query; not persisted (the
-/// reason is, in `tide.pipeline.slot_lost_reason`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SlotProblem {
-    /// No slot of that name on this server.
-    Missing,
-    /// `wal_status = 'lost'` (or no restart position): its WAL is gone.
-    Invalidated,
-    /// A slot of that name that pg_tide did not create: what it is.
-    Foreign(String),
-    /// A slot whose confirmed position moved while the pipeline was paused (from, to): someone
-    /// consumed or advanced it, or re-created it, so what it skipped is lost.
-    Moved(String),
-}
-
-impl SlotProblem {
-    /// From the query's text: `missing`, `invalidated`, `foreign:<what it is>`.
-    pub fn parse(text: &str) -> SlotProblem {
-        match text {
-            "missing" => SlotProblem::Missing,
-            "invalidated" => SlotProblem::Invalidated,
-            other => match other.strip_prefix("moved:") {
-                Some(m) => SlotProblem::Moved(m.to_string()),
-                None => SlotProblem::Foreign(other.trim_start_matches("foreign:").to_string()),
-            },
-        }
-    }
-
-    /// The reason, for `tide.pipeline.slot_lost_reason` and the log.
-    pub fn reason(&self, slot: &str) -> String {
-        match self {
-            SlotProblem::Missing => format!("replication slot \"{slot}\" does not exist (dropped by hand or by tide.max_paused_wal_size, or never on this server: a restore from a base backup, a failover to a standby without it, a major upgrade)"),
-            SlotProblem::Invalidated => format!("replication slot \"{slot}\" was invalidated (wal_status lost: the WAL it needed was removed past max_slot_wal_keep_size)"),
-            SlotProblem::Foreign(what) => format!("replication slot \"{slot}\" is not pg_tide's ({what}): it was re-created by someone else"),
-            SlotProblem::Moved(how) => format!("replication slot \"{slot}\" moved while the pipeline was paused ({how}): someone consumed, advanced or re-created it, and the changes it skipped are lost to the pipeline"),
-        }
-    }
-}
-
-/// `tide.pipeline.resync`: a lost slot being recovered. Set by the worker only: `SlotLost` by
-/// [`mark_lost`], `Resyncing` by [`queue_resync`], cleared by [`finish_resync`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Resync {
-    /// The slot is lost; no new one has been created and queued for since.
-    SlotLost,
-    /// A new slot exists; every table is being read again.
-    Resyncing,
-}
-
-impl Resync {
-    pub fn parse(text: &str) -> Option<Resync> {
-        match text {
-            "slot lost" => Some(Resync::SlotLost),
-            "resyncing" => Some(Resync::Resyncing),
-            _ => None,
-        }
-    }
-}
-
 /// Keep where the slot stands while the pipeline is paused (`paused_lsn`, once per pause), or
 /// forget it once the pipeline runs with its slot intact: a slot found further on at resume is
-/// lost ([`SlotProblem::Moved`]). Called by the worker, in its iteration's transaction.
+/// lost ([`super::pipelines::SlotProblem::Moved`]). Called by the worker, in its iteration's
+/// transaction.
 pub(crate) fn note_paused(
     c: &mut pgrx::spi::SpiClient<'_>,
     p: &crate::catalog::pipelines::PipelineRow,

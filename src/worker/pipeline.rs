@@ -35,7 +35,7 @@
 //! iteration at that transaction, and the decoder is reopened with the new table list (the same
 //! happens whenever the list changes).
 
-use crate::catalog::{self, pipelines::PipelineRow, slots::Resync};
+use crate::catalog::{self, pipelines::PipelineRow, pipelines::Resync};
 use crate::error::{TideError, TideResult};
 use crate::gucs;
 use crate::shmem::{self, WorkerState};
