@@ -114,7 +114,7 @@ struct Database {
 
 /// Whether a database launcher should run in `d`.
 fn wanted(d: &Database, listed: &[String]) -> bool {
-    d.connectable && (listed.is_empty() || listed.iter().any(|n| *n == d.name))
+    d.connectable && (listed.is_empty() || listed.contains(&d.name))
 }
 
 /// Main function of the supervisor (see the module comment).
@@ -370,8 +370,7 @@ pub extern "C-unwind" fn tide_database_launcher_main(arg: pg_sys::Datum) {
     }
 
     let dboid = unsafe { pg_sys::MyDatabaseId };
-    let mut running: HashMap<String, Running> = HashMap::new();
-    let mut backoff: HashMap<String, Backoff> = HashMap::new();
+    let mut workers = Workers::default();
     let mut announced = false;
     let mut warned_version: Option<String> = None;
 
@@ -380,25 +379,7 @@ pub extern "C-unwind" fn tide_database_launcher_main(arg: pg_sys::Datum) {
     let mut wait = Duration::ZERO;
     while BackgroundWorker::wait_latch(Some(wait)) {
         wait = Duration::from_secs(1);
-        if BackgroundWorker::sighup_received() {
-            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
-            if !gucs::database_allowed(&db) {
-                log!("pg_tide launcher: tide.database does not list database \"{db}\" any more; its pipelines stop");
-                stop_workers("tide.database does not list its database");
-                leave(shmem::DbExit::NotListed);
-            }
-        }
-        let wanted = database_wanted();
-        if wanted == Wanted::Closed {
-            log!("pg_tide launcher: database \"{db}\" does not allow connections any more; its pipelines stop (ALTER DATABASE ... ALLOW_CONNECTIONS true starts them again)");
-            stop_workers("its database does not allow connections any more");
-            leave(shmem::DbExit::NotListed);
-        }
-        if wanted == Wanted::ByAnother {
-            log!("pg_tide launcher: another session needs database \"{db}\" to itself (DROP DATABASE, ALTER DATABASE, or CREATE DATABASE from it as a template); its pipelines stop and the launcher leaves, to start again once the database is free");
-            stop_workers("its database is wanted by another session");
-            leave(shmem::DbExit::Yielded);
-        }
+        leave_if_unwanted(&db);
         let pipelines = match tx::run(list_pipelines_and_collect_slots) {
             Ok(p) => p,
             Err(e) => {
@@ -420,7 +401,7 @@ pub extern "C-unwind" fn tide_database_launcher_main(arg: pg_sys::Datum) {
             Listing::OtherVersion(e) => {
                 // Workers of this library must not run against another version's catalog:
                 // stop those that run (they resume from their slot later) and start none.
-                running.clear();
+                workers.running.clear();
                 stop_workers("until the versions match");
                 if warned_version.as_deref() != Some(e.message.as_str()) {
                     log!(
@@ -441,8 +422,29 @@ pub extern "C-unwind" fn tide_database_launcher_main(arg: pg_sys::Datum) {
             log!("pg_tide launcher: the SQL objects in database \"{db}\" are at the library's version {} now; starting the pipelines", crate::catalog::LIBRARY_VERSION);
         }
 
+        workers.reap(&pipelines);
+        workers.start_missing(pipelines, dboid);
+
+        if crate::worker::retention::prune() {
+            wait = Duration::from_millis(50);
+        }
+    }
+    log!("pg_tide launcher exiting");
+}
+
+/// The pipeline workers a database launcher started, and the back-off of those that died young.
+#[derive(Default)]
+struct Workers {
+    running: HashMap<String, Running>,
+    backoff: HashMap<String, Backoff>,
+}
+
+impl Workers {
+    /// Forget workers that have stopped; remember how fast they died. `pipelines`: (name,
+    /// `created_at`) of the database's pipelines now.
+    fn reap(&mut self, pipelines: &[(String, String)]) {
         // Forget workers that have stopped; remember how fast they died.
-        running.retain(|name, r| match r.handle.pid() {
+        self.running.retain(|name, r| match r.handle.pid() {
             Ok(_) => true,
             Err(BackgroundWorkerStatus::NotYetStarted) => true,
             Err(_) => {
@@ -451,7 +453,7 @@ pub extern "C-unwind" fn tide_database_launcher_main(arg: pg_sys::Datum) {
                     .find(|(n, _)| n == name)
                     .map(|(_, c)| c.clone())
                     .unwrap_or_default();
-                let b = backoff.entry(name.clone()).or_insert(Backoff {
+                let b = self.backoff.entry(name.clone()).or_insert(Backoff {
                     created: created.clone(),
                     failures: 0,
                     not_before: Instant::now(),
@@ -469,24 +471,28 @@ pub extern "C-unwind" fn tide_database_launcher_main(arg: pg_sys::Datum) {
                 false
             }
         });
-        backoff.retain(|name, b| pipelines.iter().any(|(n, c)| n == name && *c == b.created));
+        self.backoff
+            .retain(|name, b| pipelines.iter().any(|(n, c)| n == name && *c == b.created));
+    }
 
+    /// Start a worker for every pipeline that has none (and is not backing off).
+    fn start_missing(&mut self, pipelines: Vec<(String, String)>, dboid: pg_sys::Oid) {
         for (name, created) in pipelines {
-            if running.contains_key(&name) {
+            if self.running.contains_key(&name) {
                 continue;
             }
             if shmem::worker_pid(&name).is_some() {
                 // Started by someone else (an earlier launcher incarnation): leave it alone.
                 continue;
             }
-            if let Some(b) = backoff.get(&name) {
+            if let Some(b) = self.backoff.get(&name) {
                 if Instant::now() < b.not_before {
                     continue;
                 }
             }
             match start_worker(&name, dboid) {
                 Ok(handle) => {
-                    running.insert(
+                    self.running.insert(
                         name,
                         Running {
                             handle,
@@ -496,7 +502,7 @@ pub extern "C-unwind" fn tide_database_launcher_main(arg: pg_sys::Datum) {
                 }
                 Err(()) => {
                     log!("pg_tide launcher: could not start the worker of pipeline \"{name}\": no background worker slot free (raise max_worker_processes)");
-                    backoff.insert(
+                    self.backoff.insert(
                         name,
                         Backoff {
                             created,
@@ -507,12 +513,32 @@ pub extern "C-unwind" fn tide_database_launcher_main(arg: pg_sys::Datum) {
                 }
             }
         }
+    }
+}
 
-        if crate::worker::retention::prune() {
-            wait = Duration::from_millis(50);
+/// Leave (stopping this database's workers) when the database is no longer this launcher's:
+/// `tide.database` stops listing it (checked after a reload), it stops allowing connections,
+/// or another session wants it to itself (DROP DATABASE, ALTER DATABASE, a template copy).
+fn leave_if_unwanted(db: &str) {
+    if BackgroundWorker::sighup_received() {
+        unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        if !gucs::database_allowed(db) {
+            log!("pg_tide launcher: tide.database does not list database \"{db}\" any more; its pipelines stop");
+            stop_workers("tide.database does not list its database");
+            leave(shmem::DbExit::NotListed);
         }
     }
-    log!("pg_tide launcher exiting");
+    let wanted = database_wanted();
+    if wanted == Wanted::Closed {
+        log!("pg_tide launcher: database \"{db}\" does not allow connections any more; its pipelines stop (ALTER DATABASE ... ALLOW_CONNECTIONS true starts them again)");
+        stop_workers("its database does not allow connections any more");
+        leave(shmem::DbExit::NotListed);
+    }
+    if wanted == Wanted::ByAnother {
+        log!("pg_tide launcher: another session needs database \"{db}\" to itself (DROP DATABASE, ALTER DATABASE, or CREATE DATABASE from it as a template); its pipelines stop and the launcher leaves, to start again once the database is free");
+        stop_workers("its database is wanted by another session");
+        leave(shmem::DbExit::Yielded);
+    }
 }
 
 fn start_worker(name: &str, dboid: pg_sys::Oid) -> Result<DynamicBackgroundWorker, ()> {
