@@ -230,8 +230,11 @@ pub(super) fn drop_pipeline_as_tide(name: &str, slot: &str) -> TideResult<()> {
     }
     let mut attempts = 0;
     loop {
+        // This database's slot only: slot names are the server's, and a database copied from
+        // another (CREATE DATABASE ... TEMPLATE) holds the other's pipeline rows, whose slots
+        // are the other database's.
         let state = sql::one::<bool>(
-            "SELECT active FROM pg_replication_slots WHERE slot_name = $1::name",
+            "SELECT active FROM pg_replication_slots WHERE slot_name = $1::name AND database = current_database()",
             &[slot.clone().into()],
         )?;
         match state {
