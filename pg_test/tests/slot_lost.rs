@@ -235,8 +235,9 @@ fn dropped_slot_resyncs() {
 }
 
 /// A slot of the pipeline's name that is not pg_tide's (a physical slot someone created after
-/// dropping it), then a pg_tide slot that someone consumed while the pipeline was paused: each
-/// is lost, and the pipeline resyncs.
+/// dropping it): lost, and left alone, with the remedy; once the DBA drops it the pipeline
+/// resyncs. Then a pg_tide slot that someone consumed while the pipeline was paused: lost, and
+/// resynced.
 #[test]
 fn foreign_or_moved_slot_resyncs() {
     let c = cluster("slot_foreign", &[]);
@@ -246,13 +247,28 @@ fn foreign_or_moved_slot_resyncs() {
     c.execute("SELECT pg_drop_replication_slot('tide_p')");
     c.execute("SELECT pg_create_physical_replication_slot('tide_p', true)");
     as_alice(&c, "SELECT tide.resume_pipeline('p')");
-    wait_resynced(&c, 120);
-    let reason: String =
-        c.query_scalar("SELECT slot_lost_reason FROM tide.pipelines WHERE name = 'p'");
-    assert!(
-        reason.contains("is not pg_tide's (a physical slot"),
-        "{reason}"
+    c.wait_until(
+        "the pipeline to report a slot it will not replace",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT coalesce((SELECT state = 'slot lost'
+                                         AND slot_lost_reason LIKE '%is not pg_tide''s (a physical slot%'
+                                         AND last_error LIKE '%that pg_tide did not make exists%'
+                                         AND remedy LIKE '%pg_drop_replication_slot(''tide_p'')%'
+                                    FROM tide.pipelines WHERE name = 'p'), false)",
+            )?)
+        },
     );
+    assert_eq!(
+        c.query_scalar::<String>(
+            "SELECT slot_type FROM pg_replication_slots WHERE slot_name = 'tide_p'"
+        ),
+        "physical"
+    );
+    c.execute("SELECT pg_drop_replication_slot('tide_p')");
+    wait_resynced(&c, 120);
     // Paused (the worker has seen it: paused_lsn is kept), then its slot consumed by hand.
     as_alice(&c, "SELECT tide.pause_pipeline('p')");
     c.wait_until(

@@ -21,7 +21,10 @@
 //! 2. With `tide.on_slot_lost = 'error'` the worker stops here, with the error and its remedy.
 //! 3. [`create_new_slot`] (a transaction of its own, which has written nothing: PostgreSQL creates
 //!    a logical slot only so, and waits for every transaction that is writing to end): drop
-//!    what is left of the slot (then once more, in a new transaction), create it again.
+//!    what is left of the slot (then once more, in a new transaction), create it again. Only a
+//!    logical pg_tide slot of this database is dropped; any other slot of that name (physical,
+//!    another plugin, another database: a copy made with `CREATE DATABASE ... TEMPLATE` names
+//!    the original's slots) is left to the DBA, with an error and its remedy.
 //! 4. [`queue_resync`] (one transaction, only while still `'slot lost'`): every table of the
 //!    pipeline is captured from the new slot's start; active backfills are cancelled and each
 //!    table gets a whole-table backfill with `resync = true` (`required_lsn` the new slot's
@@ -166,7 +169,8 @@ pub(crate) fn bound_paused_wal(
         c,
         "SELECT pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.restart_lsn)::int8
            FROM pg_catalog.pg_replication_slots s
-          WHERE s.slot_name = $1::name AND NOT s.active AND s.restart_lsn IS NOT NULL",
+          WHERE s.slot_name = $1::name AND NOT s.active AND s.restart_lsn IS NOT NULL
+            AND s.database = current_database()",
         Some(1),
         &[p.slot_name.clone().into()],
     )?)?;
@@ -303,7 +307,9 @@ pub(crate) enum NewSlot {
     Created(String),
 }
 
-/// Drop what is left of the pipeline's slot, or (when there is none) create it again. Creating
+/// Drop what is left of the pipeline's slot (only a logical pg_tide slot of this database: any
+/// other slot of that name is someone else's, and an error says so), or (when there is none)
+/// create it again. Creating
 /// waits for every transaction that is writing to end (PostgreSQL's rule for a logical slot).
 /// Called by the worker, in a transaction of its own that has written nothing, while
 /// `resync = 'slot lost'`; the pipeline's lock (shared) keeps `drop_pipeline` out meanwhile.
@@ -322,30 +328,46 @@ pub(crate) fn create_new_slot(pipeline: &str) -> TideResult<NewSlot> {
             crate::locks::Lock::Slot(&p.slot_name),
             crate::locks::Mode::Exclusive,
         )?;
-        let active = crate::sql::first::<i32>(crate::sql::select(
+        // Only a slot pg_tide could have made is dropped: a logical pg_tide slot of this
+        // database. A slot of that name in another database (a database copied with CREATE
+        // DATABASE ... TEMPLATE names the original's slots), a physical slot or another
+        // plugin's is someone else's: the DBA decides.
+        let found = crate::sql::select(
             c,
-            "SELECT coalesce(active_pid, 0) FROM pg_catalog.pg_replication_slots WHERE slot_name = $1::name",
+            "SELECT coalesce(active_pid, 0),
+                    slot_type = 'logical' AND plugin = 'pg_tide' AND NOT temporary
+                      AND database IS NOT DISTINCT FROM current_database(),
+                    pg_catalog.format('a %s slot with plugin %s in database %s', slot_type,
+                                      coalesce(plugin::text, 'none'), coalesce(database::text, 'none'))
+               FROM pg_catalog.pg_replication_slots WHERE slot_name = $1::name",
             Some(1),
             &[p.slot_name.clone().into()],
-        )?)?;
-        match active {
-            Some(0) => {
-                crate::sql::update(
-                    c,
-                    "SELECT pg_catalog.pg_drop_replication_slot($1::name)",
-                    None,
-                    &[p.slot_name.clone().into()],
-                )?;
-                return Ok(NewSlot::Dropped);
+        )?;
+        if let Some(r) = found.into_iter().next() {
+            let pid = r.get::<i32>(1)?.unwrap_or(0);
+            let ours = r.get::<bool>(2)?.unwrap_or(false);
+            let what = r.get::<String>(3)?.unwrap_or_default();
+            if !ours {
+                return Err(TideError::new(
+                    pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_DUPLICATE_OBJECT,
+                    format!("pipeline \"{pipeline}\" lost its slot, and a replication slot \"{}\" that pg_tide did not make exists ({what}): it is not replaced", p.slot_name),
+                )
+                .hint(format!("If nothing needs that slot, drop it (SELECT pg_drop_replication_slot('{}')); the worker then creates its own and reads every table again. Otherwise drop and re-create the pipeline under another name.", p.slot_name.replace('\'', "''"))));
             }
-            Some(pid) => {
+            if pid != 0 {
                 return Err(TideError::new(
                     pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_OBJECT_IN_USE,
                     format!("replication slot \"{}\" of pipeline \"{pipeline}\" is lost and in use by process {pid}: it cannot be replaced", p.slot_name),
                 )
                 .hint(format!("Stop whatever reads the slot (SELECT pg_terminate_backend({pid})); the worker then creates a new slot and reads every table again.")));
             }
-            None => {}
+            crate::sql::update(
+                c,
+                "SELECT pg_catalog.pg_drop_replication_slot($1::name)",
+                None,
+                &[p.slot_name.clone().into()],
+            )?;
+            return Ok(NewSlot::Dropped);
         }
         // A read-only statement, as `tide.create_pipeline` runs it: run through a read-write
         // one, PostgreSQL refuses ("cannot create logical replication slot in transaction that
