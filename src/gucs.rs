@@ -58,6 +58,7 @@ pub static ON_SLOT_LOST: GucSetting<OnSlotLost> = GucSetting::<OnSlotLost>::new(
 pub static SLOT_WARNING_MB: GucSetting<i32> = GucSetting::<i32>::new(1024);
 
 pub fn init() {
+    init_slot_settings();
     GucRegistry::define_bool_guc(
         c"tide.read_ahead",
         c"Whether a backfilling pipeline worker has a helper process read its next chunk.",
@@ -154,6 +155,20 @@ pub fn init() {
         GucContext::Sighup,
         GucFlags::UNIT_MB,
     );
+    GucRegistry::define_int_guc(
+        c"tide.max_retry_delay",
+        c"Longest back-off, in seconds, after a failed pipeline iteration.",
+        c"A failed iteration is retried after a delay that doubles with each failure in a row, up to this many seconds; a success resets it.",
+        &MAX_RETRY_DELAY_S,
+        1,
+        3600,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
+}
+
+/// The settings about lost slots (README, Concepts > Lost slots).
+fn init_slot_settings() {
     GucRegistry::define_enum_guc(
         c"tide.on_slot_lost",
         c"What a pipeline does when its replication slot is lost: resync or error.",
@@ -171,16 +186,6 @@ pub fn init() {
         i32::MAX,
         GucContext::Sighup,
         GucFlags::UNIT_MB,
-    );
-    GucRegistry::define_int_guc(
-        c"tide.max_retry_delay",
-        c"Longest back-off, in seconds, after a failed pipeline iteration.",
-        c"A failed iteration is retried after a delay that doubles with each failure in a row, up to this many seconds; a success resets it.",
-        &MAX_RETRY_DELAY_S,
-        1,
-        3600,
-        GucContext::Sighup,
-        GucFlags::UNIT_S,
     );
 }
 

@@ -191,18 +191,7 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
                         bf.forget();
                         sink = None;
                         crate::sql::forget_plans();
-                        match recover(&name, lost) {
-                            Ok(notes) => {
-                                for note in notes {
-                                    log!("pg_tide worker \"{name}\": {note}");
-                                }
-                                Iteration::Done { drained: false }
-                            }
-                            Err(e) => {
-                                after_failure(&name, slot_idx, &e, failures + 1, settings);
-                                Iteration::Failed
-                            }
-                        }
+                        after_slot_lost(&name, lost, slot_idx, failures + 1, settings)
                     }
                     Ok(o) if o.paused => {
                         // A paused pipeline does not hold its slot.
@@ -249,6 +238,29 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
     }
     close_decoder(&name, &mut dec, &mut rels);
     shmem::release(slot_idx, pid);
+}
+
+/// After an iteration found the slot lost: recover ([`recover`]), and log what it did or record
+/// why it could not (the `failures`-th failure in a row).
+fn after_slot_lost(
+    name: &str,
+    lost: catalog::slots::SlotLost,
+    slot_idx: usize,
+    failures: u32,
+    settings: Settings,
+) -> Iteration {
+    match recover(name, lost) {
+        Ok(notes) => {
+            for note in notes {
+                log!("pg_tide worker \"{name}\": {note}");
+            }
+            Iteration::Done { drained: false }
+        }
+        Err(e) => {
+            after_failure(name, slot_idx, &e, failures, settings);
+            Iteration::Failed
+        }
+    }
 }
 
 /// Recover a lost slot (see `catalog::slots`, steps 1 to 4), each step in a transaction of its
