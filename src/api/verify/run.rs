@@ -191,7 +191,6 @@ pub(super) fn diff(src: &[(String, Vec<String>, String)], tgt: &Side) -> Diff {
 }
 
 pub(super) fn run_verify(ctx: &Ctx, ranges: Option<i32>) -> TideResult<Summary> {
-    let throttle = catalog::backfills::throttle(&ctx.pipeline, ctx.relid)?;
     let range_rows = match ranges {
         Some(n) if n <= 0 => {
             return Err(
@@ -275,14 +274,6 @@ pub(super) fn run_verify(ctx: &Ctx, ranges: Option<i32>) -> TideResult<Summary> 
             break;
         }
         from = to;
-        // Honour the table's backfill throttle (rows per second), if one is set.
-        if let Some(rps) = throttle.filter(|&r| r > 0) {
-            let ms = (src.len() as u64).saturating_mul(1000) / rps as u64;
-            let until = Instant::now() + Duration::from_millis(ms);
-            while Instant::now() < until {
-                sleep_ms(20);
-            }
-        }
     }
     let mut totals = Counts {
         source_rows: summary.rows,
