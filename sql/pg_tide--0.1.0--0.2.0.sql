@@ -400,3 +400,29 @@ SELECT t.pipeline, t.relation, t.relid::regclass AS source, b.id AS backfill_id,
                       ORDER BY b.id DESC LIMIT 1) b ON true
   LEFT JOIN tide._worker_status() w ON w.pipeline = t.pipeline
  WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = t.pipeline));
+
+-- Bounds on a backfill's chunk size and throttle (README "SQL API"): both take bigint, so that a
+-- value beyond integer is refused with 22003 by the function rather than resolving no function
+-- (42883), and out-of-bounds values with 22023.
+DROP FUNCTION tide.start_backfill(regclass, text, integer, text);
+CREATE FUNCTION tide."start_backfill"(
+	"source" regclass,
+	"pipeline" TEXT DEFAULT NULL,
+	"chunk_size" bigint DEFAULT NULL,
+	"condition" TEXT DEFAULT NULL
+) RETURNS bigint
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'start_backfill_wrapper';
+DROP FUNCTION tide.alter_backfill(regclass, text, integer, integer);
+CREATE FUNCTION tide."alter_backfill"(
+	"source" regclass,
+	"pipeline" TEXT DEFAULT NULL,
+	"chunk_size" bigint DEFAULT NULL,
+	"rows_per_second" bigint DEFAULT NULL
+) RETURNS void
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'alter_backfill_wrapper';
+REVOKE ALL ON FUNCTION tide.start_backfill(regclass, text, bigint, text),
+    tide.alter_backfill(regclass, text, bigint, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide.start_backfill(regclass, text, bigint, text),
+    tide.alter_backfill(regclass, text, bigint, bigint) TO tide_admin;

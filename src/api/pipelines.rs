@@ -281,9 +281,17 @@ pub(super) fn resume_pipeline(name: Option<&str>) {
         .or_raise()
 }
 
+/// Pause or resume; pausing a paused pipeline (or resuming a running one) changes nothing and
+/// says so with a NOTICE, as for backfills.
 pub(super) fn set_enabled(name: &str, enabled: bool) -> TideResult<()> {
     require_pipeline(name)?;
-    catalog::pipelines::set_enabled(name, enabled)?;
+    if !catalog::pipelines::set_enabled(name, enabled)? {
+        if enabled {
+            pgrx::notice!("pipeline \"{name}\" is not paused: nothing to resume");
+        } else {
+            pgrx::notice!("pipeline \"{name}\" is already paused: nothing to pause");
+        }
+    }
     wake_on_commit(shmem::worker_pid(name));
     Ok(())
 }

@@ -66,6 +66,17 @@ SELECT tide.remove_table('p', 'public.nokey');
 -- Backfills.
 SELECT tide.start_backfill('public.nokey', 'p');
 SELECT tide.start_backfill('public.orders', 'p', chunk_size => 0);
+SELECT tide.start_backfill('public.orders', 'p', chunk_size => 1000001);
+SELECT tide.start_backfill('public.orders', 'p', chunk_size => 3000000000);
+SELECT tide.start_backfill('public.orders', 'p', condition => '');
+SELECT tide.start_backfill('public.orders', 'p', condition => '   ');
+SELECT tide.pause_backfill('public.orders', 'p');
+
+-- Controls: pausing what is paused, or resuming what is not, is a no-op with a NOTICE.
+SELECT tide.pause_pipeline('p');
+SELECT tide.pause_pipeline('p');
+SELECT tide.resume_pipeline('p');
+SELECT tide.resume_pipeline('p');
 SELECT tide.start_backfill('public.orders', 'nosuch');
 
 -- Verification and repair need a table target.
