@@ -426,3 +426,31 @@ REVOKE ALL ON FUNCTION tide.start_backfill(regclass, text, bigint, text),
     tide.alter_backfill(regclass, text, bigint, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tide.start_backfill(regclass, text, bigint, text),
     tide.alter_backfill(regclass, text, bigint, bigint) TO tide_admin;
+
+-- tide.skip_transaction (README "SQL API"): a source transaction a pipeline is told to skip, by
+-- commit LSN, with who asked and when the worker skipped it.
+CREATE TABLE tide.skipped_transaction (
+    pipeline      text NOT NULL REFERENCES tide.pipeline(name) ON DELETE CASCADE,
+    lsn           pg_lsn NOT NULL,
+    requested_by  name NOT NULL,
+    requested_at  timestamptz NOT NULL DEFAULT now(),
+    skipped_at    timestamptz,
+    xid           bigint,
+    PRIMARY KEY (pipeline, lsn)
+);
+COMMENT ON TABLE tide.skipped_transaction IS 'Source transactions a pipeline skips (tide.skip_transaction): commit LSN, who asked, when, when the worker skipped it. Read tide.skipped_transactions.';
+CREATE VIEW tide.skipped_transactions WITH (security_barrier) AS
+SELECT s.pipeline, s.lsn, s.xid, s.requested_by, s.requested_at, s.skipped_at
+  FROM tide.skipped_transaction s
+ WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = s.pipeline));
+COMMENT ON VIEW tide.skipped_transactions IS 'Source transactions skipped (or to be skipped) by tide.skip_transaction: commit LSN, xid, who asked and when, when the worker skipped it.';
+REVOKE ALL ON TABLE tide.skipped_transaction, tide.skipped_transactions FROM PUBLIC;
+GRANT SELECT ON tide.skipped_transactions TO tide_admin;
+CREATE FUNCTION tide."skip_transaction"(
+	"pipeline" TEXT,
+	"lsn" pg_lsn
+) RETURNS void
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'skip_transaction_wrapper';
+REVOKE ALL ON FUNCTION tide.skip_transaction(text, pg_lsn) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide.skip_transaction(text, pg_lsn) TO tide_admin;

@@ -230,6 +230,20 @@ CREATE TABLE tide.outbox_prune (
     last_at       timestamptz NOT NULL
 );
 COMMENT ON TABLE tide.outbox_prune IS 'Outbox events deleted by the retention, per pipeline (events, delete transactions, the last one). Written only by the pg_tide launcher; read tide.outbox_retention.';
+
+-- Source transactions a pipeline is told to skip (tide.skip_transaction), by commit LSN, with
+-- who asked and when; the worker sets skipped_at (and the xid) in the iteration that passes the
+-- transaction without applying it. Kept afterwards: the history of what never reached the target.
+CREATE TABLE tide.skipped_transaction (
+    pipeline      text NOT NULL REFERENCES tide.pipeline(name) ON DELETE CASCADE,
+    lsn           pg_lsn NOT NULL,
+    requested_by  name NOT NULL,
+    requested_at  timestamptz NOT NULL DEFAULT now(),
+    skipped_at    timestamptz,
+    xid           bigint,
+    PRIMARY KEY (pipeline, lsn)
+);
+COMMENT ON TABLE tide.skipped_transaction IS 'Source transactions a pipeline skips (tide.skip_transaction): commit LSN, who asked, when, when the worker skipped it. Read tide.skipped_transactions.';
 "#,
     name = "catalog",
     bootstrap
@@ -430,6 +444,12 @@ SELECT c.pipeline, c.name AS consumer, c.owner, c.committed_id, c.committed_lsn,
  WHERE tide._visible(p.owner);
 COMMENT ON VIEW tide.consumers IS 'Outbox consumers: committed position (id and (commit_lsn, position)), events and WAL bytes behind the pipeline.';
 
+CREATE VIEW tide.skipped_transactions WITH (security_barrier) AS
+SELECT s.pipeline, s.lsn, s.xid, s.requested_by, s.requested_at, s.skipped_at
+  FROM tide.skipped_transaction s
+ WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = s.pipeline));
+COMMENT ON VIEW tide.skipped_transactions IS 'Source transactions skipped (or to be skipped) by tide.skip_transaction: commit LSN, xid, who asked and when, when the worker skipped it.';
+
 CREATE VIEW tide.outbox_retention WITH (security_barrier) AS
 SELECT p.name AS pipeline,
        (SELECT count(*) FROM tide.consumer c WHERE c.pipeline = p.name)          AS consumers,
@@ -586,7 +606,7 @@ $$;
 COMMENT ON ROLE tide_admin IS 'pg_tide: members may create and run pg_tide pipelines (see the pg_tide README, Security).';
 GRANT USAGE ON SCHEMA tide TO tide_admin;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA tide TO tide_admin;
-GRANT SELECT ON tide.pipelines, tide.tables, tide.backfills, tide.chunks, tide.verifications, tide.readiness, tide.consumers, tide.outbox_retention TO tide_admin;
+GRANT SELECT ON tide.pipelines, tide.tables, tide.backfills, tide.chunks, tide.verifications, tide.readiness, tide.consumers, tide.outbox_retention, tide.skipped_transactions TO tide_admin;
 GRANT SELECT ON tide.outbox TO tide_admin;
 -- Used by the outbox's row security for any reader; it only lists the caller's own pipelines.
 GRANT EXECUTE ON FUNCTION tide._owned_pipelines() TO PUBLIC;

@@ -502,3 +502,147 @@ fn estimate_holds_on_sparse_and_skewed_keys() {
         );
     }
 }
+
+/// Item 9: `tide.skip_transaction`. A source transaction that fails at the target stops the
+/// pipeline with an error whose hint names its commit LSN (the transactions before it in the
+/// same batch are applied); skipping that LSN lets the rest through, recorded with who asked.
+#[test]
+fn skip_transaction_skips_the_failing_one() {
+    let c = cluster("ops_skip");
+    let (mut alice, notices) = connect_noticed(&c, "alice");
+    ok(
+        &mut alice,
+        &c,
+        "CREATE TABLE alice.s (id int PRIMARY KEY, v int);",
+    );
+    ok(
+        &mut alice,
+        &c,
+        r#"SELECT tide.create_pipeline('k', 'table', '{"schema": "copy"}')"#,
+    );
+    ok(
+        &mut alice,
+        &c,
+        "SELECT tide.add_table('k', 'alice.s', backfill => false)",
+    );
+    wait_for_pipeline(&c, "k", 30, || diag(&c));
+    // The target refuses what the source accepts: a transaction that cannot be applied.
+    ok(
+        &mut alice,
+        &c,
+        "ALTER TABLE copy.s ADD CONSTRAINT small CHECK (v < 100)",
+    );
+    // Three transactions in one batch: good, bad, good.
+    ok(&mut alice, &c, "SELECT tide.pause_pipeline('k')");
+    let lsn_after = |cl: &mut Client, sql: &str| -> String {
+        ok(cl, &c, sql);
+        scalar(cl, &c, "SELECT pg_current_wal_lsn()::text")
+    };
+    let after1 = lsn_after(&mut alice, "INSERT INTO alice.s VALUES (1, 1)");
+    let after2 = lsn_after(&mut alice, "INSERT INTO alice.s VALUES (2, 500)");
+    lsn_after(&mut alice, "INSERT INTO alice.s VALUES (3, 3)");
+    ok(&mut alice, &c, "SELECT tide.resume_pipeline('k')");
+    let mut named = String::new();
+    c.wait_until(
+        "the pipeline's error to name the failing transaction",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || {
+            let r = c.try_query_one(
+                "SELECT coalesce(last_error_sqlstate, ''), coalesce(remedy, '') FROM tide.pipelines WHERE name = 'k'",
+            )?;
+            let (code, remedy): (String, String) = (r.get(0), r.get(1));
+            let needle = "SELECT tide.skip_transaction('k', '";
+            if let Some(i) = remedy.find(needle) {
+                assert_eq!(code, "23514", "the error is the target's CHECK violation: {remedy}");
+                let rest = &remedy[i + needle.len()..];
+                named = rest[..rest.find('\'').unwrap_or(0)].to_string();
+                return Ok(true);
+            }
+            Ok(false)
+        },
+    );
+    // The named LSN is the second transaction's commit.
+    let within: bool = scalar(
+        &mut alice,
+        &c,
+        &format!("SELECT '{named}'::pg_lsn >= '{after1}'::pg_lsn AND '{named}'::pg_lsn < '{after2}'::pg_lsn"),
+    );
+    assert!(
+        within,
+        "the named LSN {named} is not the failing transaction's commit (between {after1} and {after2})"
+    );
+    // The transaction before it reached the target; it and the one after did not.
+    let ids = |cl: &mut Client| -> String {
+        scalar(
+            cl,
+            &c,
+            "SELECT coalesce(string_agg(id::text, ',' ORDER BY id), '') FROM copy.s",
+        )
+    };
+    assert_eq!(
+        ids(&mut alice),
+        "1",
+        "what reached the target before the skip"
+    );
+
+    // Bad input.
+    for (sql, code) in [
+        ("SELECT tide.skip_transaction('k', NULL)", "22004"),
+        ("SELECT tide.skip_transaction('k', '0/0')", "22023"),
+        ("SELECT tide.skip_transaction('k', '0/1')", "22023"),
+        ("SELECT tide.skip_transaction('k', 'nonsense')", "22P02"),
+        ("SELECT tide.skip_transaction('nosuch', '0/1')", "42704"),
+    ] {
+        expect_fail_with(sql, alice.batch_execute(sql), code, None);
+    }
+
+    ok(
+        &mut alice,
+        &c,
+        &format!("SELECT tide.skip_transaction('k', '{named}')"),
+    );
+    notices.lock().expect("notices").clear();
+    ok(
+        &mut alice,
+        &c,
+        &format!("SELECT tide.skip_transaction('k', '{named}')"),
+    );
+    assert!(
+        notices
+            .lock()
+            .expect("notices")
+            .iter()
+            .any(|n| n.contains("already skips")),
+        "a second skip of the same LSN says so"
+    );
+    wait_for_pipeline(&c, "k", 60, || diag(&c));
+    assert_eq!(
+        ids(&mut alice),
+        "1,3",
+        "the skipped transaction reached the target, or the next did not"
+    );
+    let r = alice
+        .query_one(
+            "SELECT lsn::text, requested_by::text, skipped_at IS NOT NULL, xid IS NOT NULL
+               FROM tide.skipped_transactions WHERE pipeline = 'k'",
+            &[],
+        )
+        .expect("tide.skipped_transactions");
+    let (lsn, by, skipped, xid): (String, String, bool, bool) =
+        (r.get(0), r.get(1), r.get(2), r.get(3));
+    assert_eq!(
+        (lsn.as_str(), by.as_str(), skipped, xid),
+        (named.as_str(), "alice", true, true)
+    );
+    let err: Option<String> = scalar(
+        &mut alice,
+        &c,
+        "SELECT last_error FROM tide.pipelines WHERE name = 'k'",
+    );
+    assert_eq!(err, None, "the error stays after the skip");
+    // Later changes flow as usual.
+    ok(&mut alice, &c, "INSERT INTO alice.s VALUES (4, 4)");
+    wait_for_pipeline(&c, "k", 30, || diag(&c));
+    assert_eq!(ids(&mut alice), "1,3,4");
+}

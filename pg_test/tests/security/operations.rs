@@ -1,5 +1,6 @@
 //! The operations controls of issue 32 (bounded `chunk_size` / `rows_per_second` taking bigint,
-//! repeated pause/resume as a NOTICE, an empty condition refused) on someone else's pipeline:
+//! repeated pause/resume as a NOTICE, an empty condition refused, `tide.skip_transaction`) on
+//! someone else's pipeline:
 //! a `tide_admin` member who does not own it and a role with no pg_tide rights get 42501 for
 //! every call, before any argument is looked at (a bound or a NOTICE would tell them the
 //! pipeline's state), and nothing changes.
@@ -30,6 +31,8 @@ fn operations_controls_of_anothers_pipeline() {
         "SELECT tide.start_backfill('alice.t', 'p', chunk_size => 3000000000)",
         "SELECT tide.start_backfill('alice.t', 'p', condition => '')",
         "SELECT tide.alter_backfill('alice.t', chunk_size => 3000000000)",
+        "SELECT tide.skip_transaction('p', '0/1')",
+        "SELECT tide.skip_transaction('p', pg_current_wal_lsn())",
     ];
     for role in ["mallory", "nobody"] {
         for sql in calls {
@@ -54,5 +57,10 @@ fn operations_controls_of_anothers_pipeline() {
     assert_eq!(
         backfills, "paused 10  ",
         "another role changed alice's backfills"
+    );
+    assert_eq!(
+        c.query_scalar::<i64>("SELECT count(*) FROM tide.skipped_transaction"),
+        0,
+        "another role made alice's pipeline skip a transaction"
     );
 }
