@@ -5,7 +5,8 @@
 #   scripts/test.sh core|pgrx|e2e|package   only the named stage(s)
 #
 # Stages (each runs even if an earlier one failed):
-#   core  cargo test -p tide-core                        (server-independent logic)
+#   core  cargo test -p tide-core                        (server-independent logic), and
+#         scripts/import-cycles.py: no import cycle among the modules of src/
 #   pgrx  cargo pgrx test pg15 --runas postgres ...      (#[pg_test]s in a pgrx-managed server,
 #         and the remote sink's tests against a scratch cluster: TIDE_REMOTE_TEST_CONNINFO)
 #   e2e   scripts/install.sh, then cargo test -p pg_test -- --test-threads=1
@@ -134,6 +135,15 @@ stage_setup() {
 stage_core() {
     echo "+ cargo test -p tide-core --no-fail-fast"
     cargo test -p tide-core --no-fail-fast
+    # No import cycle among the modules of src/ (and the check finds one where there is one).
+    local p=0 f=0 check
+    for check in --self-test ""; do
+        echo "+ scripts/import-cycles.py $check"
+        # shellcheck disable=SC2086
+        if python3 "$TIDE_REPO/scripts/import-cycles.py" $check; then p=$((p + 1)); else f=$((f + 1)); fi
+    done
+    echo "test result: $( ((f == 0)) && echo ok || echo FAILED). $p passed; $f failed; (scripts/import-cycles.py)"
+    ((f == 0))
 }
 
 # A pgrx test server that died with its runner leaves PGRX_PGDATA/15-PID behind.

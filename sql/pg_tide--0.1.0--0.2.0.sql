@@ -401,6 +401,173 @@ SELECT t.pipeline, t.relation, t.relid::regclass AS source, b.id AS backfill_id,
   LEFT JOIN tide._worker_status() w ON w.pipeline = t.pipeline
  WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = t.pipeline));
 
+-- Production operations (issue 32).
+-- Lag that is true in every state: the worker reports when it last found nothing left to apply
+-- (tide._worker_status().caught_up_at), and tide.pipelines' apply_lag_seconds no longer reads 0
+-- while paused, failing or stopped (README "Alerting on lag"). The function's columns change:
+-- the two views that read it are defined again.
+DROP VIEW tide.pipelines;
+DROP VIEW tide.readiness;
+DROP FUNCTION tide._worker_status();
+CREATE FUNCTION tide."_worker_status"() RETURNS TABLE (
+	"pipeline" TEXT,
+	"pid" INT,
+	"state" TEXT,
+	"started_at" timestamp with time zone,
+	"events" bigint,
+	"txns" bigint,
+	"drained" bool,
+	"last_poll" timestamp with time zone,
+	"caught_up_lsn" TEXT,
+	"caught_up_at" timestamp with time zone
+)
+STRICT
+LANGUAGE c
+AS 'MODULE_PATHNAME', '_worker_status_wrapper';
+REVOKE ALL ON FUNCTION tide._worker_status() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide._worker_status() TO tide_admin;
+-- A backfill into a target that already held rows says so: tide.readiness waits for a
+-- verification or repair after it; tide.add_table(..., truncate_target => true) empties the
+-- target first.
+ALTER TABLE tide.backfill ADD COLUMN target_held_rows boolean NOT NULL DEFAULT false;
+CREATE VIEW tide.pipelines WITH (security_barrier) AS
+SELECT p.name,
+       p.target,
+       CASE WHEN NOT p.enabled AND w.pid IS NOT NULL THEN 'paused'
+            WHEN w.pid IS NULL THEN 'stopped'
+            ELSE w.state END                                          AS state,
+       p.enabled,
+       w.pid                                                          AS worker_pid,
+       p.slot_name,
+       s.confirmed_flush_lsn                                          AS confirmed_lsn,
+       p.applied_lsn,
+       pg_current_wal_lsn()                                           AS current_lsn,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint AS lag_bytes,
+       -- How stale the target may be, in every state (paused, error, stopped, catching up):
+       -- 0 when the slot or the worker has passed every WAL byte written, else the time since
+       -- the latest moment the target is known to reflect: the worker's last look that found
+       -- nothing left to apply, the commit of the last transaction applied, or the creation.
+       CASE WHEN greatest(s.confirmed_flush_lsn, w.caught_up_lsn::pg_lsn) >= pg_current_wal_lsn() THEN 0
+            ELSE greatest(0, extract(epoch FROM now() - greatest(w.caught_up_at, p.applied_commit_time, p.created_at))) END::float8
+                                                                      AS apply_lag_seconds,
+       p.applied_commit_time                                          AS last_commit_time,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint   AS wal_retained_bytes,
+       s.wal_status,
+       coalesce(w.events, 0)                                          AS events_applied,
+       coalesce(w.txns, 0)                                            AS transactions_applied,
+       w.started_at                                                   AS worker_started_at,
+       (SELECT count(*) FROM tide.pipeline_table t WHERE t.pipeline = p.name) AS tables,
+       -- (the error can show row values: only for viewers who may SELECT every captured table)
+       CASE WHEN p.last_error IS NULL
+              OR NOT EXISTS (SELECT 1 FROM tide.pipeline_table t
+                              WHERE t.pipeline = p.name
+                                AND NOT coalesce(has_table_privilege(t.relid, 'SELECT'), true))
+            THEN p.last_error
+            ELSE 'hidden: the error may show values of a table you cannot SELECT' END AS last_error,
+       p.last_error_sqlstate,
+       p.last_error_at,
+       p.remedy,
+       p.created_at
+  FROM tide.pipeline p
+  LEFT JOIN pg_replication_slots s ON s.slot_name = p.slot_name
+  LEFT JOIN tide._worker_status() w ON w.pipeline = p.name
+ WHERE tide._visible(p.owner);
+COMMENT ON VIEW tide.pipelines IS 'One row per pipeline: is it healthy, how far behind, and why not.';
+CREATE VIEW tide.readiness WITH (security_barrier) AS
+SELECT t.pipeline, t.relation, t.relid::regclass AS source, b.id AS backfill_id, b.state AS backfill_state,
+       coalesce(b.state = 'done' OR b.read_complete, false)                     AS snapshot_read_complete,
+       coalesce(b.state = 'done', false)                                       AS snapshot_emitted,
+       coalesce(b.state = 'done' AND w.caught_up_lsn::pg_lsn >= b.finished_lsn, false)  AS target_caught_up,
+       CASE WHEN b.id IS NULL THEN 'no backfill'
+            WHEN b.state IN ('queued', 'running', 'paused') THEN 'backfilling'
+            WHEN b.state <> 'done' THEN 'backfill ' || b.state
+            WHEN NOT coalesce(w.caught_up_lsn::pg_lsn >= b.finished_lsn, false) THEN 'catching up'
+            -- a backfill into a target that already held rows: ready once a verification
+            -- since found no difference, or its repair is done
+            WHEN h.held_since IS NOT NULL AND NOT EXISTS (
+                     SELECT 1 FROM tide.verification v LEFT JOIN tide.backfill r ON r.id = v.repair_backfill_id
+                      WHERE v.pipeline = t.pipeline AND v.relid = t.relid AND v.started_at > h.held_since
+                        AND v.finished_at IS NOT NULL
+                        AND (coalesce(v.missing, 0) + coalesce(v.extra, 0) + coalesce(v.changed, 0) = 0
+                             OR r.state = 'done'))
+            THEN 'target not verified'
+            ELSE 'ready' END                                                    AS readiness
+  FROM tide.pipeline_table t
+  LEFT JOIN LATERAL (SELECT * FROM tide.backfill b WHERE b.pipeline = t.pipeline AND b.relid = t.relid
+                      ORDER BY b.id DESC LIMIT 1) b ON true
+  LEFT JOIN LATERAL (SELECT max(f.created_at) AS held_since FROM tide.backfill f
+                      WHERE f.pipeline = t.pipeline AND f.relid = t.relid AND f.target_held_rows
+                        AND f.created_at >= t.added_at) h ON true
+  LEFT JOIN tide._worker_status() w ON w.pipeline = t.pipeline
+ WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = t.pipeline));
+COMMENT ON VIEW tide.readiness IS 'Per pipeline and table: snapshot read complete, snapshot emitted, target caught up past the completion position; a target that held rows before its backfill is ready once verified or repaired.';
+GRANT SELECT ON tide.pipelines, tide.readiness TO tide_admin;
+DROP FUNCTION tide.add_table(text, regclass, boolean, text);
+CREATE FUNCTION tide."add_table"(
+	"pipeline" TEXT,
+	"source" regclass,
+	"backfill" bool DEFAULT true,
+	"target_table" TEXT DEFAULT NULL,
+	"truncate_target" bool DEFAULT false
+) RETURNS void
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'add_table_wrapper';
+REVOKE ALL ON FUNCTION tide.add_table(text, regclass, boolean, text, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide.add_table(text, regclass, boolean, text, boolean) TO tide_admin;
+-- A dropped captured table leaves its pipelines by itself; tide.remove_table also takes the
+-- name a dropped table had (or its OID, through the regclass form).
+-- At the end of every command that drops objects (DROP TABLE, DROP SCHEMA ... CASCADE, DROP
+-- OWNED, ...): each captured table it dropped leaves its pipelines at that point of the stream,
+-- as tide.remove_table does, with a remove marker whose payload says it was dropped (the worker
+-- writes a schema event and a LOG line there, and forgets the table); its active backfills are
+-- cancelled. Does nothing else when no captured table was dropped; runs as pg_tide.
+CREATE FUNCTION tide._drop_marker() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r record;
+    marker_id bigint;
+BEGIN
+    -- (DROP EXTENSION pg_tide or DROP SCHEMA tide: pg_tide's own tables are gone)
+    IF to_regclass('tide.pipeline_table') IS NULL OR to_regclass('tide.marker') IS NULL THEN
+        RETURN;
+    END IF;
+    FOR r IN
+        SELECT t.pipeline, t.relid, t.relation
+          FROM tide.pipeline_table t
+         WHERE t.relid IN (SELECT d.objid FROM pg_event_trigger_dropped_objects() d
+                            WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0)
+           AND NOT t.removing
+         ORDER BY t.relid, t.pipeline
+    LOOP
+        UPDATE tide.pipeline_table SET removing = true WHERE pipeline = r.pipeline AND relid = r.relid;
+        INSERT INTO tide.marker (pipeline, op, relid, payload)
+        VALUES (r.pipeline, 'remove_table', r.relid, jsonb_build_object('relation', r.relation, 'table_dropped', true))
+        RETURNING id INTO marker_id;
+        DELETE FROM tide.marker WHERE id = marker_id;
+        UPDATE tide.backfill SET state = 'cancelled', finished_at = now(), error = 'the table was dropped'
+         WHERE pipeline = r.pipeline AND relid = r.relid AND state IN ('queued', 'running', 'paused');
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION tide._drop_marker() IS 'pg_tide internal: the event trigger that takes a dropped captured table out of its pipelines at the DROP''s position in the stream.';
+CREATE EVENT TRIGGER tide_dropped_tables ON sql_drop
+    EXECUTE FUNCTION tide._drop_marker();
+COMMENT ON EVENT TRIGGER tide_dropped_tables IS 'pg_tide: a dropped captured table leaves its pipelines (tide._drop_marker).';
+REVOKE ALL ON FUNCTION tide._drop_marker() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide._drop_marker() TO tide_admin;
+CREATE FUNCTION tide."remove_table"(
+	"pipeline" TEXT,
+	"source" TEXT
+) RETURNS void
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'remove_table_by_name_wrapper';
+REVOKE ALL ON FUNCTION tide.remove_table(text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide.remove_table(text, text) TO tide_admin;
+
+-- tide.version() is the loaded library's version: STABLE, not IMMUTABLE (a plan or an index must
+-- not keep the value across a library upgrade).
+ALTER FUNCTION tide.version() STABLE;
+
 -- Bounds on a backfill's chunk size and throttle (README "SQL API"): both take bigint, so that a
 -- value beyond integer is refused with 22003 by the function rather than resolving no function
 -- (42883), and out-of-bounds values with 22023.

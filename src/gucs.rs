@@ -137,7 +137,7 @@ pub fn init() {
     GucRegistry::define_int_guc(
         c"tide.max_retry_delay",
         c"Longest back-off, in seconds, after a failed pipeline iteration.",
-        c"",
+        c"A failed iteration is retried after a delay that doubles with each failure in a row, up to this many seconds; a success resets it.",
         &MAX_RETRY_DELAY_S,
         1,
         3600,

@@ -43,7 +43,7 @@ pub extern "C-unwind" fn _PG_init() {
     }
     gucs::init();
     // Waits for a remote sink's reply look at interrupts and the postmaster every 100 ms.
-    sink::remote::set_wait_check(worker::wait_check);
+    sink::wait::set_check(worker::wait_check);
     if unsafe { !pg_sys::process_shared_preload_libraries_in_progress } {
         // Loaded by CREATE EXTENSION, a function call or as an output plugin: no worker.
         return;

@@ -96,7 +96,9 @@ CREATE SEQUENCE tide.watermark_seq;
 -- Markers: add_table/remove_table write a row here (and delete it in the same transaction), so
 -- the worker meets the marker exactly at that transaction's commit position in the stream; the
 -- event trigger tide_schema_changes writes a 'schema' marker (with the change in payload) in the
--- transaction of an ALTER TABLE that changed a captured table's columns or key. Only pg_tide
+-- transaction of an ALTER TABLE that changed a captured table's columns or key, and the event
+-- trigger tide_dropped_tables a 'remove_table' marker (payload: the relation and
+-- "table_dropped": true) in the transaction that dropped a captured table. Only pg_tide
 -- can write this table, so a marker cannot be forged (a logical message could be: any role may
 -- call pg_logical_emit_message).
 CREATE TABLE tide.marker (
@@ -144,7 +146,10 @@ CREATE TABLE tide.backfill (
     -- Set by the worker when a table-rewriting ALTER TABLE committed at this position makes the
     -- backfill carry changes of the stream (the rewritten values, which no row event delivers):
     -- tide.wait_for_pipeline waits for it as for the stream itself.
-    required_lsn    pg_lsn
+    required_lsn    pg_lsn,
+    -- Set by tide.add_table when the target table already held rows: rows the source does not
+    -- have may stay there, so tide.readiness waits for a verification that finds none.
+    target_held_rows boolean NOT NULL DEFAULT false
 );
 CREATE UNIQUE INDEX backfill_one_active ON tide.backfill (pipeline, relid)
     WHERE state IN ('queued', 'running', 'paused');
@@ -320,8 +325,12 @@ SELECT p.name,
        p.applied_lsn,
        pg_current_wal_lsn()                                           AS current_lsn,
        pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint AS lag_bytes,
-       CASE WHEN w.pid IS NULL OR w.drained OR p.applied_commit_time IS NULL THEN 0
-            ELSE greatest(0, extract(epoch FROM now() - p.applied_commit_time)) END::float8
+       -- How stale the target may be, in every state (paused, error, stopped, catching up):
+       -- 0 when the slot or the worker has passed every WAL byte written, else the time since
+       -- the latest moment the target is known to reflect: the worker's last look that found
+       -- nothing left to apply, the commit of the last transaction applied, or the creation.
+       CASE WHEN greatest(s.confirmed_flush_lsn, w.caught_up_lsn::pg_lsn) >= pg_current_wal_lsn() THEN 0
+            ELSE greatest(0, extract(epoch FROM now() - greatest(w.caught_up_at, p.applied_commit_time, p.created_at))) END::float8
                                                                       AS apply_lag_seconds,
        p.applied_commit_time                                          AS last_commit_time,
        pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint   AS wal_retained_bytes,
@@ -419,14 +428,26 @@ SELECT t.pipeline, t.relation, t.relid::regclass AS source, b.id AS backfill_id,
        CASE WHEN b.id IS NULL THEN 'no backfill'
             WHEN b.state IN ('queued', 'running', 'paused') THEN 'backfilling'
             WHEN b.state <> 'done' THEN 'backfill ' || b.state
-            WHEN w.caught_up_lsn::pg_lsn >= b.finished_lsn THEN 'ready'
-            ELSE 'catching up' END                                              AS readiness
+            WHEN NOT coalesce(w.caught_up_lsn::pg_lsn >= b.finished_lsn, false) THEN 'catching up'
+            -- a backfill into a target that already held rows: ready once a verification
+            -- since found no difference, or its repair is done
+            WHEN h.held_since IS NOT NULL AND NOT EXISTS (
+                     SELECT 1 FROM tide.verification v LEFT JOIN tide.backfill r ON r.id = v.repair_backfill_id
+                      WHERE v.pipeline = t.pipeline AND v.relid = t.relid AND v.started_at > h.held_since
+                        AND v.finished_at IS NOT NULL
+                        AND (coalesce(v.missing, 0) + coalesce(v.extra, 0) + coalesce(v.changed, 0) = 0
+                             OR r.state = 'done'))
+            THEN 'target not verified'
+            ELSE 'ready' END                                                    AS readiness
   FROM tide.pipeline_table t
   LEFT JOIN LATERAL (SELECT * FROM tide.backfill b WHERE b.pipeline = t.pipeline AND b.relid = t.relid
                       ORDER BY b.id DESC LIMIT 1) b ON true
+  LEFT JOIN LATERAL (SELECT max(f.created_at) AS held_since FROM tide.backfill f
+                      WHERE f.pipeline = t.pipeline AND f.relid = t.relid AND f.target_held_rows
+                        AND f.created_at >= t.added_at) h ON true
   LEFT JOIN tide._worker_status() w ON w.pipeline = t.pipeline
  WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = t.pipeline));
-COMMENT ON VIEW tide.readiness IS 'Per pipeline and table: snapshot read complete, snapshot emitted, target caught up past the completion position.';
+COMMENT ON VIEW tide.readiness IS 'Per pipeline and table: snapshot read complete, snapshot emitted, target caught up past the completion position; a target that held rows before its backfill is ready once verified or repaired.';
 
 CREATE VIEW tide.consumers WITH (security_barrier) AS
 SELECT c.pipeline, c.name AS consumer, c.owner, c.committed_id, c.committed_lsn, c.committed_position,
@@ -571,6 +592,44 @@ COMMENT ON FUNCTION tide._schema_marker() IS 'pg_tide internal: the event trigge
 CREATE EVENT TRIGGER tide_schema_changes ON ddl_command_end WHEN TAG IN ('ALTER TABLE')
     EXECUTE FUNCTION tide._schema_marker();
 COMMENT ON EVENT TRIGGER tide_schema_changes IS 'pg_tide: schema events for captured tables (tide._schema_marker).';
+
+-- At the end of every command that drops objects (DROP TABLE, DROP SCHEMA ... CASCADE, DROP
+-- OWNED, ...): each captured table it dropped leaves its pipelines at that point of the stream,
+-- as tide.remove_table does, with a remove marker whose payload says it was dropped (the worker
+-- writes a schema event and a LOG line there, and forgets the table); its active backfills are
+-- cancelled. Does nothing else when no captured table was dropped; runs as pg_tide.
+CREATE FUNCTION tide._drop_marker() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r record;
+    marker_id bigint;
+BEGIN
+    -- (DROP EXTENSION pg_tide or DROP SCHEMA tide: pg_tide's own tables are gone)
+    IF to_regclass('tide.pipeline_table') IS NULL OR to_regclass('tide.marker') IS NULL THEN
+        RETURN;
+    END IF;
+    FOR r IN
+        SELECT t.pipeline, t.relid, t.relation
+          FROM tide.pipeline_table t
+         WHERE t.relid IN (SELECT d.objid FROM pg_event_trigger_dropped_objects() d
+                            WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0)
+           AND NOT t.removing
+         ORDER BY t.relid, t.pipeline
+    LOOP
+        UPDATE tide.pipeline_table SET removing = true WHERE pipeline = r.pipeline AND relid = r.relid;
+        INSERT INTO tide.marker (pipeline, op, relid, payload)
+        VALUES (r.pipeline, 'remove_table', r.relid, jsonb_build_object('relation', r.relation, 'table_dropped', true))
+        RETURNING id INTO marker_id;
+        DELETE FROM tide.marker WHERE id = marker_id;
+        UPDATE tide.backfill SET state = 'cancelled', finished_at = now(), error = 'the table was dropped'
+         WHERE pipeline = r.pipeline AND relid = r.relid AND state IN ('queued', 'running', 'paused');
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION tide._drop_marker() IS 'pg_tide internal: the event trigger that takes a dropped captured table out of its pipelines at the DROP''s position in the stream.';
+CREATE EVENT TRIGGER tide_dropped_tables ON sql_drop
+    EXECUTE FUNCTION tide._drop_marker();
+COMMENT ON EVENT TRIGGER tide_dropped_tables IS 'pg_tide: a dropped captured table leaves its pipelines (tide._drop_marker).';
 
 -- The kafka target (README "Kafka target"): its brokers and settings are the options of a server
 -- of this wrapper, its credentials those of the pipeline owner's user mapping (hidden from other

@@ -2,7 +2,7 @@
 //!
 //! Owns: the three identities pg_tide code runs under, and the switches between them.
 //! - **The caller** (the SQL API): every `tide.*` function is `SECURITY INVOKER`; what a caller
-//!   may do is decided from [`caller`] and the pipeline's owner ([`require_owner`]).
+//!   may do is decided from [`caller`] and the pipeline's owner (`api::require_pipeline`).
 //! - **pg_tide itself** ([`as_tide`]): pg_tide's own tables (`tide.pipeline`, `tide.backfill`,
 //!   ...) are readable and writable by no role but their owner; the API reaches them only
 //!   through `as_tide`, which switches to the bootstrap superuser (the worker's own identity)
@@ -160,39 +160,6 @@ pub fn owner_oid(owner: &str, what: &str) -> TideResult<pg_sys::Oid> {
         ))
         .hint("Drop it and create it again as an existing role.")
     })
-}
-
-/// The caller must be the pipeline's owner, a member of the owning role, or a superuser:
-/// otherwise 42501. Returns the owner's name.
-pub fn require_owner(pipeline: &str) -> TideResult<String> {
-    let owner = crate::catalog::pipelines::owner(pipeline)?;
-    let Some(owner) = owner else {
-        return Err(TideError::undefined(format!(
-            "pipeline \"{}\" does not exist",
-            crate::api::shown(pipeline)
-        ))
-        .hint("SELECT name FROM tide.pipelines lists the pipelines you own; tide.create_pipeline creates one."));
-    };
-    let me = caller();
-    let ok = match role_oid(&owner) {
-        Some(o) => has_privs_of(me, o),
-        None => is_superuser(me),
-    };
-    if !ok {
-        return Err(TideError::privilege(format!(
-            "must be the owner of pipeline \"{}\" (or a member of role \"{owner}\")",
-            crate::api::shown(pipeline)
-        ))
-        .hint(match role_oid(&owner) {
-            // Never suggest handing out a superuser's membership.
-            Some(o) if !is_superuser(o) => format!(
-                "Ask its owner to run this, or to GRANT {} TO you.",
-                pgrx::spi::quote_identifier(&owner)
-            ),
-            _ => "Ask its owner to run this.".to_string(),
-        }));
-    }
-    Ok(owner)
 }
 
 /// Why `owner` may not read every row of table `relid` (`qualified`) as a pipeline delivers it,

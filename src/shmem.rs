@@ -66,6 +66,10 @@ pub struct WorkerSlot {
     /// Every source transaction that committed before this LSN has been applied (set after an
     /// iteration that drained the slot: the WAL flush position read when it started).
     pub caught_up_lsn: u64,
+    /// A time (TimestampTz) before which every source transaction that committed has been
+    /// applied: when the worker read the flush position it then found it had drained (0: not
+    /// known yet). The target reflects the source as of at least this time.
+    pub caught_up_at: i64,
 }
 
 impl Default for WorkerSlot {
@@ -82,6 +86,7 @@ impl Default for WorkerSlot {
             drained: false,
             last_poll: 0,
             caught_up_lsn: 0,
+            caught_up_at: 0,
         }
     }
 }
@@ -124,14 +129,20 @@ pub static REGISTRY: PgLwLock<Registry> = unsafe { PgLwLock::new(c"pg_tide_regis
 
 /// Lock-free wake-ups: a backend that commits a transaction that wrote WAL wakes the pipeline
 /// workers that are waiting for WAL, instead of letting them find it at their next poll.
-/// Writers: a worker sets its pid once it has a slot, and its bit in `sleeping` right before it
-/// waits for WAL (clearing it when it wakes); a committing backend clears the bits it finds and
-/// signals those workers. Not persisted.
+/// Writers: a worker sets its pid and PGPROC number, and its bit in `sleeping`, right before it
+/// waits for WAL (clearing the bit when it wakes); a committing backend clears the bits it finds
+/// and sets those workers' latches. A worker that leaves (normally, or by FATAL or SIGTERM in the
+/// middle of its wait) clears its bit and pid in a `before_shmem_exit` callback
+/// ([`forget_sleeper`]), and a wake-up only ever sets the latch of a PGPROC whose pid is still the
+/// worker's ([`set_latch_of`]): no signal is ever sent to a pid, so a pid reused by another
+/// process (PostgreSQL's or not) is never signalled. Not persisted.
 pub struct Wakeups {
     /// Bit i: the worker of registry slot i waits for WAL (`tide.poll_interval` at most).
     sleeping: AtomicU64,
     /// Pid of the worker of registry slot i (0: none).
     pids: [AtomicI32; MAX_PIPELINES],
+    /// PGPROC number (`MyProc->pgprocno`) of the worker of registry slot i.
+    procnos: [AtomicI32; MAX_PIPELINES],
     /// End LSN of the commit record of the latest transaction that changed the system catalogs
     /// (it had invalidation messages), as every backend's commit callback reports it; 0 until
     /// the first look ([`catalog_changed_after`] then starts it at the WAL insert position, a
@@ -147,6 +158,7 @@ impl Default for Wakeups {
         Wakeups {
             sleeping: AtomicU64::new(0),
             pids: std::array::from_fn(|_| AtomicI32::new(0)),
+            procnos: std::array::from_fn(|_| AtomicI32::new(-1)),
             catalog_commit_end: AtomicU64::new(0),
             catalog_committing: AtomicU32::new(0),
         }
@@ -157,14 +169,33 @@ unsafe impl PGRXSharedMemory for Wakeups {}
 
 pub static WAKEUPS: PgAtomic<Wakeups> = unsafe { PgAtomic::new(c"pg_tide_wakeups") };
 
-/// The worker of registry slot `slot` (pid `pid`) is about to wait for WAL.
+/// The worker of registry slot `slot` (pid `pid`, the calling process) is about to wait for WAL.
 pub fn sleeping(slot: usize, pid: i32) {
     if slot >= MAX_PIPELINES {
         return;
     }
+    // SAFETY: MyProc is this process's PGPROC, set for every backend and connected worker.
+    let procno = unsafe { pg_sys::MyProc.as_ref().map_or(-1, |p| p.pgprocno) };
     let w = WAKEUPS.get();
+    w.procnos[slot].store(procno, Ordering::SeqCst);
     w.pids[slot].store(pid, Ordering::SeqCst);
     w.sleeping.fetch_or(1u64 << slot, Ordering::SeqCst);
+}
+
+/// The worker of registry slot `slot` (pid `pid`) leaves: forget its wake-up state, if it is
+/// still its own (called from its `before_shmem_exit` callback and at a normal exit).
+pub fn forget_sleeper(slot: usize, pid: i32) {
+    if slot >= MAX_PIPELINES || !preloaded() {
+        return;
+    }
+    let w = WAKEUPS.get();
+    if w.pids[slot]
+        .compare_exchange(pid, 0, Ordering::SeqCst, Ordering::SeqCst)
+        .is_ok()
+    {
+        w.sleeping.fetch_and(!(1u64 << slot), Ordering::SeqCst);
+        w.procnos[slot].store(-1, Ordering::SeqCst);
+    }
 }
 
 /// The worker of registry slot `slot` stopped waiting.
@@ -187,7 +218,35 @@ pub fn wake_sleepers() {
     let taken = w.sleeping.swap(0, Ordering::SeqCst);
     for slot in 0..MAX_PIPELINES {
         if taken & (1u64 << slot) != 0 {
-            wake(w.pids[slot].load(Ordering::SeqCst));
+            set_latch_of(
+                w.procnos[slot].load(Ordering::SeqCst),
+                w.pids[slot].load(Ordering::SeqCst),
+            );
+        }
+    }
+}
+
+/// Set the latch of PGPROC number `procno` if that PGPROC still belongs to `pid` (a live backend
+/// or worker of this cluster); otherwise do nothing. Never sends a signal itself: `SetLatch`
+/// signals the latch's owner, a PostgreSQL process of this cluster, and only while it waits.
+fn set_latch_of(procno: i32, pid: i32) {
+    if pid <= 0 || procno < 0 {
+        return;
+    }
+    // SAFETY: ProcGlobal and its allProcs array are created at server start and never freed;
+    // `procno` came from a PGPROC's own pgprocno, so it indexes that array. A PGPROC's pid is
+    // read without its lock: at worst a backend that just took over the PGPROC gets a spurious
+    // latch set, which every latch user tolerates.
+    unsafe {
+        let Some(global) = pg_sys::ProcGlobal.as_ref() else {
+            return;
+        };
+        if procno as u32 >= global.allProcCount {
+            return;
+        }
+        let proc = global.allProcs.add(procno as usize);
+        if (*proc).pid == pid {
+            pg_sys::SetLatch(&mut (*proc).procLatch);
         }
     }
 }
@@ -275,8 +334,9 @@ pub fn claim(name: &str, pid: i32, now: i64) -> Option<usize> {
     Some(idx)
 }
 
-/// Release a slot if it still belongs to `pid`.
+/// Release a slot if it still belongs to `pid`, with its wake-up state.
 pub fn release(idx: usize, pid: i32) {
+    forget_sleeper(idx, pid);
     let mut reg = REGISTRY.exclusive();
     if let Some(w) = reg.workers.get_mut(idx) {
         if w.in_use && w.pid == pid {
@@ -347,11 +407,19 @@ pub fn snapshot() -> Vec<WorkerSlot> {
         .collect()
 }
 
-/// Set a process's latch by signalling it (SIGUSR1 sets the latch of any backend or worker).
+/// Set the latch of a live backend or worker of this cluster, found by its pid among the
+/// PGPROCs (`BackendPidGetProc`); a pid that is no such process (one that exited, its number
+/// reused by another program) is not signalled.
 pub fn wake(pid: i32) {
-    if pid > 0 {
-        unsafe {
-            libc::kill(pid, libc::SIGUSR1);
+    if pid <= 0 {
+        return;
+    }
+    // SAFETY: BackendPidGetProc takes ProcArrayLock and returns a PGPROC of shared memory or
+    // NULL; setting its latch is safe even if it is being reused meanwhile.
+    unsafe {
+        let proc = pg_sys::BackendPidGetProc(pid);
+        if !proc.is_null() {
+            pg_sys::SetLatch(&mut (*proc).procLatch);
         }
     }
 }

@@ -36,7 +36,10 @@
 //!   workers killed and waited for again;
 //! - `rows`: source and target compared as multisets, queries that must return nothing, the
 //!   outbox replayed onto a copy;
-//! - `pgbench`: pgbench runs, to the end or in the background.
+//! - `pgbench`: pgbench runs, to the end or in the background;
+//! - `fixtures`: schemas and scripts several suites share (the wallets);
+//! - `release`: the oldest release, private PostgreSQL copies with chosen pg_tide files, and the
+//!   catalog snapshot two installs are compared by.
 
 pub use postgres;
 pub use postgres::error::{DbError, SqlState};
@@ -49,14 +52,18 @@ pub type TestResult<T> = Result<T, BoxError>;
 
 mod cluster;
 mod errors;
+mod fixtures;
 mod pgbench;
+mod release;
 mod rows;
 mod setup;
 mod suite;
 mod wait;
 pub use cluster::*;
 pub use errors::*;
+pub use fixtures::*;
 pub use pgbench::*;
+pub use release::*;
 pub use rows::*;
 pub use setup::*;
 pub use suite::*;

@@ -6,25 +6,45 @@ use crate::*;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// The suites' diagnostics for a failure message: `tide.pipelines`, `tide.backfills`,
-/// `tide.verifications` (each a few JSON lines) and the last 40 lines of the server log.
+/// The suites' diagnostics for a failure message, the one definition every suite uses:
+/// `tide.pipelines` (with each pipeline's owner), `tide.backfills` (with progress estimates),
+/// `tide.verifications`, the short chunks of each backfill, the outbox consumers and retention,
+/// and the schema events (each a few JSON lines; a section with no rows is empty), then the last
+/// 40 lines of the server log ([`diag_of`] adds pg_tide's processes and the tables' capture
+/// state).
 pub fn diag(c: &Cluster) -> String {
     diag_of(
         c,
         &[
             (
                 "tide.pipelines",
-                "SELECT name, target, state, enabled, worker_pid, applied_lsn, lag_bytes, events_applied, \
-                        last_error, last_error_sqlstate, remedy FROM tide.pipelines ORDER BY name",
+                "SELECT v.name, (SELECT p.owner FROM tide.pipeline p WHERE p.name = v.name) AS owner, v.target, \
+                        v.state, v.enabled, v.worker_pid, v.applied_lsn, v.lag_bytes, v.events_applied, \
+                        v.last_error, v.last_error_sqlstate, v.remedy FROM tide.pipelines v ORDER BY v.name",
                 10,
             ),
             (
                 "tide.backfills",
                 "SELECT id, pipeline, relation, state, generation, condition, chunk_size, chunks_done, \
-                        rows_read, rows_dropped, rows_emitted, last_key, error FROM tide.backfills ORDER BY id",
+                        rows_read, rows_dropped, rows_emitted, estimated_rows, fraction_done, \
+                        estimated_time_left, last_key, error FROM tide.backfills ORDER BY id",
                 20,
             ),
             ("tide.verifications", "SELECT * FROM tide.verifications", 10),
+            (
+                "tide.chunks (short ones)",
+                "SELECT ch.backfill_id, ch.chunk, ch.key_from, ch.key_to, ch.rows_read, ch.low_lsn, ch.high_lsn \
+                  FROM tide.chunks ch JOIN tide.backfills b ON b.id = ch.backfill_id \
+                  WHERE ch.rows_read < b.chunk_size ORDER BY 1, 2",
+                20,
+            ),
+            ("tide.consumers", "SELECT * FROM tide.consumers", 10),
+            ("tide.outbox_retention", "SELECT * FROM tide.outbox_retention", 10),
+            (
+                "schema events",
+                "SELECT id, pipeline, relation, \"row\" FROM tide.outbox WHERE op = 'schema' ORDER BY id DESC",
+                20,
+            ),
         ],
         40,
     )

@@ -8,27 +8,6 @@
 use pg_test::*;
 use std::time::Duration;
 
-fn diag(c: &Cluster) -> String {
-    diag_of(
-        c,
-        &[
-            (
-                "pipelines",
-                "SELECT name, state, applied_lsn, last_error FROM tide.pipelines",
-                10,
-            ),
-            ("consumers", "SELECT * FROM tide.consumers", 10),
-            ("retention", "SELECT * FROM tide.outbox_retention", 10),
-            (
-                "backfills",
-                "SELECT id, relation, state, rows_emitted, error FROM tide.backfills",
-                10,
-            ),
-        ],
-        30,
-    )
-}
-
 /// A cluster with pg_tide, started with `conf` lines.
 fn cluster(name: &str, conf: &[&str]) -> Cluster {
     let mut b = Cluster::builder(name);

@@ -1,5 +1,6 @@
-//! Production operations (issue 32), as a DBA runs them: every call here is made by `alice`, a
-//! member of `tide_admin` with no other attribute (the documented grant), on her own pipelines.
+//! Production operations (issue 32: controls, bounds, throttles, progress, skipping), as a DBA
+//! runs them: every call here is made by `alice`, a member of `tide_admin` with no other
+//! attribute (the documented grant), on her own pipelines.
 //!
 //! - bounds: `chunk_size` and `rows_per_second` have bounds (22023, with them in the hint), and a
 //!   `bigint` beyond `integer` is refused with 22003, not "function does not exist" (42883);

@@ -10,18 +10,6 @@ use std::time::{Duration, Instant};
 /// Far below the remote sink's 60 s reply timeout, far above the 100 ms the check takes.
 const PROMPT: Duration = Duration::from_secs(10);
 
-fn diag(c: &Cluster) -> String {
-    diag_of(
-        c,
-        &[(
-            "tide.pipelines",
-            "SELECT name, state, worker_pid, last_error FROM tide.pipelines",
-            5,
-        )],
-        30,
-    )
-}
-
 fn worker_pid(c: &Cluster) -> Option<i32> {
     pg_test::worker_pid(c, "p")
 }

@@ -21,18 +21,6 @@ use std::time::Duration;
 
 const COLS: &str = "id, region, v, pad";
 
-fn diag_parts(c: &Cluster) -> String {
-    format!(
-        "{}\nbackfills:\n{}",
-        diag(c),
-        sample(
-            c,
-            "SELECT pipeline, state, condition, rows_read, rows_emitted, error FROM tide.backfills ORDER BY id",
-            20
-        )
-    )
-}
-
 #[test]
 fn through_the_root_under_load() {
     let c = setup("parts");
@@ -96,9 +84,7 @@ fn through_the_root_under_load() {
     // A worker crash (the postmaster restarts the server, so between two runs of writers).
     let pid = worker_pid(&c, "pt").expect("pt has a worker");
     kill9(pid);
-    wait_recovered(&c, "pt", Some(pid), Duration::from_secs(90), || {
-        diag_parts(&c)
-    });
+    wait_recovered(&c, "pt", Some(pid), Duration::from_secs(90), || diag(&c));
     let (txns, ok, summary) = spawn_pgbench(&c, &script, 2, 4, Some(300)).finish_summary();
     assert!(ok && txns > 100, "the writers ran again: {summary}");
 
@@ -126,7 +112,7 @@ fn through_the_root_under_load() {
         attach_backfills,
         2,
         "each pipeline read the attached partition's rows, and only those\n{}",
-        diag_parts(&c)
+        diag(&c)
     );
 
     // Partitions' changes arrived as the partitioned table's; the partition truncate as a
@@ -167,12 +153,7 @@ fn through_the_root_under_load() {
         "SELECT count(*) FROM tide.verify('orders', 'pt', sample => 50)
           WHERE kind NOT LIKE 'summary: % ranges checked, 0 differ%'",
     );
-    assert_eq!(
-        clean,
-        0,
-        "verify finds nothing to report\n{}",
-        diag_parts(&c)
-    );
+    assert_eq!(clean, 0, "verify finds nothing to report\n{}", diag(&c));
     exec(
         &c,
         "DELETE FROM copy.orders WHERE region = 10 AND id = 100500",

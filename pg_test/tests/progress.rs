@@ -6,20 +6,6 @@
 use pg_test::*;
 use std::time::{Duration, Instant};
 
-fn diag(c: &Cluster) -> String {
-    diag_of(
-        c,
-        &[
-            (
-                "tide.backfills",
-                "SELECT id, relation, state, chunks_done, rows_read, estimated_rows, fraction_done, estimated_time_left, error FROM tide.backfills",
-                5,
-            ),
-        ],
-        30,
-    )
-}
-
 /// Backfill `table` (`rows` rows, never analyzed) throttled, sampling `tide.backfills` every
 /// 100 ms: fraction_done is never NULL and in [0, 1) while active; from the first chunk on,
 /// estimated_time_left is set and the estimated total lies within `[lo, hi]` times `rows`.

@@ -1,10 +1,27 @@
-//! Golden-file tests of the SQL API, in the manner of `pg_regress`: each
+//! Golden-file tests of the SQL surface, in the manner of `pg_regress`: each
 //! `pg_test/regress/sql/NAME.sql` runs through `psql -X -a -q` (input echoed, errors with their
 //! SQLSTATE: `VERBOSITY verbose`) against a fresh cluster with pg_tide, and its output must
 //! equal `pg_test/regress/expected/NAME.out` verbatim, apart from `LOCATION:` lines (they name
 //! lines of pg_tide's source). On a difference the test fails with the diff and leaves the
 //! output in `target/regress/NAME.out`; to accept a change, copy it over the expected file
 //! (and read the diff first: it is the API's behaviour).
+//!
+//! One `#[test]` per file (`cargo test -p pg_test --test regress -- NAME` runs one), and
+//! `every_sql_file_is_tested` fails when a file of `sql/` has no test here or a file of
+//! `expected/` has no `sql/` file. A missing expected file is a failure too.
+//!
+//! Before each file, `pg_test/regress/setup.sql` runs in the same database (its output is not
+//! compared): the helpers the transcripts share, such as `regress_wait(condition)`.
+//!
+//! Every file runs against a cluster made by `setup()` (pg_tide created, its launcher running),
+//! except `upgrade`: its cluster runs the build under test from a private copy that also holds
+//! the oldest release's install script, without the extension, and psql gets the variable
+//! `catalog_snapshot` (`pg_test::CATALOG_SNAPSHOT`, the upgrade test's catalog listing).
+//!
+//! The transcripts must not depend on timing or on the machine: they select stable columns or
+//! mask the rest (`x IS NOT NULL AS has_x`), and wait for the worker inside SQL
+//! (`tide.wait_for_pipeline`, `tide.wait_for_backfill`, which return false on timeout: the
+//! transcript then shows `f`).
 
 use pg_test::*;
 use std::io::Write;
@@ -16,7 +33,7 @@ fn regress_dir() -> PathBuf {
 }
 
 /// The output of `sql` through psql against `c`, `LOCATION:` lines left out.
-fn run_psql(c: &Cluster, sql: &str) -> String {
+fn run_psql(c: &Cluster, sql: &str, vars: &[(&str, &str)]) -> String {
     // As pg_regress does: stdout and stderr into one file, so that each error follows the
     // statement it belongs to (psql flushes its output before writing an error).
     let psql = pg_bin().join("psql");
@@ -37,6 +54,7 @@ fn run_psql(c: &Cluster, sql: &str) -> String {
         ])
         .arg("-p")
         .arg(c.port().to_string())
+        .args(vars.iter().map(|(k, v)| format!("--set={k}={v}")))
         .env("PGAPPNAME", "pg_regress")
         .env("PGTZ", "UTC")
         .env("PGDATESTYLE", "ISO, YMD")
@@ -60,17 +78,47 @@ fn run_psql(c: &Cluster, sql: &str) -> String {
         .collect()
 }
 
-fn check(name: &str) {
+/// The names of the files of `dir` with extension `ext`, sorted.
+fn names(dir: &str, ext: &str) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(regress_dir().join(dir))
+        .unwrap_or_else(|e| panic!("read pg_test/regress/{dir}: {e}"))
+        .flatten()
+        .filter_map(|e| {
+            let p = e.path();
+            if p.extension()? != ext {
+                return None;
+            }
+            Some(p.file_stem()?.to_string_lossy().to_string())
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Run `sql/NAME.sql` against `c` and compare with `expected/NAME.out`.
+fn check_on(name: &str, c: &Cluster, vars: &[(&str, &str)]) {
     let sql = std::fs::read_to_string(regress_dir().join("sql").join(format!("{name}.sql")))
         .expect("read the sql file");
     let expected_path = regress_dir().join("expected").join(format!("{name}.out"));
-    let c = setup(&format!("regress_{name}"));
-    let got = run_psql(&c, &sql);
+    let setup_sql =
+        std::fs::read_to_string(regress_dir().join("setup.sql")).expect("read regress/setup.sql");
+    let setup_out = run_psql(c, &setup_sql, &[]);
+    assert!(
+        !setup_out.lines().any(|l| l.starts_with("ERROR:")),
+        "pg_test/regress/setup.sql failed:\n{setup_out}"
+    );
+    let got = run_psql(c, &sql, vars);
     let results = repo_root().join("target").join("regress");
     std::fs::create_dir_all(&results).expect("create target/regress");
     let got_path = results.join(format!("{name}.out"));
     std::fs::write(&got_path, &got).expect("write the output");
-    let expected = std::fs::read_to_string(&expected_path).unwrap_or_default();
+    let Ok(expected) = std::fs::read_to_string(&expected_path) else {
+        panic!(
+            "{name}: no expected output {} (the output is in {}: read it line by line, then copy it there)",
+            expected_path.display(),
+            got_path.display()
+        );
+    };
     if got != expected {
         let diff = std::process::Command::new("diff")
             .arg("-u")
@@ -87,7 +135,83 @@ fn check(name: &str) {
     }
 }
 
+/// Run `sql/NAME.sql` against a fresh cluster with pg_tide (`setup`).
+fn check_file(name: &str) {
+    let c = setup(&format!("regress_{name}"));
+    check_on(name, &c, &[]);
+}
+
+/// The files checked by `check_file`, each its own test.
+macro_rules! golden {
+    ($($name:ident),* $(,)?) => {
+        const CHECKED: &[&str] = &[$(stringify!($name)),*];
+        $(
+            #[test]
+            fn $name() {
+                check_file(stringify!($name));
+            }
+        )*
+    };
+}
+
+golden!(
+    api_errors,
+    backfill,
+    check,
+    consumers,
+    functions,
+    outbox,
+    pipelines,
+    security,
+    settings,
+    table_target,
+    tables,
+    verify_repair,
+    views,
+);
+
+/// The files checked by their own test (not by `golden!`).
+const CHECKED_ELSEWHERE: &[&str] = &["upgrade"];
+
+/// The update from the oldest release's catalog: the cluster runs the build under test, from a
+/// private copy that also holds the oldest release's install script; the extension is not
+/// created (the file creates the old version, updates it and compares with a fresh install).
 #[test]
-fn api_errors() {
-    check("api_errors");
+fn upgrade() {
+    let bin = private_pg_with_oldest_script("pg15-regress-upgrade");
+    let c = start_cluster(Cluster::builder("regress_upgrade").pg_bin(&bin));
+    check_on(
+        "upgrade",
+        &c,
+        &[("catalog_snapshot", CATALOG_SNAPSHOT.trim())],
+    );
+}
+
+#[test]
+fn every_sql_file_is_tested() {
+    let sql = names("sql", "sql");
+    let expected = names("expected", "out");
+    let tested: Vec<&str> = CHECKED.iter().chain(CHECKED_ELSEWHERE).copied().collect();
+    let untested: Vec<&String> = sql
+        .iter()
+        .filter(|n| !tested.contains(&n.as_str()))
+        .collect();
+    assert!(
+        untested.is_empty(),
+        "pg_test/regress/sql files without a test in pg_test/tests/regress.rs (add them to golden!): {untested:?}"
+    );
+    let no_sql: Vec<&str> = tested
+        .iter()
+        .filter(|n| !sql.contains(&n.to_string()))
+        .copied()
+        .collect();
+    assert!(
+        no_sql.is_empty(),
+        "tests without a pg_test/regress/sql file: {no_sql:?}"
+    );
+    let orphans: Vec<&String> = expected.iter().filter(|n| !sql.contains(n)).collect();
+    assert!(
+        orphans.is_empty(),
+        "pg_test/regress/expected files without a sql file: {orphans:?}"
+    );
 }

@@ -29,33 +29,6 @@ use std::time::{Duration, Instant};
 const ROWS: i64 = 12_000;
 const CHUNK: i64 = 400;
 
-fn diag(c: &Cluster) -> String {
-    diag_of(
-        c,
-        &[
-            (
-                "tide.pipelines",
-                "SELECT name, state, worker_pid, lag_bytes, events_applied, last_error FROM tide.pipelines",
-                10,
-            ),
-            (
-                "tide.backfills",
-                "SELECT id, pipeline, relation, state, chunks_done, rows_read, rows_dropped, rows_emitted, last_key, error \
-                  FROM tide.backfills ORDER BY id",
-                20,
-            ),
-            (
-                "tide.chunks (short ones)",
-                "SELECT ch.backfill_id, ch.chunk, ch.key_from, ch.key_to, ch.rows_read, ch.low_lsn, ch.high_lsn \
-                  FROM tide.chunks ch JOIN tide.backfills b ON b.id = ch.backfill_id \
-                  WHERE ch.rows_read < b.chunk_size ORDER BY 1, 2",
-                20,
-            ),
-        ],
-        40,
-    )
-}
-
 fn connect(c: &Cluster) -> postgres::Client {
     c.client()
 }

@@ -30,30 +30,6 @@ use std::time::{Duration, Instant};
 
 const ROWS: i64 = 6000;
 
-fn diag(c: &Cluster) -> String {
-    diag_of(
-        c,
-        &[
-            (
-                "tide.pipelines",
-                "SELECT name, state, enabled, lag_bytes, events_applied, last_error, remedy FROM tide.pipelines",
-                10,
-            ),
-            (
-                "tide.backfills",
-                "SELECT id, pipeline, relation, state, chunks_done, rows_read, rows_emitted, error FROM tide.backfills ORDER BY id",
-                20,
-            ),
-            (
-                "schema events",
-                "SELECT id, pipeline, relation, \"row\" FROM tide.outbox WHERE op = 'schema' ORDER BY id",
-                20,
-            ),
-        ],
-        60,
-    )
-}
-
 /// Writers on `src` until `stop`: updates of v, upserts, deletes; and once `note` exists, updates
 /// of it (a statement that fails on the current shape is skipped).
 fn spawn_writer(c: &Cluster, stop: Arc<AtomicBool>) -> JoinHandle<u64> {

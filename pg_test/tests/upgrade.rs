@@ -22,8 +22,7 @@
 
 use pg_test::*;
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -35,168 +34,6 @@ const CHUNK: i64 = 500;
 const RATE: i64 = 2_000;
 /// (pipeline, source table, target kind)
 const PIPELINES: &[(&str, &str)] = &[("ob", "o_src"), ("lt", "l_src"), ("rt", "r_src")];
-
-/// One line per property of every object of the extension in the current database, sorted: what
-/// two installs of the same version must agree on. OIDs and data are left out.
-const CATALOG_SNAPSHOT: &str = r#"
-WITH ext AS (SELECT * FROM pg_extension WHERE extname = 'pg_tide'),
-members AS (
-    SELECT d.classid, d.objid FROM pg_depend d, ext
-     WHERE d.refclassid = 'pg_extension'::regclass AND d.refobjid = ext.oid AND d.deptype = 'e'
-),
-ns AS (SELECT oid FROM pg_namespace WHERE nspname = 'tide'),
-rels AS (SELECT c.* FROM pg_class c, ns WHERE c.relnamespace = ns.oid),
-lines(line) AS (
-    SELECT format('extension version=%s schema=%s relocatable=%s config=%s condition=%s',
-                  extversion, extnamespace::regnamespace, extrelocatable,
-                  (SELECT string_agg(x::regclass::text, ',' ORDER BY x::regclass::text) FROM unnest(extconfig) x),
-                  array_to_string(extcondition, ','))
-      FROM ext
-    UNION ALL
-    SELECT 'member ' || pg_describe_object(m.classid, m.objid, 0) FROM members m
-    UNION ALL
-    SELECT format('schema %s owner=%s acl=%s comment=%s', n.nspname, n.nspowner::regrole, n.nspacl,
-                  obj_description(n.oid, 'pg_namespace'))
-      FROM pg_namespace n, ns WHERE n.oid = ns.oid
-    UNION ALL
-    SELECT format('function %s returns %s args=%s lang=%s kind=%s volatile=%s strict=%s secdef=%s parallel=%s leakproof=%s cost=%s rows=%s config=%s src=%s bin=%s owner=%s acl=%s comment=%s',
-                  p.oid::regprocedure, pg_get_function_result(p.oid), pg_get_function_arguments(p.oid),
-                  l.lanname, p.prokind, p.provolatile, p.proisstrict, p.prosecdef, p.proparallel,
-                  p.proleakproof, p.procost, p.prorows, array_to_string(p.proconfig, ','), md5(p.prosrc),
-                  p.probin, p.proowner::regrole, p.proacl, obj_description(p.oid, 'pg_proc'))
-      FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang, ns WHERE p.pronamespace = ns.oid
-    UNION ALL
-    SELECT format('relation %s kind=%s persistence=%s rls=%s force_rls=%s options=%s owner=%s acl=%s comment=%s%s',
-                  c.oid::regclass, c.relkind, c.relpersistence, c.relrowsecurity, c.relforcerowsecurity,
-                  array_to_string(c.reloptions, ','), c.relowner::regrole, c.relacl,
-                  obj_description(c.oid, 'pg_class'),
-                  CASE c.relkind WHEN 'v' THEN ' definition=' || pg_get_viewdef(c.oid)
-                                 WHEN 'i' THEN ' definition=' || pg_get_indexdef(c.oid) ELSE '' END)
-      FROM rels c
-    UNION ALL
-    SELECT format('sequence %s type=%s start=%s increment=%s min=%s max=%s cache=%s cycle=%s',
-                  s.seqrelid::regclass, s.seqtypid::regtype, s.seqstart, s.seqincrement, s.seqmin,
-                  s.seqmax, s.seqcache, s.seqcycle)
-      FROM pg_sequence s JOIN rels c ON c.oid = s.seqrelid
-    UNION ALL
-    -- columns by position among the live ones (a dropped column leaves a gap in attnum only)
-    SELECT format('column %s.%s position=%s type=%s not_null=%s default=%s identity=%s generated=%s collation=%s acl=%s comment=%s',
-                  c.oid::regclass, quote_ident(a.attname),
-                  row_number() OVER (PARTITION BY c.oid ORDER BY a.attnum),
-                  format_type(a.atttypid, a.atttypmod), a.attnotnull, pg_get_expr(d.adbin, d.adrelid),
-                  a.attidentity, a.attgenerated,
-                  CASE WHEN a.attcollation <> 0 THEN a.attcollation::regcollation::text END,
-                  a.attacl, col_description(c.oid, a.attnum))
-      FROM rels c
-      JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-      LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-     WHERE c.relkind IN ('r', 'v', 'p', 'm', 'f')
-    UNION ALL
-    SELECT format('constraint %s %s %s deferrable=%s comment=%s', k.conrelid::regclass, k.conname,
-                  pg_get_constraintdef(k.oid), k.condeferrable, obj_description(k.oid, 'pg_constraint'))
-      FROM pg_constraint k JOIN rels c ON c.oid = k.conrelid
-    UNION ALL
-    SELECT format('policy %s %s cmd=%s permissive=%s roles=%s using=%s check=%s', p.polrelid::regclass,
-                  p.polname, p.polcmd, p.polpermissive,
-                  (SELECT string_agg(x, ',' ORDER BY x)
-                     FROM (SELECT CASE WHEN r = 0 THEN 'public' ELSE r::regrole::text END AS x
-                             FROM unnest(p.polroles) r) rs),
-                  pg_get_expr(p.polqual, p.polrelid), pg_get_expr(p.polwithcheck, p.polrelid))
-      FROM pg_policy p JOIN rels c ON c.oid = p.polrelid
-    UNION ALL
-    SELECT 'trigger ' || pg_get_triggerdef(t.oid)
-      FROM pg_trigger t JOIN rels c ON c.oid = t.tgrelid WHERE NOT t.tgisinternal
-    UNION ALL
-    SELECT format('type %s type=%s', t.oid::regtype, t.typtype)
-      FROM pg_type t, ns WHERE t.typnamespace = ns.oid AND t.typrelid = 0 AND t.typelem = 0
-)
-SELECT line FROM lines ORDER BY line
-"#;
-
-fn diag(c: &Cluster) -> String {
-    diag_of(
-        c,
-        &[
-            (
-                "tide.pipelines",
-                "SELECT name, state, worker_pid, lag_bytes, events_applied, last_error FROM tide.pipelines",
-                10,
-            ),
-            (
-                "tide.backfills",
-                "SELECT id, pipeline, relation, state, chunks_done, rows_read, estimated_rows, fraction_done, error \
-                  FROM tide.backfills ORDER BY id",
-                20,
-            ),
-        ],
-        40,
-    )
-}
-
-/// Run a repository script; its stdout (trimmed), or a panic with its output.
-fn script(args: &[&str]) -> String {
-    run_ok(Command::new("bash").args(args).current_dir(repo_root()))
-}
-
-/// The oldest release named in `sql/releases.txt`.
-fn oldest_release() -> String {
-    let list =
-        std::fs::read_to_string(repo_root().join("sql/releases.txt")).expect("sql/releases.txt");
-    list.lines()
-        .map(str::trim)
-        .find(|l| !l.is_empty() && !l.starts_with('#'))
-        .and_then(|l| l.split_whitespace().next())
-        .expect("sql/releases.txt names a release")
-        .to_string()
-}
-
-/// The version of the build under test (the extension crate's).
-fn current_version() -> String {
-    let toml = std::fs::read_to_string(repo_root().join("Cargo.toml")).expect("Cargo.toml");
-    toml.lines()
-        .find_map(|l| {
-            l.strip_prefix("version = \"")
-                .and_then(|r| r.strip_suffix('"'))
-        })
-        .expect("a version in Cargo.toml")
-        .to_string()
-}
-
-/// `pg_config --pkglibdir` and `--sharedir`/extension of the installation of `bin`.
-fn install_dirs(bin: &Path) -> (PathBuf, PathBuf) {
-    let q = |flag: &str| {
-        let out = Command::new(bin.join("pg_config"))
-            .arg(flag)
-            .output()
-            .expect("pg_config");
-        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-    };
-    (q("--pkglibdir"), q("--sharedir").join("extension"))
-}
-
-/// Unlink every pg_tide file of an installation (unlinking never disturbs a server that maps
-/// the library; this copy is the test's own anyway).
-fn remove_pg_tide_files(bin: &Path) {
-    let (lib, ext) = install_dirs(bin);
-    for dir in [lib, ext] {
-        let real = dir.canonicalize().expect("installation directory");
-        assert!(
-            real.starts_with(repo_root().join("target")),
-            "{} is not inside the private copy (it resolves to {}): refusing to remove files there",
-            dir.display(),
-            real.display()
-        );
-        for e in std::fs::read_dir(&dir)
-            .expect("installation directory")
-            .flatten()
-        {
-            let name = e.file_name().to_string_lossy().to_string();
-            if name.starts_with("pg_tide") && e.path().is_file() && !e.path().is_symlink() {
-                std::fs::remove_file(e.path()).expect("remove an old pg_tide file");
-            }
-        }
-    }
-}
 
 /// Writers on the three source tables until `stop`: updates, inserts (in and past the key
 /// range) and deletes, one row each. A failed round (the server restarting) reconnects.
@@ -279,13 +116,13 @@ fn upgrade_in_place_with_pipelines_running() {
             .is_file(),
         "no upgrade script sql/pg_tide--{from}--{to}.sql"
     );
-    let old_tree = script(&["scripts/release.sh", &from]);
-    let bin = PathBuf::from(script(&[
+    let old_tree = run_repo_script(&["scripts/release.sh", &from]);
+    let bin = PathBuf::from(run_repo_script(&[
         "scripts/private-pg.sh",
         &repo_root().join("target/pg15-upgrade").to_string_lossy(),
     ]));
     remove_pg_tide_files(&bin);
-    script(&["scripts/install-tree.sh", &bin.to_string_lossy(), &old_tree]);
+    run_repo_script(&["scripts/install-tree.sh", &bin.to_string_lossy(), &old_tree]);
 
     // --- the old release, with work in progress ------------------------------------------
     let c = start_cluster(Cluster::builder("upgrade").pg_bin(&bin));
@@ -340,7 +177,7 @@ fn upgrade_in_place_with_pipelines_running() {
 
     // --- install the new build over it, by rename, while it runs; restart ----------------
     let (new_lib, new_ext) = install_dirs(&pg_bin());
-    script(&[
+    run_repo_script(&[
         "scripts/install-tree.sh",
         &bin.to_string_lossy(),
         &new_lib.to_string_lossy(),

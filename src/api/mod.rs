@@ -7,6 +7,7 @@
 
 use crate::catalog;
 use crate::error::{OrRaise, TideError, TideResult};
+use crate::security;
 use crate::shmem;
 use crate::sql;
 use crate::worker::launcher::{LAUNCHER_TYPE, WORKER_TYPE};
@@ -31,8 +32,9 @@ use server::*;
 /// Longest pipeline name (the slot name `tide_<name>` must fit in 63 bytes).
 const MAX_NAME: usize = 48;
 
-/// pg_tide's version.
-#[pg_extern(immutable, parallel_safe)]
+/// pg_tide's version: the loaded library's, which a library upgrade changes without a change
+/// to the catalog (so STABLE, not IMMUTABLE: no plan or index may keep an old value).
+#[pg_extern(stable, parallel_safe)]
 fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")
 }
@@ -65,12 +67,6 @@ fn validate_name(name: &str) -> TideResult<()> {
         Err(TideError::invalid(format!("invalid pipeline name \"{}\"", shown(name)))
             .hint(format!("Use 1 to {MAX_NAME} lower-case letters, digits and underscores, starting with a letter or underscore (the slot is named tide_<name>).")))
     }
-}
-
-/// The pipeline must exist (42704) and the caller must own it (42501): see
-/// `security::require_owner`. Returns the owner's name.
-pub(crate) fn require_pipeline(name: &str) -> TideResult<String> {
-    crate::security::require_owner(name)
 }
 
 /// Wake a process once the calling transaction commits (never before: it must see the change).
@@ -108,4 +104,37 @@ pub(crate) fn interval_micros(i: &pgrx::datum::Interval) -> i64 {
         .saturating_add((i.days() as i64).saturating_mul(86_400_000_000))
         .saturating_add((i.months() as i64).saturating_mul(30 * 86_400_000_000))
         .max(0)
+}
+
+/// The pipeline must exist (42704) and the caller must be its owner, a member of the owning
+/// role, or a superuser (42501). Returns the owner's name.
+pub(crate) fn require_pipeline(pipeline: &str) -> TideResult<String> {
+    let owner = crate::catalog::pipelines::owner(pipeline)?;
+    let Some(owner) = owner else {
+        return Err(TideError::undefined(format!(
+            "pipeline \"{}\" does not exist",
+            shown(pipeline)
+        ))
+        .hint("SELECT name FROM tide.pipelines lists the pipelines you own; tide.create_pipeline creates one."));
+    };
+    let me = security::caller();
+    let ok = match security::role_oid(&owner) {
+        Some(o) => security::has_privs_of(me, o),
+        None => security::is_superuser(me),
+    };
+    if !ok {
+        return Err(TideError::privilege(format!(
+            "must be the owner of pipeline \"{}\" (or a member of role \"{owner}\")",
+            shown(pipeline)
+        ))
+        .hint(match security::role_oid(&owner) {
+            // Never suggest handing out a superuser's membership.
+            Some(o) if !security::is_superuser(o) => format!(
+                "Ask its owner to run this, or to GRANT {} TO you.",
+                pgrx::spi::quote_identifier(&owner)
+            ),
+            _ => "Ask its owner to run this.".to_string(),
+        }));
+    }
+    Ok(owner)
 }

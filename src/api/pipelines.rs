@@ -159,6 +159,19 @@ pub(super) fn drop_pipeline(name: Option<&str>) {
 }
 
 pub(super) fn drop_pipeline_impl(name: &str) -> TideResult<()> {
+    // Dropping the slot cannot be rolled back: a transaction block that ends in a rollback would
+    // keep the pipeline without its slot (as DROP SUBSCRIPTION, which refuses a block too).
+    // SAFETY: reads the transaction state of this backend.
+    if unsafe { pg_sys::IsTransactionBlock() || pg_sys::IsSubTransaction() } {
+        return Err(TideError::new(
+            pg_sys::errcodes::PgSqlErrorCode::ERRCODE_ACTIVE_SQL_TRANSACTION,
+            "tide.drop_pipeline cannot run inside a transaction block",
+        )
+        .hint(format!(
+            "Dropping the replication slot cannot be rolled back: call SELECT tide.drop_pipeline('{}') as a statement of its own, outside BEGIN ... COMMIT (and not in a multi-statement query string).",
+            name.replace('\'', "''")
+        )));
+    }
     require_pipeline(name)?;
     let slot = catalog::slots::slot_name(name);
     // The worker and the slot are pg_tide's: stopping and dropping them is done as pg_tide,

@@ -80,6 +80,7 @@ pub(super) fn _worker_status() -> TableIterator<
         name!(drained, bool),
         name!(last_poll, Option<pgrx::datum::TimestampWithTimeZone>),
         name!(caught_up_lsn, String),
+        name!(caught_up_at, Option<pgrx::datum::TimestampWithTimeZone>),
     ),
 > {
     let ts = |us: i64| -> Option<pgrx::datum::TimestampWithTimeZone> {
@@ -109,6 +110,7 @@ pub(super) fn _worker_status() -> TableIterator<
                 w.drained,
                 ts(w.last_poll),
                 tide_core::lsn::Lsn(w.caught_up_lsn).to_string(),
+                ts(w.caught_up_at),
             )
         })
         .collect();

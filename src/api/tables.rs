@@ -140,6 +140,7 @@ pub(super) fn add_table(
     source: Option<Regclass>,
     backfill: default!(Option<bool>, true),
     target_table: default!(Option<&str>, "NULL"),
+    truncate_target: default!(Option<bool>, false),
 ) {
     (|| {
         add_table_impl(
@@ -147,6 +148,7 @@ pub(super) fn add_table(
             relation(source, "source")?,
             required(backfill, "backfill")?,
             target_table,
+            required(truncate_target, "truncate_target")?,
         )
     })()
     .or_raise()
@@ -157,6 +159,7 @@ pub(super) fn add_table_impl(
     relid: pg_sys::Oid,
     backfill: bool,
     target_table: Option<&str>,
+    truncate_target: bool,
 ) -> TideResult<()> {
     check_server()?;
     let owner = require_pipeline(pipeline)?;
@@ -204,6 +207,34 @@ pub(super) fn add_table_impl(
         .hint("SELECT * FROM tide.tables lists what each pipeline captures."));
     }
     let (target_kind, options) = catalog::pipelines::target(pipeline)?;
+    if truncate_target {
+        if matches!(target_kind, TargetKind::Kafka | TargetKind::Outbox) {
+            return Err(TideError::invalid(format!(
+                "pipeline \"{pipeline}\" writes to {}, which has no target table to truncate",
+                if target_kind == TargetKind::Kafka {
+                    "Kafka topics"
+                } else {
+                    "the outbox"
+                }
+            ))
+            .hint("truncate_target is for table and postgres pipelines; omit it."));
+        }
+        if existing == Some(true) {
+            // Its changes from before the remove_table may still be on their way to the target.
+            return Err(TideError::prerequisite(format!(
+                "\"{}\" is still being removed from pipeline \"{pipeline}\"",
+                s.qualified
+            ))
+            .hint("Wait until tide.tables no longer lists it (the worker reaches the remove_table point), then add it with truncate_target => true."));
+        }
+        if !backfill {
+            return Err(TideError::invalid(
+                "truncate_target => true empties the target for a backfill, and backfill is false",
+            )
+            .hint("Pass backfill => true (the default) with it, or omit truncate_target."));
+        }
+    }
+    let mut held_rows = false;
     let (target_schema, target_name) = if target_kind == TargetKind::Kafka {
         if target_table.is_some() {
             return Err(TideError::invalid(format!(
@@ -221,7 +252,7 @@ pub(super) fn add_table_impl(
         }
         (None, None)
     } else {
-        let (s_, n_) = targets::ensure_target(
+        let t = targets::ensure_target(
             target_kind.as_str(),
             &options,
             relid,
@@ -229,7 +260,10 @@ pub(super) fn add_table_impl(
             &s.key_columns,
             target_table,
             &owner,
+            truncate_target,
         )?;
+        held_rows = t.held_rows;
+        let (s_, n_) = (t.schema, t.name);
         if target_kind == TargetKind::Table {
             // The other direction of the loop: the target must not be a table this pipeline
             // captures.
@@ -263,17 +297,79 @@ pub(super) fn add_table_impl(
     catalog::tables::write_marker(MarkerOp::AddTable, pipeline, relid)?;
     if backfill {
         // Queued now; the worker starts it once it has passed the add_table marker.
-        backfill::start_backfill_impl(relid, Some(pipeline), None, None)?;
+        let id = backfill::start_backfill_impl(relid, Some(pipeline), None, None)?;
+        if held_rows {
+            // The backfill writes the source's rows over what is there; rows the source does not
+            // have stay: tide.readiness is not 'ready' until a verification after the backfill
+            // finds none (tide.repair deletes them).
+            catalog::backfills::mark_target_held_rows(id)?;
+            pgrx::notice!(
+                "the target of {} already holds rows: rows the source does not have stay there after the backfill, and tide.readiness says 'target not verified' until tide.repair('{}', '{}') has removed them (or pass truncate_target => true to empty the target first)",
+                s.qualified,
+                s.qualified.replace('\'', "''"),
+                pipeline.replace('\'', "''")
+            );
+        }
     }
     wake_on_commit(shmem::worker_pid(pipeline));
     Ok(())
 }
 
-/// Stop capturing a table. Changes committed after this call commits are not delivered.
+/// Stop capturing a table. Changes committed after this call commits are not delivered. The
+/// OID of a captured table that no longer exists (dropped while pg_tide's event trigger could
+/// not see it, e.g. under `session_replication_role = replica`, or before 0.2.0) is taken too.
 #[pg_extern]
 pub(super) fn remove_table(pipeline: Option<&str>, source: Option<Regclass>) {
-    (|| remove_table_impl(required(pipeline, "pipeline")?, relation(source, "source")?))()
-        .or_raise()
+    (|| {
+        let pipeline = required(pipeline, "pipeline")?;
+        let oid = required(source, "source")?.0;
+        let relid = if catalog::tables::captures(pipeline, oid)? {
+            oid
+        } else {
+            relation(source, "source")?
+        };
+        remove_table_impl(pipeline, relid)
+    })()
+    .or_raise()
+}
+
+/// `tide.remove_table(pipeline, source text)`: the table by name (as a `regclass` would read
+/// it), or, when no table of that name is captured by the pipeline, a captured table that was
+/// dropped, by the name it had (`schema.name`, or `name` when one dropped table has it).
+#[pg_extern(name = "remove_table")]
+pub(super) fn remove_table_by_name(pipeline: Option<&str>, source: Option<&str>) {
+    (|| {
+        let pipeline = required(pipeline, "pipeline")?;
+        let name = required(source, "source")?;
+        let oid = sql::one::<pg_sys::Oid>("SELECT pg_catalog.to_regclass($1)::oid", &[name.into()])?;
+        if let Some(oid) = oid {
+            if catalog::tables::captures(pipeline, oid)? {
+                return remove_table_impl(pipeline, oid);
+            }
+        }
+        require_pipeline(pipeline)?;
+        let dropped = catalog::tables::dropped_named(pipeline, name)?;
+        match (dropped.as_slice(), oid) {
+            ([relid], _) => remove_table_impl(pipeline, pg_sys::Oid::from(*relid)),
+            ([], Some(oid)) => remove_table_impl(pipeline, oid),
+            ([], None) => Err(TideError::new(
+                pg_sys::errcodes::PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+                format!("relation \"{}\" does not exist", shown(name)),
+            )
+            .hint("Pass an existing table, or a dropped table the pipeline still lists by its schema-qualified name or its OID: SELECT relation, source FROM tide.tables.")),
+            (many, _) => Err(TideError::new(
+                pg_sys::errcodes::PgSqlErrorCode::ERRCODE_AMBIGUOUS_PARAMETER,
+                format!(
+                    "pipeline \"{}\" lists {} dropped tables named \"{}\"",
+                    shown(pipeline),
+                    many.len(),
+                    shown(name)
+                ),
+            )
+            .hint("Qualify the name with its schema, or pass the OID: SELECT relation, source FROM tide.tables.")),
+        }
+    })()
+    .or_raise()
 }
 
 pub(super) fn remove_table_impl(pipeline: &str, relid: pg_sys::Oid) -> TideResult<()> {

@@ -97,8 +97,17 @@ const TARGET_SHAPE: &str = "SELECT a.attname::text, format_type(a.atttypid, a.at
         coalesce((SELECT true FROM pg_index i WHERE i.indrelid = a.attrelid AND i.indisprimary AND a.attnum = ANY (i.indkey)), false)::text
    FROM pg_attribute a WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum";
 
-/// Make sure the target table of a captured table exists and fits; returns (schema, name).
-/// `options` are the pipeline's (validated) options.
+/// A target table as `add_table` found it: where it is, and whether it already held rows that
+/// are still there (`truncate` empties them first, as the pipeline's owner).
+pub struct EnsuredTarget {
+    pub schema: String,
+    pub name: String,
+    pub held_rows: bool,
+}
+
+/// Make sure the target table of a captured table exists and fits; returns where it is and
+/// whether it holds rows. `options` are the pipeline's (validated) options.
+#[allow(clippy::too_many_arguments)]
 pub fn ensure_target(
     target: &str,
     options: &serde_json::Value,
@@ -107,35 +116,9 @@ pub fn ensure_target(
     key: &[String],
     target_table: Option<&str>,
     owner: &str,
-) -> TideResult<(String, String)> {
-    let schema_opt = options
-        .get("schema")
-        .and_then(|v| v.as_str())
-        .unwrap_or("public")
-        .to_string();
-    let relname = sql::one::<String>(
-        "SELECT relname::text FROM pg_class WHERE oid = $1",
-        &[relid.into()],
-    )?
-    .unwrap_or_default();
-    let (schema, name) = match target_table {
-        None => (schema_opt, relname),
-        Some(t) => {
-            let parts =
-                sql::one::<Vec<String>>("SELECT parse_ident($1)", &[t.into()])?.unwrap_or_default();
-            match parts.as_slice() {
-                [n] => (schema_opt, n.clone()),
-                [s, n] => (s.clone(), n.clone()),
-                _ => {
-                    return Err(TideError::invalid(format!(
-                        "invalid target table name \"{}\"",
-                        crate::api::shown(t)
-                    ))
-                    .hint("Pass a table name, optionally schema-qualified: 'replica.orders'."))
-                }
-            }
-        }
-    };
+    truncate: bool,
+) -> TideResult<EnsuredTarget> {
+    let (schema, name) = target_name(options, relid, target_table)?;
     let qualified = format!("{}.{}", quote(&schema), quote(&name));
     if target == "table" && crate::sink::options::reserved_schema(&schema) {
         return Err(TideError::invalid(format!(
@@ -170,9 +153,87 @@ pub fn ensure_target(
                 .hint("A local table target must live elsewhere: give the pipeline another schema option, or pass target_table => 'schema.name'."));
         }
     }
-    let shape: Vec<Vec<Option<String>>> = match &remote {
+    let shape = target_shape(remote.as_ref(), &qualified)?;
+    if shape.is_empty() {
+        create_target(remote.as_ref(), &schema, &qualified, &cols, key, owner_oid)?;
+        return Ok(EnsuredTarget {
+            schema,
+            name,
+            held_rows: false,
+        });
+    }
+    // The table exists. A local one must be an ordinary table the owner may write as pg_tide
+    // will.
+    if remote.is_none() {
+        check_local_target(&qualified, owner)?;
+    }
+    // Every difference is listed.
+    let diffs = differences(&cols, key, &shape);
+    if !diffs.is_empty() {
+        return Err(TideError::new(
+            PgSqlErrorCode::ERRCODE_INVALID_TABLE_DEFINITION,
+            format!("target table {qualified} does not match {source_qualified}"),
+        )
+        .detail(diffs.join("; "))
+        .hint(format!(
+            "Fix {qualified} (or drop it and pg_tide creates it), or pass another target_table."
+        )));
+    }
+    let held_rows = holds_rows(remote.as_ref(), &qualified, truncate, owner_oid)?;
+    Ok(EnsuredTarget {
+        schema,
+        name,
+        held_rows,
+    })
+}
+
+/// The target table's (schema, name) for source `relid`: `target_table` (a name, optionally
+/// schema-qualified), else the source's name in the pipeline's `schema` option (default
+/// `public`).
+fn target_name(
+    options: &serde_json::Value,
+    relid: pg_sys::Oid,
+    target_table: Option<&str>,
+) -> TideResult<(String, String)> {
+    let schema_opt = options
+        .get("schema")
+        .and_then(|v| v.as_str())
+        .unwrap_or("public")
+        .to_string();
+    let relname = sql::one::<String>(
+        "SELECT relname::text FROM pg_class WHERE oid = $1",
+        &[relid.into()],
+    )?
+    .unwrap_or_default();
+    Ok(match target_table {
+        None => (schema_opt, relname),
+        Some(t) => {
+            let parts =
+                sql::one::<Vec<String>>("SELECT parse_ident($1)", &[t.into()])?.unwrap_or_default();
+            match parts.as_slice() {
+                [n] => (schema_opt, n.clone()),
+                [s, n] => (s.clone(), n.clone()),
+                _ => {
+                    return Err(TideError::invalid(format!(
+                        "invalid target table name \"{}\"",
+                        crate::api::shown(t)
+                    ))
+                    .hint("Pass a table name, optionally schema-qualified: 'replica.orders'."))
+                }
+            }
+        }
+    })
+}
+
+/// The target table's columns (name, `format_type`, part of the primary key), read where it
+/// lives (none: it does not exist).
+fn target_shape(
+    remote: Option<&RemoteSink>,
+    qualified: &str,
+) -> TideResult<Vec<Vec<Option<String>>>> {
+    Ok(match remote {
         Some(r) => r
-            .query(TARGET_SHAPE, vec![Some(qualified.clone())], CHECK_TIMEOUT)
+            .query(TARGET_SHAPE, vec![Some(qualified.to_string())], CHECK_TIMEOUT)
             .map_err(|e| {
                 if let Some(refused) = refusal_error(&e) {
                     return refused;
@@ -191,90 +252,103 @@ pub fn ensure_target(
                 )
                 .hint(hint)
             })?,
-        None => sql::text_rows(TARGET_SHAPE, &[Some(&qualified)], 0, true)?,
-    };
-    if shape.is_empty() {
-        let mut defs: Vec<String> = cols
-            .iter()
-            .map(|c| {
-                format!(
-                    "{} {}{}",
-                    quote(&c.name),
-                    c.ty,
-                    if c.not_null { " NOT NULL" } else { "" }
-                )
-            })
-            .collect();
-        defs.push(format!(
-            "PRIMARY KEY ({})",
-            key.iter().map(|k| quote(k)).collect::<Vec<_>>().join(", ")
-        ));
-        let create_schema = format!("CREATE SCHEMA IF NOT EXISTS {}", quote(&schema));
-        let create = format!("CREATE TABLE {qualified} ({})", defs.join(", "));
-        match &remote {
-            Some(r) => {
-                let stmts = vec![
-                    crate::sink::remote::RemoteStatement {
-                        sql: create_schema,
-                        params: vec![],
-                    },
-                    crate::sink::remote::RemoteStatement {
-                        sql: create,
-                        params: vec![],
-                    },
-                ];
-                r.transaction(stmts, CHECK_TIMEOUT).map_err(|e| {
+        None => sql::text_rows(TARGET_SHAPE, &[Some(qualified)], 0, true)?,
+    })
+}
+
+/// Create the target table with the source's columns and key: on the remote (as its mapped
+/// user), or here as the pipeline's owner (who then owns it, and whose CREATE privilege
+/// PostgreSQL checks), never as the caller or as pg_tide.
+fn create_target(
+    remote: Option<&RemoteSink>,
+    schema: &str,
+    qualified: &str,
+    cols: &[SourceCol],
+    key: &[String],
+    owner_oid: pg_sys::Oid,
+) -> TideResult<()> {
+    let mut defs: Vec<String> = cols
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {}{}",
+                quote(&c.name),
+                c.ty,
+                if c.not_null { " NOT NULL" } else { "" }
+            )
+        })
+        .collect();
+    defs.push(format!(
+        "PRIMARY KEY ({})",
+        key.iter().map(|k| quote(k)).collect::<Vec<_>>().join(", ")
+    ));
+    let create_schema = format!("CREATE SCHEMA IF NOT EXISTS {}", quote(schema));
+    let create = format!("CREATE TABLE {qualified} ({})", defs.join(", "));
+    match remote {
+        Some(r) => {
+            let stmts = vec![
+                crate::sink::remote::RemoteStatement {
+                    sql: create_schema,
+                    params: vec![],
+                },
+                crate::sink::remote::RemoteStatement {
+                    sql: create,
+                    params: vec![],
+                },
+            ];
+            r.transaction(stmts, CHECK_TIMEOUT).map_err(|e| {
                     TideError::new(PgSqlErrorCode::ERRCODE_FDW_ERROR, format!("cannot create the remote target {qualified}: {}", e.message))
                         .hint("Grant the mapped user CREATE on the target schema, or create the table yourself with the source's columns and key.")
                 })?;
-            }
-            None => {
-                let exists = sql::one::<bool>(
-                    "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
-                    &[schema.clone().into()],
-                )?
-                .unwrap_or(false);
-                // Created as the pipeline's owner (who then owns it, and whose CREATE privilege
-                // PostgreSQL checks), never as the caller or as pg_tide.
-                crate::security::as_owner(owner_oid, || {
-                    if !exists {
-                        sql::exec(&create_schema, &[])?;
-                    }
-                    sql::exec(&create, &[])
-                })?;
-            }
         }
-        return Ok((schema, name));
+        None => {
+            let exists = sql::one::<bool>(
+                "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+                &[schema.into()],
+            )?
+            .unwrap_or(false);
+            // Created as the pipeline's owner (who then owns it, and whose CREATE privilege
+            // PostgreSQL checks), never as the caller or as pg_tide.
+            crate::security::as_owner(owner_oid, || {
+                if !exists {
+                    sql::exec(&create_schema, &[])?;
+                }
+                sql::exec(&create, &[])
+            })?;
+        }
     }
-    // The table exists. A local one must be an ordinary table the owner may write as pg_tide
-    // will: INSERT, UPDATE and DELETE for changes, TRUNCATE for truncate events.
-    if remote.is_none() {
-        let kind = sql::one::<String>(
-            "SELECT c.relkind::text FROM pg_class c WHERE c.oid = to_regclass($1)",
-            &[qualified.clone().into()],
-        )?
-        .unwrap_or_default();
-        if kind != "r" {
-            return Err(TideError::wrong_object(format!(
-                "the target {qualified} is not an ordinary table"
-            ))
-            .hint("Pass target_table => a table (or a name pg_tide can create)."));
-        }
-        let missing: Vec<String> = ["INSERT", "UPDATE", "DELETE", "TRUNCATE"]
-            .iter()
-            .filter(|p| {
-                !sql::one::<bool>(
-                    "SELECT has_table_privilege($1::text::name, to_regclass($2), $3)",
-                    &[owner.into(), qualified.clone().into(), (**p).into()],
-                )
-                .ok()
-                .flatten()
-                .unwrap_or(false)
-            })
-            .map(|p| p.to_string())
-            .collect();
-        if !missing.is_empty() {
-            return Err(TideError::privilege(format!(
+    Ok(())
+}
+
+/// A local target table must be an ordinary table the owner may write as pg_tide will: INSERT,
+/// UPDATE and DELETE for changes, TRUNCATE for truncate events.
+fn check_local_target(qualified: &str, owner: &str) -> TideResult<()> {
+    let kind = sql::one::<String>(
+        "SELECT c.relkind::text FROM pg_class c WHERE c.oid = to_regclass($1)",
+        &[qualified.into()],
+    )?
+    .unwrap_or_default();
+    if kind != "r" {
+        return Err(TideError::wrong_object(format!(
+            "the target {qualified} is not an ordinary table"
+        ))
+        .hint("Pass target_table => a table (or a name pg_tide can create)."));
+    }
+    let missing: Vec<String> = ["INSERT", "UPDATE", "DELETE", "TRUNCATE"]
+        .iter()
+        .filter(|p| {
+            !sql::one::<bool>(
+                "SELECT has_table_privilege($1::text::name, to_regclass($2), $3)",
+                &[owner.into(), qualified.into(), (**p).into()],
+            )
+            .ok()
+            .flatten()
+            .unwrap_or(false)
+        })
+        .map(|p| p.to_string())
+        .collect();
+    if !missing.is_empty() {
+        return Err(TideError::privilege(format!(
                 "the pipeline's owner \"{owner}\" may not write the target {qualified} (no {} privilege)",
                 missing.join(", ")
             ))
@@ -282,11 +356,14 @@ pub fn ensure_target(
                 "GRANT INSERT, UPDATE, DELETE, TRUNCATE ON {qualified} TO {}; or pass another target_table.",
                 quote(owner)
             )));
-        }
     }
-    // Every difference is listed.
+    Ok(())
+}
+
+/// How the existing target table differs from the source's columns and key (every difference).
+fn differences(cols: &[SourceCol], key: &[String], shape: &[Vec<Option<String>>]) -> Vec<String> {
     let mut diffs = Vec::new();
-    for c in &cols {
+    for c in cols {
         match shape
             .iter()
             .find(|r| r[0].as_deref() == Some(c.name.as_str()))
@@ -319,15 +396,71 @@ pub fn ensure_target(
             skey.join(", ")
         ));
     }
-    if !diffs.is_empty() {
-        return Err(TideError::new(
-            PgSqlErrorCode::ERRCODE_INVALID_TABLE_DEFINITION,
-            format!("target table {qualified} does not match {source_qualified}"),
-        )
-        .detail(diffs.join("; "))
-        .hint(format!(
-            "Fix {qualified} (or drop it and pg_tide creates it), or pass another target_table."
-        )));
+    diffs
+}
+
+/// Whether the existing target table still holds rows: none when `truncate` emptied it (as the
+/// pipeline's owner here, whose TRUNCATE privilege was checked; as the mapped user on a remote).
+fn holds_rows(
+    remote: Option<&RemoteSink>,
+    qualified: &str,
+    truncate: bool,
+    owner_oid: pg_sys::Oid,
+) -> TideResult<bool> {
+    let held_rows = match remote {
+        Some(r) => {
+            let rows = r
+                .query(
+                    &format!("SELECT EXISTS (SELECT 1 FROM {qualified})::text"),
+                    vec![],
+                    CHECK_TIMEOUT,
+                )
+                .map_err(|e| {
+                    refusal_error(&e).unwrap_or_else(|| {
+                        TideError::new(
+                            PgSqlErrorCode::ERRCODE_FDW_ERROR,
+                            format!("cannot read the remote target {qualified}: {}", e.message),
+                        )
+                        .hint("Grant the mapped user SELECT on the target table.")
+                    })
+                })?;
+            rows.first()
+                .and_then(|r| r.first())
+                .cloned()
+                .flatten()
+                .as_deref()
+                == Some("true")
+        }
+        // Read as pg_tide: the owner needs no SELECT on its target.
+        None => crate::security::as_tide(|| {
+            sql::one::<bool>(&format!("SELECT EXISTS (SELECT 1 FROM {qualified})"), &[])
+        })?
+        .unwrap_or(false),
+    };
+    if !(held_rows && truncate) {
+        return Ok(held_rows);
     }
-    Ok((schema, name))
+    let stmt = format!("TRUNCATE {qualified}");
+    match remote {
+        Some(r) => {
+            r.transaction(
+                vec![crate::sink::remote::RemoteStatement {
+                    sql: stmt,
+                    params: vec![],
+                }],
+                CHECK_TIMEOUT,
+            )
+            .map_err(|e| {
+                refusal_error(&e).unwrap_or_else(|| {
+                    TideError::new(
+                        PgSqlErrorCode::ERRCODE_FDW_ERROR,
+                        format!("cannot truncate the remote target {qualified}: {}", e.message),
+                    )
+                    .hint("Grant the mapped user TRUNCATE on the target table, or empty it yourself.")
+                })
+            })?;
+        }
+        None => crate::security::as_owner(owner_oid, || sql::exec(&stmt, &[]))?,
+    }
+    Ok(false)
 }

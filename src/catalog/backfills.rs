@@ -49,25 +49,8 @@ fn state(text: Option<&str>, pipeline: &str) -> TideResult<BackfillState> {
 
 // --- the worker: one chunk -----------------------------------------------------------------------
 
-/// The backfill a pipeline's worker reads next, as `tide.backfill` holds it.
-#[derive(Clone, Debug)]
-pub struct Due {
-    pub id: i64,
-    pub relid: u32,
-    pub chunk_size: i64,
-    pub rows_per_second: Option<i64>,
-    /// The SQL condition (`tide.start_backfill(condition => ...)`, or a repair's key ranges).
-    pub condition: Option<String>,
-    /// The role the chunks are read as.
-    pub owner: String,
-    pub key_columns: Vec<String>,
-    /// Key (text per key column) of the last row emitted; `None` before the first chunk.
-    pub last_key: Option<Vec<String>>,
-    /// The number of the next chunk (from 1).
-    pub chunk_no: i64,
-    /// JSON array of key value arrays a repair deletes (see `tide.repair`).
-    pub repair_deletes: Option<String>,
-}
+/// A backfill as the chunk reader needs it (the read-ahead protocol carries it).
+pub use tide_core::read_ahead::Due;
 
 /// The pipeline's backfill to read a chunk of: the running one, else the oldest queued one,
 /// whose table the worker already captures, while the pipeline is enabled (paused backfills are
@@ -639,6 +622,16 @@ pub(crate) fn cancel_for_removed_table(pipeline: &str, relid: pg_sys::Oid) -> Ti
             BackfillState::Cancelled.as_str().into(),
             active_states().into(),
         ],
+    )
+}
+
+/// Record that backfill `id` writes into a target that already held rows (tide.readiness then
+/// waits for a verification that finds no difference). Called by `tide.add_table`; runs as
+/// pg_tide.
+pub(crate) fn mark_target_held_rows(id: i64) -> TideResult<()> {
+    tsql::exec(
+        "UPDATE tide.backfill SET target_held_rows = true WHERE id = $1",
+        &[id.into()],
     )
 }
 

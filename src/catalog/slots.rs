@@ -163,17 +163,58 @@ pub(crate) fn bound_paused_wal(
                 p.slot_name
             ),
         )
-        .hint(recreate_remedy(p)),
+        .hint(recreate_remedy(c, p)?),
     ))
 }
 
-/// The statements that re-create `p` exactly (its target and options) after its slot is gone.
-pub(crate) fn recreate_remedy(p: &crate::catalog::pipelines::PipelineRow) -> String {
+/// The statements that re-create `p` exactly after its slot is gone: as its owner, with its
+/// target and options, and every table it captures with its target table (each backfilled
+/// again). Each runs on its own: `tide.drop_pipeline` refuses a transaction block. Called by the
+/// worker, in its iteration's transaction.
+pub(crate) fn recreate_remedy(
+    c: &mut pgrx::spi::SpiClient<'_>,
+    p: &crate::catalog::pipelines::PipelineRow,
+) -> TideResult<String> {
     let lit = |s: &str| format!("'{}'", s.replace('\'', "''"));
-    format!(
-        "Re-create the pipeline with the same target and options, then add its tables again (they are backfilled): SELECT tide.drop_pipeline({name}); SELECT tide.create_pipeline({name}, {target}, {options}::jsonb); then tide.add_table for each table it captured (SELECT source FROM tide.tables WHERE pipeline = {name} lists them before the drop). To pause for longer, raise tide.max_paused_wal_size.",
-        name = lit(&p.name),
-        target = lit(p.target.as_str()),
-        options = lit(&p.options.to_string()),
-    )
+    let name = lit(&p.name);
+    // The tables that still exist, under their current names (a table renamed since add_table).
+    let rows = crate::sql::select(
+        c,
+        "SELECT format('%I.%I', n.nspname, r.relname),
+                CASE WHEN t.target_name IS NOT NULL THEN format('%I.%I', t.target_schema, t.target_name) END
+           FROM tide.pipeline_table t
+           JOIN pg_catalog.pg_class r ON r.oid = t.relid
+           JOIN pg_catalog.pg_namespace n ON n.oid = r.relnamespace
+          WHERE t.pipeline = $1 AND NOT t.removing
+          ORDER BY 1",
+        None,
+        &[p.name.clone().into()],
+    )?;
+    let mut stmts = vec![
+        format!("SET ROLE {}", pgrx::spi::quote_identifier(&p.owner)),
+        format!("SELECT tide.drop_pipeline({name})"),
+        format!(
+            "SELECT tide.create_pipeline({name}, {}, {}::jsonb)",
+            lit(p.target.as_str()),
+            lit(&p.options.to_string())
+        ),
+    ];
+    for r in rows {
+        let source: Option<String> = r.get(1)?;
+        let target: Option<String> = r.get(2)?;
+        let Some(source) = source else { continue };
+        stmts.push(match target {
+            Some(t) => format!(
+                "SELECT tide.add_table({name}, {}, target_table => {})",
+                lit(&source),
+                lit(&t)
+            ),
+            None => format!("SELECT tide.add_table({name}, {})", lit(&source)),
+        });
+    }
+    stmts.push("RESET ROLE".to_string());
+    Ok(format!(
+        "Re-create the pipeline as it was (its owner, target, options and tables; each table is backfilled again), each statement on its own (tide.drop_pipeline refuses a transaction block): {}. To pause for longer, raise tide.max_paused_wal_size.",
+        stmts.join("; ")
+    ))
 }

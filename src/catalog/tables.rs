@@ -338,6 +338,29 @@ pub(crate) fn captures(pipeline: &str, relid: pg_sys::Oid) -> TideResult<bool> {
     .unwrap_or(false))
 }
 
+/// The OIDs of the tables a pipeline captures that no longer exist and were named `name`
+/// (`schema.name` as `format('%I.%I')` or the parts `parse_ident` reads; or a bare name, matched
+/// against the name part). Called by `tide.remove_table`; runs as pg_tide.
+pub(crate) fn dropped_named(pipeline: &str, name: &str) -> TideResult<Vec<u32>> {
+    let rows = tsql::text_rows(
+        "WITH n AS (SELECT pg_catalog.parse_ident($2, false) AS a)
+         SELECT t.relid::int8::text FROM tide.pipeline_table t, n
+          WHERE t.pipeline = $1
+            AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = t.relid)
+            AND (t.relation = $2
+                 OR (cardinality(n.a) = 2 AND t.relation = format('%I.%I', n.a[1], n.a[2]))
+                 OR (cardinality(n.a) = 1 AND right(t.relation, length(quote_ident(n.a[1])) + 1) = '.' || quote_ident(n.a[1])))
+          ORDER BY t.relid",
+        &[Some(pipeline), Some(name)],
+        0,
+        false,
+    )?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|r| r.into_iter().next().flatten()?.parse().ok())
+        .collect())
+}
+
 /// The pipelines that capture the table, by name. Called by the SQL API; runs as pg_tide.
 pub(crate) fn pipelines_capturing(relid: pg_sys::Oid) -> TideResult<Vec<String>> {
     tsql::text_rows(

@@ -8,7 +8,7 @@
 //!   thread and acknowledged by the broker before the slot moves.
 //!
 //! Each is a [`Target`]; the worker holds a `Box<dyn Target>` and knows no target's type.
-//! [`options`] types each kind's options. Targets depend on `tide_core::model` (the stream
+//! [`options`] types each kind's options; [`wait`] is how the worker waits for a sink thread. Targets depend on `tide_core::model` (the stream
 //! model) and never on the worker.
 //!
 //! Every target stores the applied position in the same transaction as the data, so a replay
@@ -20,6 +20,7 @@ pub mod options;
 pub mod outbox;
 pub mod remote;
 pub mod table;
+pub mod wait;
 
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::TideResult;
@@ -27,8 +28,7 @@ use pgrx::spi::SpiClient;
 use tide_core::lsn::Lsn;
 use tide_core::model::{Op, RelDesc, TargetKind, Txn};
 
-/// A row's key columns by name, with their text output (NULL as `None`).
-pub type KeyValues = Vec<(String, Option<String>)>;
+pub use tide_core::row::{KeyValues, Row, RowForm};
 
 /// One change, rendered, on its way to a target.
 pub struct Event {
@@ -37,21 +37,13 @@ pub struct Event {
     pub relation: String,
     /// What the event does to its row.
     pub op: Op,
-    /// JSON object of the key columns.
+    /// JSON object of the key columns (every target: the outbox writes it, table targets group
+    /// statements by it).
     pub key: Option<String>,
-    /// JSON object of the row's sent columns (targets that take rows as JSON,
-    /// [`RowFormat::Json`]).
-    pub row: Option<String>,
-    /// The row as a `jsonb` datum's bytes (its varlena, header included), instead of `row`:
-    /// a backfilled row parsed from `row`'s JSON by `jsonb_in` where the chunk was read, for a
-    /// target that [`Target::takes_jsonb`].
-    pub row_jsonb: Option<Vec<u8>>,
-    /// The text output of each column in `columns`, NULL as `None` (targets that take rows as
-    /// text, [`RowFormat::Text`], instead of `row`).
-    pub values: Option<Vec<Option<String>>>,
-    /// The key columns by name with their text output, NULL as `None` (targets that take rows
-    /// as text: what a delete deletes).
-    pub key_values: Option<KeyValues>,
+    /// The row, in the form the target asked for ([`Target::row_form`]): a per-row form
+    /// (`Json`, `Jsonb`, `Text`), `Key` for a delete to a target that takes text, `None` for a
+    /// truncate or a JSON delete. Never `Value` or `Copy` (those reach a target as a [`Batch`]).
+    pub row: Row,
     /// Columns not sent (unchanged TOAST): leave them as they are.
     pub unchanged: Vec<String>,
     /// Names of the columns present in `row`, in order.
@@ -64,13 +56,22 @@ pub struct Event {
     pub only_where: Option<String>,
 }
 
-/// How a target wants an event's row: as a JSON object (`Event::row`; the outbox), or as each
-/// column's text output (`Event::values` and `Event::key_values`; table targets, which cast
-/// each text to the target column's type, so every value arrives exactly).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RowFormat {
-    Json,
-    Text,
+impl Event {
+    /// An event of `op` on `relation` with no row and no columns (a delete by key, a truncate, a
+    /// schema event's row set after).
+    pub fn bare(relid: u32, relation: String, op: Op, key: Option<String>) -> Event {
+        Event {
+            relid,
+            relation,
+            op,
+            key,
+            row: Row::None,
+            unchanged: Vec::new(),
+            columns: Vec::new(),
+            backfill: None,
+            only_where: None,
+        }
+    }
 }
 
 /// A schema change of a captured table, at the position of the `ALTER TABLE` that made it (a
@@ -85,10 +86,13 @@ pub struct SchemaEvent {
     pub change: tide_core::model::SchemaChange,
     /// The same transaction rewrote the table (its rows are read again after it).
     pub rewrite: bool,
+    /// The table was dropped: its changes end here (`change` is empty; `payload` says
+    /// `"table_dropped": true`). A table target keeps its copy as it is.
+    pub dropped: bool,
 }
 
-/// The surviving rows of a backfill chunk as row values of the source table's row type (see
-/// [`Target::takes_row_values`]), in the chunk's key order.
+/// The surviving rows of a backfill chunk as row values of the source table's row type
+/// ([`RowForm::RowValues`]), in the chunk's key order.
 pub struct RowBatch<'a> {
     pub relid: u32,
     /// Source relation, as in [`Event::relation`].
@@ -135,8 +139,8 @@ impl RowBatch<'_> {
     }
 }
 
-/// The surviving rows of a backfill chunk as lines of `COPY ... FROM STDIN`'s text format (see
-/// [`Target::takes_copy_text`]), for a target in another PostgreSQL.
+/// The surviving rows of a backfill chunk as lines of `COPY ... FROM STDIN`'s text format
+/// ([`RowForm::CopyText`]), for a target in another PostgreSQL.
 pub struct CopyBatch<'a> {
     pub relid: u32,
     /// Source relation, as in [`Event::relation`].
@@ -154,35 +158,56 @@ pub struct CopyBatch<'a> {
     pub upper: &'a [String],
 }
 
+/// A backfill chunk's surviving rows in a batch form, for [`Target::write_chunk`].
+pub enum Batch<'a> {
+    /// [`RowForm::RowValues`].
+    Values(RowBatch<'a>),
+    /// [`RowForm::CopyText`].
+    Copy(CopyBatch<'a>),
+}
+
+impl Batch<'_> {
+    /// The form the batch is in.
+    pub fn form(&self) -> RowForm {
+        match self {
+            Batch::Values(_) => RowForm::RowValues,
+            Batch::Copy(_) => RowForm::CopyText,
+        }
+    }
+}
+
+/// Where a target's commit falls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommitPoint {
+    /// The end of an iteration, inside the worker's transaction, which commits next.
+    End,
+    /// Between a source transaction and more that follows in the same iteration (before a
+    /// chunk's rows that follow stream events): a target that commits on its own (remote)
+    /// commits what is buffered there, in a transaction of its own, with the applied position,
+    /// so a later failure replays only what follows; every other target does nothing.
+    Early,
+}
+
 /// A pipeline's target, kept by the worker across iterations (table targets cache the target
-/// tables' shapes). The worker calls, per iteration: [`Target::begin`], then
-/// [`Target::applied`], then for each decoded message [`Target::relation`] or
-/// [`Target::push`] (whole source transactions only), [`Target::commit_early`] where a chunk's
-/// rows follow stream events, and [`Target::commit`] last, inside the worker's transaction;
-/// [`Target::reset`] after a failed iteration.
+/// tables' shapes). The worker calls, per iteration: [`Target::begin`], then for each decoded
+/// message [`Target::relation`], [`Target::push`] or [`Target::schema`] (whole source
+/// transactions only), [`Target::write_chunk`] for a chunk's rows in a batch form,
+/// [`Target::commit`] at an early point where a chunk's rows follow stream events and at the
+/// end, inside the worker's transaction; [`Target::reset`] after a failed iteration.
+/// [`Target::row_form`] whenever it renders rows.
 pub trait Target {
-    /// How this target wants events' rows (decided once: the worker renders each event's row
-    /// only in this form).
-    fn row_format(&self) -> RowFormat {
-        RowFormat::Json
-    }
+    /// How this target wants rows of table `relid`: of stream events (`chunk` is `None`: a
+    /// per-row form), or of a backfill chunk with `chunk`'s columns (name, `format_type`; any
+    /// form: a batch form only where the target table has each column with the same type).
+    /// Asked when a chunk is read (in the chunk's transaction: reads only) and again at its high
+    /// watermark, where a changed answer means the chunk is read again.
+    fn row_form(&mut self, relid: u32, chunk: Option<&[(String, String)]>) -> TideResult<RowForm>;
 
-    /// Whether backfilled rows may come as `jsonb` ([`Event::row_jsonb`]) instead of JSON text
-    /// (the outbox: the chunk's reader parses them, so the worker does not).
-    fn takes_jsonb(&self) -> bool {
-        false
-    }
-
-    /// Start of an iteration: learn which tables go where, prepare the target.
-    fn begin(&mut self, _c: &mut SpiClient<'_>, _pipeline: &str) -> TideResult<()> {
-        Ok(())
-    }
-
-    /// Where the target says it has applied up to, when it keeps that itself (remote targets);
-    /// replays at or below it are skipped.
-    fn applied(&mut self) -> TideResult<Option<Lsn>> {
-        Ok(None)
-    }
+    /// Start of an iteration: learn which tables go where, prepare the target (a remote one
+    /// reconnects when its connection settings changed). Returns where the target says it has
+    /// applied up to, when it keeps that itself (remote targets); replays at or below it are
+    /// skipped.
+    fn begin(&mut self, c: &mut SpiClient<'_>, p: &PipelineRow) -> TideResult<Option<Lsn>>;
 
     /// A relation's (new) description arrived in the stream: table targets check the target
     /// table's shape and apply or refuse the schema change before the first event that needs
@@ -199,85 +224,35 @@ pub trait Target {
     /// targets apply it or pause (see `table`).
     fn schema(&mut self, c: &mut SpiClient<'_>, t: &Txn, ev: SchemaEvent) -> TideResult<()>;
 
+    /// A backfill chunk's surviving rows in a batch form, in stream order (at the chunk's high
+    /// watermark), for a target whose [`Target::row_form`] asked for that form. Same effect as
+    /// pushing each row as a `read` event. Says how they were written.
+    fn write_chunk(
+        &mut self,
+        _c: &mut SpiClient<'_>,
+        _t: &Txn,
+        batch: Batch<'_>,
+    ) -> TideResult<tide_core::model::ChunkWrite> {
+        Err(crate::error::TideError::internal(format!(
+            "this target cannot take a chunk's rows as {:?}",
+            batch.form()
+        )))
+    }
+
     /// Write everything buffered and make it durable together with the applied position
-    /// `applied` (end LSN of the last source transaction applied), before the worker's
-    /// transaction commits.
+    /// `applied` (end LSN of the last source transaction applied): at [`CommitPoint::End`],
+    /// before the worker's transaction commits; at [`CommitPoint::Early`] only a target that
+    /// commits on its own does anything.
     fn commit(
         &mut self,
         c: &mut SpiClient<'_>,
         pipeline: &str,
         applied: Option<Lsn>,
+        at: CommitPoint,
     ) -> TideResult<()>;
-
-    /// Where the target commits on its own (remote targets): commit what is buffered, which
-    /// ends with the source transaction ending at `applied`, in a target transaction of its
-    /// own, before more follows in this iteration. The applied position goes with it, so a
-    /// later failure replays only what follows. A no-op for targets written in the worker's
-    /// transaction.
-    fn commit_early(
-        &mut self,
-        _c: &mut SpiClient<'_>,
-        _pipeline: &str,
-        _applied: Lsn,
-    ) -> TideResult<()> {
-        Ok(())
-    }
-
-    /// Whether a backfill chunk of source table `relid` with `columns` (name, `format_type`)
-    /// can be handed over as row values ([`Target::push_row_values`]) instead of one event per
-    /// row: only a target in this database whose table has each column with the same type.
-    /// Asked when the chunk is read (in the chunk's transaction: reads only) and again at its
-    /// high watermark; `false` (the default) means events.
-    fn takes_row_values(&mut self, _relid: u32, _columns: &[(String, String)]) -> TideResult<bool> {
-        Ok(false)
-    }
-
-    /// A backfill chunk's surviving rows as row values, in stream order (at the chunk's high
-    /// watermark), for a target that said it takes them. Same effect as pushing each row as a
-    /// `read` event. Says how they were written.
-    fn push_row_values(
-        &mut self,
-        _c: &mut SpiClient<'_>,
-        _t: &Txn,
-        batch: RowBatch<'_>,
-    ) -> TideResult<tide_core::model::ChunkWrite> {
-        Err(crate::error::TideError::internal(format!(
-            "this target cannot take the rows of a chunk of {} as row values",
-            batch.relation
-        )))
-    }
-
-    /// Whether a backfill chunk of source table `relid` with `columns` (name, `format_type`)
-    /// can be handed over as COPY text ([`Target::push_copy_text`]) instead of one event per
-    /// row: only a target in another PostgreSQL whose table has each column with the same
-    /// type. Asked when the chunk is read and again at its high watermark, like
-    /// [`Target::takes_row_values`]; `false` (the default) means events.
-    fn takes_copy_text(&mut self, _relid: u32, _columns: &[(String, String)]) -> TideResult<bool> {
-        Ok(false)
-    }
-
-    /// A backfill chunk's surviving rows as COPY text, in stream order (at the chunk's high
-    /// watermark), for a target that said it takes them. Same effect as pushing each row as a
-    /// `read` event.
-    fn push_copy_text(
-        &mut self,
-        _c: &mut SpiClient<'_>,
-        _t: &Txn,
-        batch: CopyBatch<'_>,
-    ) -> TideResult<()> {
-        Err(crate::error::TideError::internal(format!(
-            "this target cannot take the rows of a chunk of {} as COPY text",
-            batch.relation
-        )))
-    }
 
     /// Forget cached state after a failed iteration.
     fn reset(&mut self) {}
-
-    /// How a remote target connects (`None` for every other target).
-    fn remote_access(&self) -> Option<crate::sink::remote::RemoteAccess> {
-        None
-    }
 }
 
 /// The target of a pipeline.

@@ -3,9 +3,10 @@
 //! (`catalog::outbox::insert`).
 
 use crate::catalog::outbox::{self, Rows};
+use crate::catalog::pipelines::PipelineRow;
 use crate::error::TideError;
 use crate::error::TideResult;
-use crate::sink::{Event, SchemaEvent, Target};
+use crate::sink::{CommitPoint, Event, Row, RowForm, SchemaEvent, Target};
 use pgrx::spi::SpiClient;
 use tide_core::lsn::Lsn;
 use tide_core::model::Txn;
@@ -30,9 +31,17 @@ impl OutboxSink {
 }
 
 impl Target for OutboxSink {
-    /// Backfilled rows come parsed (`jsonb` bytes) from the chunk's reader.
-    fn takes_jsonb(&self) -> bool {
-        true
+    /// JSON; backfilled rows come parsed (`jsonb` bytes) from the chunk's reader.
+    fn row_form(&mut self, _relid: u32, chunk: Option<&[(String, String)]>) -> TideResult<RowForm> {
+        Ok(if chunk.is_some() {
+            RowForm::Jsonb
+        } else {
+            RowForm::Json
+        })
+    }
+
+    fn begin(&mut self, _c: &mut SpiClient<'_>, _p: &PipelineRow) -> TideResult<Option<Lsn>> {
+        Ok(None)
     }
 
     /// After a failed iteration: the events buffered and not yet written belong to it (the
@@ -54,8 +63,19 @@ impl Target for OutboxSink {
         r.rel.push(ev.relation);
         r.op.push(ev.op.as_str());
         r.key.push(ev.key);
-        r.row.push(ev.row);
-        r.row_jsonb.push(ev.row_jsonb);
+        let (row, row_jsonb) = match ev.row {
+            Row::None => (None, None),
+            Row::Json(s) => (Some(s), None),
+            Row::Jsonb(b) => (None, Some(b)),
+            other => {
+                return Err(TideError::internal(format!(
+                    "the outbox was handed a row it did not ask for: {}",
+                    row_kind(&other)
+                )))
+            }
+        };
+        r.row.push(row);
+        r.row_jsonb.push(row_jsonb);
         r.unchanged.push(unchanged);
         if r.len() >= FLUSH_ROWS {
             self.flush(c)?;
@@ -76,18 +96,8 @@ impl Target for OutboxSink {
             c,
             t,
             Event {
-                relid: ev.relid,
-                relation: ev.relation,
-                op: tide_core::model::Op::Schema,
-                key: None,
-                row: Some(row.to_string()),
-                row_jsonb: None,
-                values: None,
-                key_values: None,
-                unchanged: Vec::new(),
-                columns: Vec::new(),
-                backfill: None,
-                only_where: None,
+                row: Row::Json(row.to_string()),
+                ..Event::bare(ev.relid, ev.relation, tide_core::model::Op::Schema, None)
             },
         )
     }
@@ -99,8 +109,13 @@ impl Target for OutboxSink {
         c: &mut SpiClient<'_>,
         _pipeline: &str,
         _applied: Option<Lsn>,
+        at: CommitPoint,
     ) -> TideResult<()> {
-        self.flush(c)
+        match at {
+            CommitPoint::End => self.flush(c),
+            // Written in the worker's transaction: nothing commits before it.
+            CommitPoint::Early => Ok(()),
+        }
     }
 }
 
@@ -111,5 +126,18 @@ impl OutboxSink {
             return Ok(());
         }
         outbox::insert(c, &self.pipeline, std::mem::take(&mut self.rows))
+    }
+}
+
+/// A row form's name, for messages.
+fn row_kind(r: &Row) -> &'static str {
+    match r {
+        Row::None => "none",
+        Row::Json(_) => "JSON",
+        Row::Jsonb(_) => "jsonb",
+        Row::Text(_) => "text",
+        Row::Key(_) => "key values",
+        Row::Value(_) => "a row value",
+        Row::Copy(_) => "COPY text",
     }
 }

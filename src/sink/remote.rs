@@ -55,8 +55,8 @@ use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -96,24 +96,6 @@ const POSTGRES_DEFAULT_KEEPALIVES_IDLE: Duration = Duration::from_secs(2 * 60 * 
 const REQUEST_QUEUE: usize = 1;
 /// How long `Drop` waits for the sink thread to exit before detaching it.
 const STOP_WAIT: Duration = Duration::from_secs(2);
-/// The longest the main thread waits for the sink thread without looking at interrupts and the
-/// postmaster (see [`set_wait_check`]).
-const WAIT_SLICE: Duration = Duration::from_millis(100);
-
-/// What the main thread does after every [`WAIT_SLICE`] of a wait for the sink thread's reply:
-/// in a backend, process a pending interrupt (query cancel, SIGTERM: `drop_pipeline`,
-/// `pg_terminate_backend`, shutdown) or exit if the postmaster died. It need not return; when
-/// it will not, it calls `abandon` first, so the sink thread rolls the request back, cancels
-/// its statement and drops the connection, as for a timeout.
-pub type WaitCheck = fn(abandon: &mut dyn FnMut());
-
-static WAIT_CHECK: OnceLock<WaitCheck> = OnceLock::new();
-
-/// Install the [`WaitCheck`] (once per process; `_PG_init` does it). Without one (this module's
-/// unit tests, which run outside a backend) a wait only ends on a reply or its timeout.
-pub fn set_wait_check(check: WaitCheck) {
-    let _ = WAIT_CHECK.set(check);
-}
 /// A sink thread still busy this long after its request was abandoned is replaced.
 pub const STUCK_AFTER: Duration = Duration::from_secs(30);
 /// Replaced (stuck) sink threads tolerated at once before requests fail as "busy".

@@ -37,7 +37,7 @@
 
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
-use crate::sink::{Event, RowFormat, SchemaEvent, Target};
+use crate::sink::{CommitPoint, Event, Row, RowForm, SchemaEvent, Target};
 use crate::worker::backfill::Backfiller;
 use pgrx::spi::SpiClient;
 use std::collections::{HashMap, HashSet};
@@ -293,10 +293,35 @@ impl Applier<'_, '_> {
                 }
             }
             MarkerOp::RemoveTable => {
-                self.sets.capturing.remove(&table);
+                let was_capturing = self.sets.capturing.remove(&table);
                 self.sets.pending.remove(&table);
                 if !t.skip {
                     self.removals.push(table);
+                }
+                // The table was dropped (the marker of the event trigger tide._drop_marker, in
+                // the DROP's transaction): it leaves here, with an event saying so.
+                let dropped = column_text(rel, new, "payload").filter(|p| dropped_table(p));
+                if let (Some(payload), false, true) = (dropped, t.skip, was_capturing) {
+                    let relation = schema_relation(payload)
+                        .or_else(|| self.rels.get(&table).map(|r| r.qualified.clone()))
+                        .unwrap_or_else(|| format!("relation {table}"));
+                    self.out.notes.push(format!(
+                        "captured table {relation} was dropped (transaction {} committed at {}): it left the pipeline at that point of the stream",
+                        t.xid, t.lsn
+                    ));
+                    t.position += 1;
+                    self.sink.schema(
+                        self.c,
+                        t,
+                        SchemaEvent {
+                            relid: table,
+                            relation,
+                            payload: payload.to_string(),
+                            change: SchemaChange::default(),
+                            rewrite: false,
+                            dropped: true,
+                        },
+                    )?;
                 }
             }
             MarkerOp::Schema => {
@@ -350,6 +375,7 @@ impl Applier<'_, '_> {
                         payload: payload.to_string(),
                         change,
                         rewrite,
+                        dropped: false,
                     },
                 )?;
             }
@@ -372,7 +398,8 @@ impl Applier<'_, '_> {
             // Make the stream events before the chunk visible now, rather than after the
             // chunk's rows.
             if let Some((end, _)) = self.last_applied {
-                self.sink.commit_early(self.c, &self.p.name, end)?;
+                self.sink
+                    .commit(self.c, &self.p.name, Some(end), CommitPoint::Early)?;
             }
         }
         if let Some(e) = self.bf.on_signal(self.c, self.sink, t, watermark, kind)? {
@@ -428,7 +455,7 @@ impl Applier<'_, '_> {
                 let Some(old_tuple) = old_key else {
                     return Err(TideError::internal("a key change without the old key"));
                 };
-                let ev = delete_event(&*self.sink, relid, rel, old, old_tuple)?;
+                let ev = delete_event(self.sink, relid, rel, old, old_tuple)?;
                 t.position += 1;
                 self.sink.push(self.c, t, ev)?;
                 emit_row(self.sink, self.c, t, relid, rel, Op::Insert, new_key, new)
@@ -445,7 +472,7 @@ impl Applier<'_, '_> {
         let mut k = String::new();
         json::render_key(&rel.columns, old_key, &mut k).map_err(render_err)?;
         self.bf.on_change(relid, &k, t.xid);
-        let ev = delete_event(&*self.sink, relid, rel, k, old_key)?;
+        let ev = delete_event(self.sink, relid, rel, k, old_key)?;
         t.position += 1;
         self.sink.push(self.c, t, ev)
     }
@@ -490,7 +517,7 @@ impl Applier<'_, '_> {
         json::push_string(&mut row, predicate);
         row.push('}');
         let mut ev = key_event(relid, rel, Op::Truncate, None);
-        ev.row = Some(row);
+        ev.row = Row::Json(row);
         ev.columns = vec!["partition".into(), "where".into()];
         ev.only_where = Some(predicate.to_string());
         t.position += 1;
@@ -582,6 +609,14 @@ fn parse_marker(rel: &RelDesc, t: &Tuple<'_>) -> Option<(MarkerOp, String, u32)>
     ))
 }
 
+/// Whether a remove marker's payload says the table was dropped (`"table_dropped": true`).
+fn dropped_table(payload: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(payload)
+        .ok()
+        .and_then(|v| v.get("table_dropped")?.as_bool())
+        .unwrap_or(false)
+}
+
 /// The relation named in a schema marker's payload (as the stream's events name it).
 fn schema_relation(payload: &str) -> Option<String> {
     let v: serde_json::Value = serde_json::from_str(payload).ok()?;
@@ -611,15 +646,15 @@ fn emit_row(
     key: String,
     new: &Tuple<'_>,
 ) -> TideResult<()> {
-    let (row, values, unchanged) = match sink.row_format() {
-        RowFormat::Json => {
+    let (row, unchanged) = match sink.row_form(relid, None)?.per_row() {
+        RowForm::Text => {
+            let (values, unchanged) = texts::row(&rel.columns, new).map_err(render_err)?;
+            (Row::Text(values), unchanged)
+        }
+        _ => {
             let mut row = String::new();
             let unchanged = json::render_row(&rel.columns, new, &mut row).map_err(render_err)?;
-            (Some(row), None, unchanged)
-        }
-        RowFormat::Text => {
-            let (values, unchanged) = texts::row(&rel.columns, new).map_err(render_err)?;
-            (None, Some(values), unchanged)
+            (Row::Json(row), unchanged)
         }
     };
     let columns = rel
@@ -643,9 +678,6 @@ fn emit_row(
             op,
             key: Some(key),
             row,
-            row_jsonb: None,
-            values,
-            key_values: None,
             unchanged,
             columns,
             backfill: None,
@@ -656,33 +688,20 @@ fn emit_row(
 
 /// An event without a row (delete, truncate).
 fn key_event(relid: u32, rel: &RelDesc, op: Op, key: Option<String>) -> Event {
-    Event {
-        relid,
-        relation: rel.qualified.clone(),
-        op,
-        key,
-        row: None,
-        row_jsonb: None,
-        values: None,
-        key_values: None,
-        unchanged: Vec::new(),
-        columns: Vec::new(),
-        backfill: None,
-        only_where: None,
-    }
+    Event::bare(relid, rel.qualified.clone(), op, key)
 }
 
 /// A delete of the key in `old` (the old key tuple, or the old row).
 fn delete_event(
-    sink: &dyn Target,
+    sink: &mut dyn Target,
     relid: u32,
     rel: &RelDesc,
     key: String,
     old: &Tuple<'_>,
 ) -> TideResult<Event> {
     let mut ev = key_event(relid, rel, Op::Delete, Some(key));
-    if sink.row_format() == RowFormat::Text {
-        ev.key_values = Some(texts::key(&rel.columns, old).map_err(render_err)?);
+    if sink.row_form(relid, None)?.per_row() == RowForm::Text {
+        ev.row = Row::Key(texts::key(&rel.columns, old).map_err(render_err)?);
     }
     Ok(ev)
 }

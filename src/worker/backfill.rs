@@ -30,13 +30,13 @@
 //! (`catalog::backfills::record_progress`). Any failed stream iteration forgets the chunks for
 //! the same reason.
 
-use super::chunk::{read_chunk, table_meta, ChunkRead, Holding, Item};
+use super::chunk::{form_for, read_chunk, table_locked, table_meta, ChunkRead, Job};
 use super::estimate::Estimate;
 use super::read_ahead::Reader;
 use super::row_values::RowValues;
 use crate::catalog::backfills;
 use crate::error::{TideError, TideResult};
-use crate::sink::{CopyBatch, Event, RowBatch, Target};
+use crate::sink::{Batch, CopyBatch, Event, Row, RowBatch, RowForm, Target};
 
 use crate::worker::tx::{self, Locked};
 use pgrx::prelude::*;
@@ -65,7 +65,7 @@ struct PendingChunk {
     truncated: bool,
     /// The columns of the rows, (name, `format_type`), in order.
     columns: Vec<(String, String)>,
-    /// The rows' values, when the chunk holds them as row values (see [`Item`]), with the
+    /// The rows' values, when the chunk holds them as row values ([`Row::Value`]), with the
     /// attribute numbers of `columns` they were read with.
     values: Option<(RowValues, Vec<i32>)>,
     /// The attribute numbers of `columns` when the chunk was read.
@@ -77,13 +77,14 @@ struct PendingChunk {
     /// The backfill as the chunk was read (its `last_key` is where the chunk started).
     job: backfills::Due,
     /// How the target wanted the rows held.
-    holding: Holding,
+    form: RowForm,
 }
 
 /// In-memory backfill state of one worker.
 pub struct Backfiller {
-    /// A row to upsert (JSON or row value), or a repair's delete of a key gone at the source.
-    reconciler: Reconciler<u32, String, Item>,
+    /// A row to upsert (in the form the target asked for), or a repair's delete of a key gone
+    /// at the source ([`Row::Key`]).
+    reconciler: Reconciler<u32, String, Row>,
     pending: Option<PendingChunk>,
     not_before: Instant,
     /// A throttled backfill's next chunk waits until then. It belongs to that backfill only:
@@ -277,41 +278,15 @@ impl Backfiller {
         } else {
             result.dropped
         };
-        // Row values are read with the row type the chunk was read with: only while the table
-        // still has the same columns (no DDL since the read), and the target still takes them
-        // (its table has those columns with the same types). COPY text likewise: the target's
-        // staging table and upsert are made from the chunk's columns. Otherwise the chunk is
-        // read again.
-        let has_values = rows.iter().any(|(_, r)| matches!(r, Item::Value(_)));
-        let has_copy = rows.iter().any(|(_, r)| matches!(r, Item::Copy(_)));
-        if has_values || has_copy {
-            let attnums = match &p.values {
-                Some((_, attnums)) => attnums,
-                None => &p.attnums,
-            };
-            let same_source = table_meta(p.relid, &[])?
-                .is_some_and(|m| m.shape() == p.columns && &m.attnums == attnums);
-            let takes = if has_values {
-                sink.takes_row_values(p.relid, &p.columns)?
-            } else {
-                sink.takes_copy_text(p.relid, &p.columns)?
-            };
-            if !same_source || !takes {
-                pgrx::log!(
-                    "pg_tide: {} or its target changed shape while chunk {} of backfill {} waited for its high watermark; reading the chunk again",
-                    p.relation,
-                    p.chunk_no,
-                    p.backfill_id
-                );
-                return Ok(None);
-            }
+        if rows.iter().any(|(_, r)| r.batched()) && !still_in_form(sink, &p)? {
+            return Ok(None);
         }
         // Progress first: if the backfill was cancelled meanwhile, nothing is emitted.
         let mut done = backfills::ChunkDone {
             backfill_id: p.backfill_id,
             chunk_no: p.chunk_no,
-            key_from: p.key_from,
-            key_to: p.key_to,
+            key_from: p.key_from.clone(),
+            key_to: p.key_to.clone(),
             low_lsn: p.low_lsn,
             high_lsn: t.lsn,
             rows_read: p.rows_read,
@@ -326,113 +301,35 @@ impl Backfiller {
         let Some((state, throttle)) = backfills::record_progress(c, &done)? else {
             return Ok(None);
         };
-        // Read ahead: the next chunk is read while this one is written (see `read_ahead`); not
-        // for a throttled backfill (the worker spaces its chunks itself).
         if state == BackfillState::Running && !p.is_last && throttle.is_none() {
-            if let Some(r) = self.reader.as_mut().filter(|r| !r.in_flight()) {
-                let mut next = p.job.clone();
-                next.last_key = done.key_to.clone();
-                next.chunk_no = p.chunk_no + 1;
-                // SAFETY: reads this transaction's xid (it has one: it just wrote the progress).
-                let writer = unsafe { pg_sys::GetTopTransactionIdIfAny() }.into_inner();
-                if let Err(e) = r.request(&next, p.holding, writer) {
-                    // Gone: the next step reads the chunk itself.
-                    pgrx::log!("pg_tide worker: {e}; it reads the chunks itself");
-                    self.reader = None;
-                }
-            }
+            self.read_ahead(&p, done.key_to.clone());
         }
         if p.chunk_no % 100 == 0 {
             backfills::trim_chunks(c, p.backfill_id, p.chunk_no)?;
         }
         let n = rows.len() as u64;
-        let mut as_values = Vec::new();
-        let (mut copy_text, mut copy_rows) = (String::new(), 0usize);
-        for (key, item) in rows {
-            let mut row_jsonb = None;
-            let (op, row, values, key_values) = match item {
-                Item::Value(i) => {
-                    as_values.push(i);
-                    continue;
-                }
-                Item::Copy(line) => {
-                    copy_text.push_str(&line);
-                    copy_rows += 1;
-                    continue;
-                }
-                Item::Json(row) => (Op::Read, Some(row), None, None),
-                Item::Jsonb(b) => {
-                    row_jsonb = Some(b);
-                    (Op::Read, None, None, None)
-                }
-                Item::Text(values) => (Op::Read, None, Some(values), None),
-                Item::Delete(by_name) => (Op::Delete, None, None, Some(by_name)),
-            };
-            t.position += 1;
-            done.written_as = Some(ChunkWrite::Events);
-            sink.push(
-                c,
-                t,
-                Event {
-                    relid: p.relid,
-                    relation: p.relation.clone(),
-                    op,
-                    key: Some(key),
-                    columns: if op == Op::Read {
-                        p.columns.iter().map(|(name, _)| name.clone()).collect()
-                    } else {
-                        Vec::new()
-                    },
-                    row,
-                    row_jsonb,
-                    values,
-                    key_values,
-                    unchanged: Vec::new(),
-                    backfill: Some((p.backfill_id, p.chunk_no)),
-                    only_where: None,
-                },
-            )?;
-        }
-        if let (Some((values, _)), false) = (&p.values, as_values.is_empty()) {
-            t.position += i32::try_from(as_values.len()).unwrap_or(i32::MAX);
-            done.written_as = Some(sink.push_row_values(
-                c,
-                t,
-                RowBatch {
-                    relid: p.relid,
-                    relation: &p.relation,
-                    columns: &p.columns,
-                    rows: values.rows_at(&as_values)?,
-                    row_type: values.row_type(),
-                },
-            )?);
-        }
-        if copy_rows > 0 {
-            let upper = done.key_to.as_deref().ok_or_else(|| {
-                TideError::internal(format!(
-                    "chunk {} of backfill {} has rows but no last key",
-                    p.chunk_no, p.backfill_id
-                ))
-            })?;
-            t.position += i32::try_from(copy_rows).unwrap_or(i32::MAX);
-            sink.push_copy_text(
-                c,
-                t,
-                CopyBatch {
-                    relid: p.relid,
-                    relation: &p.relation,
-                    columns: &p.columns,
-                    data: copy_text,
-                    count: copy_rows,
-                    lower: done.key_from.as_deref(),
-                    upper,
-                },
-            )?;
-            done.written_as = Some(ChunkWrite::Copy);
-        }
+        write_rows(c, sink, t, &p, rows, &mut done)?;
         backfills::record_chunk(c, &done)?;
         self.chunk_failures = 0;
         Ok(Some(Emitted { rows: n }))
+    }
+
+    /// Read ahead: the next chunk (after `last_key`) is read while this one is written (see
+    /// `read_ahead`), by the reader when it is idle. Not for a throttled backfill (the worker
+    /// spaces its chunks itself).
+    fn read_ahead(&mut self, p: &PendingChunk, last_key: Option<Vec<String>>) {
+        if let Some(r) = self.reader.as_mut().filter(|r| !r.in_flight()) {
+            let mut next = p.job.clone();
+            next.last_key = last_key;
+            next.chunk_no = p.chunk_no + 1;
+            // SAFETY: reads this transaction's xid (it has one: it just wrote the progress).
+            let writer = unsafe { pg_sys::GetTopTransactionIdIfAny() }.into_inner();
+            if let Err(e) = r.request(&next, p.form, writer) {
+                // Gone: the next step reads the chunk itself.
+                pgrx::log!("pg_tide worker: {e}; it reads the chunks itself");
+                self.reader = None;
+            }
+        }
     }
 
     /// Read the next chunk of the pipeline's active backfill, if one is due, or receive the one
@@ -496,7 +393,7 @@ impl Backfiller {
             read_chunk(
                 pipeline,
                 &job,
-                &mut |meta| Holding::for_target(sink, job.b.relid, &meta.shape()),
+                &mut |meta| form_for(sink, job.b.relid, &meta.shape()),
                 None,
             )
         }) {
@@ -590,11 +487,11 @@ impl Backfiller {
         }
         let n = read.rows.len();
         let last_key = read.rows.last().map(|r| r.key_values.clone());
-        let mut rows: Vec<(String, Item)> = read.rows.into_iter().map(|r| (r.key, r.row)).collect();
+        let mut rows: Vec<(String, Row)> = read.rows.into_iter().map(|r| (r.key, r.row)).collect();
         rows.extend(
             read.deletes
                 .into_iter()
-                .map(|(k, by_name)| (k, Item::Delete(by_name))),
+                .map(|(k, by_name)| (k, Row::Key(by_name))),
         );
         self.reconciler.add_chunk(job.watermark, job.b.relid, rows);
         // Throttle: spread the rows of this chunk over rows / rows_per_second seconds before
@@ -626,27 +523,10 @@ impl Backfiller {
             invisible: read.invisible,
             estimate: read.estimate,
             job: job.b,
-            holding: read.holding,
+            form: read.form,
         });
         Ok(())
     }
-}
-
-/// Why a chunk is not read now: its table is locked (see `tx::run_locked`).
-pub(super) fn table_locked() -> TideError {
-    TideError::new(
-        pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
-        "the table is locked by another transaction (for example a table-rewriting ALTER TABLE, TRUNCATE, VACUUM FULL or CLUSTER, or a statement waiting for such a lock)",
-    )
-    .hint("The chunk is read once the lock is released; the stream keeps flowing meanwhile. Nothing is lost.")
-    .retry_later()
-}
-
-/// The next chunk to read, after its low watermark committed.
-pub(super) struct Job {
-    pub(super) watermark: u64,
-    /// The backfill, as the catalog holds it.
-    pub(super) b: backfills::Due,
 }
 
 /// Transaction 1: pick the backfill, mark it running, write the LW.
@@ -682,4 +562,117 @@ fn fail_backfill(id: i64, e: &TideError) -> TideResult<()> {
         "Fix the cause, then start the backfill again with tide.start_backfill.".to_string()
     });
     backfills::fail(id, &e.message, &remedy)
+}
+
+/// Whether a chunk held in a batch form can still be written so: row values are read with the
+/// row type the chunk was read with, so only while the table still has the same columns (no DDL
+/// since the read), and the target still takes them (its table has those columns with the same
+/// types); COPY text likewise (the target's staging table and upsert are made from the chunk's
+/// columns). Otherwise the chunk is read again.
+fn still_in_form(sink: &mut dyn Target, p: &PendingChunk) -> TideResult<bool> {
+    let attnums = match &p.values {
+        Some((_, attnums)) => attnums,
+        None => &p.attnums,
+    };
+    let same_source =
+        table_meta(p.relid, &[])?.is_some_and(|m| m.shape() == p.columns && &m.attnums == attnums);
+    if same_source && sink.row_form(p.relid, Some(&p.columns))? == p.form {
+        return Ok(true);
+    }
+    pgrx::log!(
+        "pg_tide: {} or its target changed shape while chunk {} of backfill {} waited for its high watermark; reading the chunk again",
+        p.relation,
+        p.chunk_no,
+        p.backfill_id
+    );
+    Ok(false)
+}
+
+/// Write a chunk's surviving `rows` at the current position of `t`: the per-row forms as `read`
+/// events (a repair's [`Row::Key`] as a delete), the batch forms as one batch each. Records how
+/// they were written in `done`.
+fn write_rows(
+    c: &mut SpiClient<'_>,
+    sink: &mut dyn Target,
+    t: &mut Txn,
+    p: &PendingChunk,
+    rows: Vec<(String, Row)>,
+    done: &mut backfills::ChunkDone,
+) -> TideResult<()> {
+    let mut as_values = Vec::new();
+    let (mut copy_text, mut copy_rows) = (String::new(), 0usize);
+    for (key, row) in rows {
+        let op = match row {
+            Row::Value(i) => {
+                as_values.push(i);
+                continue;
+            }
+            Row::Copy(line) => {
+                copy_text.push_str(&line);
+                copy_rows += 1;
+                continue;
+            }
+            // A repair's delete of a key gone at the source.
+            Row::Key(_) => Op::Delete,
+            Row::None | Row::Json(_) | Row::Jsonb(_) | Row::Text(_) => Op::Read,
+        };
+        t.position += 1;
+        done.written_as = Some(ChunkWrite::Events);
+        sink.push(
+            c,
+            t,
+            Event {
+                relid: p.relid,
+                relation: p.relation.clone(),
+                op,
+                key: Some(key),
+                columns: if op == Op::Read {
+                    p.columns.iter().map(|(name, _)| name.clone()).collect()
+                } else {
+                    Vec::new()
+                },
+                row,
+                unchanged: Vec::new(),
+                backfill: Some((p.backfill_id, p.chunk_no)),
+                only_where: None,
+            },
+        )?;
+    }
+    if let (Some((values, _)), false) = (&p.values, as_values.is_empty()) {
+        t.position += i32::try_from(as_values.len()).unwrap_or(i32::MAX);
+        done.written_as = Some(sink.write_chunk(
+            c,
+            t,
+            Batch::Values(RowBatch {
+                relid: p.relid,
+                relation: &p.relation,
+                columns: &p.columns,
+                rows: values.rows_at(&as_values)?,
+                row_type: values.row_type(),
+            }),
+        )?);
+    }
+    if copy_rows > 0 {
+        let upper = done.key_to.as_deref().ok_or_else(|| {
+            TideError::internal(format!(
+                "chunk {} of backfill {} has rows but no last key",
+                p.chunk_no, p.backfill_id
+            ))
+        })?;
+        t.position += i32::try_from(copy_rows).unwrap_or(i32::MAX);
+        done.written_as = Some(sink.write_chunk(
+            c,
+            t,
+            Batch::Copy(CopyBatch {
+                relid: p.relid,
+                relation: &p.relation,
+                columns: &p.columns,
+                data: copy_text,
+                count: copy_rows,
+                lower: done.key_from.as_deref(),
+                upper,
+            }),
+        )?);
+    }
+    Ok(())
 }

@@ -8,41 +8,22 @@
 //! database that has the table's columns with the same types, as row values of the source's
 //! row type ([`RowValues`]: no text output, no JSON, one upsert), or, for a target in another
 //! PostgreSQL that has them, as lines of COPY text (each column's text output, escaped:
-//! `tide_core::copy`; no JSON, one COPY and one upsert at the target).
+//! `tide_core::copy`; no JSON, one COPY and one upsert at the target). The form is a
+//! `RowForm` the target chose ([`form_for`]); each is rendered by one arm of [`Renderer::row`].
 
-use super::backfill::Job;
 use super::estimate::Estimate;
 use super::row_values::RowValues;
 use super::tx;
 use crate::catalog::backfills;
 use crate::error::{TideError, TideResult};
-use crate::sink::{KeyValues, RowFormat, Target};
+use crate::sink::{KeyValues, Row, RowForm, Target};
 use crate::sql;
 use pgrx::prelude::*;
 use tide_core::json;
 use tide_core::model::OwnedColumn;
+use tide_core::read_ahead::{Chunk, ChunkRow};
 use tide_core::snapshot::InvisibleXids;
 use tide_core::wire::{Tuple, Value};
-
-/// What a chunk row carries to its high watermark (the reconciler's row type).
-pub(super) enum Item {
-    /// The row as a JSON object, emitted as a `read` event.
-    Json(String),
-    /// The same JSON object parsed into a `jsonb` datum (its bytes), for a target that takes
-    /// it so ([`Holding::jsonb`]): parsed by the process that read the chunk (the reader, with
-    /// read-ahead) instead of the worker.
-    Jsonb(Vec<u8>),
-    /// The row as each column's text output (NULL as `None`), emitted as a `read` event to a
-    /// target that takes rows as text.
-    Text(Vec<Option<String>>),
-    /// The row is row value `n` of the chunk's [`RowValues`].
-    Value(u32),
-    /// The row as one line of COPY text (its columns in the chunk's order, newline included).
-    Copy(String),
-    /// A repair deletes the key (it no longer exists at the source): the key columns by name,
-    /// with their text output.
-    Delete(KeyValues),
-}
 
 /// The source table as the chunk reads it.
 pub(super) struct TableMeta {
@@ -135,75 +116,108 @@ pub(super) fn table_meta(relid: u32, key_columns: &[String]) -> TideResult<Optio
     }))
 }
 
-pub(super) struct ChunkRow {
-    pub key: String,
-    pub key_values: Vec<String>,
-    pub row: Item,
+/// A chunk as read: its rows in the form the target asked for, with what the reconciliation
+/// needs (`tide_core::read_ahead::Chunk`, the same value a reader process sends), its row
+/// values in this process's memory.
+pub(super) type ChunkRead = Chunk<RowValues>;
+
+/// The form `sink` wants a chunk of table `relid` with `shape` (name, `format_type`) in. A
+/// remote target may have to be asked for its table's columns: if it cannot answer now, the
+/// chunk is read later (an error here would fail the backfill).
+pub(crate) fn form_for(
+    sink: &mut dyn Target,
+    relid: u32,
+    shape: &[(String, String)],
+) -> TideResult<RowForm> {
+    sink.row_form(relid, Some(shape))
+        .map_err(TideError::retry_later)
 }
 
-pub(super) struct ChunkRead {
-    /// How the target wanted the rows held (what the next chunk asks for too).
-    pub holding: Holding,
-    pub invisible: InvisibleXids,
-    /// The chunk's snapshot (`pg_current_snapshot()`), which `invisible` was parsed from.
-    pub snapshot: String,
-    pub estimate: Estimate,
-    /// Keys a repair deletes at the high watermark: rendered, and by column.
-    pub deletes: Vec<(String, KeyValues)>,
-    pub relation: String,
-    /// The chunk's columns, (name, `format_type`), in order.
-    pub columns: Vec<(String, String)>,
-    pub rows: Vec<ChunkRow>,
-    /// The rows' values, when held as row values, with the attribute numbers of `columns`
-    /// they were read with.
-    pub values: Option<(RowValues, Vec<i32>)>,
-    /// The attribute numbers of `columns` (what a high watermark compares for COPY text).
-    pub attnums: Vec<i32>,
-    pub is_last: bool,
-    pub read_at: i64,
+/// The chunk's SELECT, and what its rows are rendered with.
+struct ChunkQuery {
+    sql: String,
+    /// Its parameters: the previous chunk's last key.
+    args: Vec<String>,
+    /// The source's columns, in attribute order.
+    columns: Vec<OwnedColumn>,
+    /// Each key column's place in `columns`, in key order.
+    key_idx: Vec<usize>,
+    /// Each key column's `format_type`, in key order.
+    key_types: Vec<String>,
 }
 
-/// How a chunk's rows are held until their high watermark (see [`Item`]): what the target takes,
-/// decided by the worker (which has the target) when the chunk is read in the worker, or when it
-/// asks its reader for the next chunk.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Holding {
-    /// As row values (the target takes them for the chunk's columns).
-    pub values: bool,
-    /// As COPY text (the target takes it, and not row values).
-    pub copy: bool,
-    /// Otherwise as each column's text output (else as JSON).
-    pub text: bool,
-    /// JSON parsed into `jsonb` (else as JSON text).
-    pub jsonb: bool,
-}
-
-impl Holding {
-    /// What `sink` takes for a chunk of table `relid` with `shape` (name, `format_type`).
-    pub(crate) fn for_target(
-        sink: &mut dyn Target,
-        relid: u32,
-        shape: &[(String, String)],
-    ) -> TideResult<Holding> {
-        let values = sink.takes_row_values(relid, shape)?;
-        // A remote target may have to be asked for its table's columns: if it cannot answer
-        // now, read the chunk later (an error here would fail the backfill).
-        let copy = !values
-            && sink
-                .takes_copy_text(relid, shape)
-                .map_err(TideError::retry_later)?;
-        Ok(Holding {
-            values,
-            copy,
-            text: sink.row_format() == RowFormat::Text,
-            jsonb: sink.takes_jsonb(),
+impl ChunkQuery {
+    /// The keyset SELECT of `job`'s next chunk of `meta` for rows held as `form`: every column
+    /// in attribute order, or, for row values, the key columns then the whole row.
+    fn new(pipeline: &str, job: &Job, meta: &TableMeta, form: RowForm) -> TideResult<ChunkQuery> {
+        let relation = &meta.relation;
+        let columns: Vec<OwnedColumn> = meta.columns.iter().map(|(c, _)| c.clone()).collect();
+        let mut key_types = Vec::new();
+        for k in &job.b.key_columns {
+            let Some((_, ty)) = meta.columns.iter().find(|(c, _)| &c.name == k) else {
+                return Err(TideError::prerequisite(format!("key column \"{k}\" of {relation} no longer exists"))
+                    .hint(format!("Remove and re-add the table: SELECT tide.remove_table('{pipeline}', '{relation}'); SELECT tide.add_table('{pipeline}', '{relation}').")));
+            };
+            key_types.push(ty.clone());
+        }
+        let key_idx: Vec<usize> = job
+            .b
+            .key_columns
+            .iter()
+            .filter_map(|k| columns.iter().position(|c| &c.name == k))
+            .collect();
+        let key_list = job
+            .b
+            .key_columns
+            .iter()
+            .map(|k| quote(k))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let select_list = if form == RowForm::RowValues {
+            format!("{key_list}, {}", meta.relname)
+        } else {
+            columns
+                .iter()
+                .map(|c| quote(&c.name))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut sql = format!("SELECT {select_list} FROM {}", meta.scan);
+        let mut clauses = Vec::new();
+        let mut args = Vec::new();
+        if let Some(last) = &job.b.last_key {
+            let params = key_types
+                .iter()
+                .enumerate()
+                .map(|(i, t)| format!("${}::{t}", i + 1))
+                .collect::<Vec<_>>()
+                .join(", ");
+            clauses.push(format!("({key_list}) > ({params})"));
+            args.extend(last.iter().cloned());
+        }
+        if let Some(cond) = &job.b.condition {
+            // On lines of its own: a trailing `--` comment in it ends before the `)`.
+            clauses.push(format!("(\n{cond}\n)"));
+        }
+        if !clauses.is_empty() {
+            sql.push_str(" WHERE ");
+            sql.push_str(&clauses.join(" AND "));
+        }
+        sql.push_str(&format!(" ORDER BY {key_list} LIMIT {}", job.b.chunk_size));
+        Ok(ChunkQuery {
+            sql,
+            args,
+            columns,
+            key_idx,
+            key_types,
         })
     }
 }
 
 /// Transaction 2: SELECT the chunk (snapshot taken after the LW commit) and write the HW. The
-/// rows are held as `hold` says for the table as it is now (see [`Holding`]; row values also
-/// need the table's name as its whole-row reference: not when a column has that name).
+/// rows are held in the form `hold` says for the table as it is now (row values also need the
+/// table's name as its whole-row reference: when a column has that name, they are held as text
+/// instead).
 ///
 /// `writer` is the worker's iteration transaction when a reader reads the chunk while it runs
 /// (see `read_ahead`): it is in the chunk's snapshot's list of transactions in progress, and may
@@ -211,7 +225,7 @@ impl Holding {
 pub(super) fn read_chunk(
     pipeline: &str,
     job: &Job,
-    hold: &mut dyn FnMut(&TableMeta) -> TideResult<Holding>,
+    hold: &mut dyn FnMut(&TableMeta) -> TideResult<RowForm>,
     writer: Option<u32>,
 ) -> TideResult<ChunkRead> {
     let Some(meta) = table_meta(job.b.relid, &job.b.key_columns)? else {
@@ -221,94 +235,86 @@ pub(super) fn read_chunk(
         ))
         .hint("Remove it from the pipeline with tide.remove_table, or cancel the backfill."));
     };
-    let relation = meta.relation.clone();
-    let scan = meta.scan.clone();
-    let shape = meta.shape();
-    let holding = hold(&meta)?;
-    let whole_row = !meta
-        .columns
-        .iter()
-        .any(|(c, _)| quote(&c.name) == meta.relname);
-    let as_values = whole_row && holding.values;
-    let as_copy = !as_values && holding.copy;
-    let as_text = holding.text;
-    let as_jsonb = !as_values && !as_copy && !as_text && holding.jsonb;
-    // jsonb's input function, for `as_jsonb`.
-    let mut jsonb_in: pg_sys::FmgrInfo = unsafe { std::mem::zeroed() };
-    let mut jsonb_param = pg_sys::InvalidOid;
-    if as_jsonb {
-        let mut f = pg_sys::InvalidOid;
-        // SAFETY: a catalog lookup of a built-in type; fmgr_info fills the struct it is given
-        // (in the current memory context, the transaction's).
-        unsafe {
-            pg_sys::getTypeInputInfo(pg_sys::JSONBOID, &mut f, &mut jsonb_param);
-            pg_sys::fmgr_info(f, &mut jsonb_in);
-        }
-    }
-    let columns: Vec<OwnedColumn> = meta.columns.iter().map(|(c, _)| c.clone()).collect();
-    let mut key_types = Vec::new();
-    for k in &job.b.key_columns {
-        let Some((_, ty)) = meta.columns.iter().find(|(c, _)| &c.name == k) else {
-            return Err(TideError::prerequisite(format!("key column \"{k}\" of {relation} no longer exists"))
-                .hint(format!("Remove and re-add the table: SELECT tide.remove_table('{pipeline}', '{relation}'); SELECT tide.add_table('{pipeline}', '{relation}').")));
-        };
-        key_types.push(ty.clone());
-    }
-    let key_idx: Vec<usize> = job
-        .b
-        .key_columns
-        .iter()
-        .filter_map(|k| columns.iter().position(|c| &c.name == k))
-        .collect();
-
-    let key_list = job
-        .b
-        .key_columns
-        .iter()
-        .map(|k| quote(k))
-        .collect::<Vec<_>>()
-        .join(", ");
-    // JSON: every column; row values: the key columns, then the whole row.
-    let select_list = if as_values {
-        format!("{key_list}, {}", meta.relname)
-    } else {
-        columns
+    let mut form = hold(&meta)?;
+    if form == RowForm::RowValues
+        && meta
+            .columns
             .iter()
-            .map(|c| quote(&c.name))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let mut query = format!("SELECT {select_list} FROM {scan}");
-    let mut clauses = Vec::new();
-    let mut args: Vec<Option<&str>> = Vec::new();
-    if let Some(last) = &job.b.last_key {
-        let params = key_types
-            .iter()
-            .enumerate()
-            .map(|(i, t)| format!("${}::{t}", i + 1))
-            .collect::<Vec<_>>()
-            .join(", ");
-        clauses.push(format!("({key_list}) > ({params})"));
-        args.extend(last.iter().map(|s| Some(s.as_str())));
+            .any(|(c, _)| quote(&c.name) == meta.relname)
+    {
+        form = RowForm::Text;
     }
-    if let Some(cond) = &job.b.condition {
-        // On lines of its own: a trailing `--` comment in it ends before the `)`.
-        clauses.push(format!("(\n{cond}\n)"));
-    }
-    if !clauses.is_empty() {
-        query.push_str(" WHERE ");
-        query.push_str(&clauses.join(" AND "));
-    }
-    query.push_str(&format!(" ORDER BY {key_list} LIMIT {}", job.b.chunk_size));
-
+    let q = ChunkQuery::new(pipeline, job, &meta, form)?;
     let read_at = unsafe { pg_sys::GetCurrentTimestamp() };
-    // The chunk's snapshot (the transaction's, like the SELECT below: both run read-only). Its
-    // in-progress transactions may include one whose commit record is already in the WAL before
-    // the low watermark (PostgreSQL makes a transaction visible only after writing its commit
-    // record); such a transaction is invisible to the chunk although the stream delivers it
-    // before the window opens, so its keys are dropped from the chunk wherever it appears.
-    // Every xid at or after the snapshot's xmax is invisible too, without being listed: one
-    // whose commit record just preceded the low watermark can be among them.
+    let (snapshot, invisible) = chunk_snapshot(writer)?;
+    // Read as the pipeline's owner (catalog::backfills::due gives it, whoever started the
+    // backfill), in a security-restricted operation (`SET ROLE`/`RESET ROLE` fail there), under
+    // a timeout: a slow condition fails its backfill instead of holding the stream. The owner
+    // must still read every row: a revoked SELECT or a row-level security policy that applies
+    // to it now fails the chunk with the reason instead of reading some rows only.
+    let owner = crate::security::owner_oid(&job.b.owner, &format!("backfill {}", job.b.id))?;
+    if let Some(e) =
+        crate::security::read_problem(owner, pg_sys::Oid::from(job.b.relid), &meta.relation)
+    {
+        return Err(e);
+    }
+    let (rows, values) = read_rows(&q, &meta, form, owner)?;
+    let is_last = (rows.len() as i64) < job.b.chunk_size;
+    let deletes = match &job.b.repair_deletes {
+        Some(list) => {
+            let to = if is_last {
+                None
+            } else {
+                rows.last().map(|r: &ChunkRow| r.key_values.clone())
+            };
+            repair_deletes(job, &meta, &q, list, to.as_deref(), owner)?
+        }
+        None => Vec::new(),
+    };
+    check_not_rewritten(pipeline, job, &meta)?;
+    let estimate = if is_last {
+        Estimate::default()
+    } else {
+        // Whole-table backfills only: a condition or a repair reads part of the key range.
+        let whole = job.b.condition.is_none() && job.b.repair_deletes.is_none();
+        let last = rows.last().and_then(|r| r.key_values.first());
+        super::estimate::take(
+            job.b.relid,
+            &meta.scan,
+            &job.b.key_columns,
+            &q.key_types,
+            whole,
+            last,
+            owner,
+        )?
+    };
+    backfills::write_high_watermark(pipeline, job.watermark, job.b.id, is_last)?;
+    Ok(Chunk {
+        form,
+        invisible,
+        snapshot,
+        estimate,
+        deletes,
+        relation: meta.relation.clone(),
+        columns: meta.shape(),
+        rows,
+        values,
+        attnums: meta.attnums.clone(),
+        is_last,
+        read_at,
+    })
+}
+
+/// The chunk's snapshot (the transaction's, like the SELECT: both run read-only), and the
+/// transactions it cannot see; an error to retry when one of those has already committed.
+///
+/// Its in-progress transactions may include one whose commit record is already in the WAL before
+/// the low watermark (PostgreSQL makes a transaction visible only after writing its commit
+/// record); such a transaction is invisible to the chunk although the stream delivers it before
+/// the window opens, so its keys are dropped from the chunk wherever it appears. Every xid at or
+/// after the snapshot's xmax is invisible too, without being listed: one whose commit record
+/// just preceded the low watermark can be among them.
+fn chunk_snapshot(writer: Option<u32>) -> TideResult<(String, InvisibleXids)> {
     let snapshot =
         sql::one::<String>("SELECT pg_current_snapshot()::text", &[])?.unwrap_or_default();
     let invisible = InvisibleXids::parse(&snapshot).ok_or_else(|| {
@@ -350,79 +356,42 @@ pub(super) fn read_chunk(
         .hint("A transaction has committed but is still waiting (for example for a synchronous standby); the chunk is read again once it is visible.")
         .retry_later());
     }
-    // Read as the pipeline's owner (catalog::backfills::due gives it, whoever started the
-    // backfill), in a security-restricted operation (`SET ROLE`/`RESET ROLE` fail there), under
-    // a timeout: a slow condition fails its backfill instead of holding the stream. The owner
-    // must still read every row: a revoked SELECT or a row-level security policy that applies
-    // to it now fails the chunk with the reason instead of reading some rows only.
-    let owner = crate::security::owner_oid(&job.b.owner, &format!("backfill {}", job.b.id))?;
-    if let Some(e) = crate::security::read_problem(owner, pg_sys::Oid::from(job.b.relid), &relation)
-    {
-        return Err(e);
-    }
+    Ok((snapshot, invisible))
+}
+
+/// A chunk's rows, and their values when held as row values (with the attribute numbers they
+/// were read with).
+type ReadRows = (Vec<ChunkRow>, Option<(RowValues, Vec<i32>)>);
+
+/// The chunk's rows, read as `owner` under the chunk timeout, each rendered in `form` (and the
+/// row values, for [`RowForm::RowValues`]).
+fn read_rows(
+    q: &ChunkQuery,
+    meta: &TableMeta,
+    form: RowForm,
+    owner: pg_sys::Oid,
+) -> TideResult<ReadRows> {
+    let mut render = Renderer::new(form)?;
     let timeout_ms = crate::gucs::CHUNK_TIMEOUT_MS.get().max(10);
-    let nkeys = key_idx.len();
-    let (rows, values) = crate::security::as_owner(owner, || {
+    let nkeys = q.key_idx.len();
+    let args: Vec<Option<&str>> = q.args.iter().map(|a| Some(a.as_str())).collect();
+    crate::security::as_owner(owner, || {
         tx::arm_timeout(timeout_ms);
-        let r = sql::with_rows(&query, &args, 0, false, |result| {
+        let r = sql::with_rows(&q.sql, &args, 0, false, |result| {
             let mut rows = Vec::with_capacity(result.len());
             for i in 0..result.len() {
                 // Row values: the key columns come first (in key order) and are all that is
-                // read as text; JSON: every column, in attribute order.
-                let texts: Vec<Option<String>> = if as_values {
-                    (1..=nkeys as i32).map(|col| result.text(i, col)).collect()
+                // read as text; otherwise every column, in attribute order.
+                let ncols = if form == RowForm::RowValues {
+                    nkeys as i32
                 } else {
-                    (1..=result.columns())
-                        .map(|col| result.text(i, col))
-                        .collect()
+                    result.columns()
                 };
-                let tuple = if as_values {
-                    // Key columns at their places, the rest NULL: enough to render the key.
-                    let mut values = vec![Value::Null; columns.len()];
-                    for (k, &ci) in key_idx.iter().enumerate() {
-                        values[ci] = value(&texts[k]);
-                    }
-                    Tuple { values }
-                } else {
-                    Tuple {
-                        values: texts.iter().map(|v| value(v)).collect(),
-                    }
-                };
-                let render_err = |e: json::RenderError| {
-                    TideError::internal(format!("cannot render a chunk row: {e}"))
-                };
-                let mut key = String::new();
-                json::render_key(&columns, &tuple, &mut key).map_err(render_err)?;
-                let row = if as_values {
-                    Item::Value(i as u32)
-                } else if as_copy {
-                    let mut line = String::new();
-                    tide_core::copy::push_row(&mut line, texts.iter().map(Option::as_deref));
-                    Item::Copy(line)
-                } else if as_text {
-                    Item::Text(texts.clone())
-                } else {
-                    let mut row = String::new();
-                    json::render_row(&columns, &tuple, &mut row).map_err(render_err)?;
-                    if as_jsonb {
-                        Item::Jsonb(parse_jsonb(&mut jsonb_in, jsonb_param, row)?)
-                    } else {
-                        Item::Json(row)
-                    }
-                };
-                let key_values = (0..key_idx.len())
-                    .map(|k| {
-                        let at = if as_values { k } else { key_idx[k] };
-                        texts[at].clone().unwrap_or_default()
-                    })
-                    .collect();
-                rows.push(ChunkRow {
-                    key,
-                    key_values,
-                    row,
-                });
+                let texts: Vec<Option<String>> =
+                    (1..=ncols).map(|col| result.text(i, col)).collect();
+                rows.push(render.row(q, &texts, i as u32)?);
             }
-            let values = if as_values {
+            let values = if form == RowForm::RowValues {
                 Some((
                     RowValues::copy(result, nkeys as i32 + 1, meta.row_type)?,
                     meta.attnums.clone(),
@@ -434,84 +403,160 @@ pub(super) fn read_chunk(
         });
         tx::disarm_timeout();
         r
-    })?;
-    let is_last = (rows.len() as i64) < job.b.chunk_size;
-    // A repair: keys to delete that lie in this chunk's key range and, in this same snapshot, no
-    // longer exist at the source. They are emitted as deletes at the high watermark unless the
-    // stream touches them in the window (then the stream carries the truth, as for rows).
-    let mut deletes = Vec::new();
-    if let Some(list) = &job.b.repair_deletes {
-        let to: Option<Vec<String>> = if is_last {
-            None
+    })
+}
+
+/// Renders a chunk's rows in one form.
+struct Renderer {
+    form: RowForm,
+    /// jsonb's input function and its parameter, for [`RowForm::Jsonb`].
+    jsonb_in: Option<(pg_sys::FmgrInfo, pg_sys::Oid)>,
+}
+
+impl Renderer {
+    fn new(form: RowForm) -> TideResult<Renderer> {
+        let jsonb_in = (form == RowForm::Jsonb).then(|| {
+            let mut f = pg_sys::InvalidOid;
+            let mut param = pg_sys::InvalidOid;
+            // SAFETY: a catalog lookup of a built-in type; fmgr_info fills the struct it is
+            // given (in the current memory context, the transaction's).
+            unsafe {
+                let mut info: pg_sys::FmgrInfo = std::mem::zeroed();
+                pg_sys::getTypeInputInfo(pg_sys::JSONBOID, &mut f, &mut param);
+                pg_sys::fmgr_info(f, &mut info);
+                (info, param)
+            }
+        });
+        Ok(Renderer { form, jsonb_in })
+    }
+
+    /// Row `i` of the chunk, read as `texts` (every column, or the key columns only for row
+    /// values).
+    fn row(&mut self, q: &ChunkQuery, texts: &[Option<String>], i: u32) -> TideResult<ChunkRow> {
+        let render_err =
+            |e: json::RenderError| TideError::internal(format!("cannot render a chunk row: {e}"));
+        let by_key = self.form == RowForm::RowValues;
+        let tuple = if by_key {
+            // Key columns at their places, the rest NULL: enough to render the key.
+            let mut values = vec![Value::Null; q.columns.len()];
+            for (k, &ci) in q.key_idx.iter().enumerate() {
+                values[ci] = value(&texts[k]);
+            }
+            Tuple { values }
         } else {
-            rows.last().map(|r: &ChunkRow| r.key_values.clone())
+            Tuple {
+                values: texts.iter().map(value).collect(),
+            }
         };
-        let elem = |i: usize, k: &str| -> String {
-            let ty = &key_types[job.b.key_columns.iter().position(|c| c == k).unwrap_or(0)];
-            format!("(k.v->>{i})::{ty}")
+        let mut key = String::new();
+        json::render_key(&q.columns, &tuple, &mut key).map_err(render_err)?;
+        let row = match self.form {
+            RowForm::RowValues => Row::Value(i),
+            RowForm::CopyText => {
+                let mut line = String::new();
+                tide_core::copy::push_row(&mut line, texts.iter().map(Option::as_deref));
+                Row::Copy(line)
+            }
+            RowForm::Text => Row::Text(texts.to_vec()),
+            RowForm::Json | RowForm::Jsonb => {
+                let mut row = String::new();
+                json::render_row(&q.columns, &tuple, &mut row).map_err(render_err)?;
+                match self.jsonb_in.as_mut() {
+                    Some((f, param)) => Row::Jsonb(parse_jsonb(f, *param, row)?),
+                    None => Row::Json(row),
+                }
+            }
         };
-        let elems: Vec<String> = job
-            .b
-            .key_columns
-            .iter()
-            .enumerate()
-            .map(|(i, k)| elem(i, k))
+        let key_values = (0..q.key_idx.len())
+            .map(|k| {
+                let at = if by_key { k } else { q.key_idx[k] };
+                texts[at].clone().unwrap_or_default()
+            })
             .collect();
-        let mut clauses = vec![format!(
-            "NOT EXISTS (SELECT 1 FROM {scan} s WHERE ({}) = ({}))",
-            job.b
-                .key_columns
+        Ok(ChunkRow {
+            key,
+            key_values,
+            row,
+        })
+    }
+}
+
+/// A repair: keys of `list` to delete that lie in this chunk's key range (after the previous
+/// chunk's last key, up to `to`) and, in this same snapshot, no longer exist at the source.
+/// They are emitted as deletes at the high watermark unless the stream touches them in the
+/// window (then the stream carries the truth, as for rows).
+fn repair_deletes(
+    job: &Job,
+    meta: &TableMeta,
+    q: &ChunkQuery,
+    list: &str,
+    to: Option<&[String]>,
+    owner: pg_sys::Oid,
+) -> TideResult<Vec<(String, KeyValues)>> {
+    let keys = &job.b.key_columns;
+    let elems: Vec<String> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, _)| format!("(k.v->>{i})::{}", q.key_types[i]))
+        .collect();
+    let mut clauses = vec![format!(
+        "NOT EXISTS (SELECT 1 FROM {} s WHERE ({}) = ({}))",
+        meta.scan,
+        keys.iter()
+            .map(|k| format!("s.{}", quote(k)))
+            .collect::<Vec<_>>()
+            .join(", "),
+        elems.join(", ")
+    )];
+    let mut dargs: Vec<Option<&str>> = vec![Some(list)];
+    let mut n = 2;
+    for (bound, op) in [(job.b.last_key.as_deref(), ">"), (to, "<=")] {
+        if let Some(vals) = bound {
+            let ps: Vec<String> = q
+                .key_types
                 .iter()
-                .map(|k| format!("s.{}", quote(k)))
-                .collect::<Vec<_>>()
-                .join(", "),
-            elems.join(", ")
-        )];
-        let mut dargs: Vec<Option<&str>> = vec![Some(list.as_str())];
-        let mut n = 2;
-        for (bound, op) in [(job.b.last_key.as_ref(), ">"), (to.as_ref(), "<=")] {
-            if let Some(vals) = bound {
-                let ps: Vec<String> = key_types
-                    .iter()
-                    .map(|t| {
-                        let p = format!("${n}::{t}");
-                        n += 1;
-                        p
-                    })
-                    .collect();
-                clauses.push(format!("({}) {op} ({})", elems.join(", "), ps.join(", ")));
-                dargs.extend(vals.iter().map(|s| Some(s.as_str())));
-            }
-        }
-        let q = format!(
-            "SELECT {} FROM jsonb_array_elements($1::text::jsonb) AS k(v) WHERE {}",
-            (0..job.b.key_columns.len())
-                .map(|i| format!("k.v->>{i}"))
-                .collect::<Vec<_>>()
-                .join(", "),
-            clauses.join(" AND ")
-        );
-        // As the backfill's owner, like the chunk: it reads the source (and casts to its key types).
-        let found = crate::security::as_owner(owner, || sql::text_rows(&q, &dargs, 0, false))?;
-        for r in found {
-            let mut values = vec![Value::Null; columns.len()];
-            for (ki, &ci) in key_idx.iter().enumerate() {
-                values[ci] = r[ki].as_deref().map_or(Value::Null, Value::Text);
-            }
-            let mut key = String::new();
-            json::render_key(&columns, &Tuple { values }, &mut key)
-                .map_err(|e| TideError::internal(format!("cannot render a key to delete: {e}")))?;
-            let by_name = job.b.key_columns.iter().cloned().zip(r).collect();
-            deletes.push((key, by_name));
+                .map(|t| {
+                    let p = format!("${n}::{t}");
+                    n += 1;
+                    p
+                })
+                .collect();
+            clauses.push(format!("({}) {op} ({})", elems.join(", "), ps.join(", ")));
+            dargs.extend(vals.iter().map(|s| Some(s.as_str())));
         }
     }
-    // Defence in depth: the chunk must have read the relation file its snapshot knows. The lock
-    // taken before the snapshot guarantees it; if it ever did not hold (a rewrite committed after
-    // the snapshot, so the rows read — possibly none — come from a file the snapshot cannot see
-    // into), a short chunk would end the backfill with rows never read. Read it again instead.
-    // A partitioned table: each partition's file (it has none of its own); a partition attached
-    // after the snapshot is not in the snapshot's catalog, and its rows come by a backfill of
-    // their own (see `worker::partitions`).
+    let sql = format!(
+        "SELECT {} FROM jsonb_array_elements($1::text::jsonb) AS k(v) WHERE {}",
+        (0..keys.len())
+            .map(|i| format!("k.v->>{i}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        clauses.join(" AND ")
+    );
+    // As the backfill's owner, like the chunk: it reads the source (and casts to its key types).
+    let found = crate::security::as_owner(owner, || sql::text_rows(&sql, &dargs, 0, false))?;
+    let mut deletes = Vec::with_capacity(found.len());
+    for r in found {
+        let mut values = vec![Value::Null; q.columns.len()];
+        for (ki, &ci) in q.key_idx.iter().enumerate() {
+            values[ci] = r[ki].as_deref().map_or(Value::Null, Value::Text);
+        }
+        let mut key = String::new();
+        json::render_key(&q.columns, &Tuple { values }, &mut key)
+            .map_err(|e| TideError::internal(format!("cannot render a key to delete: {e}")))?;
+        deletes.push((key, keys.iter().cloned().zip(r).collect()));
+    }
+    Ok(deletes)
+}
+
+/// Defence in depth: the chunk must have read the relation file its snapshot knows. The lock
+/// taken before the snapshot guarantees it; if it ever did not hold (a rewrite committed after
+/// the snapshot, so the rows read — possibly none — come from a file the snapshot cannot see
+/// into), a short chunk would end the backfill with rows never read. Read it again instead. A
+/// partitioned table: each partition's file (it has none of its own); a partition attached after
+/// the snapshot is not in the snapshot's catalog, and its rows come by a backfill of their own
+/// (see `worker::partitions`).
+fn check_not_rewritten(pipeline: &str, job: &Job, meta: &TableMeta) -> TideResult<()> {
     let (seen, current) = if meta.partitioned {
         sql::two::<i64, i64>(
             "SELECT count(*)::int8, count(*) FILTER (WHERE c.relfilenode = pg_relation_filenode(c.oid))::int8
@@ -525,50 +570,21 @@ pub(super) fn read_chunk(
             &[(job.b.relid as i64).into()],
         )?
     };
-    if seen != current {
-        pgrx::log!(
-            "pg_tide worker \"{pipeline}\": {relation} was rewritten while chunk {} of backfill {} was read (file {seen:?} in its snapshot, now {current:?}); reading the chunk again",
-            job.b.chunk_no,
-            job.b.id
-        );
-        return Err(TideError::new(
-            pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
-            format!("{relation} was rewritten while a chunk was read"),
-        )
-        .hint("The chunk is read again; nothing was emitted from it.")
-        .retry_later());
+    if seen == current {
+        return Ok(());
     }
-    let estimate = if is_last {
-        Estimate::default()
-    } else {
-        // Whole-table backfills only: a condition or a repair reads part of the key range.
-        let whole = job.b.condition.is_none() && job.b.repair_deletes.is_none();
-        let last = rows.last().and_then(|r| r.key_values.first());
-        Estimate::take(
-            job.b.relid,
-            &scan,
-            &job.b.key_columns,
-            &key_types,
-            whole,
-            last,
-            owner,
-        )?
-    };
-    backfills::write_high_watermark(pipeline, job.watermark, job.b.id, is_last)?;
-    Ok(ChunkRead {
-        holding,
-        invisible,
-        snapshot,
-        estimate,
-        deletes,
-        relation,
-        columns: shape,
-        rows,
-        values,
-        attnums: meta.attnums.clone(),
-        is_last,
-        read_at,
-    })
+    pgrx::log!(
+        "pg_tide worker \"{pipeline}\": {} was rewritten while chunk {} of backfill {} was read (file {seen:?} in its snapshot, now {current:?}); reading the chunk again",
+        meta.relation,
+        job.b.chunk_no,
+        job.b.id
+    );
+    Err(TideError::new(
+        pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+        format!("{} was rewritten while a chunk was read", meta.relation),
+    )
+    .hint("The chunk is read again; nothing was emitted from it.")
+    .retry_later())
 }
 
 fn quote(ident: &str) -> String {
@@ -595,4 +611,21 @@ fn parse_jsonb(f: &mut pg_sys::FmgrInfo, param: pg_sys::Oid, row: String) -> Tid
         pg_sys::pfree(v as *mut std::ffi::c_void);
         Ok(bytes)
     }
+}
+
+/// Why a chunk is not read now: its table is locked (see `tx::run_locked`).
+pub(super) fn table_locked() -> TideError {
+    TideError::new(
+        pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
+        "the table is locked by another transaction (for example a table-rewriting ALTER TABLE, TRUNCATE, VACUUM FULL or CLUSTER, or a statement waiting for such a lock)",
+    )
+    .hint("The chunk is read once the lock is released; the stream keeps flowing meanwhile. Nothing is lost.")
+    .retry_later()
+}
+
+/// The next chunk to read, after its low watermark committed.
+pub(super) struct Job {
+    pub(super) watermark: u64,
+    /// The backfill, as the catalog holds it.
+    pub(super) b: backfills::Due,
 }

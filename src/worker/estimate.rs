@@ -9,67 +9,59 @@ use crate::error::TideResult;
 use crate::sql;
 use pgrx::prelude::*;
 
-/// What a chunk read tells about the backfill's total. The worker turns it into
-/// `estimated_rows` at the chunk's high watermark (kept above the rows read until the last chunk).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Estimate {
-    /// The planner's estimate of the table's rows now (`tide._estimate_rows`).
-    pub table_rows: Option<i64>,
-    /// For a whole-table backfill on a one-column key: the share of the table's rows up to the
-    /// chunk's last key, in (0, 1]. Alone: from the key's histogram (trusted). With
-    /// `table_rows`: from the integer key range, trusted only while the total it implies is
-    /// within a factor of 2 of `table_rows`.
-    pub key_fraction: Option<f64>,
-}
+/// What a chunk read tells about the backfill's total (the read-ahead protocol carries it). The
+/// worker turns it into `estimated_rows` at the chunk's high watermark (kept above the rows read
+/// until the last chunk). `key_fraction` alone: from the key's histogram (trusted); with
+/// `table_rows`: from the integer key range, trusted only while the total it implies is within a
+/// factor of 2 of `table_rows` (`catalog::backfills::record_progress`).
+pub use tide_core::read_ahead::Estimate;
 
-impl Estimate {
-    /// The estimate after a chunk of `relation` (how the chunk reads it: `ONLY` a table, or a
-    /// partitioned table) whose last key is `last`. For a whole-table backfill on a one-column
-    /// key, the share of the rows up to `last`, from the key's distribution:
-    /// - from the histogram `ANALYZE` keeps for the key column (`pg_stats.histogram_bounds`:
-    ///   about as many rows between each two bounds), so sparse and skewed keys do not mislead
-    ///   it;
-    /// - without one (a table never analyzed), for an integer key, the share of the key range
-    ///   `[min, max]`, with the planner's estimate alongside: a few keys far from the rest (one
-    ///   row moved to id 50,000 in a 5,000-row table) make the range say ten times too many, so
-    ///   the share counts only while the total it implies is within a factor of 2 of the
-    ///   planner's (`catalog::backfills::record_progress`).
-    ///
-    /// Otherwise the planner's estimate (`tide._estimate_rows`).
-    pub fn take(
-        relid: u32,
-        relation: &str,
-        key_columns: &[String],
-        key_types: &[String],
-        whole: bool,
-        last: Option<&String>,
-        owner: pg_sys::Oid,
-    ) -> TideResult<Estimate> {
-        let single = match (whole, key_columns, key_types, last) {
-            (true, [k], [t], Some(l)) => Some((k, t, l)),
-            _ => None,
-        };
-        if let Some((key, ty, last)) = single {
-            if let Some(f) = histogram_fraction(relid, key, ty, last, owner)? {
-                return Ok(Estimate {
-                    table_rows: None,
-                    key_fraction: Some(f),
-                });
-            }
+/// The estimate after a chunk of `relation` (how the chunk reads it: `ONLY` a table, or a
+/// partitioned table) whose last key is `last`. For a whole-table backfill on a one-column
+/// key, the share of the rows up to `last`, from the key's distribution:
+/// - from the histogram `ANALYZE` keeps for the key column (`pg_stats.histogram_bounds`:
+///   about as many rows between each two bounds), so sparse and skewed keys do not mislead
+///   it;
+/// - without one (a table never analyzed), for an integer key, the share of the key range
+///   `[min, max]`, with the planner's estimate alongside: a few keys far from the rest (one
+///   row moved to id 50,000 in a 5,000-row table) make the range say ten times too many, so
+///   the share counts only while the total it implies is within a factor of 2 of the
+///   planner's (`catalog::backfills::record_progress`).
+///
+/// Otherwise the planner's estimate (`tide._estimate_rows`).
+pub fn take(
+    relid: u32,
+    relation: &str,
+    key_columns: &[String],
+    key_types: &[String],
+    whole: bool,
+    last: Option<&String>,
+    owner: pg_sys::Oid,
+) -> TideResult<Estimate> {
+    let single = match (whole, key_columns, key_types, last) {
+        (true, [k], [t], Some(l)) => Some((k, t, l)),
+        _ => None,
+    };
+    if let Some((key, ty, last)) = single {
+        if let Some(f) = histogram_fraction(relid, key, ty, last, owner)? {
+            return Ok(Estimate {
+                table_rows: None,
+                key_fraction: Some(f),
+            });
         }
-        let table_rows = sql::one::<i64>(
-            "SELECT tide._estimate_rows($1::int8::oid)",
-            &[(relid as i64).into()],
-        )?;
-        let key_fraction = match single {
-            Some((key, ty, last)) => range_fraction(relation, key, ty, last, owner)?,
-            None => None,
-        };
-        Ok(Estimate {
-            table_rows,
-            key_fraction,
-        })
     }
+    let table_rows = sql::one::<i64>(
+        "SELECT tide._estimate_rows($1::int8::oid)",
+        &[(relid as i64).into()],
+    )?;
+    let key_fraction = match single {
+        Some((key, ty, last)) => range_fraction(relation, key, ty, last, owner)?,
+        None => None,
+    };
+    Ok(Estimate {
+        table_rows,
+        key_fraction,
+    })
 }
 
 /// The share of the table's rows whose key is at most `last`, from the key column's histogram

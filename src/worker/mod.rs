@@ -17,11 +17,12 @@ pub mod tx;
 
 use pgrx::pg_sys;
 
-/// The [`crate::sink::remote::WaitCheck`] of a backend: while the main thread waits for a sink
+/// The [`crate::sink::wait::Check`] of a backend: while the main thread waits for a sink
 /// thread, a pending interrupt is processed (query cancel raises an ERROR, SIGTERM ends the
 /// process) and a dead postmaster ends the process, as at any `WaitLatch` of PostgreSQL's own.
-/// The request waited for is abandoned first.
-pub fn wait_check(abandon: &mut dyn FnMut()) {
+/// The request waited for is abandoned first. With `defer_termination`, a pending termination
+/// request is left pending (`true`): the wait goes on for its grace.
+pub fn wait_check(abandon: &mut dyn FnMut(), defer_termination: bool) -> bool {
     // A zero-timeout WaitLatch only reports whether the postmaster is gone.
     let events = unsafe {
         pg_sys::WaitLatch(
@@ -36,7 +37,11 @@ pub fn wait_check(abandon: &mut dyn FnMut()) {
         unsafe { pg_sys::proc_exit(1) };
     }
     if unsafe { pg_sys::InterruptPending } != 0 {
+        if defer_termination && unsafe { pg_sys::ProcDiePending } != 0 {
+            return true;
+        }
         abandon();
         pg_sys::check_for_interrupts!();
     }
+    false
 }

@@ -84,7 +84,7 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
     log!("pg_tide worker for pipeline \"{name}\" started");
     // The launcher starts no worker while the SQL objects are of another version; this covers an
     // `ALTER EXTENSION` between its check and this start. The slot keeps the worker's place.
-    if let Err(e) = tx::run(output_settings) {
+    if let Err(e) = tx::run(tx::output_settings) {
         // Without its pinned search_path the worker must not run a statement as itself.
         log!("pg_tide worker \"{name}\": not running: could not set its session settings: {e}");
         return;
@@ -113,6 +113,9 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
         if sighup {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
+        // Taken before the flush position is read: whatever committed before it is flushed by
+        // then (synchronous commit), so a drained reader has applied it (caught_up_at).
+        let loop_at = now_us();
         let flush = unsafe { pg_sys::GetFlushRecPtr(std::ptr::null_mut()) };
         let position = dec.as_ref().map(|d| d.position());
         let facts = Facts {
@@ -144,6 +147,7 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
                     // every transaction committed before `p`.
                     shmem::update(slot_idx, |w| {
                         w.caught_up_lsn = w.caught_up_lsn.max(p.0);
+                        w.caught_up_at = w.caught_up_at.max(loop_at);
                         w.last_poll = now_us();
                     });
                 }
@@ -172,6 +176,8 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
             }
             Action::Iterate => {
                 last_iteration = Instant::now();
+                // Before the iteration reads the flush position it drains up to (o.start_flush).
+                let started_at = now_us();
                 let chunk_was_waiting = bf.has_pending();
                 crate::worker::apply::clear_last_begun();
                 let one_at_a_time = one_at_a_time_until.is_some();
@@ -212,6 +218,7 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
                         after_success(
                             &name,
                             slot_idx,
+                            started_at,
                             &o,
                             &mut dec,
                             &mut rels,
@@ -247,27 +254,12 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
     shmem::release(slot_idx, pid);
 }
 
-/// Deterministic text output for every value a worker renders (stream and backfill alike, in the
-/// worker and its reader), whatever the server's defaults, and the pinned `search_path` of a
-/// session that runs as pg_tide. For this session; in a transaction.
-pub(crate) fn output_settings() -> TideResult<()> {
-    crate::security::pin_search_path()?;
-    crate::sql::text_rows(
-        "SELECT pg_catalog.set_config('DateStyle', 'ISO, YMD', false), pg_catalog.set_config('IntervalStyle', 'postgres', false),
-                pg_catalog.set_config('extra_float_digits', '1', false), pg_catalog.set_config('bytea_output', 'hex', false),
-                pg_catalog.set_config('TimeZone', 'UTC', false)",
-        &[],
-        1,
-        false,
-    )?;
-    Ok(())
-}
-
 /// Bookkeeping after a successful iteration: its log lines, a standby snapshot while busy, the
 /// slot's confirmed position, the decoder reopen, and the worker's shared-memory state.
 fn after_success(
     name: &str,
     slot_idx: usize,
+    started_at: i64,
     o: &Outcome,
     dec: &mut Option<Decoder>,
     rels: &mut HashMap<u32, RelDesc>,
@@ -327,6 +319,7 @@ fn after_success(
         }
         if o.drained {
             w.caught_up_lsn = w.caught_up_lsn.max(o.start_flush.0);
+            w.caught_up_at = w.caught_up_at.max(started_at);
         }
         w.last_poll = now_us();
     });
@@ -442,8 +435,9 @@ fn iterate(
             });
         }
         if p.confirmed_lsn.is_none() {
+            let remedy = catalog::slots::recreate_remedy(c, &p)?;
             return Err(TideError::undefined(format!("replication slot \"{}\" of pipeline \"{name}\" does not exist", p.slot_name))
-                .hint(format!("The slot was dropped (by tide.max_paused_wal_size while the pipeline was paused, or by hand). {}", catalog::slots::recreate_remedy(&p))));
+                .hint(format!("The slot was dropped (by tide.max_paused_wal_size while the pipeline was paused, or by hand). {remedy}")));
         }
         catalog::slots::allow_output_plugin()?;
         // Mark this iteration's transaction (its target writes above all) as pg_tide's.
@@ -452,22 +446,8 @@ fn iterate(
         // logs its progress, at LOG. Quiet them for this transaction only (the worker's own
         // messages are logged after the transaction ends).
         crate::sql::one::<String>("SELECT set_config('log_min_messages', 'fatal', true)", &[])?;
-        // A foreign server, user mapping or role changed (only a remote target's worker
-        // watches): what the target connects with is read and checked again, and the target
-        // is built anew if it differs. A mapping that lost its password stops the pipeline
-        // here, with the reason; the next iteration checks again.
-        if crate::sink::remote::take_options_changed() {
-            if let Some(current) = sink.as_ref().and_then(|s| s.remote_access()) {
-                match crate::sink::table::remote_access_unchanged(&p, &current) {
-                    Ok(true) => {}
-                    Ok(false) => *sink = None,
-                    Err(e) => {
-                        *sink = None;
-                        return Err(e);
-                    }
-                }
-            }
-        }
+        // A remote target checks what it connects with in `begin` (after a foreign server,
+        // user mapping or role changed) and connects anew, or stops with the reason.
         if sink.is_none() {
             *sink = Some(crate::sink::for_pipeline(&p)?);
         }
@@ -492,7 +472,8 @@ fn stream(
     if tables.iter().any(|t| t.partitioned && t.capturing) {
         super::partitions::follow(c, p, now_us(), &mut notes)?;
     }
-    sink.begin(c, &p.name)?;
+    // A remote target keeps its own applied position (written in its own transactions).
+    let target_applied = sink.begin(c, p)?;
     let (signal_relid, marker_relid) = catalog::signal_and_marker_relids()?;
     let sets = TableSets {
         capturing: tables
@@ -524,8 +505,7 @@ fn stream(
             .map_err(|_| TideError::internal(format!("bad applied_lsn {s}")))?,
         None => Lsn(0),
     };
-    // A remote target keeps its own applied position (written in its own transactions).
-    let applied = applied.max(sink.applied()?.unwrap_or(Lsn(0)));
+    let applied = applied.max(target_applied.unwrap_or(Lsn(0)));
     let confirmed = p
         .confirmed_lsn
         .as_deref()
@@ -615,7 +595,12 @@ fn stream(
             "the decoded stream ended inside a transaction",
         ));
     }
-    sink.commit(c, &p.name, last_applied.map(|(end, _)| end))?;
+    sink.commit(
+        c,
+        &p.name,
+        last_applied.map(|(end, _)| end),
+        crate::sink::CommitPoint::End,
+    )?;
     for relid in &removals {
         catalog::tables::forget_removed(c, &p.name, *relid)?;
     }

@@ -8,7 +8,7 @@
 //! Protocol (one request in flight at most):
 //! 1. during the iteration that writes chunk N (at its high watermark), the worker sends the
 //!    request for chunk N+1: the backfill as the worker knows it, starting after N's last key,
-//!    and how the target wants its rows held ([`Holding`]);
+//!    and how the target wants its rows held (a `RowForm`);
 //! 2. the reader runs the same two transactions the worker would ([`super::backfill`]): the low
 //!    watermark, then the chunk's SELECT and its high watermark (`super::chunk::read_chunk`, as
 //!    the backfill's owner, security-restricted) and sends the chunk back (rows as JSON, as
@@ -31,9 +31,8 @@
 //! itself, as before. The reader exits when the worker detaches (the worker drops it when no
 //! backfill is due, or exits), and with the postmaster.
 
-use super::backfill::Job;
-use super::chunk::{read_chunk, ChunkRead, ChunkRow, Holding, Item};
-use super::estimate::Estimate;
+use super::chunk::Job;
+use super::chunk::{read_chunk, ChunkRead};
 use super::row_values::RowValues;
 use super::tx::{self, Locked};
 use crate::catalog::backfills::{self, Due};
@@ -41,385 +40,75 @@ use crate::error::{TideError, TideResult};
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use tide_core::snapshot::InvisibleXids;
+use tide_core::read_ahead::{
+    decode_request, decode_response, encode_chunk, encode_failure, encode_request, Failure,
+    Malformed, Request, RowBytes,
+};
+use tide_core::row::RowForm;
 
 /// Bytes of each of the two queues (a larger chunk streams through).
 const QUEUE_BYTES: usize = 4 << 20;
 
-// ------------------------------------------------------------------------------ encoding
+// ------------------------------------------------------------------------------ messages
 
-/// Appends values to a message. Lengths and numbers little-endian.
-#[derive(Default)]
-struct Enc(Vec<u8>);
+// The messages and their encoding are `tide_core::read_ahead`'s (tested there); what is here
+// turns them into the worker's types.
 
-impl Enc {
-    fn u8(&mut self, v: u8) {
-        self.0.push(v);
+impl RowBytes for RowValues {
+    fn row_type(&self) -> u32 {
+        RowValues::row_type(self).to_u32()
     }
-    fn bool(&mut self, v: bool) {
-        self.u8(u8::from(v));
-    }
-    fn u32(&mut self, v: u32) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn i64(&mut self, v: i64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn f64(&mut self, v: f64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn len(&mut self, n: usize) {
-        self.u32(u32::try_from(n).unwrap_or(u32::MAX));
-    }
-    fn bytes(&mut self, b: &[u8]) {
-        self.len(b.len());
-        self.0.extend_from_slice(b);
-    }
-    fn str(&mut self, s: &str) {
-        self.bytes(s.as_bytes());
-    }
-    fn opt<T>(&mut self, v: Option<T>, f: impl FnOnce(&mut Self, T)) {
-        match v {
-            None => self.u8(0),
-            Some(v) => {
-                self.u8(1);
-                f(self, v)
-            }
+    fn each_row(&self, f: &mut dyn FnMut(&[u8])) {
+        for r in self.bytes() {
+            f(r)
         }
     }
-    fn strs(&mut self, v: &[String]) {
-        self.len(v.len());
-        for s in v {
-            self.str(s);
-        }
-    }
-    fn opt_strs(&mut self, v: &[Option<String>]) {
-        self.len(v.len());
-        for s in v {
-            self.opt(s.as_deref(), |e, s| e.str(s));
-        }
+    fn len(&self) -> usize {
+        RowValues::len(self)
     }
 }
 
-/// Reads what [`Enc`] wrote; every read is bounds-checked (a malformed message is an error).
-struct Dec<'a> {
-    buf: &'a [u8],
-    at: usize,
+fn malformed(e: Malformed) -> TideError {
+    TideError::internal(e.to_string())
 }
 
-fn malformed() -> TideError {
-    TideError::internal("a malformed message between a pipeline worker and its reader")
-}
-
-impl<'a> Dec<'a> {
-    fn take(&mut self, n: usize) -> TideResult<&'a [u8]> {
-        let end = self.at.checked_add(n).ok_or_else(malformed)?;
-        let s = self.buf.get(self.at..end).ok_or_else(malformed)?;
-        self.at = end;
-        Ok(s)
-    }
-    fn u8(&mut self) -> TideResult<u8> {
-        Ok(self.take(1)?[0])
-    }
-    fn bool(&mut self) -> TideResult<bool> {
-        Ok(self.u8()? != 0)
-    }
-    fn u32(&mut self) -> TideResult<u32> {
-        let b = self.take(4)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    fn i64(&mut self) -> TideResult<i64> {
-        let b = self.take(8)?;
-        let mut a = [0u8; 8];
-        a.copy_from_slice(b);
-        Ok(i64::from_le_bytes(a))
-    }
-    fn f64(&mut self) -> TideResult<f64> {
-        Ok(f64::from_bits(self.i64()? as u64))
-    }
-    fn len(&mut self) -> TideResult<usize> {
-        Ok(self.u32()? as usize)
-    }
-    fn bytes(&mut self) -> TideResult<&'a [u8]> {
-        let n = self.len()?;
-        self.take(n)
-    }
-    fn str(&mut self) -> TideResult<String> {
-        std::str::from_utf8(self.bytes()?)
-            .map(str::to_string)
-            .map_err(|_| malformed())
-    }
-    fn opt<T>(&mut self, f: impl FnOnce(&mut Self) -> TideResult<T>) -> TideResult<Option<T>> {
-        match self.u8()? {
-            0 => Ok(None),
-            1 => f(self).map(Some),
-            _ => Err(malformed()),
-        }
-    }
-    fn strs(&mut self) -> TideResult<Vec<String>> {
-        let n = self.len()?;
-        (0..n).map(|_| self.str()).collect()
-    }
-    fn opt_strs(&mut self) -> TideResult<Vec<Option<String>>> {
-        let n = self.len()?;
-        (0..n).map(|_| self.opt(|d| d.str())).collect()
-    }
-    fn end(&self) -> TideResult<()> {
-        if self.at == self.buf.len() {
-            Ok(())
-        } else {
-            Err(malformed())
-        }
+fn failure(e: &TideError) -> Failure {
+    Failure {
+        code: e.code as i32,
+        message: e.message.clone(),
+        detail: e.detail.clone(),
+        hint: e.hint.clone(),
+        retry: e.retry,
     }
 }
 
-fn put_due(e: &mut Enc, b: &Due) {
-    e.i64(b.id);
-    e.u32(b.relid);
-    e.i64(b.chunk_size);
-    e.opt(b.rows_per_second, |e, v| e.i64(v));
-    e.opt(b.condition.as_deref(), |e, v| e.str(v));
-    e.str(&b.owner);
-    e.strs(&b.key_columns);
-    e.opt(b.last_key.as_deref(), |e, v| e.strs(v));
-    e.i64(b.chunk_no);
-    e.opt(b.repair_deletes.as_deref(), |e, v| e.str(v));
+fn error(f: Failure) -> TideError {
+    let mut err = TideError::new(f.code.into(), f.message);
+    err.detail = f.detail;
+    err.hint = f.hint;
+    err.retry = f.retry;
+    err
 }
 
-fn get_due(d: &mut Dec<'_>) -> TideResult<Due> {
-    Ok(Due {
-        id: d.i64()?,
-        relid: d.u32()?,
-        chunk_size: d.i64()?,
-        rows_per_second: d.opt(|d| d.i64())?,
-        condition: d.opt(|d| d.str())?,
-        owner: d.str()?,
-        key_columns: d.strs()?,
-        last_key: d.opt(|d| d.strs())?,
-        chunk_no: d.i64()?,
-        repair_deletes: d.opt(|d| d.str())?,
-    })
-}
-
-/// A request: read the next chunk of `job` (pipeline `pipeline`), holding rows as `hold` says,
-/// while the worker's transaction `writer` runs.
-fn encode_request(pipeline: &str, job: &Due, hold: Holding, writer: u32) -> Vec<u8> {
-    let mut e = Enc::default();
-    e.str(pipeline);
-    put_due(&mut e, job);
-    e.bool(hold.values);
-    e.bool(hold.copy);
-    e.bool(hold.text);
-    e.bool(hold.jsonb);
-    e.u32(writer);
-    e.0
-}
-
-fn decode_request(buf: &[u8]) -> TideResult<(String, Due, Holding, u32)> {
-    let mut d = Dec { buf, at: 0 };
-    let pipeline = d.str()?;
-    let job = get_due(&mut d)?;
-    let hold = Holding {
-        values: d.bool()?,
-        copy: d.bool()?,
-        text: d.bool()?,
-        jsonb: d.bool()?,
-    };
-    let writer = d.u32()?;
-    d.end()?;
-    Ok((pipeline, job, hold, writer))
-}
-
-/// The reader's answer: the chunk read under watermark `watermark` for the backfill as it was
-/// then (its chunk size and throttle may have changed since the request), or why not.
-fn encode_response(r: &TideResult<(u64, Due, ChunkRead)>) -> Vec<u8> {
-    let mut e = Enc::default();
+/// The reader's answer as it sends it.
+fn encode_answer(r: &TideResult<(u64, Due, ChunkRead)>) -> Vec<u8> {
     match r {
-        Err(err) => {
-            e.u8(0);
-            e.i64(i64::from(err.code as i32));
-            e.str(&err.message);
-            e.opt(err.detail.as_deref(), |e, v| e.str(v));
-            e.opt(err.hint.as_deref(), |e, v| e.str(v));
-            e.bool(err.retry);
-        }
-        Ok((watermark, job, c)) => {
-            e.u8(1);
-            e.i64(*watermark as i64);
-            put_due(&mut e, job);
-            e.str(&c.snapshot);
-            e.opt(c.estimate.table_rows, |e, v| e.i64(v));
-            e.opt(c.estimate.key_fraction, |e, v| e.f64(v));
-            e.len(c.deletes.len());
-            for (key, by_name) in &c.deletes {
-                e.str(key);
-                e.len(by_name.len());
-                for (n, v) in by_name {
-                    e.str(n);
-                    e.opt(v.as_deref(), |e, v| e.str(v));
-                }
-            }
-            e.str(&c.relation);
-            e.len(c.columns.len());
-            for (n, t) in &c.columns {
-                e.str(n);
-                e.str(t);
-            }
-            e.len(c.rows.len());
-            for r in &c.rows {
-                e.str(&r.key);
-                e.strs(&r.key_values);
-                match &r.row {
-                    Item::Json(s) => {
-                        e.u8(0);
-                        e.str(s);
-                    }
-                    Item::Text(v) => {
-                        e.u8(1);
-                        e.opt_strs(v);
-                    }
-                    Item::Value(i) => {
-                        e.u8(2);
-                        e.u32(*i);
-                    }
-                    Item::Copy(s) => {
-                        e.u8(3);
-                        e.str(s);
-                    }
-                    // A chunk's rows are never deletes (those are in `deletes`).
-                    Item::Delete(_) => e.u8(4),
-                    Item::Jsonb(b) => {
-                        e.u8(5);
-                        e.bytes(b);
-                    }
-                }
-            }
-            e.opt(c.values.as_ref(), |e, (values, attnums)| {
-                e.u32(values.row_type().to_u32());
-                let rows: Vec<&[u8]> = values.bytes().collect();
-                e.len(rows.len());
-                for r in rows {
-                    e.bytes(r);
-                }
-                e.len(attnums.len());
-                for a in attnums {
-                    e.u32(*a as u32);
-                }
-            });
-            e.len(c.attnums.len());
-            for a in &c.attnums {
-                e.u32(*a as u32);
-            }
-            e.bool(c.is_last);
-            e.i64(c.read_at);
-        }
+        Ok((w, job, c)) => encode_chunk(*w, job, c),
+        Err(e) => encode_failure(&failure(e)),
     }
-    e.0
 }
 
-/// The answer to a request that asked for rows held as `holding`.
-fn decode_response(buf: &[u8], holding: Holding) -> TideResult<TideResult<(u64, Due, ChunkRead)>> {
-    let mut d = Dec { buf, at: 0 };
-    let out = match d.u8()? {
-        0 => {
-            let code = d.i64()? as i32;
-            let mut err = TideError::new(code.into(), d.str()?);
-            err.detail = d.opt(|d| d.str())?;
-            err.hint = d.opt(|d| d.str())?;
-            err.retry = d.bool()?;
-            Err(err)
+/// The reader's answer as the worker receives it (row values copied into the worker's memory).
+fn decode_answer(buf: &[u8]) -> TideResult<TideResult<(u64, Due, ChunkRead)>> {
+    match decode_response(buf).map_err(malformed)? {
+        Err(f) => Ok(Err(error(f))),
+        Ok((w, job, c)) => {
+            let c = c.map_values(|v| {
+                RowValues::from_bytes(v.rows.into_iter(), pg_sys::Oid::from(v.row_type))
+            })?;
+            Ok(Ok((w, job, c)))
         }
-        1 => {
-            let watermark = d.i64()? as u64;
-            let job = get_due(&mut d)?;
-            let snapshot = d.str()?;
-            let invisible = InvisibleXids::parse(&snapshot).ok_or_else(malformed)?;
-            let estimate = Estimate {
-                table_rows: d.opt(|d| d.i64())?,
-                key_fraction: d.opt(|d| d.f64())?,
-            };
-            let n = d.len()?;
-            let mut deletes = Vec::with_capacity(n.min(1 << 16));
-            for _ in 0..n {
-                let key = d.str()?;
-                let m = d.len()?;
-                let mut by_name = Vec::with_capacity(m.min(64));
-                for _ in 0..m {
-                    by_name.push((d.str()?, d.opt(|d| d.str())?));
-                }
-                deletes.push((key, by_name));
-            }
-            let relation = d.str()?;
-            let n = d.len()?;
-            let mut columns = Vec::with_capacity(n.min(1600));
-            for _ in 0..n {
-                columns.push((d.str()?, d.str()?));
-            }
-            let n = d.len()?;
-            let mut rows = Vec::with_capacity(n.min(1 << 20));
-            for _ in 0..n {
-                let key = d.str()?;
-                let key_values = d.strs()?;
-                let row = match d.u8()? {
-                    0 => Item::Json(d.str()?),
-                    1 => Item::Text(d.opt_strs()?),
-                    2 => Item::Value(d.u32()?),
-                    3 => Item::Copy(d.str()?),
-                    5 => Item::Jsonb(d.bytes()?.to_vec()),
-                    _ => return Err(malformed()),
-                };
-                rows.push(ChunkRow {
-                    key,
-                    key_values,
-                    row,
-                });
-            }
-            let values = match d.u8()? {
-                0 => None,
-                1 => {
-                    let row_type = pg_sys::Oid::from(d.u32()?);
-                    let n = d.len()?;
-                    let mut bytes = Vec::with_capacity(n.min(1 << 20));
-                    for _ in 0..n {
-                        bytes.push(d.bytes()?);
-                    }
-                    let m = d.len()?;
-                    let attnums = (0..m)
-                        .map(|_| d.u32().map(|a| a as i32))
-                        .collect::<TideResult<Vec<_>>>()?;
-                    Some((RowValues::from_bytes(bytes.into_iter(), row_type)?, attnums))
-                }
-                _ => return Err(malformed()),
-            };
-            let n = d.len()?;
-            let attnums = (0..n)
-                .map(|_| d.u32().map(|a| a as i32))
-                .collect::<TideResult<Vec<_>>>()?;
-            let is_last = d.bool()?;
-            let read_at = d.i64()?;
-            Ok((
-                watermark,
-                job,
-                ChunkRead {
-                    holding,
-                    invisible,
-                    snapshot,
-                    estimate,
-                    deletes,
-                    relation,
-                    columns,
-                    rows,
-                    values,
-                    attnums,
-                    is_last,
-                    read_at,
-                },
-            ))
-        }
-        _ => return Err(malformed()),
-    };
-    d.end()?;
-    Ok(out)
+    }
 }
 
 // ------------------------------------------------------------------------------ the worker's side
@@ -427,7 +116,6 @@ fn decode_response(buf: &[u8], holding: Holding) -> TideResult<TideResult<(u64, 
 /// A request sent and not yet answered.
 struct InFlight {
     job: Due,
-    hold: Holding,
     /// The iteration that sent it failed: the answer is dropped.
     stale: bool,
 }
@@ -535,11 +223,16 @@ impl Reader {
 
     /// Ask for the next chunk of `job` (its `last_key` is where the chunk starts), from inside
     /// the worker's transaction `writer` (its xid; 0 when it has none).
-    pub fn request(&mut self, job: &Due, hold: Holding, writer: u32) -> TideResult<()> {
+    pub fn request(&mut self, job: &Due, form: RowForm, writer: u32) -> TideResult<()> {
         if self.in_flight.is_some() {
             return Err(TideError::internal("a chunk was asked of the reader twice"));
         }
-        let msg = encode_request(&self.pipeline, job, hold, writer);
+        let msg = encode_request(&Request {
+            pipeline: self.pipeline.clone(),
+            job: job.clone(),
+            form,
+            writer,
+        });
         // SAFETY: the queue handle is attached (see `start`); the message is copied in.
         let r = unsafe {
             pg_sys::shm_mq_send(
@@ -555,7 +248,6 @@ impl Reader {
         }
         self.in_flight = Some(InFlight {
             job: job.clone(),
-            hold,
             stale: false,
         });
         Ok(())
@@ -589,7 +281,7 @@ impl Reader {
                 if r != pg_sys::shm_mq_result::SHM_MQ_SUCCESS {
                     return Err(gone());
                 }
-                decode_response(std::slice::from_raw_parts(data as *const u8, n), f.hold)
+                decode_answer(std::slice::from_raw_parts(data as *const u8, n))
             }
         })?;
         if f.stale {
@@ -676,7 +368,7 @@ pub extern "C-unwind" fn tide_reader_main(arg: pg_sys::Datum) {
             pg_sys::shm_mq_attach(requests, seg, std::ptr::null_mut()),
         )
     };
-    if let Err(e) = tx::run(super::pipeline::output_settings) {
+    if let Err(e) = tx::run(tx::output_settings) {
         log!("pg_tide reader \"{pipeline}\": could not set output settings: {e}");
         return;
     }
@@ -692,7 +384,7 @@ pub extern "C-unwind" fn tide_reader_main(arg: pg_sys::Datum) {
                 // The worker detached (it dropped its reader, or exited).
                 break;
             }
-            decode_request(std::slice::from_raw_parts(data as *const u8, n))
+            decode_request(std::slice::from_raw_parts(data as *const u8, n)).map_err(malformed)
         };
         if let Err(e) = &request {
             // Another build's worker (a pg_tide.so replaced while it ran): not a reason to
@@ -708,13 +400,13 @@ pub extern "C-unwind" fn tide_reader_main(arg: pg_sys::Datum) {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
         let answer = match request {
-            Ok((p, job, hold, writer)) => read(&p, job, hold, writer),
+            Ok(r) => read(&r.pipeline, r.job, r.form, r.writer),
             Err(e) => Err(e),
         };
         if answer.is_err() {
             crate::sql::forget_plans();
         }
-        let msg = encode_response(&answer);
+        let msg = encode_answer(&answer);
         drop(answer);
         // SAFETY: attached queue; the message is copied in (streamed when it is larger than the
         // queue: the worker receives it before its next iteration).
@@ -738,7 +430,7 @@ pub extern "C-unwind" fn tide_reader_main(arg: pg_sys::Datum) {
 fn read(
     pipeline: &str,
     mut b: Due,
-    hold: Holding,
+    form: RowForm,
     writer: u32,
 ) -> TideResult<(u64, Due, ChunkRead)> {
     let watermark = tx::run(|| {
@@ -756,12 +448,12 @@ fn read(
         read_chunk(
             pipeline,
             &job,
-            &mut |_| Ok(hold),
+            &mut |_| Ok(form),
             (writer != 0).then_some(writer),
         )
     })? {
         Locked::Ran(read) => Ok((watermark, job.b, read)),
-        Locked::Busy => Err(super::backfill::table_locked()),
+        Locked::Busy => Err(super::chunk::table_locked()),
     }
 }
 
@@ -769,43 +461,4 @@ unsafe extern "C-unwind" {
     /// PostgreSQL's own SIGTERM handler.
     #[link_name = "die"]
     fn postgres_die(signal: std::ffi::c_int);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn requests_round_trip() {
-        let job = Due {
-            id: 7,
-            relid: 16384,
-            chunk_size: 5000,
-            rows_per_second: None,
-            condition: Some("a > 1 -- é".into()),
-            owner: "alice".into(),
-            key_columns: vec!["id".into(), "Weird \"col\"".into()],
-            last_key: Some(vec!["42".into(), "".into()]),
-            chunk_no: 3,
-            repair_deletes: None,
-        };
-        let hold = Holding {
-            values: false,
-            copy: true,
-            text: true,
-            jsonb: true,
-        };
-        let (p, j, h, w) = decode_request(&encode_request("pipé", &job, hold, 77)).unwrap();
-        assert_eq!((p.as_str(), w), ("pipé", 77));
-        assert_eq!(format!("{j:?}"), format!("{job:?}"));
-        assert_eq!(h, hold);
-        // Truncated or extended messages are errors, not defaults.
-        let msg = encode_request("p", &job, hold, 0);
-        for cut in 0..msg.len() {
-            assert!(decode_request(&msg[..cut]).is_err(), "cut at {cut}");
-        }
-        let mut longer = msg.clone();
-        longer.push(0);
-        assert!(decode_request(&longer).is_err());
-    }
 }

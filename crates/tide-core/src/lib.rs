@@ -18,6 +18,10 @@
 //!   statement text, schema-change DDL, safe widenings, quoting).
 //! * [`remote_auth`]: postgres_fdw's rules for a remote target's connection made
 //!   for a non-superuser (password required and used, no server files).
+//! * [`row`]: a row on its way to a target and the forms it can take (`RowForm`:
+//!   JSON, `jsonb`, text, row values, COPY text), declared by each target per table.
+//! * [`read_ahead`]: the read-ahead protocol's messages (a chunk request, a chunk
+//!   or why not) and their encoding.
 //! * [`reconcile`]: the DBLog watermark reconciler merging backfill chunks
 //!   into the change stream.
 //! * [`worker_loop`]: the pipeline worker's main loop as a state machine (one
@@ -34,8 +38,10 @@ pub mod kafka;
 pub mod lsn;
 pub mod model;
 pub mod plan;
+pub mod read_ahead;
 pub mod reconcile;
 pub mod remote_auth;
+pub mod row;
 pub mod snapshot;
 pub mod spill;
 pub mod texts;

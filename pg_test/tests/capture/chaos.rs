@@ -111,7 +111,7 @@ INSERT INTO replay_lines TABLE "Order Lines";
         let label = match what {
             Disrupt::Kill9 => {
                 let victim = worker_pid(&c, "chaos")
-                    .unwrap_or_else(|| panic!("no worker to kill\n{}", diag(&c, "chaos")));
+                    .unwrap_or_else(|| panic!("no worker to kill\n{}", diag(&c)));
                 kill9(victim);
                 kills += 1;
                 pid = Some(victim);
@@ -129,9 +129,7 @@ INSERT INTO replay_lines TABLE "Order Lines";
         let back = match what {
             Disrupt::Nothing => Duration::ZERO,
             _ => {
-                let back = wait_recovered(&c, "chaos", pid, Duration::from_secs(60), || {
-                    diag(&c, "chaos")
-                });
+                let back = wait_recovered(&c, "chaos", pid, Duration::from_secs(60), || diag(&c));
                 pid = worker_pid(&c, "chaos");
                 back
             }
@@ -296,7 +294,7 @@ END $$;
     );
     eprintln!("chaos: replay matches the source ({counts})");
     let st: String = c.query_scalar("SELECT state FROM tide.pipelines WHERE name = 'chaos'");
-    assert_eq!(st, "streaming", "{}", diag(&c, "chaos"));
+    assert_eq!(st, "streaming", "{}", diag(&c));
 }
 
 /// pgbench with `script` at 1000 transactions per second in total (enough work, and a catch-up

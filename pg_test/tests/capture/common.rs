@@ -8,19 +8,6 @@ use std::time::Duration;
 pub const WORKER: &str = "pg_tide worker";
 pub const POLL: Duration = Duration::from_millis(100);
 
-/// The pipeline's row of `tide.pipelines` and the last 40 lines of the server log.
-pub fn diag(c: &Cluster, name: &str) -> String {
-    diag_of(
-        c,
-        &[(
-            "tide.pipelines",
-            &format!("SELECT * FROM tide.pipelines WHERE name = '{name}'"),
-            1,
-        )],
-        40,
-    )
-}
-
 /// Create a pipeline and wait until its worker has finished a first iteration.
 pub fn create_pipeline(c: &Cluster, name: &str) {
     pg_test::create_pipeline(c, name, "outbox", "{}");
@@ -38,7 +25,7 @@ pub fn capture_table(c: &Cluster, name: &str, table: &str) {
 /// `tide.wait_for_pipeline`, which must return true within `secs`.
 #[track_caller]
 pub fn wait_pipeline(c: &Cluster, name: &str, secs: u32) {
-    wait_for_pipeline(c, name, secs, || diag(c, name));
+    wait_for_pipeline(c, name, secs, || diag(c));
 }
 
 /// `row->>'id'` of the pipeline's events on `relation`, in outbox order, as "op:id".

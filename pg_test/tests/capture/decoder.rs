@@ -69,12 +69,12 @@ fn decoder_reads_wal_once() {
     assert!(
         busy < 4 * written + (4 << 20),
         "the worker read {busy} bytes for {written} bytes of WAL: it re-reads WAL\n{}",
-        diag(&c, "p")
+        diag(&c)
     );
     assert!(
         idle < (1 << 20),
         "an idle worker read {idle} bytes in 2 s\n{}",
-        diag(&c, "p")
+        diag(&c)
     );
     let delivered: i64 = c.query_scalar(
         "SELECT count(DISTINCT (row->>'id')) FROM tide.outbox WHERE pipeline = 'p' AND relation = 'public.t'",
@@ -100,7 +100,7 @@ fn huge_transaction_spills_and_arrives_whole() {
     assert!(
         c.log_count("bytes of decoded changes went to a temporary file") >= 1,
         "the decoded output did not spill (logical_decoding_work_mem = 64kB)\n{}",
-        diag(&c, "p")
+        diag(&c)
     );
     let per_txn: Vec<(i64, i64, i64)> = c
         .query(
@@ -170,6 +170,6 @@ fn own_writes_are_not_decoded() {
         decoded < target_bytes / 20,
         "the slot decoded {decoded} bytes for a target of {target_bytes} bytes written by the \
          worker itself: it decodes its own writes\n{}",
-        diag(&c, "l")
+        diag(&c)
     );
 }

@@ -21,7 +21,7 @@ fn pause_resume_and_drop() {
         (r.get::<_, String>(0), r.get::<_, bool>(1)),
         ("paused".to_string(), false),
         "{}",
-        diag(&c, "p1")
+        diag(&c)
     );
     for i in 4..=10 {
         c.execute(&format!("INSERT INTO t VALUES ({i}, 'during pause')"));
@@ -137,7 +137,7 @@ fn drop_pipeline_races_its_worker() {
             panic!(
                 "round {round}: drop_pipeline failed: {}\n{}",
                 describe_error(&e),
-                diag(&c, "d")
+                diag(&c)
             );
         }
     }
@@ -233,6 +233,6 @@ fn worker_error_is_visible_and_recovers() {
     wait_pipeline(&c, "e", 60);
     let mut want = inserts(1..=6);
     want.push("update:1".into());
-    assert_eq!(events(&c, "e", "public.t"), want, "{}", diag(&c, "e"));
+    assert_eq!(events(&c, "e", "public.t"), want, "{}", diag(&c));
     assert_stream_invariants(&c, "e");
 }

@@ -73,7 +73,7 @@ fn ddl_does_not_stop_the_stream() {
         ("insert", r#"{"id": 6, "total": 6.25}"#),
     ];
     let got: Vec<(&str, &str)> = rows.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
-    assert_eq!(got, expected, "{}", diag(&c, "ddl"));
+    assert_eq!(got, expected, "{}", diag(&c));
     let total5: String = c.query_scalar(
         "SELECT (\"row\"->'total')::text FROM tide.outbox WHERE pipeline = 'ddl' AND \"row\"->>'id' = '5'",
     );
@@ -85,7 +85,7 @@ fn ddl_does_not_stop_the_stream() {
     );
     let (state, err, capturing): (String, Option<String>, Option<bool>) =
         (r.get(0), r.get(1), r.get(2));
-    assert_eq!(state, "streaming", "{}", diag(&c, "ddl"));
+    assert_eq!(state, "streaming", "{}", diag(&c));
     assert_eq!(err, None);
     assert_eq!(capturing, Some(true));
     assert_stream_invariants(&c, "ddl");
@@ -114,7 +114,7 @@ fn add_and_remove_table_boundaries() {
     let mut want = inserts([100]);
     want.extend(inserts(6..=10));
     want.push("update:1".into());
-    assert_eq!(events(&c, "m", "public.t"), want, "{}", diag(&c, "m"));
+    assert_eq!(events(&c, "m", "public.t"), want, "{}", diag(&c));
     assert_eq!(events(&c, "m", "public.other"), inserts([1]));
     let r = c.query_one("SELECT state = 'capturing', added_lsn IS NOT NULL FROM tide.tables WHERE pipeline = 'm' AND relation = 'public.t'");
     assert!(
@@ -134,7 +134,7 @@ fn add_and_remove_table_boundaries() {
     c.execute("INSERT INTO other VALUES (2)");
     wait_pipeline(&c, "m", 60);
     want.extend(inserts([11]));
-    assert_eq!(events(&c, "m", "public.t"), want, "{}", diag(&c, "m"));
+    assert_eq!(events(&c, "m", "public.t"), want, "{}", diag(&c));
     assert_eq!(events(&c, "m", "public.other"), inserts([1, 2]));
     let n: i64 = c.query_scalar(
         "SELECT count(*) FROM tide.tables WHERE pipeline = 'm' AND relation = 'public.t'",
@@ -148,6 +148,6 @@ fn add_and_remove_table_boundaries() {
     wait_pipeline(&c, "m", 60);
     want.extend(inserts(16..=18));
     want.push("delete:3".into());
-    assert_eq!(events(&c, "m", "public.t"), want, "{}", diag(&c, "m"));
+    assert_eq!(events(&c, "m", "public.t"), want, "{}", diag(&c));
     assert_stream_invariants(&c, "m");
 }

@@ -256,7 +256,7 @@ fn toast_unchanged_is_not_a_placeholder() {
         evs,
         ["insert:1", "insert:2", "update:1", "update:1", "delete:2", "insert:3"],
         "{}",
-        diag(&c, "toast")
+        diag(&c)
     );
     let rows = c.query(
         "SELECT op, key::text, \"row\" ? 'big', coalesce(length(\"row\"->>'big'), -1), unchanged, \"row\"->>'n'

@@ -9,32 +9,8 @@ use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-const WALLETS: i64 = 1000;
-
-const SCHEMA: &str = "
-CREATE TABLE wallets (id int PRIMARY KEY, balance bigint NOT NULL);
-CREATE TABLE ledger (id bigserial PRIMARY KEY, from_id int, to_id int, amount bigint);
-CREATE TABLE transfer_check (wallet_id int PRIMARY KEY, net bigint NOT NULL);
-INSERT INTO wallets SELECT g, 1000 FROM generate_series(1, 1000) g;
-INSERT INTO transfer_check SELECT g, 0 FROM generate_series(1, 1000) g;
-";
-
-const TRANSFER: &str = r#"\set from random(1, 1000)
-\set off random(1, 999)
-\set to 1 + ((:from - 1 + :off) % 1000)
-\set amt random(1, 100)
-\set lo least(:from, :to)
-\set hi greatest(:from, :to)
-\set dlo case when :lo = :from then -:amt else :amt end
-\set dhi -:dlo
-BEGIN;
-UPDATE wallets SET balance = balance + :dlo WHERE id = :lo;
-UPDATE wallets SET balance = balance + :dhi WHERE id = :hi;
-UPDATE transfer_check SET net = net + :dlo WHERE wallet_id = :lo;
-UPDATE transfer_check SET net = net + :dhi WHERE wallet_id = :hi;
-INSERT INTO ledger (from_id, to_id, amount) VALUES (:from, :to, :amt);
-COMMIT;
-"#;
+// The wallets and the transfer script: pg_test's fixtures (WALLETS, WALLET_SCHEMA,
+// WALLET_TRANSFER_SCRIPT, WALLET_START_BALANCE).
 
 /// The consumer's copy of the three tables.
 #[derive(Default)]
@@ -65,14 +41,14 @@ impl State {
     fn violation(&self) -> Option<String> {
         for (id, bal) in &self.wallets {
             if let Some(net) = self.checks.get(id) {
-                if *bal != 1000 + net {
+                if *bal != WALLET_START_BALANCE + net {
                     return Some(format!("wallet {id}: balance {bal}, net {net}"));
                 }
             }
         }
         if self.wallets.len() as i64 == WALLETS {
             let sum: i64 = self.wallets.values().sum();
-            if sum != WALLETS * 1000 {
+            if sum != WALLETS * WALLET_START_BALANCE {
                 return Some(format!("sum(balance) = {sum}"));
             }
         }
@@ -84,11 +60,11 @@ impl State {
 fn kafka_transaction_consumer_never_sees_half_a_transfer() {
     let b = Broker::start("wallets");
     let c = setup("kafka_wallets");
-    c.execute(SCHEMA);
+    c.execute(WALLET_SCHEMA);
     create_kafka_server(&c, "events", &b, "postgres");
     create_pipeline(&c, "w", "kafka", r#"{"server": "events", "partitions": 2}"#);
     exec(&c, "SELECT tide.add_table('w', 'ledger')");
-    let script = pg_test::write_script("kafka_wallets", TRANSFER);
+    let script = pg_test::write_script("kafka_wallets", WALLET_TRANSFER_SCRIPT);
     let run = spawn_pgbench(&c, &script, 3, 8, Some(150));
     std::thread::sleep(Duration::from_secs(2));
     // Added (and backfilled) while the transfers run.

@@ -16,25 +16,6 @@ mod remote;
 mod stalls;
 use std::time::{Duration, Instant};
 
-fn diag(c: &Cluster) -> String {
-    diag_of(
-        c,
-        &[
-            (
-                "pipelines",
-                "SELECT v.name, p.owner, v.state, v.worker_pid, v.last_error FROM tide.pipelines v JOIN tide.pipeline p USING (name)",
-                10,
-            ),
-            (
-                "backfills",
-                "SELECT id, pipeline, relation, state, owner, rows_emitted, error FROM tide.backfill ORDER BY id",
-                10,
-            ),
-        ],
-        30,
-    )
-}
-
 /// A cluster with pg_tide and the roles and tables described in the module doc.
 fn secured(name: &str) -> Cluster {
     secured_with(name, &[])

@@ -18,27 +18,6 @@
 
 use super::*;
 
-/// The pipelines (with their errors) and backfills, and the server log's tail.
-fn diag(c: &Cluster) -> String {
-    diag_of(
-        c,
-        &[
-            (
-                "pipelines",
-                "SELECT v.name, p.owner, v.state, v.worker_pid, v.last_error_sqlstate, v.last_error
-                   FROM tide.pipelines v JOIN tide.pipeline p USING (name)",
-                10,
-            ),
-            (
-                "backfills",
-                "SELECT id, pipeline, relation, state, owner, rows_emitted, error FROM tide.backfill ORDER BY id",
-                10,
-            ),
-        ],
-        30,
-    )
-}
-
 const WAIT: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(100);
 

@@ -5,40 +5,10 @@ use crate::common::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-const WALLETS: i64 = 1000;
 /// Transfers per second of the wallet scenario's writers.
 const WALLET_TPS: f64 = 800.0;
-const START_BALANCE: i64 = 1000;
-
-/// `transfer_check.net` is the wallet's net transfers, updated in the same transaction as the
-/// balance, so `balance = 1000 + net` holds in every committed state of the source (and the
-/// ledger sums to the same net).
-const WALLET_SCHEMA: &str = "
-CREATE TABLE wallets (id int PRIMARY KEY, balance bigint NOT NULL);
-CREATE TABLE ledger (id bigserial PRIMARY KEY, from_id int, to_id int, amount bigint);
-CREATE TABLE transfer_check (wallet_id int PRIMARY KEY, net bigint NOT NULL);
-INSERT INTO wallets SELECT g, 1000 FROM generate_series(1, 1000) g;
-INSERT INTO transfer_check SELECT g, 0 FROM generate_series(1, 1000) g;
-";
-
-/// One transfer per transaction: two UPDATEs of wallets (in id order: no deadlocks), the two
-/// transfer_check rows, one ledger row.
-const TRANSFER_SCRIPT: &str = r#"\set from random(1, 1000)
-\set off random(1, 999)
-\set to 1 + ((:from - 1 + :off) % 1000)
-\set amt random(1, 100)
-\set lo least(:from, :to)
-\set hi greatest(:from, :to)
-\set dlo case when :lo = :from then -:amt else :amt end
-\set dhi -:dlo
-BEGIN;
-UPDATE wallets SET balance = balance + :dlo WHERE id = :lo;
-UPDATE wallets SET balance = balance + :dhi WHERE id = :hi;
-UPDATE transfer_check SET net = net + :dlo WHERE wallet_id = :lo;
-UPDATE transfer_check SET net = net + :dhi WHERE wallet_id = :hi;
-INSERT INTO ledger (from_id, to_id, amount) VALUES (:from, :to, :amt);
-COMMIT;
-"#;
+// The wallets (WALLETS, WALLET_START_BALANCE, WALLET_SCHEMA, WALLET_TRANSFER_SCRIPT) are
+// pg_test's fixtures, shared with the kafka suite.
 
 #[derive(Default, Debug)]
 struct CheckerStats {
@@ -113,7 +83,7 @@ fn checker(
                 (SELECT count(*) FROM {s}.transfer_check),
                 (SELECT count(*) FROM {s}.ledger),
                 (SELECT count(*) FROM {s}.wallets w JOIN {s}.transfer_check t ON t.wallet_id = w.id
-                  WHERE w.balance <> {START_BALANCE} + t.net),
+                  WHERE w.balance <> {WALLET_START_BALANCE} + t.net),
                 (SELECT count(*) FROM {s}.transfer_check t
                    LEFT JOIN (SELECT w, sum(d) AS s FROM (SELECT to_id AS w, amount AS d FROM {s}.ledger
                                                           UNION ALL SELECT from_id, -amount FROM {s}.ledger) x
@@ -122,7 +92,7 @@ fn checker(
     );
     let bad_balance = format!(
         "SELECT w.id, w.balance, t.net FROM {s}.wallets w JOIN {s}.transfer_check t ON t.wallet_id = w.id
-          WHERE w.balance <> {START_BALANCE} + t.net ORDER BY w.id LIMIT 5"
+          WHERE w.balance <> {WALLET_START_BALANCE} + t.net ORDER BY w.id LIMIT 5"
     );
     let bad_net = format!(
         "SELECT t.wallet_id, t.net, coalesce(l.s, 0)::int8 FROM {s}.transfer_check t
@@ -131,7 +101,7 @@ fn checker(
                        GROUP BY w) l ON l.w = t.wallet_id
           WHERE t.net <> coalesce(l.s, 0) ORDER BY 1 LIMIT 5"
     );
-    let total = WALLETS * START_BALANCE;
+    let total = WALLETS * WALLET_START_BALANCE;
     while !(stop.load(Ordering::SeqCst) || (once && st.reads > 0)) {
         // Read before the snapshot: if set, the backfill was applied before the snapshot.
         let done_before = bf_done.load(Ordering::SeqCst);
@@ -272,7 +242,7 @@ fn wallet_scenario(tag: &str, remote: bool) {
             // commits faster than the worker applies, and a backfill only advances as the
             // stream reaches its watermarks, so the total would never be checked under load.
             // The property (no half transfer in any read) does not depend on the rate.
-            c.pgbench(TRANSFER_SCRIPT)
+            c.pgbench(WALLET_TRANSFER_SCRIPT)
                 .clients(3)
                 .jobs(2)
                 .rate(WALLET_TPS)
@@ -362,7 +332,7 @@ fn wallet_scenario(tag: &str, remote: bool) {
     let source_sum: i64 = c.query_scalar("SELECT sum(balance)::int8 FROM wallets");
     assert_eq!(
         source_sum,
-        WALLETS * START_BALANCE,
+        WALLETS * WALLET_START_BALANCE,
         "the source itself lost money"
     );
     assert_same_rows(

@@ -191,28 +191,7 @@ pub(super) fn diff(src: &[(String, Vec<String>, String)], tgt: &Side) -> Diff {
 }
 
 pub(super) fn run_verify(ctx: &Ctx, ranges: Option<i32>) -> TideResult<Summary> {
-    let range_rows = match ranges {
-        Some(n) if n <= 0 => {
-            return Err(
-                TideError::invalid(format!("ranges must be positive, not {n}"))
-                    .hint("Omit it to check ranges of 1000 keys."),
-            )
-        }
-        Some(n) => {
-            let est = sql::one::<f64>(
-                "SELECT greatest(reltuples, 0)::float8 FROM pg_class WHERE oid = $1",
-                &[ctx.relid.into()],
-            )?
-            .unwrap_or(0.0);
-            if est <= 0.0 {
-                // Never analysed: no estimate to divide.
-                DEFAULT_RANGE_ROWS
-            } else {
-                ((est / n as f64).ceil() as i64).max(1)
-            }
-        }
-        None => DEFAULT_RANGE_ROWS,
-    };
+    let range_rows = range_rows(ctx, ranges)?;
     let id = catalog::verification::start(&ctx.pipeline, ctx.relid, &ctx.source)?;
     let mut summary = Summary {
         id,
@@ -233,48 +212,100 @@ pub(super) fn run_verify(ctx: &Ctx, ranges: Option<i32>) -> TideResult<Summary> 
             first.last().map(|r| r.1.clone())
         };
         summary.ranges += 1;
-        let mut src = first;
-        let mut candidate: Option<Diff> = None;
-        let mut tgt_rows = 0;
-        for attempt in 0..ATTEMPTS {
-            // The first comparison does not wait: a range that agrees at once is settled. Only a
-            // differing range is read again after the target has caught up with the source read.
-            if attempt > 0 {
-                src = read_source(ctx, from.as_deref(), to.as_deref(), 0)?;
-                if !wait_caught_up(&ctx.pipeline)? {
-                    summary.unsettled += 1;
-                }
-            }
-            let tgt = read_target(ctx, from.as_deref(), to.as_deref())?;
-            tgt_rows = tgt.len() as i64;
-            let mut d = diff(&src, &tgt);
-            if let Some(prev) = &candidate {
-                let keep: HashSet<String> = prev.keys().intersection(&d.keys()).cloned().collect();
-                d.retain(&keep);
-            }
-            if d.is_empty() {
-                candidate = None;
-                break;
-            }
-            candidate = Some(d);
-        }
-        summary.rows += src.len() as i64;
-        summary.target_rows += tgt_rows;
-        if let Some(d) = candidate {
-            summary.differing.push(RangeResult {
-                range: summary.ranges,
-                from: from.clone(),
-                to: to.clone(),
-                source_rows: src.len() as i64,
-                target_rows: tgt_rows,
-                diff: d,
-            });
-        }
+        let src = compare_range(ctx, from.as_ref(), to.as_ref(), first, &mut summary)?;
         if last_range {
             break;
         }
         from = to;
     }
+    let totals = record_ranges(id, &summary)?;
+    catalog::verification::finish(id, summary.ranges, summary.differing.len() as i32, &totals)?;
+    // Keep the last 100 verifications of a table.
+    catalog::verification::keep_last_runs(&ctx.pipeline, ctx.relid)?;
+    Ok(summary)
+}
+
+/// A source row as a range reads it: its key (rendered), its key values, its rendered row.
+type SourceRow = (String, Vec<String>, String);
+
+/// Rows per range: `ranges` ranges over the table's estimated rows, or the default.
+fn range_rows(ctx: &Ctx, ranges: Option<i32>) -> TideResult<i64> {
+    Ok(match ranges {
+        Some(n) if n <= 0 => {
+            return Err(
+                TideError::invalid(format!("ranges must be positive, not {n}"))
+                    .hint("Omit it to check ranges of 1000 keys."),
+            )
+        }
+        Some(n) => {
+            let est = sql::one::<f64>(
+                "SELECT greatest(reltuples, 0)::float8 FROM pg_class WHERE oid = $1",
+                &[ctx.relid.into()],
+            )?
+            .unwrap_or(0.0);
+            if est <= 0.0 {
+                // Never analysed: no estimate to divide.
+                DEFAULT_RANGE_ROWS
+            } else {
+                ((est / n as f64).ceil() as i64).max(1)
+            }
+        }
+        None => DEFAULT_RANGE_ROWS,
+    })
+}
+
+/// Compare one key range (after `from`, up to `to`; `first` is the source's rows as first
+/// read) until it agrees or [`ATTEMPTS`] reads in a row differ in the same keys; counts it in
+/// `summary` (a range still differing among its differing ranges). Returns the source's rows.
+fn compare_range(
+    ctx: &Ctx,
+    from: Option<&Vec<String>>,
+    to: Option<&Vec<String>>,
+    first: Vec<SourceRow>,
+    summary: &mut Summary,
+) -> TideResult<Vec<SourceRow>> {
+    let mut src = first;
+    let mut candidate: Option<Diff> = None;
+    let mut tgt_rows = 0;
+    for attempt in 0..ATTEMPTS {
+        // The first comparison does not wait: a range that agrees at once is settled. Only a
+        // differing range is read again after the target has caught up with the source read.
+        if attempt > 0 {
+            src = read_source(ctx, from.map(Vec::as_slice), to.map(Vec::as_slice), 0)?;
+            if !wait_caught_up(&ctx.pipeline)? {
+                summary.unsettled += 1;
+            }
+        }
+        let tgt = read_target(ctx, from.map(Vec::as_slice), to.map(Vec::as_slice))?;
+        tgt_rows = tgt.len() as i64;
+        let mut d = diff(&src, &tgt);
+        if let Some(prev) = &candidate {
+            let keep: HashSet<String> = prev.keys().intersection(&d.keys()).cloned().collect();
+            d.retain(&keep);
+        }
+        if d.is_empty() {
+            candidate = None;
+            break;
+        }
+        candidate = Some(d);
+    }
+    summary.rows += src.len() as i64;
+    summary.target_rows += tgt_rows;
+    if let Some(d) = candidate {
+        summary.differing.push(RangeResult {
+            range: summary.ranges,
+            from: from.cloned(),
+            to: to.cloned(),
+            source_rows: src.len() as i64,
+            target_rows: tgt_rows,
+            diff: d,
+        });
+    }
+    Ok(src)
+}
+
+/// Record each differing range of `summary` in verification `id`; the totals.
+fn record_ranges(id: i64, summary: &Summary) -> TideResult<Counts> {
     let mut totals = Counts {
         source_rows: summary.rows,
         target_rows: summary.target_rows,
@@ -307,8 +338,5 @@ pub(super) fn run_verify(ctx: &Ctx, ranges: Option<i32>) -> TideResult<Summary> 
             },
         )?;
     }
-    catalog::verification::finish(id, summary.ranges, summary.differing.len() as i32, &totals)?;
-    // Keep the last 100 verifications of a table.
-    catalog::verification::keep_last_runs(&ctx.pipeline, ctx.relid)?;
-    Ok(summary)
+    Ok(totals)
 }

@@ -14,8 +14,8 @@
 //!   topic never names a transaction the broker does not hold whole. Any failure drops the
 //!   producer (a new one, with a new producer id, serves the next batch), so a batch is never
 //!   half-retried inside librdkafka behind the worker's back.
-//! - The main thread waits in slices of [`WAIT_SLICE`], looking at the postmaster and at
-//!   interrupts between them ([`KafkaSink::call`]); a wait is bounded by its timeout. A
+//! - The main thread waits as every sink thread's is waited for (`crate::sink::wait`: slices,
+//!   the postmaster and interrupts between them; [`KafkaSink::call`]), bounded by its timeout. A
 //!   termination request (SIGTERM: shutdown, `drop_pipeline`) that arrives while a commit is
 //!   being acknowledged is held for up to [`COMMIT_GRACE`], so a clean shutdown records the
 //!   batch's position instead of leaving it to be sent again.
@@ -23,11 +23,12 @@
 use std::collections::{HashMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use crate::sink::wait::Waited;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
@@ -38,8 +39,6 @@ use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, Prod
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 use tide_core::lsn::Lsn;
 
-/// The longest the main thread waits for the sink thread without looking at interrupts.
-const WAIT_SLICE: Duration = Duration::from_millis(100);
 /// How long a termination request waits for a commit being acknowledged.
 pub const COMMIT_GRACE: Duration = Duration::from_secs(5);
 /// Timeout of one metadata, watermark or admin request.
@@ -777,45 +776,32 @@ impl KafkaSink {
         graceful: bool,
     ) -> Result<Option<Lsn>, KafkaFailure> {
         let seq = self.submit(work)?;
-        let deadline = Instant::now() + timeout;
-        let mut terminating_since: Option<Instant> = None;
-        loop {
-            let Some(rx) = self.replies.as_ref() else {
-                return Err(KafkaFailure::transient(
-                    "the Kafka sink thread is not running",
-                ));
-            };
-            match rx.recv_timeout(WAIT_SLICE) {
-                Ok(r) if r.seq == seq => return r.result,
-                Ok(_) => continue,
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err(KafkaFailure::transient(
-                        "the Kafka sink thread stopped unexpectedly",
-                    ))
-                }
-                Err(RecvTimeoutError::Timeout) => {}
-            }
-            if Instant::now() >= deadline {
+        let Some(rx) = self.replies.as_ref() else {
+            return Err(KafkaFailure::transient(
+                "the Kafka sink thread is not running",
+            ));
+        };
+        let shared = Arc::clone(&self.shared);
+        let waited = crate::sink::wait::reply(
+            rx,
+            timeout,
+            graceful.then_some(COMMIT_GRACE),
+            |r: Reply| (r.seq == seq).then_some(r.result),
+            &mut || {
+                shared.abandoned.fetch_max(seq, Ordering::SeqCst);
+            },
+        );
+        match waited {
+            Waited::Reply(r) => r,
+            Waited::Gone => Err(KafkaFailure::transient(
+                "the Kafka sink thread stopped unexpectedly",
+            )),
+            Waited::TimedOut => {
                 self.abandon(seq);
-                return Err(KafkaFailure::transient(format!(
+                Err(KafkaFailure::transient(format!(
                     "the Kafka broker did not answer within {} s",
                     timeout.as_secs()
-                )));
-            }
-            let shared = Arc::clone(&self.shared);
-            let abandon = || shared.abandoned.fetch_max(seq, Ordering::SeqCst);
-            if postmaster_died() {
-                abandon();
-                unsafe { pgrx::pg_sys::proc_exit(1) };
-            }
-            if unsafe { pgrx::pg_sys::InterruptPending } != 0 {
-                let dying = unsafe { pgrx::pg_sys::ProcDiePending } != 0;
-                let since = *terminating_since.get_or_insert_with(Instant::now);
-                if graceful && dying && since.elapsed() < COMMIT_GRACE {
-                    continue;
-                }
-                abandon();
-                pgrx::pg_sys::check_for_interrupts!();
+                )))
             }
         }
     }
@@ -847,18 +833,4 @@ impl Drop for KafkaSink {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-/// A zero-timeout WaitLatch reports whether the postmaster is gone.
-fn postmaster_died() -> bool {
-    use pgrx::pg_sys;
-    let events = unsafe {
-        pg_sys::WaitLatch(
-            pg_sys::MyLatch,
-            (pg_sys::WL_TIMEOUT | pg_sys::WL_POSTMASTER_DEATH) as i32,
-            0,
-            pg_sys::PG_WAIT_EXTENSION,
-        )
-    };
-    events & pg_sys::WL_POSTMASTER_DEATH as i32 != 0
 }

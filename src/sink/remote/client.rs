@@ -2,6 +2,7 @@
 //! timeouts, abandoning a request, and the interruptible wait for a reply.
 
 use super::*;
+use crate::sink::wait::Waited;
 
 /// What a request asks the sink thread to do.
 pub(super) enum Work {
@@ -456,36 +457,26 @@ pub(super) fn abandon(ctl: &mut Control, seq: u64) {
 }
 
 /// Wait up to `wait` for the reply to `seq`; `None` on timeout. A vanished sink thread
-/// yields an error reply. The wait is cut into [`WAIT_SLICE`]s with the [`WaitCheck`] between
-/// them, which may end it (and the transaction, or the process) with an interrupt; a zero `wait`
-/// (called with the control lock held) never reaches the check.
+/// yields an error reply. The wait is `sink::wait`'s: an interrupt abandons the request first;
+/// a zero `wait` (called with the control lock held) never looks at interrupts.
 pub(super) fn receive(
     worker: &Worker,
     seq: u64,
     wait: Duration,
 ) -> Option<Result<Vec<Rows>, RemoteError>> {
-    let deadline = Instant::now().checked_add(wait);
-    loop {
-        let slice = deadline.map_or(WAIT_SLICE, |d| {
-            d.saturating_duration_since(Instant::now()).min(WAIT_SLICE)
-        });
-        match worker.replies.recv_timeout(slice) {
-            Ok(reply) if reply.seq == seq => return Some(reply.result),
-            Ok(_) => continue, // a late reply to an abandoned request
-            Err(RecvTimeoutError::Timeout) => {
-                if deadline.is_some_and(|d| Instant::now() >= d) {
-                    return None;
-                }
-                if let Some(check) = WAIT_CHECK.get() {
-                    check(&mut || abandon(&mut lock(&worker.shared.ctl), seq));
-                }
-            }
-            Err(RecvTimeoutError::Disconnected) => {
-                return Some(Err(RemoteError::transient(
-                    "the remote sink thread stopped unexpectedly",
-                )))
-            }
-        }
+    let waited = crate::sink::wait::reply(
+        &worker.replies,
+        wait,
+        None,
+        |r: Reply| (r.seq == seq).then_some(r.result),
+        &mut || abandon(&mut lock(&worker.shared.ctl), seq),
+    );
+    match waited {
+        Waited::Reply(r) => Some(r),
+        Waited::TimedOut => None,
+        Waited::Gone => Some(Err(RemoteError::transient(
+            "the remote sink thread stopped unexpectedly",
+        ))),
     }
 }
 

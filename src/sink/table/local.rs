@@ -8,6 +8,7 @@
 
 use super::Backend;
 use crate::bulk;
+use crate::catalog::pipelines::PipelineRow;
 use crate::error::TideResult;
 use crate::sink::RowBatch;
 use crate::sql;
@@ -24,8 +25,8 @@ pub struct Local {
 }
 
 impl Backend for Local {
-    fn prepare(&mut self) -> TideResult<()> {
-        Ok(())
+    fn prepare(&mut self, _p: &PipelineRow) -> TideResult<bool> {
+        Ok(false)
     }
 
     /// A fixed catalog query (the target's shape), with type names as the source's shape

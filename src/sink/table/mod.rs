@@ -14,7 +14,7 @@
 //!   deletes. Upserts of one table with the same column set become one
 //!   `INSERT ... SELECT FROM unnest(...) ... ON CONFLICT (key) DO UPDATE` as long as no key
 //!   repeats; deletes one `DELETE ... USING unnest(...)`. Rows arrive as each column's text
-//!   output ([`RowFormat::Text`](crate::sink::RowFormat)) and travel as one `text[]` per column,
+//!   output ([`RowForm::Text`]) and travel as one `text[]` per column,
 //!   cast to the target column's type: every value exactly as the source has it. A repeated key, a delete after upserts of
 //!   the same table or the other way round, or another column set, closes the table's run
 //!   first. Every upsert is applied (none is merged into another; a key deleted twice in one
@@ -22,14 +22,15 @@
 //!   different tables may run in another order than the source's: what a reader sees at commit
 //!   is the same. (Constraints between target tables must therefore be `DEFERRABLE INITIALLY
 //!   DEFERRED`.)
-//! - A backfill chunk can arrive as row values instead of events ([`Target::takes_row_values`]):
+//! - A backfill chunk can arrive as row values instead of events ([`RowForm::RowValues`], see
+//!   [`Target::row_form`] and [`Target::write_chunk`]):
 //!   a local backend whose target table has each of the chunk's columns with the source's type
 //!   takes them, after this batch's statements so far: loaded in bulk ([`crate::bulk`]: the table
 //!   access method's `multi_insert`, as COPY FROM) when none of their keys is at the target and
 //!   the table has nothing a plain insert would bypass, else as one `INSERT ... SELECT FROM
 //!   unnest($1) ON CONFLICT` ([`tide_core::plan::upsert_rows`]); the same effect as the chunk's
 //!   `read` events, without JSON. A remote backend whose target table has them takes them as
-//!   COPY text instead ([`Target::takes_copy_text`]), in the batch's remote transaction:
+//!   COPY text instead ([`RowForm::CopyText`]), in the batch's remote transaction:
 //!   `COPY ... FROM STDIN` straight into the table when none of the chunk's keys is there, else
 //!   into a temporary staging table and one `INSERT ... SELECT FROM` it `ON CONFLICT`
 //!   ([`tide_core::plan::staged_upsert`]).
@@ -40,7 +41,7 @@
 //! - Atomicity: local targets are written in the worker's transaction; remote targets in one
 //!   remote transaction per batch of whole source transactions (two when a backfill chunk's rows
 //!   follow stream events in the batch: the events are committed first, see
-//!   `Target::commit_early`), each together with the applied position (`<schema>.tide_applied`).
+//!   `CommitPoint::Early`), each together with the applied position (`<schema>.tide_applied`).
 //!   A reader of the target never sees half of a source transaction, across tables too.
 //! - Schema changes: at a schema event ([`Target::schema`], the position of the `ALTER TABLE`)
 //!   a renamed column is renamed, a dropped column dropped (not a key column: that pauses), a
@@ -55,7 +56,7 @@ use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
 use crate::sink::options::{Options, SchemaPolicy};
 use crate::sink::remote::{remote_access, watch_remote_options, RemoteAccess, RemoteSink};
-use crate::sink::{CopyBatch, Event, RowBatch, SchemaEvent, Target};
+use crate::sink::{Batch, CommitPoint, Event, Row, RowBatch, RowForm, SchemaEvent, Target};
 use crate::sql;
 use pgrx::spi::SpiClient;
 use std::collections::{HashMap, HashSet};
@@ -71,8 +72,10 @@ pub mod remote;
 
 /// Where a table target's statements run. The [`TableTarget`] plans; the backend executes.
 pub trait Backend {
-    /// Once per iteration, before anything else (remote: the schema and `tide_applied` exist).
-    fn prepare(&mut self) -> TideResult<()>;
+    /// Once per iteration, before anything else (remote: the connection settings are still
+    /// allowed, the schema and `tide_applied` exist). `true`: the backend connected anew (to
+    /// what may be another server), so nothing cached about the target tables holds.
+    fn prepare(&mut self, p: &PipelineRow) -> TideResult<bool>;
     /// Rows of a read-only catalog query, run where the target tables live (parameters text).
     fn query(&mut self, sql: &str, params: &[&str]) -> TideResult<Vec<Vec<Option<String>>>>;
     /// Run a planned statement, now (local) or at [`Backend::commit`] (remote).
@@ -86,10 +89,6 @@ pub trait Backend {
     fn commits_on_its_own(&self) -> bool;
     /// Forget cached state after a failed iteration.
     fn reset(&mut self);
-    /// How a remote backend connects (`None` for a local one).
-    fn remote_access(&self) -> Option<crate::sink::remote::RemoteAccess> {
-        None
-    }
     /// Whether the target tables live in this database, so a chunk's rows can reach them as
     /// row values ([`Backend::exec_rows`]).
     fn in_this_database(&self) -> bool {
@@ -199,18 +198,16 @@ fn pipeline_access(p: &PipelineRow, opts: &Options) -> TideResult<RemoteAccess> 
     remote_access(server, &p.owner)
 }
 
-/// After a foreign server, user mapping or role changed: whether a `postgres` pipeline's
-/// target, built to connect with `current`, may go on (`Ok(true)`: what it connects with is
-/// unchanged and still allowed), must be built again (`Ok(false)`), or may not connect at all
-/// (the error, e.g. "password is required").
-pub fn remote_access_unchanged(p: &PipelineRow, current: &RemoteAccess) -> TideResult<bool> {
+/// How a `postgres` pipeline's target connects now (after a foreign server, user mapping or
+/// role changed), or why it may not connect at all (the error, e.g. "password is required").
+fn current_access(p: &PipelineRow) -> TideResult<RemoteAccess> {
     let opts = Options::parse(p.target, &p.options).map_err(|e| {
         TideError::internal(format!(
             "pipeline \"{}\" has options pg_tide cannot read: {}",
             p.name, e.message
         ))
     })?;
-    Ok(pipeline_access(p, &opts)? == *current)
+    pipeline_access(p, &opts)
 }
 
 impl<B: Backend> TableTarget<B> {
@@ -252,7 +249,7 @@ impl<B: Backend> TableTarget<B> {
     }
 
     /// Before a chunk's `count` rows of `relid` are written in bulk: the target's shape is
-    /// checked, `takes` must still accept the chunk's columns (else an error: the worker reads
+    /// checked, the target must still want the chunk's columns in `form` (else an error: the worker reads
     /// the chunk again), and the table's events so far in this batch are written first. The
     /// target, or `None` when there is nothing to write.
     fn before_bulk(
@@ -262,12 +259,12 @@ impl<B: Backend> TableTarget<B> {
         relation: &str,
         columns: &[(String, String)],
         count: usize,
-        takes: fn(&mut Self, u32, &[(String, String)]) -> TideResult<bool>,
+        form: RowForm,
     ) -> TideResult<Option<TableRef>> {
         if !self.checked.contains(&relid) {
             self.ensure_shape(c, relid)?;
         }
-        if !takes(self, relid, columns)? {
+        if self.row_form(relid, Some(columns))? != form {
             return Err(TideError::internal(format!(
                 "the target of {relation} no longer has the chunk's columns with the same types"
             ))
@@ -425,22 +422,30 @@ impl<B: Backend> TableTarget<B> {
 }
 
 impl<B: Backend> Target for TableTarget<B> {
-    fn row_format(&self) -> crate::sink::RowFormat {
-        crate::sink::RowFormat::Text
+    /// Text for events; a chunk as row values (a table in this database) or COPY text (another
+    /// PostgreSQL) when the target table has each of its columns with the same type, else as
+    /// text events.
+    fn row_form(&mut self, relid: u32, chunk: Option<&[(String, String)]>) -> TideResult<RowForm> {
+        let Some(columns) = chunk else {
+            return Ok(RowForm::Text);
+        };
+        if self.backend.in_this_database() && self.has_columns(relid, columns)? {
+            Ok(RowForm::RowValues)
+        } else if self.backend.takes_copy() && self.has_columns(relid, columns)? {
+            Ok(RowForm::CopyText)
+        } else {
+            Ok(RowForm::Text)
+        }
     }
 
-    fn remote_access(&self) -> Option<crate::sink::remote::RemoteAccess> {
-        self.backend.remote_access()
-    }
-
-    fn begin(&mut self, c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<()> {
-        self.targets = crate::catalog::tables::target_tables(c, pipeline)?
+    fn begin(&mut self, c: &mut SpiClient<'_>, p: &PipelineRow) -> TideResult<Option<Lsn>> {
+        self.targets = crate::catalog::tables::target_tables(c, &p.name)?
             .into_iter()
             .collect();
-        self.backend.prepare()
-    }
-
-    fn applied(&mut self) -> TideResult<Option<Lsn>> {
+        if self.backend.prepare(p)? {
+            self.shapes.clear();
+            self.checked.clear();
+        }
         self.backend.applied()
     }
 
@@ -466,8 +471,7 @@ impl<B: Backend> Target for TableTarget<B> {
             relation,
             op,
             key,
-            values,
-            key_values,
+            row,
             columns,
             only_where,
             ..
@@ -489,7 +493,9 @@ impl<B: Backend> Target for TableTarget<B> {
             // Schema changes arrive through `schema`, never as an event.
             Op::Schema => return Ok(()),
             Op::Delete => {
-                let mut key_values = key_values.ok_or_else(|| missing("key values"))?;
+                let Row::Key(mut key_values) = row else {
+                    return Err(missing("key values"));
+                };
                 // In the target's key order.
                 let mut ordered = Vec::with_capacity(target.key.len());
                 for k in &target.key {
@@ -508,7 +514,10 @@ impl<B: Backend> Target for TableTarget<B> {
             }
             Op::Insert | Op::Update | Op::Read => Change::Upsert {
                 key: key.ok_or_else(|| missing("key"))?,
-                values: values.ok_or_else(|| missing("row values"))?,
+                values: match row {
+                    Row::Text(values) => values,
+                    _ => return Err(missing("row as text")),
+                },
                 cols: self.typed(&target, &columns)?,
             },
         };
@@ -518,12 +527,13 @@ impl<B: Backend> Target for TableTarget<B> {
 
     /// A schema event: apply the change at this position (renames, drops of dropped columns,
     /// added columns with their existing rows' value, safe widenings) or pause; a key change
-    /// only arrives here for a table being removed, whose changes stop there.
+    /// only arrives here for a table being removed, whose changes stop there; a dropped source
+    /// table leaves its copy as it is.
     fn schema(&mut self, c: &mut SpiClient<'_>, _t: &Txn, ev: SchemaEvent) -> TideResult<()> {
         let Some(t) = self.targets.get(&ev.relid).cloned() else {
             return Ok(());
         };
-        if ev.change.key_changed() {
+        if ev.change.key_changed() || ev.dropped {
             return Ok(());
         }
         let target = self.target_columns(&t)?;
@@ -537,7 +547,11 @@ impl<B: Backend> Target for TableTarget<B> {
         c: &mut SpiClient<'_>,
         pipeline: &str,
         applied: Option<Lsn>,
+        at: CommitPoint,
     ) -> TideResult<()> {
+        if at == CommitPoint::Early && !self.backend.commits_on_its_own() {
+            return Ok(());
+        }
         let pending = self.planner.finish();
         self.run(c, pending)?;
         let r = self.backend.commit(pipeline, applied);
@@ -549,83 +563,61 @@ impl<B: Backend> Target for TableTarget<B> {
         r
     }
 
-    fn commit_early(
-        &mut self,
-        c: &mut SpiClient<'_>,
-        pipeline: &str,
-        applied: Lsn,
-    ) -> TideResult<()> {
-        if self.backend.commits_on_its_own() {
-            self.commit(c, pipeline, Some(applied))
-        } else {
-            Ok(())
-        }
-    }
-
-    fn takes_row_values(&mut self, relid: u32, columns: &[(String, String)]) -> TideResult<bool> {
-        Ok(self.backend.in_this_database() && self.has_columns(relid, columns)?)
-    }
-
-    fn push_row_values(
+    fn write_chunk(
         &mut self,
         c: &mut SpiClient<'_>,
         _t: &Txn,
-        batch: RowBatch<'_>,
+        batch: Batch<'_>,
     ) -> TideResult<ChunkWrite> {
-        let Some(target) = self.before_bulk(
-            c,
-            batch.relid,
-            batch.relation,
-            batch.columns,
-            batch.rows.len(),
-            <Self as Target>::takes_row_values,
-        )?
-        else {
-            return Ok(ChunkWrite::Upsert);
-        };
-        if self.backend.load_rows(c, &target, &batch)? {
-            return Ok(ChunkWrite::Bulk);
+        match batch {
+            Batch::Values(batch) => {
+                let Some(target) = self.before_bulk(
+                    c,
+                    batch.relid,
+                    batch.relation,
+                    batch.columns,
+                    batch.rows.len(),
+                    RowForm::RowValues,
+                )?
+                else {
+                    return Ok(ChunkWrite::Upsert);
+                };
+                if self.backend.load_rows(c, &target, &batch)? {
+                    return Ok(ChunkWrite::Bulk);
+                }
+                let cols: Vec<String> = batch.columns.iter().map(|(n, _)| n.clone()).collect();
+                let sql = upsert_rows(&target, &cols);
+                let (rows, array_type) = batch.array()?;
+                self.backend.exec_rows(c, &sql, rows, array_type)?;
+                Ok(ChunkWrite::Upsert)
+            }
+            Batch::Copy(batch) => {
+                let Some(target) = self.before_bulk(
+                    c,
+                    batch.relid,
+                    batch.relation,
+                    batch.columns,
+                    batch.count,
+                    RowForm::CopyText,
+                )?
+                else {
+                    return Ok(ChunkWrite::Copy);
+                };
+                let bounds: Vec<Option<String>> = batch
+                    .lower
+                    .into_iter()
+                    .flatten()
+                    .chain(batch.upper)
+                    .map(|v| Some(v.clone()))
+                    .collect();
+                self.backend.exec_copy(
+                    staged_upsert(&target, batch.columns, batch.lower.is_some()),
+                    bounds,
+                    batch.data,
+                )?;
+                Ok(ChunkWrite::Copy)
+            }
         }
-        let cols: Vec<String> = batch.columns.iter().map(|(n, _)| n.clone()).collect();
-        let sql = upsert_rows(&target, &cols);
-        let (rows, array_type) = batch.array()?;
-        self.backend.exec_rows(c, &sql, rows, array_type)?;
-        Ok(ChunkWrite::Upsert)
-    }
-
-    fn takes_copy_text(&mut self, relid: u32, columns: &[(String, String)]) -> TideResult<bool> {
-        Ok(self.backend.takes_copy() && self.has_columns(relid, columns)?)
-    }
-
-    fn push_copy_text(
-        &mut self,
-        c: &mut SpiClient<'_>,
-        _t: &Txn,
-        batch: CopyBatch<'_>,
-    ) -> TideResult<()> {
-        let Some(target) = self.before_bulk(
-            c,
-            batch.relid,
-            batch.relation,
-            batch.columns,
-            batch.count,
-            <Self as Target>::takes_copy_text,
-        )?
-        else {
-            return Ok(());
-        };
-        let bounds: Vec<Option<String>> = batch
-            .lower
-            .into_iter()
-            .flatten()
-            .chain(batch.upper)
-            .map(|v| Some(v.clone()))
-            .collect();
-        self.backend.exec_copy(
-            staged_upsert(&target, batch.columns, batch.lower.is_some()),
-            bounds,
-            batch.data,
-        )
     }
 
     fn reset(&mut self) {

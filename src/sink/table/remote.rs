@@ -14,6 +14,7 @@
 //! again before anything is replayed.
 
 use super::Backend;
+use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
 use crate::sink::remote::{RemoteError, RemoteSink, RemoteStatement, RemoteStep};
 use pgrx::spi::SpiClient;
@@ -53,7 +54,12 @@ pub struct Remote {
     pipeline: String,
     /// The remote schema that holds the target tables and `tide_applied`.
     schema: String,
-    sink: RemoteSink,
+    /// The connection (its thread); `None` after its connection settings were refused, until
+    /// they are allowed again.
+    sink: Option<RemoteSink>,
+    /// A foreign server, user mapping or role changed since the connection was checked: check
+    /// it at the next [`Backend::prepare`] (again after a refusal).
+    recheck: bool,
     /// Steps of the open batch.
     stmts: Vec<RemoteStep>,
     /// The remote's applied position, once read (`Some(None)`: the remote has none).
@@ -74,7 +80,8 @@ impl Remote {
         Remote {
             pipeline: pipeline.to_string(),
             schema: schema.to_string(),
-            sink,
+            sink: Some(sink),
+            recheck: false,
             stmts: Vec::new(),
             applied: None,
             ready: false,
@@ -83,43 +90,80 @@ impl Remote {
         }
     }
 
+    /// The connection, or why there is none.
+    fn sink(&mut self) -> TideResult<&mut RemoteSink> {
+        self.sink.as_mut().ok_or_else(|| {
+            TideError::prerequisite("the remote target's connection settings were refused")
+                .hint("See the error before this one; the worker checks the settings again at each attempt.")
+        })
+    }
+
+    /// After a foreign server, user mapping or role changed (watched from when the connection
+    /// was first made: `sink::table::pipeline_access`): go on when what the connection uses is
+    /// unchanged and still allowed; connect again when it changed (`Ok(true)`: nothing cached
+    /// about the remote holds any more); or close the connection and refuse (the error, e.g.
+    /// "password is required"), checking again at the next attempt.
+    fn check_access(&mut self, p: &PipelineRow) -> TideResult<bool> {
+        if crate::sink::remote::take_options_changed() {
+            self.recheck = true;
+        }
+        if !self.recheck {
+            return Ok(false);
+        }
+        let access = match super::current_access(p) {
+            Ok(a) => a,
+            Err(e) => {
+                self.sink = None;
+                return Err(e);
+            }
+        };
+        self.recheck = false;
+        if self.sink.as_ref().is_some_and(|s| s.access() == access) {
+            return Ok(false);
+        }
+        self.sink = Some(RemoteSink::start_with(
+            access,
+            &format!("pg_tide {}", p.name),
+        ));
+        self.reset();
+        self.direct_refused = false;
+        Ok(true)
+    }
+
     fn applied_table(&self) -> String {
         format!("{}.tide_applied", quote_ident(&self.schema))
     }
 }
 
 impl Backend for Remote {
-    fn remote_access(&self) -> Option<crate::sink::remote::RemoteAccess> {
-        Some(self.sink.access())
-    }
-
-    fn prepare(&mut self) -> TideResult<()> {
+    fn prepare(&mut self, p: &PipelineRow) -> TideResult<bool> {
+        let reconnected = self.check_access(p)?;
         if self.ready {
-            return Ok(());
+            return Ok(reconnected);
         }
-        self.sink
-            .query(
-                &format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&self.schema)),
-                vec![],
-                REMOTE_TIMEOUT,
-            )
-            .map_err(remote_err)?;
-        self.sink
-            .query(
+        let table = self.applied_table();
+        let schema = quote_ident(&self.schema);
+        let sink = self.sink()?;
+        sink.query(
+            &format!("CREATE SCHEMA IF NOT EXISTS {schema}"),
+            vec![],
+            REMOTE_TIMEOUT,
+        )
+        .map_err(remote_err)?;
+        sink.query(
                 &format!(
-                    "CREATE TABLE IF NOT EXISTS {} (pipeline text PRIMARY KEY, applied_lsn pg_lsn NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
-                    self.applied_table()
+                    "CREATE TABLE IF NOT EXISTS {table} (pipeline text PRIMARY KEY, applied_lsn pg_lsn NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
                 ),
                 vec![],
                 REMOTE_TIMEOUT,
             )
             .map_err(remote_err)?;
         self.ready = true;
-        Ok(())
+        Ok(reconnected)
     }
 
     fn query(&mut self, sql: &str, params: &[&str]) -> TideResult<Vec<Vec<Option<String>>>> {
-        self.sink
+        self.sink()?
             .query(
                 sql,
                 params.iter().map(|p| Some(p.to_string())).collect(),
@@ -194,7 +238,7 @@ impl Backend for Remote {
             }));
         }
         let direct = std::mem::take(&mut self.has_direct);
-        match self.sink.transaction_steps(stmts, REMOTE_TIMEOUT) {
+        match self.sink()?.transaction_steps(stmts, REMOTE_TIMEOUT) {
             Ok(_) => {
                 if let Some(a) = applied {
                     self.applied = Some(Some(a));
@@ -215,14 +259,13 @@ impl Backend for Remote {
         if let Some(a) = self.applied {
             return Ok(a);
         }
+        let table = self.applied_table();
+        let pipeline = self.pipeline.clone();
         let rows = self
-            .sink
+            .sink()?
             .query(
-                &format!(
-                    "SELECT applied_lsn::text FROM {} WHERE pipeline = $1",
-                    self.applied_table()
-                ),
-                vec![Some(self.pipeline.clone())],
+                &format!("SELECT applied_lsn::text FROM {table} WHERE pipeline = $1"),
+                vec![Some(pipeline)],
                 REMOTE_TIMEOUT,
             )
             .map_err(remote_err)?;
