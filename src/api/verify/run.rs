@@ -212,7 +212,7 @@ pub(super) fn run_verify(ctx: &Ctx, ranges: Option<i32>) -> TideResult<Summary> 
             first.last().map(|r| r.1.clone())
         };
         summary.ranges += 1;
-        let src = compare_range(ctx, from.as_ref(), to.as_ref(), first, &mut summary)?;
+        compare_range(ctx, from.as_ref(), to.as_ref(), first, &mut summary)?;
         if last_range {
             break;
         }
@@ -256,14 +256,14 @@ fn range_rows(ctx: &Ctx, ranges: Option<i32>) -> TideResult<i64> {
 
 /// Compare one key range (after `from`, up to `to`; `first` is the source's rows as first
 /// read) until it agrees or [`ATTEMPTS`] reads in a row differ in the same keys; counts it in
-/// `summary` (a range still differing among its differing ranges). Returns the source's rows.
+/// `summary` (a range still differing among its differing ranges).
 fn compare_range(
     ctx: &Ctx,
     from: Option<&Vec<String>>,
     to: Option<&Vec<String>>,
     first: Vec<SourceRow>,
     summary: &mut Summary,
-) -> TideResult<Vec<SourceRow>> {
+) -> TideResult<()> {
     let mut src = first;
     let mut candidate: Option<Diff> = None;
     let mut tgt_rows = 0;
@@ -301,7 +301,7 @@ fn compare_range(
             diff: d,
         });
     }
-    Ok(src)
+    Ok(())
 }
 
 /// Record each differing range of `summary` in verification `id`; the totals.
