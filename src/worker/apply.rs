@@ -10,9 +10,10 @@
 //!   follow pg_tide's own rows in it; nothing of it reaches the target again.
 //! - So is a transaction whose commit LSN `tide.skip_transaction` named: nothing of it reaches
 //!   the target, and the batch records that it was skipped.
-//! - After a failed iteration the worker applies one source transaction per batch
-//!   ([`Applier::one_at_a_time`]) until it has passed where that failed: a failure is then one
-//!   transaction's, whose commit LSN ([`last_begun`]) the error's hint names.
+//! - [`last_begun`] is the commit LSN of the last transaction begun (not a replay, not skipped):
+//!   after a failed iteration the worker decodes one source transaction per batch until it has
+//!   passed where that failed (`worker::pipeline`), so a failure is then that transaction's,
+//!   and the error's hint names it.
 //! - Changes of a table are delivered from its `add_table` marker on and up to its
 //!   `remove_table` marker, exactly at those commit positions; a marker for a table the
 //!   decoder was not filtering for ends the batch at that transaction ([`Applier::stopped`]),
@@ -122,9 +123,6 @@ pub struct Applier<'a, 'c> {
     /// skipped in this batch (with their xid).
     pub skips: HashSet<Lsn>,
     pub skipped: Vec<(Lsn, u32)>,
-    /// End the batch after the first transaction with events for the target (after a failed
-    /// iteration: a failure is then that transaction's, and its error names it).
-    pub one_at_a_time: bool,
 }
 
 thread_local! {
@@ -536,7 +534,7 @@ impl Applier<'_, '_> {
             self.out.events += t.position as u64;
             self.last_applied = Some((end_lsn, commit_time));
         }
-        if t.barrier || (self.one_at_a_time && !t.skip && t.position > 0) {
+        if t.barrier {
             self.stopped = true;
             return false;
         }

@@ -529,7 +529,13 @@ fn stream(
     let Some(decoder) = dec.as_mut() else {
         return Err(TideError::internal("no decoder"));
     };
-    let batch_events = gucs::BATCH_EVENTS.get().max(1) as usize;
+    // One message: the decoder stops at the record boundary after it, which is the end of one
+    // source transaction (a transaction's messages are handed out whole at its commit).
+    let batch_events = if one_at_a_time {
+        1
+    } else {
+        gucs::BATCH_EVENTS.get().max(1) as usize
+    };
     let spilled_before = decoder.spilled_total();
     let read = decoder.read(batch_events)?;
     let position = decoder.position();
@@ -556,7 +562,6 @@ fn stream(
         readable: HashSet::new(),
         skips,
         skipped: Vec::new(),
-        one_at_a_time,
         out: Outcome {
             spilled: decoder.spilled_total() - spilled_before,
             notes,
