@@ -6,7 +6,8 @@
 #
 # Stages (each runs even if an earlier one failed):
 #   core  cargo test -p tide-core                        (server-independent logic), and
-#         scripts/import-cycles.py: no import cycle among the modules of src/
+#         scripts/import-cycles.py (no import cycle among the modules of src/) and
+#         scripts/long-functions.py (no function over 120 lines without a reason at its head)
 #   pgrx  cargo pgrx test pg15 --runas postgres ...      (#[pg_test]s in a pgrx-managed server,
 #         and the remote sink's tests against a scratch cluster: TIDE_REMOTE_TEST_CONNINFO)
 #   e2e   scripts/install.sh, then cargo test -p pg_test -- --test-threads=1
@@ -135,14 +136,17 @@ stage_setup() {
 stage_core() {
     echo "+ cargo test -p tide-core --no-fail-fast"
     cargo test -p tide-core --no-fail-fast
-    # No import cycle among the modules of src/ (and the check finds one where there is one).
-    local p=0 f=0 check
-    for check in --self-test ""; do
-        echo "+ scripts/import-cycles.py $check"
-        # shellcheck disable=SC2086
-        if python3 "$TIDE_REPO/scripts/import-cycles.py" $check; then p=$((p + 1)); else f=$((f + 1)); fi
+    # The layout's checks: no import cycle among the modules of src/, no function over 120
+    # lines without a reason at its head; each also shows it finds what it must (--self-test).
+    local p=0 f=0 script check
+    for script in import-cycles long-functions; do
+        for check in --self-test ""; do
+            echo "+ scripts/$script.py $check"
+            # shellcheck disable=SC2086
+            if python3 "$TIDE_REPO/scripts/$script.py" $check; then p=$((p + 1)); else f=$((f + 1)); fi
+        done
     done
-    echo "test result: $( ((f == 0)) && echo ok || echo FAILED). $p passed; $f failed; (scripts/import-cycles.py)"
+    echo "test result: $( ((f == 0)) && echo ok || echo FAILED). $p passed; $f failed; (scripts/import-cycles.py, scripts/long-functions.py)"
     ((f == 0))
 }
 

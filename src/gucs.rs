@@ -3,9 +3,11 @@
 use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 use std::ffi::CStr;
 
-/// `tide.database`: the database the launcher connects to and where pipelines live.
+/// `tide.database`: an optional restriction, the comma-separated names of the databases where
+/// pipelines may run. Empty (the default): every database where the extension is installed.
+/// See [`databases`] and [`database_allowed`].
 pub static DATABASE: GucSetting<Option<std::ffi::CString>> =
-    GucSetting::<Option<std::ffi::CString>>::new(Some(c"postgres"));
+    GucSetting::<Option<std::ffi::CString>>::new(Some(c""));
 /// `tide.poll_interval`: how long (ms) a pipeline worker sleeps when it has read all WAL, before
 /// it compares the flush position with its decoder's position again.
 pub static POLL_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(10);
@@ -48,8 +50,8 @@ pub fn init() {
     );
     GucRegistry::define_string_guc(
         c"tide.database",
-        c"Database the pg_tide launcher connects to.",
-        c"Pipelines are created and run in this database. Changing it takes effect when the launcher restarts (on reload it exits and is restarted).",
+        c"Databases where pg_tide runs pipelines: a comma-separated list; empty means every database.",
+        c"Empty (the default): pipelines run in every database where the extension is installed. A list restricts them to the databases named (a name with a comma or spaces in double quotes). A reload applies a change: the launchers of databases no longer listed stop with their workers, those newly listed start.",
         &DATABASE,
         GucContext::Sighup,
         GucFlags::default(),
@@ -146,14 +148,25 @@ pub fn init() {
     );
 }
 
-/// The configured database name.
+/// The raw `tide.database` setting.
 pub fn database() -> String {
     DATABASE
         .get()
         .as_deref()
         .map(CStr::to_string_lossy)
         .map(|s| s.into_owned())
-        .unwrap_or_else(|| "postgres".to_string())
+        .unwrap_or_default()
+}
+
+/// The databases `tide.database` lists; empty: every database.
+pub fn databases() -> Vec<String> {
+    tide_core::name_list::split(&database())
+}
+
+/// Whether pipelines may run in database `name` (see [`DATABASE`]).
+pub fn database_allowed(name: &str) -> bool {
+    let list = databases();
+    list.is_empty() || list.iter().any(|d| d == name)
 }
 
 /// The most pipelines one role may own now: `tide.max_pipelines_per_role`, or for -1 a quarter

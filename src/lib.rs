@@ -2,7 +2,7 @@
 //!
 //! Modules:
 //! - [`gucs`]: every `tide.*` setting;
-//! - [`shmem`]: launcher identity and live worker statistics;
+//! - [`shmem`]: supervisor and launcher identities and live worker statistics;
 //! - [`api`]: the SQL functions (validate, call, map errors);
 //! - [`catalog`]: all SQL on pg_tide's own `tide.*` tables, the slots' names, locks and orphans;
 //! - [`plugin`]: the logical decoding output plugin `pg_tide`;
@@ -55,7 +55,73 @@ pub extern "C-unwind" fn _PG_init() {
     // Every backend forks from here with this callback: a commit that wrote WAL wakes the
     // pipeline workers that wait for WAL (no polling delay).
     unsafe { pg_sys::RegisterXactCallback(Some(wake_after_commit), std::ptr::null_mut()) };
+    // Every backend forks from here with this hook too: a CREATE EXTENSION pg_tide that commits
+    // wakes the supervisor, which starts that database's launcher (worker::launcher).
+    unsafe {
+        PREV_PROCESS_UTILITY = pg_sys::ProcessUtility_hook;
+        pg_sys::ProcessUtility_hook = Some(note_create_extension);
+    }
     worker::launcher::register();
+}
+
+/// The `ProcessUtility_hook` installed before pg_tide's, called in its place.
+static mut PREV_PROCESS_UTILITY: pg_sys::ProcessUtility_hook_type = None;
+
+/// Whether this backend's transaction ran `CREATE EXTENSION pg_tide` (reported at commit).
+static mut CREATED_EXTENSION: bool = false;
+
+/// `ProcessUtility_hook`: run the statement as usual; after a `CREATE EXTENSION pg_tide` that
+/// succeeded, remember to wake the supervisor when the transaction commits (see
+/// [`wake_after_commit`]). Costs one tag comparison for any other statement.
+#[pg_guard]
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C-unwind" fn note_create_extension(
+    pstmt: *mut pg_sys::PlannedStmt,
+    query_string: *const std::ffi::c_char,
+    read_only_tree: bool,
+    context: pg_sys::ProcessUtilityContext::Type,
+    params: pg_sys::ParamListInfo,
+    query_env: *mut pg_sys::QueryEnvironment,
+    dest: *mut pg_sys::DestReceiver,
+    qc: *mut pg_sys::QueryCompletion,
+) {
+    // SAFETY: the executor passes a valid PlannedStmt whose utilityStmt is a Node; a
+    // CreateExtensionStmt's extname is a NUL-terminated string.
+    let ours = unsafe {
+        let stmt = (*pstmt).utilityStmt;
+        !stmt.is_null() && (*stmt).type_ == pg_sys::NodeTag::T_CreateExtensionStmt && {
+            let c = stmt as *mut pg_sys::CreateExtensionStmt;
+            !(*c).extname.is_null()
+                && std::ffi::CStr::from_ptr((*c).extname).to_bytes() == b"pg_tide"
+        }
+    };
+    unsafe {
+        match PREV_PROCESS_UTILITY {
+            Some(prev) => prev(
+                pstmt,
+                query_string,
+                read_only_tree,
+                context,
+                params,
+                query_env,
+                dest,
+                qc,
+            ),
+            None => pg_sys::standard_ProcessUtility(
+                pstmt,
+                query_string,
+                read_only_tree,
+                context,
+                params,
+                query_env,
+                dest,
+                qc,
+            ),
+        }
+        if ours {
+            CREATED_EXTENSION = true;
+        }
+    }
 }
 
 /// Whether this backend's transaction changed the system catalogs and said so at pre-commit.
@@ -77,7 +143,8 @@ fn changes_catalogs() -> bool {
 ///   otherwise it finds it at its next poll, as before;
 /// - report transactions that changed the system catalogs (see `shmem::catalog_changed_after`):
 ///   at pre-commit (before the commit becomes visible) and at commit, with the commit record's
-///   end; an abort after pre-commit withdraws the report.
+///   end; an abort after pre-commit withdraws the report;
+/// - after a commit that created the extension, wake the supervisor (`shmem::request_probe`).
 #[pg_guard]
 unsafe extern "C-unwind" fn wake_after_commit(
     event: pg_sys::XactEvent::Type,
@@ -100,10 +167,17 @@ unsafe extern "C-unwind" fn wake_after_commit(
             if unsafe { pg_sys::GetTopTransactionIdIfAny() } != pg_sys::InvalidTransactionId {
                 shmem::wake_sleepers();
             }
+            if unsafe { CREATED_EXTENSION } {
+                unsafe { CREATED_EXTENSION = false };
+                shmem::request_probe();
+            }
         }
-        XACT_EVENT_ABORT if unsafe { CATALOG_COMMIT } => {
-            unsafe { CATALOG_COMMIT = false };
-            shmem::catalog_commit_ends(None);
+        XACT_EVENT_ABORT => {
+            unsafe { CREATED_EXTENSION = false };
+            if unsafe { CATALOG_COMMIT } {
+                unsafe { CATALOG_COMMIT = false };
+                shmem::catalog_commit_ends(None);
+            }
         }
         _ => {}
     }
@@ -390,6 +464,8 @@ pub mod pg_test {
         vec![
             "shared_preload_libraries = 'pg_tide'",
             "wal_level = logical",
+            // Only the test database: the launchers of others (postgres) would find no
+            // extension and leave, but need not start at all.
             "tide.database = 'pgrx_tests'",
             "max_replication_slots = 10",
             "max_worker_processes = 20",

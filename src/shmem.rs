@@ -1,8 +1,14 @@
-//! Shared memory: the launcher's identity and one slot of live statistics per pipeline worker.
+//! Shared memory: the supervisor's identity, one slot per database launcher, and one slot of live
+//! statistics per pipeline worker.
 //!
 //! Nothing here is persisted: it is rebuilt from scratch at every server start (and after a
-//! crash restart). Durable pipeline state lives in the `tide.pipeline` catalog table.
-//! Writers: the launcher sets `launcher_pid` and `db_ok`; a pipeline worker claims one slot at
+//! crash restart). Durable pipeline state lives in each database's `tide.pipeline` table.
+//! Pipeline names are unique per database only, so a worker's slot is keyed by (database OID,
+//! pipeline name), and every lookup by name ([`worker_pid`], [`caught_up_lsn`], [`snapshot`],
+//! [`launcher_pid`]) is of the calling backend's database (`MyDatabaseId`).
+//! Writers: the supervisor sets `supervisor_pid`; a database launcher fills its database's slot
+//! in `launchers` at start and says why it leaves ([`db_launcher_exiting`]), and the supervisor
+//! frees the slot once it has read that ([`take_db_exit`]); a pipeline worker claims one slot at
 //! start, updates it after every iteration and clears it when it exits. Readers: the SQL API (to
 //! wake or stop workers) and the `tide.pipelines` view (through `tide._worker_status()`).
 //! Every backend's commit callback also reports here when a transaction that changed the system
@@ -12,8 +18,10 @@
 use pgrx::{pg_sys, PGRXSharedMemory, PgAtomic, PgLwLock};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
-/// How many pipelines can run at once.
+/// How many pipelines can run at once (in all databases together).
 pub const MAX_PIPELINES: usize = 64;
+/// How many databases can have a launcher at once.
+pub const MAX_DATABASES: usize = 64;
 const NAME_LEN: usize = 64;
 
 /// Worker state as the worker reports it. Set only by the pipeline worker; not persisted (the
@@ -50,6 +58,8 @@ impl WorkerState {
 #[derive(Copy, Clone, Debug)]
 pub struct WorkerSlot {
     pub in_use: bool,
+    /// OID of the worker's database: with `name`, the slot's key.
+    pub dboid: u32,
     pub name: [u8; NAME_LEN],
     pub pid: i32,
     pub state: WorkerState,
@@ -76,6 +86,7 @@ impl Default for WorkerSlot {
     fn default() -> Self {
         WorkerSlot {
             in_use: false,
+            dboid: 0,
             name: [0; NAME_LEN],
             pid: 0,
             state: WorkerState::None,
@@ -103,21 +114,49 @@ impl WorkerSlot {
     }
 }
 
+/// Why a database launcher left, as it says before it exits (`Unknown`: it did not say: it
+/// died, or failed to connect).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub enum DbExit {
+    #[default]
+    Unknown = 0,
+    /// The extension is not installed in the database (or was dropped): start it again only when
+    /// a `CREATE EXTENSION pg_tide` commits somewhere ([`probe_gen`]).
+    NotInstalled = 1,
+    /// Another session wanted the database to itself (`DROP DATABASE`, `ALTER DATABASE ...
+    /// RENAME` or `SET TABLESPACE`, `CREATE DATABASE ... TEMPLATE` it): it stopped its workers
+    /// and left, to be started again a little later.
+    Yielded = 2,
+    /// `tide.database` does not list the database (any more), or it does not allow connections
+    /// any more.
+    NotListed = 3,
+}
+
+/// The launcher of one database.
+#[derive(Copy, Clone, Debug, Default)]
+pub struct DbLauncher {
+    /// The database's OID; 0: slot free.
+    pub dboid: u32,
+    /// The launcher's pid while it runs, 0 once it has left.
+    pub pid: i32,
+    pub exit: DbExit,
+}
+
 /// Everything pg_tide keeps in shared memory.
 #[derive(Copy, Clone)]
 pub struct Registry {
-    pub launcher_pid: i32,
-    /// False after the launcher failed to find its database: the next launcher start checks for
-    /// it without connecting (so a missing database is logged once, not on every restart).
-    pub db_ok: bool,
+    /// The supervisor (`backend_type = 'pg_tide supervisor'`), connected to no database.
+    pub supervisor_pid: i32,
+    pub launchers: [DbLauncher; MAX_DATABASES],
     pub workers: [WorkerSlot; MAX_PIPELINES],
 }
 
 impl Default for Registry {
     fn default() -> Self {
         Registry {
-            launcher_pid: 0,
-            db_ok: true,
+            supervisor_pid: 0,
+            launchers: [DbLauncher::default(); MAX_DATABASES],
             workers: [WorkerSlot::default(); MAX_PIPELINES],
         }
     }
@@ -151,6 +190,10 @@ pub struct Wakeups {
     /// Transactions that changed the catalogs and are between their pre-commit callback and
     /// their commit or abort (visible to others, perhaps, with their end LSN not yet reported).
     catalog_committing: AtomicU32,
+    /// Counts the commits of a `CREATE EXTENSION pg_tide` (in any database; see
+    /// [`request_probe`]): the supervisor starts the launcher again of every database whose
+    /// launcher found no extension before the count last moved.
+    probe_gen: AtomicU64,
 }
 
 impl Default for Wakeups {
@@ -161,6 +204,7 @@ impl Default for Wakeups {
             procnos: std::array::from_fn(|_| AtomicI32::new(-1)),
             catalog_commit_end: AtomicU64::new(0),
             catalog_committing: AtomicU32::new(0),
+            probe_gen: AtomicU64::new(0),
         }
     }
 }
@@ -316,17 +360,32 @@ pub fn preloaded() -> bool {
 
 pub(crate) static mut PRELOADED: bool = false;
 
-/// Claim (or re-claim) the slot of a pipeline for the calling worker.
+/// The calling backend's database (0 when connected to none).
+fn my_db() -> u32 {
+    // SAFETY: set once at connection, read-only afterwards.
+    unsafe { pg_sys::MyDatabaseId }.to_u32()
+}
+
+impl WorkerSlot {
+    /// Whether this slot is the one of pipeline `name` of database `dboid`.
+    fn is(&self, dboid: u32, name: &str) -> bool {
+        self.in_use && self.dboid == dboid && self.name() == name
+    }
+}
+
+/// Claim (or re-claim) the slot of a pipeline of the calling worker's database for it.
 pub fn claim(name: &str, pid: i32, now: i64) -> Option<usize> {
+    let db = my_db();
     let mut reg = REGISTRY.exclusive();
     let idx = reg
         .workers
         .iter()
-        .position(|w| w.in_use && w.name() == name)
+        .position(|w| w.is(db, name))
         .or_else(|| reg.workers.iter().position(|w| !w.in_use))?;
     let w = &mut reg.workers[idx];
     *w = WorkerSlot::default();
     w.in_use = true;
+    w.dboid = db;
     w.set_name(name);
     w.pid = pid;
     w.state = WorkerState::Starting;
@@ -353,15 +412,16 @@ pub fn update(idx: usize, f: impl FnOnce(&mut WorkerSlot)) {
     }
 }
 
-/// The pid of the live worker of a pipeline, if any.
+/// The pid of the live worker of a pipeline of the calling backend's database, if any.
 pub fn worker_pid(name: &str) -> Option<i32> {
     if !preloaded() {
         return None;
     }
+    let db = my_db();
     let reg = REGISTRY.share();
     reg.workers
         .iter()
-        .find(|w| w.in_use && w.name() == name)
+        .find(|w| w.is(db, name))
         .map(|w| w.pid)
         .filter(|&p| p > 0 && alive(p))
 }
@@ -372,39 +432,119 @@ pub fn alive(pid: i32) -> bool {
     unsafe { libc::kill(pid, 0) == 0 }
 }
 
-/// How far a pipeline's worker is known to have caught up (see [`WorkerSlot::caught_up_lsn`]).
+/// How far the worker of a pipeline of the calling backend's database is known to have caught
+/// up (see [`WorkerSlot::caught_up_lsn`]).
 pub fn caught_up_lsn(name: &str) -> Option<u64> {
     if !preloaded() {
         return None;
     }
+    let db = my_db();
     let reg = REGISTRY.share();
     reg.workers
         .iter()
-        .find(|w| w.in_use && w.name() == name)
+        .find(|w| w.is(db, name))
         .map(|w| w.caught_up_lsn)
 }
 
-/// The launcher's pid, if it is running.
+/// The pid of the launcher of the calling backend's database, if it is running.
 pub fn launcher_pid() -> Option<i32> {
     if !preloaded() {
         return None;
     }
-    let p = REGISTRY.share().launcher_pid;
+    let db = my_db();
+    REGISTRY
+        .share()
+        .launchers
+        .iter()
+        .find(|l| l.dboid == db && db != 0)
+        .map(|l| l.pid)
+        .filter(|&p| p > 0 && alive(p))
+}
+
+/// The supervisor's pid, if it is running.
+pub fn supervisor_pid() -> Option<i32> {
+    if !preloaded() {
+        return None;
+    }
+    let p = REGISTRY.share().supervisor_pid;
     (p > 0).then_some(p)
 }
 
-/// A copy of all worker slots in use.
+/// A copy of the worker slots in use of the calling backend's database.
 pub fn snapshot() -> Vec<WorkerSlot> {
     if !preloaded() {
         return Vec::new();
     }
+    let db = my_db();
     REGISTRY
         .share()
         .workers
         .iter()
-        .filter(|w| w.in_use)
+        .filter(|w| w.in_use && w.dboid == db)
         .copied()
         .collect()
+}
+
+/// The calling database launcher (pid `pid`) runs: fill its database's slot. False when every
+/// slot is taken by other databases ([`MAX_DATABASES`]).
+pub fn db_launcher_started(pid: i32) -> bool {
+    let db = my_db();
+    let mut reg = REGISTRY.exclusive();
+    let Some(l) = reg
+        .launchers
+        .iter()
+        .position(|l| l.dboid == db)
+        .or_else(|| reg.launchers.iter().position(|l| l.dboid == 0))
+    else {
+        return false;
+    };
+    reg.launchers[l] = DbLauncher {
+        dboid: db,
+        pid,
+        exit: DbExit::Unknown,
+    };
+    true
+}
+
+/// The calling database launcher leaves, for `why`.
+pub fn db_launcher_exiting(why: DbExit) {
+    let db = my_db();
+    let mut reg = REGISTRY.exclusive();
+    if let Some(l) = reg.launchers.iter_mut().find(|l| l.dboid == db) {
+        l.pid = 0;
+        l.exit = why;
+    }
+}
+
+/// Why the launcher of database `dboid` left (called by the supervisor once the process has
+/// stopped); frees its slot.
+pub fn take_db_exit(dboid: u32) -> DbExit {
+    let mut reg = REGISTRY.exclusive();
+    match reg.launchers.iter_mut().find(|l| l.dboid == dboid) {
+        Some(l) => {
+            let why = l.exit;
+            *l = DbLauncher::default();
+            why
+        }
+        None => DbExit::Unknown,
+    }
+}
+
+/// A `CREATE EXTENSION pg_tide` committed (called from the committing backend's commit
+/// callback): count it and wake the supervisor, which starts that database's launcher.
+pub fn request_probe() {
+    if !preloaded() {
+        return;
+    }
+    WAKEUPS.get().probe_gen.fetch_add(1, Ordering::SeqCst);
+    if let Some(pid) = supervisor_pid() {
+        wake(pid);
+    }
+}
+
+/// How many `CREATE EXTENSION pg_tide` have committed since the server started.
+pub fn probe_gen() -> u64 {
+    WAKEUPS.get().probe_gen.load(Ordering::SeqCst)
 }
 
 /// Set the latch of a live backend or worker of this cluster, found by its pid among the

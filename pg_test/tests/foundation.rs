@@ -81,14 +81,14 @@ fn wal_level_replica_is_a_clear_error() {
 
 #[test]
 fn launcher_survives_missing_database() {
-    const MSG: &str = r#"pg_tide launcher: database "nosuchdb" does not exist"#;
+    const MSG: &str =
+        r#"pg_tide supervisor: database "nosuchdb" named in tide.database does not exist"#;
     let c = Cluster::builder("missing_db")
         .conf("tide.database='nosuchdb'")
         .start();
 
-    // The first connection attempt fails (FATAL), and the postmaster starts the launcher again
-    // after its restart interval (5 s): wait for the message instead of sleeping a fixed time
-    // (on a busy machine the restart comes later; issue 30).
+    // The supervisor (connected to no database) finds no database of that name: wait for its
+    // message instead of sleeping a fixed time (on a busy machine it comes later; issue 30).
     c.wait_until(
         "the launcher's message about the missing database",
         Duration::from_secs(60),
@@ -109,6 +109,7 @@ fn launcher_survives_missing_database() {
     assert_eq!(one, 1);
 
     c.execute("CREATE DATABASE nosuchdb");
+    c.execute_in("nosuchdb", "CREATE EXTENSION pg_tide");
     wait_for_launcher(&c, "nosuchdb", Duration::from_secs(90));
 }
 

@@ -10,7 +10,7 @@ use crate::error::{OrRaise, TideError, TideResult};
 use crate::security;
 use crate::shmem;
 use crate::sql;
-use crate::worker::launcher::{LAUNCHER_TYPE, WORKER_TYPE};
+use crate::worker::launcher::{LAUNCHER_TYPE, SUPERVISOR_TYPE, WORKER_TYPE};
 use args::{json_arg, relation, required, JsonbArg, Regclass};
 use pgrx::prelude::*;
 use pgrx::JsonB;

@@ -109,7 +109,7 @@ pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> 
         .hint("Drop a pipeline you no longer need."));
     }
     let (workers, max_workers) = sql::two::<i64, i64>(&format!(
-        "SELECT (SELECT count(*) FROM pg_stat_activity WHERE backend_type IN ('{LAUNCHER_TYPE}', '{WORKER_TYPE}', 'logical replication launcher', 'logical replication worker', 'parallel worker')),
+        "SELECT (SELECT count(*) FROM pg_stat_activity WHERE backend_type IN ('{SUPERVISOR_TYPE}', '{LAUNCHER_TYPE}', '{WORKER_TYPE}', 'logical replication launcher', 'logical replication worker', 'parallel worker')),
                 current_setting('max_worker_processes')::int8"
     ), &[])?;
     if workers.unwrap_or(0) + 1 > max_workers.unwrap_or(0) {
@@ -117,7 +117,7 @@ pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> 
             "no background worker slot is free for the pipeline's worker (max_worker_processes = {})",
             max_workers.unwrap_or(0)
         ))
-        .hint("Raise max_worker_processes (one per pipeline, plus one for the launcher) and restart."));
+        .hint("Raise max_worker_processes (one per pipeline, plus one for the supervisor and one per database that runs pg_tide) and restart."));
     }
     if sql::one::<bool>("SELECT pg_current_xact_id_if_assigned() IS NOT NULL", &[])?
         .unwrap_or(false)
@@ -230,8 +230,11 @@ pub(super) fn drop_pipeline_as_tide(name: &str, slot: &str) -> TideResult<()> {
     }
     let mut attempts = 0;
     loop {
+        // This database's slot only: slot names are the server's, and a database copied from
+        // another (CREATE DATABASE ... TEMPLATE) holds the other's pipeline rows, whose slots
+        // are the other database's.
         let state = sql::one::<bool>(
-            "SELECT active FROM pg_replication_slots WHERE slot_name = $1::name",
+            "SELECT active FROM pg_replication_slots WHERE slot_name = $1::name AND database = current_database()",
             &[slot.clone().into()],
         )?;
         match state {

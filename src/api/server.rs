@@ -41,12 +41,14 @@ pub fn check_server() -> TideResult<String> {
             .detail("pg_tide reads changes through logical decoding, which needs wal_level = logical.")
             .hint("Set wal_level = logical in postgresql.conf (ALTER SYSTEM SET wal_level = logical) and restart the server."));
     }
-    let db = crate::gucs::database();
     let here = sql::one::<String>("SELECT current_database()::text", &[])?.unwrap_or_default();
-    if here != db {
-        return Err(TideError::prerequisite(format!("pg_tide runs in database \"{db}\", not in \"{here}\""))
-            .hint(format!("Connect to database \"{db}\", or set tide.database = '{here}' and reload the configuration.")));
+    if !crate::gucs::database_allowed(&here) {
+        let list = crate::gucs::database().replace('\'', "''");
+        let quoted = format!("\"{}\"", here.replace('"', "\"\"")).replace('\'', "''");
+        return Err(TideError::prerequisite(format!("pg_tide does not run pipelines in database \"{here}\": tide.database = '{list}' does not list it"))
+            .hint(format!("Add it to the list (ALTER SYSTEM SET tide.database = '{list}, {quoted}'), or set tide.database = '' for every database, and reload the configuration (SELECT pg_reload_conf()).")));
     }
+    let db = here;
     let encoding = sql::one::<String>("SELECT pg_encoding_to_char(encoding)::text FROM pg_database WHERE datname = current_database()", &[])?
         .unwrap_or_default();
     if encoding != "UTF8" {

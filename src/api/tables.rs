@@ -169,116 +169,21 @@ pub(super) fn add_table_impl(
     // SAFETY: a lock on a relation's OID, released at the end of the transaction.
     unsafe { pg_sys::LockRelationOid(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
     let s = validate_source(relid, &owner)?;
-    // A table this pipeline writes as a target cannot be captured by it: its own writes would
-    // come back as changes.
-    let target_of = catalog::tables::source_targeting(pipeline, relid)?;
-    let target_anywhere = catalog::tables::table_pipeline_targeting(relid)?;
-    if let Some(other) = target_anywhere {
-        return Err(TideError::invalid(format!(
-            "\"{}\" is a table target of pipeline \"{other}\": pg_tide's own writes are never captured",
-            s.qualified
-        ))
-        .hint("Capture the table the target is a copy of instead."));
-    }
-    if let Some(src) = target_of {
-        return Err(TideError::invalid(format!(
-            "\"{}\" is the target of {src} in pipeline \"{}\", which cannot also capture it",
-            s.qualified,
-            shown(pipeline)
-        ))
-        .hint("Capture it with another pipeline, or give the other table another target."));
-    }
-    // A partitioned table and one of its partitions cannot both be captured by a pipeline: the
-    // partition's changes are the table's.
-    if let Some(other) = catalog::tables::captured_partition_relative(pipeline, relid)? {
-        return Err(TideError::duplicate(format!(
-            "pipeline \"{}\" already captures {other}, which is a partition of \"{}\" or has it as a partition",
-            shown(pipeline),
-            s.qualified
-        ))
-        .hint("Capture the partitioned table alone (its partitions come with it): remove the other one with tide.remove_table."));
-    }
-    let existing = catalog::tables::removing(pipeline, relid)?;
-    if existing == Some(false) {
-        return Err(TideError::duplicate(format!(
-            "pipeline \"{pipeline}\" already captures \"{}\"",
-            s.qualified
-        ))
-        .hint("SELECT * FROM tide.tables lists what each pipeline captures."));
-    }
+    let existing = check_capturable(pipeline, relid, &s.qualified)?;
     let (target_kind, options) = catalog::pipelines::target(pipeline)?;
     if truncate_target {
-        if matches!(target_kind, TargetKind::Kafka | TargetKind::Outbox) {
-            return Err(TideError::invalid(format!(
-                "pipeline \"{pipeline}\" writes to {}, which has no target table to truncate",
-                if target_kind == TargetKind::Kafka {
-                    "Kafka topics"
-                } else {
-                    "the outbox"
-                }
-            ))
-            .hint("truncate_target is for table and postgres pipelines; omit it."));
-        }
-        if existing == Some(true) {
-            // Its changes from before the remove_table may still be on their way to the target.
-            return Err(TideError::prerequisite(format!(
-                "\"{}\" is still being removed from pipeline \"{pipeline}\"",
-                s.qualified
-            ))
-            .hint("Wait until tide.tables no longer lists it (the worker reaches the remove_table point), then add it with truncate_target => true."));
-        }
-        if !backfill {
-            return Err(TideError::invalid(
-                "truncate_target => true empties the target for a backfill, and backfill is false",
-            )
-            .hint("Pass backfill => true (the default) with it, or omit truncate_target."));
-        }
+        check_truncate_target(pipeline, &s.qualified, target_kind, existing, backfill)?;
     }
-    let mut held_rows = false;
-    let (target_schema, target_name) = if target_kind == TargetKind::Kafka {
-        if target_table.is_some() {
-            return Err(TideError::invalid(format!(
-                "pipeline \"{pipeline}\" writes to Kafka topics, which are named by its options, not by target_table"
-            ))
-            .hint("Omit target_table for kafka pipelines; the pipeline's topic option names each table's topic."));
-        }
-        (None, None)
-    } else if target_kind == TargetKind::Outbox {
-        if target_table.is_some() {
-            return Err(TideError::invalid(format!(
-                "pipeline \"{pipeline}\" writes to the outbox, which has no target tables"
-            ))
-            .hint("Omit target_table for outbox pipelines."));
-        }
-        (None, None)
-    } else {
-        let t = targets::ensure_target(
-            target_kind.as_str(),
-            &options,
-            relid,
-            &s.qualified,
-            &s.key_columns,
-            target_table,
-            &owner,
-            truncate_target,
-        )?;
-        held_rows = t.held_rows;
-        let (s_, n_) = (t.schema, t.name);
-        if target_kind == TargetKind::Table {
-            // The other direction of the loop: the target must not be a table this pipeline
-            // captures.
-            if let Some(c) = catalog::tables::captured_named(pipeline, &s_, &n_)? {
-                return Err(TideError::invalid(format!(
-                    "the target {}.{} is {c}, which pipeline \"{}\" captures",
-                    pgrx::spi::quote_identifier(&s_),
-                    pgrx::spi::quote_identifier(&n_),
-                    shown(pipeline)
-                ))
-                .hint("A pipeline's targets and the tables it captures must be different tables: pass another target_table."));
-            }
-        }
-        (Some(s_), Some(n_))
-    };
+    let (target_schema, target_name, held_rows) = target_of_table(
+        pipeline,
+        target_kind,
+        &options,
+        relid,
+        &s,
+        target_table,
+        &owner,
+        truncate_target,
+    )?;
     let t = catalog::tables::NewTable {
         pipeline,
         relid,
@@ -389,4 +294,148 @@ pub(super) fn remove_table_impl(pipeline: &str, relid: pg_sys::Oid) -> TideResul
     catalog::backfills::cancel_for_removed_table(pipeline, relid)?;
     wake_on_commit(shmem::worker_pid(pipeline));
     Ok(())
+}
+
+/// Whether `relid` may be captured by `pipeline` (not one of its or another pipeline's table
+/// targets, not a partition relative of a table it captures, not captured already); whether it
+/// is being removed (`Some(true)`: re-added), or not there (`None`).
+fn check_capturable(
+    pipeline: &str,
+    relid: pg_sys::Oid,
+    qualified: &str,
+) -> TideResult<Option<bool>> {
+    // A table this pipeline writes as a target cannot be captured by it: its own writes would
+    // come back as changes.
+    let target_of = catalog::tables::source_targeting(pipeline, relid)?;
+    let target_anywhere = catalog::tables::table_pipeline_targeting(relid)?;
+    if let Some(other) = target_anywhere {
+        return Err(TideError::invalid(format!(
+            "\"{}\" is a table target of pipeline \"{other}\": pg_tide's own writes are never captured",
+            qualified
+        ))
+        .hint("Capture the table the target is a copy of instead."));
+    }
+    if let Some(src) = target_of {
+        return Err(TideError::invalid(format!(
+            "\"{}\" is the target of {src} in pipeline \"{}\", which cannot also capture it",
+            qualified,
+            shown(pipeline)
+        ))
+        .hint("Capture it with another pipeline, or give the other table another target."));
+    }
+    // A partitioned table and one of its partitions cannot both be captured by a pipeline: the
+    // partition's changes are the table's.
+    if let Some(other) = catalog::tables::captured_partition_relative(pipeline, relid)? {
+        return Err(TideError::duplicate(format!(
+            "pipeline \"{}\" already captures {other}, which is a partition of \"{}\" or has it as a partition",
+            shown(pipeline),
+            qualified
+        ))
+        .hint("Capture the partitioned table alone (its partitions come with it): remove the other one with tide.remove_table."));
+    }
+    let existing = catalog::tables::removing(pipeline, relid)?;
+    if existing == Some(false) {
+        return Err(TideError::duplicate(format!(
+            "pipeline \"{pipeline}\" already captures \"{}\"",
+            qualified
+        ))
+        .hint("SELECT * FROM tide.tables lists what each pipeline captures."));
+    }
+    Ok(existing)
+}
+
+/// `truncate_target => true` is for a table target's backfill of a table not being removed.
+fn check_truncate_target(
+    pipeline: &str,
+    qualified: &str,
+    target_kind: TargetKind,
+    existing: Option<bool>,
+    backfill: bool,
+) -> TideResult<()> {
+    if matches!(target_kind, TargetKind::Kafka | TargetKind::Outbox) {
+        return Err(TideError::invalid(format!(
+            "pipeline \"{pipeline}\" writes to {}, which has no target table to truncate",
+            if target_kind == TargetKind::Kafka {
+                "Kafka topics"
+            } else {
+                "the outbox"
+            }
+        ))
+        .hint("truncate_target is for table and postgres pipelines; omit it."));
+    }
+    if existing == Some(true) {
+        // Its changes from before the remove_table may still be on their way to the target.
+        return Err(TideError::prerequisite(format!(
+            "\"{}\" is still being removed from pipeline \"{pipeline}\"",
+            qualified
+        ))
+        .hint("Wait until tide.tables no longer lists it (the worker reaches the remove_table point), then add it with truncate_target => true."));
+    }
+    if !backfill {
+        return Err(TideError::invalid(
+            "truncate_target => true empties the target for a backfill, and backfill is false",
+        )
+        .hint("Pass backfill => true (the default) with it, or omit truncate_target."));
+    }
+    Ok(())
+}
+
+/// The target table of `relid` for a table or postgres pipeline (made or checked: see
+/// `targets::ensure_target`), as (schema, name, it held rows already); none for the outbox and
+/// Kafka, which take no `target_table`.
+#[allow(clippy::too_many_arguments)]
+fn target_of_table(
+    pipeline: &str,
+    target_kind: TargetKind,
+    options: &serde_json::Value,
+    relid: pg_sys::Oid,
+    s: &SourceInfo,
+    target_table: Option<&str>,
+    owner: &str,
+    truncate_target: bool,
+) -> TideResult<(Option<String>, Option<String>, bool)> {
+    let (schema, name, held_rows) = if target_kind == TargetKind::Kafka {
+        if target_table.is_some() {
+            return Err(TideError::invalid(format!(
+                "pipeline \"{pipeline}\" writes to Kafka topics, which are named by its options, not by target_table"
+            ))
+            .hint("Omit target_table for kafka pipelines; the pipeline's topic option names each table's topic."));
+        }
+        (None, None, false)
+    } else if target_kind == TargetKind::Outbox {
+        if target_table.is_some() {
+            return Err(TideError::invalid(format!(
+                "pipeline \"{pipeline}\" writes to the outbox, which has no target tables"
+            ))
+            .hint("Omit target_table for outbox pipelines."));
+        }
+        (None, None, false)
+    } else {
+        let t = targets::ensure_target(
+            target_kind.as_str(),
+            options,
+            relid,
+            &s.qualified,
+            &s.key_columns,
+            target_table,
+            owner,
+            truncate_target,
+        )?;
+        let (s_, n_) = (t.schema, t.name);
+        if target_kind == TargetKind::Table {
+            // The other direction of the loop: the target must not be a table this pipeline
+            // captures.
+            if let Some(c) = catalog::tables::captured_named(pipeline, &s_, &n_)? {
+                return Err(TideError::invalid(format!(
+                    "the target {}.{} is {c}, which pipeline \"{}\" captures",
+                    pgrx::spi::quote_identifier(&s_),
+                    pgrx::spi::quote_identifier(&n_),
+                    shown(pipeline)
+                ))
+                .hint("A pipeline's targets and the tables it captures must be different tables: pass another target_table."));
+            }
+        }
+        (Some(s_), Some(n_), t.held_rows)
+    };
+    Ok((schema, name, held_rows))
 }

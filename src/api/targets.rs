@@ -454,9 +454,14 @@ fn holds_rows(
                 refusal_error(&e).unwrap_or_else(|| {
                     TideError::new(
                         PgSqlErrorCode::ERRCODE_FDW_ERROR,
-                        format!("cannot truncate the remote target {qualified}: {}", e.message),
+                        format!(
+                            "cannot truncate the remote target {qualified}: {}",
+                            e.message
+                        ),
                     )
-                    .hint("Grant the mapped user TRUNCATE on the target table, or empty it yourself.")
+                    .hint(
+                        "Grant the mapped user TRUNCATE on the target table, or empty it yourself.",
+                    )
                 })
             })?;
         }

@@ -1,43 +1,72 @@
-//! The launcher: one static background worker that starts a worker per pipeline.
+//! The supervisor and the database launchers: who starts a worker per pipeline, in every
+//! database where pg_tide is installed.
 //!
-//! Lifecycle (who sets what):
+//! A backend connects to one database for its life, so no one process can read the catalogs of
+//! every database. As PostgreSQL's logical replication launcher does, pg_tide splits the job:
+//! a static supervisor connected to no database, which reads the shared catalog `pg_database`,
+//! and one dynamic launcher per database, connected to it, which runs that database's pipelines.
+//!
+//! Lifecycle of the supervisor (`backend_type = 'pg_tide supervisor'`; who sets what):
 //! - registered in `_PG_init` only when pg_tide is preloaded; the postmaster restarts it 5 s after
-//!   it exits with a non-zero code;
-//! - connects to `tide.database`. If that database does not exist, the launcher instead runs
-//!   without a database connection, logs one clear message, checks again with exponential
-//!   back-off (2 s up to 1 min) and exits for a restart once the database is there. The
-//!   `db_ok` flag in shared memory carries that across restarts, so a missing database costs one
-//!   log line per back-off step, never a restart loop;
-//! - handles SIGTERM (exit), SIGHUP (reload; exits for a restart when `tide.database` changed)
-//!   and postmaster death (exit);
+//!   it exits with a non-zero code; it connects to no database;
+//! - every tick (2 s, or sooner when woken) it scans `pg_database` and starts a database launcher
+//!   for every database that accepts connections, is not a template, is listed by
+//!   `tide.database` (empty: every database) and has none: at its start, when a database
+//!   appears, and after a `CREATE EXTENSION pg_tide` commits anywhere (the committing backend
+//!   counts it in `shmem::request_probe` and sets the supervisor's latch; see `lib.rs`);
+//! - a database launcher tells why it left (`shmem::DbExit`): without the extension it is not
+//!   started again until the next `CREATE EXTENSION pg_tide`; after it yielded the database
+//!   (below) it is started again 5 s later; after it died it is started again with back-off
+//!   (0.5 s doubling up to about 2 min while it keeps dying young);
+//! - a name in `tide.database` that no database has is logged once (again if it comes back and
+//!   goes again);
+//! - handles SIGTERM (exit), SIGHUP (reload) and postmaster death (exit).
+//!
+//! Lifecycle of a database launcher (`backend_type = 'pg_tide launcher'`, one per database):
+//! - started by the supervisor (never restarted by the postmaster), connects to its database by
+//!   OID and fills its slot in shared memory;
+//! - exits, stopping the pipeline workers of its database first, when: the extension is not
+//!   installed (or was dropped); `tide.database` does not list its database (checked at start and
+//!   on every reload); another session asks for the database to itself. That last one is seen
+//!   through the lock manager: `DROP DATABASE`, `ALTER DATABASE ... RENAME / SET TABLESPACE` and
+//!   `CREATE DATABASE ... TEMPLATE` lock the database in a mode that conflicts with a writer's
+//!   (what every session takes to connect), then wait 5 s at most for the other sessions of that
+//!   database to leave. Every tick the launcher asks for a writer's lock without waiting; when it
+//!   cannot have it, it stops its workers (SIGTERM) and leaves, so these commands succeed;
+//! - handles SIGTERM (exit), SIGHUP (reload) and postmaster death (exit);
 //! - every tick reads the version of the extension's SQL objects: while it differs from the
 //!   library's (a new `pg_tide.so` loaded, `ALTER EXTENSION pg_tide UPDATE` not run yet, or the
-//!   reverse), it stops the workers it started and starts none, logging the reason and the remedy
-//!   once; the tick after the versions match again starts them, and each resumes from its slot;
-//! - every tick (1 s, or sooner when woken): starts a dynamic worker for every pipeline that
-//!   has none, with a per-pipeline back-off when a worker keeps dying, and drops replication
-//!   slots named `tide_*` that no pipeline owns (a slot left by a `create_pipeline` whose
-//!   transaction rolled back), skipping slots whose creating transaction is still open;
-//! - after that, every tick runs the outbox retention (`worker::retention`: batches of deletes,
-//!   at most 0.5 s per tick; the next tick comes after 50 ms instead of 1 s while work is left).
+//!   reverse), it stops the workers of its database and starts none, logging the reason and the
+//!   remedy once; the tick after the versions match again starts them, and each resumes from its
+//!   slot;
+//! - every tick (1 s, or sooner when woken): starts a dynamic worker for every pipeline of its
+//!   database that has none, with a per-pipeline back-off when a worker keeps dying, and drops
+//!   replication slots of its database named `tide_*` that no pipeline owns (a slot left by a
+//!   `create_pipeline` whose transaction rolled back), skipping slots whose creating transaction
+//!   is still open;
+//! - after that, every tick runs the outbox retention of its database (`worker::retention`:
+//!   batches of deletes, at most 0.5 s per tick; the next tick comes after 50 ms instead of 1 s
+//!   while work is left).
 
 use crate::gucs;
 use crate::shmem;
 use crate::worker::tx;
 use pgrx::bgworkers::*;
 use pgrx::prelude::*;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-/// Name and type of the launcher process, as shown in `pg_stat_activity.backend_type`.
+/// Name and type of the supervisor process, as shown in `pg_stat_activity.backend_type`.
+pub const SUPERVISOR_TYPE: &str = "pg_tide supervisor";
+/// `backend_type` of a database launcher.
 pub const LAUNCHER_TYPE: &str = "pg_tide launcher";
 /// `backend_type` of pipeline workers.
 pub const WORKER_TYPE: &str = "pg_tide worker";
 
-/// Register the launcher with the postmaster. Called from `_PG_init` when preloaded.
+/// Register the supervisor with the postmaster. Called from `_PG_init` when preloaded.
 pub fn register() {
-    BackgroundWorkerBuilder::new(LAUNCHER_TYPE)
-        .set_type(LAUNCHER_TYPE)
+    BackgroundWorkerBuilder::new(SUPERVISOR_TYPE)
+        .set_type(SUPERVISOR_TYPE)
         .set_library("pg_tide")
         .set_function("tide_launcher_main")
         .enable_spi_access()
@@ -60,50 +89,297 @@ struct Backoff {
     not_before: Instant,
 }
 
+/// What the supervisor knows of one database.
+enum DbState {
+    /// Its launcher runs (or is being started). `gen`: [`shmem::probe_gen`] before it started.
+    Running {
+        handle: DynamicBackgroundWorker,
+        started: Instant,
+        gen: u64,
+    },
+    /// Its launcher found no extension (or a `tide.database` that does not list it) when the
+    /// count of `CREATE EXTENSION pg_tide` commits was `gen`: started again when that moves.
+    Idle { gen: u64 },
+    /// Start its launcher again at `not_before`.
+    Waiting { not_before: Instant },
+}
+
+/// One row of `pg_database`.
+struct Database {
+    oid: u32,
+    name: String,
+    /// Accepts connections (`datallowconn`), is no template and is valid (not half dropped).
+    connectable: bool,
+}
+
+/// Whether a database launcher should run in `d`.
+fn wanted(d: &Database, listed: &[String]) -> bool {
+    d.connectable && (listed.is_empty() || listed.contains(&d.name))
+}
+
+/// Main function of the supervisor (see the module comment).
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn tide_launcher_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
-    let db = gucs::database();
+    // No database: the supervisor reads only the shared catalog pg_database, and must not keep
+    // any database busy (DROP DATABASE waits for every session of the database to leave).
+    BackgroundWorker::connect_worker_to_spi(None, None);
+    shmem::REGISTRY.exclusive().supervisor_pid = unsafe { pg_sys::MyProcPid };
+    log!("pg_tide supervisor started");
 
-    let db_ok = shmem::REGISTRY.share().db_ok;
-    if !db_ok {
-        wait_for_database(db);
+    let mut dbs: HashMap<u32, DbState> = HashMap::new();
+    // Databases whose launcher died young, how many times in a row.
+    let mut failures: HashMap<u32, u32> = HashMap::new();
+    let mut missing_logged: HashSet<String> = HashSet::new();
+    let mut no_slot_logged: HashSet<u32> = HashSet::new();
+    let mut wait = Duration::ZERO;
+    while BackgroundWorker::wait_latch(Some(wait)) {
+        wait = Duration::from_secs(2);
+        if BackgroundWorker::sighup_received() {
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        }
+        let listed = gucs::databases();
+        // Read before the scan: a CREATE EXTENSION that commits after this is seen next tick.
+        let gen = shmem::probe_gen();
+        let all = databases();
+        for name in &listed {
+            if !all.iter().any(|d| d.name == *name) && missing_logged.insert(name.clone()) {
+                log!("pg_tide supervisor: database \"{name}\" named in tide.database does not exist; its pipelines start once it is created and has the extension");
+            }
+        }
+        missing_logged.retain(|n| listed.contains(n) && !all.iter().any(|d| d.name == *n));
+
+        // Launchers that stopped: why.
+        for (oid, st) in dbs.iter_mut() {
+            let DbState::Running {
+                handle,
+                started,
+                gen: started_gen,
+            } = st
+            else {
+                continue;
+            };
+            match handle.pid() {
+                Ok(_) | Err(BackgroundWorkerStatus::NotYetStarted) => continue,
+                Err(_) => {}
+            }
+            let now = Instant::now();
+            *st = match shmem::take_db_exit(*oid) {
+                shmem::DbExit::NotInstalled | shmem::DbExit::NotListed => {
+                    failures.remove(oid);
+                    DbState::Idle { gen: *started_gen }
+                }
+                shmem::DbExit::Yielded => {
+                    failures.remove(oid);
+                    DbState::Waiting {
+                        not_before: now + Duration::from_secs(5),
+                    }
+                }
+                shmem::DbExit::Unknown => {
+                    let f = failures.entry(*oid).or_insert(0);
+                    *f = if started.elapsed() < Duration::from_secs(30) {
+                        (*f + 1).min(8)
+                    } else {
+                        0
+                    };
+                    DbState::Waiting {
+                        not_before: now + Duration::from_millis(500u64 << *f),
+                    }
+                }
+            };
+        }
+        // Forget databases that are gone or not wanted (the launcher of one no longer listed
+        // leaves by itself at the reload).
+        dbs.retain(|oid, st| {
+            matches!(st, DbState::Running { .. })
+                || all.iter().any(|d| d.oid == *oid && wanted(d, &listed))
+        });
+        failures.retain(|oid, _| dbs.contains_key(oid));
+
+        for d in all.iter().filter(|d| wanted(d, &listed)) {
+            let start = match dbs.get(&d.oid) {
+                None => true,
+                Some(DbState::Running { .. }) => false,
+                Some(DbState::Idle { gen: g }) => *g != gen,
+                Some(DbState::Waiting { not_before }) => Instant::now() >= *not_before,
+            };
+            if !start {
+                continue;
+            }
+            match start_db_launcher(d) {
+                Ok(handle) => {
+                    no_slot_logged.remove(&d.oid);
+                    dbs.insert(
+                        d.oid,
+                        DbState::Running {
+                            handle,
+                            started: Instant::now(),
+                            gen,
+                        },
+                    );
+                }
+                Err(()) => {
+                    if no_slot_logged.insert(d.oid) {
+                        log!("pg_tide supervisor: could not start the launcher of database \"{}\": no background worker slot free (raise max_worker_processes)", d.name);
+                    }
+                    dbs.insert(
+                        d.oid,
+                        DbState::Waiting {
+                            not_before: Instant::now() + Duration::from_secs(10),
+                        },
+                    );
+                }
+            }
+        }
+    }
+    log!("pg_tide supervisor exiting");
+}
+
+fn start_db_launcher(d: &Database) -> Result<DynamicBackgroundWorker, ()> {
+    // bgw_name holds 96 bytes; a database name at most 63.
+    BackgroundWorkerBuilder::new(&format!("{LAUNCHER_TYPE} {}", d.name))
+        .set_type(LAUNCHER_TYPE)
+        .set_library("pg_tide")
+        .set_function("tide_database_launcher_main")
+        .set_argument(pg_sys::Oid::from(d.oid).into_datum())
+        .enable_spi_access()
+        .set_restart_time(None)
+        .set_notify_pid(unsafe { pg_sys::MyProcPid })
+        .load_dynamic()
+        .map_err(|_| ())
+}
+
+/// Leave, telling the supervisor why.
+fn leave(why: shmem::DbExit) -> ! {
+    shmem::db_launcher_exiting(why);
+    unsafe { pg_sys::proc_exit(0) }
+}
+
+/// Ask every pipeline worker of this database to stop (SIGTERM: it ends at its next
+/// interrupt check, rolling back what it was doing; its slot keeps its place). Only processes
+/// of this cluster connected to this database are signalled.
+fn stop_workers(why: &str) {
+    for w in shmem::snapshot().iter().filter(|w| w.pid > 0) {
+        // SAFETY: BackendPidGetProc takes ProcArrayLock and returns a PGPROC or NULL; its
+        // databaseId is read once, as CountOtherDBBackends reads it.
+        let ours = unsafe {
+            let proc = pg_sys::BackendPidGetProc(w.pid);
+            !proc.is_null() && (*proc).databaseId == pg_sys::MyDatabaseId
+        };
+        if ours {
+            log!(
+                "pg_tide launcher: stopping the worker of pipeline \"{}\" (pid {}): {why}",
+                w.name(),
+                w.pid
+            );
+            unsafe { libc::kill(w.pid, libc::SIGTERM) };
+        }
+    }
+}
+
+/// What [`database_wanted`] found.
+#[derive(PartialEq, Eq)]
+enum Wanted {
+    Free,
+    /// Another session waits to have the database to itself.
+    ByAnother,
+    /// The database accepts no connections any more.
+    Closed,
+}
+
+/// Whether another session waits to have this database to itself (`DROP DATABASE`,
+/// `ALTER DATABASE ... RENAME / SET TABLESPACE`, `CREATE DATABASE ... TEMPLATE`): the lock a
+/// session takes on its database to connect (RowExclusiveLock on the database object), asked
+/// for without waiting, is refused. It conflicts with those commands' lock whether they hold it
+/// or wait for it; released at once (end of the transaction).
+/// Also reports a database closed to connections (`ALTER DATABASE ... ALLOW_CONNECTIONS false`,
+/// the step before a `DROP DATABASE`, which refuses while a slot of the database is active).
+fn database_wanted() -> Wanted {
+    let tag = pg_sys::LOCKTAG {
+        // A shared object: no database.
+        locktag_field1: 0,
+        locktag_field2: pg_sys::DatabaseRelationId.to_u32(),
+        locktag_field3: unsafe { pg_sys::MyDatabaseId }.to_u32(),
+        locktag_field4: 0,
+        locktag_type: pg_sys::LockTagType::LOCKTAG_OBJECT as u8,
+        locktag_lockmethodid: pg_sys::DEFAULT_LOCKMETHOD as u8,
+    };
+    let wanted = tx::run(|| {
+        // SAFETY: a transaction-scoped lock that never waits, released by the commit.
+        let got = unsafe {
+            pg_sys::LockAcquire(
+                &tag,
+                pg_sys::RowExclusiveLock as pg_sys::LOCKMODE,
+                false,
+                true,
+            )
+        };
+        if got == pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL {
+            return Ok(Wanted::ByAnother);
+        }
+        let open = crate::sql::one::<bool>(
+            "SELECT datallowconn FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database()",
+            &[],
+        )?;
+        Ok(if open == Some(false) {
+            Wanted::Closed
+        } else {
+            Wanted::Free
+        })
+    });
+    match wanted {
+        Ok(w) => w,
+        Err(e) => {
+            log!("pg_tide launcher: could not look at the database's lock: {e}");
+            Wanted::Free
+        }
+    }
+}
+
+/// Main function of a database launcher (see the module comment). The database's OID is the
+/// argument.
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn tide_database_launcher_main(arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let dboid = unsafe { pg_sys::Oid::from_datum(arg, false) }.unwrap_or(pg_sys::InvalidOid);
+    BackgroundWorker::connect_worker_to_spi_by_oid(Some(dboid), None);
+    if !shmem::db_launcher_started(unsafe { pg_sys::MyProcPid }) {
+        log!(
+            "pg_tide launcher: not running: launchers of {} databases run already, the most pg_tide supports",
+            shmem::MAX_DATABASES
+        );
         return;
     }
-    // Pessimistic until the connection succeeds: if it fails (FATAL), the next start checks the
-    // database without connecting instead of failing again.
-    shmem::REGISTRY.exclusive().db_ok = false;
-    BackgroundWorker::connect_worker_to_spi(Some(&db), None);
-    {
-        let mut reg = shmem::REGISTRY.exclusive();
-        reg.db_ok = true;
-        reg.launcher_pid = unsafe { pg_sys::MyProcPid };
-    }
-    log!("pg_tide launcher started in database \"{db}\"");
     if let Err(e) = tx::run(crate::security::pin_search_path) {
         log!("pg_tide launcher: could not pin its search_path ({e}); exiting to start again");
         unsafe { pg_sys::proc_exit(1) };
     }
+    let db = match tx::run(|| {
+        crate::sql::one::<String>("SELECT pg_catalog.current_database()::text", &[])
+    }) {
+        Ok(d) => d.unwrap_or_default(),
+        Err(e) => {
+            log!("pg_tide launcher: could not read its database's name ({e}); exiting to start again");
+            unsafe { pg_sys::proc_exit(1) }
+        }
+    };
+    if !gucs::database_allowed(&db) {
+        leave(shmem::DbExit::NotListed);
+    }
 
     let dboid = unsafe { pg_sys::MyDatabaseId };
-    let mut running: HashMap<String, Running> = HashMap::new();
-    let mut backoff: HashMap<String, Backoff> = HashMap::new();
-    let mut warned_no_extension = false;
+    let mut workers = Workers::default();
+    let mut announced = false;
     let mut warned_version: Option<String> = None;
 
-    // The next wait: a tick, or sooner while the outbox retention has work left.
-    let mut wait = Duration::from_secs(1);
+    // The next wait: none before the first tick; then a tick, or sooner while the outbox
+    // retention has work left.
+    let mut wait = Duration::ZERO;
     while BackgroundWorker::wait_latch(Some(wait)) {
         wait = Duration::from_secs(1);
-        if BackgroundWorker::sighup_received() {
-            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
-            let now_db = gucs::database();
-            if now_db != db {
-                log!("pg_tide launcher: tide.database changed from \"{db}\" to \"{now_db}\"; restarting");
-                unsafe { pg_sys::proc_exit(1) };
-            }
-        }
+        leave_if_unwanted(&db);
         let pipelines = match tx::run(list_pipelines_and_collect_slots) {
             Ok(p) => p,
             Err(e) => {
@@ -114,28 +390,19 @@ pub extern "C-unwind" fn tide_launcher_main(_arg: pg_sys::Datum) {
         let pipelines = match pipelines {
             Listing::Pipelines(p) => p,
             Listing::NotInstalled => {
-                if !warned_no_extension {
-                    log!("pg_tide launcher: extension pg_tide is not installed in database \"{db}\"; waiting for CREATE EXTENSION pg_tide");
-                    warned_no_extension = true;
+                if announced {
+                    log!("pg_tide launcher: extension pg_tide was dropped from database \"{db}\"; the launcher leaves (CREATE EXTENSION pg_tide starts it again)");
+                } else {
+                    debug1!("pg_tide launcher: extension pg_tide is not installed in database \"{db}\"; leaving");
                 }
-                continue;
+                stop_workers("the extension was dropped");
+                leave(shmem::DbExit::NotInstalled);
             }
             Listing::OtherVersion(e) => {
                 // Workers of this library must not run against another version's catalog:
                 // stop those that run (they resume from their slot later) and start none.
-                running.clear();
-                for w in shmem::snapshot().iter().filter(|w| w.pid > 0) {
-                    log!(
-                        "pg_tide launcher: stopping the worker of pipeline \"{}\" until the versions match",
-                        w.name()
-                    );
-                    let pid = w.pid;
-                    if let Err(e) = tx::run(|| {
-                        crate::sql::exec("SELECT pg_terminate_backend($1)", &[pid.into()])
-                    }) {
-                        log!("pg_tide launcher: could not stop worker {pid}: {e}");
-                    }
-                }
+                workers.running.clear();
+                stop_workers("until the versions match");
                 if warned_version.as_deref() != Some(e.message.as_str()) {
                     log!(
                         "pg_tide launcher: {}; pipelines wait. {}",
@@ -147,13 +414,37 @@ pub extern "C-unwind" fn tide_launcher_main(_arg: pg_sys::Datum) {
                 continue;
             }
         };
+        if !announced {
+            log!("pg_tide launcher started in database \"{db}\"");
+            announced = true;
+        }
         if warned_version.take().is_some() {
             log!("pg_tide launcher: the SQL objects in database \"{db}\" are at the library's version {} now; starting the pipelines", crate::catalog::LIBRARY_VERSION);
         }
-        warned_no_extension = false;
 
+        workers.reap(&pipelines);
+        workers.start_missing(pipelines, dboid);
+
+        if crate::worker::retention::prune() {
+            wait = Duration::from_millis(50);
+        }
+    }
+    log!("pg_tide launcher exiting");
+}
+
+/// The pipeline workers a database launcher started, and the back-off of those that died young.
+#[derive(Default)]
+struct Workers {
+    running: HashMap<String, Running>,
+    backoff: HashMap<String, Backoff>,
+}
+
+impl Workers {
+    /// Forget workers that have stopped; remember how fast they died. `pipelines`: (name,
+    /// `created_at`) of the database's pipelines now.
+    fn reap(&mut self, pipelines: &[(String, String)]) {
         // Forget workers that have stopped; remember how fast they died.
-        running.retain(|name, r| match r.handle.pid() {
+        self.running.retain(|name, r| match r.handle.pid() {
             Ok(_) => true,
             Err(BackgroundWorkerStatus::NotYetStarted) => true,
             Err(_) => {
@@ -162,7 +453,7 @@ pub extern "C-unwind" fn tide_launcher_main(_arg: pg_sys::Datum) {
                     .find(|(n, _)| n == name)
                     .map(|(_, c)| c.clone())
                     .unwrap_or_default();
-                let b = backoff.entry(name.clone()).or_insert(Backoff {
+                let b = self.backoff.entry(name.clone()).or_insert(Backoff {
                     created: created.clone(),
                     failures: 0,
                     not_before: Instant::now(),
@@ -180,24 +471,28 @@ pub extern "C-unwind" fn tide_launcher_main(_arg: pg_sys::Datum) {
                 false
             }
         });
-        backoff.retain(|name, b| pipelines.iter().any(|(n, c)| n == name && *c == b.created));
+        self.backoff
+            .retain(|name, b| pipelines.iter().any(|(n, c)| n == name && *c == b.created));
+    }
 
+    /// Start a worker for every pipeline that has none (and is not backing off).
+    fn start_missing(&mut self, pipelines: Vec<(String, String)>, dboid: pg_sys::Oid) {
         for (name, created) in pipelines {
-            if running.contains_key(&name) {
+            if self.running.contains_key(&name) {
                 continue;
             }
             if shmem::worker_pid(&name).is_some() {
                 // Started by someone else (an earlier launcher incarnation): leave it alone.
                 continue;
             }
-            if let Some(b) = backoff.get(&name) {
+            if let Some(b) = self.backoff.get(&name) {
                 if Instant::now() < b.not_before {
                     continue;
                 }
             }
             match start_worker(&name, dboid) {
                 Ok(handle) => {
-                    running.insert(
+                    self.running.insert(
                         name,
                         Running {
                             handle,
@@ -207,7 +502,7 @@ pub extern "C-unwind" fn tide_launcher_main(_arg: pg_sys::Datum) {
                 }
                 Err(()) => {
                     log!("pg_tide launcher: could not start the worker of pipeline \"{name}\": no background worker slot free (raise max_worker_processes)");
-                    backoff.insert(
+                    self.backoff.insert(
                         name,
                         Backoff {
                             created,
@@ -218,12 +513,32 @@ pub extern "C-unwind" fn tide_launcher_main(_arg: pg_sys::Datum) {
                 }
             }
         }
+    }
+}
 
-        if crate::worker::retention::prune() {
-            wait = Duration::from_millis(50);
+/// Leave (stopping this database's workers) when the database is no longer this launcher's:
+/// `tide.database` stops listing it (checked after a reload), it stops allowing connections,
+/// or another session wants it to itself (DROP DATABASE, ALTER DATABASE, a template copy).
+fn leave_if_unwanted(db: &str) {
+    if BackgroundWorker::sighup_received() {
+        unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        if !gucs::database_allowed(db) {
+            log!("pg_tide launcher: tide.database does not list database \"{db}\" any more; its pipelines stop");
+            stop_workers("tide.database does not list its database");
+            leave(shmem::DbExit::NotListed);
         }
     }
-    log!("pg_tide launcher exiting");
+    let wanted = database_wanted();
+    if wanted == Wanted::Closed {
+        log!("pg_tide launcher: database \"{db}\" does not allow connections any more; its pipelines stop (ALTER DATABASE ... ALLOW_CONNECTIONS true starts them again)");
+        stop_workers("its database does not allow connections any more");
+        leave(shmem::DbExit::NotListed);
+    }
+    if wanted == Wanted::ByAnother {
+        log!("pg_tide launcher: another session needs database \"{db}\" to itself (DROP DATABASE, ALTER DATABASE, or CREATE DATABASE from it as a template); its pipelines stop and the launcher leaves, to start again once the database is free");
+        stop_workers("its database is wanted by another session");
+        leave(shmem::DbExit::Yielded);
+    }
 }
 
 fn start_worker(name: &str, dboid: pg_sys::Oid) -> Result<DynamicBackgroundWorker, ()> {
@@ -265,44 +580,13 @@ fn list_pipelines_and_collect_slots() -> Result<Listing, crate::error::TideError
     Ok(Listing::Pipelines(names))
 }
 
-/// Run without a database connection until the configured database exists.
-fn wait_for_database(mut db: String) {
-    BackgroundWorker::connect_worker_to_spi(None, None);
-    {
-        let mut reg = shmem::REGISTRY.exclusive();
-        reg.launcher_pid = unsafe { pg_sys::MyProcPid };
-    }
-    let mut delay = Duration::from_secs(2);
-    let mut logged_for: Option<String> = None;
-    loop {
-        if exists(&db) {
-            log!("pg_tide launcher: database \"{db}\" exists now; connecting");
-            shmem::REGISTRY.exclusive().db_ok = true;
-            unsafe { pg_sys::proc_exit(1) };
-        }
-        if logged_for.as_deref() != Some(db.as_str()) {
-            log!(
-                "pg_tide launcher: database \"{db}\" does not exist; pipelines cannot run. Create it or set tide.database; checking again with back-off up to 1 minute"
-            );
-            logged_for = Some(db.clone());
-        }
-        if !BackgroundWorker::wait_latch(Some(delay)) {
-            return;
-        }
-        if BackgroundWorker::sighup_received() {
-            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
-            db = gucs::database();
-            delay = Duration::from_secs(5);
-            continue;
-        }
-        delay = (delay * 2).min(Duration::from_secs(60));
-    }
-}
-
-/// Whether a database of that name exists, read straight from `pg_database` (a shared catalog):
-/// without a database connection the syscache and index scans are not available, so this scans
-/// the heap, as the autovacuum launcher does.
-fn exists(db: &str) -> bool {
+/// Every database in `pg_database` (a shared catalog), read straight from the heap: without a
+/// database connection the syscache and index scans are not available, so this scans the heap,
+/// as the autovacuum launcher does.
+fn databases() -> Vec<Database> {
+    let mut out = Vec::new();
+    // SAFETY: a catalog heap scan in a transaction of its own; the tuples are copied out before
+    // the scan ends.
     unsafe {
         pg_sys::StartTransactionCommand();
         let _ = pg_sys::GetTransactionSnapshot();
@@ -311,22 +595,23 @@ fn exists(db: &str) -> bool {
             pg_sys::AccessShareLock as pg_sys::LOCKMODE,
         );
         let scan = pg_sys::table_beginscan_catalog(rel, 0, std::ptr::null_mut());
-        let mut found = false;
         loop {
             let tup = pg_sys::heap_getnext(scan, pg_sys::ScanDirection::ForwardScanDirection);
             if tup.is_null() {
                 break;
             }
-            let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_database>(tup);
-            let name = std::ffi::CStr::from_ptr((*form).datname.data.as_ptr());
-            if name.to_bytes() == db.as_bytes() {
-                found = true;
-                break;
-            }
+            let form = &*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_database>(tup);
+            let name = std::ffi::CStr::from_ptr(form.datname.data.as_ptr());
+            out.push(Database {
+                oid: form.oid.to_u32(),
+                name: name.to_string_lossy().into_owned(),
+                // datconnlimit -2: a DROP DATABASE was interrupted (the database is invalid).
+                connectable: form.datallowconn && !form.datistemplate && form.datconnlimit != -2,
+            });
         }
         pg_sys::table_endscan(scan);
         pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         pg_sys::CommitTransactionCommand();
-        found
     }
+    out
 }

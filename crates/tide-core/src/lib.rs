@@ -37,6 +37,7 @@ pub mod json;
 pub mod kafka;
 pub mod lsn;
 pub mod model;
+pub mod name_list;
 pub mod plan;
 pub mod read_ahead;
 pub mod reconcile;

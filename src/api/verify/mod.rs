@@ -144,6 +144,8 @@ type VerifyRow = (
 );
 type RepairRow = (i32, i64, i64, Option<i64>, String);
 
+// The result's columns are named in the signature, as pgrx reads them from it.
+#[allow(clippy::type_complexity)]
 #[pg_extern]
 fn verify(
     source: Option<Regclass>,
