@@ -621,3 +621,32 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'skip_transaction_wrapper';
 REVOKE ALL ON FUNCTION tide.skip_transaction(text, pg_lsn) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tide.skip_transaction(text, pg_lsn) TO tide_admin;
+
+-- Outbox consumers can wait instead of polling: tide.read_outbox(..., wait => interval).
+CREATE FUNCTION tide."_outbox_wait"(
+	"pipeline" TEXT,
+	"consumer" TEXT,
+	"wait" interval
+) RETURNS bool
+LANGUAGE c
+AS 'MODULE_PATHNAME', '_outbox_wait_wrapper';
+REVOKE ALL ON FUNCTION tide._outbox_wait(text, text, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide._outbox_wait(text, text, interval) TO tide_admin;
+DROP FUNCTION tide.read_outbox(text, text, integer);
+-- A consumer's next batch: the events after its committed position, in id order, ending at a
+-- source transaction's end (tide._consumer_batch checks the caller and picks the bounds; the
+-- rows are read as the caller, under the outbox's row security). With `wait`, it first waits
+-- (tide._outbox_wait) until there is an event to read; the batch is read by the next statement,
+-- with a snapshot taken after the wait.
+CREATE FUNCTION tide.read_outbox(pipeline text, consumer text, max_events integer DEFAULT 1000, wait interval DEFAULT '0')
+RETURNS SETOF tide.outbox
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT tide._outbox_wait($1, $2, $4);
+    SELECT o.*
+      FROM (SELECT tide._consumer_batch($1, $2, $3) AS b) r, tide.outbox o
+     WHERE o.pipeline = $1 AND o.id > r.b[1] AND o.id <= r.b[2]
+     ORDER BY o.id
+$$;
+COMMENT ON FUNCTION tide.read_outbox(text, text, integer, interval) IS 'The next events of a consumer after its committed position, in id order, whole source transactions (see the README, Outbox consumers); with wait, it waits up to that long for the first event instead of returning nothing; commit with tide.commit_consumer.';
+REVOKE ALL ON FUNCTION tide.read_outbox(text, text, integer, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide.read_outbox(text, text, integer, interval) TO tide_admin;

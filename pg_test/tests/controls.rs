@@ -647,3 +647,126 @@ fn skip_transaction_skips_the_failing_one() {
     wait_for_pipeline(&c, "k", 30, || diag(&c));
     assert_eq!(ids(&mut alice), "1,3,4");
 }
+
+/// Item 9: an outbox consumer waits instead of polling: `tide.read_outbox(..., wait => ...)`
+/// returns as soon as the pipeline writes an event (a write made while the read waits), or
+/// nothing after the wait.
+#[test]
+fn outbox_consumer_waits() {
+    let c = cluster("ops_wait");
+    let (mut alice, _) = connect_noticed(&c, "alice");
+    alice_outbox(&c, &mut alice, 0);
+    ok(
+        &mut alice,
+        &c,
+        "SELECT tide.create_consumer('p', 'c', 'latest')",
+    );
+    // Nothing comes: empty after the wait, not before.
+    let t = Instant::now();
+    let n = alice
+        .query(
+            "SELECT * FROM tide.read_outbox('p', 'c', wait => '500 ms')",
+            &[],
+        )
+        .expect("read_outbox with wait")
+        .len();
+    let waited = t.elapsed();
+    assert_eq!(n, 0);
+    assert!(
+        waited >= Duration::from_millis(450) && waited < Duration::from_secs(10),
+        "an empty read_outbox with wait => 500 ms returned after {waited:?}"
+    );
+    // A row written while the read waits (the writer starts once alice's read is in its wait).
+    let writer = {
+        let c2 = connect_as(&c, "alice");
+        let mut watch = c.client();
+        std::thread::spawn(move || {
+            let mut c2 = c2;
+            let start = Instant::now();
+            loop {
+                let waiting: bool = watch
+                    .query_one(
+                        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE usename = 'alice' AND state = 'active'
+                                          AND query LIKE '%read_outbox%wait%' AND now() - query_start > interval '200 ms')",
+                        &[],
+                    )
+                    .expect("pg_stat_activity")
+                    .get(0);
+                if waiting {
+                    break;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(30),
+                    "the read never waited"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            c2.batch_execute("INSERT INTO alice.t VALUES (42, 42)")
+                .expect("the write");
+            Instant::now()
+        })
+    };
+    let t = Instant::now();
+    let rows = alice
+        .query(
+            "SELECT id, op, row->>'v' FROM tide.read_outbox('p', 'c', wait => '60 seconds')",
+            &[],
+        )
+        .expect("read_outbox with wait");
+    let returned = Instant::now();
+    let wrote = writer.join().expect("writer");
+    assert_eq!(
+        rows.len(),
+        1,
+        "the waiting read returned {} events",
+        rows.len()
+    );
+    let (op, v): (String, Option<String>) = (rows[0].get(1), rows[0].get(2));
+    assert_eq!((op.as_str(), v.as_deref()), ("insert", Some("42")));
+    assert!(
+        returned >= wrote && returned.duration_since(wrote) < Duration::from_secs(10),
+        "the read returned {:?} after the write (waited {:?} in all)",
+        returned.saturating_duration_since(wrote),
+        returned.duration_since(t)
+    );
+    // Events already there: no wait at all.
+    let t = Instant::now();
+    let n = alice
+        .query(
+            "SELECT * FROM tide.read_outbox('p', 'c', 10, '60 seconds')",
+            &[],
+        )
+        .expect("read_outbox")
+        .len();
+    assert_eq!(n, 1);
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "read_outbox waited with events to read"
+    );
+    // Refusals.
+    for (sql, code) in [
+        (
+            "SELECT * FROM tide.read_outbox('p', 'c', wait => '-1 second')",
+            "22023",
+        ),
+        (
+            "SELECT * FROM tide.read_outbox('p', 'c', wait => NULL)",
+            "22004",
+        ),
+        (
+            "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT * FROM tide.read_outbox('p', 'nosuch', wait => '1 second')",
+            "42704",
+        ),
+    ] {
+        expect_fail_with(sql, alice.batch_execute(sql), code, None);
+        let _ = alice.batch_execute("ROLLBACK");
+    }
+    let sql = "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT * FROM tide.read_outbox('p', 'c', wait => '1 second')";
+    expect_fail_with(
+        sql,
+        alice.batch_execute(sql),
+        "0A000",
+        Some("READ COMMITTED"),
+    );
+    let _ = alice.batch_execute("ROLLBACK");
+}

@@ -1,9 +1,9 @@
 //! The operations controls of issue 32 (bounded `chunk_size` / `rows_per_second` taking bigint,
-//! repeated pause/resume as a NOTICE, an empty condition refused, `tide.skip_transaction`) on
-//! someone else's pipeline:
-//! a `tide_admin` member who does not own it and a role with no pg_tide rights get 42501 for
-//! every call, before any argument is looked at (a bound or a NOTICE would tell them the
-//! pipeline's state), and nothing changes.
+//! repeated pause/resume as a NOTICE, an empty condition refused, `tide.skip_transaction`,
+//! `tide.read_outbox(..., wait => ...)`) on someone else's pipeline: a `tide_admin` member who
+//! does not own it and a role with no pg_tide rights get 42501 for every call, before any
+//! argument is looked at (a bound or a NOTICE would tell them the pipeline's state) and before
+//! any wait, and nothing changes.
 
 use super::*;
 
@@ -17,7 +17,8 @@ fn operations_controls_of_anothers_pipeline() {
         &c,
         "alice",
         "BEGIN; SELECT tide.start_backfill('alice.t', 'p', chunk_size => 10); SELECT tide.pause_backfill('alice.t', 'p'); COMMIT;
-         SELECT tide.pause_pipeline('p');",
+         SELECT tide.pause_pipeline('p');
+         SELECT tide.create_consumer('p', 'c');",
     );
     let calls = [
         "SELECT tide.pause_pipeline('p')",
@@ -33,7 +34,10 @@ fn operations_controls_of_anothers_pipeline() {
         "SELECT tide.alter_backfill('alice.t', chunk_size => 3000000000)",
         "SELECT tide.skip_transaction('p', '0/1')",
         "SELECT tide.skip_transaction('p', pg_current_wal_lsn())",
+        "SELECT * FROM tide.read_outbox('p', 'c', wait => '20 seconds')",
+        "SELECT tide._outbox_wait('p', 'c', '20 seconds')",
     ];
+    let t = Instant::now();
     for role in ["mallory", "nobody"] {
         for sql in calls {
             expect_fail_with(
@@ -44,6 +48,11 @@ fn operations_controls_of_anothers_pipeline() {
             );
         }
     }
+    // Refused before any wait.
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "a refused read_outbox waited"
+    );
     let r = connect_as(&c, "alice")
         .query_one(
             "SELECT (SELECT enabled FROM tide.pipelines WHERE name = 'p'),
