@@ -568,6 +568,89 @@ GRANT EXECUTE ON FUNCTION tide.remove_table(text, text) TO tide_admin;
 -- not keep the value across a library upgrade).
 ALTER FUNCTION tide.version() STABLE;
 
+-- Bounds on a backfill's chunk size and throttle (README "SQL API"): both take bigint, so that a
+-- value beyond integer is refused with 22003 by the function rather than resolving no function
+-- (42883), and out-of-bounds values with 22023.
+DROP FUNCTION tide.start_backfill(regclass, text, integer, text);
+CREATE FUNCTION tide."start_backfill"(
+	"source" regclass,
+	"pipeline" TEXT DEFAULT NULL,
+	"chunk_size" bigint DEFAULT NULL,
+	"condition" TEXT DEFAULT NULL
+) RETURNS bigint
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'start_backfill_wrapper';
+DROP FUNCTION tide.alter_backfill(regclass, text, integer, integer);
+CREATE FUNCTION tide."alter_backfill"(
+	"source" regclass,
+	"pipeline" TEXT DEFAULT NULL,
+	"chunk_size" bigint DEFAULT NULL,
+	"rows_per_second" bigint DEFAULT NULL
+) RETURNS void
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'alter_backfill_wrapper';
+REVOKE ALL ON FUNCTION tide.start_backfill(regclass, text, bigint, text),
+    tide.alter_backfill(regclass, text, bigint, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide.start_backfill(regclass, text, bigint, text),
+    tide.alter_backfill(regclass, text, bigint, bigint) TO tide_admin;
+
+-- tide.skip_transaction (README "SQL API"): a source transaction a pipeline is told to skip, by
+-- commit LSN, with who asked and when the worker skipped it.
+CREATE TABLE tide.skipped_transaction (
+    pipeline      text NOT NULL REFERENCES tide.pipeline(name) ON DELETE CASCADE,
+    lsn           pg_lsn NOT NULL,
+    requested_by  name NOT NULL,
+    requested_at  timestamptz NOT NULL DEFAULT now(),
+    skipped_at    timestamptz,
+    xid           bigint,
+    PRIMARY KEY (pipeline, lsn)
+);
+COMMENT ON TABLE tide.skipped_transaction IS 'Source transactions a pipeline skips (tide.skip_transaction): commit LSN, who asked, when, when the worker skipped it. Read tide.skipped_transactions.';
+CREATE VIEW tide.skipped_transactions WITH (security_barrier) AS
+SELECT s.pipeline, s.lsn, s.xid, s.requested_by, s.requested_at, s.skipped_at
+  FROM tide.skipped_transaction s
+ WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = s.pipeline));
+COMMENT ON VIEW tide.skipped_transactions IS 'Source transactions skipped (or to be skipped) by tide.skip_transaction: commit LSN, xid, who asked and when, when the worker skipped it.';
+REVOKE ALL ON TABLE tide.skipped_transaction, tide.skipped_transactions FROM PUBLIC;
+GRANT SELECT ON tide.skipped_transactions TO tide_admin;
+CREATE FUNCTION tide."skip_transaction"(
+	"pipeline" TEXT,
+	"lsn" pg_lsn
+) RETURNS void
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'skip_transaction_wrapper';
+REVOKE ALL ON FUNCTION tide.skip_transaction(text, pg_lsn) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide.skip_transaction(text, pg_lsn) TO tide_admin;
+
+-- Outbox consumers can wait instead of polling: tide.read_outbox(..., wait => interval).
+CREATE FUNCTION tide."_outbox_wait"(
+	"pipeline" TEXT,
+	"consumer" TEXT,
+	"wait" interval
+) RETURNS bool
+LANGUAGE c
+AS 'MODULE_PATHNAME', '_outbox_wait_wrapper';
+REVOKE ALL ON FUNCTION tide._outbox_wait(text, text, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide._outbox_wait(text, text, interval) TO tide_admin;
+DROP FUNCTION tide.read_outbox(text, text, integer);
+-- A consumer's next batch: the events after its committed position, in id order, ending at a
+-- source transaction's end (tide._consumer_batch checks the caller and picks the bounds; the
+-- rows are read as the caller, under the outbox's row security). With `wait`, it first waits
+-- (tide._outbox_wait) until there is an event to read; the batch is read by the next statement,
+-- with a snapshot taken after the wait.
+CREATE FUNCTION tide.read_outbox(pipeline text, consumer text, max_events integer DEFAULT 1000, wait interval DEFAULT '0')
+RETURNS SETOF tide.outbox
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT tide._outbox_wait($1, $2, $4);
+    SELECT o.*
+      FROM (SELECT tide._consumer_batch($1, $2, $3) AS b) r, tide.outbox o
+     WHERE o.pipeline = $1 AND o.id > r.b[1] AND o.id <= r.b[2]
+     ORDER BY o.id
+$$;
+COMMENT ON FUNCTION tide.read_outbox(text, text, integer, interval) IS 'The next events of a consumer after its committed position, in id order, whole source transactions (see the README, Outbox consumers); with wait, it waits up to that long for the first event instead of returning nothing; commit with tide.commit_consumer.';
+REVOKE ALL ON FUNCTION tide.read_outbox(text, text, integer, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide.read_outbox(text, text, integer, interval) TO tide_admin;
+
 
 -- Lost slots (README, Concepts > Lost slots): the pipeline's resync state and the slot position
 -- kept while paused, the backfills a resync queued, the outbox's resync events (in

@@ -273,8 +273,11 @@ mod tests {
         );
     }
 
-    #[pg_test(error = "pipeline \"nope\" does not exist")]
-    fn drop_unknown_pipeline_is_an_error() {
+    // A #[pg_test] runs in a transaction block, where drop_pipeline refuses before anything
+    // else (the slot's drop cannot be rolled back); an unknown pipeline's 42704 is in the
+    // api_errors transcript (pg_test/regress).
+    #[pg_test(error = "tide.drop_pipeline cannot run inside a transaction block")]
+    fn drop_pipeline_refuses_a_transaction_block() {
         Spi::run("SELECT tide.drop_pipeline('nope')").unwrap();
     }
 

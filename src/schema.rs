@@ -250,6 +250,20 @@ CREATE TABLE tide.outbox_prune (
     last_at       timestamptz NOT NULL
 );
 COMMENT ON TABLE tide.outbox_prune IS 'Outbox events deleted by the retention, per pipeline (events, delete transactions, the last one). Written only by the pg_tide launcher; read tide.outbox_retention.';
+
+-- Source transactions a pipeline is told to skip (tide.skip_transaction), by commit LSN, with
+-- who asked and when; the worker sets skipped_at (and the xid) in the iteration that passes the
+-- transaction without applying it. Kept afterwards: the history of what never reached the target.
+CREATE TABLE tide.skipped_transaction (
+    pipeline      text NOT NULL REFERENCES tide.pipeline(name) ON DELETE CASCADE,
+    lsn           pg_lsn NOT NULL,
+    requested_by  name NOT NULL,
+    requested_at  timestamptz NOT NULL DEFAULT now(),
+    skipped_at    timestamptz,
+    xid           bigint,
+    PRIMARY KEY (pipeline, lsn)
+);
+COMMENT ON TABLE tide.skipped_transaction IS 'Source transactions a pipeline skips (tide.skip_transaction): commit LSN, who asked, when, when the worker skipped it. Read tide.skipped_transactions.';
 "#,
     name = "catalog",
     bootstrap
@@ -491,6 +505,12 @@ SELECT c.pipeline, c.name AS consumer, c.owner, c.committed_id, c.committed_lsn,
  WHERE tide._visible(p.owner);
 COMMENT ON VIEW tide.consumers IS 'Outbox consumers: committed position (id and (commit_lsn, position)), events and WAL bytes behind the pipeline.';
 
+CREATE VIEW tide.skipped_transactions WITH (security_barrier) AS
+SELECT s.pipeline, s.lsn, s.xid, s.requested_by, s.requested_at, s.skipped_at
+  FROM tide.skipped_transaction s
+ WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = s.pipeline));
+COMMENT ON VIEW tide.skipped_transactions IS 'Source transactions skipped (or to be skipped) by tide.skip_transaction: commit LSN, xid, who asked and when, when the worker skipped it.';
+
 CREATE VIEW tide.outbox_retention WITH (security_barrier) AS
 SELECT p.name AS pipeline,
        (SELECT count(*) FROM tide.consumer c WHERE c.pipeline = p.name)          AS consumers,
@@ -509,16 +529,19 @@ COMMENT ON VIEW tide.outbox_retention IS 'Per outbox pipeline: its consumers, th
 
 -- A consumer's next batch: the events after its committed position, in id order, ending at a
 -- source transaction's end (tide._consumer_batch checks the caller and picks the bounds; the
--- rows are read as the caller, under the outbox's row security).
-CREATE FUNCTION tide.read_outbox(pipeline text, consumer text, max_events integer DEFAULT 1000)
+-- rows are read as the caller, under the outbox's row security). With `wait`, it first waits
+-- (tide._outbox_wait) until there is an event to read; the batch is read by the next statement,
+-- with a snapshot taken after the wait.
+CREATE FUNCTION tide.read_outbox(pipeline text, consumer text, max_events integer DEFAULT 1000, wait interval DEFAULT '0')
 RETURNS SETOF tide.outbox
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT tide._outbox_wait($1, $2, $4);
     SELECT o.*
       FROM (SELECT tide._consumer_batch($1, $2, $3) AS b) r, tide.outbox o
      WHERE o.pipeline = $1 AND o.id > r.b[1] AND o.id <= r.b[2]
      ORDER BY o.id
 $$;
-COMMENT ON FUNCTION tide.read_outbox(text, text, integer) IS 'The next events of a consumer after its committed position, in id order, whole source transactions (see the README, Outbox consumers); commit with tide.commit_consumer.';
+COMMENT ON FUNCTION tide.read_outbox(text, text, integer, interval) IS 'The next events of a consumer after its committed position, in id order, whole source transactions (see the README, Outbox consumers); with wait, it waits up to that long for the first event instead of returning nothing; commit with tide.commit_consumer.';
 
 -- Schema changes of captured tables (see README, Concepts > Schema changes, and Outbox format).
 -- The shape of a table as pg_tide describes it: its columns (attnum, name, format_type, type OID,
@@ -685,7 +708,7 @@ $$;
 COMMENT ON ROLE tide_admin IS 'pg_tide: members may create and run pg_tide pipelines (see the pg_tide README, Security).';
 GRANT USAGE ON SCHEMA tide TO tide_admin;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA tide TO tide_admin;
-GRANT SELECT ON tide.pipelines, tide.tables, tide.backfills, tide.chunks, tide.verifications, tide.readiness, tide.consumers, tide.outbox_retention TO tide_admin;
+GRANT SELECT ON tide.pipelines, tide.tables, tide.backfills, tide.chunks, tide.verifications, tide.readiness, tide.consumers, tide.outbox_retention, tide.skipped_transactions TO tide_admin;
 GRANT SELECT ON tide.outbox TO tide_admin;
 -- Used by the outbox's row security for any reader; it only lists the caller's own pipelines.
 GRANT EXECUTE ON FUNCTION tide._owned_pipelines() TO PUBLIC;

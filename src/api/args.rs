@@ -52,6 +52,45 @@ unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for Regclass {
     }
 }
 
+/// A `pg_lsn` argument (a WAL position).
+#[derive(Clone, Copy, Debug)]
+pub struct PgLsn(pub u64);
+
+impl FromDatum for PgLsn {
+    unsafe fn from_polymorphic_datum(
+        datum: pg_sys::Datum,
+        is_null: bool,
+        _typoid: pg_sys::Oid,
+    ) -> Option<Self> {
+        // pg_lsn is an int8 by value (XLogRecPtr).
+        (!is_null).then(|| PgLsn(datum.value() as u64))
+    }
+}
+
+impl IntoDatum for PgLsn {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        Some(pg_sys::Datum::from(self.0 as usize))
+    }
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::PG_LSNOID
+    }
+}
+
+pgrx::impl_sql_translatable!(PgLsn, "pg_lsn");
+
+unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for PgLsn {
+    unsafe fn unbox_arg_unchecked(arg: pgrx::callconv::Arg<'_, 'fcx>) -> Self {
+        // Only reached for a non-NULL argument: every function takes `Option<PgLsn>`.
+        unsafe { arg.unbox_arg_using_from_datum() }.unwrap_or(PgLsn(0))
+    }
+
+    unsafe fn unbox_nullable_arg(
+        arg: pgrx::callconv::Arg<'_, 'fcx>,
+    ) -> pgrx::nullable::Nullable<Self> {
+        unsafe { arg.unbox_arg_using_from_datum() }.into()
+    }
+}
+
 /// A `jsonb` argument, parsed into a `serde_json::Value` here instead of by pgrx's `JsonB`,
 /// which panics (an XX000 with pgrx's internals) on a value `serde_json` cannot hold: a number
 /// beyond `f64` (`1e400`) or nesting deeper than 128 levels. Such a value is kept as the error

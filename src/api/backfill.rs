@@ -24,6 +24,60 @@ use tide_core::model::BackfillState;
 
 /// Default rows per chunk.
 pub const DEFAULT_CHUNK_SIZE: i32 = tide_core::model::DEFAULT_CHUNK_SIZE;
+/// Most rows per chunk: a chunk is held in the worker's memory until its high watermark, and
+/// read in one transaction, so it must stay a chunk.
+pub const MAX_CHUNK_SIZE: i64 = 1_000_000;
+/// Highest throttle (rows per second); 0 is unlimited.
+pub const MAX_ROWS_PER_SECOND: i64 = 100_000_000;
+
+/// A `bigint` argument that must lie in `lo..=hi`: beyond `integer` 22003 (the catalog holds
+/// an `integer`), outside the bounds 22023; both with the bounds in the hint. The argument is a
+/// `bigint` so that a value beyond `integer` reaches this check instead of failing to resolve
+/// the function (42883).
+pub(crate) fn bounded(name: &str, v: i64, lo: i64, hi: i64, what: &str) -> TideResult<i32> {
+    let hint = || format!("{name} is {what}: from {lo} to {hi}.");
+    let Ok(i) = i32::try_from(v) else {
+        return Err(TideError::new(
+            pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
+            format!("{name} {v} is out of range"),
+        )
+        .hint(hint()));
+    };
+    if v < lo || v > hi {
+        return Err(
+            TideError::invalid(format!("{name} must be from {lo} to {hi}, not {v}")).hint(hint()),
+        );
+    }
+    Ok(i)
+}
+
+/// A chunk size argument (`None`: not given).
+fn chunk_size_arg(v: Option<i64>) -> TideResult<Option<i32>> {
+    v.map(|v| {
+        bounded(
+            "chunk_size",
+            v,
+            1,
+            MAX_CHUNK_SIZE,
+            &format!("rows per chunk (the default is {DEFAULT_CHUNK_SIZE}; a chunk is held in memory and read in one transaction)"),
+        )
+    })
+    .transpose()
+}
+
+/// A throttle argument (`None`: not given; 0: unlimited).
+fn rows_per_second_arg(v: Option<i64>) -> TideResult<Option<i32>> {
+    v.map(|v| {
+        bounded(
+            "rows_per_second",
+            v,
+            0,
+            MAX_ROWS_PER_SECOND,
+            "the backfill's throttle in rows per second (0 removes it)",
+        )
+    })
+    .transpose()
+}
 
 /// Resolve which pipeline a call means: the named one, or the only one capturing the table.
 pub(crate) fn resolve_pipeline(relid: pg_sys::Oid, pipeline: Option<&str>) -> TideResult<String> {
@@ -172,7 +226,7 @@ pub(crate) fn one_expression(cond: &str) -> TideResult<()> {
 fn start_backfill(
     source: Option<Regclass>,
     pipeline: default!(Option<&str>, "NULL"),
-    chunk_size: default!(Option<i32>, "NULL"),
+    chunk_size: default!(Option<i64>, "NULL"),
     condition: default!(Option<&str>, "NULL"),
 ) -> i64 {
     relation(source, "source")
@@ -183,7 +237,7 @@ fn start_backfill(
 pub(crate) fn start_backfill_impl(
     relid: pg_sys::Oid,
     pipeline: Option<&str>,
-    chunk_size: Option<i32>,
+    chunk_size: Option<i64>,
     condition: Option<&str>,
 ) -> TideResult<i64> {
     start_backfill_core(relid, pipeline, chunk_size, condition, false, None)
@@ -211,7 +265,7 @@ pub(crate) fn start_backfill_internal(
 fn start_backfill_core(
     relid: pg_sys::Oid,
     pipeline: Option<&str>,
-    chunk_size: Option<i32>,
+    chunk_size: Option<i64>,
     condition: Option<&str>,
     trusted_condition: bool,
     repair_deletes: Option<&str>,
@@ -224,15 +278,14 @@ fn start_backfill_core(
     let owner = crate::catalog::pipelines::owner(&pipeline)?
         .ok_or_else(|| TideError::undefined(format!("pipeline \"{pipeline}\" does not exist")))?;
     let owner_oid = crate::security::owner_oid(&owner, &format!("pipeline \"{pipeline}\""))?;
-    let chunk_size = chunk_size.unwrap_or(DEFAULT_CHUNK_SIZE);
-    if chunk_size <= 0 {
-        return Err(
-            TideError::invalid(format!("chunk_size must be positive, not {chunk_size}")).hint(
-                format!("Omit it for the default ({DEFAULT_CHUNK_SIZE} rows)."),
-            ),
-        );
+    let chunk_size = chunk_size_arg(chunk_size)?.unwrap_or(DEFAULT_CHUNK_SIZE);
+    // An empty condition is a mistake (a lost variable, say), not "every row": refused.
+    let condition = condition.map(str::trim);
+    if condition.is_some_and(str::is_empty) {
+        return Err(TideError::invalid("the backfill condition is empty").hint(
+            "Pass a boolean expression on the table's columns, or omit condition (NULL) to backfill every row.",
+        ));
     }
-    let condition = condition.map(str::trim).filter(|c| !c.is_empty());
     if let Some(c) = condition {
         let scan = tables::scan(relid, &qualified)?;
         crate::security::as_owner(owner_oid, || {
@@ -271,6 +324,9 @@ fn start_backfill_core(
     Ok(id)
 }
 
+/// Move the table's active backfill from one of `from` to `to`. One that is already `to` (a
+/// second pause, a resume of one that is not paused) is left as it is, with a NOTICE: pausing
+/// what is paused, or resuming what runs, is a no-op, as for pipelines.
 fn set_state(
     source: Option<Regclass>,
     pipeline: Option<&str>,
@@ -287,6 +343,17 @@ fn set_state(
         ))
         .hint("tide.backfills lists the backfills; tide.start_backfill starts one."));
     };
+    let already = match to {
+        BackfillState::Queued => matches!(state, BackfillState::Queued | BackfillState::Running),
+        other => state == other,
+    };
+    if already {
+        pgrx::notice!(
+            "the backfill of {qualified} for pipeline \"{pipeline}\" is {}{state}: nothing to {verb}",
+            if to == state { "already " } else { "" }
+        );
+        return Ok(());
+    }
     if !from.contains(&state) {
         let from: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
         return Err(TideError::prerequisite(format!("the backfill of {qualified} for pipeline \"{pipeline}\" is {state}, so it cannot {verb}"))
@@ -331,8 +398,8 @@ fn cancel_backfill(source: Option<Regclass>, pipeline: default!(Option<&str>, "N
 fn alter_backfill(
     source: Option<Regclass>,
     pipeline: default!(Option<&str>, "NULL"),
-    chunk_size: default!(Option<i32>, "NULL"),
-    rows_per_second: default!(Option<i32>, "NULL"),
+    chunk_size: default!(Option<i64>, "NULL"),
+    rows_per_second: default!(Option<i64>, "NULL"),
 ) {
     alter_backfill_impl(source, pipeline, chunk_size, rows_per_second).or_raise()
 }
@@ -340,28 +407,14 @@ fn alter_backfill(
 fn alter_backfill_impl(
     source: Option<Regclass>,
     pipeline: Option<&str>,
-    chunk_size: Option<i32>,
-    rows_per_second: Option<i32>,
+    chunk_size: Option<i64>,
+    rows_per_second: Option<i64>,
 ) -> TideResult<()> {
     let relid = relation(source, "source")?;
     let pipeline = resolve_pipeline(relid, pipeline)?;
     let qualified = relation_name(relid)?;
-    if let Some(c) = chunk_size {
-        if c <= 0 {
-            return Err(
-                TideError::invalid(format!("chunk_size must be positive, not {c}"))
-                    .hint("Pass a number of rows per chunk, e.g. 5000."),
-            );
-        }
-    }
-    if let Some(r) = rows_per_second {
-        if r < 0 {
-            return Err(TideError::invalid(format!(
-                "rows_per_second must be zero (unlimited) or positive, not {r}"
-            ))
-            .hint("Pass 0 to remove the throttle."));
-        }
-    }
+    let chunk_size = chunk_size_arg(chunk_size)?;
+    let rows_per_second = rows_per_second_arg(rows_per_second)?;
     let Some((id, _)) = backfills::active(&pipeline, relid)? else {
         return Err(TideError::prerequisite(format!(
             "no backfill of {qualified} is active for pipeline \"{pipeline}\""

@@ -166,6 +166,67 @@ pub(super) fn _consumer_batch(
     .or_raise()
 }
 
+/// pg_tide internal (`tide.read_outbox(..., wait => ...)`): checks the caller and the
+/// arguments, then waits up to `wait` until the pipeline has committed an event after the
+/// consumer's committed position; true when there is one. `tide.read_outbox` reads its batch in
+/// a statement after this one, so with a snapshot taken after the wait (READ COMMITTED only: a
+/// transaction snapshot would not show what arrived).
+#[pg_extern]
+pub(super) fn _outbox_wait(
+    pipeline: Option<&str>,
+    consumer: Option<&str>,
+    wait: Option<pgrx::datum::Interval>,
+) -> bool {
+    (|| {
+        let pipeline = required(pipeline, "pipeline")?;
+        let consumer = required(consumer, "consumer")?;
+        let wait = required(wait, "wait")?;
+        require_outbox_pipeline(pipeline)?;
+        let after = require_consumer(pipeline, consumer)?;
+        let micros = wait
+            .micros()
+            .saturating_add((wait.days() as i64).saturating_mul(86_400_000_000))
+            .saturating_add((wait.months() as i64).saturating_mul(30 * 86_400_000_000));
+        if micros < 0 {
+            return Err(TideError::invalid("wait must not be negative")
+                .hint("Pass how long to wait for events, e.g. '30 seconds', or omit it not to wait."));
+        }
+        let has_events = || -> TideResult<bool> {
+            // A snapshot of its own each time (the worker commits meanwhile).
+            let rows = crate::tsql::text_rows(
+                "SELECT 1 FROM tide.outbox WHERE pipeline = $1 AND id > $2::int8 LIMIT 1",
+                &[Some(pipeline), Some(&after.to_string())],
+                1,
+                true,
+            )?;
+            Ok(!rows.is_empty())
+        };
+        if micros == 0 {
+            return has_events();
+        }
+        let isolation =
+            sql::one::<String>("SELECT current_setting('transaction_isolation')", &[])?
+                .unwrap_or_default();
+        if isolation != "read committed" {
+            return Err(TideError::unsupported(format!(
+                "tide.read_outbox cannot wait in a {isolation} transaction"
+            ))
+            .hint("Its snapshot would not show the events that arrive: read in READ COMMITTED, or without wait."));
+        }
+        let deadline = super::deadline_after(micros);
+        loop {
+            if has_events()? {
+                return Ok(true);
+            }
+            if std::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            sleep_ms(20);
+        }
+    })()
+    .or_raise()
+}
+
 /// Commit a consumer's position: every event of the pipeline with an id up to `id` is
 /// processed. Moves forward only (the same id again is a no-op); `tide.seek_consumer` moves it
 /// anywhere.

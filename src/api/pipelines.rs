@@ -297,9 +297,17 @@ pub(super) fn resume_pipeline(name: Option<&str>) {
         .or_raise()
 }
 
+/// Pause or resume; pausing a paused pipeline (or resuming a running one) changes nothing and
+/// says so with a NOTICE, as for backfills.
 pub(super) fn set_enabled(name: &str, enabled: bool) -> TideResult<()> {
     require_pipeline(name)?;
-    catalog::pipelines::set_enabled(name, enabled)?;
+    if !catalog::pipelines::set_enabled(name, enabled)? {
+        if enabled {
+            pgrx::notice!("pipeline \"{name}\" is not paused: nothing to resume");
+        } else {
+            pgrx::notice!("pipeline \"{name}\" is already paused: nothing to pause");
+        }
+    }
     wake_on_commit(shmem::worker_pid(name));
     Ok(())
 }
@@ -381,4 +389,36 @@ fn rewrites_applied(name: &str, target: tide_core::lsn::Lsn) -> TideResult<bool>
         }
     }
     Ok(true)
+}
+
+/// Skip one source transaction, by its commit LSN, as `ALTER SUBSCRIPTION ... SKIP (lsn = ...)`
+/// does: its changes never reach the target. Recorded with who asked (tide.skipped_transactions).
+#[pg_extern]
+pub(super) fn skip_transaction(pipeline: Option<&str>, lsn: Option<args::PgLsn>) {
+    (|| skip_transaction_impl(required(pipeline, "pipeline")?, required(lsn, "lsn")?))().or_raise()
+}
+
+fn skip_transaction_impl(name: &str, lsn: args::PgLsn) -> TideResult<()> {
+    require_pipeline(name)?;
+    let lsn = tide_core::lsn::Lsn(lsn.0);
+    if lsn.0 == 0 {
+        return Err(TideError::invalid("lsn 0/0 is no transaction's commit LSN").hint(
+            "Pass the commit LSN tide.pipelines.remedy names for the transaction that fails, or an outbox event's commit_lsn.",
+        ));
+    }
+    if let Some(applied) = catalog::skips::applied(name)? {
+        // applied_lsn is the end of the last transaction applied: a commit before it is done.
+        if lsn < applied {
+            return Err(TideError::invalid(format!(
+                "the transaction committed at {lsn} is already behind pipeline \"{name}\" (applied up to {applied})"
+            ))
+            .hint("Only a transaction the pipeline has not applied yet can be skipped: see tide.pipelines.remedy for the one that fails."));
+        }
+    }
+    let me = crate::security::caller_name()?;
+    if !catalog::skips::request(name, lsn, &me)? {
+        pgrx::notice!("pipeline \"{name}\" already skips the transaction committed at {lsn}");
+    }
+    wake_on_commit(shmem::worker_pid(name));
+    Ok(())
 }

@@ -229,7 +229,9 @@ pub struct ChunkDone {
     pub read_at: i64,
     /// The planner's estimate of the table's rows when the chunk was read.
     pub table_rows: Option<i64>,
-    /// For a single integer key: the share of the key range read so far.
+    /// The share of the table's rows read so far (see `worker::estimate::Estimate`: alone, from
+    /// the key's histogram; with `table_rows`, from the key range, counted only when the two
+    /// agree within a factor of 2).
     pub key_fraction: Option<f64>,
     /// How the surviving rows reached the target (`None`: there were none).
     pub written_as: Option<tide_core::model::ChunkWrite>,
@@ -251,13 +253,17 @@ pub(crate) fn record_progress(
         "UPDATE tide.backfill
             SET chunks_done = chunks_done + 1, rows_read = rows_read + $2, rows_dropped = rows_dropped + $3,
                 rows_emitted = rows_emitted + $4, last_key = coalesce($5, last_key),
-                -- the total from how far into the key range the chunk reached (a single
-                -- integer key), else as the planner estimates the table now; more than has
+                -- the total from the share of the rows the chunk reached ($9: from the key's
+                -- histogram; with the planner's estimate $8 beside it, from the integer key
+                -- range, counted only within a factor of 2 of $8: sparse or skewed keys make
+                -- it far too high), else as the planner estimates the table now; more than has
                 -- been read until the last chunk (so fraction_done stays below 1 until then)
                 estimated_rows = CASE WHEN $6 THEN rows_read + $2
-                                      ELSE greatest(coalesce(round((rows_read + $2) / nullif($9::float8, 0))::int8,
-                                                             $8::int8, estimated_rows),
-                                                    rows_read + $2 + chunk_size) END,
+                                      ELSE greatest(coalesce(
+                                                (SELECT e.n FROM (SELECT round((rows_read + $2) / nullif($9::float8, 0))::int8 AS n) e
+                                                  WHERE $8::int8 IS NULL OR e.n BETWEEN $8::int8 / 2 AND $8::int8 * 2),
+                                                $8::int8, estimated_rows),
+                                            rows_read + $2 + chunk_size) END,
                 state = CASE WHEN $6 THEN $11 ELSE state END,
                 finished_at = CASE WHEN $6 THEN now() END,
                 finished_lsn = CASE WHEN $6 THEN $7::pg_lsn END,
@@ -409,7 +415,8 @@ pub(crate) fn reread_after_rewrite(
          SELECT b.pipeline, b.relid, b.relation, t.key_columns,
                 (SELECT p.owner FROM tide.pipeline p WHERE p.name = b.pipeline),
                 (SELECT max(generation) FROM tide.backfill WHERE pipeline = $1 AND relid = b.relid) + 1,
-                b.chunk_size, b.rows_per_second,
+                -- (the chunk size carries over; a throttle belongs to its backfill only)
+                b.chunk_size, NULL::int,
                 -- (the worker refreshes it at the first chunk; tide._estimate_rows here would
                 -- lock the table in the stream's transaction)
                 (SELECT CASE WHEN reltuples >= 0 THEN reltuples::int8 END FROM pg_class WHERE oid = b.relid), $3,
@@ -669,15 +676,6 @@ pub(crate) fn latest(pipeline: &str, relid: pg_sys::Oid) -> TideResult<Option<La
         finished_lsn,
         error: r[2].take(),
     }))
-}
-
-/// The throttle (rows per second) of the table's latest backfill for the pipeline, if it has
-/// one. Called by the SQL API (`tide.verify` honours it); runs as pg_tide.
-pub(crate) fn throttle(pipeline: &str, relid: pg_sys::Oid) -> TideResult<Option<i32>> {
-    tsql::one::<i32>(
-        "SELECT rows_per_second FROM tide.backfill WHERE pipeline = $1 AND relid = $2 ORDER BY id DESC LIMIT 1",
-        &[pipeline.into(), relid.into()],
-    )
 }
 
 /// What a table's rewrite (at or before a waiter's position) still needs: the latest such

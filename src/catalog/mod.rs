@@ -15,6 +15,7 @@
 //! - [`outbox`]: the outbox target's INSERT into `tide.outbox`;
 //! - [`consumers`]: `tide.consumer` (named outbox consumers), the reads of `tide.outbox` their
 //!   batches and positions need, and the outbox retention (`tide.outbox_prune`, its DELETEs);
+//! - [`skips`]: `tide.skipped_transaction` (transactions `tide.skip_transaction` skips);
 //! - [`slots`]: the slots' names and locks, orphaned slots, `output_plugin_libraries`;
 //! - this file: the version gate, the OIDs of the tables the stream watches, [`corrupt`].
 //!
@@ -49,6 +50,7 @@ pub mod backfills;
 pub mod consumers;
 pub mod outbox;
 pub mod pipelines;
+pub mod skips;
 pub mod slots;
 pub mod tables;
 pub mod verification;

@@ -344,10 +344,12 @@ pub(crate) fn delete(name: &str) -> TideResult<()> {
     )
 }
 
-/// Pause (`false`) or resume (`true`) a pipeline. Called by the SQL API; runs as pg_tide.
-pub(crate) fn set_enabled(name: &str, enabled: bool) -> TideResult<()> {
-    tsql::exec(
-        "UPDATE tide.pipeline SET enabled = $2 WHERE name = $1",
+/// Pause (`false`) or resume (`true`) a pipeline; false when it already was. Called by the SQL
+/// API; runs as pg_tide.
+pub(crate) fn set_enabled(name: &str, enabled: bool) -> TideResult<bool> {
+    // (The row lock makes a concurrent pause wait and then see the value this one wrote.)
+    Ok(tsql::exec_count(
+        "UPDATE tide.pipeline SET enabled = $2 WHERE name = $1 AND enabled IS DISTINCT FROM $2",
         &[name.into(), enabled.into()],
-    )
+    )? > 0)
 }

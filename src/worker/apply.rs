@@ -8,6 +8,12 @@
 //! Guarantees:
 //! - A transaction at or below the applied position (a replay after a crash) is decoded only to
 //!   follow pg_tide's own rows in it; nothing of it reaches the target again.
+//! - So is a transaction whose commit LSN `tide.skip_transaction` named: nothing of it reaches
+//!   the target, and the batch records that it was skipped.
+//! - [`last_begun`] is the commit LSN of the last transaction begun (not a replay, not skipped):
+//!   after a failed iteration the worker decodes one source transaction per batch until it has
+//!   passed where that failed (`worker::pipeline`), so a failure is then that transaction's,
+//!   and the error's hint names it.
 //! - Changes of a table are delivered from its `add_table` marker on and up to its
 //!   `remove_table` marker, exactly at those commit positions; a marker for a table the
 //!   decoder was not filtering for ends the batch at that transaction ([`Applier::stopped`]),
@@ -115,6 +121,26 @@ pub struct Applier<'a, 'c> {
     /// ([`Applier::check_read`]).
     pub owner: pgrx::pg_sys::Oid,
     pub readable: HashSet<u32>,
+    /// Commit LSNs of the transactions `tide.skip_transaction` asked to skip, and those of them
+    /// skipped in this batch (with their xid).
+    pub skips: HashSet<Lsn>,
+    pub skipped: Vec<(Lsn, u32)>,
+}
+
+thread_local! {
+    /// The commit LSN of the last transaction this worker began to apply (not a replay, not
+    /// skipped), for the error of a failed iteration ([`last_begun`]).
+    static LAST_BEGUN: std::cell::Cell<Option<Lsn>> = const { std::cell::Cell::new(None) };
+}
+
+/// The commit LSN of the last transaction the worker began to apply in its current iteration.
+pub fn last_begun() -> Option<Lsn> {
+    LAST_BEGUN.with(|c| c.get())
+}
+
+/// Forget [`last_begun`]: at the start of an iteration.
+pub fn clear_last_begun() {
+    LAST_BEGUN.with(|c| c.set(None));
 }
 
 impl Applier<'_, '_> {
@@ -196,11 +222,19 @@ impl Applier<'_, '_> {
     }
 
     fn on_begin(&mut self, xid: u32, final_lsn: Lsn, commit_time: i64) {
+        let replay = final_lsn < self.applied;
+        // Skipped as a replay is: pg_tide's own rows in it are still followed.
+        let skipped = !replay && self.skips.contains(&final_lsn);
+        if skipped {
+            self.skipped.push((final_lsn, xid));
+        } else if !replay {
+            LAST_BEGUN.with(|c| c.set(Some(final_lsn)));
+        }
         self.txn = Some(Txn {
             xid,
             lsn: final_lsn,
             commit_time,
-            skip: final_lsn < self.applied,
+            skip: replay || skipped,
             position: 0,
             barrier: false,
         });

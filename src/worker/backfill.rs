@@ -87,6 +87,9 @@ pub struct Backfiller {
     reconciler: Reconciler<u32, String, Row>,
     pending: Option<PendingChunk>,
     not_before: Instant,
+    /// A throttled backfill's next chunk waits until then. It belongs to that backfill only:
+    /// another backfill of the pipeline (the one a rewrite queues, say) is not held back by it.
+    throttle: Option<(i64, Instant)>,
     /// The backfill whose "waiting" reason was last written to tide.backfills.
     waiting_noted: Option<i64>,
     /// The helper that reads the next chunk while this one is written (`read_ahead`).
@@ -107,6 +110,7 @@ impl Default for Backfiller {
             reconciler: Reconciler::new(),
             pending: None,
             not_before: Instant::now(),
+            throttle: None,
             waiting_noted: None,
             reader: None,
             reader_retry: Instant::now(),
@@ -360,12 +364,22 @@ impl Backfiller {
             return Ok(());
         }
         super::origin::ensure_not_held("a backfill chunk's watermarks are written")?;
-        let Some(job) = tx::run(|| low_watermark(pipeline))? else {
-            // Nothing to do: look again in a while (start_backfill wakes the worker anyway).
-            self.not_before = Instant::now() + Duration::from_millis(500);
-            // No backfill: no reader (it would hold a background worker slot for nothing).
-            self.reader = None;
-            return Ok(());
+        let throttle = self.throttle;
+        let job = match tx::run(|| low_watermark(pipeline, throttle))? {
+            Next::Job(job) => job,
+            Next::Throttled(until) => {
+                // Look again by then, or sooner: the backfill may be paused, cancelled or
+                // altered meanwhile, and another one then goes first.
+                self.not_before = until.min(Instant::now() + Duration::from_millis(200));
+                return Ok(());
+            }
+            Next::Nothing => {
+                // Nothing to do: look again in a while (start_backfill wakes the worker anyway).
+                self.not_before = Instant::now() + Duration::from_millis(500);
+                // No backfill: no reader (it would hold a background worker slot for nothing).
+                self.reader = None;
+                return Ok(());
+            }
         };
         let started = Instant::now();
         let Some(sink) = sink.as_deref_mut() else {
@@ -480,10 +494,15 @@ impl Backfiller {
                 .map(|(k, by_name)| (k, Row::Key(by_name))),
         );
         self.reconciler.add_chunk(job.watermark, job.b.relid, rows);
-        // Throttle: spread the rows of this chunk over rows / rows_per_second seconds.
-        self.not_before = match job.b.rows_per_second {
-            Some(rps) if rps > 0 => started + Duration::from_secs_f64(n as f64 / rps as f64),
-            _ => Instant::now(),
+        // Throttle: spread the rows of this chunk over rows / rows_per_second seconds before
+        // this backfill's next chunk (no other backfill waits for it).
+        self.not_before = Instant::now();
+        self.throttle = match job.b.rows_per_second {
+            Some(rps) if rps > 0 && !read.is_last => Some((
+                job.b.id,
+                started + Duration::from_secs_f64(n as f64 / rps as f64),
+            )),
+            _ => None,
         };
         self.pending = Some(PendingChunk {
             watermark: job.watermark,
@@ -511,14 +530,31 @@ impl Backfiller {
 }
 
 /// Transaction 1: pick the backfill, mark it running, write the LW.
-fn low_watermark(pipeline: &str) -> TideResult<Option<Job>> {
+/// What [`low_watermark`] found.
+enum Next {
+    /// No backfill to read.
+    Nothing,
+    /// The backfill due is throttled until then (nothing written).
+    Throttled(Instant),
+    /// A chunk to read, its low watermark written.
+    Job(Job),
+}
+
+/// The pipeline's backfill due, unless it is the one `throttle` holds back (and still has a
+/// throttle): then its low watermark is written.
+fn low_watermark(pipeline: &str, throttle: Option<(i64, Instant)>) -> TideResult<Next> {
     let Some(mut b) = backfills::due(pipeline)? else {
-        return Ok(None);
+        return Ok(Next::Nothing);
     };
+    if let Some((id, until)) = throttle {
+        if id == b.id && b.rows_per_second.is_some_and(|r| r > 0) && Instant::now() < until {
+            return Ok(Next::Throttled(until));
+        }
+    }
     b.chunk_size = b.chunk_size.max(1);
     let watermark = backfills::next_watermark(pipeline)?;
     backfills::write_low_watermark(pipeline, b.id, watermark, b.chunk_no)?;
-    Ok(Some(Job { watermark, b }))
+    Ok(Next::Job(Job { watermark, b }))
 }
 
 fn fail_backfill(id: i64, e: &TideError) -> TideResult<()> {

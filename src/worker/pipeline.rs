@@ -19,7 +19,9 @@
 //! target already has; step 3 skips them: exactly once in effect. Errors abort the iteration,
 //! close the decoder (it is reopened at the slot's confirmed position), land in `tide.pipelines`
 //! with a remedy and in the log, and the worker retries with exponential back-off; it never exits
-//! on an iteration error.
+//! on an iteration error. Until the stream has passed the last transaction a failed iteration
+//! began, each iteration applies one source transaction, so a transaction that fails at the
+//! target is named (its commit LSN, for `tide.skip_transaction`) in the remedy.
 //!
 //! What the loop does between iterations (read a backfill chunk, poll, sleep, back off, exit)
 //! is decided by `tide_core::worker_loop::decide`, a pure function whose module header is the
@@ -100,6 +102,10 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
     let mut rels: HashMap<u32, RelDesc> = HashMap::new();
     let mut phase = Phase::Iterate;
     let mut failures: u32 = 0;
+    // After a failed iteration: one source transaction per iteration (see
+    // `name_failed_transaction`) until the stream has passed the last transaction the failed
+    // iteration began.
+    let mut one_at_a_time_until: Option<Lsn> = None;
     let mut last_iteration = Instant::now();
     loop {
         pg_sys::check_for_interrupts!();
@@ -173,7 +179,18 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
                 // Before the iteration reads the flush position it drains up to (o.start_flush).
                 let started_at = now_us();
                 let chunk_was_waiting = bf.has_pending();
-                let result = tx::run(|| iterate(&name, &mut bf, &mut sink, &mut dec, &mut rels));
+                crate::worker::apply::clear_last_begun();
+                let one_at_a_time = one_at_a_time_until.is_some();
+                let result = tx::run(|| {
+                    iterate(
+                        &name,
+                        &mut bf,
+                        &mut sink,
+                        &mut dec,
+                        &mut rels,
+                        one_at_a_time,
+                    )
+                });
                 // Held only inside an iteration (see worker::origin).
                 super::origin::release();
                 let it = match result {
@@ -206,6 +223,9 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
                         Iteration::Paused
                     }
                     Ok(o) => {
+                        if one_at_a_time_until.is_some_and(|u| o.advance.is_some_and(|a| a > u)) {
+                            one_at_a_time_until = None;
+                        }
                         bf.prune();
                         after_success(
                             &name,
@@ -227,6 +247,12 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
                             s.reset();
                         }
                         close_decoder(&name, &mut dec, &mut rels);
+                        let e = name_failed_transaction(&name, e, one_at_a_time);
+                        // One source transaction per iteration until the stream has passed
+                        // where this one failed: a failure is then that transaction's, named.
+                        if let Some(l) = crate::worker::apply::last_begun() {
+                            one_at_a_time_until = Some(one_at_a_time_until.map_or(l, |u| u.max(l)));
+                        }
                         after_failure(&name, slot_idx, &e, failures + 1, settings);
                         Iteration::Failed
                     }
@@ -368,6 +394,26 @@ fn after_success(
     });
 }
 
+/// The error of an iteration that applied one source transaction at most (`one_at_a_time`) and
+/// failed inside it: its hint names the transaction's commit LSN and how to skip it. A pipeline
+/// paused on purpose (a schema change) is left as it is.
+fn name_failed_transaction(name: &str, mut e: TideError, one_at_a_time: bool) -> TideError {
+    let Some(lsn) = crate::worker::apply::last_begun().filter(|_| one_at_a_time) else {
+        return e;
+    };
+    if e.pause_pipeline {
+        return e;
+    }
+    let skip = format!(
+        "The source transaction that failed committed at {lsn}; the pipeline retries it by itself once the cause is fixed, or give it up (its changes never reach the target): SELECT tide.skip_transaction('{name}', '{lsn}');"
+    );
+    e.hint = Some(match e.hint.take() {
+        Some(h) => format!("{h} {skip}"),
+        None => skip,
+    });
+    e
+}
+
 /// After a failed iteration (the `failures`-th in a row): pause the pipeline if retrying cannot
 /// help, log with the back-off, record the error for `tide.pipelines`.
 fn after_failure(name: &str, slot_idx: usize, e: &TideError, failures: u32, s: Settings) {
@@ -439,6 +485,7 @@ fn iterate(
     sink: &mut Option<Box<dyn Target>>,
     dec: &mut Option<Decoder>,
     rels: &mut HashMap<u32, RelDesc>,
+    one_at_a_time: bool,
 ) -> TideResult<Outcome> {
     Spi::connect_mut(|c| {
         let Some(p) = catalog::pipelines::lock_pipeline(c, name)? else {
@@ -498,7 +545,10 @@ fn iterate(
         let Some(sink) = sink.as_mut() else {
             return Err(TideError::internal("no sink"));
         };
-        stream(c, &p, bf, &mut **sink, dec, rels, notes)
+        let mut out = stream(c, &p, bf, &mut **sink, dec, rels, one_at_a_time)?;
+        notes.append(&mut out.notes);
+        out.notes = notes;
+        Ok(out)
     })
 }
 
@@ -509,9 +559,10 @@ fn stream(
     sink: &mut dyn Target,
     dec: &mut Option<Decoder>,
     rels: &mut HashMap<u32, RelDesc>,
-    mut notes: Vec<String>,
+    one_at_a_time: bool,
 ) -> TideResult<Outcome> {
     let tables = catalog::tables::captured(c, &p.name)?;
+    let mut notes = Vec::new();
     if tables.iter().any(|t| t.partitioned && t.capturing) {
         super::partitions::follow(c, p, now_us(), &mut notes)?;
     }
@@ -572,11 +623,18 @@ fn stream(
     let Some(decoder) = dec.as_mut() else {
         return Err(TideError::internal("no decoder"));
     };
-    let batch_events = gucs::BATCH_EVENTS.get().max(1) as usize;
+    // One message: the decoder stops at the record boundary after it, which is the end of one
+    // source transaction (a transaction's messages are handed out whole at its commit).
+    let batch_events = if one_at_a_time {
+        1
+    } else {
+        gucs::BATCH_EVENTS.get().max(1) as usize
+    };
     let spilled_before = decoder.spilled_total();
     let read = decoder.read(batch_events)?;
     let position = decoder.position();
 
+    let skips = catalog::skips::lsns(c, &p.name)?;
     let mut ap = Applier {
         c,
         p,
@@ -596,6 +654,8 @@ fn stream(
         stopped: false,
         owner: crate::security::owner_oid(&p.owner, &format!("pipeline \"{}\"", p.name))?,
         readable: HashSet::new(),
+        skips,
+        skipped: Vec::new(),
         out: Outcome {
             spilled: decoder.spilled_total() - spilled_before,
             notes,
@@ -624,6 +684,7 @@ fn stream(
         removals,
         rewrites,
         stopped,
+        skipped,
         mut out,
         ..
     } = ap;
@@ -641,6 +702,12 @@ fn stream(
     )?;
     for relid in &removals {
         catalog::tables::forget_removed(c, &p.name, *relid)?;
+    }
+    for (lsn, xid) in &skipped {
+        catalog::skips::mark_skipped(c, &p.name, *lsn, *xid)?;
+        out.notes.push(format!(
+            "skipped the transaction committed at {lsn} (xid {xid}), as tide.skip_transaction asked"
+        ));
     }
     for (relid, lsn) in &marks {
         catalog::tables::mark_capturing(c, &p.name, *relid, &lsn.to_string())?;

@@ -48,6 +48,7 @@ SELECT tide.resume_pipeline('nosuch');
 SELECT tide.add_table('nosuch', 'public.orders');
 SELECT tide.remove_table('nosuch', 'public.orders');
 SELECT tide.wait_for_pipeline('nosuch', '1 second');
+SELECT tide.skip_transaction('nosuch', '0/1');
 
 -- Tables.
 SELECT tide.add_table('p', 'public.nosuch');
@@ -66,6 +67,23 @@ SELECT tide.remove_table('p', 'public.nokey');
 -- Backfills.
 SELECT tide.start_backfill('public.nokey', 'p');
 SELECT tide.start_backfill('public.orders', 'p', chunk_size => 0);
+SELECT tide.start_backfill('public.orders', 'p', chunk_size => 1000001);
+SELECT tide.start_backfill('public.orders', 'p', chunk_size => 3000000000);
+SELECT tide.start_backfill('public.orders', 'p', condition => '');
+SELECT tide.start_backfill('public.orders', 'p', condition => '   ');
+SELECT tide.pause_backfill('public.orders', 'p');
+
+-- Controls: pausing what is paused, or resuming what is not, is a no-op with a NOTICE.
+SELECT tide.pause_pipeline('p');
+SELECT tide.pause_pipeline('p');
+SELECT tide.resume_pipeline('p');
+SELECT tide.resume_pipeline('p');
+
+-- Skipping a transaction: by its commit LSN, one the pipeline has not applied.
+SELECT tide.skip_transaction('p', NULL);
+SELECT tide.skip_transaction(NULL, '0/1');
+SELECT tide.skip_transaction('p', '0/0');
+SELECT tide.skip_transaction('p', 'not an lsn');
 SELECT tide.start_backfill('public.orders', 'nosuch');
 
 -- Verification and repair need a table target.
@@ -115,6 +133,7 @@ SELECT tide.drop_pipeline('p');
 SELECT tide.create_consumer('p', 'x');
 SELECT * FROM tide.read_outbox('p', 'c');
 SELECT tide.commit_consumer('p', 'c', 0);
+SELECT tide.skip_transaction('p', '0/1');
 RESET ROLE;
 SELECT tide.drop_consumer('p', 'c');
 

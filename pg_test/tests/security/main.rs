@@ -10,6 +10,7 @@ use pg_test::*;
 
 mod escalation;
 mod kafka;
+mod operations;
 mod reads;
 mod remote;
 mod stalls;

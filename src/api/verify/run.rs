@@ -191,7 +191,6 @@ pub(super) fn diff(src: &[(String, Vec<String>, String)], tgt: &Side) -> Diff {
 }
 
 pub(super) fn run_verify(ctx: &Ctx, ranges: Option<i32>) -> TideResult<Summary> {
-    let throttle = catalog::backfills::throttle(&ctx.pipeline, ctx.relid)?;
     let range_rows = range_rows(ctx, ranges)?;
     let id = catalog::verification::start(&ctx.pipeline, ctx.relid, &ctx.source)?;
     let mut summary = Summary {
@@ -213,19 +212,11 @@ pub(super) fn run_verify(ctx: &Ctx, ranges: Option<i32>) -> TideResult<Summary> 
             first.last().map(|r| r.1.clone())
         };
         summary.ranges += 1;
-        let src = compare_range(ctx, from.as_ref(), to.as_ref(), first, &mut summary)?;
+        compare_range(ctx, from.as_ref(), to.as_ref(), first, &mut summary)?;
         if last_range {
             break;
         }
         from = to;
-        // Honour the table's backfill throttle (rows per second), if one is set.
-        if let Some(rps) = throttle.filter(|&r| r > 0) {
-            let ms = (src.len() as u64).saturating_mul(1000) / rps as u64;
-            let until = Instant::now() + Duration::from_millis(ms);
-            while Instant::now() < until {
-                sleep_ms(20);
-            }
-        }
     }
     let totals = record_ranges(id, &summary)?;
     catalog::verification::finish(id, summary.ranges, summary.differing.len() as i32, &totals)?;
@@ -265,14 +256,14 @@ fn range_rows(ctx: &Ctx, ranges: Option<i32>) -> TideResult<i64> {
 
 /// Compare one key range (after `from`, up to `to`; `first` is the source's rows as first
 /// read) until it agrees or [`ATTEMPTS`] reads in a row differ in the same keys; counts it in
-/// `summary` (a range still differing among its differing ranges). Returns the source's rows.
+/// `summary` (a range still differing among its differing ranges).
 fn compare_range(
     ctx: &Ctx,
     from: Option<&Vec<String>>,
     to: Option<&Vec<String>>,
     first: Vec<SourceRow>,
     summary: &mut Summary,
-) -> TideResult<Vec<SourceRow>> {
+) -> TideResult<()> {
     let mut src = first;
     let mut candidate: Option<Diff> = None;
     let mut tgt_rows = 0;
@@ -310,7 +301,7 @@ fn compare_range(
             diff: d,
         });
     }
-    Ok(src)
+    Ok(())
 }
 
 /// Record each differing range of `summary` in verification `id`; the totals.

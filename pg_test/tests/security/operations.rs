@@ -1,0 +1,75 @@
+//! The operations controls of issue 32 (bounded `chunk_size` / `rows_per_second` taking bigint,
+//! repeated pause/resume as a NOTICE, an empty condition refused, `tide.skip_transaction`,
+//! `tide.read_outbox(..., wait => ...)`) on someone else's pipeline: a `tide_admin` member who
+//! does not own it and a role with no pg_tide rights get 42501 for every call, before any
+//! argument is looked at (a bound or a NOTICE would tell them the pipeline's state) and before
+//! any wait, and nothing changes.
+
+use super::*;
+
+#[test]
+fn operations_controls_of_anothers_pipeline() {
+    let c = secured("sec_operations");
+    alice_pipeline(&c);
+    // An active backfill (paused, so it stays so) and a paused pipeline: the states a repeated
+    // pause would be a no-op on.
+    ok_as(
+        &c,
+        "alice",
+        "BEGIN; SELECT tide.start_backfill('alice.t', 'p', chunk_size => 10); SELECT tide.pause_backfill('alice.t', 'p'); COMMIT;
+         SELECT tide.pause_pipeline('p');
+         SELECT tide.create_consumer('p', 'c');",
+    );
+    let calls = [
+        "SELECT tide.pause_pipeline('p')",
+        "SELECT tide.resume_pipeline('p')",
+        "SELECT tide.pause_backfill('alice.t', 'p')",
+        "SELECT tide.resume_backfill('alice.t', 'p')",
+        "SELECT tide.alter_backfill('alice.t', 'p', chunk_size => 3000000000)",
+        "SELECT tide.alter_backfill('alice.t', 'p', rows_per_second => 3000000000)",
+        "SELECT tide.alter_backfill('alice.t', 'p', chunk_size => 2000000000)",
+        "SELECT tide.alter_backfill('alice.t', 'p', rows_per_second => 1)",
+        "SELECT tide.start_backfill('alice.t', 'p', chunk_size => 3000000000)",
+        "SELECT tide.start_backfill('alice.t', 'p', condition => '')",
+        "SELECT tide.alter_backfill('alice.t', chunk_size => 3000000000)",
+        "SELECT tide.skip_transaction('p', '0/1')",
+        "SELECT tide.skip_transaction('p', pg_current_wal_lsn())",
+        "SELECT * FROM tide.read_outbox('p', 'c', wait => '20 seconds')",
+        "SELECT tide._outbox_wait('p', 'c', '20 seconds')",
+    ];
+    let t = Instant::now();
+    for role in ["mallory", "nobody"] {
+        for sql in calls {
+            expect_fail_with(
+                &format!("as {role}: {sql}"),
+                exec_as(&c, role, sql),
+                "42501",
+                None,
+            );
+        }
+    }
+    // Refused before any wait.
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "a refused read_outbox waited"
+    );
+    let r = connect_as(&c, "alice")
+        .query_one(
+            "SELECT (SELECT enabled FROM tide.pipelines WHERE name = 'p'),
+                    (SELECT string_agg(format('%s %s %s %s', state, chunk_size, rows_per_second, condition), ';')
+                       FROM tide.backfills WHERE pipeline = 'p')",
+            &[],
+        )
+        .expect("alice reads her pipeline");
+    let (enabled, backfills): (bool, String) = (r.get(0), r.get(1));
+    assert!(!enabled, "another role resumed alice's pipeline");
+    assert_eq!(
+        backfills, "paused 10  ",
+        "another role changed alice's backfills"
+    );
+    assert_eq!(
+        c.query_scalar::<i64>("SELECT count(*) FROM tide.skipped_transaction"),
+        0,
+        "another role made alice's pipeline skip a transaction"
+    );
+}
