@@ -25,6 +25,74 @@ pub struct PipelineRow {
     /// The slot's confirmed flush LSN, if the slot exists.
     pub confirmed_lsn: Option<String>,
     pub has_error: bool,
+    /// What is wrong with the pipeline's slot (`None`: it is a usable pg_tide slot): see
+    /// [`SlotProblem`].
+    pub slot_problem: Option<SlotProblem>,
+    /// `tide.pipeline.resync`: a lost slot being recovered (see [`crate::catalog::slots`]).
+    pub resync: Option<Resync>,
+    /// `tide.pipeline.paused_lsn` is set (see [`super::slots::note_paused`]).
+    pub paused_lsn_set: bool,
+}
+
+/// What is wrong with a pipeline's slot, as [`lock_pipeline`] reads it
+/// from `pg_replication_slots` (see `catalog::slots`). Set by that query; not persisted (the
+/// reason is, in `tide.pipeline.slot_lost_reason`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlotProblem {
+    /// No slot of that name on this server.
+    Missing,
+    /// `wal_status = 'lost'` (or no restart position): its WAL is gone.
+    Invalidated,
+    /// A slot of that name that pg_tide did not create: what it is.
+    Foreign(String),
+    /// A slot whose confirmed position moved while the pipeline was paused (from, to): someone
+    /// consumed or advanced it, or re-created it, so what it skipped is lost.
+    Moved(String),
+}
+
+impl SlotProblem {
+    /// From the query's text: `missing`, `invalidated`, `foreign:<what it is>`.
+    pub fn parse(text: &str) -> SlotProblem {
+        match text {
+            "missing" => SlotProblem::Missing,
+            "invalidated" => SlotProblem::Invalidated,
+            other => match other.strip_prefix("moved:") {
+                Some(m) => SlotProblem::Moved(m.to_string()),
+                None => SlotProblem::Foreign(other.trim_start_matches("foreign:").to_string()),
+            },
+        }
+    }
+
+    /// The reason, for `tide.pipeline.slot_lost_reason` and the log.
+    pub fn reason(&self, slot: &str) -> String {
+        match self {
+            SlotProblem::Missing => format!("replication slot \"{slot}\" does not exist (dropped by hand or by tide.max_paused_wal_size, or never on this server: a restore from a base backup, a failover to a standby without it, a major upgrade)"),
+            SlotProblem::Invalidated => format!("replication slot \"{slot}\" was invalidated (wal_status lost: the WAL it needed was removed past max_slot_wal_keep_size)"),
+            SlotProblem::Foreign(what) => format!("replication slot \"{slot}\" is not pg_tide's ({what}): it was re-created by someone else"),
+            SlotProblem::Moved(how) => format!("replication slot \"{slot}\" moved while the pipeline was paused ({how}): someone consumed, advanced or re-created it, and the changes it skipped are lost to the pipeline"),
+        }
+    }
+}
+
+/// `tide.pipeline.resync`: a lost slot being recovered. Set by the worker only: `SlotLost` by
+/// [`super::slots::mark_lost`], `Resyncing` by [`super::slots::queue_resync`], cleared by
+/// [`super::slots::finish_resync`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resync {
+    /// The slot is lost; no new one has been created and queued for since.
+    SlotLost,
+    /// A new slot exists; every table is being read again.
+    Resyncing,
+}
+
+impl Resync {
+    pub fn parse(text: &str) -> Option<Resync> {
+        match text {
+            "slot lost" => Some(Resync::SlotLost),
+            "resyncing" => Some(Resync::Resyncing),
+            _ => None,
+        }
+    }
 }
 
 /// A pipeline's `tide.pipeline.target` as its kind. An unknown (or missing) kind is an error,
@@ -61,7 +129,18 @@ pub(crate) fn lock_pipeline(c: &mut SpiClient<'_>, name: &str) -> TideResult<Opt
         c,
         "SELECT p.name, p.target, p.slot_name::text, p.enabled, p.applied_lsn::text,
                 (SELECT s.confirmed_flush_lsn::text FROM pg_catalog.pg_replication_slots s WHERE s.slot_name = p.slot_name),
-                p.last_error IS NOT NULL, p.options::text, p.owner::text
+                p.last_error IS NOT NULL, p.options::text, p.owner::text,
+                (SELECT CASE WHEN s.slot_name IS NULL THEN 'missing'
+                             WHEN s.wal_status = 'lost' OR s.restart_lsn IS NULL THEN 'invalidated'
+                             WHEN s.slot_type <> 'logical' OR s.plugin IS DISTINCT FROM 'pg_tide' OR s.temporary
+                                  OR s.database IS DISTINCT FROM current_database()
+                             THEN pg_catalog.format('foreign:a %s slot with plugin %s in database %s%s', s.slot_type,
+                                         coalesce(s.plugin, 'none'), coalesce(s.database::text, 'none'),
+                                         CASE WHEN s.temporary THEN ', temporary' ELSE '' END)
+                             WHEN p.enabled AND s.confirmed_flush_lsn > p.paused_lsn
+                             THEN pg_catalog.format('moved:from %s to %s', p.paused_lsn, s.confirmed_flush_lsn) END
+                   FROM (SELECT 1) x LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = p.slot_name),
+                p.resync, p.paused_lsn IS NOT NULL
            FROM tide.pipeline p WHERE p.name = $1",
         None,
         &[name.into()],
@@ -83,6 +162,12 @@ pub(crate) fn lock_pipeline(c: &mut SpiClient<'_>, name: &str) -> TideResult<Opt
             .ok_or_else(|| corrupt("last_error", name))?,
         options: options(r.get::<String>(8)?, name)?,
         owner: r.get::<String>(9)?.ok_or_else(|| corrupt("owner", name))?,
+        slot_problem: r.get::<String>(10)?.as_deref().map(SlotProblem::parse),
+        resync: match r.get::<String>(11)? {
+            None => None,
+            Some(t) => Some(Resync::parse(&t).ok_or_else(|| corrupt("resync", name))?),
+        },
+        paused_lsn_set: r.get::<bool>(12)?.unwrap_or(false),
     }))
 }
 

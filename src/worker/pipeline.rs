@@ -37,7 +37,7 @@
 //! iteration at that transaction, and the decoder is reopened with the new table list (the same
 //! happens whenever the list changes).
 
-use crate::catalog::{self, pipelines::PipelineRow};
+use crate::catalog::{self, pipelines::PipelineRow, pipelines::Resync};
 use crate::error::{TideError, TideResult};
 use crate::gucs;
 use crate::shmem::{self, WorkerState};
@@ -198,6 +198,18 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
                         log!("pg_tide worker: pipeline \"{name}\" was dropped; exiting");
                         Iteration::Gone
                     }
+                    Ok(Outcome {
+                        slot_lost: Some(lost),
+                        ..
+                    }) => {
+                        // Nothing of the old slot may be used again: the decoder, a chunk in
+                        // memory (its backfill is cancelled), the target's state.
+                        close_decoder(&name, &mut dec, &mut rels);
+                        bf.forget();
+                        sink = None;
+                        crate::sql::forget_plans();
+                        after_slot_lost(&name, lost, slot_idx, failures + 1, settings)
+                    }
                     Ok(o) if o.paused => {
                         // A paused pipeline does not hold its slot.
                         if dec.is_some() {
@@ -252,6 +264,63 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
     }
     close_decoder(&name, &mut dec, &mut rels);
     shmem::release(slot_idx, pid);
+}
+
+/// After an iteration found the slot lost: recover ([`recover`]), and log what it did or record
+/// why it could not (the `failures`-th failure in a row).
+fn after_slot_lost(
+    name: &str,
+    lost: catalog::slots::SlotLost,
+    slot_idx: usize,
+    failures: u32,
+    settings: Settings,
+) -> Iteration {
+    match recover(name, lost) {
+        Ok(notes) => {
+            for note in notes {
+                log!("pg_tide worker \"{name}\": {note}");
+            }
+            Iteration::Done { drained: false }
+        }
+        Err(e) => {
+            after_failure(name, slot_idx, &e, failures, settings);
+            Iteration::Failed
+        }
+    }
+}
+
+/// Recover a lost slot (see `catalog::slots`, steps 1 to 4), each step in a transaction of its
+/// own: record the loss; under `tide.on_slot_lost = 'error'` stop there with the error; else
+/// create a new slot, then queue the resync. Returns lines for the server log. A crash at any
+/// point leaves `resync = 'slot lost'`, and the next iteration starts here again.
+fn recover(name: &str, lost: catalog::slots::SlotLost) -> TideResult<Vec<String>> {
+    tx::run(|| catalog::slots::mark_lost(name, &lost.reason))?;
+    if gucs::ON_SLOT_LOST.get() == gucs::OnSlotLost::Error {
+        return Err(lost.error);
+    }
+    let mut notes = vec![format!(
+        "{}; creating a new slot and reading every table again (tide.on_slot_lost = 'resync')",
+        lost.reason
+    )];
+    let mut created = tx::run(|| catalog::slots::create_new_slot(name));
+    if let Ok(catalog::slots::NewSlot::Dropped) = created {
+        created = tx::run(|| catalog::slots::create_new_slot(name));
+    }
+    let lsn = match created {
+        Ok(catalog::slots::NewSlot::Created(lsn)) => lsn,
+        // Gone, or recovered meanwhile; or dropped again (someone re-created it): next time.
+        Ok(_) => return Ok(notes),
+        Err(e) => {
+            // A creation that failed half-way leaves the new (ephemeral) slot held by this
+            // process: releasing it drops it.
+            if let Err(e2) = decoder::release_after_error(None) {
+                log!("pg_tide worker \"{name}\": could not release a slot whose creation failed: {e2}");
+            }
+            return Err(e);
+        }
+    };
+    notes.extend(tx::run(|| catalog::slots::queue_resync(name, &lsn))?);
+    Ok(notes)
 }
 
 /// Bookkeeping after a successful iteration: its log lines, a standby snapshot while busy, the
@@ -429,15 +498,37 @@ fn iterate(
             if let Some(e) = catalog::slots::bound_paused_wal(c, &p)? {
                 return Err(e);
             }
+            // A paused pipeline's lost slot shows in tide.pipelines at once; it is recovered
+            // when the pipeline is resumed.
+            if let (Some(problem), None) = (&p.slot_problem, p.resync) {
+                catalog::slots::mark_lost_in(c, name, &problem.reason(&p.slot_name))?;
+            }
+            catalog::slots::note_paused(c, &p)?;
             return Ok(Outcome {
                 paused: true,
                 ..Default::default()
             });
         }
-        if p.confirmed_lsn.is_none() {
-            let remedy = catalog::slots::recreate_remedy(c, &p)?;
-            return Err(TideError::undefined(format!("replication slot \"{}\" of pipeline \"{name}\" does not exist", p.slot_name))
-                .hint(format!("The slot was dropped (by tide.max_paused_wal_size while the pipeline was paused, or by hand). {remedy}")));
+        // A lost slot (or a recovery that did not finish): recovered before anything else,
+        // outside this transaction (see catalog::slots).
+        if p.slot_problem.is_some() || p.resync == Some(Resync::SlotLost) {
+            let reason = match &p.slot_problem {
+                Some(problem) => problem.reason(&p.slot_name),
+                None => format!(
+                    "the recovery of replication slot \"{}\" did not finish",
+                    p.slot_name
+                ),
+            };
+            let error = catalog::slots::lost_error(c, &p, &reason)?;
+            return Ok(Outcome {
+                slot_lost: Some(catalog::slots::SlotLost { reason, error }),
+                ..Default::default()
+            });
+        }
+        catalog::slots::note_paused(c, &p)?;
+        let mut notes = Vec::new();
+        if p.resync == Some(Resync::Resyncing) {
+            notes.extend(catalog::slots::finish_resync(c, &p)?);
         }
         catalog::slots::allow_output_plugin()?;
         // Mark this iteration's transaction (its target writes above all) as pg_tide's.
@@ -454,7 +545,10 @@ fn iterate(
         let Some(sink) = sink.as_mut() else {
             return Err(TideError::internal("no sink"));
         };
-        stream(c, &p, bf, &mut **sink, dec, rels, one_at_a_time)
+        let mut out = stream(c, &p, bf, &mut **sink, dec, rels, one_at_a_time)?;
+        notes.append(&mut out.notes);
+        out.notes = notes;
+        Ok(out)
     })
 }
 
