@@ -4,7 +4,7 @@
 
 use super::corrupt;
 use crate::error::{TideError, TideResult};
-use crate::tsql;
+use crate::sql_as_tide;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use pgrx::JsonB;
@@ -262,7 +262,7 @@ fn default_remedy(e: &TideError) -> String {
 
 /// Whether a pipeline of that name exists. Called by the SQL API; runs as pg_tide.
 pub(crate) fn exists(name: &str) -> TideResult<bool> {
-    Ok(tsql::one::<bool>(
+    Ok(sql_as_tide::one::<bool>(
         "SELECT EXISTS (SELECT 1 FROM tide.pipeline WHERE name = $1)",
         &[name.into()],
     )?
@@ -272,7 +272,7 @@ pub(crate) fn exists(name: &str) -> TideResult<bool> {
 /// The pipeline's owner, `None` when there is no such pipeline. Called by the SQL API (the
 /// ownership check, a remote target's user mapping); runs as pg_tide.
 pub(crate) fn owner(name: &str) -> TideResult<Option<String>> {
-    tsql::one::<String>(
+    sql_as_tide::one::<String>(
         "SELECT owner::text FROM tide.pipeline WHERE name = $1",
         &[name.into()],
     )
@@ -281,7 +281,8 @@ pub(crate) fn owner(name: &str) -> TideResult<Option<String>> {
 /// Every pipeline with its owner: (name, owner). Called by the SQL API (`tide._owned_pipelines`,
 /// the outbox's row security); runs as pg_tide.
 pub(crate) fn owners() -> TideResult<Vec<(String, String)>> {
-    let rows = tsql::text_rows("SELECT name, owner::text FROM tide.pipeline", &[], 0, false)?;
+    let rows =
+        sql_as_tide::text_rows("SELECT name, owner::text FROM tide.pipeline", &[], 0, false)?;
     let mut out = Vec::with_capacity(rows.len());
     for r in rows {
         let mut r = r.into_iter();
@@ -294,13 +295,13 @@ pub(crate) fn owners() -> TideResult<Vec<(String, String)>> {
 
 /// The number of pipelines. Called by the SQL API; runs as pg_tide.
 pub(crate) fn count() -> TideResult<i64> {
-    Ok(tsql::one::<i64>("SELECT count(*) FROM tide.pipeline", &[])?.unwrap_or(0))
+    Ok(sql_as_tide::one::<i64>("SELECT count(*) FROM tide.pipeline", &[])?.unwrap_or(0))
 }
 
 /// The pipeline's target kind and options. A missing pipeline, like an unknown kind, is
 /// [`target_kind`]'s error. Called by the SQL API; runs as pg_tide.
 pub(crate) fn target(name: &str) -> TideResult<(TargetKind, serde_json::Value)> {
-    let (kind, opts) = tsql::two::<String, String>(
+    let (kind, opts) = sql_as_tide::two::<String, String>(
         "SELECT target, options::text FROM tide.pipeline WHERE name = $1",
         &[name.into()],
     )?;
@@ -311,7 +312,7 @@ pub(crate) fn target(name: &str) -> TideResult<(TargetKind, serde_json::Value)> 
 /// Whether the pipeline is enabled (not paused); `None` when there is no such pipeline. Called by
 /// the SQL API; runs as pg_tide.
 pub(crate) fn enabled(name: &str) -> TideResult<Option<bool>> {
-    tsql::one::<bool>(
+    sql_as_tide::one::<bool>(
         "SELECT enabled FROM tide.pipeline WHERE name = $1",
         &[name.into()],
     )
@@ -337,8 +338,8 @@ pub(crate) fn insert(
 /// CASCADE`) and its watermark row in `tide.signal` (two statements). Called by
 /// `tide.drop_pipeline` once the worker is stopped; runs as pg_tide.
 pub(crate) fn delete(name: &str) -> TideResult<()> {
-    tsql::exec("DELETE FROM tide.pipeline WHERE name = $1", &[name.into()])?;
-    tsql::exec(
+    sql_as_tide::exec("DELETE FROM tide.pipeline WHERE name = $1", &[name.into()])?;
+    sql_as_tide::exec(
         "DELETE FROM tide.signal WHERE pipeline = $1",
         &[name.into()],
     )
@@ -348,7 +349,7 @@ pub(crate) fn delete(name: &str) -> TideResult<()> {
 /// API; runs as pg_tide.
 pub(crate) fn set_enabled(name: &str, enabled: bool) -> TideResult<bool> {
     // (The row lock makes a concurrent pause wait and then see the value this one wrote.)
-    Ok(tsql::exec_count(
+    Ok(sql_as_tide::exec_count(
         "UPDATE tide.pipeline SET enabled = $2 WHERE name = $1 AND enabled IS DISTINCT FROM $2",
         &[name.into(), enabled.into()],
     )? > 0)
