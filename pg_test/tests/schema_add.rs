@@ -6,7 +6,8 @@
 //!   `tide.add_table` adds it (with its backfill), and each target ends equal to its source;
 //! - a partition is captured through its partitioned table, not on its own;
 //! - a table that cannot be captured (no key, unlogged) is skipped with a NOTICE naming it;
-//! - calling it again adds 0; a table created later is added by the next call;
+//! - calling it again adds 0; a table created later is added by the next call; the tables of
+//!   the pipeline's target schema are skipped (they are its targets);
 //! - an unknown schema is 3F000, pg_tide's own schema 42809, and a failing add undoes the whole
 //!   call (all or nothing).
 //!
@@ -184,6 +185,23 @@ fn add_every_table_of_a_schema() {
         "SELECT tide.add_tables_in_schema('p', 'app', backfill => false)",
     );
     assert_eq!(n, 0, "a second call added tables\n{}", diag(&c));
+    // The pipeline's own target schema: every table there is a target, skipped with a NOTICE.
+    notices.lock().expect("notices").clear();
+    let n = added(
+        &mut alice,
+        &c,
+        "SELECT tide.add_tables_in_schema('p', 'copy')",
+    );
+    assert_eq!(n, 0, "a target was captured\n{}", diag(&c));
+    let seen = notices.lock().expect("notices").clone();
+    assert_eq!(
+        seen.iter()
+            .filter(|n| n.starts_with("skipping copy.")
+                && n.contains("is a table target of pipeline \"p\""))
+            .count(),
+        4,
+        "one NOTICE per target: {seen:?}"
+    );
 
     // A table created later is added by the next call, with its rows (backfill).
     ok(
