@@ -312,7 +312,10 @@ fn drop_pipeline_and_the_recreate_remedy() {
     ok_as(&c, "alice", "INSERT INTO alice.t VALUES (1000, 1000)");
     wait_for_pipeline(&c, "p", 30, || diag(&c));
 
-    // Lose the slot: paused past tide.max_paused_wal_size.
+    // Lose the slot: paused past tide.max_paused_wal_size. With tide.on_slot_lost = 'error' the
+    // pipeline stops there and prints the remedy (with 'resync', the default, it would recover
+    // by itself: pg_test/tests/slot_lost.rs).
+    c.execute("ALTER SYSTEM SET tide.on_slot_lost = 'error'");
     c.execute("ALTER SYSTEM SET tide.max_paused_wal_size = '2MB'");
     c.execute("SELECT pg_reload_conf()");
     ok_as(&c, "alice", "SELECT tide.pause_pipeline('p')");
