@@ -650,3 +650,15 @@ $$;
 COMMENT ON FUNCTION tide.read_outbox(text, text, integer, interval) IS 'The next events of a consumer after its committed position, in id order, whole source transactions (see the README, Outbox consumers); with wait, it waits up to that long for the first event instead of returning nothing; commit with tide.commit_consumer.';
 REVOKE ALL ON FUNCTION tide.read_outbox(text, text, integer, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tide.read_outbox(text, text, integer, interval) TO tide_admin;
+
+-- tide.alter_pipeline (README "SQL API"): change the options that can change without a new
+-- slot (schema_changes; a kafka target's producer and tombstones); a new name is refused.
+CREATE FUNCTION tide."alter_pipeline"(
+	"name" TEXT,
+	"new_name" TEXT DEFAULT NULL,
+	"options" jsonb DEFAULT NULL
+) RETURNS void
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'alter_pipeline_wrapper';
+REVOKE ALL ON FUNCTION tide.alter_pipeline(text, text, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide.alter_pipeline(text, text, jsonb) TO tide_admin;

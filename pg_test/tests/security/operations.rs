@@ -1,6 +1,6 @@
 //! The operations controls of issue 32 (bounded `chunk_size` / `rows_per_second` taking bigint,
 //! repeated pause/resume as a NOTICE, an empty condition refused, `tide.skip_transaction`,
-//! `tide.read_outbox(..., wait => ...)`) on someone else's pipeline: a `tide_admin` member who
+//! `tide.read_outbox(..., wait => ...)`, `tide.alter_pipeline`) on someone else's pipeline: a `tide_admin` member who
 //! does not own it and a role with no pg_tide rights get 42501 for every call, before any
 //! argument is looked at (a bound or a NOTICE would tell them the pipeline's state) and before
 //! any wait, and nothing changes.
@@ -36,6 +36,10 @@ fn operations_controls_of_anothers_pipeline() {
         "SELECT tide.skip_transaction('p', pg_current_wal_lsn())",
         "SELECT * FROM tide.read_outbox('p', 'c', wait => '20 seconds')",
         "SELECT tide._outbox_wait('p', 'c', '20 seconds')",
+        "SELECT tide.alter_pipeline('p')",
+        "SELECT tide.alter_pipeline('p', options => '{}')",
+        r#"SELECT tide.alter_pipeline('p', options => '{"schema_changes": "pause"}')"#,
+        "SELECT tide.alter_pipeline('p', new_name => 'q')",
     ];
     let t = Instant::now();
     for role in ["mallory", "nobody"] {
@@ -71,5 +75,12 @@ fn operations_controls_of_anothers_pipeline() {
         c.query_scalar::<i64>("SELECT count(*) FROM tide.skipped_transaction"),
         0,
         "another role made alice's pipeline skip a transaction"
+    );
+    assert_eq!(
+        c.query_scalar::<String>(
+            "SELECT name || ' ' || options::text FROM tide.pipeline WHERE name = 'p'"
+        ),
+        "p {}",
+        "another role altered alice's pipeline"
     );
 }
