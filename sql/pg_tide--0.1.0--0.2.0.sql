@@ -110,7 +110,7 @@ SELECT b.id, b.pipeline, b.relation, b.relid::regclass AS source, b.state, b.gen
 -- pipeline_table.shape is each table's shape as of then, filled here for the tables captured now.
 ALTER TABLE tide.pipeline_table ADD COLUMN shape jsonb;
 ALTER TABLE tide.outbox DROP CONSTRAINT outbox_op_check,
-    ADD CONSTRAINT outbox_op_check CHECK (op IN ('insert', 'update', 'delete', 'truncate', 'read', 'schema'));
+    ADD CONSTRAINT outbox_op_check CHECK (op IN ('insert', 'update', 'delete', 'truncate', 'read', 'schema', 'resync'));
 COMMENT ON COLUMN tide.outbox."row" IS 'The new row as jsonb (NULL for delete and truncate); jsonb_populate_record(NULL::source, row) rebuilds it. Columns listed in unchanged are absent. For op schema: the schema change (columns, key, added, dropped, changed, renamed, rewrite; see README "Outbox format").';
 ALTER TABLE tide.marker DROP CONSTRAINT marker_op_check,
     ADD CONSTRAINT marker_op_check CHECK (op IN ('add_table', 'remove_table', 'schema'));
@@ -650,6 +650,111 @@ $$;
 COMMENT ON FUNCTION tide.read_outbox(text, text, integer, interval) IS 'The next events of a consumer after its committed position, in id order, whole source transactions (see the README, Outbox consumers); with wait, it waits up to that long for the first event instead of returning nothing; commit with tide.commit_consumer.';
 REVOKE ALL ON FUNCTION tide.read_outbox(text, text, integer, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tide.read_outbox(text, text, integer, interval) TO tide_admin;
+
+
+-- Lost slots (README, Concepts > Lost slots): the pipeline's resync state and the slot position
+-- kept while paused, the backfills a resync queued, the outbox's resync events (in
+-- outbox_op_check above), and tide.pipelines' slot columns.
+ALTER TABLE tide.pipeline ADD COLUMN resync text CHECK (resync IN ('slot lost', 'resyncing')),
+                          ADD COLUMN slot_lost_at timestamptz,
+                          ADD COLUMN slot_lost_reason text,
+                          ADD COLUMN paused_lsn pg_lsn;
+ALTER TABLE tide.backfill ADD COLUMN resync boolean NOT NULL DEFAULT false;
+CREATE OR REPLACE VIEW tide.pipelines WITH (security_barrier) AS
+SELECT p.name,
+       p.target,
+       CASE WHEN NOT p.enabled AND w.pid IS NOT NULL THEN 'paused'
+            WHEN w.pid IS NULL THEN 'stopped'
+            WHEN p.resync = 'slot lost' THEN 'slot lost'
+            WHEN p.resync = 'resyncing' AND w.state = 'streaming' THEN 'resyncing'
+            ELSE w.state END                                          AS state,
+       p.enabled,
+       w.pid                                                          AS worker_pid,
+       p.slot_name,
+       s.confirmed_flush_lsn                                          AS confirmed_lsn,
+       p.applied_lsn,
+       pg_current_wal_lsn()                                           AS current_lsn,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint AS lag_bytes,
+       -- How stale the target may be, in every state (paused, error, stopped, catching up):
+       -- 0 when the slot or the worker has passed every WAL byte written, else the time since
+       -- the latest moment the target is known to reflect: the worker's last look that found
+       -- nothing left to apply, the commit of the last transaction applied, or the creation.
+       CASE WHEN greatest(s.confirmed_flush_lsn, w.caught_up_lsn::pg_lsn) >= pg_current_wal_lsn() THEN 0
+            ELSE greatest(0, extract(epoch FROM now() - greatest(w.caught_up_at, p.applied_commit_time, p.created_at))) END::float8
+                                                                      AS apply_lag_seconds,
+       p.applied_commit_time                                          AS last_commit_time,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint   AS wal_retained_bytes,
+       s.wal_status,
+       coalesce(w.events, 0)                                          AS events_applied,
+       coalesce(w.txns, 0)                                            AS transactions_applied,
+       w.started_at                                                   AS worker_started_at,
+       (SELECT count(*) FROM tide.pipeline_table t WHERE t.pipeline = p.name) AS tables,
+       -- (the error can show row values: only for viewers who may SELECT every captured table)
+       CASE WHEN p.last_error IS NULL
+              OR NOT EXISTS (SELECT 1 FROM tide.pipeline_table t
+                              WHERE t.pipeline = p.name
+                                AND NOT coalesce(has_table_privilege(t.relid, 'SELECT'), true))
+            THEN p.last_error
+            ELSE 'hidden: the error may show values of a table you cannot SELECT' END AS last_error,
+       p.last_error_sqlstate,
+       p.last_error_at,
+       p.remedy,
+       p.created_at,
+       s.safe_wal_size,
+       -- (see README, Concepts > Lost slots; the margin is tide.slot_warning_size)
+       CASE WHEN s.slot_name IS NULL
+            THEN 'the slot does not exist: the worker creates a new one and reads every table again, unless tide.on_slot_lost = ''error'''
+            WHEN s.wal_status = 'lost'
+            THEN 'the slot was invalidated (max_slot_wal_keep_size): the worker creates a new one and reads every table again, unless tide.on_slot_lost = ''error'''
+            WHEN s.wal_status = 'unreserved'
+            THEN format('the slot retains more WAL than max_wal_size: the next checkpoint invalidates it once it is past max_slot_wal_keep_size (%s left)',
+                        pg_size_pretty(s.safe_wal_size))
+            WHEN s.safe_wal_size < pg_size_bytes(coalesce(current_setting('tide.slot_warning_size', true), '1GB'))
+            THEN format('the slot is %s of WAL from being invalidated by max_slot_wal_keep_size (tide.slot_warning_size)',
+                        pg_size_pretty(s.safe_wal_size))
+            WHEN NOT p.enabled AND pg_size_bytes(coalesce(current_setting('tide.max_paused_wal_size', true), '-1')) >= 0
+                 AND pg_size_bytes(coalesce(current_setting('tide.max_paused_wal_size', true), '-1'))
+                     - pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)
+                     < pg_size_bytes(coalesce(current_setting('tide.slot_warning_size', true), '1GB'))
+            THEN format('the paused pipeline''s slot is %s of WAL from being dropped by tide.max_paused_wal_size (tide.slot_warning_size)',
+                        pg_size_pretty(greatest(0, pg_size_bytes(current_setting('tide.max_paused_wal_size', true))
+                                                   - pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn))))
+            END                                                       AS slot_warning,
+       p.resync,
+       p.slot_lost_at,
+       p.slot_lost_reason
+  FROM tide.pipeline p
+  LEFT JOIN pg_replication_slots s ON s.slot_name = p.slot_name
+  LEFT JOIN tide._worker_status() w ON w.pipeline = p.name
+ WHERE tide._visible(p.owner);
+-- (tide.readiness again: its SELECT * of tide.backfill takes the new column, as a fresh install's does.)
+CREATE OR REPLACE VIEW tide.readiness WITH (security_barrier) AS
+SELECT t.pipeline, t.relation, t.relid::regclass AS source, b.id AS backfill_id, b.state AS backfill_state,
+       coalesce(b.state = 'done' OR b.read_complete, false)                     AS snapshot_read_complete,
+       coalesce(b.state = 'done', false)                                       AS snapshot_emitted,
+       coalesce(b.state = 'done' AND w.caught_up_lsn::pg_lsn >= b.finished_lsn, false)  AS target_caught_up,
+       CASE WHEN b.id IS NULL THEN 'no backfill'
+            WHEN b.state IN ('queued', 'running', 'paused') THEN 'backfilling'
+            WHEN b.state <> 'done' THEN 'backfill ' || b.state
+            WHEN NOT coalesce(w.caught_up_lsn::pg_lsn >= b.finished_lsn, false) THEN 'catching up'
+            -- a backfill into a target that already held rows: ready once a verification
+            -- since found no difference, or its repair is done
+            WHEN h.held_since IS NOT NULL AND NOT EXISTS (
+                     SELECT 1 FROM tide.verification v LEFT JOIN tide.backfill r ON r.id = v.repair_backfill_id
+                      WHERE v.pipeline = t.pipeline AND v.relid = t.relid AND v.started_at > h.held_since
+                        AND v.finished_at IS NOT NULL
+                        AND (coalesce(v.missing, 0) + coalesce(v.extra, 0) + coalesce(v.changed, 0) = 0
+                             OR r.state = 'done'))
+            THEN 'target not verified'
+            ELSE 'ready' END                                                    AS readiness
+  FROM tide.pipeline_table t
+  LEFT JOIN LATERAL (SELECT * FROM tide.backfill b WHERE b.pipeline = t.pipeline AND b.relid = t.relid
+                      ORDER BY b.id DESC LIMIT 1) b ON true
+  LEFT JOIN LATERAL (SELECT max(f.created_at) AS held_since FROM tide.backfill f
+                      WHERE f.pipeline = t.pipeline AND f.relid = t.relid AND f.target_held_rows
+                        AND f.created_at >= t.added_at) h ON true
+  LEFT JOIN tide._worker_status() w ON w.pipeline = t.pipeline
+ WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = t.pipeline));
 
 -- tide.alter_pipeline (README "SQL API"): change the options that can change without a new
 -- slot (schema_changes; a kafka target's producer and tombstones); a new name is refused.

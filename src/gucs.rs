@@ -39,7 +39,26 @@ pub static MAX_PIPELINES_PER_ROLE: GucSetting<i32> = GucSetting::<i32>::new(-1);
 /// limit.
 pub static MAX_PAUSED_WAL_MB: GucSetting<i32> = GucSetting::<i32>::new(8192);
 
+/// What a pipeline worker does when its slot is lost (invalidated, missing, or not pg_tide's):
+/// see `catalog::slots` and README, Concepts > Lost slots.
+#[derive(pgrx::PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum OnSlotLost {
+    /// Create a new slot and read every table again (the default).
+    #[name = c"resync"]
+    Resync,
+    /// Stop with the error and its remedy until the setting changes or the pipeline is dropped.
+    #[name = c"error"]
+    Error,
+}
+/// `tide.on_slot_lost`: `resync` (the default) or `error`.
+pub static ON_SLOT_LOST: GucSetting<OnSlotLost> = GucSetting::<OnSlotLost>::new(OnSlotLost::Resync);
+/// `tide.slot_warning_size`: `tide.pipelines.slot_warning` warns when a slot is within this much
+/// WAL (MB) of being invalidated (`max_slot_wal_keep_size`) or dropped
+/// (`tide.max_paused_wal_size`). Read by the view through `current_setting`.
+pub static SLOT_WARNING_MB: GucSetting<i32> = GucSetting::<i32>::new(1024);
+
 pub fn init() {
+    init_slot_settings();
     GucRegistry::define_bool_guc(
         c"tide.read_ahead",
         c"Whether a backfilling pipeline worker has a helper process read its next chunk.",
@@ -145,6 +164,28 @@ pub fn init() {
         3600,
         GucContext::Sighup,
         GucFlags::UNIT_S,
+    );
+}
+
+/// The settings about lost slots (README, Concepts > Lost slots).
+fn init_slot_settings() {
+    GucRegistry::define_enum_guc(
+        c"tide.on_slot_lost",
+        c"What a pipeline does when its replication slot is lost: resync or error.",
+        c"resync: the worker creates a new slot, then reads every table of the pipeline again through the watermark backfill (a table target loses the rows that no longer exist at the source; an outbox gets resync events around the re-read). error: the pipeline stops with the reason and the remedy in tide.pipelines until this setting allows a resync.",
+        &ON_SLOT_LOST,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"tide.slot_warning_size",
+        c"tide.pipelines.slot_warning warns when a pipeline's slot is within this much WAL of being invalidated or dropped.",
+        c"Compared with the slot's safe_wal_size (max_slot_wal_keep_size) and, for a paused pipeline, with what tide.max_paused_wal_size still allows. 0: warn only when the slot is unreserved.",
+        &SLOT_WARNING_MB,
+        0,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_MB,
     );
 }
 

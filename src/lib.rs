@@ -28,7 +28,7 @@ pub mod security;
 pub mod shmem;
 pub mod sink;
 pub mod sql;
-pub mod tsql;
+pub mod sql_as_tide;
 pub mod worker;
 
 #[pg_guard]

@@ -25,7 +25,18 @@ CREATE TABLE tide.pipeline (
     last_error   text,
     last_error_sqlstate text,
     last_error_at timestamptz,
-    remedy       text
+    remedy       text,
+    -- A lost slot (README, Concepts > Lost slots). Written by the worker only: 'slot lost' when it
+    -- finds its slot invalidated, missing or not pg_tide's (with when and why), 'resyncing' once
+    -- a new slot exists and every table is queued to be read again, NULL again when those
+    -- backfills are done (slot_lost_at and slot_lost_reason stay, as the last loss).
+    resync       text CHECK (resync IN ('slot lost', 'resyncing')),
+    slot_lost_at timestamptz,
+    slot_lost_reason text,
+    -- Written by the worker: its slot's confirmed position when it found the pipeline paused
+    -- (NULL again once it runs). A slot further on at resume was consumed, advanced or
+    -- re-created by someone else meanwhile: it is lost.
+    paused_lsn   pg_lsn
 );
 COMMENT ON TABLE tide.pipeline IS 'pg_tide pipelines (one slot, one worker, one target). Use tide.create_pipeline/tide.drop_pipeline; read tide.pipelines.';
 
@@ -65,7 +76,7 @@ CREATE TABLE tide.outbox (
     commit_time  timestamptz NOT NULL,
     position     integer NOT NULL,
     relation     text NOT NULL,
-    op           text NOT NULL CHECK (op IN ('insert', 'update', 'delete', 'truncate', 'read', 'schema')),
+    op           text NOT NULL CHECK (op IN ('insert', 'update', 'delete', 'truncate', 'read', 'schema', 'resync')),
     key          jsonb,
     "row"        jsonb,
     unchanged    text[],
@@ -149,7 +160,11 @@ CREATE TABLE tide.backfill (
     required_lsn    pg_lsn,
     -- Set by tide.add_table when the target table already held rows: rows the source does not
     -- have may stay there, so tide.readiness waits for a verification that finds none.
-    target_held_rows boolean NOT NULL DEFAULT false
+    target_held_rows boolean NOT NULL DEFAULT false,
+    -- Queued by the worker when the pipeline's slot was lost (tide.pipeline.resync): the whole
+    -- table is read again, and at each high watermark a local table target also loses the rows
+    -- of the chunk's key range that the source no longer has.
+    resync          boolean NOT NULL DEFAULT false
 );
 CREATE UNIQUE INDEX backfill_one_active ON tide.backfill (pipeline, relid)
     WHERE state IN ('queued', 'running', 'paused');
@@ -317,6 +332,8 @@ SELECT p.name,
        p.target,
        CASE WHEN NOT p.enabled AND w.pid IS NOT NULL THEN 'paused'
             WHEN w.pid IS NULL THEN 'stopped'
+            WHEN p.resync = 'slot lost' THEN 'slot lost'
+            WHEN p.resync = 'resyncing' AND w.state = 'streaming' THEN 'resyncing'
             ELSE w.state END                                          AS state,
        p.enabled,
        w.pid                                                          AS worker_pid,
@@ -349,7 +366,30 @@ SELECT p.name,
        p.last_error_sqlstate,
        p.last_error_at,
        p.remedy,
-       p.created_at
+       p.created_at,
+       s.safe_wal_size,
+       -- (see README, Concepts > Lost slots; the margin is tide.slot_warning_size)
+       CASE WHEN s.slot_name IS NULL
+            THEN 'the slot does not exist: the worker creates a new one and reads every table again, unless tide.on_slot_lost = ''error'''
+            WHEN s.wal_status = 'lost'
+            THEN 'the slot was invalidated (max_slot_wal_keep_size): the worker creates a new one and reads every table again, unless tide.on_slot_lost = ''error'''
+            WHEN s.wal_status = 'unreserved'
+            THEN format('the slot retains more WAL than max_wal_size: the next checkpoint invalidates it once it is past max_slot_wal_keep_size (%s left)',
+                        pg_size_pretty(s.safe_wal_size))
+            WHEN s.safe_wal_size < pg_size_bytes(coalesce(current_setting('tide.slot_warning_size', true), '1GB'))
+            THEN format('the slot is %s of WAL from being invalidated by max_slot_wal_keep_size (tide.slot_warning_size)',
+                        pg_size_pretty(s.safe_wal_size))
+            WHEN NOT p.enabled AND pg_size_bytes(coalesce(current_setting('tide.max_paused_wal_size', true), '-1')) >= 0
+                 AND pg_size_bytes(coalesce(current_setting('tide.max_paused_wal_size', true), '-1'))
+                     - pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)
+                     < pg_size_bytes(coalesce(current_setting('tide.slot_warning_size', true), '1GB'))
+            THEN format('the paused pipeline''s slot is %s of WAL from being dropped by tide.max_paused_wal_size (tide.slot_warning_size)',
+                        pg_size_pretty(greatest(0, pg_size_bytes(current_setting('tide.max_paused_wal_size', true))
+                                                   - pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn))))
+            END                                                       AS slot_warning,
+       p.resync,
+       p.slot_lost_at,
+       p.slot_lost_reason
   FROM tide.pipeline p
   LEFT JOIN pg_replication_slots s ON s.slot_name = p.slot_name
   LEFT JOIN tide._worker_status() w ON w.pipeline = p.name

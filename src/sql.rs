@@ -1,4 +1,7 @@
-//! Small SPI helpers that do not assign a transaction id.
+//! Small SPI helpers that do not assign a transaction id, run **as the current role**: the
+//! caller in the SQL API, the worker's own role in a worker, the pipeline's owner inside
+//! `security::as_owner`. Their twins in [`crate::sql_as_tide`] (same names) run as pg_tide
+//! itself: the module a call site names says who runs the statement.
 //!
 //! pgrx's `Spi::get_one*` and `Spi::run*` run every statement in read-write mode, which makes
 //! pgrx call `GetCurrentTransactionId()`: the transaction gets an xid and writes a commit

@@ -58,9 +58,45 @@ pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> 
         .hint(format!("They belong to that pipeline, not to its name: pick another name, or have a superuser read and delete them (DELETE FROM tide.outbox WHERE pipeline = '{name}').")));
     }
     let slot = catalog::slots::slot_name(name);
+    check_room_for(&slot)?;
+    if sql::one::<bool>("SELECT pg_current_xact_id_if_assigned() IS NOT NULL", &[])?
+        .unwrap_or(false)
+    {
+        return Err(TideError::new(
+            pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_ACTIVE_SQL_TRANSACTION,
+            "tide.create_pipeline must run before any write in its transaction",
+        )
+        .hint("Creating a logical replication slot is impossible in a transaction that has written: call tide.create_pipeline first, or in its own transaction."));
+    }
+    let owner = crate::security::caller_name()?;
+    // The slot is pg_tide's, created as pg_tide: a pipeline owner needs neither REPLICATION nor
+    // a say in output_plugin_libraries, since the slot only ever feeds this pipeline's worker.
+    crate::security::as_tide(|| {
+        catalog::slots::allow_output_plugin()?;
+        // Held until this transaction ends, so the launcher does not take the new slot for an
+        // orphan.
+        crate::locks::lock(
+            crate::locks::Lock::Slot(&slot),
+            crate::locks::Mode::Exclusive,
+        )?;
+        sql::one::<bool>(
+            "SELECT true FROM pg_create_logical_replication_slot($1::name, 'pg_tide')",
+            &[slot.clone().into()],
+        )?;
+        catalog::pipelines::insert(name, kind, options, &slot, &owner)
+    })?;
+    wake_on_commit(shmem::launcher_pid());
+    Ok(())
+}
+
+/// Room for a new pipeline whose slot is `slot`: the slot name is free, a replication slot is
+/// free, the calling role is below `tide.max_pipelines_per_role` (superusers are not limited; the
+/// role's lock, held until commit, makes two concurrent creates count each other), pg_tide's
+/// registry has room, and a background worker slot is free.
+fn check_room_for(slot: &str) -> TideResult<()> {
     if sql::one::<bool>(
         "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1::name)",
-        &[slot.clone().into()],
+        &[slot.into()],
     )?
     .unwrap_or(false)
     {
@@ -119,33 +155,6 @@ pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> 
         ))
         .hint("Raise max_worker_processes (one per pipeline, plus one for the supervisor and one per database that runs pg_tide) and restart."));
     }
-    if sql::one::<bool>("SELECT pg_current_xact_id_if_assigned() IS NOT NULL", &[])?
-        .unwrap_or(false)
-    {
-        return Err(TideError::new(
-            pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_ACTIVE_SQL_TRANSACTION,
-            "tide.create_pipeline must run before any write in its transaction",
-        )
-        .hint("Creating a logical replication slot is impossible in a transaction that has written: call tide.create_pipeline first, or in its own transaction."));
-    }
-    let owner = crate::security::caller_name()?;
-    // The slot is pg_tide's, created as pg_tide: a pipeline owner needs neither REPLICATION nor
-    // a say in output_plugin_libraries, since the slot only ever feeds this pipeline's worker.
-    crate::security::as_tide(|| {
-        catalog::slots::allow_output_plugin()?;
-        // Held until this transaction ends, so the launcher does not take the new slot for an
-        // orphan.
-        crate::locks::lock(
-            crate::locks::Lock::Slot(&slot),
-            crate::locks::Mode::Exclusive,
-        )?;
-        sql::one::<bool>(
-            "SELECT true FROM pg_create_logical_replication_slot($1::name, 'pg_tide')",
-            &[slot.clone().into()],
-        )?;
-        catalog::pipelines::insert(name, kind, options, &slot, &owner)
-    })?;
-    wake_on_commit(shmem::launcher_pid());
     Ok(())
 }
 

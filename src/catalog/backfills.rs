@@ -13,7 +13,7 @@
 use super::corrupt;
 use crate::error::{TideError, TideResult};
 use crate::sql;
-use crate::tsql;
+use crate::sql_as_tide;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use tide_core::lsn::Lsn;
@@ -61,7 +61,9 @@ pub(crate) fn due(pipeline: &str) -> TideResult<Option<Due>> {
     let picked = comma_list(&texts(&[BackfillState::Queued, BackfillState::Running]));
     let rows = sql::text_rows(
         "SELECT b.id, b.relid::int8, b.chunk_size, b.rows_per_second, b.condition, p.owner::text,
-                to_json(b.key_columns)::text, to_json(b.last_key)::text, b.chunks_done + 1, b.repair_deletes::text
+                to_json(b.key_columns)::text, to_json(b.last_key)::text, b.chunks_done + 1, b.repair_deletes::text,
+                CASE WHEN b.resync AND p.target = 'table' AND t.target_name IS NOT NULL
+                     THEN pg_catalog.format('%I.%I', t.target_schema, t.target_name) END
            FROM tide.backfill b
            JOIN tide.pipeline p ON p.name = b.pipeline AND p.enabled
            JOIN tide.pipeline_table t ON t.pipeline = b.pipeline AND t.relid = b.relid AND t.added_lsn IS NOT NULL
@@ -113,6 +115,7 @@ pub(crate) fn due(pipeline: &str) -> TideResult<Option<Due>> {
         last_key,
         chunk_no: int(&r[8], "chunks_done")?,
         repair_deletes: r[9].take(),
+        sweep: r[10].take(),
     }))
 }
 
@@ -521,7 +524,7 @@ pub(crate) fn active_state(
     pipeline: &str,
     relid: pg_sys::Oid,
 ) -> TideResult<Option<BackfillState>> {
-    tsql::one::<String>(
+    sql_as_tide::one::<String>(
         "SELECT state FROM tide.backfill WHERE pipeline = $1 AND relid = $2 AND state = ANY($3)",
         &[pipeline.into(), relid.into(), active_states().into()],
     )?
@@ -535,7 +538,7 @@ pub(crate) fn active(
     pipeline: &str,
     relid: pg_sys::Oid,
 ) -> TideResult<Option<(i64, BackfillState)>> {
-    let (id, s) = tsql::two::<i64, String>(
+    let (id, s) = sql_as_tide::two::<i64, String>(
         "SELECT id, state FROM tide.backfill WHERE pipeline = $1 AND relid = $2 AND state = ANY($3)",
         &[pipeline.into(), relid.into(), active_states().into()],
     )?;
@@ -576,7 +579,7 @@ pub(crate) fn insert(
 /// Give a repair's backfill its keys to delete (a JSON array of key value arrays). Called by the
 /// SQL API (`tide.repair`), right after [`insert`]; runs as pg_tide.
 pub(crate) fn set_repair_deletes(id: i64, deletes: &str) -> TideResult<()> {
-    tsql::exec(
+    sql_as_tide::exec(
         "UPDATE tide.backfill SET repair_deletes = $2::jsonb WHERE id = $1",
         &[id.into(), deletes.into()],
     )
@@ -585,7 +588,7 @@ pub(crate) fn set_repair_deletes(id: i64, deletes: &str) -> TideResult<()> {
 /// Set a backfill's state (pause, resume, cancel; a cancelled one is finished now). Called by the
 /// SQL API; runs as pg_tide.
 pub(crate) fn set_state(id: i64, to: BackfillState) -> TideResult<()> {
-    tsql::exec(
+    sql_as_tide::exec(
         "UPDATE tide.backfill SET state = $2, finished_at = CASE WHEN $2 = $3 THEN now() END WHERE id = $1",
         &[
             id.into(),
@@ -602,7 +605,7 @@ pub(crate) fn alter(
     chunk_size: Option<i32>,
     rows_per_second: Option<i32>,
 ) -> TideResult<()> {
-    tsql::exec(
+    sql_as_tide::exec(
         "UPDATE tide.backfill SET chunk_size = coalesce($2, chunk_size),
                 rows_per_second = CASE WHEN $3 IS NULL THEN rows_per_second WHEN $3 = 0 THEN NULL ELSE $3 END
           WHERE id = $1",
@@ -613,7 +616,7 @@ pub(crate) fn alter(
 /// Cancel the table's active backfill for the pipeline, if any, because the table was removed
 /// from it. Called by the SQL API (`tide.remove_table`); runs as pg_tide.
 pub(crate) fn cancel_for_removed_table(pipeline: &str, relid: pg_sys::Oid) -> TideResult<()> {
-    tsql::exec(
+    sql_as_tide::exec(
         "UPDATE tide.backfill SET state = $3, finished_at = now(), error = 'the table was removed from the pipeline'
           WHERE pipeline = $1 AND relid = $2 AND state = ANY($4)",
         &[
@@ -629,7 +632,7 @@ pub(crate) fn cancel_for_removed_table(pipeline: &str, relid: pg_sys::Oid) -> Ti
 /// waits for a verification that finds no difference). Called by `tide.add_table`; runs as
 /// pg_tide.
 pub(crate) fn mark_target_held_rows(id: i64) -> TideResult<()> {
-    tsql::exec(
+    sql_as_tide::exec(
         "UPDATE tide.backfill SET target_held_rows = true WHERE id = $1",
         &[id.into()],
     )
@@ -690,7 +693,7 @@ pub(crate) struct Required {
 /// condition; a repair's deletes are fine), preferring a done one. Called by the SQL API; runs
 /// as pg_tide.
 pub(crate) fn required_by(pipeline: &str, upto: Lsn) -> TideResult<Vec<Required>> {
-    let rows = tsql::text_rows(
+    let rows = sql_as_tide::text_rows(
         "WITH req AS (
              SELECT DISTINCT ON (b.relid) b.relid, b.id, b.relation
                FROM tide.backfill b

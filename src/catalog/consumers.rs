@@ -16,7 +16,7 @@
 
 use super::corrupt;
 use crate::error::TideResult;
-use crate::tsql;
+use crate::sql_as_tide;
 use pgrx::spi::SpiClient;
 use tide_core::model::PruneReason;
 
@@ -32,7 +32,7 @@ pub(crate) fn lock_retention(pipeline: &str) -> TideResult<()> {
 /// A consumer's committed id; `None` when there is no such consumer. Called by the SQL API;
 /// runs as pg_tide.
 pub(crate) fn committed(pipeline: &str, consumer: &str) -> TideResult<Option<i64>> {
-    tsql::one::<i64>(
+    sql_as_tide::one::<i64>(
         "SELECT committed_id FROM tide.consumer WHERE pipeline = $1 AND name = $2",
         &[pipeline.into(), consumer.into()],
     )
@@ -42,7 +42,7 @@ pub(crate) fn committed(pipeline: &str, consumer: &str) -> TideResult<Option<i64
 /// none). `fresh`: in a snapshot taken now (after a lock), not the statement's. Called by the SQL
 /// API; runs as pg_tide.
 pub(crate) fn bounds(pipeline: &str, fresh: bool) -> TideResult<(Option<i64>, Option<i64>)> {
-    let rows = tsql::text_rows(
+    let rows = sql_as_tide::text_rows(
         "SELECT min(id), max(id) FROM tide.outbox WHERE pipeline = $1",
         &[Some(pipeline)],
         1,
@@ -70,7 +70,7 @@ pub(crate) fn insert(
     owner: &str,
     committed_id: i64,
 ) -> TideResult<bool> {
-    Ok(tsql::write_one::<bool>(
+    Ok(sql_as_tide::write_one::<bool>(
         "INSERT INTO tide.consumer (pipeline, name, owner, committed_id, committed_lsn, committed_position)
          SELECT $1, $2, $3::name, $4, o.commit_lsn, o.position
            FROM (SELECT 1) one
@@ -92,7 +92,7 @@ pub(crate) fn set_position(
     id: i64,
     forward_only: bool,
 ) -> TideResult<bool> {
-    Ok(tsql::write_one::<bool>(
+    Ok(sql_as_tide::write_one::<bool>(
         "UPDATE tide.consumer c
             SET committed_id = $3, committed_lsn = e.commit_lsn, committed_position = e.position,
                 committed_at = now()
@@ -114,7 +114,7 @@ pub(crate) fn set_position(
 
 /// Forget a consumer; whether it existed. Called by the SQL API; runs as pg_tide.
 pub(crate) fn delete(pipeline: &str, consumer: &str) -> TideResult<bool> {
-    Ok(tsql::exec_count(
+    Ok(sql_as_tide::exec_count(
         "DELETE FROM tide.consumer WHERE pipeline = $1 AND name = $2",
         &[pipeline.into(), consumer.into()],
     )? > 0)
@@ -126,7 +126,7 @@ pub(crate) fn delete(pipeline: &str, consumer: &str) -> TideResult<bool> {
 /// events: then its first `max`. `after` itself when there is nothing to read. Called by the SQL
 /// API (`tide._consumer_batch`); runs as pg_tide.
 pub(crate) fn batch_end(pipeline: &str, after: i64, max: i64) -> TideResult<i64> {
-    let end = tsql::one::<i64>(
+    let end = sql_as_tide::one::<i64>(
         "WITH b AS (
              SELECT s.id, s.commit_lsn, row_number() OVER (ORDER BY s.id) AS n
                FROM (SELECT o.id, o.commit_lsn FROM tide.outbox o
@@ -260,7 +260,7 @@ pub(crate) fn prune_batch(pipeline: &str, batch: i64, max_age_s: f64) -> TideRes
 /// many. Called by the SQL API (`tide.trim_outbox`, after its checks); runs as pg_tide.
 pub(crate) fn trim(pipeline: &str, up_to: i64) -> TideResult<i64> {
     lock_retention(pipeline)?;
-    let n = tsql::exec_count(
+    let n = sql_as_tide::exec_count(
         "DELETE FROM tide.outbox WHERE pipeline = $1 AND id <= $2",
         &[pipeline.into(), up_to.into()],
     )?;

@@ -34,7 +34,7 @@
 //! retry, a skip) is decided by their callers.
 //!
 //! Security contexts (each function's doc says which applies):
-//! - called by the SQL API: runs as pg_tide itself, through `crate::tsql` (`security::as_tide`
+//! - called by the SQL API: runs as pg_tide itself, through `crate::sql_as_tide` (`security::as_tide`
 //!   around `crate::sql`), or inside the caller's `as_tide` block, as the doc says. No other role
 //!   can read or write these tables;
 //! - called by the worker or the launcher (which run as pg_tide's bootstrap superuser): through
@@ -119,7 +119,7 @@ pub(crate) fn signal_and_marker_relids() -> TideResult<(u32, u32)> {
 }
 
 /// The first row of a query on one table of one pipeline, `$1` the pipeline and `$2` the table's
-/// OID (as text: cast it, `$2::oid`), then `more`: `crate::tsql::text_rows`, run as pg_tide,
+/// OID (as text: cast it, `$2::oid`), then `more`: `crate::sql_as_tide::text_rows`, run as pg_tide,
 /// every value as its text output. `fresh`: a snapshot of its own (see `crate::sql`).
 fn table_row(
     query: &str,
@@ -131,7 +131,7 @@ fn table_row(
     let relid = relid.to_u32().to_string();
     let mut args = vec![Some(pipeline), Some(relid.as_str())];
     args.extend(more.iter().map(|m| Some(*m)));
-    Ok(crate::tsql::text_rows(query, &args, 1, fresh)?
+    Ok(crate::sql_as_tide::text_rows(query, &args, 1, fresh)?
         .into_iter()
         .next())
 }

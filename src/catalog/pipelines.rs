@@ -4,7 +4,7 @@
 
 use super::corrupt;
 use crate::error::{TideError, TideResult};
-use crate::tsql;
+use crate::sql_as_tide;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use pgrx::JsonB;
@@ -25,6 +25,74 @@ pub struct PipelineRow {
     /// The slot's confirmed flush LSN, if the slot exists.
     pub confirmed_lsn: Option<String>,
     pub has_error: bool,
+    /// What is wrong with the pipeline's slot (`None`: it is a usable pg_tide slot): see
+    /// [`SlotProblem`].
+    pub slot_problem: Option<SlotProblem>,
+    /// `tide.pipeline.resync`: a lost slot being recovered (see [`crate::catalog::slots`]).
+    pub resync: Option<Resync>,
+    /// `tide.pipeline.paused_lsn` is set (see [`super::slots::note_paused`]).
+    pub paused_lsn_set: bool,
+}
+
+/// What is wrong with a pipeline's slot, as [`lock_pipeline`] reads it
+/// from `pg_replication_slots` (see `catalog::slots`). Set by that query; not persisted (the
+/// reason is, in `tide.pipeline.slot_lost_reason`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlotProblem {
+    /// No slot of that name on this server.
+    Missing,
+    /// `wal_status = 'lost'` (or no restart position): its WAL is gone.
+    Invalidated,
+    /// A slot of that name that pg_tide did not create: what it is.
+    Foreign(String),
+    /// A slot whose confirmed position moved while the pipeline was paused (from, to): someone
+    /// consumed or advanced it, or re-created it, so what it skipped is lost.
+    Moved(String),
+}
+
+impl SlotProblem {
+    /// From the query's text: `missing`, `invalidated`, `foreign:<what it is>`.
+    pub fn parse(text: &str) -> SlotProblem {
+        match text {
+            "missing" => SlotProblem::Missing,
+            "invalidated" => SlotProblem::Invalidated,
+            other => match other.strip_prefix("moved:") {
+                Some(m) => SlotProblem::Moved(m.to_string()),
+                None => SlotProblem::Foreign(other.trim_start_matches("foreign:").to_string()),
+            },
+        }
+    }
+
+    /// The reason, for `tide.pipeline.slot_lost_reason` and the log.
+    pub fn reason(&self, slot: &str) -> String {
+        match self {
+            SlotProblem::Missing => format!("replication slot \"{slot}\" does not exist (dropped by hand or by tide.max_paused_wal_size, or never on this server: a restore from a base backup, a failover to a standby without it, a major upgrade)"),
+            SlotProblem::Invalidated => format!("replication slot \"{slot}\" was invalidated (wal_status lost: the WAL it needed was removed past max_slot_wal_keep_size)"),
+            SlotProblem::Foreign(what) => format!("replication slot \"{slot}\" is not pg_tide's ({what}): it was re-created by someone else"),
+            SlotProblem::Moved(how) => format!("replication slot \"{slot}\" moved while the pipeline was paused ({how}): someone consumed, advanced or re-created it, and the changes it skipped are lost to the pipeline"),
+        }
+    }
+}
+
+/// `tide.pipeline.resync`: a lost slot being recovered. Set by the worker only: `SlotLost` by
+/// [`super::slots::mark_lost`], `Resyncing` by [`super::slots::queue_resync`], cleared by
+/// [`super::slots::finish_resync`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resync {
+    /// The slot is lost; no new one has been created and queued for since.
+    SlotLost,
+    /// A new slot exists; every table is being read again.
+    Resyncing,
+}
+
+impl Resync {
+    pub fn parse(text: &str) -> Option<Resync> {
+        match text {
+            "slot lost" => Some(Resync::SlotLost),
+            "resyncing" => Some(Resync::Resyncing),
+            _ => None,
+        }
+    }
 }
 
 /// A pipeline's `tide.pipeline.target` as its kind. An unknown (or missing) kind is an error,
@@ -61,7 +129,18 @@ pub(crate) fn lock_pipeline(c: &mut SpiClient<'_>, name: &str) -> TideResult<Opt
         c,
         "SELECT p.name, p.target, p.slot_name::text, p.enabled, p.applied_lsn::text,
                 (SELECT s.confirmed_flush_lsn::text FROM pg_catalog.pg_replication_slots s WHERE s.slot_name = p.slot_name),
-                p.last_error IS NOT NULL, p.options::text, p.owner::text
+                p.last_error IS NOT NULL, p.options::text, p.owner::text,
+                (SELECT CASE WHEN s.slot_name IS NULL THEN 'missing'
+                             WHEN s.wal_status = 'lost' OR s.restart_lsn IS NULL THEN 'invalidated'
+                             WHEN s.slot_type <> 'logical' OR s.plugin IS DISTINCT FROM 'pg_tide' OR s.temporary
+                                  OR s.database IS DISTINCT FROM current_database()
+                             THEN pg_catalog.format('foreign:a %s slot with plugin %s in database %s%s', s.slot_type,
+                                         coalesce(s.plugin, 'none'), coalesce(s.database::text, 'none'),
+                                         CASE WHEN s.temporary THEN ', temporary' ELSE '' END)
+                             WHEN p.enabled AND s.confirmed_flush_lsn > p.paused_lsn
+                             THEN pg_catalog.format('moved:from %s to %s', p.paused_lsn, s.confirmed_flush_lsn) END
+                   FROM (SELECT 1) x LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = p.slot_name),
+                p.resync, p.paused_lsn IS NOT NULL
            FROM tide.pipeline p WHERE p.name = $1",
         None,
         &[name.into()],
@@ -83,6 +162,12 @@ pub(crate) fn lock_pipeline(c: &mut SpiClient<'_>, name: &str) -> TideResult<Opt
             .ok_or_else(|| corrupt("last_error", name))?,
         options: options(r.get::<String>(8)?, name)?,
         owner: r.get::<String>(9)?.ok_or_else(|| corrupt("owner", name))?,
+        slot_problem: r.get::<String>(10)?.as_deref().map(SlotProblem::parse),
+        resync: match r.get::<String>(11)? {
+            None => None,
+            Some(t) => Some(Resync::parse(&t).ok_or_else(|| corrupt("resync", name))?),
+        },
+        paused_lsn_set: r.get::<bool>(12)?.unwrap_or(false),
     }))
 }
 
@@ -177,7 +262,7 @@ fn default_remedy(e: &TideError) -> String {
 
 /// Whether a pipeline of that name exists. Called by the SQL API; runs as pg_tide.
 pub(crate) fn exists(name: &str) -> TideResult<bool> {
-    Ok(tsql::one::<bool>(
+    Ok(sql_as_tide::one::<bool>(
         "SELECT EXISTS (SELECT 1 FROM tide.pipeline WHERE name = $1)",
         &[name.into()],
     )?
@@ -187,7 +272,7 @@ pub(crate) fn exists(name: &str) -> TideResult<bool> {
 /// The pipeline's owner, `None` when there is no such pipeline. Called by the SQL API (the
 /// ownership check, a remote target's user mapping); runs as pg_tide.
 pub(crate) fn owner(name: &str) -> TideResult<Option<String>> {
-    tsql::one::<String>(
+    sql_as_tide::one::<String>(
         "SELECT owner::text FROM tide.pipeline WHERE name = $1",
         &[name.into()],
     )
@@ -196,7 +281,8 @@ pub(crate) fn owner(name: &str) -> TideResult<Option<String>> {
 /// Every pipeline with its owner: (name, owner). Called by the SQL API (`tide._owned_pipelines`,
 /// the outbox's row security); runs as pg_tide.
 pub(crate) fn owners() -> TideResult<Vec<(String, String)>> {
-    let rows = tsql::text_rows("SELECT name, owner::text FROM tide.pipeline", &[], 0, false)?;
+    let rows =
+        sql_as_tide::text_rows("SELECT name, owner::text FROM tide.pipeline", &[], 0, false)?;
     let mut out = Vec::with_capacity(rows.len());
     for r in rows {
         let mut r = r.into_iter();
@@ -209,13 +295,13 @@ pub(crate) fn owners() -> TideResult<Vec<(String, String)>> {
 
 /// The number of pipelines. Called by the SQL API; runs as pg_tide.
 pub(crate) fn count() -> TideResult<i64> {
-    Ok(tsql::one::<i64>("SELECT count(*) FROM tide.pipeline", &[])?.unwrap_or(0))
+    Ok(sql_as_tide::one::<i64>("SELECT count(*) FROM tide.pipeline", &[])?.unwrap_or(0))
 }
 
 /// The pipeline's target kind and options. A missing pipeline, like an unknown kind, is
 /// [`target_kind`]'s error. Called by the SQL API; runs as pg_tide.
 pub(crate) fn target(name: &str) -> TideResult<(TargetKind, serde_json::Value)> {
-    let (kind, opts) = tsql::two::<String, String>(
+    let (kind, opts) = sql_as_tide::two::<String, String>(
         "SELECT target, options::text FROM tide.pipeline WHERE name = $1",
         &[name.into()],
     )?;
@@ -226,7 +312,7 @@ pub(crate) fn target(name: &str) -> TideResult<(TargetKind, serde_json::Value)> 
 /// Whether the pipeline is enabled (not paused); `None` when there is no such pipeline. Called by
 /// the SQL API; runs as pg_tide.
 pub(crate) fn enabled(name: &str) -> TideResult<Option<bool>> {
-    tsql::one::<bool>(
+    sql_as_tide::one::<bool>(
         "SELECT enabled FROM tide.pipeline WHERE name = $1",
         &[name.into()],
     )
@@ -252,8 +338,8 @@ pub(crate) fn insert(
 /// CASCADE`) and its watermark row in `tide.signal` (two statements). Called by
 /// `tide.drop_pipeline` once the worker is stopped; runs as pg_tide.
 pub(crate) fn delete(name: &str) -> TideResult<()> {
-    tsql::exec("DELETE FROM tide.pipeline WHERE name = $1", &[name.into()])?;
-    tsql::exec(
+    sql_as_tide::exec("DELETE FROM tide.pipeline WHERE name = $1", &[name.into()])?;
+    sql_as_tide::exec(
         "DELETE FROM tide.signal WHERE pipeline = $1",
         &[name.into()],
     )
@@ -262,7 +348,7 @@ pub(crate) fn delete(name: &str) -> TideResult<()> {
 /// Replace a pipeline's options (already checked). Called by `tide.alter_pipeline` inside its
 /// `as_tide` block, holding the pipeline's lock.
 pub(crate) fn set_options(name: &str, options: JsonB) -> TideResult<()> {
-    tsql::exec(
+    sql_as_tide::exec(
         "UPDATE tide.pipeline SET options = $2 WHERE name = $1",
         &[name.into(), options.into()],
     )
@@ -272,7 +358,7 @@ pub(crate) fn set_options(name: &str, options: JsonB) -> TideResult<()> {
 /// API; runs as pg_tide.
 pub(crate) fn set_enabled(name: &str, enabled: bool) -> TideResult<bool> {
     // (The row lock makes a concurrent pause wait and then see the value this one wrote.)
-    Ok(tsql::exec_count(
+    Ok(sql_as_tide::exec_count(
         "UPDATE tide.pipeline SET enabled = $2 WHERE name = $1 AND enabled IS DISTINCT FROM $2",
         &[name.into(), enabled.into()],
     )? > 0)

@@ -3,7 +3,7 @@
 //! skipped each.
 
 use crate::error::TideResult;
-use crate::tsql;
+use crate::sql_as_tide;
 use pgrx::spi::SpiClient;
 use std::collections::HashSet;
 use tide_core::lsn::Lsn;
@@ -11,7 +11,7 @@ use tide_core::lsn::Lsn;
 /// Ask the pipeline's worker to skip the transaction committed at `lsn`, for role `by`; false
 /// when that was asked already. Called by the SQL API; runs as pg_tide.
 pub(crate) fn request(pipeline: &str, lsn: Lsn, by: &str) -> TideResult<bool> {
-    Ok(tsql::write_one::<bool>(
+    Ok(sql_as_tide::write_one::<bool>(
         "INSERT INTO tide.skipped_transaction (pipeline, lsn, requested_by) VALUES ($1, $2::pg_lsn, $3::text::name)
          ON CONFLICT (pipeline, lsn) DO NOTHING RETURNING true",
         &[pipeline.into(), lsn.to_string().into(), by.into()],
@@ -22,7 +22,7 @@ pub(crate) fn request(pipeline: &str, lsn: Lsn, by: &str) -> TideResult<bool> {
 /// The pipeline's applied position (`None` before the first transaction). Called by the SQL
 /// API; runs as pg_tide.
 pub(crate) fn applied(pipeline: &str) -> TideResult<Option<Lsn>> {
-    Ok(tsql::one::<String>(
+    Ok(sql_as_tide::one::<String>(
         "SELECT applied_lsn::text FROM tide.pipeline WHERE name = $1",
         &[pipeline.into()],
     )?

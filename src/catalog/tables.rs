@@ -7,7 +7,7 @@
 use super::{corrupt, relid};
 use crate::error::TideResult;
 use crate::sql;
-use crate::tsql;
+use crate::sql_as_tide;
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::spi::{Spi, SpiClient};
@@ -138,7 +138,7 @@ pub(crate) fn captured_partition_relative(
     pipeline: &str,
     relid: pg_sys::Oid,
 ) -> TideResult<Option<String>> {
-    tsql::one::<String>(
+    sql_as_tide::one::<String>(
         "SELECT t.relation FROM tide.pipeline_table t
           WHERE t.pipeline = $1 AND NOT t.removing AND t.relid <> $2
             AND (t.relid IN (SELECT relid FROM pg_partition_ancestors($2))
@@ -331,7 +331,7 @@ pub(crate) fn forget_removed(c: &mut SpiClient<'_>, pipeline: &str, relid: u32) 
 /// Whether the pipeline captures the table (a row, removing or not). Called by the SQL API; runs
 /// as pg_tide.
 pub(crate) fn captures(pipeline: &str, relid: pg_sys::Oid) -> TideResult<bool> {
-    Ok(tsql::one::<bool>(
+    Ok(sql_as_tide::one::<bool>(
         "SELECT EXISTS (SELECT 1 FROM tide.pipeline_table WHERE pipeline = $1 AND relid = $2)",
         &[pipeline.into(), relid.into()],
     )?
@@ -342,7 +342,7 @@ pub(crate) fn captures(pipeline: &str, relid: pg_sys::Oid) -> TideResult<bool> {
 /// (`schema.name` as `format('%I.%I')` or the parts `parse_ident` reads; or a bare name, matched
 /// against the name part). Called by `tide.remove_table`; runs as pg_tide.
 pub(crate) fn dropped_named(pipeline: &str, name: &str) -> TideResult<Vec<u32>> {
-    let rows = tsql::text_rows(
+    let rows = sql_as_tide::text_rows(
         "WITH n AS (SELECT pg_catalog.parse_ident($2, false) AS a)
          SELECT t.relid::int8::text FROM tide.pipeline_table t, n
           WHERE t.pipeline = $1
@@ -363,7 +363,7 @@ pub(crate) fn dropped_named(pipeline: &str, name: &str) -> TideResult<Vec<u32>> 
 
 /// The pipelines that capture the table, by name. Called by the SQL API; runs as pg_tide.
 pub(crate) fn pipelines_capturing(relid: pg_sys::Oid) -> TideResult<Vec<String>> {
-    tsql::text_rows(
+    sql_as_tide::text_rows(
         "SELECT pipeline FROM tide.pipeline_table WHERE relid = $1::oid ORDER BY pipeline",
         &[Some(&relid.to_u32().to_string())],
         0,
@@ -386,7 +386,7 @@ pub(crate) fn recorded_and_current_key(
     pipeline: &str,
     relid: pg_sys::Oid,
 ) -> TideResult<Option<(Vec<String>, Vec<String>)>> {
-    let (recorded, now) = tsql::two::<Vec<String>, Vec<String>>(
+    let (recorded, now) = sql_as_tide::two::<Vec<String>, Vec<String>>(
         concat!(
             "SELECT t.key_columns, ",
             key_of_pg_class_c!(),
@@ -401,7 +401,7 @@ pub(crate) fn recorded_and_current_key(
 /// The source table (its `relation`) whose target in this pipeline is the table `relid`, if
 /// any. Called by the SQL API; runs as pg_tide.
 pub(crate) fn source_targeting(pipeline: &str, relid: pg_sys::Oid) -> TideResult<Option<String>> {
-    tsql::one::<String>(
+    sql_as_tide::one::<String>(
         "SELECT relation FROM tide.pipeline_table
           WHERE pipeline = $1 AND target_name IS NOT NULL
             AND to_regclass(format('%I.%I', target_schema, target_name)) = $2",
@@ -412,7 +412,7 @@ pub(crate) fn source_targeting(pipeline: &str, relid: pg_sys::Oid) -> TideResult
 /// A `table` pipeline (of any owner) one of whose target tables is `relid`, if any. Called by
 /// the SQL API; runs as pg_tide.
 pub(crate) fn table_pipeline_targeting(relid: pg_sys::Oid) -> TideResult<Option<String>> {
-    tsql::one::<String>(
+    sql_as_tide::one::<String>(
         "SELECT pipeline FROM tide.pipeline_table t JOIN tide.pipeline p ON p.name = t.pipeline
           WHERE p.target = $2 AND t.target_name IS NOT NULL
             AND to_regclass(format('%I.%I', t.target_schema, t.target_name)) = $1
@@ -428,7 +428,7 @@ pub(crate) fn captured_named(
     schema: &str,
     name: &str,
 ) -> TideResult<Option<String>> {
-    tsql::one::<String>(
+    sql_as_tide::one::<String>(
         "SELECT relation FROM tide.pipeline_table
           WHERE pipeline = $1 AND NOT removing AND relid = to_regclass(format('%I.%I', $2::text, $3::text))",
         &[pipeline.into(), schema.into(), name.into()],
@@ -439,7 +439,7 @@ pub(crate) fn captured_named(
 /// ran and the worker has not reached its marker yet), captured (`Some(false)`), or absent.
 /// Called by the SQL API; runs as pg_tide.
 pub(crate) fn removing(pipeline: &str, relid: pg_sys::Oid) -> TideResult<Option<bool>> {
-    tsql::one::<bool>(
+    sql_as_tide::one::<bool>(
         "SELECT removing FROM tide.pipeline_table WHERE pipeline = $1 AND relid = $2",
         &[pipeline.into(), relid.into()],
     )
@@ -449,7 +449,7 @@ pub(crate) fn removing(pipeline: &str, relid: pg_sys::Oid) -> TideResult<Option<
 /// change against it). Called by `tide.add_table`, which holds a lock on the table so no
 /// `ALTER TABLE` can commit in between; runs as pg_tide.
 pub(crate) fn insert(t: &NewTable<'_>) -> TideResult<()> {
-    tsql::exec(
+    sql_as_tide::exec(
         "INSERT INTO tide.pipeline_table (pipeline, relid, relation, key_columns, target_schema, target_name, shape, partitions)
          VALUES ($1, $2, $3, $4, $5, $6, tide._shape($2),
                  CASE WHEN (SELECT relkind FROM pg_class WHERE oid = $2) = 'p'
@@ -462,7 +462,7 @@ pub(crate) fn insert(t: &NewTable<'_>) -> TideResult<()> {
 /// Capture again a table whose removal the worker has not reached yet: from the new add marker
 /// on, with what `t` says. Called by `tide.add_table`; runs as pg_tide.
 pub(crate) fn re_add(t: &NewTable<'_>) -> TideResult<()> {
-    tsql::exec(
+    sql_as_tide::exec(
         "UPDATE tide.pipeline_table SET removing = false, added_lsn = NULL, added_at = now(), relation = $3, key_columns = $4,
                 target_schema = $5, target_name = $6, shape = tide._shape($2),
                 partitions = CASE WHEN (SELECT relkind FROM pg_class WHERE oid = $2) = 'p'
@@ -477,7 +477,7 @@ pub(crate) fn re_add(t: &NewTable<'_>) -> TideResult<()> {
 /// returns the number of rows marked (0: not captured, or already being removed). Called by
 /// `tide.remove_table`; runs as pg_tide.
 pub(crate) fn mark_removing(pipeline: &str, relid: pg_sys::Oid) -> TideResult<u64> {
-    tsql::exec_count(
+    sql_as_tide::exec_count(
         "UPDATE tide.pipeline_table SET removing = true WHERE pipeline = $1 AND relid = $2 AND NOT removing",
         &[pipeline.into(), relid.into()],
     )
@@ -508,11 +508,11 @@ pub(crate) fn target_table(pipeline: &str, relid: pg_sys::Oid) -> TideResult<Opt
 /// the table stays empty), so no other role can forge one. Called by the SQL API (add and remove
 /// a table); runs as pg_tide.
 pub(crate) fn write_marker(op: MarkerOp, pipeline: &str, relid: pg_sys::Oid) -> TideResult<()> {
-    let id = tsql::write_one::<i64>(
+    let id = sql_as_tide::write_one::<i64>(
         "INSERT INTO tide.marker (pipeline, op, relid) VALUES ($1, $2, $3) RETURNING id",
         &[pipeline.into(), op.as_str().into(), relid.into()],
     )?;
-    tsql::exec("DELETE FROM tide.marker WHERE id = $1", &[id.into()])
+    sql_as_tide::exec("DELETE FROM tide.marker WHERE id = $1", &[id.into()])
 }
 
 /// How a query reads the rows of source table `relid` (named `qualified`): `ONLY` the table

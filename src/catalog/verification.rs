@@ -3,7 +3,7 @@
 //! only.
 
 use crate::error::{TideError, TideResult};
-use crate::tsql;
+use crate::sql_as_tide;
 use pgrx::pg_sys;
 
 /// Row counts of a range or of a whole run.
@@ -31,7 +31,7 @@ pub struct Range {
 
 /// Start a run (its start time is now); returns its id. Called by the SQL API; runs as pg_tide.
 pub(crate) fn start(pipeline: &str, relid: pg_sys::Oid, relation: &str) -> TideResult<i64> {
-    tsql::write_one::<i64>(
+    sql_as_tide::write_one::<i64>(
         "INSERT INTO tide.verification (pipeline, relid, relation) VALUES ($1, $2, $3) RETURNING id",
         &[pipeline.into(), relid.into(), relation.into()],
     )?
@@ -40,7 +40,7 @@ pub(crate) fn start(pipeline: &str, relid: pg_sys::Oid, relation: &str) -> TideR
 
 /// Record a range of run `id` that differed. Called by the SQL API; runs as pg_tide.
 pub(crate) fn record_range(id: i64, r: &Range) -> TideResult<()> {
-    tsql::exec(
+    sql_as_tide::exec(
         "INSERT INTO tide.verification_range (verification_id, range, key_from, key_to, source_rows, target_rows, missing, extra, changed, kinds, extra_keys)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb)",
         &[
@@ -66,7 +66,7 @@ pub(crate) fn finish(
     ranges_differing: i32,
     totals: &Counts,
 ) -> TideResult<()> {
-    tsql::exec(
+    sql_as_tide::exec(
         "UPDATE tide.verification SET finished_at = clock_timestamp(), ranges_checked = $2, ranges_differing = $3, source_rows = $4,
                 target_rows = $5, missing = $6, extra = $7, changed = $8 WHERE id = $1",
         &[
@@ -85,7 +85,7 @@ pub(crate) fn finish(
 /// Forget all but the last 100 runs of a table for a pipeline. Called by the SQL API; runs as
 /// pg_tide.
 pub(crate) fn keep_last_runs(pipeline: &str, relid: pg_sys::Oid) -> TideResult<()> {
-    tsql::exec(
+    sql_as_tide::exec(
         "DELETE FROM tide.verification WHERE pipeline = $1 AND relid = $2 AND id NOT IN
            (SELECT id FROM tide.verification WHERE pipeline = $1 AND relid = $2 ORDER BY id DESC LIMIT 100)",
         &[pipeline.into(), relid.into()],
@@ -95,7 +95,7 @@ pub(crate) fn keep_last_runs(pipeline: &str, relid: pg_sys::Oid) -> TideResult<(
 /// Record the backfill that repairs what run `id` found. Called by the SQL API (`tide.repair`);
 /// runs as pg_tide.
 pub(crate) fn set_repair_backfill(id: i64, backfill_id: i64) -> TideResult<()> {
-    tsql::exec(
+    sql_as_tide::exec(
         "UPDATE tide.verification SET repair_backfill_id = $2 WHERE id = $1",
         &[id.into(), backfill_id.into()],
     )

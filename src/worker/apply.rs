@@ -52,6 +52,8 @@ use tide_core::{json, texts};
 pub struct Outcome {
     pub gone: bool,
     pub paused: bool,
+    /// The pipeline's slot is lost: recover before anything else (see `catalog::slots`).
+    pub slot_lost: Option<crate::catalog::slots::SlotLost>,
     pub events: u64,
     pub txns: u64,
     pub last_commit_time: Option<i64>,

@@ -260,14 +260,19 @@ pub(super) fn read_chunk(
     }
     let (rows, values) = read_rows(&q, &meta, form, owner)?;
     let is_last = (rows.len() as i64) < job.b.chunk_size;
-    let deletes = match &job.b.repair_deletes {
-        Some(list) => {
+    let candidates = match (&job.b.repair_deletes, &job.b.sweep) {
+        (Some(list), _) => Some(Candidates::Listed(list)),
+        (None, Some(target)) => Some(Candidates::Target(target)),
+        (None, None) => None,
+    };
+    let deletes = match candidates {
+        Some(candidates) => {
             let to = if is_last {
                 None
             } else {
                 rows.last().map(|r: &ChunkRow| r.key_values.clone())
             };
-            repair_deletes(job, &meta, &q, list, to.as_deref(), owner)?
+            repair_deletes(job, &meta, &q, candidates, to.as_deref(), owner)?
         }
         None => Vec::new(),
     };
@@ -481,23 +486,44 @@ impl Renderer {
     }
 }
 
-/// A repair: keys of `list` to delete that lie in this chunk's key range (after the previous
-/// chunk's last key, up to `to`) and, in this same snapshot, no longer exist at the source.
-/// They are emitted as deletes at the high watermark unless the stream touches them in the
-/// window (then the stream carries the truth, as for rows).
+/// The keys a chunk may delete (see [`repair_deletes`]).
+enum Candidates<'a> {
+    /// A repair's: a JSON array of key value arrays.
+    Listed(&'a str),
+    /// A resync's sweep at a local table target: every key that table (quoted, qualified)
+    /// holds. Read in the chunk's snapshot too: the target is written only by this pipeline, so a
+    /// stale row (its delete was in the WAL of a lost slot) is there in every snapshot until it
+    /// is deleted, and a key the target got after the snapshot is not read.
+    Target(&'a str),
+}
+
+/// A repair or a resync: keys of `candidates` to delete that lie in this chunk's key range
+/// (after the previous chunk's last key, up to `to`) and, in this same snapshot, no longer exist
+/// at the source. They are emitted as deletes at the high watermark unless the stream touches
+/// them in the window (then the stream carries the truth, as for rows).
 fn repair_deletes(
     job: &Job,
     meta: &TableMeta,
     q: &ChunkQuery,
-    list: &str,
+    candidates: Candidates<'_>,
     to: Option<&[String]>,
     owner: pg_sys::Oid,
 ) -> TideResult<Vec<(String, KeyValues)>> {
     let keys = &job.b.key_columns;
+    let (from, list) = match candidates {
+        Candidates::Listed(list) => (
+            "jsonb_array_elements($1::text::jsonb) AS k(v)".to_string(),
+            Some(list),
+        ),
+        Candidates::Target(target) => (format!("{target} AS k"), None),
+    };
     let elems: Vec<String> = keys
         .iter()
         .enumerate()
-        .map(|(i, _)| format!("(k.v->>{i})::{}", q.key_types[i]))
+        .map(|(i, k)| match list {
+            Some(_) => format!("(k.v->>{i})::{}", q.key_types[i]),
+            None => format!("(k.{})::{}", quote(k), q.key_types[i]),
+        })
         .collect();
     let mut clauses = vec![format!(
         "NOT EXISTS (SELECT 1 FROM {} s WHERE ({}) = ({}))",
@@ -508,8 +534,8 @@ fn repair_deletes(
             .join(", "),
         elems.join(", ")
     )];
-    let mut dargs: Vec<Option<&str>> = vec![Some(list)];
-    let mut n = 2;
+    let mut dargs: Vec<Option<&str>> = list.into_iter().map(Some).collect();
+    let mut n = dargs.len() + 1;
     for (bound, op) in [(job.b.last_key.as_deref(), ">"), (to, "<=")] {
         if let Some(vals) = bound {
             let ps: Vec<String> = q
@@ -525,15 +551,19 @@ fn repair_deletes(
             dargs.extend(vals.iter().map(|s| Some(s.as_str())));
         }
     }
-    let sql = format!(
-        "SELECT {} FROM jsonb_array_elements($1::text::jsonb) AS k(v) WHERE {}",
-        (0..keys.len())
+    let selected = match list {
+        Some(_) => (0..keys.len())
             .map(|i| format!("k.v->>{i}"))
-            .collect::<Vec<_>>()
-            .join(", "),
+            .collect::<Vec<_>>(),
+        None => elems.clone(),
+    };
+    let sql = format!(
+        "SELECT {} FROM {from} WHERE {}",
+        selected.join(", "),
         clauses.join(" AND ")
     );
-    // As the backfill's owner, like the chunk: it reads the source (and casts to its key types).
+    // As the backfill's owner, like the chunk: it reads the source (and casts to its key
+    // types), and a sweep the target's keys (which its writes need anyway).
     let found = crate::security::as_owner(owner, || sql::text_rows(&sql, &dargs, 0, false))?;
     let mut deletes = Vec::with_capacity(found.len());
     for r in found {

@@ -37,7 +37,7 @@
 //! iteration at that transaction, and the decoder is reopened with the new table list (the same
 //! happens whenever the list changes).
 
-use crate::catalog::{self, pipelines::PipelineRow};
+use crate::catalog::{self, pipelines::PipelineRow, pipelines::Resync};
 use crate::error::{TideError, TideResult};
 use crate::gucs;
 use crate::shmem::{self, WorkerState};
@@ -95,18 +95,7 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
     }
     // The worker runs the same statements over and over: keep their plans (see crate::sql).
     crate::sql::cache_plans();
-    let mut bf = Backfiller::default();
-    let mut last_snapshot_log = Instant::now();
-    let mut sink: Option<Box<dyn Target>> = None;
-    let mut dec: Option<Decoder> = None;
-    let mut rels: HashMap<u32, RelDesc> = HashMap::new();
-    let mut phase = Phase::Iterate;
-    let mut failures: u32 = 0;
-    // After a failed iteration: one source transaction per iteration (see
-    // `name_failed_transaction`) until the stream has passed the last transaction the failed
-    // iteration began.
-    let mut one_at_a_time_until: Option<Lsn> = None;
-    let mut last_iteration = Instant::now();
+    let mut w = Worker::new(name, slot_idx, pid);
     loop {
         pg_sys::check_for_interrupts!();
         let sighup = BackgroundWorker::sighup_received();
@@ -117,12 +106,12 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
         // then (synchronous commit), so a drained reader has applied it (caught_up_at).
         let loop_at = now_us();
         let flush = unsafe { pg_sys::GetFlushRecPtr(std::ptr::null_mut()) };
-        let position = dec.as_ref().map(|d| d.position());
+        let position = w.dec.as_ref().map(|d| d.position());
         let facts = Facts {
             sighup,
-            since_iteration: last_iteration.elapsed(),
-            chunk_waiting: bf.has_pending(),
-            chunk_in_flight: bf.in_flight(),
+            since_iteration: w.last_iteration.elapsed(),
+            chunk_waiting: w.bf.has_pending(),
+            chunk_in_flight: w.bf.in_flight(),
             decoder_open: position.is_some(),
             wal_ahead: position.is_none_or(|p| flush > p.0),
         };
@@ -130,128 +119,261 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
             poll: Duration::from_millis(gucs::POLL_INTERVAL_MS.get().max(1) as u64),
             max_retry_delay: Duration::from_secs(gucs::MAX_RETRY_DELAY_S.get().max(0) as u64),
         };
-        match decide(phase, facts, settings) {
+        match decide(w.phase, facts, settings) {
             Action::Exit => break,
             Action::ReadChunk => {
-                if let Err(e) = bf.step(&name, &mut sink) {
-                    log_backfill_error(&name, &e);
+                if let Err(e) = w.bf.step(&w.name, &mut w.sink) {
+                    log_backfill_error(&w.name, &e);
                 }
-                phase = phase.after_read_chunk();
+                w.phase = w.phase.after_read_chunk();
             }
             Action::Sleep {
                 wait,
                 wake_on_commit,
             } => {
-                if let (Phase::Quiet { .. }, Some(p)) = (phase, position) {
-                    // Nothing new was written anywhere since the last read, which handed out
-                    // every transaction committed before `p`.
-                    shmem::update(slot_idx, |w| {
-                        w.caught_up_lsn = w.caught_up_lsn.max(p.0);
-                        w.caught_up_at = w.caught_up_at.max(loop_at);
-                        w.last_poll = now_us();
-                    });
-                }
-                // A commit elsewhere wakes a quiet worker (shmem::wake_sleepers); the poll is
-                // the fallback. A back-off is not cut short.
-                if wake_on_commit {
-                    shmem::sleeping(slot_idx, pid);
-                }
-                let deadline = Instant::now() + wait;
-                let mut alive = BackgroundWorker::wait_latch(Some(wait));
-                // A back-off lasts its whole time: the latch set meanwhile (the reader's queue,
-                // a reload) does not end it early.
-                while alive && matches!(phase, Phase::Failing { .. }) {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        break;
-                    }
-                    pg_sys::check_for_interrupts!();
-                    alive = BackgroundWorker::wait_latch(Some(left));
-                }
-                shmem::awake(slot_idx);
-                if !alive {
+                if !w.sleep(wait, wake_on_commit, position, loop_at) {
                     break;
                 }
-                phase = phase.after_sleep(wake_on_commit);
             }
-            Action::Iterate => {
-                last_iteration = Instant::now();
-                // Before the iteration reads the flush position it drains up to (o.start_flush).
-                let started_at = now_us();
-                let chunk_was_waiting = bf.has_pending();
-                crate::worker::apply::clear_last_begun();
-                let one_at_a_time = one_at_a_time_until.is_some();
-                let result = tx::run(|| {
-                    iterate(
-                        &name,
-                        &mut bf,
-                        &mut sink,
-                        &mut dec,
-                        &mut rels,
-                        one_at_a_time,
-                    )
-                });
-                // Held only inside an iteration (see worker::origin).
-                super::origin::release();
-                let it = match result {
-                    Ok(o) if o.gone => {
-                        log!("pg_tide worker: pipeline \"{name}\" was dropped; exiting");
-                        Iteration::Gone
-                    }
-                    Ok(o) if o.paused => {
-                        // A paused pipeline does not hold its slot.
-                        if dec.is_some() {
-                            close_decoder(&name, &mut dec, &mut rels);
-                        }
-                        shmem::update(slot_idx, |w| {
-                            w.state = WorkerState::Paused;
-                            w.drained = true;
-                            w.last_poll = now_us();
-                        });
-                        Iteration::Paused
-                    }
-                    Ok(o) => {
-                        if one_at_a_time_until.is_some_and(|u| o.advance.is_some_and(|a| a > u)) {
-                            one_at_a_time_until = None;
-                        }
-                        bf.prune();
-                        after_success(
-                            &name,
-                            slot_idx,
-                            started_at,
-                            &o,
-                            &mut dec,
-                            &mut rels,
-                            &mut last_snapshot_log,
-                        );
-                        Iteration::Done { drained: o.drained }
-                    }
-                    Err(e) => {
-                        // The chunk in memory may have seen part of a stream that will be
-                        // replayed, and the decoder has read past what the target has.
-                        bf.failed(settings.max_retry_delay);
-                        crate::sql::forget_plans();
-                        if let Some(s) = sink.as_mut() {
-                            s.reset();
-                        }
-                        close_decoder(&name, &mut dec, &mut rels);
-                        let e = name_failed_transaction(&name, e, one_at_a_time);
-                        // One source transaction per iteration until the stream has passed
-                        // where this one failed: a failure is then that transaction's, named.
-                        if let Some(l) = crate::worker::apply::last_begun() {
-                            one_at_a_time_until = Some(one_at_a_time_until.map_or(l, |u| u.max(l)));
-                        }
-                        after_failure(&name, slot_idx, &e, failures + 1, settings);
-                        Iteration::Failed
-                    }
-                };
-                phase = Phase::after_iteration(it, chunk_was_waiting, bf.has_pending(), failures);
-                failures = phase.failures();
-            }
+            Action::Iterate => w.iterate(settings),
         }
     }
-    close_decoder(&name, &mut dec, &mut rels);
-    shmem::release(slot_idx, pid);
+    close_decoder(&w.name, &mut w.dec, &mut w.rels);
+    shmem::release(w.slot_idx, w.pid);
+}
+
+/// A pipeline worker's state across iterations (its main loop's; only the main thread).
+struct Worker {
+    name: String,
+    slot_idx: usize,
+    pid: i32,
+    bf: Backfiller,
+    sink: Option<Box<dyn Target>>,
+    dec: Option<Decoder>,
+    rels: HashMap<u32, RelDesc>,
+    phase: Phase,
+    failures: u32,
+    /// After a failed iteration: one source transaction per iteration (see
+    /// `name_failed_transaction`) until the stream has passed the last transaction the failed
+    /// iteration began.
+    one_at_a_time_until: Option<Lsn>,
+    last_iteration: Instant,
+    last_snapshot_log: Instant,
+}
+
+impl Worker {
+    fn new(name: String, slot_idx: usize, pid: i32) -> Worker {
+        Worker {
+            name,
+            slot_idx,
+            pid,
+            bf: Backfiller::default(),
+            sink: None,
+            dec: None,
+            rels: HashMap::new(),
+            phase: Phase::Iterate,
+            failures: 0,
+            one_at_a_time_until: None,
+            last_iteration: Instant::now(),
+            last_snapshot_log: Instant::now(),
+        }
+    }
+
+    /// Wait `wait` (a commit elsewhere ends it early when `wake_on_commit`; a back-off lasts its
+    /// whole time). `position`: the decoder's, read with `loop_at`, recorded as caught up when
+    /// the worker is quiet. `false`: the worker is to exit.
+    fn sleep(
+        &mut self,
+        wait: Duration,
+        wake_on_commit: bool,
+        position: Option<Lsn>,
+        loop_at: i64,
+    ) -> bool {
+        if let (Phase::Quiet { .. }, Some(p)) = (self.phase, position) {
+            // Nothing new was written anywhere since the last read, which handed out every
+            // transaction committed before `p`.
+            shmem::update(self.slot_idx, |w| {
+                w.caught_up_lsn = w.caught_up_lsn.max(p.0);
+                w.caught_up_at = w.caught_up_at.max(loop_at);
+                w.last_poll = now_us();
+            });
+        }
+        // A commit elsewhere wakes a quiet worker (shmem::wake_sleepers); the poll is the
+        // fallback. A back-off is not cut short.
+        if wake_on_commit {
+            shmem::sleeping(self.slot_idx, self.pid);
+        }
+        let deadline = Instant::now() + wait;
+        let mut alive = BackgroundWorker::wait_latch(Some(wait));
+        // A back-off lasts its whole time: the latch set meanwhile (the reader's queue, a
+        // reload) does not end it early.
+        while alive && matches!(self.phase, Phase::Failing { .. }) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            pg_sys::check_for_interrupts!();
+            alive = BackgroundWorker::wait_latch(Some(left));
+        }
+        shmem::awake(self.slot_idx);
+        if alive {
+            self.phase = self.phase.after_sleep(wake_on_commit);
+        }
+        alive
+    }
+
+    /// One iteration (see [`iterate`]) and what follows from its outcome.
+    fn iterate(&mut self, settings: Settings) {
+        self.last_iteration = Instant::now();
+        // Before the iteration reads the flush position it drains up to (o.start_flush).
+        let started_at = now_us();
+        let chunk_was_waiting = self.bf.has_pending();
+        crate::worker::apply::clear_last_begun();
+        let one_at_a_time = self.one_at_a_time_until.is_some();
+        let result = tx::run(|| {
+            iterate(
+                &self.name,
+                &mut self.bf,
+                &mut self.sink,
+                &mut self.dec,
+                &mut self.rels,
+                one_at_a_time,
+            )
+        });
+        // Held only inside an iteration (see worker::origin).
+        super::origin::release();
+        let it = match result {
+            Ok(o) if o.gone => {
+                log!(
+                    "pg_tide worker: pipeline \"{}\" was dropped; exiting",
+                    self.name
+                );
+                Iteration::Gone
+            }
+            Ok(Outcome {
+                slot_lost: Some(lost),
+                ..
+            }) => {
+                // Nothing of the old slot may be used again: the decoder, a chunk in memory (its
+                // backfill is cancelled), the target's state.
+                close_decoder(&self.name, &mut self.dec, &mut self.rels);
+                self.bf.forget();
+                self.sink = None;
+                crate::sql::forget_plans();
+                after_slot_lost(&self.name, lost, self.slot_idx, self.failures + 1, settings)
+            }
+            Ok(o) if o.paused => {
+                // A paused pipeline does not hold its slot.
+                if self.dec.is_some() {
+                    close_decoder(&self.name, &mut self.dec, &mut self.rels);
+                }
+                shmem::update(self.slot_idx, |w| {
+                    w.state = WorkerState::Paused;
+                    w.drained = true;
+                    w.last_poll = now_us();
+                });
+                Iteration::Paused
+            }
+            Ok(o) => {
+                if self
+                    .one_at_a_time_until
+                    .is_some_and(|u| o.advance.is_some_and(|a| a > u))
+                {
+                    self.one_at_a_time_until = None;
+                }
+                self.bf.prune();
+                after_success(
+                    &self.name,
+                    self.slot_idx,
+                    started_at,
+                    &o,
+                    &mut self.dec,
+                    &mut self.rels,
+                    &mut self.last_snapshot_log,
+                );
+                Iteration::Done { drained: o.drained }
+            }
+            Err(e) => {
+                // The chunk in memory may have seen part of a stream that will be replayed, and
+                // the decoder has read past what the target has.
+                self.bf.failed(settings.max_retry_delay);
+                crate::sql::forget_plans();
+                if let Some(s) = self.sink.as_mut() {
+                    s.reset();
+                }
+                close_decoder(&self.name, &mut self.dec, &mut self.rels);
+                let e = name_failed_transaction(&self.name, e, one_at_a_time);
+                // One source transaction per iteration until the stream has passed where this
+                // one failed: a failure is then that transaction's, named.
+                if let Some(l) = crate::worker::apply::last_begun() {
+                    self.one_at_a_time_until =
+                        Some(self.one_at_a_time_until.map_or(l, |u| u.max(l)));
+                }
+                after_failure(&self.name, self.slot_idx, &e, self.failures + 1, settings);
+                Iteration::Failed
+            }
+        };
+        self.phase =
+            Phase::after_iteration(it, chunk_was_waiting, self.bf.has_pending(), self.failures);
+        self.failures = self.phase.failures();
+    }
+}
+
+/// After an iteration found the slot lost: recover ([`recover`]), and log what it did or record
+/// why it could not (the `failures`-th failure in a row).
+fn after_slot_lost(
+    name: &str,
+    lost: catalog::slots::SlotLost,
+    slot_idx: usize,
+    failures: u32,
+    settings: Settings,
+) -> Iteration {
+    match recover(name, lost) {
+        Ok(notes) => {
+            for note in notes {
+                log!("pg_tide worker \"{name}\": {note}");
+            }
+            Iteration::Done { drained: false }
+        }
+        Err(e) => {
+            after_failure(name, slot_idx, &e, failures, settings);
+            Iteration::Failed
+        }
+    }
+}
+
+/// Recover a lost slot (see `catalog::slots`, steps 1 to 4), each step in a transaction of its
+/// own: record the loss; under `tide.on_slot_lost = 'error'` stop there with the error; else
+/// create a new slot, then queue the resync. Returns lines for the server log. A crash at any
+/// point leaves `resync = 'slot lost'`, and the next iteration starts here again.
+fn recover(name: &str, lost: catalog::slots::SlotLost) -> TideResult<Vec<String>> {
+    tx::run(|| catalog::slots::mark_lost(name, &lost.reason))?;
+    if gucs::ON_SLOT_LOST.get() == gucs::OnSlotLost::Error {
+        return Err(lost.error);
+    }
+    let mut notes = vec![format!(
+        "{}; creating a new slot and reading every table again (tide.on_slot_lost = 'resync')",
+        lost.reason
+    )];
+    let mut created = tx::run(|| catalog::slots::create_new_slot(name));
+    if let Ok(catalog::slots::NewSlot::Dropped) = created {
+        created = tx::run(|| catalog::slots::create_new_slot(name));
+    }
+    let lsn = match created {
+        Ok(catalog::slots::NewSlot::Created(lsn)) => lsn,
+        // Gone, or recovered meanwhile; or dropped again (someone re-created it): next time.
+        Ok(_) => return Ok(notes),
+        Err(e) => {
+            // A creation that failed half-way leaves the new (ephemeral) slot held by this
+            // process: releasing it drops it.
+            if let Err(e2) = decoder::release_after_error(None) {
+                log!("pg_tide worker \"{name}\": could not release a slot whose creation failed: {e2}");
+            }
+            return Err(e);
+        }
+    };
+    notes.extend(tx::run(|| catalog::slots::queue_resync(name, &lsn))?);
+    Ok(notes)
 }
 
 /// Bookkeeping after a successful iteration: its log lines, a standby snapshot while busy, the
@@ -429,15 +551,37 @@ fn iterate(
             if let Some(e) = catalog::slots::bound_paused_wal(c, &p)? {
                 return Err(e);
             }
+            // A paused pipeline's lost slot shows in tide.pipelines at once; it is recovered
+            // when the pipeline is resumed.
+            if let (Some(problem), None) = (&p.slot_problem, p.resync) {
+                catalog::slots::mark_lost_in(c, name, &problem.reason(&p.slot_name))?;
+            }
+            catalog::slots::note_paused(c, &p)?;
             return Ok(Outcome {
                 paused: true,
                 ..Default::default()
             });
         }
-        if p.confirmed_lsn.is_none() {
-            let remedy = catalog::slots::recreate_remedy(c, &p)?;
-            return Err(TideError::undefined(format!("replication slot \"{}\" of pipeline \"{name}\" does not exist", p.slot_name))
-                .hint(format!("The slot was dropped (by tide.max_paused_wal_size while the pipeline was paused, or by hand). {remedy}")));
+        // A lost slot (or a recovery that did not finish): recovered before anything else,
+        // outside this transaction (see catalog::slots).
+        if p.slot_problem.is_some() || p.resync == Some(Resync::SlotLost) {
+            let reason = match &p.slot_problem {
+                Some(problem) => problem.reason(&p.slot_name),
+                None => format!(
+                    "the recovery of replication slot \"{}\" did not finish",
+                    p.slot_name
+                ),
+            };
+            let error = catalog::slots::lost_error(c, &p, &reason)?;
+            return Ok(Outcome {
+                slot_lost: Some(catalog::slots::SlotLost { reason, error }),
+                ..Default::default()
+            });
+        }
+        catalog::slots::note_paused(c, &p)?;
+        let mut notes = Vec::new();
+        if p.resync == Some(Resync::Resyncing) {
+            notes.extend(catalog::slots::finish_resync(c, &p)?);
         }
         catalog::slots::allow_output_plugin()?;
         // Mark this iteration's transaction (its target writes above all) as pg_tide's.
@@ -454,7 +598,10 @@ fn iterate(
         let Some(sink) = sink.as_mut() else {
             return Err(TideError::internal("no sink"));
         };
-        stream(c, &p, bf, &mut **sink, dec, rels, one_at_a_time)
+        let mut out = stream(c, &p, bf, &mut **sink, dec, rels, one_at_a_time)?;
+        notes.append(&mut out.notes);
+        out.notes = notes;
+        Ok(out)
     })
 }
 
@@ -475,60 +622,9 @@ fn stream(
     // A remote target keeps its own applied position (written in its own transactions).
     let target_applied = sink.begin(c, p)?;
     let (signal_relid, marker_relid) = catalog::signal_and_marker_relids()?;
-    let sets = TableSets {
-        capturing: tables
-            .iter()
-            .filter(|t| t.capturing)
-            .map(|t| t.relid)
-            .collect(),
-        pending: tables
-            .iter()
-            .filter(|t| !t.capturing)
-            .map(|t| t.relid)
-            .collect(),
-        removing: tables
-            .iter()
-            .filter(|t| t.removing)
-            .map(|t| t.relid)
-            .collect(),
-    };
-    let filter: String = tables
-        .iter()
-        .map(|t| t.relid)
-        .chain([signal_relid, marker_relid])
-        .map(|r| r.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
-    let applied = match &p.applied_lsn {
-        Some(s) => s
-            .parse::<Lsn>()
-            .map_err(|_| TideError::internal(format!("bad applied_lsn {s}")))?,
-        None => Lsn(0),
-    };
-    let applied = applied.max(target_applied.unwrap_or(Lsn(0)));
-    let confirmed = p
-        .confirmed_lsn
-        .as_deref()
-        .and_then(|s| s.parse::<Lsn>().ok())
-        .unwrap_or(Lsn(0));
-
-    // The decoder follows the catalog's table list; a changed list means a new decoding session
-    // from the confirmed position (the plugin's filter is fixed when it starts).
-    if dec
-        .as_ref()
-        .is_some_and(|d| d.filter != filter || d.slot != p.slot_name)
-    {
-        if let Some(d) = dec.take() {
-            d.close();
-        }
-    }
-    if dec.is_none() {
-        rels.clear();
-        *dec = Some(Decoder::open(&p.slot_name, &filter)?);
-    }
-    let Some(decoder) = dec.as_mut() else {
-        return Err(TideError::internal("no decoder"));
-    };
+    let (sets, filter) = table_sets(&tables, signal_relid, marker_relid);
+    let (applied, confirmed) = positions(p, target_applied)?;
+    let decoder = open_decoder(dec, rels, p, &filter)?;
     // One message: the decoder stops at the record boundary after it, which is the end of one
     // source transaction (a transaction's messages are handed out whole at its commit).
     let batch_events = if one_at_a_time {
@@ -568,18 +664,7 @@ fn stream(
             ..Default::default()
         },
     };
-    let mut messages = decoder.messages();
-    while let Some(data) = messages.next_message()? {
-        let msg = wire::decode(data).map_err(|e| {
-            TideError::internal(format!("cannot decode a message of the pg_tide output plugin: {e}"))
-                .hint("The server's pg_tide library and the worker disagree on the wire format; restart the server after upgrading pg_tide.")
-        })?;
-        if !ap.dispatch(msg)? {
-            break;
-        }
-    }
-    // Empties the buffer (what follows a barrier is read again after the reopen).
-    drop(messages);
+    apply_messages(decoder, &mut ap)?;
     let Applier {
         c,
         sink,
@@ -606,32 +691,18 @@ fn stream(
         last_applied.map(|(end, _)| end),
         crate::sink::CommitPoint::End,
     )?;
-    for relid in &removals {
-        catalog::tables::forget_removed(c, &p.name, *relid)?;
-    }
-    for (lsn, xid) in &skipped {
-        catalog::skips::mark_skipped(c, &p.name, *lsn, *xid)?;
-        out.notes.push(format!(
-            "skipped the transaction committed at {lsn} (xid {xid}), as tide.skip_transaction asked"
-        ));
-    }
-    for (relid, lsn) in &marks {
-        catalog::tables::mark_capturing(c, &p.name, *relid, &lsn.to_string())?;
-    }
-    for (relid, lsn) in &rewrites {
-        out.notes.push(catalog::backfills::reread_after_rewrite(
-            c,
-            &p.name,
-            *relid,
-            &lsn.to_string(),
-        )?);
-    }
-    if let Some((end, time)) = last_applied {
-        catalog::pipelines::record_applied(c, &p.name, &end.to_string(), Some(time))?;
-        out.last_commit_time = Some(time);
-    } else if p.has_error {
-        catalog::pipelines::clear_error(c, &p.name)?;
-    }
+    record_batch(
+        c,
+        p,
+        &Done {
+            removals,
+            skipped,
+            marks,
+            rewrites,
+            last_applied,
+        },
+        &mut out,
+    )?;
     out.drained = !stopped && read.reached_end;
     out.reopen = stopped;
     out.start_flush = read.end_of_wal;
@@ -644,4 +715,143 @@ fn stream(
         out.advance = Some(high);
     }
     Ok(out)
+}
+
+/// What a batch did that the catalog records after the target committed it.
+struct Done {
+    removals: Vec<u32>,
+    skipped: Vec<(Lsn, u32)>,
+    marks: Vec<(u32, Lsn)>,
+    rewrites: Vec<(u32, Lsn)>,
+    last_applied: Option<(Lsn, i64)>,
+}
+
+/// Record a batch in the catalog, in the iteration's transaction: tables removed, transactions
+/// skipped, tables now captured, rewritten tables' re-reads, the applied position (or the
+/// cleared error of a pipeline that failed before).
+fn record_batch(
+    c: &mut SpiClient<'_>,
+    p: &PipelineRow,
+    d: &Done,
+    out: &mut Outcome,
+) -> TideResult<()> {
+    for relid in &d.removals {
+        catalog::tables::forget_removed(c, &p.name, *relid)?;
+    }
+    for (lsn, xid) in &d.skipped {
+        catalog::skips::mark_skipped(c, &p.name, *lsn, *xid)?;
+        out.notes.push(format!(
+            "skipped the transaction committed at {lsn} (xid {xid}), as tide.skip_transaction asked"
+        ));
+    }
+    for (relid, lsn) in &d.marks {
+        catalog::tables::mark_capturing(c, &p.name, *relid, &lsn.to_string())?;
+    }
+    for (relid, lsn) in &d.rewrites {
+        out.notes.push(catalog::backfills::reread_after_rewrite(
+            c,
+            &p.name,
+            *relid,
+            &lsn.to_string(),
+        )?);
+    }
+    if let Some((end, time)) = d.last_applied {
+        catalog::pipelines::record_applied(c, &p.name, &end.to_string(), Some(time))?;
+        out.last_commit_time = Some(time);
+    } else if p.has_error {
+        catalog::pipelines::clear_error(c, &p.name)?;
+    }
+    Ok(())
+}
+
+/// The pipeline's tables as the applier sorts them, and the decoder's filter: their OIDs and
+/// those of pg_tide's signal and marker tables.
+fn table_sets(
+    tables: &[catalog::tables::TableRow],
+    signal_relid: u32,
+    marker_relid: u32,
+) -> (TableSets, String) {
+    let sets = TableSets {
+        capturing: tables
+            .iter()
+            .filter(|t| t.capturing)
+            .map(|t| t.relid)
+            .collect(),
+        pending: tables
+            .iter()
+            .filter(|t| !t.capturing)
+            .map(|t| t.relid)
+            .collect(),
+        removing: tables
+            .iter()
+            .filter(|t| t.removing)
+            .map(|t| t.relid)
+            .collect(),
+    };
+    let filter: String = tables
+        .iter()
+        .map(|t| t.relid)
+        .chain([signal_relid, marker_relid])
+        .map(|r| r.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    (sets, filter)
+}
+
+/// The decoder, open on the pipeline's slot with `filter`: the decoder follows the catalog's
+/// table list, so a changed list means a new decoding session from the confirmed position (the
+/// plugin's filter is fixed when it starts).
+fn open_decoder<'d>(
+    dec: &'d mut Option<Decoder>,
+    rels: &mut HashMap<u32, RelDesc>,
+    p: &PipelineRow,
+    filter: &str,
+) -> TideResult<&'d mut Decoder> {
+    if dec
+        .as_ref()
+        .is_some_and(|d| d.filter != filter || d.slot != p.slot_name)
+    {
+        if let Some(d) = dec.take() {
+            d.close();
+        }
+    }
+    if dec.is_none() {
+        rels.clear();
+        *dec = Some(Decoder::open(&p.slot_name, filter)?);
+    }
+    dec.as_mut()
+        .ok_or_else(|| TideError::internal("no decoder"))
+}
+
+/// Where the pipeline has applied up to (its row's position, or the target's own when that is
+/// later: a remote target commits on its own), and where its slot is confirmed.
+fn positions(p: &PipelineRow, target_applied: Option<Lsn>) -> TideResult<(Lsn, Lsn)> {
+    let applied = match &p.applied_lsn {
+        Some(s) => s
+            .parse::<Lsn>()
+            .map_err(|_| TideError::internal(format!("bad applied_lsn {s}")))?,
+        None => Lsn(0),
+    };
+    let confirmed = p
+        .confirmed_lsn
+        .as_deref()
+        .and_then(|s| s.parse::<Lsn>().ok())
+        .unwrap_or(Lsn(0));
+    Ok((applied.max(target_applied.unwrap_or(Lsn(0))), confirmed))
+}
+
+/// Hand every decoded message of this read to the applier, in order, until the end or a
+/// barrier (what follows a barrier is read again after the reopen: the buffer is emptied).
+fn apply_messages(decoder: &mut Decoder, ap: &mut Applier<'_, '_>) -> TideResult<()> {
+    let mut messages = decoder.messages();
+    while let Some(data) = messages.next_message()? {
+        let msg = wire::decode(data).map_err(|e| {
+            TideError::internal(format!("cannot decode a message of the pg_tide output plugin: {e}"))
+                .hint("The server's pg_tide library and the worker disagree on the wire format; restart the server after upgrading pg_tide.")
+        })?;
+        if !ap.dispatch(msg)? {
+            break;
+        }
+    }
+    Ok(())
 }

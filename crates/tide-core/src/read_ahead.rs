@@ -32,6 +32,10 @@ pub struct Due {
     pub chunk_no: i64,
     /// JSON array of key value arrays a repair deletes (see `tide.repair`).
     pub repair_deletes: Option<String>,
+    /// A resync's backfill at a local table target (after a lost slot): that table, quoted and
+    /// qualified, whose rows in each chunk's key range that the source no longer has are deleted
+    /// at the chunk's high watermark.
+    pub sweep: Option<String>,
 }
 
 /// What a chunk read tells about the backfill's total (turned into `estimated_rows` at the
@@ -257,6 +261,7 @@ impl Enc {
         self.opt(b.last_key.as_deref(), |e, v| e.strs(v));
         self.i64(b.chunk_no);
         self.opt(b.repair_deletes.as_deref(), |e, v| e.str(v));
+        self.opt(b.sweep.as_deref(), |e, v| e.str(v));
     }
     fn row(&mut self, r: &Row) {
         match r {
@@ -387,6 +392,7 @@ impl<'a> Dec<'a> {
             last_key: self.opt(|d| d.strs())?,
             chunk_no: self.i64()?,
             repair_deletes: self.opt(|d| d.str())?,
+            sweep: self.opt(|d| d.str())?,
         })
     }
     fn form(&mut self) -> D<RowForm> {

@@ -17,6 +17,7 @@ fn due() -> impl Strategy<Value = Due> {
         option::of(vec(".*", 0..3)),
         any::<i64>(),
         option::of(".*"),
+        option::of(".*"),
     )
         .prop_map(
             |(
@@ -30,6 +31,7 @@ fn due() -> impl Strategy<Value = Due> {
                 last_key,
                 chunk_no,
                 repair_deletes,
+                sweep,
             )| Due {
                 id,
                 relid,
@@ -41,6 +43,7 @@ fn due() -> impl Strategy<Value = Due> {
                 last_key,
                 chunk_no,
                 repair_deletes,
+                sweep,
             },
         )
 }
@@ -271,6 +274,7 @@ fn unknown_tags_are_refused() {
         last_key: None,
         chunk_no: 1,
         repair_deletes: None,
+        sweep: None,
     };
     let mut msg = encode_request(&Request {
         pipeline: "p".into(),

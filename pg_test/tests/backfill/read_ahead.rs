@@ -99,8 +99,9 @@ fn kill9_of_the_reader_restarts_and_converges() {
 /// says why in the server log.
 #[test]
 fn without_a_slot_the_worker_reads_itself() {
-    // Slots: the logical replication launcher, pg_tide's launcher, the pipeline's worker.
-    let c = start_cluster(Cluster::builder("bf_noreader").conf("max_worker_processes = 3"));
+    // Slots: the logical replication launcher, pg_tide's supervisor, the database's launcher,
+    // the pipeline's worker; none left for a reader.
+    let c = start_cluster(Cluster::builder("bf_noreader").conf("max_worker_processes = 4"));
     init_extension(&c);
     table(&c, 20_000);
     create_pipeline(&c, "ra");

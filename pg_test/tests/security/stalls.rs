@@ -196,10 +196,12 @@ fn one_role_cannot_take_every_slot() {
 
 /// A paused pipeline's retained WAL is bounded by tide.max_paused_wal_size: past it the slot is
 /// dropped and the pipeline says so with the remedy, while another owner's pipeline keeps
-/// applying.
+/// applying. (With tide.on_slot_lost = 'error'; the default resyncs instead: see the slot_lost
+/// suite.)
 #[test]
 fn paused_pipeline_wal_is_bounded() {
     let c = secured("sec_paused_wal");
+    c.execute("ALTER SYSTEM SET tide.on_slot_lost = 'error'");
     c.execute("ALTER SYSTEM SET tide.max_paused_wal_size = '2MB'");
     c.execute("SELECT pg_reload_conf()");
     alice_pipeline(&c);

@@ -1,4 +1,4 @@
-//! The helpers of [`crate::sql`], run as pg_tide itself ([`crate::security::as_tide`]): the only
+//! The helpers of [`crate::sql`], run **as pg_tide itself** ([`crate::security::as_tide`]): the only
 //! way the SQL API reads or writes pg_tide's own tables, which no other role may touch. Only
 //! `catalog`'s functions use them (see its header).
 //! Pass only fixed statements on pg_tide's tables and the system catalogs, with values as `$n`
