@@ -756,6 +756,18 @@ SELECT t.pipeline, t.relation, t.relid::regclass AS source, b.id AS backfill_id,
   LEFT JOIN tide._worker_status() w ON w.pipeline = t.pipeline
  WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = t.pipeline));
 
+-- tide.add_tables_in_schema (README "SQL API"): every table of a schema the pipeline does not
+-- capture yet, each added as tide.add_table adds it; returns how many.
+CREATE FUNCTION tide."add_tables_in_schema"(
+	"pipeline" TEXT,
+	"schema" TEXT,
+	"backfill" bool DEFAULT true
+) RETURNS INT
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'add_tables_in_schema_wrapper';
+REVOKE ALL ON FUNCTION tide.add_tables_in_schema(text, text, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide.add_tables_in_schema(text, text, boolean) TO tide_admin;
+
 -- tide.alter_pipeline (README "SQL API"): change the options that can change without a new
 -- slot (schema_changes; a kafka target's producer and tombstones); a new name is refused.
 CREATE FUNCTION tide."alter_pipeline"(

@@ -220,6 +220,92 @@ pub(super) fn add_table_impl(
     Ok(())
 }
 
+/// `tide.add_tables_in_schema(pipeline, schema, backfill)`: capture every table of a schema the
+/// pipeline does not capture yet, in name order, each exactly as `tide.add_table` adds it, all in
+/// the caller's transaction (all or nothing). Ordinary and partitioned tables are taken; a
+/// partition is captured through its partitioned table, so partitions are not. A table that cannot
+/// be captured (no key, unlogged, a pg_tide target, not readable by the caller or the owner, ...)
+/// is skipped with a NOTICE naming it and why. Returns how many tables were added.
+#[pg_extern]
+pub(super) fn add_tables_in_schema(
+    pipeline: Option<&str>,
+    schema: Option<&str>,
+    backfill: default!(Option<bool>, true),
+) -> i32 {
+    (|| {
+        add_tables_in_schema_impl(
+            required(pipeline, "pipeline")?,
+            required(schema, "schema")?,
+            required(backfill, "backfill")?,
+        )
+    })()
+    .or_raise()
+}
+
+fn add_tables_in_schema_impl(pipeline: &str, schema: &str, backfill: bool) -> TideResult<i32> {
+    check_server()?;
+    let owner = require_pipeline(pipeline)?;
+    let nsp = sql::one::<pg_sys::Oid>(
+        "SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = $1",
+        &[schema.into()],
+    )?
+    .ok_or_else(|| {
+        TideError::new(
+            pg_sys::errcodes::PgSqlErrorCode::ERRCODE_INVALID_SCHEMA_NAME,
+            format!("schema \"{}\" does not exist", shown(schema)),
+        )
+        .hint("Pass the schema's name as it is spelled in pg_namespace (case matters, no quotes): SELECT nspname FROM pg_namespace.")
+    })?;
+    let system = schema == "tide"
+        || schema == "pg_catalog"
+        || schema == "information_schema"
+        || schema.starts_with("pg_toast")
+        || schema.starts_with("pg_temp");
+    if system {
+        return Err(TideError::wrong_object(format!(
+            "schema \"{}\" holds {} tables, which cannot be captured",
+            shown(schema),
+            if schema == "tide" {
+                "pg_tide's"
+            } else {
+                "system or temporary"
+            }
+        ))
+        .hint("Pass a schema of your own tables."));
+    }
+    let relids = sql::one::<Vec<i64>>(
+        "SELECT coalesce(array_agg(c.oid::bigint ORDER BY c.relname), '{}')
+           FROM pg_catalog.pg_class c
+          WHERE c.relnamespace = $1 AND c.relkind IN ('r', 'p') AND NOT c.relispartition",
+        &[nsp.into()],
+    )?
+    .unwrap_or_default();
+    let mut added = 0;
+    for relid in relids.into_iter().map(|o| pg_sys::Oid::from(o as u32)) {
+        if catalog::tables::removing(pipeline, relid)? == Some(false) {
+            continue; // captured already
+        }
+        // SAFETY: a lock on a relation's OID, released at the end of the transaction (as
+        // add_table_impl takes it).
+        unsafe { pg_sys::LockRelationOid(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
+        let checked = validate_source(relid, &owner)
+            .and_then(|s| check_capturable(pipeline, relid, &s.qualified).map(|_| ()));
+        if let Err(e) = checked {
+            pgrx::notice!(
+                "skipping {}: {}{}",
+                super::backfill::relation_name(relid)
+                    .unwrap_or_else(|_| format!("the table with OID {}", relid.to_u32())),
+                e.message,
+                e.hint.map(|h| format!(" ({h})")).unwrap_or_default()
+            );
+            continue;
+        }
+        add_table_impl(pipeline, relid, backfill, None, false)?;
+        added += 1;
+    }
+    Ok(added)
+}
+
 /// Stop capturing a table. Changes committed after this call commits are not delivered. The
 /// OID of a captured table that no longer exists (dropped while pg_tide's event trigger could
 /// not see it, e.g. under `session_replication_role = replica`, or before 0.2.0) is taken too.

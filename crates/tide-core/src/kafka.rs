@@ -44,7 +44,8 @@ pub fn unix_ms(pg_us: i64) -> i64 {
     (pg_us + PG_EPOCH_US).div_euclid(1000)
 }
 
-/// Debezium's op letter for an event (`schema` has none in Debezium: pg_tide writes `schema`).
+/// Debezium's op letter for an event (`schema` and `resync` have none in Debezium: pg_tide
+/// writes them as they are).
 pub fn op_code(op: Op) -> &'static str {
     match op {
         Op::Insert => "c",
@@ -53,6 +54,7 @@ pub fn op_code(op: Op) -> &'static str {
         Op::Read => "r",
         Op::Truncate => "t",
         Op::Schema => "schema",
+        Op::Resync => "resync",
     }
 }
 
@@ -60,7 +62,7 @@ pub fn op_code(op: Op) -> &'static str {
 /// partition: a truncate and a schema change concern every key, so each partition gets a copy
 /// in its order (all copies carry the same identity).
 pub fn broadcast(op: Op) -> bool {
-    matches!(op, Op::Truncate | Op::Schema)
+    matches!(op, Op::Truncate | Op::Schema | Op::Resync)
 }
 
 /// A topic name made legal: every character outside `[A-Za-z0-9._-]` becomes `_`, and the

@@ -187,6 +187,9 @@ text_enum! {
         /// A schema change of the relation (`ALTER TABLE`), at the position where it takes
         /// effect; the event's row describes it (README, "Outbox format").
         Schema => "schema",
+        /// A resync of the relation after its pipeline's slot was lost starts or ends (README,
+        /// "Outbox format", Resync events). Written by `catalog::slots`, outbox only.
+        Resync => "resync",
     }
 }
 
@@ -329,7 +332,7 @@ mod tests {
         );
         check(PruneReason::ALL, PruneReason::as_str, PruneReason::parse);
         check(ChunkWrite::ALL, ChunkWrite::as_str, ChunkWrite::parse);
-        assert_eq!(Op::ALL.len(), 6);
+        assert_eq!(Op::ALL.len(), 7);
         assert_eq!(BackfillState::ALL.len(), 6);
     }
 

@@ -1,7 +1,8 @@
 //! The operations controls of issue 32 (bounded `chunk_size` / `rows_per_second` taking bigint,
 //! repeated pause/resume as a NOTICE, an empty condition refused, `tide.skip_transaction`,
-//! `tide.read_outbox(..., wait => ...)`, `tide.alter_pipeline`) on someone else's pipeline: a `tide_admin` member who
-//! does not own it and a role with no pg_tide rights get 42501 for every call, before any
+//! `tide.read_outbox(..., wait => ...)`, `tide.add_tables_in_schema`, `tide.alter_pipeline`) on
+//! someone else's pipeline: a `tide_admin` member who does not own it and a role with no pg_tide
+//! rights get 42501 for every call, before any
 //! argument is looked at (a bound or a NOTICE would tell them the pipeline's state) and before
 //! any wait, and nothing changes.
 
@@ -36,6 +37,10 @@ fn operations_controls_of_anothers_pipeline() {
         "SELECT tide.skip_transaction('p', pg_current_wal_lsn())",
         "SELECT * FROM tide.read_outbox('p', 'c', wait => '20 seconds')",
         "SELECT tide._outbox_wait('p', 'c', '20 seconds')",
+        // Refused before the schema is looked at: an unknown schema is 42501 too.
+        "SELECT tide.add_tables_in_schema('p', 'alice')",
+        "SELECT tide.add_tables_in_schema('p', 'mallory', backfill => false)",
+        "SELECT tide.add_tables_in_schema('p', 'no_such_schema')",
         "SELECT tide.alter_pipeline('p')",
         "SELECT tide.alter_pipeline('p', options => '{}')",
         r#"SELECT tide.alter_pipeline('p', options => '{"schema_changes": "pause"}')"#,
@@ -52,6 +57,20 @@ fn operations_controls_of_anothers_pipeline() {
             );
         }
     }
+    ok_as(&c, "alice", "CREATE TABLE alice.u (id int PRIMARY KEY)");
+    for role in ["mallory", "nobody"] {
+        expect_fail_with(
+            &format!("as {role}: add_tables_in_schema with a table to add"),
+            exec_as(&c, role, "SELECT tide.add_tables_in_schema('p', 'alice')"),
+            "42501",
+            None,
+        );
+    }
+    assert_eq!(
+        c.query_scalar::<i64>("SELECT count(*) FROM tide.pipeline_table WHERE pipeline = 'p'"),
+        1,
+        "another role added tables to alice's pipeline"
+    );
     // Refused before any wait.
     assert!(
         t.elapsed() < Duration::from_secs(15),

@@ -490,8 +490,9 @@ impl<B: Backend> Target for TableTarget<B> {
                 Some(predicate) => Change::TruncateWhere { predicate },
                 None => Change::Truncate,
             },
-            // Schema changes arrive through `schema`, never as an event.
-            Op::Schema => return Ok(()),
+            // Schema changes arrive through `schema`, never as an event; resync events are the
+            // outbox's only.
+            Op::Schema | Op::Resync => return Ok(()),
             Op::Delete => {
                 let Row::Key(mut key_values) = row else {
                     return Err(missing("key values"));
