@@ -767,3 +767,15 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'add_tables_in_schema_wrapper';
 REVOKE ALL ON FUNCTION tide.add_tables_in_schema(text, text, boolean) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tide.add_tables_in_schema(text, text, boolean) TO tide_admin;
+
+-- tide.alter_pipeline (README "SQL API"): change the options that can change without a new
+-- slot (schema_changes; a kafka target's producer and tombstones); a new name is refused.
+CREATE FUNCTION tide."alter_pipeline"(
+	"name" TEXT,
+	"new_name" TEXT DEFAULT NULL,
+	"options" jsonb DEFAULT NULL
+) RETURNS void
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'alter_pipeline_wrapper';
+REVOKE ALL ON FUNCTION tide.alter_pipeline(text, text, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide.alter_pipeline(text, text, jsonb) TO tide_admin;

@@ -1,7 +1,7 @@
 //! The SQL surface: validate arguments, call into `catalog`, map failures to ERRORs with a
 //! specific SQLSTATE and a hint. Nothing here runs in a worker.
 //!
-//! [`server`]: readiness checks; [`pipelines`]: the pipeline functions; [`tables`]: add and
+//! [`server`]: readiness checks; [`pipelines`]: the pipeline functions; [`alter`]: alter_pipeline; [`tables`]: add and
 //! remove tables; [`consumers`]: outbox consumers; [`backfill`], [`verify`]: those functions; [`targets`]: table targets' checks; [`kafka`]: the kafka target's checks and its wrapper's validator;
 //! [`args`]: argument types. This file holds what they share.
 
@@ -16,6 +16,7 @@ use pgrx::prelude::*;
 use pgrx::JsonB;
 use tide_core::model::TargetKind;
 
+mod alter;
 pub mod args;
 pub mod backfill;
 mod consumers;

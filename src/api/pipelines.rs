@@ -190,37 +190,7 @@ pub(super) fn drop_pipeline_impl(name: &str) -> TideResult<()> {
 
 pub(super) fn drop_pipeline_as_tide(name: &str, slot: &str) -> TideResult<()> {
     let slot = slot.to_string();
-    // The pipeline's lock, exclusive: a running iteration of the worker holds it shared, and new
-    // iterations stay out until we commit (they then find the pipeline gone and exit). An
-    // iteration may run long (up to the remote sink's timeout while its target does not answer),
-    // so the worker is stopped first instead of waited for; one the launcher starts meanwhile is
-    // stopped on the next round.
-    let mut rounds = 0;
-    // Every worker stopped here: each must have exited before its origin can be dropped (a
-    // process releases its origin at exit, after its shared-memory slot).
-    let mut stopped: Vec<i32> = Vec::new();
-    loop {
-        if let Some(pid) = shmem::worker_pid(name) {
-            sql::exec("SELECT pg_terminate_backend($1)", &[pid.into()])?;
-            if !stopped.contains(&pid) {
-                stopped.push(pid);
-            }
-        }
-        if crate::locks::try_lock(
-            crate::locks::Lock::Pipeline(name),
-            crate::locks::Mode::Exclusive,
-        )? {
-            break;
-        }
-        rounds += 1;
-        if rounds >= 300 {
-            return Err(TideError::prerequisite(format!(
-                "the worker of pipeline \"{name}\" did not stop within 30 s"
-            ))
-            .hint("See the server log for what it is doing; call tide.drop_pipeline again."));
-        }
-        sleep_ms(100);
-    }
+    let mut stopped = stop_worker(name, "tide.drop_pipeline")?;
     catalog::pipelines::delete(name)?;
     // Its outbox events go with it: they belong to this pipeline, and a later pipeline of the
     // same name (another role's, maybe) must never read them.
@@ -235,7 +205,7 @@ pub(super) fn drop_pipeline_as_tide(name: &str, slot: &str) -> TideResult<()> {
         }
     }
     for pid in stopped {
-        wait_for_exit(pid, 30)?;
+        wait_for_exit(pid, 30, "tide.drop_pipeline")?;
     }
     let mut attempts = 0;
     loop {
@@ -274,7 +244,44 @@ pub(super) fn drop_pipeline_as_tide(name: &str, slot: &str) -> TideResult<()> {
     Ok(())
 }
 
-pub(super) fn wait_for_exit(pid: i32, seconds: u64) -> TideResult<()> {
+/// Stop the pipeline's worker and take the pipeline's lock in exclusive mode (held until this
+/// transaction ends): a running iteration of the worker holds it shared, and new iterations
+/// stay out until we commit (they then read the pipeline's row as this transaction left it).
+/// An iteration may run long (up to the remote sink's timeout while its target does not
+/// answer), so the worker is stopped first instead of waited for; one the launcher starts
+/// meanwhile is stopped on the next round. Returns every worker stopped (each must have exited
+/// before the pipeline's origin can be dropped: a process releases its origin at exit). `what`
+/// names the calling function in the hint. Runs as pg_tide.
+pub(super) fn stop_worker(name: &str, what: &str) -> TideResult<Vec<i32>> {
+    let mut rounds = 0;
+    let mut stopped: Vec<i32> = Vec::new();
+    loop {
+        if let Some(pid) = shmem::worker_pid(name) {
+            sql::exec("SELECT pg_terminate_backend($1)", &[pid.into()])?;
+            if !stopped.contains(&pid) {
+                stopped.push(pid);
+            }
+        }
+        if crate::locks::try_lock(
+            crate::locks::Lock::Pipeline(name),
+            crate::locks::Mode::Exclusive,
+        )? {
+            return Ok(stopped);
+        }
+        rounds += 1;
+        if rounds >= 300 {
+            return Err(TideError::prerequisite(format!(
+                "the worker of pipeline \"{name}\" did not stop within 30 s"
+            ))
+            .hint(format!(
+                "See the server log for what it is doing; call {what} again."
+            )));
+        }
+        sleep_ms(100);
+    }
+}
+
+pub(super) fn wait_for_exit(pid: i32, seconds: u64, what: &str) -> TideResult<()> {
     for _ in 0..seconds * 10 {
         // Not pg_stat_activity: it is a snapshot taken once per transaction.
         if !shmem::alive(pid) {
@@ -285,9 +292,9 @@ pub(super) fn wait_for_exit(pid: i32, seconds: u64) -> TideResult<()> {
     Err(TideError::prerequisite(format!(
         "the worker (pid {pid}) did not stop within {seconds} s"
     ))
-    .hint(
-        "Look at the server log for the worker; call tide.drop_pipeline again once it has stopped.",
-    ))
+    .hint(format!(
+        "Look at the server log for the worker; call {what} again once it has stopped."
+    )))
 }
 
 /// Stop applying changes; the slot keeps them until resume.

@@ -345,6 +345,15 @@ pub(crate) fn delete(name: &str) -> TideResult<()> {
     )
 }
 
+/// Replace a pipeline's options (already checked). Called by `tide.alter_pipeline` inside its
+/// `as_tide` block, holding the pipeline's lock.
+pub(crate) fn set_options(name: &str, options: JsonB) -> TideResult<()> {
+    sql_as_tide::exec(
+        "UPDATE tide.pipeline SET options = $2 WHERE name = $1",
+        &[name.into(), options.into()],
+    )
+}
+
 /// Pause (`false`) or resume (`true`) a pipeline; false when it already was. Called by the SQL
 /// API; runs as pg_tide.
 pub(crate) fn set_enabled(name: &str, enabled: bool) -> TideResult<bool> {

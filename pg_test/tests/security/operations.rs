@@ -1,7 +1,8 @@
 //! The operations controls of issue 32 (bounded `chunk_size` / `rows_per_second` taking bigint,
 //! repeated pause/resume as a NOTICE, an empty condition refused, `tide.skip_transaction`,
-//! `tide.read_outbox(..., wait => ...)`, `tide.add_tables_in_schema`) on someone else's pipeline: a `tide_admin` member who
-//! does not own it and a role with no pg_tide rights get 42501 for every call, before any
+//! `tide.read_outbox(..., wait => ...)`, `tide.add_tables_in_schema`, `tide.alter_pipeline`) on
+//! someone else's pipeline: a `tide_admin` member who does not own it and a role with no pg_tide
+//! rights get 42501 for every call, before any
 //! argument is looked at (a bound or a NOTICE would tell them the pipeline's state) and before
 //! any wait, and nothing changes.
 
@@ -40,6 +41,10 @@ fn operations_controls_of_anothers_pipeline() {
         "SELECT tide.add_tables_in_schema('p', 'alice')",
         "SELECT tide.add_tables_in_schema('p', 'mallory', backfill => false)",
         "SELECT tide.add_tables_in_schema('p', 'no_such_schema')",
+        "SELECT tide.alter_pipeline('p')",
+        "SELECT tide.alter_pipeline('p', options => '{}')",
+        r#"SELECT tide.alter_pipeline('p', options => '{"schema_changes": "pause"}')"#,
+        "SELECT tide.alter_pipeline('p', new_name => 'q')",
     ];
     let t = Instant::now();
     for role in ["mallory", "nobody"] {
@@ -89,5 +94,12 @@ fn operations_controls_of_anothers_pipeline() {
         c.query_scalar::<i64>("SELECT count(*) FROM tide.skipped_transaction"),
         0,
         "another role made alice's pipeline skip a transaction"
+    );
+    assert_eq!(
+        c.query_scalar::<String>(
+            "SELECT name || ' ' || options::text FROM tide.pipeline WHERE name = 'p'"
+        ),
+        "p {}",
+        "another role altered alice's pipeline"
     );
 }
