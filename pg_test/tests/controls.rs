@@ -320,7 +320,7 @@ fn controls_are_idempotent() {
     let c = cluster("ops_controls");
     let (mut alice, notices) = connect_noticed(&c, "alice");
     alice_outbox(&c, &mut alice, 100);
-    let mut expect_notice = |cl: &mut Client, sql: &str, needle: Option<&str>| {
+    let expect_notice = |cl: &mut Client, sql: &str, needle: Option<&str>| {
         notices.lock().expect("notices").clear();
         ok(cl, &c, sql);
         let got = notices.lock().expect("notices").clone();

@@ -103,3 +103,72 @@ fn operations_controls_of_anothers_pipeline() {
         "another role altered alice's pipeline"
     );
 }
+
+/// `add_table(..., truncate_target => true)` empties only a table the pipeline's owner may
+/// write: mallory, a `tide_admin` member, pointing her own pipeline's target at a table she
+/// may not write (victim.secret, alice's table) gets 42501 and the table keeps its rows; a role
+/// with nothing gets 42501 before anything. `remove_table`'s text overload (a dropped table's
+/// name) on alice's pipeline is 42501 for both, and alice's table stays captured.
+#[test]
+fn truncate_target_and_remove_by_name_of_anothers() {
+    let c = secured("sec_truncate_target");
+    alice_pipeline(&c);
+    ok_as(
+        &c,
+        "alice",
+        "CREATE TABLE alice.keep (id int PRIMARY KEY, v text); INSERT INTO alice.keep VALUES (1, 'kept');",
+    );
+    ok_as(
+        &c,
+        "mallory",
+        "CREATE TABLE mallory.m (id int PRIMARY KEY, v text); INSERT INTO mallory.m VALUES (2, 'x');",
+    );
+    ok_as(
+        &c,
+        "mallory",
+        r#"SELECT tide.create_pipeline('mp', 'table', '{"schema": "mallory"}')"#,
+    );
+    for target in ["victim.secret", "alice.keep"] {
+        for role in ["mallory", "nobody"] {
+            expect_fail_with(
+                &format!("as {role}: truncate_target into {target}"),
+                exec_as(
+                    &c,
+                    role,
+                    &format!(
+                        "SELECT tide.add_table('mp', 'mallory.m', target_table => '{target}', truncate_target => true)"
+                    ),
+                ),
+                "42501",
+                None,
+            );
+        }
+    }
+    assert_eq!(
+        c.query_scalar::<i64>(
+            "SELECT (SELECT count(*) FROM victim.secret) + (SELECT count(*) FROM alice.keep)"
+        ),
+        2,
+        "a refused truncate_target emptied a table its caller may not write"
+    );
+    for role in ["mallory", "nobody"] {
+        for sql in [
+            "SELECT tide.remove_table('p', 'alice.t'::text)",
+            "SELECT tide.remove_table('p', 'alice.gone'::text)",
+        ] {
+            expect_fail_with(
+                &format!("as {role}: {sql}"),
+                exec_as(&c, role, sql),
+                "42501",
+                None,
+            );
+        }
+    }
+    assert_eq!(
+        c.query_scalar::<i64>(
+            "SELECT count(*) FROM tide.pipeline_table WHERE pipeline = 'p' AND NOT removing"
+        ),
+        1,
+        "another role removed a table from alice's pipeline"
+    );
+}
