@@ -692,6 +692,16 @@ fn remote_killed_during_resync() {
     let (c, t) = remote_pipeline("slot_remote_kill", &[], 10000);
     c.execute("SELECT tide.pause_pipeline('p')");
     change_while_lost(&c);
+    c.wait_until(
+        "the paused worker to let go of its slot",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT NOT active FROM pg_replication_slots WHERE slot_name = 'tide_p'",
+            )?)
+        },
+    );
     c.execute("SELECT pg_drop_replication_slot('tide_p')");
     c.execute("UPDATE tide.backfill SET rows_per_second = 2000 WHERE pipeline = 'p'");
     c.execute("SELECT tide.resume_pipeline('p')");
@@ -710,8 +720,6 @@ fn remote_killed_during_resync() {
     let gone: i64 =
         t.query_scalar("SELECT 4000 - count(*) FROM rem.copy WHERE id BETWEEN 4001 AND 8000");
     let pending: i64 = t.query_scalar("SELECT count(*) FROM rem.copy WHERE id > 30000");
-    let pid = worker_pid(&c, "p").expect("a worker");
-    kill9(pid);
     assert_eq!(gone, 4000, "{}", diag(&c));
     assert_eq!(
         pending,
@@ -719,6 +727,9 @@ fn remote_killed_during_resync() {
         "the kill came after the resync's end\n{}",
         diag(&c)
     );
+    // (A worker killed so makes the postmaster restart every backend.)
+    let pid = worker_pid(&c, "p").expect("a worker");
+    kill9(pid);
     wait_until(Duration::from_secs(60), Duration::from_millis(200), || {
         Ok(c.try_execute("INSERT INTO alice.t VALUES (50001, 6, 'after the kill'); DELETE FROM alice.t WHERE id = 9500").is_ok())
     });

@@ -384,8 +384,9 @@ fn recover(name: &str, lost: catalog::slots::SlotLost) -> TideResult<Vec<String>
 
 /// A kafka pipeline's `resync` start events (an outbox's are written by `queue_resync`): sent,
 /// and acknowledged by the broker, inside the transaction that marks the pipeline `resyncing`,
-/// as the pseudo transaction (xid 0) at the new slot's start `lsn`. If that transaction does not
-/// commit, the recovery starts again and sends them again, still before any row read again.
+/// as the pseudo transaction (xid 0) at the WAL page where the new slot starts (`lsn`; see
+/// [`resync_lsn`]). If that transaction does not commit, the recovery starts again and sends
+/// them again, still before any row read again.
 fn announce_resync_start(name: &str, lsn: &str) -> TideResult<()> {
     Spi::connect_mut(|c| {
         let marks = catalog::slots::kafka_marks(c, name, catalog::slots::Phase::Start)?;
@@ -399,9 +400,18 @@ fn announce_resync_start(name: &str, lsn: &str) -> TideResult<()> {
             TideError::internal(format!("a new slot starts at \"{lsn}\", not an LSN"))
         })?;
         let mut sink = crate::sink::for_pipeline(&p)?;
-        send_resync_marks(c, &mut *sink, lsn, marks)?;
+        send_resync_marks(c, &mut *sink, resync_lsn(lsn, false), marks)?;
         sink.commit(c, name, None, crate::sink::CommitPoint::End)
     })
+}
+
+/// The commit position of a resync's pseudo transaction near `lsn`: the start of its WAL page
+/// (`next`: of the next page, so an end's is always after its start's). No WAL record starts at a
+/// page boundary (each page begins with its header), so no source transaction commits there:
+/// the events' identities (`commit_lsn`, `position`) are never a real event's.
+fn resync_lsn(lsn: Lsn, next: bool) -> Lsn {
+    let page = u64::from(pg_sys::XLOG_BLCKSZ);
+    Lsn((lsn.0 / page + u64::from(next)) * page)
 }
 
 /// Hand a resync's events (`marks`: relid, relation, payload) to `sink` as one pseudo source
@@ -688,7 +698,7 @@ fn stream(
         let now = crate::sql::one::<String>("SELECT pg_catalog.pg_current_wal_lsn()::text", &[])?
             .and_then(|l| l.parse::<Lsn>().ok())
             .ok_or_else(|| TideError::internal("cannot read the current WAL position"))?;
-        send_resync_marks(c, sink, now, resync_end)?;
+        send_resync_marks(c, sink, resync_lsn(now, true), resync_end)?;
     }
     let (signal_relid, marker_relid) = catalog::signal_and_marker_relids()?;
     let (sets, filter) = table_sets(&tables, signal_relid, marker_relid);

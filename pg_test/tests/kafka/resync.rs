@@ -101,6 +101,16 @@ fn kafka_resync_events_frame_the_reread() {
         "DELETE FROM a WHERE id <= 200; UPDATE a SET v = -v WHERE id > 500;
          DELETE FROM b WHERE id > 300; INSERT INTO b SELECT g, g FROM generate_series(1001, 1050) g;",
     );
+    c.wait_until(
+        "the paused worker to let go of its slot",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT NOT active FROM pg_replication_slots WHERE slot_name = 'tide_k'",
+            )?)
+        },
+    );
     c.execute("SELECT pg_drop_replication_slot('tide_k')");
     c.execute("SELECT tide.resume_pipeline('k')");
     c.wait_until(
@@ -135,6 +145,13 @@ fn kafka_resync_events_frame_the_reread() {
                     let v = r.value.as_ref().unwrap();
                     assert_eq!(v["source"]["table"], table, "{v}");
                     assert_eq!(r.headers.get("tide.op").map(String::as_str), Some("resync"));
+                    // At a WAL page boundary, where no source transaction commits.
+                    assert_eq!(
+                        v["source"]["lsn"].as_u64().map(|l| l % 8192),
+                        Some(0),
+                        "{v}"
+                    );
+                    assert_eq!(v["source"]["txId"], 0, "{v}");
                     match v["resync"]["phase"].as_str() {
                         Some("start") => assert!(v["resync"]["reason"].is_string(), "{v}"),
                         Some("end") => assert_eq!(v["resync"]["complete"], true, "{v}"),
