@@ -162,8 +162,8 @@ CREATE TABLE tide.backfill (
     -- have may stay there, so tide.readiness waits for a verification that finds none.
     target_held_rows boolean NOT NULL DEFAULT false,
     -- Queued by the worker when the pipeline's slot was lost (tide.pipeline.resync): the whole
-    -- table is read again, and at each high watermark a local table target also loses the rows
-    -- of the chunk's key range that the source no longer has.
+    -- table is read again, and at each high watermark a table target (local, or remote:
+    -- 'postgres') also loses the rows of the chunk's key range that the source no longer has.
     resync          boolean NOT NULL DEFAULT false
 );
 CREATE UNIQUE INDEX backfill_one_active ON tide.backfill (pipeline, relid)

@@ -2,9 +2,10 @@
 //! `max_slot_wal_keep_size`, dropped by hand, dropped by `tide.max_paused_wal_size`, missing
 //! after a restore or a failover. The worker notices at its next iteration, says so in
 //! `tide.pipelines`, creates a new slot and reads every table again through the watermark
-//! backfill (`tide.on_slot_lost = 'resync'`, the default); a table target loses the rows that no
-//! longer exist at the source, an outbox gets `resync` events around the re-read. Before it
-//! happens, `tide.pipelines` warns (`safe_wal_size`, `slot_warning`).
+//! backfill (`tide.on_slot_lost = 'resync'`, the default); a table target, local or remote
+//! (`postgres`), loses the rows that no longer exist at the source, an outbox gets `resync`
+//! events around the re-read (the kafka target's are in `kafka/resync.rs`). Before it happens,
+//! `tide.pipelines` warns (`safe_wal_size`, `slot_warning`).
 //!
 //! Every test works as `alice`, a member of `tide_admin` (no superuser), except what only a DBA
 //! does (server settings, `pg_drop_replication_slot` of someone else's slot, CHECKPOINT).
@@ -545,4 +546,192 @@ fn warns_before_the_slot_is_lost() {
             )?)
         },
     );
+}
+
+// --- a remote PostgreSQL target -------------------------------------------------------------------
+
+/// A remote target cluster `t` for `c`'s pipeline `p` (target type `postgres`, run by the
+/// superuser: a non-superuser's user mapping needs a password, which is not what these tests
+/// are about) over `alice.t` (`rows` rows), into `rem.copy` there, backfilled in chunks of 200
+/// and caught up. Then keys 30001..30100 are streamed there: above every key the source will
+/// have, so only the resync's range past its last chunk reaches them once they are deleted.
+fn remote_pipeline(name: &str, conf: &[&str], rows: i64) -> (Cluster, Cluster) {
+    let c = cluster(name, conf);
+    let t = target_cluster(&format!("{name}_tgt"));
+    create_server(&c, "tgt", &t);
+    c.execute(&format!(
+        "CREATE TABLE alice.t (id int PRIMARY KEY, v int, pad text);
+         INSERT INTO alice.t SELECT g, g, md5(g::text) FROM generate_series(1, {rows}) g;"
+    ));
+    // (Each on its own: create_pipeline creates a slot, in a transaction that has not written.)
+    c.execute(
+        r#"SELECT tide.create_pipeline('p', 'postgres', '{"server": "tgt", "schema": "rem"}')"#,
+    );
+    c.execute("SELECT tide.add_table('p', 'alice.t', target_table => 'copy')");
+    c.execute("SELECT tide.alter_backfill('alice.t', 'p', chunk_size => 200)");
+    wait_for_backfill(&c, "alice.t", Some("p"), 120, || diag(&c));
+    c.execute("INSERT INTO alice.t SELECT g, g, 'top' FROM generate_series(30001, 30100) g");
+    wait_for_pipeline(&c, "p", 60, || diag(&c));
+    assert_remote_converged(&c, &t, "after the first backfill");
+    (c, t)
+}
+
+#[track_caller]
+fn assert_remote_converged(c: &Cluster, t: &Cluster, when: &str) {
+    if let Err(e) = compare_rows(when, c, "alice.t", t, "rem.copy", "id, v, pad") {
+        panic!("{e}\n{}", diag(c));
+    }
+}
+
+/// The source's changes while the slot is lost, beyond the issue's 12,000: the keys the target
+/// holds above every other key are deleted (the range past the last chunk).
+fn change_while_lost(c: &Cluster) {
+    change_12000(c);
+    c.execute("DELETE FROM alice.t WHERE id > 30000");
+}
+
+/// Wait (at most `secs`) until the pipeline says it resynced and has caught up; then the remote
+/// target must equal the source, with no manual step.
+#[track_caller]
+fn wait_remote_resynced(c: &Cluster, t: &Cluster, secs: u64) {
+    let r = poll_every(
+        Duration::from_secs(secs),
+        Duration::from_millis(250),
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT coalesce((SELECT resync IS NULL AND slot_lost_at IS NOT NULL AND state = 'streaming'
+                                    FROM tide.pipelines WHERE name = 'p'), false)",
+            )?)
+        },
+    );
+    if let Err(msg) = r {
+        let differ = compare_rows("resync", c, "alice.t", t, "rem.copy", "id, v, pad")
+            .err()
+            .unwrap_or_default();
+        panic!("the pipeline did not resync: {msg}\n{differ}\n{}", diag(c));
+    }
+    wait_for_pipeline(c, "p", 60, || diag(c));
+    assert_remote_converged(c, t, "after the resync");
+}
+
+/// The issue's measured case at a remote PostgreSQL target: paused, max_slot_wal_keep_size =
+/// 64MB, 12,000 rows changed (4,000 of them deleted) and the keys above the source's last
+/// deleted, then more WAL than that; after resume_pipeline the resync deletes at the target,
+/// chunk by chunk, the rows the source no longer has: 0 rows differ, no tide.repair. While it
+/// runs (throttled), keys ahead of it are inserted (they stay) and deleted (they go).
+#[test]
+fn remote_invalidated_slot_resyncs() {
+    let (c, t) = remote_pipeline(
+        "slot_remote",
+        &[
+            "max_slot_wal_keep_size = 64MB",
+            "tide.slot_warning_size = '16MB'",
+        ],
+        10000,
+    );
+    c.execute("SELECT tide.pause_pipeline('p')");
+    change_while_lost(&c);
+    write_wal(&c, 200);
+    c.execute("CHECKPOINT");
+    c.wait_until(
+        "the paused slot to be invalidated",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || {
+            c.execute("SELECT pg_switch_wal(); CHECKPOINT");
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT coalesce((SELECT wal_status = 'lost' FROM pg_replication_slots WHERE slot_name = 'tide_p'), false)",
+            )?)
+        },
+    );
+    c.execute("UPDATE tide.backfill SET rows_per_second = 2000 WHERE pipeline = 'p'");
+    c.execute("SELECT tide.resume_pipeline('p')");
+    c.wait_until(
+        "the resync to be reading alice.t",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT EXISTS (SELECT 1 FROM tide.pipelines WHERE name = 'p' AND resync = 'resyncing')
+                    AND EXISTS (SELECT 1 FROM tide.backfill WHERE pipeline = 'p' AND resync
+                                   AND state = 'running' AND last_key IS NOT NULL)",
+            )?)
+        },
+    );
+    let at: i64 = c.query_scalar(
+        "SELECT coalesce(max(last_key[1]::int8), 0) FROM tide.backfill WHERE pipeline = 'p' AND resync AND state = 'running'",
+    );
+    assert!(
+        at < 9000,
+        "the resync read too far ({at}) to test writes ahead of it\n{}",
+        diag(&c)
+    );
+    c.execute(
+        "INSERT INTO alice.t SELECT g, g, 'during' FROM generate_series(40001, 40100) g;
+         DELETE FROM alice.t WHERE id BETWEEN 9001 AND 9100;
+         UPDATE alice.t SET pad = 'during' WHERE id BETWEEN 20001 AND 20100;",
+    );
+    wait_remote_resynced(&c, &t, 180);
+    let reason: String =
+        c.query_scalar("SELECT slot_lost_reason FROM tide.pipelines WHERE name = 'p'");
+    assert!(reason.contains("invalidated"), "{reason}");
+    // The deletes went as deletes (the rows gone at the source are gone at the target).
+    assert_eq!(
+        t.query_scalar::<i64>("SELECT count(*) FROM rem.copy WHERE id BETWEEN 4001 AND 8000 OR id > 30000 AND id <= 30100"),
+        0
+    );
+    c.execute("DELETE FROM alice.t WHERE id = 1; INSERT INTO alice.t VALUES (50000, 1, 'after')");
+    wait_for_pipeline(&c, "p", 60, || diag(&c));
+    assert_remote_converged(&c, &t, "after the resync, streaming");
+}
+
+/// kill -9 of the worker while the resync of a remote target reads the table: the chunks it had
+/// not written are read (and swept) again; the target ends equal to the source.
+#[test]
+fn remote_killed_during_resync() {
+    let (c, t) = remote_pipeline("slot_remote_kill", &[], 10000);
+    c.execute("SELECT tide.pause_pipeline('p')");
+    change_while_lost(&c);
+    c.wait_until(
+        "the paused worker to let go of its slot",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT NOT active FROM pg_replication_slots WHERE slot_name = 'tide_p'",
+            )?)
+        },
+    );
+    c.execute("SELECT pg_drop_replication_slot('tide_p')");
+    c.execute("UPDATE tide.backfill SET rows_per_second = 2000 WHERE pipeline = 'p'");
+    c.execute("SELECT tide.resume_pipeline('p')");
+    c.wait_until(
+        "a resync chunk past the keys deleted in the gap to be written",
+        Duration::from_secs(90),
+        Duration::from_millis(50),
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT EXISTS (SELECT 1 FROM tide.backfill WHERE pipeline = 'p' AND resync AND state = 'running'
+                                   AND last_key[1]::int > 8000)",
+            )?)
+        },
+    );
+    // Those deletes are at the target already; the range past the last chunk is not swept yet.
+    let gone: i64 =
+        t.query_scalar("SELECT 4000 - count(*) FROM rem.copy WHERE id BETWEEN 4001 AND 8000");
+    let pending: i64 = t.query_scalar("SELECT count(*) FROM rem.copy WHERE id > 30000");
+    assert_eq!(gone, 4000, "{}", diag(&c));
+    assert_eq!(
+        pending,
+        100,
+        "the kill came after the resync's end\n{}",
+        diag(&c)
+    );
+    // (A worker killed so makes the postmaster restart every backend.)
+    let pid = worker_pid(&c, "p").expect("a worker");
+    kill9(pid);
+    wait_until(Duration::from_secs(60), Duration::from_millis(200), || {
+        Ok(c.try_execute("INSERT INTO alice.t VALUES (50001, 6, 'after the kill'); DELETE FROM alice.t WHERE id = 9500").is_ok())
+    });
+    wait_remote_resynced(&c, &t, 240);
 }

@@ -63,7 +63,8 @@ pub(crate) fn due(pipeline: &str) -> TideResult<Option<Due>> {
         "SELECT b.id, b.relid::int8, b.chunk_size, b.rows_per_second, b.condition, p.owner::text,
                 to_json(b.key_columns)::text, to_json(b.last_key)::text, b.chunks_done + 1, b.repair_deletes::text,
                 CASE WHEN b.resync AND p.target = 'table' AND t.target_name IS NOT NULL
-                     THEN pg_catalog.format('%I.%I', t.target_schema, t.target_name) END
+                     THEN pg_catalog.format('%I.%I', t.target_schema, t.target_name) END,
+                b.resync::text
            FROM tide.backfill b
            JOIN tide.pipeline p ON p.name = b.pipeline AND p.enabled
            JOIN tide.pipeline_table t ON t.pipeline = b.pipeline AND t.relid = b.relid AND t.added_lsn IS NOT NULL
@@ -116,6 +117,7 @@ pub(crate) fn due(pipeline: &str) -> TideResult<Option<Due>> {
         chunk_no: int(&r[8], "chunks_done")?,
         repair_deletes: r[9].take(),
         sweep: r[10].take(),
+        resync: r[11].as_deref() == Some("true"),
     }))
 }
 

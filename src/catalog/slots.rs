@@ -29,19 +29,25 @@
 //!    pipeline is captured from the new slot's start; active backfills are cancelled and each
 //!    table gets a whole-table backfill with `resync = true` (`required_lsn` the new slot's
 //!    start, so `tide.wait_for_pipeline` waits for it); an outbox gets a `resync` event
-//!    `{"phase": "start"}` per table; `resync = 'resyncing'`.
+//!    `{"phase": "start"}` per table; `resync = 'resyncing'`. A kafka pipeline's start messages
+//!    ([`kafka_marks`]) are sent by the worker in this same transaction, and acknowledged by the
+//!    broker before it commits: if it does not commit, step 3 and 4 run again and send them
+//!    again, still before any row read again.
 //! 5. [`finish_resync`] (in an iteration, before its first event, once no resync backfill is
 //!    active): an outbox gets a `resync` event `{"phase": "end", "complete": ...}` per table;
-//!    `resync = NULL`.
+//!    `resync = NULL`. A kafka pipeline's end messages are sent first in that iteration (so
+//!    acknowledged before it commits; after a crash before the commit they are sent again).
 //!
 //! Why nothing is missed: the backfills are queued (step 4) after the new slot exists (step 3),
 //! so each chunk's low watermark, and its snapshot, come after the slot's start: a row changed
 //! between the loss and the new slot is read by its chunk, and every change after the slot's
-//! start is in the stream. Deletes: a resync backfill of a local table target also deletes, at
-//! each chunk's high watermark, the target rows of the chunk's key range whose key the chunk's
-//! snapshot does not find at the source (the repair's deletes, `worker::chunk`); a key the stream
-//! touches inside the chunk's window is left to the stream, so a key inserted after the new
-//! slot's start is never deleted, and one deleted in the gap is.
+//! start is in the stream. Deletes: a resync backfill of a table target (local or remote) also
+//! deletes, at each chunk's high watermark, the target rows of the chunk's key range whose key
+//! the chunk's snapshot does not find at the source (the repair's deletes, `worker::chunk`: a
+//! local target's keys read in the chunk's snapshot, a remote target's read there once the chunk
+//! is read and compared with the chunk's rows, `chunk::sweep_deletes`); a key the stream touches
+//! inside the chunk's window is left to the stream, so a key inserted after the new slot's start
+//! is never deleted, and one deleted in the gap is.
 
 use super::pipelines::Resync;
 use crate::error::{TideError, TideResult};
@@ -520,6 +526,55 @@ pub(crate) fn finish_resync(
     Ok(Some(
         "the resync after the lost slot is over: every table was read again".to_string(),
     ))
+}
+
+/// A resync's phase, for [`kafka_marks`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Phase {
+    Start,
+    End,
+}
+
+/// The `resync` events of a kafka pipeline, one per table in relation order, as (relid,
+/// relation, payload): the same `row` as an outbox's events (`queue_resync`, `finish_resync`).
+/// None for another target. The worker sends the start events inside the transaction of
+/// [`queue_resync`] (before it commits), the end events in the iteration whose transaction runs
+/// [`finish_resync`].
+pub(crate) fn kafka_marks(
+    c: &mut pgrx::spi::SpiClient<'_>,
+    pipeline: &str,
+    phase: Phase,
+) -> TideResult<Vec<(u32, String, String)>> {
+    let payload = match phase {
+        Phase::Start => {
+            "pg_catalog.jsonb_build_object('phase', 'start', 'reason', p.slot_lost_reason, 'slot_lost_at', p.slot_lost_at)"
+        }
+        Phase::End => {
+            "pg_catalog.jsonb_build_object('phase', 'end', 'complete',
+                 coalesce((SELECT b.state = 'done' FROM tide.backfill b
+                            WHERE b.pipeline = t.pipeline AND b.relid = t.relid AND b.resync
+                            ORDER BY b.id DESC LIMIT 1), false))"
+        }
+    };
+    let rows = crate::sql::select(
+        c,
+        &format!(
+            "SELECT t.relid::pg_catalog.int8, t.relation, ({payload})::pg_catalog.text
+               FROM tide.pipeline_table t JOIN tide.pipeline p ON p.name = t.pipeline
+              WHERE t.pipeline = $1 AND p.target = 'kafka'
+              ORDER BY t.relation"
+        ),
+        None,
+        &[pipeline.into()],
+    )?;
+    let mut marks = Vec::new();
+    for r in rows {
+        let relid = r.get::<i64>(1)?.unwrap_or_default();
+        let relation = r.get::<String>(2)?.unwrap_or_default();
+        let payload = r.get::<String>(3)?.unwrap_or_default();
+        marks.push((relid as u32, relation, payload));
+    }
+    Ok(marks)
 }
 
 /// The statements that re-create `p` exactly after its slot is gone: as its owner, with its

@@ -311,6 +311,7 @@ impl KafkaTarget {
         unchanged: &[String],
         backfill: Option<(i64, i64)>,
         schema_change: Option<&str>,
+        resync: Option<&str>,
     ) -> TideResult<()> {
         self.enter(t);
         let (topic, schema, table) = self.names(relid, relation);
@@ -337,6 +338,7 @@ impl KafkaTarget {
                 data_collection_order: order,
                 now_ms: now_ms(),
                 schema_change,
+                resync,
             },
             &mut value,
         );
@@ -436,6 +438,7 @@ impl Target for KafkaTarget {
             &ev.unchanged,
             ev.backfill,
             None,
+            None,
         )
     }
 
@@ -459,7 +462,35 @@ impl Target for KafkaTarget {
             &[],
             None,
             Some(&change),
+            None,
         )
+    }
+
+    /// A resync's events: op `resync`, the phase in `resync`, on every partition of each
+    /// table's topic (at its place in each: a start before the partition's re-read rows, an end
+    /// after them), as the pseudo transaction `t`.
+    fn resync(
+        &mut self,
+        _c: &mut SpiClient<'_>,
+        t: &mut Txn,
+        marks: &[crate::sink::ResyncMark],
+    ) -> TideResult<()> {
+        for m in marks {
+            t.position += 1;
+            self.message(
+                t,
+                m.relid,
+                &m.relation,
+                Op::Resync,
+                None,
+                None,
+                &[],
+                None,
+                None,
+                Some(&m.payload),
+            )?;
+        }
+        Ok(())
     }
 
     /// Produce the batch, wait for every acknowledgement, then record the position.

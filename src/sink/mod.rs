@@ -251,8 +251,48 @@ pub trait Target {
         at: CommitPoint,
     ) -> TideResult<()>;
 
+    /// A resync's `resync` events (see `catalog::slots`), one per table, as one pseudo source
+    /// transaction `t` (xid 0): the start events before any event of the new slot, the end
+    /// events once every table was read again. Only the kafka target writes them here (the
+    /// outbox's are written by `catalog::slots` in SQL; table targets have no such events).
+    fn resync(
+        &mut self,
+        _c: &mut SpiClient<'_>,
+        _t: &mut Txn,
+        _marks: &[ResyncMark],
+    ) -> TideResult<()> {
+        Ok(())
+    }
+
+    /// A resync's sweep at a target in another PostgreSQL: the key values (text, in
+    /// `key_columns` order) of every row the target table of `relid` holds whose key lies after
+    /// `lower` (exclusive; `None`: from the first) up to `upper` (inclusive; `None`: to the
+    /// last), compared at the target. `None`: this target is not swept so (a local table target
+    /// is swept in the chunk's own snapshot, see `worker::chunk`; an outbox or kafka target has
+    /// no rows to sweep).
+    fn sweep_keys(
+        &mut self,
+        _relid: u32,
+        _key_columns: &[String],
+        _lower: Option<&[String]>,
+        _upper: Option<&[String]>,
+    ) -> TideResult<Option<Vec<Vec<Option<String>>>>> {
+        Ok(None)
+    }
+
     /// Forget cached state after a failed iteration.
     fn reset(&mut self) {}
+}
+
+/// One table's `resync` event (see [`Target::resync`]).
+#[derive(Clone, Debug)]
+pub struct ResyncMark {
+    pub relid: u32,
+    /// The source table, qualified and quoted, as events name it.
+    pub relation: String,
+    /// The event's content, a JSON object: `{"phase": "start", "reason", "slot_lost_at"}` or
+    /// `{"phase": "end", "complete"}`, as the outbox's `row`.
+    pub payload: String,
 }
 
 /// The target of a pipeline.

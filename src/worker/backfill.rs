@@ -17,6 +17,10 @@
 //!    text are used only if the table and its target still have the chunk's shape then;
 //!    otherwise the chunk is read again.
 //!
+//! A resync's chunk at a target in another PostgreSQL also carries, once read, the deletes of
+//! the target's keys in its key range that it did not find at the source (`sweep`, between
+//! stream iterations; see `catalog::slots`).
+//!
 //! Steps 1 and 2 run in the worker, or, for the chunk after one being written, in the worker's
 //! reader process ([`super::read_ahead`]), which the worker waits for before it decodes further.
 //! A chunk whose snapshot misses a transaction the stream has already delivered (decoded before
@@ -30,7 +34,7 @@
 //! (`catalog::backfills::record_progress`). Any failed stream iteration forgets the chunks for
 //! the same reason.
 
-use super::chunk::{form_for, read_chunk, table_locked, table_meta, ChunkRead, Job};
+use super::chunk::{form_for, read_chunk, sweep_deletes, table_locked, table_meta, ChunkRead, Job};
 use super::estimate::Estimate;
 use super::read_ahead::Reader;
 use super::row_values::RowValues;
@@ -343,6 +347,7 @@ impl Backfiller {
                 // Asked by an iteration that failed: dropped; the next step reads again.
                 Ok(None) => return Ok(()),
                 Ok(Some((job, read))) => {
+                    let read = sweep(sink.as_deref_mut(), &job, read);
                     let r = self.register(pipeline, job, read, started);
                     // Nothing is in flight now: the pruning skipped meanwhile (see `prune`).
                     self.prune();
@@ -401,6 +406,7 @@ impl Backfiller {
             Ok(Locked::Busy) => Err(table_locked()),
             Err(e) => Err(e),
         };
+        let read = sweep(Some(sink), &job, read);
         let throttled = job.b.rows_per_second.is_some();
         self.register(pipeline, job, read, started)?;
         if self.pending.is_some() && !throttled {
@@ -527,6 +533,46 @@ impl Backfiller {
         });
         Ok(())
     }
+}
+
+/// A resync's chunk at a target in another PostgreSQL: the target's keys in the chunk's key
+/// range that the chunk did not find at the source join its rows as deletes (see
+/// `chunk::sweep_deletes`; a local table target's are found in the chunk's own snapshot). The
+/// target is asked between stream iterations, before the stream reaches the chunk's low
+/// watermark; when it cannot answer, the chunk is read again later. Other chunks pass as they are.
+fn sweep(
+    sink: Option<&mut (dyn Target + 'static)>,
+    job: &Job,
+    read: TideResult<ChunkRead>,
+) -> TideResult<ChunkRead> {
+    let mut read = read?;
+    if !job.b.resync {
+        return Ok(read);
+    }
+    let Some(sink) = sink else {
+        return Err(
+            TideError::internal("the target is not ready to sweep a resync's chunk").retry_later(),
+        );
+    };
+    let upper = if read.is_last {
+        None
+    } else {
+        read.rows.last().map(|r| r.key_values.clone())
+    };
+    let found = sink
+        .sweep_keys(
+            job.b.relid,
+            &job.b.key_columns,
+            job.b.last_key.as_deref(),
+            upper.as_deref(),
+        )
+        .map_err(TideError::retry_later)?;
+    let Some(found) = found else {
+        return Ok(read);
+    };
+    let deletes = tx::run(|| sweep_deletes(job, &read, found))?;
+    read.deletes.extend(deletes);
+    Ok(read)
 }
 
 /// Transaction 1: pick the backfill, mark it running, write the LW.

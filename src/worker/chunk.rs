@@ -3,7 +3,8 @@
 //! under the table's lock, then the high watermark.
 //!
 //! Owns: the chunk's query, the snapshot facts the reconciliation needs (transactions in
-//! progress), a repair's deletes, the rewrite check, and how the rows are held until the high
+//! progress), a repair's and a resync's deletes (a remote target's from the keys it holds:
+//! [`sweep_deletes`]), the rewrite check, and how the rows are held until the high
 //! watermark: as JSON text (one event per row, for every target), or, for a target in this
 //! database that has the table's columns with the same types, as row values of the source's
 //! row type ([`RowValues`]: no text output, no JSON, one upsert), or, for a target in another
@@ -565,18 +566,138 @@ fn repair_deletes(
     // As the backfill's owner, like the chunk: it reads the source (and casts to its key
     // types), and a sweep the target's keys (which its writes need anyway).
     let found = crate::security::as_owner(owner, || sql::text_rows(&sql, &dargs, 0, false))?;
+    render_deletes(&q.columns, &q.key_idx, keys, found)
+}
+
+/// Keys to delete (`found`: key values, text in key order) as the reconciler holds them: the
+/// key rendered as the stream renders it (by `columns`, whose key columns are at `key_idx`),
+/// with the values by name.
+fn render_deletes(
+    columns: &[OwnedColumn],
+    key_idx: &[usize],
+    keys: &[String],
+    found: Vec<Vec<Option<String>>>,
+) -> TideResult<Vec<(String, KeyValues)>> {
     let mut deletes = Vec::with_capacity(found.len());
     for r in found {
-        let mut values = vec![Value::Null; q.columns.len()];
-        for (ki, &ci) in q.key_idx.iter().enumerate() {
-            values[ci] = r[ki].as_deref().map_or(Value::Null, Value::Text);
+        let mut values = vec![Value::Null; columns.len()];
+        for (ki, &ci) in key_idx.iter().enumerate() {
+            values[ci] = r
+                .get(ki)
+                .and_then(|v| v.as_deref())
+                .map_or(Value::Null, Value::Text);
         }
         let mut key = String::new();
-        json::render_key(&q.columns, &Tuple { values }, &mut key)
+        json::render_key(columns, &Tuple { values }, &mut key)
             .map_err(|e| TideError::internal(format!("cannot render a key to delete: {e}")))?;
         deletes.push((key, keys.iter().cloned().zip(r).collect()));
     }
     Ok(deletes)
+}
+
+/// A resync's sweep at a target in another PostgreSQL (`Target::sweep_keys`): of `found`, the
+/// keys that target holds in `read`'s key range as the target compares keys, those that lie in
+/// the chunk's key range as the source orders keys (after the backfill's last key, up to the
+/// chunk's last row, or to the end for the table's last chunk) and that the chunk did not
+/// read. The chunk read every row of that range in its snapshot, so these are exactly the keys
+/// its snapshot does not find at the source (compared with the source's key types, in SQL:
+/// keys equal for the type are the same key, whatever their text). They are deleted at the
+/// high watermark unless the stream touches them in the window, as for a local target
+/// ([`repair_deletes`]). Called by the worker once the chunk is read, in a transaction of its
+/// own (expressions only: no table is read).
+pub(super) fn sweep_deletes(
+    job: &Job,
+    read: &ChunkRead,
+    found: Vec<Vec<Option<String>>>,
+) -> TideResult<Vec<(String, KeyValues)>> {
+    if found.is_empty() {
+        return Ok(Vec::new());
+    }
+    let keys = &job.b.key_columns;
+    let Some(meta) = table_meta(job.b.relid, keys)? else {
+        return Err(TideError::undefined(format!(
+            "the table of backfill {} (OID {}) no longer exists",
+            job.b.id, job.b.relid
+        ))
+        .retry_later());
+    };
+    let columns: Vec<OwnedColumn> = meta.columns.iter().map(|(c, _)| c.clone()).collect();
+    let mut key_idx = Vec::with_capacity(keys.len());
+    let mut types = Vec::with_capacity(keys.len());
+    for k in keys {
+        let Some(i) = columns.iter().position(|c| &c.name == k) else {
+            return Err(TideError::prerequisite(format!(
+                "key column \"{k}\" of {} no longer exists",
+                meta.relation
+            )));
+        };
+        key_idx.push(i);
+        types.push(meta.columns[i].1.clone());
+    }
+    let elems = |alias: &str| -> String {
+        types
+            .iter()
+            .enumerate()
+            .map(|(i, ty)| format!("({alias}.v->>{i})::{ty} AS k{i}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let names = |alias: &str, text: bool| -> String {
+        (0..types.len())
+            .map(|i| {
+                if text {
+                    format!("{alias}k{i}::pg_catalog.text")
+                } else {
+                    format!("{alias}k{i}")
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut clauses = Vec::new();
+    let mut args: Vec<Option<String>> = Vec::new();
+    let upper = if read.is_last {
+        None
+    } else {
+        read.rows.last().map(|r| r.key_values.clone())
+    };
+    for (bound, op) in [(job.b.last_key.clone(), ">"), (upper, "<=")] {
+        if let Some(values) = bound {
+            let ps = types
+                .iter()
+                .enumerate()
+                .map(|(i, ty)| format!("${}::{ty}", args.len() + i + 3))
+                .collect::<Vec<_>>()
+                .join(", ");
+            args.extend(values.into_iter().map(Some));
+            clauses.push(format!("({}) {op} ({ps})", names("d.", false)));
+        }
+    }
+    let json_err = |e: serde_json::Error| TideError::internal(format!("cannot encode keys: {e}"));
+    let target_keys = serde_json::to_string(&found).map_err(json_err)?;
+    let chunk_keys =
+        serde_json::to_string(&read.rows.iter().map(|r| &r.key_values).collect::<Vec<_>>())
+            .map_err(json_err)?;
+    let sql = format!(
+        "SELECT {} FROM (SELECT {} FROM pg_catalog.jsonb_array_elements($1::pg_catalog.text::pg_catalog.jsonb) AS t(v)
+                          EXCEPT
+                          SELECT {} FROM pg_catalog.jsonb_array_elements($2::pg_catalog.text::pg_catalog.jsonb) AS c(v)) d{}",
+        names("d.", true),
+        elems("t"),
+        elems("c"),
+        if clauses.is_empty() {
+            String::new()
+        } else {
+            format!(" WHERE {}", clauses.join(" AND "))
+        }
+    );
+    let mut params: Vec<Option<&str>> = vec![Some(&target_keys), Some(&chunk_keys)];
+    params.extend(args.iter().map(|a| a.as_deref()));
+    // As the backfill's owner, like the chunk (the casts to the key types run its domains'
+    // checks).
+    let owner = crate::security::owner_oid(&job.b.owner, &format!("backfill {}", job.b.id))?;
+    let gone = crate::security::as_owner(owner, || sql::text_rows(&sql, &params, 0, true))?;
+    render_deletes(&columns, &key_idx, keys, gone)
 }
 
 /// Defence in depth: the chunk must have read the relation file its snapshot knows. The lock

@@ -372,8 +372,73 @@ fn recover(name: &str, lost: catalog::slots::SlotLost) -> TideResult<Vec<String>
             return Err(e);
         }
     };
-    notes.extend(tx::run(|| catalog::slots::queue_resync(name, &lsn))?);
+    notes.extend(tx::run(|| {
+        let queued = catalog::slots::queue_resync(name, &lsn)?;
+        if queued.is_some() {
+            announce_resync_start(name, &lsn)?;
+        }
+        Ok(queued)
+    })?);
     Ok(notes)
+}
+
+/// A kafka pipeline's `resync` start events (an outbox's are written by `queue_resync`): sent,
+/// and acknowledged by the broker, inside the transaction that marks the pipeline `resyncing`,
+/// as the pseudo transaction (xid 0) at the WAL page where the new slot starts (`lsn`; see
+/// [`resync_lsn`]). If that transaction does not commit, the recovery starts again and sends
+/// them again, still before any row read again.
+fn announce_resync_start(name: &str, lsn: &str) -> TideResult<()> {
+    Spi::connect_mut(|c| {
+        let marks = catalog::slots::kafka_marks(c, name, catalog::slots::Phase::Start)?;
+        if marks.is_empty() {
+            return Ok(());
+        }
+        let Some(p) = catalog::pipelines::lock_pipeline(c, name)? else {
+            return Ok(());
+        };
+        let lsn = lsn.parse::<Lsn>().map_err(|_| {
+            TideError::internal(format!("a new slot starts at \"{lsn}\", not an LSN"))
+        })?;
+        let mut sink = crate::sink::for_pipeline(&p)?;
+        send_resync_marks(c, &mut *sink, resync_lsn(lsn, false), marks)?;
+        sink.commit(c, name, None, crate::sink::CommitPoint::End)
+    })
+}
+
+/// The commit position of a resync's pseudo transaction near `lsn`: the start of its WAL page
+/// (`next`: of the next page, so an end's is always after its start's). No WAL record starts at a
+/// page boundary (each page begins with its header), so no source transaction commits there:
+/// the events' identities (`commit_lsn`, `position`) are never a real event's.
+fn resync_lsn(lsn: Lsn, next: bool) -> Lsn {
+    let page = u64::from(pg_sys::XLOG_BLCKSZ);
+    Lsn((lsn.0 / page + u64::from(next)) * page)
+}
+
+/// Hand a resync's events (`marks`: relid, relation, payload) to `sink` as one pseudo source
+/// transaction (xid 0) at `lsn`.
+fn send_resync_marks(
+    c: &mut SpiClient<'_>,
+    sink: &mut dyn Target,
+    lsn: Lsn,
+    marks: Vec<(u32, String, String)>,
+) -> TideResult<()> {
+    let marks: Vec<crate::sink::ResyncMark> = marks
+        .into_iter()
+        .map(|(relid, relation, payload)| crate::sink::ResyncMark {
+            relid,
+            relation,
+            payload,
+        })
+        .collect();
+    let mut t = tide_core::model::Txn {
+        xid: 0,
+        lsn,
+        commit_time: now_us(),
+        skip: false,
+        position: 0,
+        barrier: false,
+    };
+    sink.resync(c, &mut t, &marks)
 }
 
 /// Bookkeeping after a successful iteration: its log lines, a standby snapshot while busy, the
@@ -580,8 +645,14 @@ fn iterate(
         }
         catalog::slots::note_paused(c, &p)?;
         let mut notes = Vec::new();
+        // A kafka pipeline's resync end events, sent first in this iteration (an outbox's are
+        // written by finish_resync).
+        let mut resync_end = Vec::new();
         if p.resync == Some(Resync::Resyncing) {
-            notes.extend(catalog::slots::finish_resync(c, &p)?);
+            if let Some(note) = catalog::slots::finish_resync(c, &p)? {
+                notes.push(note);
+                resync_end = catalog::slots::kafka_marks(c, name, catalog::slots::Phase::End)?;
+            }
         }
         catalog::slots::allow_output_plugin()?;
         // Mark this iteration's transaction (its target writes above all) as pg_tide's.
@@ -598,13 +669,14 @@ fn iterate(
         let Some(sink) = sink.as_mut() else {
             return Err(TideError::internal("no sink"));
         };
-        let mut out = stream(c, &p, bf, &mut **sink, dec, rels, one_at_a_time)?;
+        let mut out = stream(c, &p, bf, &mut **sink, dec, rels, one_at_a_time, resync_end)?;
         notes.append(&mut out.notes);
         out.notes = notes;
         Ok(out)
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 fn stream(
     c: &mut SpiClient<'_>,
     p: &PipelineRow,
@@ -613,6 +685,7 @@ fn stream(
     dec: &mut Option<Decoder>,
     rels: &mut HashMap<u32, RelDesc>,
     one_at_a_time: bool,
+    resync_end: Vec<(u32, String, String)>,
 ) -> TideResult<Outcome> {
     let tables = catalog::tables::captured(c, &p.name)?;
     let mut notes = Vec::new();
@@ -621,6 +694,12 @@ fn stream(
     }
     // A remote target keeps its own applied position (written in its own transactions).
     let target_applied = sink.begin(c, p)?;
+    if !resync_end.is_empty() {
+        let now = crate::sql::one::<String>("SELECT pg_catalog.pg_current_wal_lsn()::text", &[])?
+            .and_then(|l| l.parse::<Lsn>().ok())
+            .ok_or_else(|| TideError::internal("cannot read the current WAL position"))?;
+        send_resync_marks(c, sink, resync_lsn(now, true), resync_end)?;
+    }
     let (signal_relid, marker_relid) = catalog::signal_and_marker_relids()?;
     let (sets, filter) = table_sets(&tables, signal_relid, marker_relid);
     let (applied, confirmed) = positions(p, target_applied)?;

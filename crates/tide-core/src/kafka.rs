@@ -185,6 +185,9 @@ pub struct EnvelopeEvent<'a> {
     pub now_ms: i64,
     /// For op `schema`: the change (the outbox schema event's `row`).
     pub schema_change: Option<&'a str>,
+    /// For op `resync`: the phase (the outbox resync event's `row`: `{"phase": "start",
+    /// "reason", "slot_lost_at"}` or `{"phase": "end", "complete"}`).
+    pub resync: Option<&'a str>,
 }
 
 /// Render the Debezium envelope of an event (the message value):
@@ -252,6 +255,10 @@ pub fn envelope(src: &SourceInfo, e: &EnvelopeEvent<'_>, out: &mut String) {
     if let Some(c) = e.schema_change {
         out.push_str(",\"schema_change\":");
         out.push_str(c);
+    }
+    if let Some(r) = e.resync {
+        out.push_str(",\"resync\":");
+        out.push_str(r);
     }
     out.push('}');
 }
@@ -581,7 +588,24 @@ mod tests {
             data_collection_order: 1,
             now_ms: 5,
             schema_change: None,
+            resync: None,
         }
+    }
+
+    #[test]
+    fn resync_envelopes_carry_the_phase() {
+        let mut out = String::new();
+        let mut e = ev(Op::Resync, None, None);
+        e.resync = Some(r#"{"phase":"end","complete":true}"#);
+        envelope(&src(), &e, &mut out);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["op"], "resync");
+        assert_eq!(v["before"], serde_json::Value::Null);
+        assert_eq!(v["after"], serde_json::Value::Null);
+        assert_eq!(v["resync"]["phase"], "end");
+        assert_eq!(v["resync"]["complete"], true);
+        assert!(v.get("schema_change").is_none());
+        assert!(broadcast(Op::Resync));
     }
 
     #[test]

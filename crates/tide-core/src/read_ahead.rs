@@ -36,6 +36,9 @@ pub struct Due {
     /// qualified, whose rows in each chunk's key range that the source no longer has are deleted
     /// at the chunk's high watermark.
     pub sweep: Option<String>,
+    /// A resync's backfill (after a lost slot), whatever the target: a target in another
+    /// PostgreSQL is swept by the worker once the chunk is read (`Target::sweep_keys`).
+    pub resync: bool,
 }
 
 /// What a chunk read tells about the backfill's total (turned into `estimated_rows` at the
@@ -262,6 +265,7 @@ impl Enc {
         self.i64(b.chunk_no);
         self.opt(b.repair_deletes.as_deref(), |e, v| e.str(v));
         self.opt(b.sweep.as_deref(), |e, v| e.str(v));
+        self.bool(b.resync);
     }
     fn row(&mut self, r: &Row) {
         match r {
@@ -393,6 +397,7 @@ impl<'a> Dec<'a> {
             chunk_no: self.i64()?,
             repair_deletes: self.opt(|d| d.str())?,
             sweep: self.opt(|d| d.str())?,
+            resync: self.bool()?,
         })
     }
     fn form(&mut self) -> D<RowForm> {

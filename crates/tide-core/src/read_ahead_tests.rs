@@ -18,6 +18,7 @@ fn due() -> impl Strategy<Value = Due> {
         any::<i64>(),
         option::of(".*"),
         option::of(".*"),
+        any::<bool>(),
     )
         .prop_map(
             |(
@@ -32,6 +33,7 @@ fn due() -> impl Strategy<Value = Due> {
                 chunk_no,
                 repair_deletes,
                 sweep,
+                resync,
             )| Due {
                 id,
                 relid,
@@ -44,6 +46,7 @@ fn due() -> impl Strategy<Value = Due> {
                 chunk_no,
                 repair_deletes,
                 sweep,
+                resync,
             },
         )
 }
@@ -275,6 +278,7 @@ fn unknown_tags_are_refused() {
         chunk_no: 1,
         repair_deletes: None,
         sweep: None,
+        resync: false,
     };
     let mut msg = encode_request(&Request {
         pipeline: "p".into(),

@@ -10,6 +10,9 @@
 //! - `wallets`: a consumer that buffers by source transaction (the transaction topic's `END`
 //!   records and the `transaction` block of each message) never sees a partial transfer, while a
 //!   consumer that applies message by message does (the check can fail);
+//! - `resync`: after a lost slot, every partition of each table's topic gets a `resync` start
+//!   before the table's re-read rows and an end after them; a consumer that drops the keys it did
+//!   not see between them ends with the source's rows (one that does not, does not);
 //! - `refusals`: options, servers, user mappings and privileges refused with SQLSTATE and hint;
 //!   secrets readable by no other role.
 //!
@@ -20,4 +23,5 @@ mod broker;
 mod convergence;
 mod refusals;
 mod replay;
+mod resync;
 mod wallets;

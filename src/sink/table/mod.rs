@@ -621,10 +621,76 @@ impl<B: Backend> Target for TableTarget<B> {
         }
     }
 
+    /// A target in another PostgreSQL: the keys its table holds in the range, read there with
+    /// the bounds cast to the target's key types (its rows only this pipeline writes). A local
+    /// target is swept in the chunk's snapshot instead (`worker::chunk`).
+    fn sweep_keys(
+        &mut self,
+        relid: u32,
+        key_columns: &[String],
+        lower: Option<&[String]>,
+        upper: Option<&[String]>,
+    ) -> TideResult<Option<Vec<Vec<Option<String>>>>> {
+        if self.backend.in_this_database() {
+            return Ok(None);
+        }
+        let Some(t) = self.targets.get(&relid).cloned() else {
+            // Not a table this pipeline writes: nothing there to sweep.
+            return Ok(Some(Vec::new()));
+        };
+        let types = self.typed(&t, key_columns)?;
+        let (sql, params) = sweep_query(&t, &types, lower, upper);
+        let params: Vec<&str> = params.iter().map(String::as_str).collect();
+        self.backend.query(&sql, &params).map(Some)
+    }
+
     fn reset(&mut self) {
         self.shapes.clear();
         self.checked.clear();
         self.planner.clear();
         self.backend.reset();
     }
+}
+
+/// The keys (`types`: each key column with the target's type for it) of target table `t` after
+/// `lower` up to `upper`, each key column as text, with the bounds as parameters.
+fn sweep_query(
+    t: &TableRef,
+    types: &[TypedColumn],
+    lower: Option<&[String]>,
+    upper: Option<&[String]>,
+) -> (String, Vec<String>) {
+    let key = types
+        .iter()
+        .map(|(k, _)| format!("t.{}", tide_core::plan::quote_ident(k)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let texts = types
+        .iter()
+        .map(|(k, _)| format!("t.{}::pg_catalog.text", tide_core::plan::quote_ident(k)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut clauses = Vec::new();
+    let mut params = Vec::new();
+    for (bound, op) in [(lower, ">"), (upper, "<=")] {
+        if let Some(values) = bound {
+            let ps = types
+                .iter()
+                .enumerate()
+                .map(|(i, (_, ty))| format!("${}::{ty}", params.len() + i + 1))
+                .collect::<Vec<_>>()
+                .join(", ");
+            params.extend(values.iter().cloned());
+            clauses.push(format!("({key}) {op} ({ps})"));
+        }
+    }
+    let filter = if clauses.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", clauses.join(" AND "))
+    };
+    (
+        format!("SELECT {texts} FROM {} t{filter}", t.qualified()),
+        params,
+    )
 }
