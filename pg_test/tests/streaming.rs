@@ -19,7 +19,9 @@ fn cluster(name: &str) -> Cluster {
     let c = start_cluster(
         Cluster::builder(name)
             .conf("logical_decoding_work_mem = '64kB'")
-            .conf("max_prepared_transactions = 4"),
+            .conf("max_prepared_transactions = 4")
+            // For the hand-made slot of `plugin_streams_only_when_asked`.
+            .conf("output_plugin_libraries = 'pg_tide'"),
     );
     init_extension(&c);
     c.execute(
@@ -330,4 +332,80 @@ fn kill9_mid_stream_loses_and_duplicates_nothing() {
     assert_outbox_invariants(&c);
     assert_target_equals_source(&c);
     assert_no_spool_left(&c);
+}
+
+/// The output plugin through SQL: without the option `streaming` (or with `'off'`) a large
+/// transaction comes whole at its commit, as before; with `'on'` it comes in blocks (`S` ... `E`,
+/// its changes wrapped in `X`) and ends with `F`; a rolled-back one ends with `A`. A bad value
+/// is refused with 22023 and a hint naming the options, as is the previous format version.
+#[test]
+fn plugin_streams_only_when_asked() {
+    let c = cluster("stream_plugin");
+    c.execute("SELECT pg_create_logical_replication_slot('hand', 'pg_tide')");
+    c.execute(&insert_sql(1, 5000, "a"));
+    c.execute(&format!("BEGIN; {}; ROLLBACK", insert_sql(5001, 10000, "gone")));
+    // Tags (first byte) of every message, in order, with each run of one tag counted.
+    let tags = |opts: &str| -> Vec<(String, i64)> {
+        c.query(&format!(
+            "WITH m AS (SELECT row_number() OVER () AS n, chr(get_byte(data, 0)) AS tag
+                          FROM pg_logical_slot_peek_binary_changes('hand', NULL, NULL,
+                               'proto_version', '4'{opts})),
+                  r AS (SELECT n, tag, n - row_number() OVER (PARTITION BY tag ORDER BY n) AS grp FROM m)
+             SELECT tag, count(*) FROM r GROUP BY tag, grp ORDER BY min(n)"
+        ))
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+    };
+    let plain = tags("");
+    assert_eq!(plain, tags(", 'streaming', 'off'"));
+    assert_eq!(
+        plain,
+        [
+            ("B".to_string(), 1),
+            ("R".to_string(), 1),
+            ("I".to_string(), 5000),
+            ("C".to_string(), 1)
+        ],
+        "whole at the commit, the rolled-back one not at all"
+    );
+    let streamed = tags(", 'streaming', 'on'");
+    let kinds: Vec<&str> = streamed.iter().map(|(t, _)| t.as_str()).collect();
+    assert!(
+        kinds.iter().filter(|&&t| t == "S").count() >= 2,
+        "several blocks: {streamed:?}"
+    );
+    assert_eq!(kinds.first(), Some(&"S"), "{streamed:?}");
+    assert_eq!(
+        kinds.iter().filter(|&&t| t == "F").count(),
+        1,
+        "one stream commit: {streamed:?}"
+    );
+    assert_eq!(kinds.last(), Some(&"A"), "the rolled-back one is aborted: {streamed:?}");
+    assert!(
+        kinds.iter().all(|t| ["S", "X", "E", "F", "A"].contains(t)),
+        "nothing outside blocks but F and A: {streamed:?}"
+    );
+    let wrapped: i64 = streamed
+        .iter()
+        .filter(|(t, _)| t == "X")
+        .map(|(_, n)| n)
+        .sum();
+    // All of the committed one (5000 changes and its Relation), part of the rolled-back one
+    // (what was still in memory at its abort was dropped unsent).
+    assert!(wrapped > 5001, "both transactions streamed: {wrapped}");
+
+    for (opts, what) in [
+        (", 'streaming', 'maybe'", "option streaming must be 'on' or 'off'"),
+        ("", "unsupported proto_version"),
+    ] {
+        let sql = if opts.is_empty() {
+            "SELECT count(*) FROM pg_logical_slot_peek_binary_changes('hand', NULL, NULL, 'proto_version', '3')".to_string()
+        } else {
+            format!("SELECT count(*) FROM pg_logical_slot_peek_binary_changes('hand', NULL, NULL, 'proto_version', '4'{opts})")
+        };
+        let e = expect_fail(&c, &sql, "22023", Some("streaming ('on' or 'off')"));
+        assert!(e.message().contains(what), "{}", e.message());
+    }
+    c.execute("SELECT pg_drop_replication_slot('hand')");
 }

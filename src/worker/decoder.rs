@@ -117,6 +117,11 @@ struct Output {
     streams: Streams,
 }
 
+/// The most of one streamed transaction a spool keeps in memory before its file: several may be
+/// in progress at once, and at a commit the spool is copied into the buffer, which keeps up to
+/// `logical_decoding_work_mem` itself.
+const STREAM_SPOOL_MEMORY: usize = 8 << 20;
+
 /// Hands out the buffered messages in order; the buffer is emptied when this is dropped.
 pub struct Messages<'a>(Drain<'a>);
 
@@ -196,7 +201,7 @@ impl Decoder {
                     streams: Streams::new(
                         "base/pgsql_tmp",
                         format!("pgsql_tmp_pg_tide.{}.stream", { pg_sys::MyProcPid }),
-                        spill_threshold(),
+                        spill_threshold().min(STREAM_SPOOL_MEMORY),
                     ),
                 }),
                 filter: filter.to_string(),
