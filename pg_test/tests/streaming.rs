@@ -93,6 +93,22 @@ fn outbox(c: &Cluster) -> Vec<String> {
     .collect()
 }
 
+/// `got` equals `want`; on a difference, says where (the lists are long).
+#[track_caller]
+fn assert_events(got: &[String], want: &[String], what: &str) {
+    if got != want {
+        let at = got.iter().zip(want).position(|(g, w)| g != w).unwrap_or(got.len().min(want.len()));
+        let window = |v: &[String]| v[at.min(v.len())..(at + 5).min(v.len())].to_vec();
+        panic!(
+            "{what}: {} events, {} expected; first difference at {at}: {:?} instead of {:?}",
+            got.len(),
+            want.len(),
+            window(got),
+            window(want)
+        );
+    }
+}
+
 fn inserts(ids: impl IntoIterator<Item = i32>) -> Vec<String> {
     ids.into_iter().map(|i| format!("insert:{i}")).collect()
 }
@@ -161,7 +177,7 @@ fn large_transaction_is_streamed_and_arrives_whole() {
     assert!(stream_txns(&c, "tide_tt") > 0, "slot tide_tt streamed nothing");
     let mut want = inserts(1..=20000);
     want.extend((1..=10000).map(|i| format!("update:{}", 2 * i)));
-    assert_eq!(outbox(&c), want, "the transaction in order, once");
+    assert_events(&outbox(&c), &want, "the transaction in order, once");
     let txns: i64 = c.query_scalar(
         "SELECT count(DISTINCT commit_lsn) FROM tide.outbox WHERE pipeline = 'o'",
     );
@@ -197,7 +213,7 @@ fn rolled_back_large_transactions_leave_nothing() {
     wait_pipeline(&c, "o", 120);
     wait_pipeline(&c, "tt", 120);
     assert!(stream_txns(&c, "tide_o") >= 2, "both transactions streamed");
-    assert_eq!(outbox(&c), inserts(1..=10000), "only the committed rows, once");
+    assert_events(&outbox(&c), &inserts(1..=10000), "only the committed rows, once");
     let subs: i64 = c.query_scalar("SELECT count(*) FROM tgt.big WHERE id > 100000 OR tag <> 'keep'");
     assert_eq!(subs, 0, "rows of the rolled-back subtransaction at the target");
     assert_outbox_invariants(&c);
@@ -227,7 +243,7 @@ fn interleaved_large_transactions_apply_in_commit_order() {
     wait_pipeline(&c, "tt", 120);
     let mut want = inserts(20001..=40000);
     want.extend(inserts(1..=20000));
-    assert_eq!(outbox(&c), want, "b whole, then a whole");
+    assert_events(&outbox(&c), &want, "b whole, then a whole");
     let order: Vec<String> = c
         .query(
             "SELECT min(\"row\"->>'tag') FROM tide.outbox WHERE pipeline = 'o'
@@ -328,7 +344,7 @@ fn kill9_mid_stream_loses_and_duplicates_nothing() {
     let mut want = inserts(100001..=100020);
     want.extend(inserts(1..=30000));
     want.extend(inserts(200001..=200010));
-    assert_eq!(outbox(&c), want, "every row once, in commit order");
+    assert_events(&outbox(&c), &want, "every row once, in commit order");
     assert_outbox_invariants(&c);
     assert_target_equals_source(&c);
     assert_no_spool_left(&c);
