@@ -1050,7 +1050,11 @@ unsafe extern "C-unwind" fn stream_change(
     unsafe {
         // The subtransaction that made the change: an abort of it drops the change.
         let sub = (*change).txn;
-        state(ctx).sub = if sub.is_null() { xid_of(txn) } else { xid_of(sub) };
+        state(ctx).sub = if sub.is_null() {
+            xid_of(txn)
+        } else {
+            xid_of(sub)
+        };
         emit_change(ctx, txn, rel, change)
     }
 }
@@ -1065,7 +1069,11 @@ unsafe extern "C-unwind" fn stream_truncate(
 ) {
     unsafe {
         let sub = (*change).txn;
-        state(ctx).sub = if sub.is_null() { xid_of(txn) } else { xid_of(sub) };
+        state(ctx).sub = if sub.is_null() {
+            xid_of(txn)
+        } else {
+            xid_of(sub)
+        };
         emit_truncate(ctx, txn, nrelations, relations, change)
     }
 }
@@ -1093,7 +1101,11 @@ unsafe extern "C-unwind" fn stream_abort(
     unsafe {
         let st = state(ctx);
         let toptxn = (*txn).toptxn;
-        let top = if toptxn.is_null() { xid_of(txn) } else { xid_of(toptxn) };
+        let top = if toptxn.is_null() {
+            xid_of(txn)
+        } else {
+            xid_of(toptxn)
+        };
         let sub = xid_of(txn);
         if st.streams.contains_key(&top) {
             wire::put_stream_abort(&mut st.buf, top, sub);

@@ -97,7 +97,11 @@ fn outbox(c: &Cluster) -> Vec<String> {
 #[track_caller]
 fn assert_events(got: &[String], want: &[String], what: &str) {
     if got != want {
-        let at = got.iter().zip(want).position(|(g, w)| g != w).unwrap_or(got.len().min(want.len()));
+        let at = got
+            .iter()
+            .zip(want)
+            .position(|(g, w)| g != w)
+            .unwrap_or(got.len().min(want.len()));
         let window = |v: &[String]| v[at.min(v.len())..(at + 5).min(v.len())].to_vec();
         panic!(
             "{what}: {} events, {} expected; first difference at {at}: {:?} instead of {:?}",
@@ -141,14 +145,7 @@ fn assert_outbox_invariants(c: &Cluster) {
 }
 
 fn assert_target_equals_source(c: &Cluster) {
-    assert_same_rows(
-        "tgt.big = big",
-        c,
-        "big",
-        c,
-        "tgt.big",
-        "id, tag, pad",
-    );
+    assert_same_rows("tgt.big = big", c, "big", c, "tgt.big", "id, tag, pad");
 }
 
 fn assert_no_spool_left(c: &Cluster) {
@@ -173,14 +170,19 @@ fn large_transaction_is_streamed_and_arrives_whole() {
         .unwrap();
     wait_pipeline(&c, "o", 120);
     wait_pipeline(&c, "tt", 120);
-    assert!(stream_txns(&c, "tide_o") > 0, "slot tide_o streamed nothing");
-    assert!(stream_txns(&c, "tide_tt") > 0, "slot tide_tt streamed nothing");
+    assert!(
+        stream_txns(&c, "tide_o") > 0,
+        "slot tide_o streamed nothing"
+    );
+    assert!(
+        stream_txns(&c, "tide_tt") > 0,
+        "slot tide_tt streamed nothing"
+    );
     let mut want = inserts(1..=20000);
     want.extend((1..=10000).map(|i| format!("update:{}", 2 * i)));
     assert_events(&outbox(&c), &want, "the transaction in order, once");
-    let txns: i64 = c.query_scalar(
-        "SELECT count(DISTINCT commit_lsn) FROM tide.outbox WHERE pipeline = 'o'",
-    );
+    let txns: i64 =
+        c.query_scalar("SELECT count(DISTINCT commit_lsn) FROM tide.outbox WHERE pipeline = 'o'");
     assert_eq!(txns, 1, "one source transaction");
     assert_outbox_invariants(&c);
     assert_target_equals_source(&c);
@@ -205,7 +207,8 @@ fn rolled_back_large_transactions_leave_nothing() {
     a.batch_execute(&insert_sql(1, 5000, "keep")).unwrap();
     a.batch_execute("SAVEPOINT s").unwrap();
     a.batch_execute(&insert_sql(100001, 120000, "sub")).unwrap();
-    a.batch_execute("UPDATE big SET tag = 'sub' WHERE id <= 100").unwrap();
+    a.batch_execute("UPDATE big SET tag = 'sub' WHERE id <= 100")
+        .unwrap();
     wait_spooled(&c, 2, 2 << 20);
     a.batch_execute("ROLLBACK TO SAVEPOINT s").unwrap();
     a.batch_execute(&insert_sql(5001, 10000, "keep")).unwrap();
@@ -213,9 +216,17 @@ fn rolled_back_large_transactions_leave_nothing() {
     wait_pipeline(&c, "o", 120);
     wait_pipeline(&c, "tt", 120);
     assert!(stream_txns(&c, "tide_o") >= 2, "both transactions streamed");
-    assert_events(&outbox(&c), &inserts(1..=10000), "only the committed rows, once");
-    let subs: i64 = c.query_scalar("SELECT count(*) FROM tgt.big WHERE id > 100000 OR tag <> 'keep'");
-    assert_eq!(subs, 0, "rows of the rolled-back subtransaction at the target");
+    assert_events(
+        &outbox(&c),
+        &inserts(1..=10000),
+        "only the committed rows, once",
+    );
+    let subs: i64 =
+        c.query_scalar("SELECT count(*) FROM tgt.big WHERE id > 100000 OR tag <> 'keep'");
+    assert_eq!(
+        subs, 0,
+        "rows of the rolled-back subtransaction at the target"
+    );
     assert_outbox_invariants(&c);
     assert_target_equals_source(&c);
     assert_no_spool_left(&c);
@@ -287,18 +298,31 @@ fn backfill_with_streamed_key_changes_converges() {
     // A slow backfill (2000 rows a second, chunks of 1000): it is in flight when the transaction
     // commits.
     let id: i64 = c.query_scalar("SELECT tide.start_backfill('big', 'tt', chunk_size => 1000)");
-    exec(&c, "SELECT tide.alter_backfill('big', 'tt', rows_per_second => 2000)");
+    exec(
+        &c,
+        "SELECT tide.alter_backfill('big', 'tt', rows_per_second => 2000)",
+    );
     c.wait_until("two chunks", Duration::from_secs(60), POLL, || {
         Ok(backfill_chunks_done(&c, id) >= 2)
     });
-    a.batch_execute("UPDATE big SET pad = 'late' WHERE id % 11 = 0; COMMIT").unwrap();
+    a.batch_execute("UPDATE big SET pad = 'late' WHERE id % 11 = 0; COMMIT")
+        .unwrap();
     let at_commit = backfill_chunks_done(&c, id);
-    exec(&c, "SELECT tide.alter_backfill('big', 'tt', rows_per_second => 0)");
+    exec(
+        &c,
+        "SELECT tide.alter_backfill('big', 'tt', rows_per_second => 0)",
+    );
     wait_backfill(&c, "big", "tt", 180);
     wait_pipeline(&c, "tt", 120);
     eprintln!("the transaction committed after chunk {at_commit} of the backfill");
-    assert!(at_commit < 40, "the backfill had finished before the commit");
-    assert!(stream_txns(&c, "tide_tt") > 0, "the transaction was streamed");
+    assert!(
+        at_commit < 40,
+        "the backfill had finished before the commit"
+    );
+    assert!(
+        stream_txns(&c, "tide_tt") > 0,
+        "the transaction was streamed"
+    );
     assert_target_equals_source(&c);
     assert_no_spool_left(&c);
 }
@@ -327,14 +351,19 @@ fn kill9_mid_stream_loses_and_duplicates_nothing() {
         "SELECT bool_and(confirmed_flush_lsn > '{before}') FROM pg_replication_slots
           WHERE slot_name IN ('tide_o', 'tide_tt')"
     ));
-    assert!(past, "the slots were confirmed past the transaction's start");
+    assert!(
+        past,
+        "the slots were confirmed past the transaction's start"
+    );
     a.batch_execute(&insert_sql(20001, 30000, "a")).unwrap();
     a.batch_execute("PREPARE TRANSACTION 'big'").unwrap();
     drop(a);
 
     let victim = worker_pid(&c, "tt").expect("worker of tt");
     kill9(victim);
-    wait_recovered(&c, "tt", Some(victim), Duration::from_secs(120), || diag(&c));
+    wait_recovered(&c, "tt", Some(victim), Duration::from_secs(120), || {
+        diag(&c)
+    });
     // The new workers are sent the transaction again, from its start.
     wait_spooled(&c, 2, 1);
     c.execute("COMMIT PREPARED 'big'");
@@ -359,7 +388,10 @@ fn plugin_streams_only_when_asked() {
     let c = cluster("stream_plugin");
     c.execute("SELECT pg_create_logical_replication_slot('hand', 'pg_tide')");
     c.execute(&insert_sql(1, 5000, "a"));
-    c.execute(&format!("BEGIN; {}; ROLLBACK", insert_sql(5001, 10000, "gone")));
+    c.execute(&format!(
+        "BEGIN; {}; ROLLBACK",
+        insert_sql(5001, 10000, "gone")
+    ));
     // Tags (first byte) of every message, in order, with each run of one tag counted.
     let tags = |opts: &str| -> Vec<(String, i64)> {
         c.query(&format!(
@@ -397,7 +429,11 @@ fn plugin_streams_only_when_asked() {
         1,
         "one stream commit: {streamed:?}"
     );
-    assert_eq!(kinds.last(), Some(&"A"), "the rolled-back one is aborted: {streamed:?}");
+    assert_eq!(
+        kinds.last(),
+        Some(&"A"),
+        "the rolled-back one is aborted: {streamed:?}"
+    );
     assert!(
         kinds.iter().all(|t| ["S", "X", "E", "F", "A"].contains(t)),
         "nothing outside blocks but F and A: {streamed:?}"
@@ -412,7 +448,10 @@ fn plugin_streams_only_when_asked() {
     assert!(wrapped > 5001, "both transactions streamed: {wrapped}");
 
     for (opts, what) in [
-        (", 'streaming', 'maybe'", "option streaming must be 'on' or 'off'"),
+        (
+            ", 'streaming', 'maybe'",
+            "option streaming must be 'on' or 'off'",
+        ),
         ("", "unsupported proto_version"),
     ] {
         let sql = if opts.is_empty() {

@@ -249,8 +249,7 @@ impl Decoder {
             );
             pg_sys::MemoryContextSwitchTo(old);
             dec.ctx = ctx;
-            (*ctx).output_writer_private =
-                &mut *dec.out as *mut Output as *mut std::ffi::c_void;
+            (*ctx).output_writer_private = &mut *dec.out as *mut Output as *mut std::ffi::c_void;
             let restart = (*pg_sys::MyReplicationSlot).data.restart_lsn;
             if restart == 0 {
                 dec.close();

@@ -99,7 +99,12 @@ fn interleaved_transactions_come_out_whole_in_commit_order() {
     route_all(&mut s, &mut out, &msgs);
     assert_eq!(s.in_progress(), 0);
     let mut want = vec![begin_of(12, 100), insert(2, "c"), commit_of(12, 100)];
-    want.extend([begin_of(11, 200), insert(1, "b0"), insert(1, "b1"), commit_of(11, 200)]);
+    want.extend([
+        begin_of(11, 200),
+        insert(1, "b0"),
+        insert(1, "b1"),
+        commit_of(11, 200),
+    ]);
     want.push(begin_of(10, 300));
     for i in 0..51 {
         want.push(insert(1, &format!("a{i}")));
@@ -171,7 +176,11 @@ fn clear_forgets_and_out_of_place_messages_are_errors() {
     let d = dir("errors");
     let mut s = Streams::new(&d, "t", 1 << 20);
     let mut out = SpillBuffer::new(&d, "out", 1 << 20);
-    route_all(&mut s, &mut out, &[start(40, true), wrap(40, &insert(1, "x")), stop()]);
+    route_all(
+        &mut s,
+        &mut out,
+        &[start(40, true), wrap(40, &insert(1, "x")), stop()],
+    );
     s.clear();
     assert_eq!(s.in_progress(), 0);
     let err = |s: &mut Streams, out: &mut SpillBuffer, m: Vec<u8>| {

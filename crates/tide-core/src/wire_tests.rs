@@ -338,7 +338,14 @@ fn stream_errors_say_what_and_where() {
     put_insert_header(&mut buf, 1);
     let e = decode(&buf).unwrap_err();
     assert!(
-        matches!(e, DecodeError::Truncated { offset: 10, expected: "tuple column count", .. }),
+        matches!(
+            e,
+            DecodeError::Truncated {
+                offset: 10,
+                expected: "tuple column count",
+                ..
+            }
+        ),
         "{e}"
     );
     put_tuple_header(&mut buf, 0);
@@ -353,7 +360,13 @@ fn stream_errors_say_what_and_where() {
     );
     // The first-block flag is 0 or 1.
     let e = decode(&[b'S', 0, 0, 0, 1, 2]).unwrap_err();
-    assert_eq!(e, DecodeError::InvalidFlag { value: 2, offset: 5 });
+    assert_eq!(
+        e,
+        DecodeError::InvalidFlag {
+            value: 2,
+            offset: 5
+        }
+    );
     assert_eq!(e.to_string(), "expected flag 0 or 1 at offset 5, found 2");
 }
 
