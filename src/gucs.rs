@@ -30,6 +30,10 @@ pub static OUTBOX_PRUNE_BATCH: GucSetting<i32> = GucSetting::<i32>::new(1000);
 /// `tide.read_ahead`: a pipeline worker that backfills has a helper process read the next chunk
 /// while it writes the current one (see `worker::read_ahead`).
 pub static READ_AHEAD: GucSetting<bool> = GucSetting::<bool>::new(true);
+/// `tide.stream_in_progress`: whether a worker's decoder asks the output plugin to stream
+/// transactions larger than `logical_decoding_work_mem` while they run (spooled by the worker
+/// until their commit) instead of having PostgreSQL hold them until their commit.
+pub static STREAM_IN_PROGRESS: GucSetting<bool> = GucSetting::<bool>::new(true);
 /// `tide.max_pipelines_per_role`: the most pipelines one role may own (superusers are not
 /// limited); -1 (the default) is a quarter of `max_replication_slots`, at least 1, so one role
 /// cannot take every slot. See [`max_pipelines_per_role`].
@@ -64,6 +68,14 @@ pub fn init() {
         c"Whether a backfilling pipeline worker has a helper process read its next chunk.",
         c"The helper (backend_type 'pg_tide reader', one per backfilling pipeline, from max_worker_processes) reads the next chunk while the worker writes the current one. Off, or when no background worker slot is free, the worker reads every chunk itself.",
         &READ_AHEAD,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"tide.stream_in_progress",
+        c"Whether pipeline workers receive large transactions while they run.",
+        c"On: a transaction larger than logical_decoding_work_mem reaches the worker in blocks while it runs; the worker keeps it in a temporary file of its own and applies it at its commit, so the decoding work is done before the commit. Off: PostgreSQL holds it (spilling to pg_replslot) until its commit. A change applies when a worker next opens its decoder.",
+        &STREAM_IN_PROGRESS,
         GucContext::Sighup,
         GucFlags::default(),
     );

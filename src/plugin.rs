@@ -32,6 +32,14 @@
 //!   `docs/wire-format.md`, "Partitioned tables".
 //! - Values are the type's text output, produced under a per-change memory context that is reset
 //!   after each change, so memory does not grow with transaction size.
+//! - With the option `streaming 'on'` (and a server that can stream: the context allows it), a
+//!   transaction larger than `logical_decoding_work_mem` is sent while it runs, in blocks
+//!   (`StreamStart`, `StreamChange`s, `StreamStop`), then `StreamCommit` or `StreamAbort`
+//!   (also for an aborted subtransaction of it, whose changes are marked with its xid), as
+//!   `docs/wire-format.md` describes. A streamed transaction's Relation messages are its own
+//!   (sent in it whatever was sent before, and the transaction's first block of each session
+//!   carries `first`); after it ends, the relations it described are described again before
+//!   their next change elsewhere. Without the option nothing is streamed.
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -63,6 +71,15 @@ struct PluginState {
     rewritten: HashSet<pg_sys::Oid>,
     /// Replication origin → whether it is a pg_tide worker's (`pg_tide_*`), as looked up.
     origins: HashMap<pg_sys::RepOriginId, bool>,
+    /// The top-level transaction whose stream block is being decoded, if one is.
+    block: Option<u32>,
+    /// Whether the current block's StreamStart has been written (lazily, like Begin).
+    block_open: bool,
+    /// The (sub)transaction of the change being written in a block.
+    sub: u32,
+    /// Streamed transactions that emitted something in this session (their first block was
+    /// written), with the relations whose rewrite each reported.
+    streams: HashMap<u32, HashSet<pg_sys::Oid>>,
 }
 
 /// PostgreSQL functions pgrx does not bind (`catalog/partition.h`, `catalog/pg_inherits.h`,
@@ -110,6 +127,8 @@ thread_local! {
     /// Relations whose description was sent in this decoding session and not invalidated since.
     static SENT: RefCell<HashSet<pg_sys::Oid>> = RefCell::new(HashSet::new());
     static CALLBACK_REGISTERED: RefCell<bool> = const { RefCell::new(false) };
+    /// Streamed transaction → relations described in it and not invalidated since.
+    static STREAM_SENT: RefCell<HashMap<u32, HashSet<pg_sys::Oid>>> = RefCell::new(HashMap::new());
     /// Partition → the emitted partitioned table it is sent as (`None`: not one of an emitted
     /// table's partitions), as looked up; dropped at a relcache invalidation of either.
     static ROUTES: RefCell<HashMap<pg_sys::Oid, Option<pg_sys::Oid>>> = RefCell::new(HashMap::new());
@@ -123,6 +142,15 @@ unsafe extern "C-unwind" fn relcache_invalidated(_arg: pg_sys::Datum, relid: pg_
             s.clear();
         } else {
             s.remove(&relid);
+        }
+    });
+    STREAM_SENT.with(|s| {
+        for set in s.borrow_mut().values_mut() {
+            if relid == pg_sys::InvalidOid {
+                set.clear();
+            } else {
+                set.remove(&relid);
+            }
         }
     });
     ROUTES.with(|r| {
@@ -149,6 +177,15 @@ pub unsafe extern "C-unwind" fn _PG_output_plugin_init(cb: *mut pg_sys::OutputPl
         // No message_cb: logical messages are not pg_tide's (any role can emit one with
         // pg_logical_emit_message), so none reaches a worker.
         (*cb).filter_by_origin_cb = Some(filter_by_origin);
+        // In-progress transactions, when the reader asks for them (option `streaming`). No
+        // stream_message_cb (no message_cb either), and no two-phase callbacks: decoding calls
+        // stream_prepare only for a slot with two_phase, which pg_tide never creates.
+        (*cb).stream_start_cb = Some(stream_start);
+        (*cb).stream_stop_cb = Some(stream_stop);
+        (*cb).stream_abort_cb = Some(stream_abort);
+        (*cb).stream_commit_cb = Some(stream_commit);
+        (*cb).stream_change_cb = Some(stream_change);
+        (*cb).stream_truncate_cb = Some(stream_truncate);
         (*cb).shutdown_cb = Some(shutdown);
     }
 }
@@ -177,7 +214,10 @@ fn option_string(def: *mut pg_sys::DefElem) -> (String, String) {
 
 fn invalid_option(message: String) -> ! {
     crate::error::TideError::invalid(message)
-        .hint("pg_tide accepts the options proto_version ('2') and tables (comma-separated relation OIDs).")
+        .hint(format!(
+            "pg_tide accepts the options proto_version ('{}'), tables (comma-separated relation OIDs) and streaming ('on' or 'off').",
+            wire::PROTO_VERSION
+        ))
         .raise()
 }
 
@@ -195,6 +235,7 @@ unsafe extern "C-unwind" fn startup(
         (*opt).receive_rewrites = true;
 
         let mut tables = None;
+        let mut streaming = false;
         let list = (*ctx).output_plugin_options;
         if !list.is_null() {
             for i in 0..(*list).length {
@@ -223,12 +264,26 @@ unsafe extern "C-unwind" fn startup(
                         }
                         tables = Some(set);
                     }
+                    "streaming" => {
+                        streaming = match value.trim() {
+                            "on" | "true" | "1" => true,
+                            "off" | "false" | "0" => false,
+                            other => invalid_option(format!(
+                                "pg_tide output plugin: option streaming must be 'on' or 'off', not \"{other}\""
+                            )),
+                        }
+                    }
                     other => {
                         invalid_option(format!("pg_tide output plugin: unknown option \"{other}\""))
                     }
                 }
             }
         }
+
+        // Decoding set `streaming` when the plugin has the stream callbacks and the context can
+        // stream (not while creating the slot, for instance); stream only if asked to, as
+        // pgoutput does.
+        (*ctx).streaming = (*ctx).streaming && streaming;
 
         let change_cx = pg_sys::AllocSetContextCreateInternal(
             (*ctx).context,
@@ -255,10 +310,15 @@ unsafe extern "C-unwind" fn startup(
             reported_end: 0,
             rewritten: HashSet::new(),
             origins: HashMap::new(),
+            block: None,
+            block_open: false,
+            sub: 0,
+            streams: HashMap::new(),
         });
         (*ctx).output_plugin_private = Box::into_raw(state) as *mut std::ffi::c_void;
 
         SENT.with(|s| s.borrow_mut().clear());
+        STREAM_SENT.with(|s| s.borrow_mut().clear());
         ROUTES.with(|r| r.borrow_mut().clear());
         CALLBACK_REGISTERED.with(|r| {
             if !*r.borrow() {
@@ -302,6 +362,19 @@ unsafe fn ensure_begun(
     st: &mut PluginState,
     txn: *mut pg_sys::ReorderBufferTXN,
 ) {
+    if let Some(top) = st.block {
+        if !st.block_open {
+            let first = !st.streams.contains_key(&top);
+            wire::put_stream_start(&mut st.buf, top, first);
+            unsafe { flush(ctx, st, false) };
+            st.streams.entry(top).or_default();
+            STREAM_SENT.with(|s| {
+                s.borrow_mut().entry(top).or_default();
+            });
+            st.block_open = true;
+        }
+        return;
+    }
     if st.begun {
         return;
     }
@@ -342,17 +415,7 @@ unsafe extern "C-unwind" fn commit(
         let st = state(ctx);
         let end = (*txn).end_lsn;
         if !st.begun {
-            // Nothing emitted: let the reader advance past skipped transactions now and then, so
-            // an idle pipeline on a busy server does not retain WAL or re-decode it forever.
-            st.skipped += 1;
-            if st.skipped >= KEEPALIVE_TXNS
-                || end.saturating_sub(st.reported_end) >= KEEPALIVE_BYTES
-            {
-                wire::put_keepalive(&mut st.buf, Lsn(end));
-                flush(ctx, st, true);
-                st.skipped = 0;
-                st.reported_end = end;
-            }
+            skipped_commit(ctx, st, end);
             return;
         }
         st.skipped = 0;
@@ -369,12 +432,60 @@ unsafe extern "C-unwind" fn commit(
     }
 }
 
-/// Whether `txn` was committed by a pg_tide worker (its replication origin is `pg_tide_*`).
-/// Looked up once per origin and decoding session (inside the replay transaction, where the
-/// catalogs may be read).
-unsafe fn from_tide(st: &mut PluginState, txn: *mut pg_sys::ReorderBufferTXN) -> bool {
+/// A transaction that emitted nothing committed (ending at `end`): let the reader advance past
+/// skipped transactions now and then, so an idle pipeline on a busy server does not retain WAL
+/// or re-decode it forever.
+unsafe fn skipped_commit(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    st: &mut PluginState,
+    end: pg_sys::XLogRecPtr,
+) {
+    st.skipped += 1;
+    if st.skipped >= KEEPALIVE_TXNS || end.saturating_sub(st.reported_end) >= KEEPALIVE_BYTES {
+        wire::put_keepalive(&mut st.buf, Lsn(end));
+        unsafe { flush(ctx, st, true) };
+        st.skipped = 0;
+        st.reported_end = end;
+    }
+}
+
+/// In a stream block, the header that makes the next message a StreamChange of `xid`.
+fn lead(st: &mut PluginState, xid: u32) {
+    if st.block.is_some() {
+        wire::put_stream_change_header(&mut st.buf, xid);
+    }
+}
+
+/// The top-level transaction of the current stream block, or 0 outside one.
+fn block_top(st: &PluginState) -> u32 {
+    st.block.unwrap_or(0)
+}
+
+/// The origin a change was made with: the transaction's (known at its commit), else the
+/// change's own (a streamed transaction has not committed yet).
+unsafe fn origin_of(
+    txn: *mut pg_sys::ReorderBufferTXN,
+    change: *mut pg_sys::ReorderBufferChange,
+) -> pg_sys::RepOriginId {
     unsafe {
-        let origin = (*txn).origin_id;
+        let o = (*txn).origin_id;
+        if o != pg_sys::InvalidRepOriginId as pg_sys::RepOriginId || change.is_null() {
+            o
+        } else {
+            (*change).origin_id
+        }
+    }
+}
+
+/// Whether `txn` was committed by a pg_tide worker (its replication origin is `pg_tide_*`).
+unsafe fn from_tide(st: &mut PluginState, txn: *mut pg_sys::ReorderBufferTXN) -> bool {
+    unsafe { from_tide_origin(st, (*txn).origin_id) }
+}
+
+/// Whether `origin` is a pg_tide worker's (`pg_tide_*`). Looked up once per origin and decoding
+/// session (inside the replay transaction, where the catalogs may be read).
+unsafe fn from_tide_origin(st: &mut PluginState, origin: pg_sys::RepOriginId) -> bool {
+    unsafe {
         if origin == pg_sys::InvalidRepOriginId as pg_sys::RepOriginId {
             return false;
         }
@@ -456,7 +567,12 @@ unsafe fn send_relation_if_needed(
 ) {
     unsafe {
         let relid = (*rel).rd_id;
-        if SENT.with(|s| s.borrow().contains(&relid)) {
+        let top = st.block;
+        let sent = match top {
+            Some(x) => STREAM_SENT.with(|s| s.borrow().get(&x).is_some_and(|r| r.contains(&relid))),
+            None => SENT.with(|s| s.borrow().contains(&relid)),
+        };
+        if sent {
             return;
         }
         let desc = (*rel).rd_att;
@@ -472,6 +588,7 @@ unsafe fn send_relation_if_needed(
             .to_str()
             .unwrap_or("");
         let ncols = (0..natts).filter(|&i| sent_column(attr(desc, i))).count();
+        lead(st, block_top(st));
         wire::put_relation_header(&mut st.buf, relid.to_u32(), nsname, relname, ncols as u16);
         for i in 0..natts {
             let a = attr(desc, i);
@@ -495,7 +612,14 @@ unsafe fn send_relation_if_needed(
             );
         }
         flush(ctx, st, false);
-        SENT.with(|s| s.borrow_mut().insert(relid));
+        match top {
+            Some(x) => STREAM_SENT.with(|s| {
+                s.borrow_mut().entry(x).or_default().insert(relid);
+            }),
+            None => SENT.with(|s| {
+                s.borrow_mut().insert(relid);
+            }),
+        }
     }
 }
 
@@ -597,18 +721,30 @@ unsafe extern "C-unwind" fn change(
     rel: pg_sys::Relation,
     change: *mut pg_sys::ReorderBufferChange,
 ) {
+    unsafe { emit_change(ctx, txn, rel, change) }
+}
+
+/// A change of a committed transaction, or of a streamed one inside a block.
+unsafe fn emit_change(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    txn: *mut pg_sys::ReorderBufferTXN,
+    rel: pg_sys::Relation,
+    change: *mut pg_sys::ReorderBufferChange,
+) {
     unsafe {
         let st = state(ctx);
+        let tide = from_tide_origin(st, origin_of(txn, change));
         let rewrite_of = (*(*rel).rd_rel).relrewrite;
         if rewrite_of != pg_sys::InvalidOid {
-            if !from_tide(st, txn) {
+            if !tide {
                 report_rewrite(ctx, st, txn, rewrite_of);
             }
             return;
         }
-        if from_tide(st, txn) {
+        if tide {
             return;
         }
+        let sub = st.sub;
         let old_cx = pg_sys::MemoryContextSwitchTo(st.change_cx);
         // The relation the change is sent as: the emitted partitioned table `rel` is a partition
         // of (which wins over `rel` itself: a table captured alone and attached later belongs to
@@ -645,6 +781,7 @@ unsafe extern "C-unwind" fn change(
             REORDER_BUFFER_CHANGE_INSERT if !tp.newtuple.is_null() => {
                 ensure_begun(ctx, st, txn);
                 send_relation_if_needed(ctx, st, out_rel);
+                lead(st, sub);
                 wire::put_insert_header(&mut st.buf, relid.to_u32());
                 put_tuple(st, desc, conv(tp.newtuple));
             }
@@ -652,6 +789,7 @@ unsafe extern "C-unwind" fn change(
                 ensure_begun(ctx, st, txn);
                 send_relation_if_needed(ctx, st, out_rel);
                 let has_old = !tp.oldtuple.is_null();
+                lead(st, sub);
                 wire::put_update_header(&mut st.buf, relid.to_u32(), has_old);
                 if has_old {
                     put_tuple(st, desc, conv(tp.oldtuple));
@@ -661,6 +799,7 @@ unsafe extern "C-unwind" fn change(
             REORDER_BUFFER_CHANGE_DELETE if !tp.oldtuple.is_null() => {
                 ensure_begun(ctx, st, txn);
                 send_relation_if_needed(ctx, st, out_rel);
+                lead(st, sub);
                 wire::put_delete_header(&mut st.buf, relid.to_u32());
                 put_tuple(st, desc, conv(tp.oldtuple));
             }
@@ -696,7 +835,7 @@ unsafe fn report_rewrite(
     relid: pg_sys::Oid,
 ) {
     unsafe {
-        if !st.rewritten.insert(relid) {
+        if !rewrite_first(st, relid) {
             return;
         }
         // Opened under the decoding's historic snapshot, like `rel` itself.
@@ -709,12 +848,21 @@ unsafe fn report_rewrite(
         let Some(as_relid) = emitted_as else {
             return;
         };
-        if as_relid != relid && !st.rewritten.insert(as_relid) {
+        if as_relid != relid && !rewrite_first(st, as_relid) {
             return;
         }
         ensure_begun(ctx, st, txn);
+        lead(st, block_top(st));
         wire::put_rewrite(&mut st.buf, as_relid.to_u32());
         flush(ctx, st, true);
+    }
+}
+
+/// Whether this is the first rewrite of `relid` the current transaction reports (recording it).
+fn rewrite_first(st: &mut PluginState, relid: pg_sys::Oid) -> bool {
+    match st.block {
+        Some(top) => st.streams.entry(top).or_default().insert(relid),
+        None => st.rewritten.insert(relid),
     }
 }
 
@@ -775,11 +923,23 @@ unsafe extern "C-unwind" fn truncate(
     relations: *mut pg_sys::Relation,
     change: *mut pg_sys::ReorderBufferChange,
 ) {
+    unsafe { emit_truncate(ctx, txn, nrelations, relations, change) }
+}
+
+/// A TRUNCATE of a committed transaction, or of a streamed one inside a block.
+unsafe fn emit_truncate(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    txn: *mut pg_sys::ReorderBufferTXN,
+    nrelations: std::ffi::c_int,
+    relations: *mut pg_sys::Relation,
+    change: *mut pg_sys::ReorderBufferChange,
+) {
     unsafe {
         let st = state(ctx);
-        if from_tide(st, txn) {
+        if from_tide_origin(st, origin_of(txn, change)) {
             return;
         }
+        let sub = st.sub;
         let all: Vec<pg_sys::Relation> = (0..nrelations as usize)
             .map(|i| *relations.add(i))
             .collect();
@@ -828,15 +988,159 @@ unsafe extern "C-unwind" fn truncate(
         if !relids.is_empty() {
             let t = (*change).data.truncate;
             let flags = (t.cascade as u8) | ((t.restart_seqs as u8) << 1);
+            lead(st, sub);
             wire::put_truncate(&mut st.buf, flags, &relids);
             flush(ctx, st, partial.is_empty());
         }
         let n = partial.len();
         for (i, (root, name, predicate)) in partial.into_iter().enumerate() {
+            lead(st, sub);
             wire::put_truncate_partition(&mut st.buf, root, &name, &predicate);
             flush(ctx, st, i + 1 == n);
         }
         pg_sys::MemoryContextSwitchTo(old_cx);
         pg_sys::MemoryContextReset(st.change_cx);
+    }
+}
+
+// ------------------------------------------------------------ streamed transactions
+
+/// The transaction id of `txn` (0 when it has none).
+unsafe fn xid_of(txn: *mut pg_sys::ReorderBufferTXN) -> u32 {
+    unsafe { u32::from((*txn).xid) }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn stream_start(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    txn: *mut pg_sys::ReorderBufferTXN,
+) {
+    unsafe {
+        let st = state(ctx);
+        // A block is written only once it has a change to send (`ensure_begun`).
+        st.block = Some(xid_of(txn));
+        st.block_open = false;
+        st.sub = xid_of(txn);
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn stream_stop(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    _txn: *mut pg_sys::ReorderBufferTXN,
+) {
+    unsafe {
+        let st = state(ctx);
+        if st.block_open {
+            wire::put_stream_stop(&mut st.buf);
+            flush(ctx, st, true);
+        }
+        st.block = None;
+        st.block_open = false;
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn stream_change(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    txn: *mut pg_sys::ReorderBufferTXN,
+    rel: pg_sys::Relation,
+    change: *mut pg_sys::ReorderBufferChange,
+) {
+    unsafe {
+        // The subtransaction that made the change: an abort of it drops the change.
+        let sub = (*change).txn;
+        state(ctx).sub = if sub.is_null() {
+            xid_of(txn)
+        } else {
+            xid_of(sub)
+        };
+        emit_change(ctx, txn, rel, change)
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn stream_truncate(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    txn: *mut pg_sys::ReorderBufferTXN,
+    nrelations: std::ffi::c_int,
+    relations: *mut pg_sys::Relation,
+    change: *mut pg_sys::ReorderBufferChange,
+) {
+    unsafe {
+        let sub = (*change).txn;
+        state(ctx).sub = if sub.is_null() {
+            xid_of(txn)
+        } else {
+            xid_of(sub)
+        };
+        emit_truncate(ctx, txn, nrelations, relations, change)
+    }
+}
+
+/// A streamed transaction ended: the relations it described are described again before their
+/// next change elsewhere (the reader's description may now be the one it carried).
+fn forget_stream(st: &mut PluginState, top: u32) {
+    st.streams.remove(&top);
+    if let Some(rels) = STREAM_SENT.with(|s| s.borrow_mut().remove(&top)) {
+        SENT.with(|s| {
+            let mut s = s.borrow_mut();
+            for r in rels {
+                s.remove(&r);
+            }
+        });
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn stream_abort(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    txn: *mut pg_sys::ReorderBufferTXN,
+    _abort_lsn: pg_sys::XLogRecPtr,
+) {
+    unsafe {
+        let st = state(ctx);
+        let toptxn = (*txn).toptxn;
+        let top = if toptxn.is_null() {
+            xid_of(txn)
+        } else {
+            xid_of(toptxn)
+        };
+        let sub = xid_of(txn);
+        if st.streams.contains_key(&top) {
+            wire::put_stream_abort(&mut st.buf, top, sub);
+            flush(ctx, st, true);
+        }
+        if top == sub {
+            forget_stream(st, top);
+        }
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn stream_commit(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    txn: *mut pg_sys::ReorderBufferTXN,
+    commit_lsn: pg_sys::XLogRecPtr,
+) {
+    unsafe {
+        let st = state(ctx);
+        let xid = xid_of(txn);
+        let end = (*txn).end_lsn;
+        if !st.streams.contains_key(&xid) {
+            skipped_commit(ctx, st, end);
+            return;
+        }
+        forget_stream(st, xid);
+        st.skipped = 0;
+        st.reported_end = end;
+        wire::put_stream_commit(
+            &mut st.buf,
+            xid,
+            Lsn(commit_lsn),
+            Lsn(end),
+            (*txn).xact_time.commit_time,
+        );
+        flush(ctx, st, true);
     }
 }

@@ -188,6 +188,17 @@ impl Applier<'_, '_> {
                 predicate,
             } => self.on_truncate_partition(relid, partition, predicate)?,
             Message::Keepalive { end_lsn } => self.on_keepalive(end_lsn),
+            // The decoder turns a streamed transaction into an ordinary one at its commit
+            // (`tide_core::stream_spool`); none of these reaches the applier.
+            Message::StreamStart { .. }
+            | Message::StreamStop
+            | Message::StreamChange { .. }
+            | Message::StreamAbort { .. }
+            | Message::StreamCommit { .. } => {
+                return Err(TideError::internal(
+                    "a streamed-transaction message reached the applier",
+                ));
+            }
         }
         Ok(true)
     }

@@ -17,6 +17,19 @@
 //!   read reached the flush position. Past `logical_decoding_work_mem` the buffer goes to a
 //!   temporary file under `base/pgsql_tmp` ([`SpillBuffer`]), so a huge source transaction does
 //!   not have to fit in memory.
+//! - With `tide.stream_in_progress` on (when the decoder opens), the plugin streams transactions
+//!   larger than `logical_decoding_work_mem` while they run; their blocks are spooled, one
+//!   temporary file per transaction ([`Streams`]), and go into the buffer as one ordinary
+//!   committed transaction at their commit record (dropped at their abort, an aborted
+//!   subtransaction's part dropped at the commit). So the buffer, and what the applier sees, is
+//!   the same as without streaming: whole transactions in commit order. The spools belong to the
+//!   decoding session: closing the decoder removes them, and the next session (which starts at
+//!   the slot's restart point, before the first change of every transaction still running, as
+//!   PostgreSQL keeps it) streams those transactions again from their start.
+//! - The confirmed position needs nothing more: a transaction in progress, streamed or not, has
+//!   not committed before [`Decoder::position`], so confirming that position does not skip it
+//!   (decoding skips only transactions that committed before the confirmed position, and
+//!   PostgreSQL starts streaming a transaction again only past that position).
 //! - The slot moves only through [`Decoder::confirm`], which the worker calls after the target
 //!   committed up to that position.
 //! - The worker closes the decoder after any failed iteration (the buffer and the context's
@@ -45,6 +58,7 @@ use pgrx::prelude::*;
 use std::ffi::CString;
 use tide_core::lsn::Lsn;
 use tide_core::spill::{Drain, SpillBuffer};
+use tide_core::stream_spool::Streams;
 
 /// PostgreSQL functions pgrx does not bind (`replication/decode.h`), or binds only as Rust
 /// wrappers where a C function pointer is needed (`access/xlogutils.h`).
@@ -96,6 +110,18 @@ fn spill_threshold() -> usize {
     (unsafe { pg_sys::logical_decoding_work_mem }.max(64) as usize) * 1024
 }
 
+/// Where the output plugin's messages go: the buffer of committed transactions, through the
+/// spools of the streamed ones.
+struct Output {
+    out: SpillBuffer,
+    streams: Streams,
+}
+
+/// The most of one streamed transaction a spool keeps in memory before its file: several may be
+/// in progress at once, and at a commit the spool is copied into the buffer, which keeps up to
+/// `logical_decoding_work_mem` itself.
+const STREAM_SPOOL_MEMORY: usize = 8 << 20;
+
 /// Hands out the buffered messages in order; the buffer is emptied when this is dropped.
 pub struct Messages<'a>(Drain<'a>);
 
@@ -129,7 +155,7 @@ pub struct Decoder {
     /// Parent of the decoding context's memory; deleted on close.
     cx: pg_sys::MemoryContext,
     ctx: *mut pg_sys::LogicalDecodingContext,
-    out: Box<SpillBuffer>,
+    out: Box<Output>,
     /// The `tables` option the output plugin was started with.
     pub filter: String,
     pub slot: String,
@@ -166,11 +192,18 @@ impl Decoder {
             let mut dec = Decoder {
                 cx,
                 ctx: std::ptr::null_mut(),
-                out: Box::new(SpillBuffer::new(
-                    "base/pgsql_tmp",
-                    format!("pgsql_tmp_pg_tide.{}", { pg_sys::MyProcPid }),
-                    spill_threshold(),
-                )),
+                out: Box::new(Output {
+                    out: SpillBuffer::new(
+                        "base/pgsql_tmp",
+                        format!("pgsql_tmp_pg_tide.{}", { pg_sys::MyProcPid }),
+                        spill_threshold(),
+                    ),
+                    streams: Streams::new(
+                        "base/pgsql_tmp",
+                        format!("pgsql_tmp_pg_tide.{}.stream", { pg_sys::MyProcPid }),
+                        spill_threshold().min(STREAM_SPOOL_MEMORY),
+                    ),
+                }),
                 filter: filter.to_string(),
                 slot: slot.to_string(),
                 fresh: true,
@@ -183,9 +216,15 @@ impl Decoder {
             let mut options = std::ptr::null_mut::<pg_sys::List>();
             let proto = std::ffi::CString::new(tide_core::wire::PROTO_VERSION.to_string())
                 .unwrap_or_default();
+            let streaming = if crate::gucs::STREAM_IN_PROGRESS.get() {
+                c"on"
+            } else {
+                c"off"
+            };
             for (name, value) in [
                 (c"proto_version", proto.as_ptr()),
                 (c"tables", filter_c.as_ptr()),
+                (c"streaming", streaming.as_ptr()),
             ] {
                 let def = pg_sys::makeDefElem(
                     pg_sys::pstrdup(name.as_ptr()),
@@ -210,8 +249,7 @@ impl Decoder {
             );
             pg_sys::MemoryContextSwitchTo(old);
             dec.ctx = ctx;
-            (*ctx).output_writer_private =
-                &mut *dec.out as *mut SpillBuffer as *mut std::ffi::c_void;
+            (*ctx).output_writer_private = &mut *dec.out as *mut Output as *mut std::ffi::c_void;
             let restart = (*pg_sys::MyReplicationSlot).data.restart_lsn;
             if restart == 0 {
                 dec.close();
@@ -242,7 +280,7 @@ impl Decoder {
             if reset {
                 pg_sys::InvalidateSystemCaches();
             }
-            self.out.set_threshold(spill_threshold());
+            self.out.out.set_threshold(spill_threshold());
             let reader = (*self.ctx).reader;
             let mut reached_end = true;
             // The WAL reader allocates its buffers lazily in the current memory context and keeps
@@ -268,7 +306,7 @@ impl Decoder {
                     process_record(self.ctx, reader);
                 }
                 pg_sys::check_for_interrupts!();
-                if self.out.len() >= max_messages && (*reader).EndRecPtr < end_of_wal {
+                if self.out.out.len() >= max_messages && (*reader).EndRecPtr < end_of_wal {
                     reached_end = false;
                     break;
                 }
@@ -288,12 +326,17 @@ impl Decoder {
 
     /// The messages of the last read, in order; the buffer is emptied when this is dropped.
     pub fn messages(&mut self) -> Messages<'_> {
-        Messages(self.out.drain())
+        Messages(self.out.out.drain())
     }
 
     /// Bytes of output written to temporary files since the decoder was opened.
     pub fn spilled_total(&self) -> u64 {
-        self.out.spilled_total()
+        self.out.out.spilled_total()
+    }
+
+    /// Streamed transactions in progress (spooled, not committed yet).
+    pub fn streams_in_progress(&self) -> usize {
+        self.out.streams.in_progress()
     }
 
     /// End of the last record read: every transaction committed before it has been handed out.
@@ -335,7 +378,8 @@ impl Drop for Decoder {
                 self.cx = std::ptr::null_mut();
             }
         }
-        self.out.clear();
+        self.out.out.clear();
+        self.out.streams.clear();
     }
 }
 
@@ -373,14 +417,17 @@ unsafe extern "C-unwind" fn do_write(
     _last_write: bool,
 ) {
     unsafe {
-        let out = (*ctx).output_writer_private as *mut SpillBuffer;
+        let out = (*ctx).output_writer_private as *mut Output;
         if out.is_null() {
             return;
         }
         let s = (*ctx).out;
         let bytes = std::slice::from_raw_parts((*s).data as *const u8, (*s).len as usize);
-        if let Err(e) = (*out).push(bytes) {
-            io_err(e).raise();
+        let Output { out, streams } = &mut *out;
+        match streams.route(bytes, out) {
+            Ok(()) => {}
+            Err(tide_core::stream_spool::StreamError::Io(e)) => io_err(e).raise(),
+            Err(e) => TideError::internal(format!("pg_tide worker: {e}")).raise(),
         }
     }
 }

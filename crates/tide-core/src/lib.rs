@@ -28,6 +28,8 @@
 //!   pure `decide`).
 //! * [`spill`]: the decoder's message buffer, which moves to a temporary file
 //!   past a threshold.
+//! * [`stream_spool`]: streamed (in-progress) transactions spooled one file each
+//!   until their commit, then handed on whole.
 //!
 //! The crate uses only `std`, never panics while decoding untrusted input,
 //! and does no I/O except [`spill`]'s temporary files.
@@ -45,6 +47,7 @@ pub mod remote_auth;
 pub mod row;
 pub mod snapshot;
 pub mod spill;
+pub mod stream_spool;
 pub mod texts;
 pub mod wire;
 pub mod worker_loop;

@@ -1,6 +1,6 @@
 //! The binary format between the output plugin and the worker.
 //!
-//! Owns the version-3 encoding of one logical-decoding message (see
+//! Owns the version-4 encoding of one logical-decoding message (see
 //! `docs/wire-format.md`, which this module implements). Guarantees:
 //!
 //! * the `put_*` functions are the only encoder; [`encode`] is built from
@@ -16,7 +16,7 @@ use std::fmt;
 
 /// The format version implemented here; the plugin option `proto_version`
 /// must be exactly this number.
-pub const PROTO_VERSION: u32 = 3;
+pub const PROTO_VERSION: u32 = 4;
 
 /// [`Column::flags`] bit: the column is part of the replica-identity key.
 pub const COLUMN_KEY: u8 = 0x01;
@@ -36,6 +36,11 @@ const TAG_SIGNAL: u8 = b'M';
 const TAG_KEEPALIVE: u8 = b'K';
 const TAG_REWRITE: u8 = b'W';
 const TAG_TRUNCATE_PARTITION: u8 = b'P';
+const TAG_STREAM_START: u8 = b'S';
+const TAG_STREAM_STOP: u8 = b'E';
+const TAG_STREAM_CHANGE: u8 = b'X';
+const TAG_STREAM_ABORT: u8 = b'A';
+const TAG_STREAM_COMMIT: u8 = b'F';
 const KIND_NULL: u8 = b'n';
 const KIND_UNCHANGED: u8 = b'u';
 const KIND_TEXT: u8 = b't';
@@ -148,6 +153,51 @@ pub enum Message<'a> {
         partition: &'a str,
         /// The partition constraint as PostgreSQL deparses it.
         predicate: &'a str,
+    },
+    /// Outside any transaction: a block of changes of the in-progress
+    /// transaction `xid` follows, up to the next [`Message::StreamStop`]
+    /// (only [`Message::StreamChange`] in between).
+    StreamStart {
+        /// Top-level transaction id.
+        xid: u32,
+        /// The first block of `xid` in this decoding session.
+        first: bool,
+    },
+    /// End of the block opened by the preceding [`Message::StreamStart`].
+    StreamStop,
+    /// Inside a stream block: one message of the in-progress transaction.
+    StreamChange {
+        /// The (sub)transaction the message belongs to: the subtransaction
+        /// that made a change or truncate, the top-level transaction for a
+        /// Relation or Rewrite message.
+        xid: u32,
+        /// The message: one complete Relation, Insert, Update, Delete,
+        /// Truncate, Rewrite or TruncatePartition message, as [`decode`]
+        /// reads it (which checked it is one).
+        body: &'a [u8],
+    },
+    /// Outside any block: the streamed transaction `xid` aborted
+    /// (`subxid == xid`), or its subtransaction `subxid` did: its messages
+    /// (and those of its subtransactions, which abort with it and are
+    /// announced each) are to be forgotten.
+    StreamAbort {
+        /// Top-level transaction id.
+        xid: u32,
+        /// The aborted (sub)transaction.
+        subxid: u32,
+    },
+    /// Outside any block: the streamed transaction `xid` committed; its
+    /// messages not aborted make one committed transaction, as if between a
+    /// [`Message::Begin`] and a [`Message::Commit`] with these positions.
+    StreamCommit {
+        /// Top-level transaction id.
+        xid: u32,
+        /// LSN of the commit record.
+        commit_lsn: Lsn,
+        /// LSN just past the commit record.
+        end_lsn: Lsn,
+        /// Commit time, microseconds since 2000-01-01 00:00 UTC (`TimestampTz`).
+        commit_time: i64,
     },
 }
 
@@ -313,6 +363,62 @@ pub fn put_truncate_partition(buf: &mut Vec<u8>, relid: u32, partition: &str, pr
     put_bytes(buf, predicate.as_bytes());
 }
 
+/// Writes a [`Message::StreamStart`].
+pub fn put_stream_start(buf: &mut Vec<u8>, xid: u32, first: bool) {
+    put_u8(buf, TAG_STREAM_START);
+    put_u32(buf, xid);
+    put_u8(buf, u8::from(first));
+}
+
+/// Writes a [`Message::StreamStop`].
+pub fn put_stream_stop(buf: &mut Vec<u8>) {
+    put_u8(buf, TAG_STREAM_STOP);
+}
+
+/// Starts a [`Message::StreamChange`]; exactly one complete message (written
+/// with the `put_*` functions) must follow.
+pub fn put_stream_change_header(buf: &mut Vec<u8>, xid: u32) {
+    put_u8(buf, TAG_STREAM_CHANGE);
+    put_u32(buf, xid);
+}
+
+/// Writes a [`Message::StreamAbort`].
+pub fn put_stream_abort(buf: &mut Vec<u8>, xid: u32, subxid: u32) {
+    put_u8(buf, TAG_STREAM_ABORT);
+    put_u32(buf, xid);
+    put_u32(buf, subxid);
+}
+
+/// Writes a [`Message::StreamCommit`].
+pub fn put_stream_commit(
+    buf: &mut Vec<u8>,
+    xid: u32,
+    commit_lsn: Lsn,
+    end_lsn: Lsn,
+    commit_time: i64,
+) {
+    put_u8(buf, TAG_STREAM_COMMIT);
+    put_u32(buf, xid);
+    put_u64(buf, commit_lsn.0);
+    put_u64(buf, end_lsn.0);
+    buf.extend_from_slice(&commit_time.to_be_bytes());
+}
+
+/// Whether a message starting with `tag` may be the body of a
+/// [`Message::StreamChange`].
+fn streamable(tag: u8) -> bool {
+    matches!(
+        tag,
+        TAG_RELATION
+            | TAG_INSERT
+            | TAG_UPDATE
+            | TAG_DELETE
+            | TAG_TRUNCATE
+            | TAG_REWRITE
+            | TAG_TRUNCATE_PARTITION
+    )
+}
+
 /// Starts a tuple; exactly `ncols` values ([`put_null`], [`put_unchanged`],
 /// [`put_text`]) must follow.
 pub fn put_tuple_header(buf: &mut Vec<u8>, ncols: u16) {
@@ -413,6 +519,19 @@ pub fn encode(msg: &Message<'_>, buf: &mut Vec<u8>) {
             partition,
             predicate,
         } => put_truncate_partition(buf, *relid, partition, predicate),
+        Message::StreamStart { xid, first } => put_stream_start(buf, *xid, *first),
+        Message::StreamStop => put_stream_stop(buf),
+        Message::StreamChange { xid, body } => {
+            put_stream_change_header(buf, *xid);
+            buf.extend_from_slice(body);
+        }
+        Message::StreamAbort { xid, subxid } => put_stream_abort(buf, *xid, *subxid),
+        Message::StreamCommit {
+            xid,
+            commit_lsn,
+            end_lsn,
+            commit_time,
+        } => put_stream_commit(buf, *xid, *commit_lsn, *end_lsn, *commit_time),
     }
 }
 
@@ -442,6 +561,19 @@ pub enum DecodeError {
     UnknownValueKind {
         /// The byte found.
         kind: u8,
+        /// Its offset.
+        offset: usize,
+    },
+    /// The body of a stream change is not a change, truncate, relation or
+    /// rewrite message.
+    NotStreamable {
+        /// The body's first byte.
+        tag: u8,
+    },
+    /// A flag byte is not 0 or 1 (the first-block flag of a stream start).
+    InvalidFlag {
+        /// The byte found.
+        value: u8,
         /// Its offset.
         offset: usize,
     },
@@ -481,6 +613,14 @@ impl fmt::Display for DecodeError {
             DecodeError::UnknownValueKind { kind, offset } => write!(
                 f,
                 "expected a value kind (n, u or t) at offset {offset}, found byte 0x{kind:02X}"
+            ),
+            DecodeError::NotStreamable { tag } => write!(
+                f,
+                "expected a change, truncate, relation or rewrite message after a stream change header (offset 5), found tag 0x{tag:02X}"
+            ),
+            DecodeError::InvalidFlag { value, offset } => write!(
+                f,
+                "expected flag 0 or 1 at offset {offset}, found {value}"
             ),
             DecodeError::InvalidOldKeyFlag { value, offset } => write!(
                 f,
@@ -687,6 +827,52 @@ impl<'a> Reader<'a> {
                 relid: self.u32("partitioned relid")?,
                 partition: self.str("partition name")?,
                 predicate: self.str("partition predicate")?,
+            },
+            TAG_STREAM_START => {
+                let xid = self.u32("xid")?;
+                let offset = self.offset;
+                let first = match self.u8("first-block flag")? {
+                    0 => false,
+                    1 => true,
+                    value => return Err(DecodeError::InvalidFlag { value, offset }),
+                };
+                Message::StreamStart { xid, first }
+            }
+            TAG_STREAM_STOP => Message::StreamStop,
+            TAG_STREAM_CHANGE => {
+                let xid = self.u32("xid")?;
+                let tag = *self
+                    .rest
+                    .first()
+                    .ok_or_else(|| self.truncated("stream change body", 1))?;
+                if !streamable(tag) {
+                    return Err(DecodeError::NotStreamable { tag });
+                }
+                let start = self.offset;
+                let body = self.take(self.rest.len(), "stream change body")?;
+                // The body is exactly one valid message (errors at the offsets of the whole).
+                let mut inner = Reader {
+                    rest: body,
+                    offset: start,
+                };
+                inner.message()?;
+                if !inner.rest.is_empty() {
+                    return Err(DecodeError::TrailingBytes {
+                        offset: inner.offset,
+                        count: inner.rest.len(),
+                    });
+                }
+                Message::StreamChange { xid, body }
+            }
+            TAG_STREAM_ABORT => Message::StreamAbort {
+                xid: self.u32("xid")?,
+                subxid: self.u32("subxid")?,
+            },
+            TAG_STREAM_COMMIT => Message::StreamCommit {
+                xid: self.u32("xid")?,
+                commit_lsn: self.lsn("commit lsn")?,
+                end_lsn: self.lsn("end lsn")?,
+                commit_time: self.i64("commit time")?,
             },
             tag => return Err(DecodeError::UnknownTag { tag }),
         };

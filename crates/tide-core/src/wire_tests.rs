@@ -204,7 +204,7 @@ fn errors_say_what_and_where() {
             available: 0
         })
     );
-    assert_eq!(decode(b"X"), Err(DecodeError::UnknownTag { tag: b'X' }));
+    assert_eq!(decode(b"Q"), Err(DecodeError::UnknownTag { tag: b'Q' }));
     assert_eq!(
         decode(&[b'I', 0, 0, 0, 1, 0, 1, b'z']),
         Err(DecodeError::UnknownValueKind {
@@ -282,6 +282,94 @@ fn huge_lengths_and_counts_fail_before_allocating() {
     );
 }
 
+#[test]
+fn stream_layouts() {
+    let buf = roundtrip(&Message::StreamStart {
+        xid: 0x0102_0304,
+        first: true,
+    });
+    assert_eq!(buf, vec![b'S', 1, 2, 3, 4, 1]);
+    assert_eq!(roundtrip(&Message::StreamStop), vec![b'E']);
+    let buf = roundtrip(&Message::StreamAbort { xid: 9, subxid: 10 });
+    assert_eq!(buf, vec![b'A', 0, 0, 0, 9, 0, 0, 0, 10]);
+    let buf = roundtrip(&Message::StreamCommit {
+        xid: 7,
+        commit_lsn: Lsn(1),
+        end_lsn: Lsn(2),
+        commit_time: -1,
+    });
+    assert_eq!(buf.len(), 1 + 4 + 8 + 8 + 8);
+    assert_eq!(buf[0], b'F');
+
+    // A stream change is its header and one whole message, written piecewise.
+    let mut piecewise = Vec::new();
+    put_stream_change_header(&mut piecewise, 0x0A0B_0C0D);
+    put_insert_header(&mut piecewise, 16384);
+    put_tuple_header(&mut piecewise, 1);
+    put_text(&mut piecewise, b"1");
+    let body = &piecewise[5..];
+    let buf = roundtrip(&Message::StreamChange {
+        xid: 0x0A0B_0C0D,
+        body,
+    });
+    assert_eq!(buf, piecewise);
+    assert_eq!(&buf[..5], &[b'X', 0x0A, 0x0B, 0x0C, 0x0D]);
+    assert_eq!(
+        decode(body),
+        Ok(Message::Insert {
+            relid: 16384,
+            new: tuple(&[Value::Text("1")])
+        })
+    );
+}
+
+#[test]
+fn stream_errors_say_what_and_where() {
+    // Only messages of a transaction's body can be streamed.
+    let mut buf = Vec::new();
+    put_stream_change_header(&mut buf, 1);
+    put_begin(&mut buf, 1, Lsn(1), 0);
+    assert_eq!(decode(&buf), Err(DecodeError::NotStreamable { tag: b'B' }));
+    // An empty body, a broken one, a body with trailing bytes.
+    let mut buf = Vec::new();
+    put_stream_change_header(&mut buf, 1);
+    let e = decode(&buf).unwrap_err();
+    assert!(matches!(e, DecodeError::Truncated { offset: 5, .. }), "{e}");
+    put_insert_header(&mut buf, 1);
+    let e = decode(&buf).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DecodeError::Truncated {
+                offset: 10,
+                expected: "tuple column count",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    put_tuple_header(&mut buf, 0);
+    assert!(decode(&buf).is_ok());
+    buf.push(0);
+    assert_eq!(
+        decode(&buf),
+        Err(DecodeError::TrailingBytes {
+            offset: 12,
+            count: 1
+        })
+    );
+    // The first-block flag is 0 or 1.
+    let e = decode(&[b'S', 0, 0, 0, 1, 2]).unwrap_err();
+    assert_eq!(
+        e,
+        DecodeError::InvalidFlag {
+            value: 2,
+            offset: 5
+        }
+    );
+    assert_eq!(e.to_string(), "expected flag 0 or 1 at offset 5, found 2");
+}
+
 // --------------------------------------------------------- properties
 
 /// Strings for generated messages; leaked so that messages can borrow
@@ -318,6 +406,47 @@ fn column() -> impl Strategy<Value = Column<'static>> {
 }
 
 fn message() -> impl Strategy<Value = Message<'static>> {
+    prop_oneof![
+        8 => plain_message(),
+        1 => stream_message(),
+    ]
+}
+
+/// Messages of in-progress transactions, a stream change wrapping any
+/// message that may be streamed.
+fn stream_message() -> impl Strategy<Value = Message<'static>> {
+    prop_oneof![
+        (any::<u32>(), any::<bool>()).prop_map(|(xid, first)| Message::StreamStart { xid, first }),
+        Just(Message::StreamStop),
+        (any::<u32>(), plain_message())
+            .prop_filter("streamable", |(_, m)| !matches!(
+                m,
+                Message::Begin { .. }
+                    | Message::Commit { .. }
+                    | Message::Signal { .. }
+                    | Message::Keepalive { .. }
+            ))
+            .prop_map(|(xid, m)| {
+                let mut body = Vec::new();
+                encode(&m, &mut body);
+                Message::StreamChange {
+                    xid,
+                    body: &*Box::leak(body.into_boxed_slice()),
+                }
+            }),
+        (any::<u32>(), any::<u32>()).prop_map(|(xid, subxid)| Message::StreamAbort { xid, subxid }),
+        (any::<u32>(), any::<u64>(), any::<u64>(), any::<i64>()).prop_map(
+            |(xid, c, e, commit_time)| Message::StreamCommit {
+                xid,
+                commit_lsn: Lsn(c),
+                end_lsn: Lsn(e),
+                commit_time,
+            }
+        ),
+    ]
+}
+
+fn plain_message() -> impl Strategy<Value = Message<'static>> {
     prop_oneof![
         (any::<u32>(), any::<u64>(), any::<i64>()).prop_map(|(xid, l, commit_time)| {
             Message::Begin {
@@ -395,7 +524,7 @@ proptest! {
 
     #[test]
     fn arbitrary_bytes_never_panic(
-        tag in prop::sample::select(b"BCRIUDTx".to_vec()),
+        tag in prop::sample::select(b"BCRIUDTSEXAFx".to_vec()),
         mut data in prop::collection::vec(any::<u8>(), 0..64),
     ) {
         fuzz_decode(&data);

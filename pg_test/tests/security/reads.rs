@@ -177,3 +177,31 @@ fn views_do_not_leak_to_functions_in_where() {
         "a function in mallory's WHERE clause saw rows the views hide: {leaked:?}"
     );
 }
+
+/// The output plugin's options (`streaming` among them) are no way to read a pipeline's slot:
+/// decoding needs the REPLICATION attribute, which neither a tide_admin member nor a role with
+/// nothing has, whatever options it passes, and the slot stays the worker's.
+#[test]
+fn plugin_options_do_not_open_the_slot() {
+    let c = secured("sec_plugin_options");
+    alice_pipeline(&c);
+    for role in ["alice", "nobody"] {
+        for opts in ["'streaming', 'on'", "'streaming', 'off'", "'tables', '1'"] {
+            let sql = format!(
+                "SELECT count(*) FROM pg_logical_slot_peek_binary_changes('tide_p', NULL, NULL, \
+                 'proto_version', '4', {opts})"
+            );
+            let e = expect_fail_with(&sql, exec_as(&c, role, &sql), "42501", None);
+            assert!(
+                e.message().contains("replication"),
+                "as {role}: {}",
+                e.message()
+            );
+        }
+    }
+    let active: bool = c.query_scalar(
+        "SELECT active_pid = (SELECT worker_pid FROM tide.pipelines WHERE name = 'p')
+           FROM pg_replication_slots WHERE slot_name = 'tide_p'",
+    );
+    assert!(active, "the worker still holds its slot");
+}

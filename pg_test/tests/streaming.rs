@@ -1,0 +1,466 @@
+//! Large transactions streamed while they run (`tide.stream_in_progress`, on by default): the
+//! output plugin sends a transaction larger than `logical_decoding_work_mem` in blocks, the
+//! worker spools them (one temporary file per transaction, `pgsql_tmp_pg_tide.PID.stream.xXID.N`
+//! under `base/pgsql_tmp`) and applies the transaction at its commit, exactly as a committed
+//! one. Every cluster here has `logical_decoding_work_mem = 64kB`, so a transaction of a few MB
+//! is streamed many times over.
+//!
+//! Each test first waits for a worker's spool file while the transaction is still open: proof
+//! that the transaction reached the worker before its commit (on a build without streaming no
+//! such file ever exists, and the test fails there), and `pg_stat_replication_slots.stream_txns`
+//! confirms it after.
+
+use pg_test::*;
+use std::time::Duration;
+
+const POLL: Duration = Duration::from_millis(50);
+
+fn cluster(name: &str) -> Cluster {
+    let c = start_cluster(
+        Cluster::builder(name)
+            .conf("logical_decoding_work_mem = '64kB'")
+            .conf("max_prepared_transactions = 4")
+            // For the hand-made slot of `plugin_streams_only_when_asked`.
+            .conf("output_plugin_libraries = 'pg_tide'"),
+    );
+    init_extension(&c);
+    c.execute(
+        "CREATE TABLE big (id int PRIMARY KEY, tag text, pad text);
+         CREATE SCHEMA tgt;",
+    );
+    c
+}
+
+/// An outbox pipeline `o` and a local table pipeline `tt` (target `tgt.big`), both capturing
+/// `big` from now on.
+fn two_pipelines(c: &Cluster) {
+    create_pipeline(c, "o", "outbox", "{}");
+    create_pipeline(c, "tt", "table", r#"{"schema": "tgt"}"#);
+    exec(
+        c,
+        "SELECT tide.add_table('o', 'big', backfill => false);
+         SELECT tide.add_table('tt', 'big', backfill => false);",
+    );
+}
+
+/// Bytes of the workers' stream spool files now, per file.
+fn spool_files(c: &Cluster) -> Vec<i64> {
+    c.query(
+        "SELECT size FROM pg_ls_tmpdir() WHERE name LIKE 'pgsql_tmp_pg_tide.%.stream.x%' ORDER BY name",
+    )
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+/// Wait until at least `n` stream spool files exist, each at least `bytes` long: the workers
+/// are receiving an uncommitted transaction.
+#[track_caller]
+fn wait_spooled(c: &Cluster, n: usize, bytes: i64) {
+    if let Err(m) = poll_every(Duration::from_secs(60), POLL, || {
+        let f = spool_files(c);
+        Ok(f.iter().filter(|&&s| s >= bytes).count() >= n)
+    }) {
+        panic!(
+            "no {n} stream spool files of {bytes} bytes while the transaction is open \
+             (streaming off, or not implemented): {m}; files: {:?}\n{}",
+            spool_files(c),
+            diag(c)
+        );
+    }
+}
+
+fn stream_txns(c: &Cluster, slot: &str) -> i64 {
+    c.query_scalar(&format!(
+        "SELECT coalesce((SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = '{slot}'), 0)"
+    ))
+}
+
+fn insert_sql(from: i32, to: i32, tag: &str) -> String {
+    format!(
+        "INSERT INTO big SELECT g, '{tag}', repeat(md5(g::text), 4) FROM generate_series({from}, {to}) g"
+    )
+}
+
+/// The outbox events of `big` as "op:id" in outbox order.
+fn outbox(c: &Cluster) -> Vec<String> {
+    c.query(
+        "SELECT op || ':' || coalesce(\"row\"->>'id', key->>'id') FROM tide.outbox
+          WHERE pipeline = 'o' AND relation = 'public.big' ORDER BY id",
+    )
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+/// `got` equals `want`; on a difference, says where (the lists are long).
+#[track_caller]
+fn assert_events(got: &[String], want: &[String], what: &str) {
+    if got != want {
+        let at = got
+            .iter()
+            .zip(want)
+            .position(|(g, w)| g != w)
+            .unwrap_or(got.len().min(want.len()));
+        let window = |v: &[String]| v[at.min(v.len())..(at + 5).min(v.len())].to_vec();
+        panic!(
+            "{what}: {} events, {} expected; first difference at {at}: {:?} instead of {:?}",
+            got.len(),
+            want.len(),
+            window(got),
+            window(want)
+        );
+    }
+}
+
+fn inserts(ids: impl IntoIterator<Item = i32>) -> Vec<String> {
+    ids.into_iter().map(|i| format!("insert:{i}")).collect()
+}
+
+/// Every source transaction's outbox events are contiguous, numbered 1..n, in commit order,
+/// each delivered once.
+fn assert_outbox_invariants(c: &Cluster) {
+    let p = "SELECT * FROM tide.outbox WHERE pipeline = 'o'";
+    assert_no_rows(
+        c,
+        "(commit_lsn, position) delivered more than once",
+        &format!("SELECT commit_lsn, position FROM ({p}) o GROUP BY 1, 2 HAVING count(*) > 1"),
+    );
+    assert_no_rows(
+        c,
+        "a transaction's events are not contiguous, or positions not 1..n",
+        &format!(
+            "SELECT commit_lsn FROM (SELECT row_number() OVER (ORDER BY id) AS n, * FROM ({p}) o) o
+              GROUP BY 1 HAVING max(n) - min(n) + 1 <> count(*) OR max(position) <> count(*)"
+        ),
+    );
+    assert_no_rows(
+        c,
+        "commit_lsn decreases in id order",
+        &format!(
+            "SELECT id FROM (SELECT id, commit_lsn, lag(commit_lsn) OVER (ORDER BY id) AS prev
+                               FROM ({p}) o) x WHERE commit_lsn < prev"
+        ),
+    );
+}
+
+fn assert_target_equals_source(c: &Cluster) {
+    assert_same_rows("tgt.big = big", c, "big", c, "tgt.big", "id, tag, pad");
+}
+
+fn assert_no_spool_left(c: &Cluster) {
+    let left: i64 =
+        c.query_scalar("SELECT count(*) FROM pg_ls_tmpdir() WHERE name LIKE 'pgsql_tmp_pg_tide%'");
+    assert_eq!(left, 0, "temporary files left behind\n{}", diag(c));
+}
+
+/// A transaction many times larger than `logical_decoding_work_mem` reaches both workers while
+/// it runs, and arrives complete and in order at the outbox and the local table at its commit.
+#[test]
+fn large_transaction_is_streamed_and_arrives_whole() {
+    let c = cluster("stream_whole");
+    two_pipelines(&c);
+    let mut a = c.client();
+    a.batch_execute("BEGIN").unwrap();
+    a.batch_execute(&insert_sql(1, 20000, "a")).unwrap();
+    wait_spooled(&c, 2, 1);
+    // Nothing of it is visible before the commit.
+    assert!(outbox(&c).is_empty(), "events before the commit");
+    a.batch_execute("UPDATE big SET tag = 'b' WHERE id % 2 = 0; COMMIT")
+        .unwrap();
+    wait_pipeline(&c, "o", 120);
+    wait_pipeline(&c, "tt", 120);
+    assert!(
+        stream_txns(&c, "tide_o") > 0,
+        "slot tide_o streamed nothing"
+    );
+    assert!(
+        stream_txns(&c, "tide_tt") > 0,
+        "slot tide_tt streamed nothing"
+    );
+    let mut want = inserts(1..=20000);
+    want.extend((1..=10000).map(|i| format!("update:{}", 2 * i)));
+    assert_events(&outbox(&c), &want, "the transaction in order, once");
+    let txns: i64 =
+        c.query_scalar("SELECT count(DISTINCT commit_lsn) FROM tide.outbox WHERE pipeline = 'o'");
+    assert_eq!(txns, 1, "one source transaction");
+    assert_outbox_invariants(&c);
+    assert_target_equals_source(&c);
+    assert_no_spool_left(&c);
+}
+
+/// A large transaction rolled back after it was streamed leaves nothing anywhere (and its spool
+/// files go); one whose subtransaction was streamed and then rolled back keeps everything but
+/// that subtransaction's rows.
+#[test]
+fn rolled_back_large_transactions_leave_nothing() {
+    let c = cluster("stream_abort");
+    two_pipelines(&c);
+    let mut a = c.client();
+    a.batch_execute("BEGIN").unwrap();
+    a.batch_execute(&insert_sql(1, 20000, "gone")).unwrap();
+    wait_spooled(&c, 2, 1);
+    a.batch_execute("ROLLBACK").unwrap();
+
+    // Kept, a subtransaction rolled back (streamed first: its spool has grown past 2 MB), kept.
+    a.batch_execute("BEGIN").unwrap();
+    a.batch_execute(&insert_sql(1, 5000, "keep")).unwrap();
+    a.batch_execute("SAVEPOINT s").unwrap();
+    a.batch_execute(&insert_sql(100001, 120000, "sub")).unwrap();
+    a.batch_execute("UPDATE big SET tag = 'sub' WHERE id <= 100")
+        .unwrap();
+    wait_spooled(&c, 2, 2 << 20);
+    a.batch_execute("ROLLBACK TO SAVEPOINT s").unwrap();
+    a.batch_execute(&insert_sql(5001, 10000, "keep")).unwrap();
+    a.batch_execute("COMMIT").unwrap();
+    wait_pipeline(&c, "o", 120);
+    wait_pipeline(&c, "tt", 120);
+    assert!(stream_txns(&c, "tide_o") >= 2, "both transactions streamed");
+    assert_events(
+        &outbox(&c),
+        &inserts(1..=10000),
+        "only the committed rows, once",
+    );
+    let subs: i64 =
+        c.query_scalar("SELECT count(*) FROM tgt.big WHERE id > 100000 OR tag <> 'keep'");
+    assert_eq!(
+        subs, 0,
+        "rows of the rolled-back subtransaction at the target"
+    );
+    assert_outbox_invariants(&c);
+    assert_target_equals_source(&c);
+    assert_no_spool_left(&c);
+}
+
+/// Two large transactions streamed interleaved, committed in the opposite order of their
+/// start, are applied in commit order, each whole.
+#[test]
+fn interleaved_large_transactions_apply_in_commit_order() {
+    let c = cluster("stream_interleaved");
+    two_pipelines(&c);
+    let mut a = c.client();
+    let mut b = c.client();
+    a.batch_execute("BEGIN").unwrap();
+    a.batch_execute(&insert_sql(1, 10000, "a")).unwrap();
+    b.batch_execute("BEGIN").unwrap();
+    b.batch_execute(&insert_sql(20001, 30000, "b")).unwrap();
+    a.batch_execute(&insert_sql(10001, 20000, "a")).unwrap();
+    b.batch_execute(&insert_sql(30001, 40000, "b")).unwrap();
+    // Both transactions at both workers.
+    wait_spooled(&c, 4, 1);
+    b.batch_execute("COMMIT").unwrap();
+    a.batch_execute("COMMIT").unwrap();
+    wait_pipeline(&c, "o", 120);
+    wait_pipeline(&c, "tt", 120);
+    let mut want = inserts(20001..=40000);
+    want.extend(inserts(1..=20000));
+    assert_events(&outbox(&c), &want, "b whole, then a whole");
+    let order: Vec<String> = c
+        .query(
+            "SELECT min(\"row\"->>'tag') FROM tide.outbox WHERE pipeline = 'o'
+              GROUP BY commit_lsn ORDER BY commit_lsn",
+        )
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(order, ["b", "a"], "commit order");
+    assert_outbox_invariants(&c);
+    assert_target_equals_source(&c);
+    assert_no_spool_left(&c);
+}
+
+fn backfill_chunks_done(c: &Cluster, id: i64) -> i64 {
+    c.query_scalar(&format!(
+        "SELECT chunks_done::int8 FROM tide.backfill WHERE id = {id}"
+    ))
+}
+
+/// A backfill of the local table target runs while a large streamed transaction changes keys
+/// (and values) of the rows of every chunk, the one in flight included; the transaction commits
+/// in the middle of the backfill, and the target converges to the source.
+#[test]
+fn backfill_with_streamed_key_changes_converges() {
+    let c = cluster("stream_backfill");
+    c.execute(&insert_sql(1, 40000, "old"));
+    create_pipeline(&c, "tt", "table", r#"{"schema": "tgt"}"#);
+    exec(&c, "SELECT tide.add_table('tt', 'big', backfill => false)");
+    let mut a = c.client();
+    a.batch_execute("BEGIN").unwrap();
+    // Keys move (within and across chunks), rows go, rows come, values change.
+    a.batch_execute(
+        "UPDATE big SET id = id + 100000 WHERE id % 3 = 0;
+         DELETE FROM big WHERE id % 7 = 0 AND id < 100000;
+         UPDATE big SET tag = 'new' WHERE id % 5 = 0;",
+    )
+    .unwrap();
+    a.batch_execute(&insert_sql(200001, 205000, "new")).unwrap();
+    wait_spooled(&c, 1, 1);
+    // A slow backfill (2000 rows a second, chunks of 1000): it is in flight when the transaction
+    // commits.
+    let id: i64 = c.query_scalar("SELECT tide.start_backfill('big', 'tt', chunk_size => 1000)");
+    exec(
+        &c,
+        "SELECT tide.alter_backfill('big', 'tt', rows_per_second => 2000)",
+    );
+    c.wait_until("two chunks", Duration::from_secs(60), POLL, || {
+        Ok(backfill_chunks_done(&c, id) >= 2)
+    });
+    a.batch_execute("UPDATE big SET pad = 'late' WHERE id % 11 = 0; COMMIT")
+        .unwrap();
+    let at_commit = backfill_chunks_done(&c, id);
+    exec(
+        &c,
+        "SELECT tide.alter_backfill('big', 'tt', rows_per_second => 0)",
+    );
+    wait_backfill(&c, "big", "tt", 180);
+    wait_pipeline(&c, "tt", 120);
+    eprintln!("the transaction committed after chunk {at_commit} of the backfill");
+    assert!(
+        at_commit < 40,
+        "the backfill had finished before the commit"
+    );
+    assert!(
+        stream_txns(&c, "tide_tt") > 0,
+        "the transaction was streamed"
+    );
+    assert_target_equals_source(&c);
+    assert_no_spool_left(&c);
+}
+
+/// kill -9 of a worker while a large transaction is streamed to it. The transaction survives
+/// the crash restart as a prepared transaction (a plain one would be rolled back by it); other
+/// transactions committed meanwhile moved the slot's confirmed position past its start. The new
+/// worker receives it again from its start, and after `COMMIT PREPARED` each row is at the
+/// outbox and the table exactly once.
+#[test]
+fn kill9_mid_stream_loses_and_duplicates_nothing() {
+    let c = cluster("stream_kill");
+    two_pipelines(&c);
+    let before: String = c.query_scalar("SELECT pg_current_wal_lsn()::text");
+    let mut a = c.client();
+    a.batch_execute("BEGIN").unwrap();
+    a.batch_execute(&insert_sql(1, 20000, "a")).unwrap();
+    wait_spooled(&c, 2, 1);
+    // Small transactions committed while it runs, applied: the slots move past its start.
+    for i in 0..20 {
+        c.execute(&insert_sql(100001 + i, 100001 + i, "small"));
+    }
+    wait_pipeline(&c, "o", 60);
+    wait_pipeline(&c, "tt", 60);
+    let past: bool = c.query_scalar(&format!(
+        "SELECT bool_and(confirmed_flush_lsn > '{before}') FROM pg_replication_slots
+          WHERE slot_name IN ('tide_o', 'tide_tt')"
+    ));
+    assert!(
+        past,
+        "the slots were confirmed past the transaction's start"
+    );
+    a.batch_execute(&insert_sql(20001, 30000, "a")).unwrap();
+    a.batch_execute("PREPARE TRANSACTION 'big'").unwrap();
+    drop(a);
+
+    let victim = worker_pid(&c, "tt").expect("worker of tt");
+    kill9(victim);
+    wait_recovered(&c, "tt", Some(victim), Duration::from_secs(120), || {
+        diag(&c)
+    });
+    // The new workers are sent the transaction again, from its start.
+    wait_spooled(&c, 2, 1);
+    c.execute("COMMIT PREPARED 'big'");
+    c.execute(&insert_sql(200001, 200010, "after"));
+    wait_pipeline(&c, "o", 120);
+    wait_pipeline(&c, "tt", 120);
+    let mut want = inserts(100001..=100020);
+    want.extend(inserts(1..=30000));
+    want.extend(inserts(200001..=200010));
+    assert_events(&outbox(&c), &want, "every row once, in commit order");
+    assert_outbox_invariants(&c);
+    assert_target_equals_source(&c);
+    assert_no_spool_left(&c);
+}
+
+/// The output plugin through SQL: without the option `streaming` (or with `'off'`) a large
+/// transaction comes whole at its commit, as before; with `'on'` it comes in blocks (`S` ... `E`,
+/// its changes wrapped in `X`) and ends with `F`; a rolled-back one ends with `A`. A bad value
+/// is refused with 22023 and a hint naming the options, as is the previous format version.
+#[test]
+fn plugin_streams_only_when_asked() {
+    let c = cluster("stream_plugin");
+    c.execute("SELECT pg_create_logical_replication_slot('hand', 'pg_tide')");
+    c.execute(&insert_sql(1, 5000, "a"));
+    c.execute(&format!(
+        "BEGIN; {}; ROLLBACK",
+        insert_sql(5001, 10000, "gone")
+    ));
+    // Tags (first byte) of every message, in order, with each run of one tag counted.
+    let tags = |opts: &str| -> Vec<(String, i64)> {
+        c.query(&format!(
+            "WITH m AS (SELECT row_number() OVER () AS n, chr(get_byte(data, 0)) AS tag
+                          FROM pg_logical_slot_peek_binary_changes('hand', NULL, NULL,
+                               'proto_version', '4'{opts})),
+                  r AS (SELECT n, tag, n - row_number() OVER (PARTITION BY tag ORDER BY n) AS grp FROM m)
+             SELECT tag, count(*) FROM r GROUP BY tag, grp ORDER BY min(n)"
+        ))
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+    };
+    let plain = tags("");
+    assert_eq!(plain, tags(", 'streaming', 'off'"));
+    assert_eq!(
+        plain,
+        [
+            ("B".to_string(), 1),
+            ("R".to_string(), 1),
+            ("I".to_string(), 5000),
+            ("C".to_string(), 1)
+        ],
+        "whole at the commit, the rolled-back one not at all"
+    );
+    let streamed = tags(", 'streaming', 'on'");
+    let kinds: Vec<&str> = streamed.iter().map(|(t, _)| t.as_str()).collect();
+    assert!(
+        kinds.iter().filter(|&&t| t == "S").count() >= 2,
+        "several blocks: {streamed:?}"
+    );
+    assert_eq!(kinds.first(), Some(&"S"), "{streamed:?}");
+    assert_eq!(
+        kinds.iter().filter(|&&t| t == "F").count(),
+        1,
+        "one stream commit: {streamed:?}"
+    );
+    assert_eq!(
+        kinds.last(),
+        Some(&"A"),
+        "the rolled-back one is aborted: {streamed:?}"
+    );
+    assert!(
+        kinds.iter().all(|t| ["S", "X", "E", "F", "A"].contains(t)),
+        "nothing outside blocks but F and A: {streamed:?}"
+    );
+    let wrapped: i64 = streamed
+        .iter()
+        .filter(|(t, _)| t == "X")
+        .map(|(_, n)| n)
+        .sum();
+    // All of the committed one (5000 changes and its Relation), part of the rolled-back one
+    // (what was still in memory at its abort was dropped unsent).
+    assert!(wrapped > 5001, "both transactions streamed: {wrapped}");
+
+    for (opts, what) in [
+        (
+            ", 'streaming', 'maybe'",
+            "option streaming must be 'on' or 'off'",
+        ),
+        ("", "unsupported proto_version"),
+    ] {
+        let sql = if opts.is_empty() {
+            "SELECT count(*) FROM pg_logical_slot_peek_binary_changes('hand', NULL, NULL, 'proto_version', '3')".to_string()
+        } else {
+            format!("SELECT count(*) FROM pg_logical_slot_peek_binary_changes('hand', NULL, NULL, 'proto_version', '4'{opts})")
+        };
+        let e = expect_fail(&c, &sql, "22023", Some("streaming ('on' or 'off')"));
+        assert!(e.message().contains(what), "{}", e.message());
+    }
+    c.execute("SELECT pg_drop_replication_slot('hand')");
+}
