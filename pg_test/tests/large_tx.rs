@@ -83,7 +83,10 @@ fn one_huge_transaction_at_flat_memory_per_target() {
     create_pipeline(&c, "tb", "table", r#"{"schema": "replica"}"#);
     create_pipeline(&c, "rm", "postgres", r#"{"server": "tgt"}"#);
     for p in ["ob", "tb", "rm"] {
-        exec(&c, &format!("SELECT tide.add_table('{p}', 'big', backfill => false)"));
+        exec(
+            &c,
+            &format!("SELECT tide.add_table('{p}', 'big', backfill => false)"),
+        );
     }
     // A first small transaction creates the targets' tables and warms every worker's caches.
     exec(&c, "INSERT INTO big VALUES (0, 0, 'warm', now())");
@@ -197,7 +200,13 @@ fn one_huge_transaction_at_flat_memory_per_target() {
             w.peak_kb - w.idle_kb
         );
         // The same worker applied it all (no restart that would reset its memory).
-        assert_eq!(worker_pid(&c, w.name), Some(w.pid), "{}'s worker restarted\n{}", w.name, diag(&c));
+        assert_eq!(
+            worker_pid(&c, w.name),
+            Some(w.pid),
+            "{}'s worker restarted\n{}",
+            w.name,
+            diag(&c)
+        );
     }
 }
 
@@ -212,17 +221,25 @@ fn rolled_back_and_killed_huge_transactions() {
     create_pipeline(&c, "tb", "table", r#"{"schema": "replica"}"#);
     create_pipeline(&c, "rm", "postgres", r#"{"server": "tgt"}"#);
     for p in ["tb", "rm"] {
-        exec(&c, &format!("SELECT tide.add_table('{p}', 'big', backfill => false)"));
+        exec(
+            &c,
+            &format!("SELECT tide.add_table('{p}', 'big', backfill => false)"),
+        );
     }
     // Rolled back: its rows (negative keys) never reach a target.
     exec(
         &c,
         &format!(
             "BEGIN; {}; ROLLBACK;",
-            INSERT.replace("SELECT g,", "SELECT -g,").replace("$N", &ROWS.to_string())
+            INSERT
+                .replace("SELECT g,", "SELECT -g,")
+                .replace("$N", &ROWS.to_string())
         ),
     );
-    exec(&c, "INSERT INTO big VALUES (0, 0, 'after the rollback', now())");
+    exec(
+        &c,
+        "INSERT INTO big VALUES (0, 0, 'after the rollback', now())",
+    );
     for target in ["table", "postgres"] {
         c.wait_until(
             &format!("the row after the rollback at {target}"),
@@ -257,7 +274,10 @@ fn rolled_back_and_killed_huge_transactions() {
     wait_pipeline(&c, "rm", 600);
     wait_pipeline(&c, "tb", 600);
     let expected: String = c.query_scalar(&format!("{DIGEST} big"));
-    assert!(expected.starts_with(&format!("{} ", ROWS + 1)), "{expected}");
+    assert!(
+        expected.starts_with(&format!("{} ", ROWS + 1)),
+        "{expected}"
+    );
     assert_eq!(
         t.query_scalar::<String>(&format!("{DIGEST} public.big")),
         expected,

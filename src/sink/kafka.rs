@@ -396,7 +396,10 @@ impl KafkaTarget {
         self.buf_bytes += m.topic.len()
             + m.key.as_ref().map_or(0, String::len)
             + m.value.as_ref().map_or(0, String::len)
-            + m.headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+            + m.headers
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>();
         self.buf.push(m);
     }
 

@@ -97,7 +97,12 @@ fn kafka_huge_transaction_at_flat_memory() {
         t0.elapsed()
     );
     eprintln!("{report}");
-    assert_eq!(worker_pid(&c, "k"), Some(pid), "the worker restarted\n{}", diag(&c));
+    assert_eq!(
+        worker_pid(&c, "k"),
+        Some(pid),
+        "the worker restarted\n{}",
+        diag(&c)
+    );
     assert!(during >= 20, "too few samples: {report}");
     assert!(
         peak - idle <= BOUND_KB,

@@ -563,9 +563,13 @@ fn continue_part(
     shared: &Shared,
 ) -> Result<Vec<Rows>, RemoteError> {
     let Work::Transaction(stmts, _) = &request.work else {
-        return Err(RemoteError::permanent("internal error: a query sent as a part")); // unreachable
+        return Err(RemoteError::permanent(
+            "internal error: a query sent as a part",
+        )); // unreachable
     };
-    let open = conn.as_ref().is_some_and(|c| c.alive() && c.open == Some(part.id));
+    let open = conn
+        .as_ref()
+        .is_some_and(|c| c.alive() && c.open == Some(part.id));
     if !open {
         if conn.as_ref().is_some_and(|c| c.open.is_some()) {
             roll_back(conn, shared, true);

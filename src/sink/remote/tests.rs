@@ -869,7 +869,11 @@ fn remote_transaction_in_parts() {
         .query("DROP TABLE IF EXISTS tide_sink_parts", vec![], T)
         .unwrap();
     admin
-        .query("CREATE TABLE tide_sink_parts (id int PRIMARY KEY)", vec![], T)
+        .query(
+            "CREATE TABLE tide_sink_parts (id int PRIMARY KEY)",
+            vec![],
+            T,
+        )
         .unwrap();
     let count = || -> String {
         admin
@@ -924,8 +928,11 @@ fn remote_transaction_in_parts() {
     // rolls the stale one back first; only its own rows commit.
     sink.transaction_part(insert(51, 60), part(3, false, false), T)
         .unwrap();
-    sink.transaction(vec![stmt("INSERT INTO tide_sink_parts VALUES (61)", &[])], T)
-        .unwrap();
+    sink.transaction(
+        vec![stmt("INSERT INTO tide_sink_parts VALUES (61)", &[])],
+        T,
+    )
+    .unwrap();
     assert_eq!(count(), "31");
     let ids = admin
         .query(
@@ -943,5 +950,7 @@ fn remote_transaction_in_parts() {
         .unwrap_err();
     assert!(e.transient, "{e:?}");
     assert_eq!(count(), "31");
-    admin.query("DROP TABLE tide_sink_parts", vec![], T).unwrap();
+    admin
+        .query("DROP TABLE tide_sink_parts", vec![], T)
+        .unwrap();
 }

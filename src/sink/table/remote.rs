@@ -190,7 +190,11 @@ impl Remote {
 /// Bytes a step holds (what buffering it costs).
 fn step_size(step: &RemoteStep) -> usize {
     let stmt = |s: &RemoteStatement| {
-        s.sql.len() + s.params.iter().map(|p| p.as_ref().map_or(0, String::len)).sum::<usize>()
+        s.sql.len()
+            + s.params
+                .iter()
+                .map(|p| p.as_ref().map_or(0, String::len))
+                .sum::<usize>()
     };
     match step {
         RemoteStep::Statement(s) => stmt(s),
