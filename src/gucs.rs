@@ -61,8 +61,15 @@ pub static ON_SLOT_LOST: GucSetting<OnSlotLost> = GucSetting::<OnSlotLost>::new(
 /// (`tide.max_paused_wal_size`). Read by the view through `current_setting`.
 pub static SLOT_WARNING_MB: GucSetting<i32> = GucSetting::<i32>::new(1024);
 
+/// `tide.decoding_work_mem` (kB): what a pipeline worker's reorder buffer may hold before it
+/// spills a transaction to disk (or streams it), in place of `logical_decoding_work_mem`
+/// for the worker's own decoding; -1: `logical_decoding_work_mem` itself. See
+/// `worker::decoder`.
+pub static DECODING_WORK_MEM_KB: GucSetting<i32> = GucSetting::<i32>::new(32 * 1024);
+
 pub fn init() {
     init_slot_settings();
+    init_memory_settings();
     GucRegistry::define_bool_guc(
         c"tide.read_ahead",
         c"Whether a backfilling pipeline worker has a helper process read its next chunk.",
@@ -74,7 +81,7 @@ pub fn init() {
     GucRegistry::define_bool_guc(
         c"tide.stream_in_progress",
         c"Whether pipeline workers receive large transactions while they run.",
-        c"On: a transaction larger than logical_decoding_work_mem reaches the worker in blocks while it runs; the worker keeps it in a temporary file of its own and applies it at its commit, so the decoding work is done before the commit. Off: PostgreSQL holds it (spilling to pg_replslot) until its commit. A change applies when a worker next opens its decoder.",
+        c"On: a transaction larger than tide.decoding_work_mem reaches the worker in blocks while it runs; the worker keeps it in a temporary file of its own and applies it at its commit, so the decoding work is done before the commit. Off: PostgreSQL holds it (spilling to pg_replslot) until its commit. A change applies when a worker next opens its decoder.",
         &STREAM_IN_PROGRESS,
         GucContext::Sighup,
         GucFlags::default(),
@@ -176,6 +183,20 @@ pub fn init() {
         3600,
         GucContext::Sighup,
         GucFlags::UNIT_S,
+    );
+}
+
+/// The settings that bound a worker's memory (README, Concepts > Large transactions).
+fn init_memory_settings() {
+    GucRegistry::define_int_guc(
+        c"tide.decoding_work_mem",
+        c"Memory a pipeline worker's decoding may hold of transactions in progress; -1 uses logical_decoding_work_mem.",
+        c"A pipeline worker decodes the WAL itself: its reorder buffer holds the changes of transactions in progress up to this much (PostgreSQL's logical_decoding_work_mem for walsenders), then hands the largest to the worker in blocks (tide.stream_in_progress) or writes it to disk under pg_replslot. With the worker's other buffers (8MB of decoded output, up to 8MB per streamed transaction's spool, what a target buffers), this bounds its memory whatever the size of a source transaction.",
+        &DECODING_WORK_MEM_KB,
+        -1,
+        i32::MAX / 1024,
+        GucContext::Sighup,
+        GucFlags::UNIT_KB,
     );
 }
 

@@ -2,7 +2,7 @@
 //! output plugin sends a transaction larger than `logical_decoding_work_mem` in blocks, the
 //! worker spools them (one temporary file per transaction, `pgsql_tmp_pg_tide.PID.stream.xXID.N`
 //! under `base/pgsql_tmp`) and applies the transaction at its commit, exactly as a committed
-//! one. Every cluster here has `logical_decoding_work_mem = 64kB`, so a transaction of a few MB
+//! one. Every cluster here has `tide.decoding_work_mem = 64kB`, so a transaction of a few MB
 //! is streamed many times over.
 //!
 //! Each test first waits for a worker's spool file while the transaction is still open: proof
@@ -19,6 +19,8 @@ fn cluster(name: &str) -> Cluster {
     let c = start_cluster(
         Cluster::builder(name)
             .conf("logical_decoding_work_mem = '64kB'")
+            // The workers' own decoding memory (else 32MB).
+            .conf("tide.decoding_work_mem = '64kB'")
             .conf("max_prepared_transactions = 4")
             // For the hand-made slot of `plugin_streams_only_when_asked`.
             .conf("output_plugin_libraries = 'pg_tide'"),

@@ -22,7 +22,9 @@
 //!   nothing after a clean shutdown (a termination request waits up to
 //!   `client::COMMIT_GRACE` for a commit being acknowledged).
 //! - Nothing is sent for a batch before [`Target::commit`] unless it grows beyond
-//!   [`SHIP_MESSAGES`] (a large source transaction): an interrupted decode leaves nothing behind.
+//!   [`SHIP_MESSAGES`] or [`SHIP_BYTES`] (a large source transaction): an interrupted decode
+//!   leaves nothing behind. Memory: the batch, one batch handed to the sink thread and the
+//!   producer's queue ([`DEFAULT_QUEUE_KBYTES`]), whatever the transaction's size.
 //! - Kafka transactions are not used (the broker this is tested against does not implement
 //!   them): the batch boundary and the position record are where a transactional producer would
 //!   `begin`/`commit` (with the position record inside the transaction), so adding them changes
@@ -46,6 +48,12 @@ use tide_core::model::{Op, RelDesc, Txn};
 
 /// Messages a batch holds before they are handed to the producer ahead of the commit.
 pub const SHIP_MESSAGES: usize = 10_000;
+/// Bytes of messages (keys, values, headers) a batch holds before they are handed over early.
+pub const SHIP_BYTES: usize = 2 << 20;
+/// The producer's queue (`queue.buffering.max.kbytes`) unless the user sets it: librdkafka's
+/// default (1 GiB) would let one huge source transaction fill the worker's memory while the
+/// broker is slower than the decoding; with this bound the producer waits instead (issue 34).
+pub const DEFAULT_QUEUE_KBYTES: u32 = 8 * 1024;
 /// How long the worker waits for the position topic to be read.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default of `message.timeout.ms`: how long the broker may take to acknowledge a message.
@@ -120,6 +128,12 @@ pub fn properties(
     } else {
         props.push(("message.timeout.ms".into(), timeout_ms.to_string()));
     }
+    if !props.iter().any(|(k, _)| k == "queue.buffering.max.kbytes") {
+        props.push((
+            "queue.buffering.max.kbytes".into(),
+            DEFAULT_QUEUE_KBYTES.to_string(),
+        ));
+    }
     for (k, v) in [
         ("enable.idempotence", "true"),
         ("enable.gapless.guarantee", "true"),
@@ -169,6 +183,8 @@ pub struct KafkaTarget {
     sink: KafkaSink,
     /// The batch's messages not yet handed to the sink thread.
     buf: Vec<Msg>,
+    /// What `buf`'s messages hold (keys, values, headers), to hand them over at [`SHIP_BYTES`].
+    buf_bytes: usize,
     /// Messages handed to the sink thread in this batch.
     shipped: bool,
     open: Option<Open>,
@@ -223,6 +239,7 @@ pub fn for_pipeline(p: &PipelineRow) -> TideResult<Box<dyn Target>> {
         r,
         sink,
         buf: Vec::new(),
+        buf_bytes: 0,
         shipped: false,
         open: None,
         applied: None,
@@ -262,7 +279,7 @@ impl KafkaTarget {
         }
         self.close();
         if let Some(topic) = &self.r.transaction_topic {
-            self.buf.push(Msg {
+            self.add(Msg {
                 topic: topic.clone(),
                 key: Some(fmt::txn_key(t.xid, t.lsn)),
                 value: Some(fmt::txn_record(t.xid, t.lsn, t.commit_time, None)),
@@ -284,7 +301,7 @@ impl KafkaTarget {
             return;
         };
         if let Some(topic) = &self.r.transaction_topic {
-            self.buf.push(Msg {
+            self.add(Msg {
                 topic: topic.clone(),
                 key: Some(fmt::txn_key(o.xid, o.lsn)),
                 value: Some(fmt::txn_record(
@@ -354,7 +371,7 @@ impl KafkaTarget {
             key.map(str::to_string)
         };
         let tombstone = op == Op::Delete && self.r.tombstones && key.is_some();
-        self.buf.push(Msg {
+        self.add(Msg {
             topic: topic.clone(),
             key: key.clone(),
             value: Some(value),
@@ -362,7 +379,7 @@ impl KafkaTarget {
             broadcast,
         });
         if tombstone {
-            self.buf.push(Msg {
+            self.add(Msg {
                 topic,
                 key,
                 value: None,
@@ -370,17 +387,31 @@ impl KafkaTarget {
                 broadcast: false,
             });
         }
-        if self.buf.len() >= SHIP_MESSAGES {
+        if self.buf.len() >= SHIP_MESSAGES || self.buf_bytes >= SHIP_BYTES {
             self.ship()?;
         }
         Ok(())
     }
 
+    /// Queue a message in the batch.
+    fn add(&mut self, m: Msg) {
+        self.buf_bytes += m.topic.len()
+            + m.key.as_ref().map_or(0, String::len)
+            + m.value.as_ref().map_or(0, String::len)
+            + m.headers
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>();
+        self.buf.push(m);
+    }
+
     fn ship(&mut self) -> TideResult<()> {
+        self.buf_bytes = 0;
         let msgs = std::mem::take(&mut self.buf);
         if !msgs.is_empty() {
             self.shipped = true;
-            self.sink.produce(msgs).map_err(kafka_err)?;
+            let wait = self.delivery_timeout * 2 + Duration::from_secs(10);
+            self.sink.produce(msgs, wait).map_err(kafka_err)?;
         }
         Ok(())
     }
@@ -528,6 +559,7 @@ impl Target for KafkaTarget {
 
     fn reset(&mut self) {
         self.buf.clear();
+        self.buf_bytes = 0;
         self.open = None;
         self.applied = None;
         self.shipped = false;

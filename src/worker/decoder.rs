@@ -104,10 +104,53 @@ fn io_err(e: std::io::Error) -> TideError {
     .hint("Check free space and permissions in the data directory.")
 }
 
-/// The buffer's threshold: `logical_decoding_work_mem`, the memory PostgreSQL's own reorder
-/// buffer may use before it spills.
+/// Most bytes of decoded output kept in memory before the buffer moves to a temporary file: a
+/// read of `tide.batch_events` ordinary messages fits (5000 messages of a few hundred bytes),
+/// one huge source transaction goes to the file.
+const SPILL_THRESHOLD_MAX: usize = 8 << 20;
+
+/// The buffer's threshold: [`SPILL_THRESHOLD_MAX`], or less when the reorder buffer may hold
+/// less (`logical_decoding_work_mem` as [`use_decoding_work_mem`] set it).
 fn spill_threshold() -> usize {
-    (unsafe { pg_sys::logical_decoding_work_mem }.max(64) as usize) * 1024
+    ((unsafe { pg_sys::logical_decoding_work_mem }.max(64) as usize) * 1024)
+        .min(SPILL_THRESHOLD_MAX)
+}
+
+/// Make `tide.decoding_work_mem` this worker's `logical_decoding_work_mem`, which bounds what
+/// its reorder buffer holds of transactions in progress before it writes the largest to disk
+/// (read by PostgreSQL at every change it queues). Session-level, in this process only.
+fn use_decoding_work_mem() {
+    thread_local! {
+        /// `logical_decoding_work_mem` as the worker started with it (before this set it).
+        static SERVER: std::cell::Cell<Option<i32>> = const { std::cell::Cell::new(None) };
+    }
+    // SAFETY: reads a GUC variable of this process.
+    let current = unsafe { pg_sys::logical_decoding_work_mem };
+    let server = SERVER.with(|s| {
+        let v = s.get().unwrap_or(current);
+        s.set(Some(v));
+        v
+    });
+    let kb = match crate::gucs::DECODING_WORK_MEM_KB.get() {
+        kb if kb < 0 => server,
+        kb => kb.max(64),
+    };
+    if current == kb {
+        return;
+    }
+    let Ok(value) = CString::new(format!("{kb}kB")) else {
+        return;
+    };
+    // SAFETY: sets a user-settable GUC for this session from a valid C string; the value is
+    // within the GUC's range (64kB up to MAX_KILOBYTES), so it cannot error.
+    unsafe {
+        pg_sys::SetConfigOption(
+            c"logical_decoding_work_mem".as_ptr(),
+            value.as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+        );
+    }
 }
 
 /// Where the output plugin's messages go: the buffer of committed transactions, through the
@@ -280,6 +323,7 @@ impl Decoder {
             if reset {
                 pg_sys::InvalidateSystemCaches();
             }
+            use_decoding_work_mem();
             self.out.out.set_threshold(spill_threshold());
             let reader = (*self.ctx).reader;
             let mut reached_end = true;

@@ -89,6 +89,7 @@ fn decoder_reads_wal_once() {
 fn huge_transaction_spills_and_arrives_whole() {
     let c = Cluster::builder("spill")
         .conf("logical_decoding_work_mem = '64kB'")
+        .conf("tide.decoding_work_mem = '64kB'")
         .start();
     init_extension(&c);
     c.execute("CREATE TABLE big (id int PRIMARY KEY, pad text)");

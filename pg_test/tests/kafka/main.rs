@@ -16,11 +16,14 @@
 //! - `refusals`: options, servers, user mappings and privileges refused with SQLSTATE and hint;
 //!   secrets readable by no other role.
 //!
+//! - `large`: one transaction of ~100 MB of messages goes through with the worker's memory flat.
+//!
 //! Modules: `broker` (tansu started and stopped on a free port, and a consumer that reads whole
 //! topics), `replay` (messages back into rows).
 
 mod broker;
 mod convergence;
+mod large;
 mod refusals;
 mod replay;
 mod resync;

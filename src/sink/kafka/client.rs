@@ -61,7 +61,8 @@ pub struct Msg {
 
 /// What the sink thread is asked to do.
 pub enum Work {
-    /// Produce these messages (no reply; failures are reported by the next commit).
+    /// Produce these messages: the reply (always `Ok`) says they are in the producer's queue;
+    /// failures are reported by the next commit.
     Produce(Vec<Msg>),
     /// Wait until every message produced since the last commit is acknowledged, then write the
     /// position record (when given) and wait for its acknowledgement.
@@ -653,7 +654,6 @@ fn sink_thread(
         if shared.stop.load(Ordering::SeqCst) {
             break;
         }
-        let reply = !matches!(work, Work::Produce(_));
         let result = catch_unwind(AssertUnwindSafe(|| match work {
             Work::Produce(msgs) => {
                 st.produce(msgs, &shared, seq);
@@ -692,9 +692,7 @@ fn sink_thread(
                 config: false,
             })
         });
-        if reply {
-            let _ = replies.send(Reply { seq, result });
-        }
+        let _ = replies.send(Reply { seq, result });
     }
     let _ = catch_unwind(AssertUnwindSafe(move || drop(st)));
 }
@@ -707,6 +705,9 @@ pub struct KafkaSink {
     handle: Option<JoinHandle<()>>,
     shared: Arc<Shared>,
     seq: u64,
+    /// The last [`Work::Produce`] request whose reply (the messages are in the producer's
+    /// queue) was not waited for yet.
+    handed: Option<u64>,
 }
 
 impl KafkaSink {
@@ -719,6 +720,7 @@ impl KafkaSink {
             handle: None,
             shared: Arc::new(Shared::default()),
             seq: 0,
+            handed: None,
         };
         s.spawn();
         s
@@ -759,12 +761,20 @@ impl KafkaSink {
         }
     }
 
-    /// Hand messages to the sink thread without waiting.
-    pub fn produce(&mut self, msgs: Vec<Msg>) -> Result<(), KafkaFailure> {
+    /// Hand messages to the sink thread. It does not wait for them, but for the messages handed
+    /// before (at most `timeout`): they must be in the producer's queue (bounded by
+    /// `queue.buffering.max.kbytes`) first, so at most one batch waits in the channel and the
+    /// worker's memory stays bounded when the broker is slower than the decoding.
+    pub fn produce(&mut self, msgs: Vec<Msg>, timeout: Duration) -> Result<(), KafkaFailure> {
         if msgs.is_empty() {
             return Ok(());
         }
-        self.submit(Work::Produce(msgs)).map(|_| ())
+        if let Some(prev) = self.handed.take() {
+            self.wait_for(prev, timeout, false)?;
+        }
+        let seq = self.submit(Work::Produce(msgs))?;
+        self.handed = Some(seq);
+        Ok(())
     }
 
     /// Ask the sink thread and wait for its answer, at most `timeout`. `graceful`: a
@@ -776,6 +786,18 @@ impl KafkaSink {
         graceful: bool,
     ) -> Result<Option<Lsn>, KafkaFailure> {
         let seq = self.submit(work)?;
+        // Replies come in request order: every earlier produce's is skipped by this wait.
+        self.handed = None;
+        self.wait_for(seq, timeout, graceful)
+    }
+
+    /// Wait for the reply to request `seq` (see [`crate::sink::wait::reply`]).
+    fn wait_for(
+        &mut self,
+        seq: u64,
+        timeout: Duration,
+        graceful: bool,
+    ) -> Result<Option<Lsn>, KafkaFailure> {
         let Some(rx) = self.replies.as_ref() else {
             return Err(KafkaFailure::transient(
                 "the Kafka sink thread is not running",
@@ -813,6 +835,7 @@ impl KafkaSink {
     /// Stop the sink thread (waiting up to 2 s; a thread blocked in the network is left to
     /// exit by itself).
     fn stop(&mut self) {
+        self.handed = None;
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.abandoned.store(u64::MAX, Ordering::SeqCst);
         self.requests = None;

@@ -6,10 +6,23 @@ use crate::sink::wait::Waited;
 
 /// What a request asks the sink thread to do.
 pub(super) enum Work {
-    /// Steps to run in one transaction, then commit.
-    Transaction(Vec<RemoteStep>),
+    /// Steps to run in one transaction, then commit; or, with a [`Part`], one part of a
+    /// transaction that spans several requests.
+    Transaction(Vec<RemoteStep>, Option<Part>),
     /// One statement outside an explicit transaction.
     Query(RemoteStatement),
+}
+
+/// One part of a remote transaction sent in several requests ([`RemoteSink::transaction_part`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Part {
+    /// Names the transaction (chosen by the caller, unique per [`RemoteSink`]).
+    pub id: u64,
+    /// An earlier part with this `id` began the transaction: run the steps in it, and fail if
+    /// the connection no longer has it open (it was lost with the connection).
+    pub continues: bool,
+    /// Commit after the steps; else leave the transaction open for the next part.
+    pub commit: bool,
 }
 
 /// A request to the sink thread.
@@ -254,7 +267,24 @@ impl RemoteSink {
         if steps.is_empty() {
             return Ok(Vec::new());
         }
-        self.call(Work::Transaction(steps), timeout)
+        self.call(Work::Transaction(steps, None), timeout)
+    }
+
+    /// One part of a remote transaction too large to send at once: the first part (`continues`
+    /// false) begins it, a part with `commit` commits it, every other part leaves it open on the
+    /// connection. Guarantees: all or nothing as [`RemoteSink::transaction_steps`] — a part that
+    /// fails, times out or finds that the connection lost the transaction its `id` names rolls
+    /// it back and returns an error, and the caller must send the whole transaction again from
+    /// its first part; a first part finding another transaction open (one a failed caller left)
+    /// rolls that back first. Only one transaction is open per sink at a time, and queries sent
+    /// meanwhile ([`RemoteSink::query`]) run inside it.
+    pub fn transaction_part(
+        &self,
+        steps: Vec<RemoteStep>,
+        part: Part,
+        timeout: Duration,
+    ) -> Result<Vec<Vec<Vec<Option<String>>>>, RemoteError> {
+        self.call(Work::Transaction(steps, Some(part)), timeout)
     }
 
     /// Run one statement outside an explicit transaction and return its rows as text

@@ -22,6 +22,9 @@ pub(super) struct Conn {
     pub(super) client: Client,
     /// Prepared statements by (parameter count, SQL).
     pub(super) statements: HashMap<(usize, String), Statement>,
+    /// The transaction left open by a [`Part`] that did not commit (its id). A new connection
+    /// has none, so a part that continues a transaction lost with its connection is refused.
+    pub(super) open: Option<u64>,
 }
 
 impl Conn {
@@ -154,6 +157,7 @@ pub(super) fn roll_back(conn: &mut Option<Conn>, shared: &Shared, connection_ok:
     let ok = connection_ok
         && conn.as_mut().is_some_and(|c| {
             c.statements.clear();
+            c.open = None;
             c.client.batch_execute("ROLLBACK").is_ok()
         });
     if !ok {
@@ -464,6 +468,7 @@ pub(super) fn ensure_connected(
     *conn = Some(Conn {
         client,
         statements: HashMap::new(),
+        open: None,
     });
     Ok(true)
 }
@@ -487,8 +492,13 @@ pub(super) fn run_request(
     sent: &mut bool,
 ) -> Result<Vec<Rows>, RemoteError> {
     let timeout_ms = request.timeout.as_millis().clamp(1, i32::MAX as u128);
+    if let Work::Transaction(_, Some(part)) = &request.work {
+        if part.continues {
+            return continue_part(conn, request, *part, shared);
+        }
+    }
     let prelude = match request.work {
-        Work::Transaction(_) => format!("BEGIN; SET LOCAL statement_timeout = {timeout_ms}"),
+        Work::Transaction(..) => format!("BEGIN; SET LOCAL statement_timeout = {timeout_ms}"),
         Work::Query(_) => format!("SET statement_timeout = {timeout_ms}"),
     };
     // Connect (or reuse), then run the prelude. A reused connection that turns out to be
@@ -503,6 +513,13 @@ pub(super) fn run_request(
             return Err(RemoteError::transient("no remote connection")); // unreachable
         };
         *sent = true;
+        if matches!(request.work, Work::Transaction(..)) && c.open.take().is_some() {
+            // A transaction a failed caller left open: never let its parts commit with this one.
+            if let Err(e) = c.client.batch_execute("ROLLBACK") {
+                discard(conn, shared);
+                return Err(RemoteError::from_pg(&e));
+            }
+        }
         match c.client.batch_execute(&prelude) {
             Ok(()) => break,
             Err(e) => {
@@ -515,71 +532,123 @@ pub(super) fn run_request(
             }
         }
     }
-    let Some(c) = conn.as_mut() else {
-        return Err(RemoteError::transient("no remote connection")); // unreachable
-    };
     match &request.work {
-        Work::Query(stmt) => match run_statement(c, stmt) {
-            Ok(rows) => Ok(vec![rows]),
+        Work::Query(stmt) => {
+            let Some(c) = conn.as_mut() else {
+                return Err(RemoteError::transient("no remote connection")); // unreachable
+            };
+            match run_statement(c, stmt) {
+                Ok(rows) => Ok(vec![rows]),
+                Err(StatementError {
+                    error,
+                    connection_ok,
+                }) => {
+                    c.statements.clear();
+                    if !connection_ok {
+                        discard(conn, shared);
+                    }
+                    Err(error)
+                }
+            }
+        }
+        Work::Transaction(stmts, part) => run_transaction(conn, request.seq, stmts, *part, shared),
+    }
+}
+
+/// The rest of a request that continues a transaction an earlier [`Part`] left open.
+fn continue_part(
+    conn: &mut Option<Conn>,
+    request: &Request,
+    part: Part,
+    shared: &Shared,
+) -> Result<Vec<Rows>, RemoteError> {
+    let Work::Transaction(stmts, _) = &request.work else {
+        return Err(RemoteError::permanent(
+            "internal error: a query sent as a part",
+        )); // unreachable
+    };
+    let open = conn
+        .as_ref()
+        .is_some_and(|c| c.alive() && c.open == Some(part.id));
+    if !open {
+        if conn.as_ref().is_some_and(|c| c.open.is_some()) {
+            roll_back(conn, shared, true);
+        }
+        return Err(RemoteError::transient(
+            "the remote transaction this batch began was lost with its connection; the batch is sent again",
+        ));
+    }
+    if is_abandoned(shared, request.seq) {
+        return Err(abandoned_error());
+    }
+    run_transaction(conn, request.seq, stmts, Some(part), shared)
+}
+
+/// Run `stmts` in the transaction the prelude began (or a [`Part`] continues), then commit it,
+/// or leave it open when `part` says so.
+fn run_transaction(
+    conn: &mut Option<Conn>,
+    seq: u64,
+    stmts: &[RemoteStep],
+    part: Option<Part>,
+    shared: &Shared,
+) -> Result<Vec<Rows>, RemoteError> {
+    let mut results = Vec::with_capacity(stmts.len());
+    for stmt in stmts {
+        if is_abandoned(shared, seq) {
+            discard(conn, shared); // rolls back; a cancel may be on its way
+            return Err(abandoned_error());
+        }
+        let Some(c) = conn.as_mut() else {
+            return Err(RemoteError::transient("no remote connection")); // unreachable
+        };
+        match run_step(c, stmt) {
+            Ok(rows) => results.push(rows),
             Err(StatementError {
                 error,
                 connection_ok,
             }) => {
-                c.statements.clear();
-                if !connection_ok {
-                    discard(conn, shared);
-                }
-                Err(error)
+                roll_back(conn, shared, connection_ok);
+                return Err(error);
             }
-        },
-        Work::Transaction(stmts) => {
-            let mut results = Vec::with_capacity(stmts.len());
-            for stmt in stmts {
-                if is_abandoned(shared, request.seq) {
-                    discard(conn, shared); // rolls back; a cancel may be on its way
-                    return Err(abandoned_error());
-                }
-                let Some(c) = conn.as_mut() else {
-                    return Err(RemoteError::transient("no remote connection")); // unreachable
-                };
-                match run_step(c, stmt) {
-                    Ok(rows) => results.push(rows),
-                    Err(StatementError {
-                        error,
-                        connection_ok,
-                    }) => {
-                        roll_back(conn, shared, connection_ok);
-                        return Err(error);
-                    }
-                }
-            }
-            {
-                let mut ctl = lock(&shared.ctl);
-                if ctl.abandoned >= request.seq {
-                    drop(ctl);
-                    discard(conn, shared);
-                    return Err(abandoned_error());
-                }
-                ctl.committing = true;
-            }
-            let Some(c) = conn.as_mut() else {
-                return Err(RemoteError::transient("no remote connection")); // unreachable
-            };
-            match c.client.batch_execute("COMMIT") {
-                Ok(()) => Ok(results),
-                Err(e) if e.as_db_error().is_some() => {
-                    // The server refused the commit (deferred constraint, serialization
-                    // failure...) and rolled back; the session is usable.
-                    c.statements.clear();
-                    Err(RemoteError::from_pg(&e))
-                }
-                Err(e) => {
-                    discard(conn, shared);
-                    Err(RemoteError::from_pg(&e).context(
-                        "connection lost during COMMIT; the outcome of the remote transaction is unknown",
-                    ))
-                }
-            }
+        }
+    }
+    if let Some(p) = part.filter(|p| !p.commit) {
+        if is_abandoned(shared, seq) {
+            discard(conn, shared);
+            return Err(abandoned_error());
+        }
+        if let Some(c) = conn.as_mut() {
+            c.open = Some(p.id);
+        }
+        return Ok(results);
+    }
+    {
+        let mut ctl = lock(&shared.ctl);
+        if ctl.abandoned >= seq {
+            drop(ctl);
+            discard(conn, shared);
+            return Err(abandoned_error());
+        }
+        ctl.committing = true;
+    }
+    let Some(c) = conn.as_mut() else {
+        return Err(RemoteError::transient("no remote connection")); // unreachable
+    };
+    c.open = None;
+    match c.client.batch_execute("COMMIT") {
+        Ok(()) => Ok(results),
+        Err(e) if e.as_db_error().is_some() => {
+            // The server refused the commit (deferred constraint, serialization
+            // failure...) and rolled back; the session is usable.
+            c.statements.clear();
+            Err(RemoteError::from_pg(&e))
+        }
+        Err(e) => {
+            discard(conn, shared);
+            Err(RemoteError::from_pg(&e).context(
+                "connection lost during COMMIT; the outcome of the remote transaction is unknown",
+            ))
         }
     }
 }

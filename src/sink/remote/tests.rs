@@ -855,3 +855,102 @@ fn remote_timeouts_abandon_and_roll_back() {
     assert_eq!(rows, vec![vec![Some("1500ms".into())]]);
     sink.query("DROP TABLE tide_sink_to", vec![], T).unwrap();
 }
+
+/// A transaction sent in parts ([`RemoteSink::transaction_part`]): nothing is visible until the
+/// part that commits; a part continuing a transaction lost with its connection fails (transient)
+/// and nothing of the lost one is committed; a first part finding a transaction a failed caller
+/// left open rolls that one back, so its rows never commit with the next.
+#[test]
+fn remote_transaction_in_parts() {
+    let ci = test_conninfo();
+    let sink = RemoteSink::start(ci.clone(), "tide-test-parts");
+    let admin = RemoteSink::start(ci, "tide-test-parts-admin");
+    admin
+        .query("DROP TABLE IF EXISTS tide_sink_parts", vec![], T)
+        .unwrap();
+    admin
+        .query(
+            "CREATE TABLE tide_sink_parts (id int PRIMARY KEY)",
+            vec![],
+            T,
+        )
+        .unwrap();
+    let count = || -> String {
+        admin
+            .query("SELECT count(*) FROM tide_sink_parts", vec![], T)
+            .unwrap()[0][0]
+            .clone()
+            .unwrap()
+    };
+    let insert = |from: i32, to: i32| {
+        vec![RemoteStep::Statement(stmt(
+            "INSERT INTO tide_sink_parts SELECT generate_series($1::int, $2::int)",
+            &[Some(&from.to_string()), Some(&to.to_string())],
+        ))]
+    };
+    let part = |id, continues, commit| Part {
+        id,
+        continues,
+        commit,
+    };
+    // Three parts, one transaction: invisible until the last commits.
+    sink.transaction_part(insert(1, 10), part(1, false, false), T)
+        .unwrap();
+    sink.transaction_part(insert(11, 20), part(1, true, false), T)
+        .unwrap();
+    assert_eq!(count(), "0", "an open part is not visible to others");
+    sink.transaction_part(insert(21, 30), part(1, true, true), T)
+        .unwrap();
+    assert_eq!(count(), "30");
+
+    // The connection is lost between two parts: the continuing part fails, nothing committed.
+    sink.transaction_part(insert(31, 40), part(2, false, false), T)
+        .unwrap();
+    let pid = sink
+        .query("SELECT pg_backend_pid()::text", vec![], T)
+        .unwrap();
+    admin
+        .query(
+            "SELECT pg_terminate_backend($1::int)::text",
+            vec![pid[0][0].clone()],
+            T,
+        )
+        .unwrap();
+    thread::sleep(Duration::from_millis(200));
+    let e = sink
+        .transaction_part(insert(41, 50), part(2, true, true), T)
+        .unwrap_err();
+    assert!(e.transient, "{e:?}");
+    assert!(e.message.contains("lost"), "{}", e.message);
+    assert_eq!(count(), "30", "nothing of the lost transaction");
+
+    // A caller that failed after a part (it never sends the rest): the next transaction
+    // rolls the stale one back first; only its own rows commit.
+    sink.transaction_part(insert(51, 60), part(3, false, false), T)
+        .unwrap();
+    sink.transaction(
+        vec![stmt("INSERT INTO tide_sink_parts VALUES (61)", &[])],
+        T,
+    )
+    .unwrap();
+    assert_eq!(count(), "31");
+    let ids = admin
+        .query(
+            "SELECT count(*) FILTER (WHERE id BETWEEN 51 AND 60)::text FROM tide_sink_parts",
+            vec![],
+            T,
+        )
+        .unwrap();
+    assert_eq!(ids, vec![vec![Some("0".into())]]);
+    // And a part naming a transaction that is not the open one is refused.
+    sink.transaction_part(insert(71, 72), part(4, false, false), T)
+        .unwrap();
+    let e = sink
+        .transaction_part(insert(73, 74), part(5, true, true), T)
+        .unwrap_err();
+    assert!(e.transient, "{e:?}");
+    assert_eq!(count(), "31");
+    admin
+        .query("DROP TABLE tide_sink_parts", vec![], T)
+        .unwrap();
+}

@@ -38,10 +38,15 @@ impl Backend for Local {
     }
 
     fn exec(&mut self, c: &mut SpiClient<'_>, st: Statement) -> TideResult<()> {
-        crate::security::as_owner(self.owner, || {
-            let args: Vec<DatumWithOid> = st.params.into_iter().map(Into::into).collect();
-            crate::sql::update(c, st.sql.as_str(), None, &args)?;
-            Ok(())
+        // The arguments' datums and whatever the statement leaves in the current context are
+        // freed after each statement (see `sql::scratch`): memory stays flat however many
+        // statements one source transaction takes.
+        crate::sql::scratch(|| {
+            crate::security::as_owner(self.owner, || {
+                let args: Vec<DatumWithOid> = st.params.into_iter().map(Into::into).collect();
+                crate::sql::update(c, st.sql.as_str(), None, &args)?;
+                Ok(())
+            })
         })
     }
 

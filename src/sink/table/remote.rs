@@ -16,7 +16,7 @@
 use super::Backend;
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
-use crate::sink::remote::{RemoteError, RemoteSink, RemoteStatement, RemoteStep};
+use crate::sink::remote::{Part, RemoteError, RemoteSink, RemoteStatement, RemoteStep};
 use pgrx::spi::SpiClient;
 use std::time::Duration;
 use tide_core::lsn::Lsn;
@@ -24,6 +24,11 @@ use tide_core::plan::{quote_ident, Staged, Statement};
 
 /// How long the worker waits for the remote to answer one batch.
 pub const REMOTE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Bytes of statements (SQL and parameters, COPY data) buffered before they are sent into the
+/// batch's remote transaction, which stays open until the batch commits: the worker's memory
+/// for a source transaction of any size is about this much.
+pub const FLUSH_BYTES: usize = 4 << 20;
 
 /// A remote failure as the pipeline's error: transient ones (the target unreachable) are
 /// retried by the worker with back-off, the others wait for the user.
@@ -60,8 +65,14 @@ pub struct Remote {
     /// A foreign server, user mapping or role changed since the connection was checked: check
     /// it at the next [`Backend::prepare`] (again after a refusal).
     recheck: bool,
-    /// Steps of the open batch.
+    /// Steps of the open batch not sent yet.
     stmts: Vec<RemoteStep>,
+    /// Their size (SQL, parameters, COPY data), to send them at [`FLUSH_BYTES`].
+    buffered: usize,
+    /// The batch's remote transaction, once a part of it was sent and left open (its id).
+    open: Option<u64>,
+    /// The id of the next remote transaction sent in parts.
+    next_part: u64,
     /// The remote's applied position, once read (`Some(None)`: the remote has none).
     applied: Option<Option<Lsn>>,
     /// The schema and `tide_applied` exist on the remote (checked once per connection).
@@ -83,6 +94,9 @@ impl Remote {
             sink: Some(sink),
             recheck: false,
             stmts: Vec::new(),
+            buffered: 0,
+            open: None,
+            next_part: 0,
             applied: None,
             ready: false,
             has_direct: false,
@@ -133,6 +147,66 @@ impl Remote {
     fn applied_table(&self) -> String {
         format!("{}.tide_applied", quote_ident(&self.schema))
     }
+
+    /// Buffer a step; past [`FLUSH_BYTES`], send what is buffered into the batch's remote
+    /// transaction (begun by the first such part), which stays open until [`Backend::commit`].
+    fn add(&mut self, step: RemoteStep) -> TideResult<()> {
+        self.buffered += step_size(&step);
+        self.stmts.push(step);
+        if self.buffered < FLUSH_BYTES {
+            return Ok(());
+        }
+        let part = match self.open {
+            Some(id) => Part {
+                id,
+                continues: true,
+                commit: false,
+            },
+            None => {
+                self.next_part += 1;
+                Part {
+                    id: self.next_part,
+                    continues: false,
+                    commit: false,
+                }
+            }
+        };
+        let stmts = std::mem::take(&mut self.stmts);
+        self.buffered = 0;
+        match self.sink()?.transaction_part(stmts, part, REMOTE_TIMEOUT) {
+            Ok(_) => {
+                self.open = Some(part.id);
+                Ok(())
+            }
+            Err(e) => {
+                self.open = None;
+                self.applied = None;
+                Err(remote_err(e))
+            }
+        }
+    }
+}
+
+/// Bytes a step holds (what buffering it costs).
+fn step_size(step: &RemoteStep) -> usize {
+    let stmt = |s: &RemoteStatement| {
+        s.sql.len()
+            + s.params
+                .iter()
+                .map(|p| p.as_ref().map_or(0, String::len))
+                .sum::<usize>()
+    };
+    match step {
+        RemoteStep::Statement(s) => stmt(s),
+        RemoteStep::Simple(sql) => sql.len(),
+        RemoteStep::CopyIn { sql, data } => sql.len() + data.len(),
+        RemoteStep::LoadChunk {
+            probe,
+            direct,
+            staged,
+            data,
+        } => stmt(probe) + direct.len() + staged.iter().map(step_size).sum::<usize>() + data.len(),
+    }
 }
 
 impl Backend for Remote {
@@ -173,11 +247,10 @@ impl Backend for Remote {
     }
 
     fn exec(&mut self, _c: &mut SpiClient<'_>, st: Statement) -> TideResult<()> {
-        self.stmts.push(RemoteStep::Statement(RemoteStatement {
+        self.add(RemoteStep::Statement(RemoteStatement {
             sql: st.sql,
             params: st.params.into_iter().map(Some).collect(),
-        }));
-        Ok(())
+        }))
     }
 
     fn takes_copy(&self) -> bool {
@@ -200,16 +273,19 @@ impl Backend for Remote {
         ];
         if self.direct_refused {
             // Always through the staging table (see `direct_refused`).
-            self.stmts.extend(steps.into_iter().map(|s| match s {
-                RemoteStep::CopyIn { sql, .. } => RemoteStep::CopyIn {
-                    sql,
-                    data: data.clone().into_bytes(),
-                },
-                other => other,
-            }));
+            for step in steps {
+                self.add(match step {
+                    RemoteStep::CopyIn { sql, .. } => RemoteStep::CopyIn {
+                        sql,
+                        data: data.clone().into_bytes(),
+                    },
+                    other => other,
+                })?;
+            }
             return Ok(());
         }
-        self.stmts.push(RemoteStep::LoadChunk {
+        self.has_direct = true;
+        self.add(RemoteStep::LoadChunk {
             probe: RemoteStatement {
                 sql: staged.probe,
                 params: bounds,
@@ -217,16 +293,15 @@ impl Backend for Remote {
             direct: staged.direct,
             staged: steps,
             data: data.into_bytes(),
-        });
-        self.has_direct = true;
-        Ok(())
+        })
     }
 
     fn commit(&mut self, pipeline: &str, applied: Option<Lsn>) -> TideResult<()> {
-        if self.stmts.is_empty() && applied.is_none() {
+        if self.stmts.is_empty() && applied.is_none() && self.open.is_none() {
             return Ok(());
         }
         let mut stmts = std::mem::take(&mut self.stmts);
+        self.buffered = 0;
         if let Some(a) = applied {
             stmts.push(RemoteStep::Statement(RemoteStatement {
                 sql: format!(
@@ -238,7 +313,19 @@ impl Backend for Remote {
             }));
         }
         let direct = std::mem::take(&mut self.has_direct);
-        match self.sink()?.transaction_steps(stmts, REMOTE_TIMEOUT) {
+        let sent = match self.open.take() {
+            Some(id) => self.sink()?.transaction_part(
+                stmts,
+                Part {
+                    id,
+                    continues: true,
+                    commit: true,
+                },
+                REMOTE_TIMEOUT,
+            ),
+            None => self.sink()?.transaction_steps(stmts, REMOTE_TIMEOUT),
+        };
+        match sent {
             Ok(_) => {
                 if let Some(a) = applied {
                     self.applied = Some(Some(a));
@@ -289,6 +376,10 @@ impl Backend for Remote {
 
     fn reset(&mut self) {
         self.stmts.clear();
+        self.buffered = 0;
+        // The remote transaction a failed batch left open is rolled back by the sink thread
+        // before the next one begins.
+        self.open = None;
         self.applied = None;
         self.ready = false;
         self.has_direct = false;
