@@ -20,4 +20,5 @@ mod broker;
 mod convergence;
 mod refusals;
 mod replay;
+mod schemas;
 mod wallets;
