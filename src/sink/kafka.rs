@@ -490,7 +490,10 @@ impl KafkaTarget {
                 key_values = kv.clone();
             }
             Row::Json(j) if ev.op == Op::Truncate => truncated = Some(j.clone()),
-            _ => {}
+            Row::None => {}
+            _ => return Err(TideError::internal(
+                "the kafka target (value_format debezium-schema) was handed a row that is not text",
+            )),
         }
         let key = match (&ev.key, self.r.key_schema) {
             (Some(k), true) => {
