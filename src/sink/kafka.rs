@@ -1,6 +1,8 @@
-//! The `kafka` target: every event as a message in a Kafka topic (Debezium's envelope, JSON),
-//! with Debezium-style transaction metadata, written by an idempotent producer that lives on a
-//! thread of its own ([`client`]).
+//! The `kafka` target: every event as a message in a Kafka topic (Debezium's envelope, JSON;
+//! with `value_format = 'debezium-schema'` the envelope with its Kafka Connect schema, rendered
+//! from each column's text by `tide_core::connect` with the table's shape from [`schema`]), with
+//! Debezium-style transaction metadata, written by an idempotent producer that lives on a thread
+//! of its own ([`client`]).
 //!
 //! Owns: turning events into messages (topic per table, key, envelope, headers, tombstones, the
 //! `BEGIN`/`END` records of each source transaction; the JSON itself is rendered by
@@ -31,6 +33,7 @@
 //!   `client::State::commit` and nothing here.
 
 pub mod client;
+pub mod schema;
 
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
@@ -42,6 +45,7 @@ use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::spi::SpiClient;
 use std::collections::HashMap;
 use std::time::Duration;
+use tide_core::connect;
 use tide_core::kafka::{self as fmt, EnvelopeEvent, SourceInfo, TxnCounter};
 use tide_core::lsn::Lsn;
 use tide_core::model::{Op, RelDesc, Txn};
@@ -71,6 +75,10 @@ pub struct Resolved {
     pub partitions: i32,
     pub replication_factor: i32,
     pub producer: Vec<(String, String)>,
+    /// Values with their Kafka Connect schema (`value_format` `debezium-schema`).
+    pub value_schema: bool,
+    /// Keys with their Kafka Connect schema (`key_format` `json-schema`).
+    pub key_schema: bool,
 }
 
 /// Apply the defaults to a kafka pipeline's options.
@@ -99,6 +107,8 @@ pub fn resolve(pipeline: &str, o: &KafkaOptions) -> Resolved {
         partitions: o.partitions.unwrap_or(1),
         replication_factor: o.replication_factor.unwrap_or(1),
         producer: o.producer_settings(),
+        value_schema: o.value_schema(),
+        key_schema: o.key_schema(),
         prefix,
     }
 }
@@ -192,6 +202,8 @@ pub struct KafkaTarget {
     applied: Option<Option<Lsn>>,
     /// Topic, schema and table of each relation (by OID).
     names: HashMap<u32, (String, String, String)>,
+    /// The Connect shapes of the tables (`value_format` `debezium-schema`).
+    shapes: schema::Shapes,
     delivery_timeout: Duration,
 }
 
@@ -244,8 +256,27 @@ pub fn for_pipeline(p: &PipelineRow) -> TideResult<Box<dyn Target>> {
         open: None,
         applied: None,
         names: HashMap::new(),
+        shapes: schema::Shapes::default(),
         delivery_timeout,
     }))
+}
+
+/// Key columns by name with their text from an event's key JSON (a string as it is, anything
+/// else as its JSON text).
+fn key_from_json(key: &str) -> Vec<(String, Option<String>)> {
+    let Ok(serde_json::Value::Object(m)) = serde_json::from_str::<serde_json::Value>(key) else {
+        return Vec::new();
+    };
+    m.into_iter()
+        .map(|(k, v)| {
+            let t = match v {
+                serde_json::Value::Null => None,
+                serde_json::Value::String(s) => Some(s),
+                other => Some(other.to_string()),
+            };
+            (k, t)
+        })
+        .collect()
 }
 
 fn now_ms() -> i64 {
@@ -316,6 +347,19 @@ impl KafkaTarget {
         }
     }
 
+    /// Enter `t` and count one message of the table: (topic, schema, table,
+    /// data_collection_order).
+    fn start(&mut self, t: &Txn, relid: u32, relation: &str) -> (String, String, String, u64) {
+        self.enter(t);
+        let (topic, schema, table) = self.names(relid, relation);
+        let collection = format!("{schema}.{table}");
+        let order = match self.open.as_mut() {
+            Some(o) => o.counter.count(&collection),
+            None => 1,
+        };
+        (topic, schema, table, order)
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn message(
         &mut self,
@@ -330,13 +374,7 @@ impl KafkaTarget {
         schema_change: Option<&str>,
         resync: Option<&str>,
     ) -> TideResult<()> {
-        self.enter(t);
-        let (topic, schema, table) = self.names(relid, relation);
-        let collection = format!("{schema}.{table}");
-        let order = match self.open.as_mut() {
-            Some(o) => o.counter.count(&collection),
-            None => 1,
-        };
+        let (topic, schema, table, order) = self.start(t, relid, relation);
         let mut value = String::with_capacity(256 + row.map_or(0, str::len));
         fmt::envelope(
             &self.source,
@@ -359,17 +397,26 @@ impl KafkaTarget {
             },
             &mut value,
         );
+        self.send(topic, t, op, key.map(str::to_string), value)
+    }
+
+    /// Queue a data message (and the tombstone after a delete); `key` is dropped for a message
+    /// that goes to every partition.
+    fn send(
+        &mut self,
+        topic: String,
+        t: &Txn,
+        op: Op,
+        key: Option<String>,
+        value: String,
+    ) -> TideResult<()> {
         let headers = vec![
             (fmt::HEADER_COMMIT_LSN, t.lsn.to_string()),
             (fmt::HEADER_POSITION, t.position.to_string()),
             (fmt::HEADER_OP, op.as_str().to_string()),
         ];
         let broadcast = fmt::broadcast(op);
-        let key = if broadcast {
-            None
-        } else {
-            key.map(str::to_string)
-        };
+        let key = if broadcast { None } else { key };
         let tombstone = op == Op::Delete && self.r.tombstones && key.is_some();
         self.add(Msg {
             topic: topic.clone(),
@@ -405,6 +452,117 @@ impl KafkaTarget {
         self.buf.push(m);
     }
 
+    /// An event as `{"schema", "payload"}` (`value_format` `debezium-schema`; rows arrive as
+    /// text, [`RowForm::Text`]), its key with its schema when `key_format` is `json-schema`.
+    fn connect_message(
+        &mut self,
+        t: &Txn,
+        ev: &Event,
+        schema_change: Option<&str>,
+    ) -> TideResult<()> {
+        let (topic, schema, table, order) = self.start(t, ev.relid, &ev.relation);
+        let key_names: Vec<String>;
+        let columns: &[String] = match &ev.row {
+            Row::Key(kv) => {
+                key_names = kv.iter().map(|(n, _)| n.clone()).collect();
+                &key_names
+            }
+            Row::Text(_) => &ev.columns,
+            _ => &[],
+        };
+        let cached = self
+            .shapes
+            .get(ev.relid, (&self.r.prefix, &schema, &table), columns)?;
+        let bad = |e: String| {
+            TideError::internal(format!(
+                "kafka target: cannot render a row of {schema}.{table} with its Connect schema: {e}"
+            ))
+        };
+        let mut before = None;
+        let mut after = None;
+        let mut truncated = None;
+        let mut key_values: Vec<(String, Option<String>)> = Vec::new();
+        match &ev.row {
+            Row::Text(values) => {
+                let mut out = String::with_capacity(256);
+                cached
+                    .shape
+                    .row(
+                        &connect::RowText {
+                            columns: &ev.columns,
+                            values,
+                            unchanged: &ev.unchanged,
+                        },
+                        &mut out,
+                    )
+                    .map_err(bad)?;
+                after = Some(out);
+                for k in &cached.shape.key {
+                    if let Some(i) = ev.columns.iter().position(|c| c == k) {
+                        key_values.push((k.clone(), values.get(i).cloned().flatten()));
+                    }
+                }
+            }
+            Row::Key(kv) => {
+                let values: Vec<Option<String>> = kv.iter().map(|(_, v)| v.clone()).collect();
+                let mut out = String::with_capacity(128);
+                cached
+                    .shape
+                    .row(
+                        &connect::RowText {
+                            columns,
+                            values: &values,
+                            unchanged: &[],
+                        },
+                        &mut out,
+                    )
+                    .map_err(bad)?;
+                before = Some(out);
+                key_values = kv.clone();
+            }
+            Row::Json(j) if ev.op == Op::Truncate => truncated = Some(j.clone()),
+            Row::None => {}
+            _ => return Err(TideError::internal(
+                "the kafka target (value_format debezium-schema) was handed a row that is not text",
+            )),
+        }
+        let key = match (&ev.key, self.r.key_schema) {
+            (Some(k), true) => {
+                // A key column the row does not carry (an unchanged TOASTed key): from the
+                // event's key JSON.
+                if key_values.len() < cached.shape.key.len() {
+                    key_values = key_from_json(k);
+                }
+                Some(cached.shape.key_message(&key_values).map_err(bad)?)
+            }
+            (k, _) => k.clone(),
+        };
+        let mut value = String::with_capacity(cached.envelope.len() + 512);
+        connect::message(
+            &cached.envelope,
+            &self.source,
+            &connect::Payload {
+                op: ev.op,
+                before: before.as_deref(),
+                after: after.as_deref(),
+                schema: &schema,
+                table: &table,
+                xid: t.xid,
+                commit_lsn: t.lsn,
+                position: t.position,
+                commit_time: t.commit_time,
+                backfill: ev.backfill,
+                unchanged: &ev.unchanged,
+                data_collection_order: order,
+                now_ms: now_ms(),
+                schema_change,
+                truncated: truncated.as_deref(),
+            },
+            &mut value,
+        );
+        self.send(topic, t, ev.op, key, value)
+    }
+
     fn ship(&mut self) -> TideResult<()> {
         self.buf_bytes = 0;
         let msgs = std::mem::take(&mut self.buf);
@@ -418,13 +576,18 @@ impl KafkaTarget {
 }
 
 impl Target for KafkaTarget {
-    /// Rows as JSON (the envelope's `before`/`after`).
+    /// Rows as JSON (the envelope's `before`/`after`), or as text with `value_format`
+    /// `debezium-schema` (rendered by the column's Connect schema, `tide_core::connect`).
     fn row_form(
         &mut self,
         _relid: u32,
         _chunk: Option<&[(String, String)]>,
     ) -> TideResult<RowForm> {
-        Ok(RowForm::Json)
+        Ok(if self.r.value_schema {
+            RowForm::Text
+        } else {
+            RowForm::Json
+        })
     }
 
     /// The position the target keeps in its position topic (read once, then kept).
@@ -446,10 +609,28 @@ impl Target for KafkaTarget {
         if !self.names.contains_key(&relid) {
             self.names(relid, &rel.qualified);
         }
+        // The stream describes the table anew (a restart, a schema change): its Connect shape
+        // has these columns, read again at its next message.
+        self.shapes.describe(
+            relid,
+            Some(
+                rel.columns
+                    .iter()
+                    .map(|c| schema::Described {
+                        name: c.name.clone(),
+                        type_oid: Some(c.type_oid),
+                        key: c.key,
+                    })
+                    .collect(),
+            ),
+        );
         Ok(())
     }
 
     fn push(&mut self, _c: &mut SpiClient<'_>, t: &Txn, ev: Event) -> TideResult<()> {
+        if self.r.value_schema {
+            return self.connect_message(t, &ev, None);
+        }
         let row = match &ev.row {
             Row::None => None,
             Row::Json(s) => Some(s.as_str()),
@@ -483,6 +664,26 @@ impl Target for KafkaTarget {
             o.insert("rewrite".to_string(), serde_json::Value::Bool(ev.rewrite));
         }
         let change = change.to_string();
+        if self.r.value_schema {
+            // The new shape, which this message carries and later messages use.
+            let (_, schema, table) = self.names(ev.relid, &ev.relation);
+            let columns = (!ev.dropped).then(|| {
+                ev.change
+                    .columns
+                    .iter()
+                    .map(|(name, _)| schema::Described {
+                        name: name.clone(),
+                        type_oid: None,
+                        key: ev.change.key.contains(name),
+                    })
+                    .collect()
+            });
+            self.shapes.describe(ev.relid, columns);
+            self.shapes
+                .refresh(ev.relid, (&self.r.prefix, &schema, &table))?;
+            let bare = Event::bare(ev.relid, ev.relation.clone(), Op::Schema, None);
+            return self.connect_message(t, &bare, Some(&change));
+        }
         self.message(
             t,
             ev.relid,

@@ -72,10 +72,12 @@ pub struct KafkaOptions {
     /// A tombstone (null value) after each delete (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tombstones: Option<bool>,
-    /// Format of the key: `json` (the key columns as a JSON object; the only one today).
+    /// Format of the key: `json` (the key columns as a JSON object) or `json-schema` (with its
+    /// Kafka Connect schema; the default with `value_format` `debezium-schema`, and only with it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_format: Option<String>,
-    /// Format of the value: `debezium` (the envelope as JSON; the only one today).
+    /// Format of the value: `debezium` (the envelope as JSON, the default) or `debezium-schema`
+    /// (`{"schema", "payload"}` as Debezium's JsonConverter writes it with `schemas.enable=true`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value_format: Option<String>,
     /// Partitions of the topics pg_tide creates (default 1).
@@ -90,6 +92,20 @@ pub struct KafkaOptions {
 }
 
 impl KafkaOptions {
+    /// Whether values carry their Kafka Connect schema (`value_format` `debezium-schema`).
+    pub fn value_schema(&self) -> bool {
+        self.value_format.as_deref() == Some("debezium-schema")
+    }
+
+    /// Whether keys carry their Kafka Connect schema: `key_format` `json-schema`, the default
+    /// with `value_format` `debezium-schema`.
+    pub fn key_schema(&self) -> bool {
+        match self.key_format.as_deref() {
+            Some(f) => f == "json-schema",
+            None => self.value_schema(),
+        }
+    }
+
     /// The pass-through settings as librdkafka properties (values as text).
     pub fn producer_settings(&self) -> Vec<(String, String)> {
         self.producer
@@ -127,27 +143,29 @@ impl KafkaOptions {
                 .hint("Leave it out for its default."));
             }
         }
-        if self.key_format.as_deref().is_some_and(|f| f != "json") {
+        let value_format = self.value_format.as_deref().unwrap_or("debezium");
+        if !matches!(value_format, "debezium" | "debezium-schema") {
             return Err(TideError::invalid(format!(
-                "unknown key_format \"{}\"",
-                self.key_format.as_deref().unwrap_or_default()
+                "unknown value_format \"{value_format}\""
             ))
             .hint(
-                "key_format is 'json' (the key columns as a JSON object): the only format today.",
+                "value_format is 'debezium' (Debezium's envelope as JSON without a schema, the default) or 'debezium-schema' (the envelope with its Kafka Connect schema, as Debezium's JsonConverter writes it with schemas.enable=true).",
             ));
         }
-        if self
-            .value_format
-            .as_deref()
-            .is_some_and(|f| f != "debezium")
-        {
+        let key_format = self.key_format.as_deref().unwrap_or("json");
+        if !matches!(key_format, "json" | "json-schema") {
             return Err(TideError::invalid(format!(
-                "unknown value_format \"{}\"",
-                self.value_format.as_deref().unwrap_or_default()
+                "unknown key_format \"{key_format}\""
             ))
             .hint(
-                "value_format is 'debezium' (Debezium's envelope as JSON): the only format today.",
+                "key_format is 'json' (the key columns as a JSON object) or 'json-schema' (the key with its Kafka Connect schema; the default with value_format 'debezium-schema').",
             ));
+        }
+        if key_format == "json-schema" && value_format != "debezium-schema" {
+            return Err(TideError::invalid(
+                "key_format 'json-schema' needs value_format 'debezium-schema'",
+            )
+            .hint("Pass '{\"value_format\": \"debezium-schema\"}' (its key has a schema by default), or leave key_format out."));
         }
         for (name, v) in [
             ("partitions", self.partitions),

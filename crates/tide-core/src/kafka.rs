@@ -9,7 +9,9 @@
 //!
 //! Guarantees:
 //! - A data message's key is the event's key JSON exactly as the outbox has it (the same
-//!   renderer for stream and backfill), so a key always hashes to the same partition.
+//!   renderer for stream and backfill), so a key always hashes to the same partition; with
+//!   `key_format = 'json-schema'` it is that key with its Connect schema (`crate::connect`),
+//!   rendered from the key columns' text, the same for stream and backfill too.
 //! - Every data message carries its event identity `(commit_lsn, position)`: in the envelope
 //!   (`source.commit_lsn`, `source.position`) and in the headers [`HEADER_COMMIT_LSN`],
 //!   [`HEADER_POSITION`]. Within a source transaction `transaction.total_order` is the position

@@ -34,6 +34,7 @@
 //! The crate uses only `std`, never panics while decoding untrusted input,
 //! and does no I/O except [`spill`]'s temporary files.
 
+pub mod connect;
 pub mod copy;
 pub mod json;
 pub mod kafka;

@@ -155,6 +155,8 @@ SELECT tide.create_pipeline('k', 'kafka', '{"server": "no_such_server"}');
 SELECT tide.create_pipeline('k', 'kafka', '{"server": "regress_k", "brokers": "x"}');
 SELECT tide.create_pipeline('k', 'kafka', '{"server": "regress_k", "topic": "{prefix}.{tabel}"}');
 SELECT tide.create_pipeline('k', 'kafka', '{"server": "regress_k", "value_format": "avro"}');
+SELECT tide.create_pipeline('k', 'kafka', '{"server": "regress_k", "value_format": "debezium-schema", "key_format": "avro"}');
+SELECT tide.create_pipeline('k', 'kafka', '{"server": "regress_k", "key_format": "json-schema"}');
 SELECT tide.create_pipeline('k', 'kafka', '{"server": "regress_k", "partitions": 0}');
 SELECT tide.create_pipeline('k', 'kafka', '{"server": "regress_k", "producer": {"acks": "1"}}');
 SELECT tide.create_pipeline('k', 'kafka', '{"server": "regress_k", "producer": {"enable_idempotence": false}}');

@@ -14,9 +14,9 @@
 //!   before the table's re-read rows and an end after them; a consumer that drops the keys it did
 //!   not see between them ends with the source's rows (one that does not, does not);
 //! - `refusals`: options, servers, user mappings and privileges refused with SQLSTATE and hint;
-//!   secrets readable by no other role.
-//!
-//! - `large`: one transaction of ~100 MB of messages goes through with the worker's memory flat.
+//!   secrets readable by no other role;
+//! - `large`: one transaction of ~100 MB of messages goes through with the worker's memory flat;
+//! - `schemas`: `value_format = 'debezium-schema'`, every field checked by its Connect schema.
 //!
 //! Modules: `broker` (tansu started and stopped on a free port, and a consumer that reads whole
 //! topics), `replay` (messages back into rows).
@@ -27,4 +27,5 @@ mod large;
 mod refusals;
 mod replay;
 mod resync;
+mod schemas;
 mod wallets;

@@ -383,3 +383,43 @@ fn kafka_a_superusers_file_settings_are_usable() {
     let n: i64 = c.query_scalar("SELECT count(*) FROM tide.pipeline");
     assert_eq!(n, 0);
 }
+
+/// 5. The message formats are a closed list: `value_format` and `key_format` are compared with
+/// their values and used nowhere else (never in a name, a statement or a path), so anything else
+/// is refused before a pipeline exists (22023, the hint lists the formats) for a tide_admin
+/// member, and a role with nothing cannot get as far as the check (42501).
+#[test]
+fn kafka_formats_are_a_closed_list() {
+    let c = secured("sec_kafka_formats");
+    kafka_roles(&c);
+    let dir = scratch("formats");
+    let marker = dir.join("never");
+    let mut cases = Vec::new();
+    for (option, v, hint) in [
+        (
+            "value_format",
+            "debezium-schema'); DROP TABLE pg_class; --",
+            "debezium-schema",
+        ),
+        ("value_format", "../../../../etc/passwd", "debezium-schema"),
+        ("value_format", "Debezium-Schema", "debezium-schema"),
+        ("value_format", "debezium-schema ", "debezium-schema"),
+        ("key_format", "json-schema\"}", "json-schema"),
+        ("key_format", "avro", "json-schema"),
+    ] {
+        let json =
+            serde_json::json!({"server": "events", "value_format": "debezium-schema", option: v})
+                .to_string()
+                .replace('\'', "''");
+        let sql = format!("SELECT tide.create_pipeline('k', 'kafka', '{json}')");
+        cases.push(("mallory", option, sql.clone(), "22023", hint));
+        cases.push(("nobody", option, sql, "42501", ""));
+    }
+    all_refused(&c, &marker, &cases);
+    assert_eq!(
+        c.query_scalar::<i64>("SELECT count(*) FROM tide.pipelines"),
+        0,
+        "no pipeline was created"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
