@@ -779,3 +779,28 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'alter_pipeline_wrapper';
 REVOKE ALL ON FUNCTION tide.alter_pipeline(text, text, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tide.alter_pipeline(text, text, jsonb) TO tide_admin;
+
+-- Row filters (README "Concepts > Row filters"): tide.add_table(..., row_filter => ...) stores
+-- one boolean expression per captured table; the stream and every backfill deliver only the
+-- rows it passes. tide.tables shows it.
+ALTER TABLE tide.pipeline_table ADD COLUMN row_filter text;
+CREATE OR REPLACE VIEW tide.tables WITH (security_barrier) AS
+SELECT t.pipeline, t.relation, t.relid::regclass AS source, t.key_columns, t.added_at, t.added_lsn,
+       CASE WHEN t.removing THEN 'removing' WHEN t.added_lsn IS NULL THEN 'pending' ELSE 'capturing' END AS state,
+       t.row_filter
+  FROM tide.pipeline_table t
+ WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = t.pipeline));
+COMMENT ON VIEW tide.tables IS 'Tables captured by each pipeline: pending until the worker reaches the add_table point in the stream, then capturing; removing until it reaches the remove_table point; row_filter: only the rows it passes are delivered.';
+DROP FUNCTION tide.add_table(text, regclass, boolean, text, boolean);
+CREATE FUNCTION tide."add_table"(
+	"pipeline" TEXT,
+	"source" regclass,
+	"backfill" bool DEFAULT true,
+	"target_table" TEXT DEFAULT NULL,
+	"truncate_target" bool DEFAULT false,
+	"row_filter" TEXT DEFAULT NULL
+) RETURNS void
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'add_table_wrapper';
+REVOKE ALL ON FUNCTION tide.add_table(text, regclass, boolean, text, boolean, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide.add_table(text, regclass, boolean, text, boolean, text) TO tide_admin;

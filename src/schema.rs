@@ -63,6 +63,9 @@ CREATE TABLE tide.pipeline_table (
     -- (set by add_table; the worker queues a backfill for each partition attached since and
     -- updates it). NULL for other tables.
     partitions   oid[],
+    -- tide.add_table's row_filter: one boolean expression on the table's columns; only the rows
+    -- it passes are delivered, by the stream (the output plugin) and every backfill (its WHERE).
+    row_filter   text,
     PRIMARY KEY (pipeline, relid)
 );
 COMMENT ON TABLE tide.pipeline_table IS 'Tables captured by each pipeline. Use tide.add_table/tide.remove_table.';
@@ -398,10 +401,11 @@ COMMENT ON VIEW tide.pipelines IS 'One row per pipeline: is it healthy, how far 
 
 CREATE VIEW tide.tables WITH (security_barrier) AS
 SELECT t.pipeline, t.relation, t.relid::regclass AS source, t.key_columns, t.added_at, t.added_lsn,
-       CASE WHEN t.removing THEN 'removing' WHEN t.added_lsn IS NULL THEN 'pending' ELSE 'capturing' END AS state
+       CASE WHEN t.removing THEN 'removing' WHEN t.added_lsn IS NULL THEN 'pending' ELSE 'capturing' END AS state,
+       t.row_filter
   FROM tide.pipeline_table t
  WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = t.pipeline));
-COMMENT ON VIEW tide.tables IS 'Tables captured by each pipeline: pending until the worker reaches the add_table point in the stream, then capturing; removing until it reaches the remove_table point.';
+COMMENT ON VIEW tide.tables IS 'Tables captured by each pipeline: pending until the worker reaches the add_table point in the stream, then capturing; removing until it reaches the remove_table point; row_filter: only the rows it passes are delivered.';
 
 CREATE VIEW tide.backfills WITH (security_barrier) AS
 SELECT b.id, b.pipeline, b.relation, b.relid::regclass AS source, b.state, b.generation, b.chunk_size,

@@ -133,7 +133,8 @@ pub(super) fn validate_source(relid: pg_sys::Oid, owner: &str) -> TideResult<Sou
 }
 
 /// Start capturing a table: every change committed after this call commits is delivered, and
-/// (unless `backfill => false`) the rows that already exist are backfilled.
+/// (unless `backfill => false`) the rows that already exist are backfilled. With `row_filter`,
+/// only the rows it passes, by the stream and by every backfill (see `row_filter`).
 #[pg_extern]
 pub(super) fn add_table(
     pipeline: Option<&str>,
@@ -141,6 +142,7 @@ pub(super) fn add_table(
     backfill: default!(Option<bool>, true),
     target_table: default!(Option<&str>, "NULL"),
     truncate_target: default!(Option<bool>, false),
+    row_filter: default!(Option<&str>, "NULL"),
 ) {
     (|| {
         add_table_impl(
@@ -149,6 +151,7 @@ pub(super) fn add_table(
             required(backfill, "backfill")?,
             target_table,
             required(truncate_target, "truncate_target")?,
+            row_filter,
         )
     })()
     .or_raise()
@@ -160,6 +163,7 @@ pub(super) fn add_table_impl(
     backfill: bool,
     target_table: Option<&str>,
     truncate_target: bool,
+    row_filter: Option<&str>,
 ) -> TideResult<()> {
     check_server()?;
     let owner = require_pipeline(pipeline)?;
@@ -170,6 +174,11 @@ pub(super) fn add_table_impl(
     unsafe { pg_sys::LockRelationOid(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
     let s = validate_source(relid, &owner)?;
     let existing = check_capturable(pipeline, relid, &s.qualified)?;
+    if let Some(f) = row_filter {
+        // Checked as the chunk reader and the output plugin will read it (see row_filter).
+        let owner_oid = crate::security::owner_oid(&owner, "the pipeline")?;
+        crate::row_filter::check_text(relid, &s.qualified, f, owner_oid)?;
+    }
     let (target_kind, options) = catalog::pipelines::target(pipeline)?;
     if truncate_target {
         check_truncate_target(pipeline, &s.qualified, target_kind, existing, backfill)?;
@@ -191,6 +200,7 @@ pub(super) fn add_table_impl(
         key_columns: &s.key_columns,
         target_schema: target_schema.as_deref(),
         target_name: target_name.as_deref(),
+        row_filter,
     };
     match existing {
         Some(false) => {}
@@ -300,7 +310,7 @@ fn add_tables_in_schema_impl(pipeline: &str, schema: &str, backfill: bool) -> Ti
             );
             continue;
         }
-        add_table_impl(pipeline, relid, backfill, None, false)?;
+        add_table_impl(pipeline, relid, backfill, None, false, None)?;
         added += 1;
     }
     Ok(added)

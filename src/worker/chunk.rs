@@ -149,7 +149,13 @@ struct ChunkQuery {
 impl ChunkQuery {
     /// The keyset SELECT of `job`'s next chunk of `meta` for rows held as `form`: every column
     /// in attribute order, or, for row values, the key columns then the whole row.
-    fn new(pipeline: &str, job: &Job, meta: &TableMeta, form: RowForm) -> TideResult<ChunkQuery> {
+    fn new(
+        pipeline: &str,
+        job: &Job,
+        meta: &TableMeta,
+        form: RowForm,
+        row_filter: Option<&str>,
+    ) -> TideResult<ChunkQuery> {
         let relation = &meta.relation;
         let columns: Vec<OwnedColumn> = meta.columns.iter().map(|(c, _)| c.clone()).collect();
         let mut key_types = Vec::new();
@@ -199,6 +205,11 @@ impl ChunkQuery {
             // On lines of its own: a trailing `--` comment in it ends before the `)`.
             clauses.push(format!("(\n{cond}\n)"));
         }
+        if let Some(f) = row_filter {
+            // The table's row filter (checked by `row_filter::check_text` before every chunk):
+            // the same one expression the output plugin filters the stream with.
+            clauses.push(format!("(\n{f}\n)"));
+        }
         if !clauses.is_empty() {
             sql.push_str(" WHERE ");
             sql.push_str(&clauses.join(" AND "));
@@ -244,7 +255,8 @@ pub(super) fn read_chunk(
     {
         form = RowForm::Text;
     }
-    let q = ChunkQuery::new(pipeline, job, &meta, form)?;
+    let row_filter = crate::catalog::tables::row_filter(pipeline, job.b.relid)?;
+    let q = ChunkQuery::new(pipeline, job, &meta, form, row_filter.as_deref())?;
     let read_at = unsafe { pg_sys::GetCurrentTimestamp() };
     let (snapshot, invisible) = chunk_snapshot(writer)?;
     // Read as the pipeline's owner (catalog::backfills::due gives it, whoever started the
@@ -257,6 +269,10 @@ pub(super) fn read_chunk(
         crate::security::read_problem(owner, pg_sys::Oid::from(job.b.relid), &meta.relation)
     {
         return Err(e);
+    }
+    if let Some(f) = &row_filter {
+        // Read as the output plugin reads it, with the owner's rights now.
+        crate::row_filter::check_text(pg_sys::Oid::from(job.b.relid), &meta.relation, f, owner)?;
     }
     let (rows, values) = read_rows(&q, &meta, form, owner)?;
     let is_last = (rows.len() as i64) < job.b.chunk_size;
@@ -281,7 +297,9 @@ pub(super) fn read_chunk(
         Estimate::default()
     } else {
         // Whole-table backfills only: a condition or a repair reads part of the key range.
-        let whole = job.b.condition.is_none() && job.b.repair_deletes.is_none();
+        let whole = job.b.condition.is_none()
+            && job.b.repair_deletes.is_none()
+            && row_filter.is_none();
         let last = rows.last().and_then(|r| r.key_values.first());
         super::estimate::take(
             job.b.relid,

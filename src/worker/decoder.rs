@@ -132,6 +132,8 @@ pub struct Decoder {
     out: Box<SpillBuffer>,
     /// The `tables` option the output plugin was started with.
     pub filter: String,
+    /// Its other options (`row_filter.<relid>`, `row_filter_owner`): see `plugin`.
+    pub extra: Vec<(String, String)>,
     pub slot: String,
     /// No read yet: the next one resets the catalog caches around it whatever else holds.
     fresh: bool,
@@ -150,10 +152,18 @@ fn two_phase() -> bool {
 impl Decoder {
     /// Acquire `slot` and start decoding at its restart point, for changes committed after its
     /// confirmed position.
-    pub fn open(slot: &str, filter: &str) -> TideResult<Decoder> {
+    pub fn open(slot: &str, filter: &str, extra: &[(String, String)]) -> TideResult<Decoder> {
         let slot_c = CString::new(slot).map_err(|_| TideError::internal("slot name with NUL"))?;
         let filter_c =
             CString::new(filter).map_err(|_| TideError::internal("table filter with NUL"))?;
+        let extra_c = extra
+            .iter()
+            .map(|(n, v)| Ok((CString::new(n.as_str())?, CString::new(v.as_str())?)))
+            .collect::<Result<Vec<_>, std::ffi::NulError>>()
+            .map_err(|_| {
+                TideError::invalid("a row filter contains a NUL byte")
+                    .hint("Remove the table and add it again with a row filter without one.")
+            })?;
         unsafe {
             pg_sys::CheckLogicalDecodingRequirements();
             let cx = pg_sys::AllocSetContextCreateInternal(
@@ -172,6 +182,7 @@ impl Decoder {
                     spill_threshold(),
                 )),
                 filter: filter.to_string(),
+                extra: extra.to_vec(),
                 slot: slot.to_string(),
                 fresh: true,
             };
@@ -183,10 +194,12 @@ impl Decoder {
             let mut options = std::ptr::null_mut::<pg_sys::List>();
             let proto = std::ffi::CString::new(tide_core::wire::PROTO_VERSION.to_string())
                 .unwrap_or_default();
-            for (name, value) in [
+            let fixed = [
                 (c"proto_version", proto.as_ptr()),
                 (c"tables", filter_c.as_ptr()),
-            ] {
+            ];
+            let more = extra_c.iter().map(|(n, v)| (n.as_c_str(), v.as_ptr()));
+            for (name, value) in fixed.into_iter().chain(more) {
                 let def = pg_sys::makeDefElem(
                     pg_sys::pstrdup(name.as_ptr()),
                     pg_sys::makeString(pg_sys::pstrdup(value)) as *mut pg_sys::Node,
