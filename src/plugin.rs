@@ -162,6 +162,14 @@ unsafe extern "C-unwind" fn relcache_invalidated(_arg: pg_sys::Datum, relid: pg_
     });
 }
 
+/// A function's catalog row changed (its privileges among them, at the position of the GRANT or
+/// REVOKE in the stream): every row filter is compiled again, checking the owner's right to
+/// execute its functions as the catalog says from there on.
+#[pg_guard]
+unsafe extern "C-unwind" fn function_invalidated(_arg: pg_sys::Datum, _cacheid: i32, _hash: u32) {
+    STALE_FILTERS.with(|f| *f.borrow_mut() = None);
+}
+
 /// Entry point PostgreSQL looks up when a slot uses the plugin `pg_tide`.
 #[pg_guard]
 #[unsafe(no_mangle)]
@@ -203,7 +211,7 @@ fn option_string(def: *mut pg_sys::DefElem) -> (String, String) {
 
 fn invalid_option(message: String) -> ! {
     crate::error::TideError::invalid(message)
-        .hint("pg_tide accepts the options proto_version ('2'), tables (comma-separated relation OIDs), row_filter.<relation OID> (a row filter) and row_filter_owner (a role OID).")
+        .hint(format!("pg_tide accepts the options proto_version ('{}'), tables (comma-separated relation OIDs), row_filter.<relation OID> (a row filter) and row_filter_owner (a role OID).", wire::PROTO_VERSION))
         .raise()
 }
 
@@ -313,6 +321,11 @@ unsafe extern "C-unwind" fn startup(
             if !*r.borrow() {
                 pg_sys::CacheRegisterRelcacheCallback(
                     Some(relcache_invalidated),
+                    pg_sys::Datum::from(0),
+                );
+                pg_sys::CacheRegisterSyscacheCallback(
+                    pg_sys::SysCacheIdentifier::PROCOID as i32,
+                    Some(function_invalidated),
                     pg_sys::Datum::from(0),
                 );
                 *r.borrow_mut() = true;

@@ -17,7 +17,9 @@
 //!   historic snapshot, as the worker's role) reads no table and runs no user code. Every
 //!   function it calls must also be executable by the pipeline's owner, checked when the filter
 //!   is stored, at every chunk, and each time the plugin compiles it (the owner's OID is a plugin
-//!   option).
+//!   option): at the start of a decoding session, after a change of the table, and after any
+//!   change of a function's catalog row, a GRANT or REVOKE among them, at its position in the
+//!   stream.
 //! - Replica identity: an UPDATE or DELETE is decided on the old row, so every column the filter
 //!   reads must be in the old row: the replica identity must be FULL or cover those columns
 //!   (PostgreSQL 15 refuses the UPDATE/DELETE on the table otherwise; pg_tide refuses the filter
@@ -429,7 +431,11 @@ impl Compiled {
             let planned = pg_sys::expression_planner(expr as *mut pg_sys::Expr);
             let state = pg_sys::ExecInitExpr(planned, std::ptr::null_mut());
             let econtext = pg_sys::CreateStandaloneExprContext();
-            let slot = pg_sys::MakeSingleTupleTableSlot((*rel).rd_att, &raw const pg_sys::TTSOpsVirtual);
+            // A copy (not reference-counted, in `cx`), as pgoutput makes: the relation's own
+            // descriptor would be pinned by the current resource owner, which is not the one
+            // current when the filter is dropped.
+            let desc = pg_sys::CreateTupleDescCopy((*rel).rd_att);
+            let slot = pg_sys::MakeSingleTupleTableSlot(desc, &raw const pg_sys::TTSOpsVirtual);
             pg_sys::MemoryContextSwitchTo(old);
             Compiled {
                 cx,

@@ -311,3 +311,57 @@ fn row_filter_refusals_and_key_filters() {
         "SELECT id, op, key FROM tide.outbox WHERE (key->>'id')::int % 2 <> 0",
     );
 }
+
+/// The output plugin alone, driven by hand (`pg_logical_slot_peek_binary_changes` with the
+/// `row_filter.<oid>` option the worker passes): each change becomes what PostgreSQL 15's
+/// pgoutput makes of it (the first byte of each message is its kind: I, U, D), and a decoding
+/// session that compiled a filter ends cleanly (its filter's slot and descriptor are released
+/// under the resource owner current at shutdown, which is not the one that made them).
+#[test]
+fn plugin_filters_each_transition() {
+    let c = setup("shape_plugin");
+    c.execute(
+        "CREATE TABLE o (id int PRIMARY KEY, region text NOT NULL, n int);
+         ALTER TABLE o REPLICA IDENTITY FULL;
+         INSERT INTO o SELECT g, CASE WHEN g <= 5 THEN 'eu' ELSE 'us' END, 0 FROM generate_series(1, 10) g;",
+    );
+    let mut cl = c.connect_db("postgres");
+    cl.batch_execute(
+        "SET output_plugin_libraries = 'pg_tide';
+         SELECT 1 FROM pg_create_logical_replication_slot('by_hand', 'pg_tide');",
+    )
+    .expect("slot");
+    // One transaction per case, in this order.
+    for sql in [
+        "INSERT INTO o VALUES (11, 'eu', 0), (12, 'us', 0)", // I ; nothing
+        "UPDATE o SET n = 1 WHERE id IN (1, 6)",             // U ; nothing
+        "UPDATE o SET region = 'us' WHERE id = 2",           // out: D
+        "UPDATE o SET region = 'eu' WHERE id = 7",           // in: I
+        "DELETE FROM o WHERE id IN (3, 8)",                  // D ; nothing
+        "UPDATE o SET id = 100 WHERE id = 4",                // key change, in and in: U
+        "UPDATE o SET id = 101, region = 'us' WHERE id = 5", // key change, out: D
+    ] {
+        c.execute(sql);
+    }
+    let oid: i64 = c.query_scalar("SELECT 'o'::regclass::oid::int8");
+    let kinds = |cl: &mut Client, filter: Option<&str>| -> String {
+        let extra = filter
+            .map(|f| format!(", 'row_filter.{oid}', $f${f}$f$, 'row_filter_owner', '10'"))
+            .unwrap_or_default();
+        let sql = format!(
+            "SELECT coalesce(string_agg(chr(get_byte(data, 0)), '' ORDER BY lsn), '')
+               FROM pg_logical_slot_peek_binary_changes('by_hand', NULL, NULL,
+                    'proto_version', '3', 'tables', '{oid}' {extra})
+              WHERE get_byte(data, 0) IN (ascii('I'), ascii('U'), ascii('D'))"
+        );
+        match cl.query_one(&sql, &[]) {
+            Ok(r) => r.get(0),
+            Err(e) => panic!("peek ({filter:?}): {}", describe_error(&e)),
+        }
+    };
+    assert_eq!(kinds(&mut cl, None), "IIUUUUDDUU", "unfiltered");
+    // Twice: the first session's shutdown must not fail, and a new session compiles again.
+    for _ in 0..2 {
+        assert_eq!(kinds(&mut cl, Some("region = 'eu'")), "IUDIDUD", "filtered");
+    }
+}
