@@ -76,6 +76,11 @@ struct PluginState {
     compiled: HashMap<pg_sys::Oid, crate::row_filter::Compiled>,
     /// Memory the compiled filters live under (the decoding context's).
     filter_parent: pg_sys::MemoryContext,
+    /// Column lists by emitted relation (`columns.<relid>` options): whether each attribute
+    /// (by number - 1) is sent.
+    column_lists: HashMap<pg_sys::Oid, std::rc::Rc<Vec<bool>>>,
+    /// The column list of the relation whose change is being written, if it has one.
+    listed: Option<std::rc::Rc<Vec<bool>>>,
 }
 
 /// PostgreSQL functions pgrx does not bind (`catalog/partition.h`, `catalog/pg_inherits.h`,
@@ -211,27 +216,26 @@ fn option_string(def: *mut pg_sys::DefElem) -> (String, String) {
 
 fn invalid_option(message: String) -> ! {
     crate::error::TideError::invalid(message)
-        .hint(format!("pg_tide accepts the options proto_version ('{}'), tables (comma-separated relation OIDs), row_filter.<relation OID> (a row filter) and row_filter_owner (a role OID).", wire::PROTO_VERSION))
+        .hint(format!("pg_tide accepts the options proto_version ('{}'), tables (comma-separated relation OIDs), row_filter.<relation OID> (a row filter), row_filter_owner (a role OID) and columns.<relation OID> (comma-separated attribute numbers).", wire::PROTO_VERSION))
         .raise()
 }
 
-#[pg_guard]
-unsafe extern "C-unwind" fn startup(
-    ctx: *mut pg_sys::LogicalDecodingContext,
-    opt: *mut pg_sys::OutputPluginOptions,
-    _is_init: bool,
-) {
-    unsafe {
-        (*opt).output_type = pg_sys::OutputPluginOutputType::OUTPUT_PLUGIN_BINARY_OUTPUT;
-        // The rows a table-rewriting ALTER TABLE writes into the new heap come to `change` on a
-        // transient relation whose `relrewrite` names the table; `change` reports each rewrite
-        // once as a `Rewrite` message.
-        (*opt).receive_rewrites = true;
+/// The plugin's options (see `invalid_option`'s hint).
+struct Options {
+    tables: Option<HashSet<pg_sys::Oid>>,
+    row_filters: HashMap<pg_sys::Oid, String>,
+    filter_owner: Option<pg_sys::Oid>,
+    column_lists: HashMap<pg_sys::Oid, std::rc::Rc<Vec<bool>>>,
+}
 
+/// Read the options a decoding session was started with; an unknown or malformed one is an
+/// ERROR (22023).
+unsafe fn parse_options(list: *mut pg_sys::List) -> Options {
+    unsafe {
         let mut tables = None;
         let mut row_filters = HashMap::new();
         let mut filter_owner = None;
-        let list = (*ctx).output_plugin_options;
+        let mut column_lists = HashMap::new();
         if !list.is_null() {
             for i in 0..(*list).length {
                 let def = (*(*list).elements.add(i as usize)).ptr_value as *mut pg_sys::DefElem;
@@ -265,6 +269,26 @@ unsafe extern "C-unwind" fn startup(
                             "pg_tide output plugin: \"{value}\" in option row_filter_owner is not a role OID"
                         )),
                     },
+                    other if other.starts_with("columns.") => {
+                        let relid = other["columns.".len()..].parse::<u32>();
+                        let attnums: Result<Vec<usize>, _> = value
+                            .split(',')
+                            .map(|a| a.trim().parse::<usize>())
+                            .collect();
+                        match (relid, attnums) {
+                            (Ok(oid), Ok(attnums)) if attnums.iter().all(|&a| a > 0) => {
+                                let max = attnums.iter().copied().max().unwrap_or(0);
+                                let mut mask = vec![false; max];
+                                for a in attnums {
+                                    mask[a - 1] = true;
+                                }
+                                column_lists.insert(pg_sys::Oid::from(oid), std::rc::Rc::new(mask));
+                            }
+                            _ => invalid_option(format!(
+                                "pg_tide output plugin: option \"{other}\" = \"{value}\" is not a relation OID with attribute numbers"
+                            )),
+                        }
+                    }
                     other if other.starts_with("row_filter.") => {
                         match other["row_filter.".len()..].parse::<u32>() {
                             Ok(oid) => {
@@ -282,6 +306,34 @@ unsafe extern "C-unwind" fn startup(
             }
         }
 
+        Options {
+            tables,
+            row_filters,
+            filter_owner,
+            column_lists,
+        }
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn startup(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    opt: *mut pg_sys::OutputPluginOptions,
+    _is_init: bool,
+) {
+    unsafe {
+        (*opt).output_type = pg_sys::OutputPluginOutputType::OUTPUT_PLUGIN_BINARY_OUTPUT;
+        // The rows a table-rewriting ALTER TABLE writes into the new heap come to `change` on a
+        // transient relation whose `relrewrite` names the table; `change` reports each rewrite
+        // once as a `Rewrite` message.
+        (*opt).receive_rewrites = true;
+
+        let Options {
+            tables,
+            row_filters,
+            filter_owner,
+            column_lists,
+        } = parse_options((*ctx).output_plugin_options);
         let change_cx = pg_sys::AllocSetContextCreateInternal(
             (*ctx).context,
             c"pg_tide change".as_ptr(),
@@ -311,6 +363,8 @@ unsafe extern "C-unwind" fn startup(
             filter_owner,
             compiled: HashMap::new(),
             filter_parent: (*ctx).context,
+            column_lists,
+            listed: None,
         });
         (*ctx).output_plugin_private = Box::into_raw(state) as *mut std::ffi::c_void;
 
@@ -511,6 +565,17 @@ unsafe fn sent_column(a: *mut pg_sys::FormData_pg_attribute) -> bool {
     unsafe { !(*a).attisdropped && (*a).attgenerated == 0 }
 }
 
+/// Whether a column is sent under column list `listed` (`None`: every column is).
+unsafe fn listed_column(
+    a: *mut pg_sys::FormData_pg_attribute,
+    listed: Option<&std::rc::Rc<Vec<bool>>>,
+) -> bool {
+    unsafe {
+        sent_column(a)
+            && listed.is_none_or(|l| l.get((*a).attnum as usize - 1).copied().unwrap_or(false))
+    }
+}
+
 unsafe fn send_relation_if_needed(
     ctx: *mut pg_sys::LogicalDecodingContext,
     st: &mut PluginState,
@@ -533,11 +598,14 @@ unsafe fn send_relation_if_needed(
         let relname = CStr::from_ptr((*(*rel).rd_rel).relname.data.as_ptr())
             .to_str()
             .unwrap_or("");
-        let ncols = (0..natts).filter(|&i| sent_column(attr(desc, i))).count();
+        let listed = st.column_lists.get(&relid).cloned();
+        let ncols = (0..natts)
+            .filter(|&i| listed_column(attr(desc, i), listed.as_ref()))
+            .count();
         wire::put_relation_header(&mut st.buf, relid.to_u32(), nsname, relname, ncols as u16);
         for i in 0..natts {
             let a = attr(desc, i);
-            if !sent_column(a) {
+            if !listed_column(a, listed.as_ref()) {
                 continue;
             }
             let name = CStr::from_ptr((*a).attname.data.as_ptr())
@@ -641,11 +709,14 @@ unsafe fn put_values(
 ) {
     unsafe {
         let natts = (*desc).natts as usize;
-        let ncols = (0..natts).filter(|&i| sent_column(attr(desc, i))).count();
+        let listed = st.listed.clone();
+        let ncols = (0..natts)
+            .filter(|&i| listed_column(attr(desc, i), listed.as_ref()))
+            .count();
         wire::put_tuple_header(&mut st.buf, ncols as u16);
         for i in 0..natts {
             let a = attr(desc, i);
-            if !sent_column(a) {
+            if !listed_column(a, listed.as_ref()) {
                 continue;
             }
             if nulls[i] {
@@ -716,6 +787,11 @@ unsafe extern "C-unwind" fn change(
         use pg_sys::ReorderBufferChangeType::*;
         let mut emitted = true;
         let filtered = !st.row_filters.is_empty() && st.row_filters.contains_key(&relid);
+        st.listed = if st.column_lists.is_empty() {
+            None
+        } else {
+            st.column_lists.get(&relid).cloned()
+        };
         let tuple = |t: *mut pg_sys::ReorderBufferTupleBuf| (!t.is_null()).then(|| conv(t));
         match (*change).action {
             REORDER_BUFFER_CHANGE_INSERT | REORDER_BUFFER_CHANGE_UPDATE | REORDER_BUFFER_CHANGE_DELETE

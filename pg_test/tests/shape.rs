@@ -230,6 +230,35 @@ fn filtered_table_in_every_target() {
         "SELECT string_agg(DISTINCT op, ',' ORDER BY op) FROM tide.outbox WHERE pipeline = 'po' AND backfill_id IS NULL",
     );
     assert_eq!(ops, "delete,insert,update", "stream events of the filtered table");
+
+    // tide.verify compares with what the target should hold under the filter: clean...
+    let differences = |alice: &mut Client, p: &str| -> (i64, i64, i64) {
+        let r = alice
+            .query_one(
+                &format!(
+                    "SELECT missing::int8, extra::int8, changed::int8 FROM tide.verify('app.orders', '{p}', sample => 300)
+                      WHERE kind LIKE 'summary%'"
+                ),
+                &[],
+            )
+            .unwrap_or_else(|e| panic!("verify {p}: {}", describe_error(&e)));
+        (r.get(0), r.get(1), r.get(2))
+    };
+    for p in ["pt", "pr"] {
+        assert_eq!(differences(&mut alice, p), (0, 0, 0), "pipeline {p} verifies clean");
+    }
+    // ...and a row the filter leaves out, planted at the target, is extra; a row it passes,
+    // taken away, is missing; tide.repair deletes the one and re-seeds the other.
+    c.execute(&format!(
+        "INSERT INTO copy.orders SELECT * FROM app.orders WHERE NOT ({FILTER}) ORDER BY id LIMIT 1;
+         DELETE FROM copy.orders WHERE id = (SELECT min(id) FROM app.orders WHERE {FILTER});"
+    ));
+    assert_eq!(differences(&mut alice, "pt"), (1, 1, 0), "planted: one missing, one extra");
+    ok(&mut alice, &c, "SELECT * FROM tide.repair('app.orders', 'pt')");
+    wait_for_backfill(&c, "app.orders", Some("pt"), 60, || diag_shape(&c));
+    wait_for_pipeline(&c, "pt", 60, || diag_shape(&c));
+    assert_same_rows("local table, repaired", &c, &expected, &c, "copy.orders", cols);
+    assert_eq!(differences(&mut alice, "pt"), (0, 0, 0), "repaired");
 }
 
 #[test]
@@ -364,4 +393,203 @@ fn plugin_filters_each_transition() {
     for _ in 0..2 {
         assert_eq!(kinds(&mut cl, Some("region = 'eu'")), "IUDIDUD", "filtered");
     }
+}
+
+/// Column lists (`tide.add_table(..., columns => ...)`): a table with personal columns left out,
+/// captured by an outbox, a local table and a remote pipeline, backfilled while its rows change
+/// (listed and unlisted columns); a column added later is not delivered either. Every target has
+/// exactly the listed columns and equals `SELECT <columns> FROM source`; no outbox event carries
+/// an unlisted column's value; tide.verify compares the listed columns. Refusals: the key left
+/// out, an unknown, repeated, NULL or generated column, an empty list.
+#[test]
+fn column_list_in_every_target() {
+    let (c, t) = setup_remote("shape_columns");
+    c.execute(
+        "CREATE ROLE alice LOGIN; GRANT tide_admin TO alice;
+         CREATE SCHEMA app AUTHORIZATION alice;
+         CREATE SCHEMA copy AUTHORIZATION alice;
+         GRANT USAGE ON FOREIGN SERVER tgt TO alice;
+         CREATE USER MAPPING FOR alice SERVER tgt OPTIONS (user 'postgres', password_required 'false');",
+    );
+    let mut alice = connect_as(&c, "alice");
+    ok(
+        &mut alice,
+        &c,
+        "CREATE TABLE app.people (id int PRIMARY KEY, ssn text, name text NOT NULL, email text,
+                                  twice int GENERATED ALWAYS AS (id * 2) STORED, notes text);
+         INSERT INTO app.people (id, ssn, name, email, notes)
+              SELECT g, 'SSN-' || g || '-SECRET', 'name ' || g, 'p' || g || '@example.com', 'note ' || g
+                FROM generate_series(1, 1500) g;",
+    );
+    for sql in [
+        "SELECT tide.create_pipeline('po', 'outbox')",
+        r#"SELECT tide.create_pipeline('pt', 'table', '{"schema": "copy"}')"#,
+        r#"SELECT tide.create_pipeline('pr', 'postgres', '{"server": "tgt"}')"#,
+    ] {
+        ok(&mut alice, &c, sql);
+    }
+    for (what, list, code, hint) in [
+        ("the key left out", "ARRAY['name']", "22023", "the key (id)"),
+        ("an unknown column", "ARRAY['id', 'nope']", "42703", "pg_attribute"),
+        ("a repeated column", "ARRAY['id', 'name', 'name']", "22023", "once"),
+        ("a NULL", "ARRAY['id', NULL]", "22023", "the key (id)"),
+        ("a generated column", "ARRAY['id', 'twice']", "22023", "Leave it out"),
+        ("an empty list", "'{}'::text[]", "22023", "the key (id)"),
+    ] {
+        expect_fail_with(
+            what,
+            alice.batch_execute(&format!(
+                "SELECT tide.add_table('po', 'app.people', columns => {list})"
+            )),
+            code,
+            Some(hint),
+        );
+    }
+    // Listed out of order: delivered in attribute order.
+    for p in ["po", "pt", "pr"] {
+        ok(
+            &mut alice,
+            &c,
+            &format!(
+                "SELECT tide.add_table('{p}', 'app.people', backfill => false, columns => ARRAY['email', 'id', 'name'])"
+            ),
+        );
+        wait_capturing(&c, p, "app.people");
+        ok(
+            &mut alice,
+            &c,
+            &format!(
+                "SELECT tide.start_backfill('app.people', '{p}', chunk_size => 100);
+                 SELECT tide.alter_backfill('app.people', '{p}', rows_per_second => 500);"
+            ),
+        );
+    }
+    assert_eq!(
+        c.query_scalar::<String>("SELECT string_agg(DISTINCT columns::text, ';') FROM tide.tables"),
+        "{id,name,email}",
+        "tide.tables shows the column list by name, in attribute order"
+    );
+    for p in ["po", "pt", "pr"] {
+        c.wait_until(
+            "the backfill reads some chunks",
+            Duration::from_secs(60),
+            Duration::from_millis(20),
+            || Ok(rows_read(&c, p) >= 100),
+        );
+        ok(&mut alice, &c, &format!("SELECT tide.pause_backfill('app.people', '{p}')"));
+    }
+    ok(
+        &mut alice,
+        &c,
+        "UPDATE app.people SET ssn = ssn || '-NEW' WHERE id % 3 = 0;          -- unlisted only
+         UPDATE app.people SET email = 'changed' || id WHERE id % 5 = 0;       -- listed
+         UPDATE app.people SET id = id + 10000, notes = 'moved' WHERE id % 7 = 0;
+         DELETE FROM app.people WHERE id % 11 = 0;
+         INSERT INTO app.people (id, ssn, name, email) SELECT g, 'SSN-' || g || '-SECRET', 'new', NULL FROM generate_series(20001, 20050) g;
+         ALTER TABLE app.people ADD COLUMN card text DEFAULT 'CARD-SECRET';   -- not listed",
+    );
+    for p in ["po", "pt", "pr"] {
+        ok(
+            &mut alice,
+            &c,
+            &format!(
+                "SELECT tide.resume_backfill('app.people', '{p}');
+                 SELECT tide.alter_backfill('app.people', '{p}', rows_per_second => 0);"
+            ),
+        );
+    }
+    ok(&mut alice, &c, "UPDATE app.people SET name = name || '!', card = 'CARD-SECRET-2' WHERE id % 13 = 0");
+    for p in ["po", "pt", "pr"] {
+        wait_for_backfill(&c, "app.people", Some(p), 120, || diag_shape(&c));
+        wait_for_pipeline(&c, p, 60, || diag_shape(&c));
+    }
+    let columns_of = |cl: &Cluster, table: &str| -> String {
+        cl.query_scalar(&format!(
+            "SELECT string_agg(attname, ',' ORDER BY attnum) FROM pg_attribute
+              WHERE attrelid = '{table}'::regclass AND attnum > 0 AND NOT attisdropped"
+        ))
+    };
+    assert_eq!(columns_of(&c, "copy.people"), "id,name,email", "local target's columns");
+    assert_eq!(columns_of(&t, "public.people"), "id,name,email", "remote target's columns");
+    let cols = "id, name, email";
+    assert_same_rows("local table", &c, "app.people", &c, "copy.people", cols);
+    assert_same_rows("remote", &c, "app.people", &t, "public.people", cols);
+    c.execute("CREATE TABLE app.people_listed AS SELECT id, name, email FROM app.people WHERE false;
+               ALTER TABLE app.people_listed ADD PRIMARY KEY (id);");
+    outbox_copy(&c, "app.people_listed", "app.people", "app.people_replayed");
+    c.query_scalar::<i64>("SELECT app.people_replayed_replay('po')");
+    assert_same_rows("outbox replayed", &c, "app.people", &c, "app.people_replayed", cols);
+    assert_no_rows(
+        &c,
+        "outbox events with columns outside the list",
+        "SELECT id, op, \"row\" FROM tide.outbox
+          WHERE pipeline = 'po' AND \"row\" IS NOT NULL AND EXISTS (
+                SELECT 1 FROM jsonb_object_keys(\"row\") k WHERE k NOT IN ('id', 'name', 'email'))",
+    );
+    assert_no_rows(
+        &c,
+        "outbox events holding an unlisted column's value",
+        "SELECT o.id FROM tide.outbox o WHERE o::text LIKE '%SECRET%' OR o::text LIKE '%moved%'",
+    );
+    for p in ["pt", "pr"] {
+        let r = alice
+            .query_one(
+                &format!(
+                    "SELECT missing::int8 + extra::int8 + changed::int8 FROM tide.verify('app.people', '{p}', sample => 200)
+                      WHERE kind LIKE 'summary%'"
+                ),
+                &[],
+            )
+            .unwrap_or_else(|e| panic!("verify {p}: {}", describe_error(&e)));
+        assert_eq!(r.get::<_, i64>(0), 0, "pipeline {p} verifies clean on the listed columns");
+    }
+}
+
+/// The plugin checks the owner's right to execute the filter's functions again from the
+/// position of a REVOKE on: one decoding session (a by-hand peek) over an insert that passes,
+/// the REVOKE, and another insert stops at the second insert with the permission error,
+/// although the table itself did not change (what recompiles the filter is the function's
+/// catalog change, not the relation's).
+#[test]
+fn plugin_rechecks_rights_at_a_revoke() {
+    let c = setup("shape_revoke");
+    c.execute(
+        "CREATE ROLE alice LOGIN;
+         CREATE TABLE o (id int PRIMARY KEY, v text NOT NULL);
+         ALTER TABLE o REPLICA IDENTITY FULL;",
+    );
+    let mut cl = c.connect_db("postgres");
+    cl.batch_execute(
+        "SET output_plugin_libraries = 'pg_tide';
+         SELECT 1 FROM pg_create_logical_replication_slot('by_hand', 'pg_tide');",
+    )
+    .expect("slot");
+    c.execute("INSERT INTO o VALUES (1, 'a')");
+    c.execute("REVOKE EXECUTE ON FUNCTION pg_catalog.md5(text) FROM PUBLIC");
+    c.execute("INSERT INTO o VALUES (2, 'b')");
+    let oid: i64 = c.query_scalar("SELECT 'o'::regclass::oid::int8");
+    let alice: i64 = c.query_scalar("SELECT 'alice'::regrole::oid::int8");
+    let peek = |cl: &mut Client| {
+        cl.query_one(
+            &format!(
+                "SELECT count(*) FROM pg_logical_slot_peek_binary_changes('by_hand', NULL, NULL,
+                        'proto_version', '3', 'tables', '{oid}',
+                        'row_filter.{oid}', 'md5(v) <> ''x''', 'row_filter_owner', '{alice}')
+                  WHERE get_byte(data, 0) = ascii('I')"
+            ),
+            &[],
+        )
+        .map(|r| r.get::<_, i64>(0))
+    };
+    let e = expect_fail_with(
+        "a session over the REVOKE",
+        peek(&mut cl),
+        "42501",
+        None,
+    );
+    assert!(
+        e.message().contains("md5"),
+        "the error names the function: {}",
+        e.message()
+    );
 }

@@ -44,6 +44,21 @@ pub(super) struct TableMeta {
 }
 
 impl TableMeta {
+    /// Keep only the columns of a column list (attribute numbers; `tide.add_table`'s columns).
+    pub fn restrict(&mut self, only: &[i16]) {
+        let keep: Vec<bool> = self.attnums.iter().map(|a| only.contains(&(*a as i16))).collect();
+        let mut i = 0;
+        self.columns.retain(|_| {
+            i += 1;
+            keep[i - 1]
+        });
+        let mut j = 0;
+        self.attnums.retain(|_| {
+            j += 1;
+            keep[j - 1]
+        });
+    }
+
     /// (name, format_type) of each column.
     pub fn shape(&self) -> Vec<(String, String)> {
         self.columns
@@ -144,6 +159,9 @@ struct ChunkQuery {
     key_idx: Vec<usize>,
     /// Each key column's `format_type`, in key order.
     key_types: Vec<String>,
+    /// The table's row filter: a row it does not pass is not at the source as the pipeline
+    /// sees it (a repair or a resync sweep deletes it at the target).
+    row_filter: Option<String>,
 }
 
 impl ChunkQuery {
@@ -221,6 +239,7 @@ impl ChunkQuery {
             columns,
             key_idx,
             key_types,
+            row_filter: row_filter.map(str::to_string),
         })
     }
 }
@@ -239,23 +258,29 @@ pub(super) fn read_chunk(
     hold: &mut dyn FnMut(&TableMeta) -> TideResult<RowForm>,
     writer: Option<u32>,
 ) -> TideResult<ChunkRead> {
-    let Some(meta) = table_meta(job.b.relid, &job.b.key_columns)? else {
+    let (row_filter, listed) = crate::catalog::tables::shaping(pipeline, job.b.relid)?;
+    let Some(mut meta) = table_meta(job.b.relid, &job.b.key_columns)? else {
         return Err(TideError::undefined(format!(
             "the table of backfill {} (OID {}) no longer exists",
             job.b.id, job.b.relid
         ))
         .hint("Remove it from the pipeline with tide.remove_table, or cancel the backfill."));
     };
+    // A column list: only those columns are read, held and written (row values, a whole-row
+    // reference, would carry them all: such a chunk is held as text).
+    if let Some(l) = &listed {
+        meta.restrict(l);
+    }
     let mut form = hold(&meta)?;
     if form == RowForm::RowValues
-        && meta
-            .columns
-            .iter()
-            .any(|(c, _)| quote(&c.name) == meta.relname)
+        && (listed.is_some()
+            || meta
+                .columns
+                .iter()
+                .any(|(c, _)| quote(&c.name) == meta.relname))
     {
         form = RowForm::Text;
     }
-    let row_filter = crate::catalog::tables::row_filter(pipeline, job.b.relid)?;
     let q = ChunkQuery::new(pipeline, job, &meta, form, row_filter.as_deref())?;
     let read_at = unsafe { pg_sys::GetCurrentTimestamp() };
     let (snapshot, invisible) = chunk_snapshot(writer)?;
@@ -543,8 +568,15 @@ fn repair_deletes(
             None => format!("(k.{})::{}", quote(k), q.key_types[i]),
         })
         .collect();
+    // (The row filter on lines of its own, as in the chunk's query; its unqualified columns are
+    // the source's, the innermost scope.)
+    let passes = q
+        .row_filter
+        .as_ref()
+        .map(|f| format!(" AND (\n{f}\n)"))
+        .unwrap_or_default();
     let mut clauses = vec![format!(
-        "NOT EXISTS (SELECT 1 FROM {} s WHERE ({}) = ({}))",
+        "NOT EXISTS (SELECT 1 FROM {} s WHERE ({}) = ({}){passes})",
         meta.scan,
         keys.iter()
             .map(|k| format!("s.{}", quote(k)))

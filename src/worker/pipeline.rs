@@ -799,8 +799,9 @@ fn table_sets(
     (sets, filter)
 }
 
-/// The output plugin's row filter options for `tables`: `row_filter.<relid>` per filtered
-/// table, and the owner's OID (whose rights the plugin checks the filters' functions against).
+/// The output plugin's shaping options for `tables`: `row_filter.<relid>` per filtered table,
+/// and the owner's OID (whose rights the plugin checks the filters' functions against);
+/// `columns.<relid>` (attribute numbers) per table with a column list.
 fn row_filter_options(
     tables: &[catalog::tables::TableRow],
     owner: &str,
@@ -813,7 +814,14 @@ fn row_filter_options(
                 .map(|f| (format!("row_filter.{}", t.relid), f.clone()))
         })
         .collect();
-    if !out.is_empty() {
+    let filters = !out.is_empty();
+    out.extend(tables.iter().filter_map(|t| {
+        t.columns.as_ref().map(|c| {
+            let list = c.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+            (format!("columns.{}", t.relid), list.join(","))
+        })
+    }));
+    if filters {
         let oid = crate::security::owner_oid(owner, "the pipeline")?;
         out.push(("row_filter_owner".into(), oid.to_u32().to_string()));
     }
