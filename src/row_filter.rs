@@ -335,7 +335,15 @@ pub fn check_text(
         });
         pg_sys::RelationClose(rel);
         let (as_owner, as_tide, checked, covered, names) = analysed?;
-        checked.map_err(|(code, why)| invalid(code, &why))?;
+        checked.map_err(|(code, why)| {
+            if code == PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE {
+                TideError::new(code, format!("invalid row filter for {qualified}: {why}")).hint(
+                    "The stream and the backfill evaluate the filter with the pipeline owner's rights: GRANT EXECUTE on the function to the owner, or filter without it.",
+                )
+            } else {
+                invalid(code, &why)
+            }
+        })?;
         if !pg_sys::equal(as_owner as *const c_void, as_tide as *const c_void) {
             return Err(invalid(
                 PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
