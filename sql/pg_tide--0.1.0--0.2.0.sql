@@ -779,3 +779,98 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'alter_pipeline_wrapper';
 REVOKE ALL ON FUNCTION tide.alter_pipeline(text, text, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tide.alter_pipeline(text, text, jsonb) TO tide_admin;
+
+-- Row filters (README "Concepts > Row filters"): tide.add_table(..., row_filter => ...) stores
+-- one boolean expression per captured table; the stream and every backfill deliver only the
+-- rows it passes. tide.tables shows it.
+ALTER TABLE tide.pipeline_table ADD COLUMN row_filter text;
+CREATE OR REPLACE VIEW tide.tables WITH (security_barrier) AS
+SELECT t.pipeline, t.relation, t.relid::regclass AS source, t.key_columns, t.added_at, t.added_lsn,
+       CASE WHEN t.removing THEN 'removing' WHEN t.added_lsn IS NULL THEN 'pending' ELSE 'capturing' END AS state,
+       t.row_filter
+  FROM tide.pipeline_table t
+ WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = t.pipeline));
+COMMENT ON VIEW tide.tables IS 'Tables captured by each pipeline: pending until the worker reaches the add_table point in the stream, then capturing; removing until it reaches the remove_table point; row_filter: only the rows it passes are delivered.';
+DROP FUNCTION tide.add_table(text, regclass, boolean, text, boolean);
+CREATE FUNCTION tide."add_table"(
+	"pipeline" TEXT,
+	"source" regclass,
+	"backfill" bool DEFAULT true,
+	"target_table" TEXT DEFAULT NULL,
+	"truncate_target" bool DEFAULT false,
+	"row_filter" TEXT DEFAULT NULL
+) RETURNS void
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'add_table_wrapper';
+REVOKE ALL ON FUNCTION tide.add_table(text, regclass, boolean, text, boolean, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide.add_table(text, regclass, boolean, text, boolean, text) TO tide_admin;
+
+-- Column lists (README "Concepts > Column lists"): tide.add_table(..., columns => ...) stores
+-- the attribute numbers of the columns delivered; the schema events of such a table describe
+-- only them (tide._listed_shape, used by the event trigger).
+ALTER TABLE tide.pipeline_table ADD COLUMN columns int2[];
+CREATE OR REPLACE VIEW tide.tables WITH (security_barrier) AS
+SELECT t.pipeline, t.relation, t.relid::regclass AS source, t.key_columns, t.added_at, t.added_lsn,
+       CASE WHEN t.removing THEN 'removing' WHEN t.added_lsn IS NULL THEN 'pending' ELSE 'capturing' END AS state,
+       t.row_filter,
+       CASE WHEN t.columns IS NOT NULL THEN ARRAY(SELECT a.attname::text FROM pg_attribute a
+             WHERE a.attrelid = t.relid AND a.attnum = ANY (t.columns) AND NOT a.attisdropped ORDER BY a.attnum) END AS columns
+  FROM tide.pipeline_table t
+ WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = t.pipeline));
+COMMENT ON VIEW tide.tables IS 'Tables captured by each pipeline: pending until the worker reaches the add_table point in the stream, then capturing; removing until it reaches the remove_table point; row_filter: only the rows it passes are delivered; columns: only these columns are (NULL: every column).';
+-- The shape of `rel` as a pipeline delivers it: only the columns `cols` (attribute numbers) when
+-- it has a column list (NULL: every column). Schema events of such a table only describe those.
+CREATE FUNCTION tide._listed_shape(rel oid, cols int2[]) RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE WHEN cols IS NULL OR s IS NULL THEN s
+                ELSE jsonb_set(s, '{columns}', coalesce((SELECT jsonb_agg(e ORDER BY (e->>'attnum')::int)
+                                                        FROM jsonb_array_elements(s->'columns') e
+                                                       WHERE (e->>'attnum')::int2 = ANY (cols)), '[]'::jsonb)) END
+      FROM tide._shape(rel) s
+$$;
+COMMENT ON FUNCTION tide._listed_shape(oid, int2[]) IS 'pg_tide internal: a table''s shape restricted to a column list (tide.add_table''s columns).';
+REVOKE ALL ON FUNCTION tide._listed_shape(oid, int2[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide._listed_shape(oid, int2[]) TO tide_admin;
+CREATE OR REPLACE FUNCTION tide._schema_marker() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r record;
+    now_shape jsonb;
+    marker_id bigint;
+BEGIN
+    FOR r IN
+        WITH RECURSIVE rels(relid) AS (
+            SELECT d.objid FROM pg_event_trigger_ddl_commands() d
+             WHERE d.classid = 'pg_catalog.pg_class'::regclass
+            UNION
+            SELECT i.inhrelid FROM pg_inherits i JOIN rels ON i.inhparent = rels.relid
+        )
+        SELECT t.pipeline, t.relid, t.shape, t.columns
+          FROM tide.pipeline_table t
+         WHERE t.relid IN (SELECT relid FROM rels)
+         ORDER BY t.relid, t.pipeline
+    LOOP
+        now_shape := tide._listed_shape(r.relid, r.columns);
+        CONTINUE WHEN now_shape IS NULL OR now_shape IS NOT DISTINCT FROM r.shape;
+        UPDATE tide.pipeline_table SET shape = now_shape WHERE pipeline = r.pipeline AND relid = r.relid;
+        INSERT INTO tide.marker (pipeline, op, relid, payload)
+        VALUES (r.pipeline, 'schema', r.relid, tide._schema_change(r.shape, now_shape, r.relid))
+        RETURNING id INTO marker_id;
+        DELETE FROM tide.marker WHERE id = marker_id;
+    END LOOP;
+END
+$$;
+DROP FUNCTION tide.add_table(text, regclass, boolean, text, boolean, text);
+CREATE FUNCTION tide."add_table"(
+	"pipeline" TEXT,
+	"source" regclass,
+	"backfill" bool DEFAULT true,
+	"target_table" TEXT DEFAULT NULL,
+	"truncate_target" bool DEFAULT false,
+	"row_filter" TEXT DEFAULT NULL,
+	"columns" TEXT[] DEFAULT NULL
+) RETURNS void
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'add_table_wrapper';
+REVOKE ALL ON FUNCTION tide.add_table(text, regclass, boolean, text, boolean, text, text[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide.add_table(text, regclass, boolean, text, boolean, text, text[]) TO tide_admin;

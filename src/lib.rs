@@ -6,6 +6,7 @@
 //! - [`api`]: the SQL functions (validate, call, map errors);
 //! - [`catalog`]: all SQL on pg_tide's own `tide.*` tables, the slots' names, locks and orphans;
 //! - [`plugin`]: the logical decoding output plugin `pg_tide`;
+//! - [`row_filter`]: row filters (rules, checks, evaluation in the plugin);
 //! - [`worker`]: the launcher, the pipeline worker and the transaction helper;
 //! - [`schema`]: catalog tables, the outbox, views and privileges.
 //!
@@ -23,6 +24,7 @@ pub mod error;
 pub mod gucs;
 pub mod locks;
 pub mod plugin;
+pub mod row_filter;
 pub mod schema;
 pub mod security;
 pub mod shmem;

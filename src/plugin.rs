@@ -30,6 +30,10 @@
 //!   of every partition is a Truncate of the table; of some partitions only, a
 //!   TruncatePartition per partition with its constraint (what was removed). See
 //!   `docs/wire-format.md`, "Partitioned tables".
+//! - A relation with a `row_filter.<relid>` option is filtered as PostgreSQL 15's publication
+//!   row filters do (see `filtered_change` and `row_filter`): only the changes whose rows pass
+//!   are sent, an update moving a row in or out becomes an insert or a delete. Relations without
+//!   one take the unfiltered path unchanged.
 //! - Values are the type's text output, produced under a per-change memory context that is reset
 //!   after each change, so memory does not grow with transaction size.
 //! - With the option `streaming 'on'` (and a server that can stream: the context allows it), a
@@ -80,6 +84,20 @@ struct PluginState {
     /// Streamed transactions that emitted something in this session (their first block was
     /// written), with the relations whose rewrite each reported.
     streams: HashMap<u32, HashSet<pg_sys::Oid>>,
+    /// Row filters by emitted relation (`row_filter.<relid>` options), and the role whose right
+    /// to execute their functions is checked (`row_filter_owner`).
+    row_filters: HashMap<pg_sys::Oid, String>,
+    filter_owner: Option<pg_sys::Oid>,
+    /// The row filters compiled for the relations as they are now (dropped at a relcache
+    /// invalidation of the relation, see `STALE_FILTERS`).
+    compiled: HashMap<pg_sys::Oid, crate::row_filter::Compiled>,
+    /// Memory the compiled filters live under (the decoding context's).
+    filter_parent: pg_sys::MemoryContext,
+    /// Column lists by emitted relation (`columns.<relid>` options): whether each attribute
+    /// (by number - 1) is sent.
+    column_lists: HashMap<pg_sys::Oid, std::rc::Rc<Vec<bool>>>,
+    /// The column list of the relation whose change is being written, if it has one.
+    listed: Option<std::rc::Rc<Vec<bool>>>,
 }
 
 /// PostgreSQL functions pgrx does not bind (`catalog/partition.h`, `catalog/pg_inherits.h`,
@@ -132,6 +150,9 @@ thread_local! {
     /// Partition → the emitted partitioned table it is sent as (`None`: not one of an emitted
     /// table's partitions), as looked up; dropped at a relcache invalidation of either.
     static ROUTES: RefCell<HashMap<pg_sys::Oid, Option<pg_sys::Oid>>> = RefCell::new(HashMap::new());
+    /// Relations invalidated since their row filter was compiled (`None`: all), dropped by the
+    /// next change (not in the callback, which must not free what a caller may be using).
+    static STALE_FILTERS: RefCell<Option<HashSet<pg_sys::Oid>>> = RefCell::new(Some(HashSet::new()));
 }
 
 #[pg_guard]
@@ -162,6 +183,24 @@ unsafe extern "C-unwind" fn relcache_invalidated(_arg: pg_sys::Datum, relid: pg_
             r.retain(|_, root| *root != Some(relid));
         }
     });
+    STALE_FILTERS.with(|f| {
+        let mut f = f.borrow_mut();
+        match (relid == pg_sys::InvalidOid, f.as_mut()) {
+            (true, _) => *f = None,
+            (false, Some(set)) => {
+                set.insert(relid);
+            }
+            (false, None) => {}
+        }
+    });
+}
+
+/// A function's catalog row changed (its privileges among them, at the position of the GRANT or
+/// REVOKE in the stream): every row filter is compiled again, checking the owner's right to
+/// execute its functions as the catalog says from there on.
+#[pg_guard]
+unsafe extern "C-unwind" fn function_invalidated(_arg: pg_sys::Datum, _cacheid: i32, _hash: u32) {
+    STALE_FILTERS.with(|f| *f.borrow_mut() = None);
 }
 
 /// Entry point PostgreSQL looks up when a slot uses the plugin `pg_tide`.
@@ -215,28 +254,31 @@ fn option_string(def: *mut pg_sys::DefElem) -> (String, String) {
 fn invalid_option(message: String) -> ! {
     crate::error::TideError::invalid(message)
         .hint(format!(
-            "pg_tide accepts the options proto_version ('{}'), tables (comma-separated relation OIDs) and streaming ('on' or 'off').",
+            "pg_tide accepts the options proto_version ('{}'), tables (comma-separated relation OIDs), streaming ('on' or 'off'), row_filter.<relation OID> (a row filter), row_filter_owner (a role OID) and columns.<relation OID> (comma-separated attribute numbers).",
             wire::PROTO_VERSION
         ))
         .raise()
 }
 
-#[pg_guard]
-unsafe extern "C-unwind" fn startup(
-    ctx: *mut pg_sys::LogicalDecodingContext,
-    opt: *mut pg_sys::OutputPluginOptions,
-    _is_init: bool,
-) {
-    unsafe {
-        (*opt).output_type = pg_sys::OutputPluginOutputType::OUTPUT_PLUGIN_BINARY_OUTPUT;
-        // The rows a table-rewriting ALTER TABLE writes into the new heap come to `change` on a
-        // transient relation whose `relrewrite` names the table; `change` reports each rewrite
-        // once as a `Rewrite` message.
-        (*opt).receive_rewrites = true;
+/// The plugin's options (see `invalid_option`'s hint).
+struct Options {
+    tables: Option<HashSet<pg_sys::Oid>>,
+    /// Whether to stream transactions in progress (`streaming 'on'`).
+    streaming: bool,
+    row_filters: HashMap<pg_sys::Oid, String>,
+    filter_owner: Option<pg_sys::Oid>,
+    column_lists: HashMap<pg_sys::Oid, std::rc::Rc<Vec<bool>>>,
+}
 
+/// Read the options a decoding session was started with; an unknown or malformed one is an
+/// ERROR (22023).
+unsafe fn parse_options(list: *mut pg_sys::List) -> Options {
+    unsafe {
         let mut tables = None;
         let mut streaming = false;
-        let list = (*ctx).output_plugin_options;
+        let mut row_filters = HashMap::new();
+        let mut filter_owner = None;
+        let mut column_lists = HashMap::new();
         if !list.is_null() {
             for i in 0..(*list).length {
                 let def = (*(*list).elements.add(i as usize)).ptr_value as *mut pg_sys::DefElem;
@@ -273,6 +315,42 @@ unsafe extern "C-unwind" fn startup(
                             )),
                         }
                     }
+                    "row_filter_owner" => match value.trim().parse::<u32>() {
+                        Ok(oid) => filter_owner = Some(pg_sys::Oid::from(oid)),
+                        Err(_) => invalid_option(format!(
+                            "pg_tide output plugin: \"{value}\" in option row_filter_owner is not a role OID"
+                        )),
+                    },
+                    other if other.starts_with("columns.") => {
+                        let relid = other["columns.".len()..].parse::<u32>();
+                        let attnums: Result<Vec<usize>, _> = value
+                            .split(',')
+                            .map(|a| a.trim().parse::<usize>())
+                            .collect();
+                        match (relid, attnums) {
+                            (Ok(oid), Ok(attnums)) if attnums.iter().all(|&a| a > 0) => {
+                                let max = attnums.iter().copied().max().unwrap_or(0);
+                                let mut mask = vec![false; max];
+                                for a in attnums {
+                                    mask[a - 1] = true;
+                                }
+                                column_lists.insert(pg_sys::Oid::from(oid), std::rc::Rc::new(mask));
+                            }
+                            _ => invalid_option(format!(
+                                "pg_tide output plugin: option \"{other}\" = \"{value}\" is not a relation OID with attribute numbers"
+                            )),
+                        }
+                    }
+                    other if other.starts_with("row_filter.") => {
+                        match other["row_filter.".len()..].parse::<u32>() {
+                            Ok(oid) => {
+                                row_filters.insert(pg_sys::Oid::from(oid), value);
+                            }
+                            Err(_) => invalid_option(format!(
+                                "pg_tide output plugin: option \"{other}\" does not name a relation OID"
+                            )),
+                        }
+                    }
                     other => {
                         invalid_option(format!("pg_tide output plugin: unknown option \"{other}\""))
                     }
@@ -280,6 +358,36 @@ unsafe extern "C-unwind" fn startup(
             }
         }
 
+        Options {
+            tables,
+            streaming,
+            row_filters,
+            filter_owner,
+            column_lists,
+        }
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn startup(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    opt: *mut pg_sys::OutputPluginOptions,
+    _is_init: bool,
+) {
+    unsafe {
+        (*opt).output_type = pg_sys::OutputPluginOutputType::OUTPUT_PLUGIN_BINARY_OUTPUT;
+        // The rows a table-rewriting ALTER TABLE writes into the new heap come to `change` on a
+        // transient relation whose `relrewrite` names the table; `change` reports each rewrite
+        // once as a `Rewrite` message.
+        (*opt).receive_rewrites = true;
+
+        let Options {
+            tables,
+            streaming,
+            row_filters,
+            filter_owner,
+            column_lists,
+        } = parse_options((*ctx).output_plugin_options);
         // Decoding set `streaming` when the plugin has the stream callbacks and the context can
         // stream (not while creating the slot, for instance); stream only if asked to, as
         // pgoutput does.
@@ -314,16 +422,28 @@ unsafe extern "C-unwind" fn startup(
             block_open: false,
             sub: 0,
             streams: HashMap::new(),
+            row_filters,
+            filter_owner,
+            compiled: HashMap::new(),
+            filter_parent: (*ctx).context,
+            column_lists,
+            listed: None,
         });
         (*ctx).output_plugin_private = Box::into_raw(state) as *mut std::ffi::c_void;
 
         SENT.with(|s| s.borrow_mut().clear());
         STREAM_SENT.with(|s| s.borrow_mut().clear());
         ROUTES.with(|r| r.borrow_mut().clear());
+        STALE_FILTERS.with(|f| *f.borrow_mut() = Some(HashSet::new()));
         CALLBACK_REGISTERED.with(|r| {
             if !*r.borrow() {
                 pg_sys::CacheRegisterRelcacheCallback(
                     Some(relcache_invalidated),
+                    pg_sys::Datum::from(0),
+                );
+                pg_sys::CacheRegisterSyscacheCallback(
+                    pg_sys::SysCacheIdentifier::PROCOID as i32,
+                    Some(function_invalidated),
                     pg_sys::Datum::from(0),
                 );
                 *r.borrow_mut() = true;
@@ -560,6 +680,17 @@ unsafe fn sent_column(a: *mut pg_sys::FormData_pg_attribute) -> bool {
     unsafe { !(*a).attisdropped && (*a).attgenerated == 0 }
 }
 
+/// Whether a column is sent under column list `listed` (`None`: every column is).
+unsafe fn listed_column(
+    a: *mut pg_sys::FormData_pg_attribute,
+    listed: Option<&std::rc::Rc<Vec<bool>>>,
+) -> bool {
+    unsafe {
+        sent_column(a)
+            && listed.is_none_or(|l| l.get((*a).attnum as usize - 1).copied().unwrap_or(false))
+    }
+}
+
 unsafe fn send_relation_if_needed(
     ctx: *mut pg_sys::LogicalDecodingContext,
     st: &mut PluginState,
@@ -587,12 +718,15 @@ unsafe fn send_relation_if_needed(
         let relname = CStr::from_ptr((*(*rel).rd_rel).relname.data.as_ptr())
             .to_str()
             .unwrap_or("");
-        let ncols = (0..natts).filter(|&i| sent_column(attr(desc, i))).count();
+        let listed = st.column_lists.get(&relid).cloned();
+        let ncols = (0..natts)
+            .filter(|&i| listed_column(attr(desc, i), listed.as_ref()))
+            .count();
         lead(st, block_top(st));
         wire::put_relation_header(&mut st.buf, relid.to_u32(), nsname, relname, ncols as u16);
         for i in 0..natts {
             let a = attr(desc, i);
-            if !sent_column(a) {
+            if !listed_column(a, listed.as_ref()) {
                 continue;
             }
             let name = CStr::from_ptr((*a).attname.data.as_ptr())
@@ -689,13 +823,28 @@ unsafe fn deform(
 
 unsafe fn put_tuple(st: &mut PluginState, desc: pg_sys::TupleDesc, tuple: pg_sys::HeapTuple) {
     unsafe {
-        let natts = (*desc).natts as usize;
         let (values, nulls) = deform(desc, tuple);
-        let ncols = (0..natts).filter(|&i| sent_column(attr(desc, i))).count();
+        put_values(st, desc, &values, &nulls);
+    }
+}
+
+/// A deformed tuple, laid out as `desc`, as the wire's tuple.
+unsafe fn put_values(
+    st: &mut PluginState,
+    desc: pg_sys::TupleDesc,
+    values: &[pg_sys::Datum],
+    nulls: &[bool],
+) {
+    unsafe {
+        let natts = (*desc).natts as usize;
+        let listed = st.listed.clone();
+        let ncols = (0..natts)
+            .filter(|&i| listed_column(attr(desc, i), listed.as_ref()))
+            .count();
         wire::put_tuple_header(&mut st.buf, ncols as u16);
         for i in 0..natts {
             let a = attr(desc, i);
-            if !sent_column(a) {
+            if !listed_column(a, listed.as_ref()) {
                 continue;
             }
             if nulls[i] {
@@ -777,7 +926,19 @@ unsafe fn emit_change(
         let tp = (*change).data.tp;
         use pg_sys::ReorderBufferChangeType::*;
         let mut emitted = true;
+        let filtered = !st.row_filters.is_empty() && st.row_filters.contains_key(&relid);
+        st.listed = if st.column_lists.is_empty() {
+            None
+        } else {
+            st.column_lists.get(&relid).cloned()
+        };
+        let tuple = |t: *mut pg_sys::ReorderBufferTupleBuf| (!t.is_null()).then(|| conv(t));
         match (*change).action {
+            REORDER_BUFFER_CHANGE_INSERT | REORDER_BUFFER_CHANGE_UPDATE | REORDER_BUFFER_CHANGE_DELETE
+                if filtered => {
+                let (old, new) = (tuple(tp.oldtuple), tuple(tp.newtuple));
+                emitted = filtered_change(ctx, st, txn, out_rel, (*change).action, old, new);
+            }
             REORDER_BUFFER_CHANGE_INSERT if !tp.newtuple.is_null() => {
                 ensure_begun(ctx, st, txn);
                 send_relation_if_needed(ctx, st, out_rel);
@@ -823,6 +984,135 @@ unsafe fn emit_change(
         }
         pg_sys::MemoryContextSwitchTo(old_cx);
         pg_sys::MemoryContextReset(st.change_cx);
+    }
+}
+
+/// The compiled row filter of emitted relation `rel`, compiled now if it is not (or its
+/// relation changed since).
+unsafe fn row_filter(
+    st: &mut PluginState,
+    rel: pg_sys::Relation,
+) -> Option<&crate::row_filter::Compiled> {
+    unsafe {
+        let stale = STALE_FILTERS.with(|f| f.replace(Some(HashSet::new())));
+        match stale {
+            None => st.compiled.clear(),
+            Some(set) => st.compiled.retain(|relid, _| !set.contains(relid)),
+        }
+        let relid = (*rel).rd_id;
+        let text = st.row_filters.get(&relid)?;
+        if !st.compiled.contains_key(&relid) {
+            let c = crate::row_filter::Compiled::new(rel, text, st.filter_owner, st.filter_parent);
+            if !c.covered {
+                pgrx::warning!(
+                    "pg_tide: the row filter of \"{}\" reads columns outside its replica identity (changed since tide.add_table): its updates are decided on the new row and its deletes are all delivered",
+                    c.name
+                );
+            }
+            st.compiled.insert(relid, c);
+        }
+        st.compiled.get(&relid)
+    }
+}
+
+/// What a change of a filtered relation becomes, as PostgreSQL 15's publications decide
+/// (pgoutput_row_filter): an insert is sent if its new row passes, a delete if its old row
+/// does; an update whose old and new rows both pass stays an update, one whose new row only
+/// passes becomes an insert, one whose old row only passes becomes a delete (of the old key),
+/// one with neither is not sent. An update without an old row (its key unchanged under
+/// REPLICA IDENTITY DEFAULT/INDEX: the filter's columns, all in the identity, are unchanged) is
+/// decided on the new row. An unchanged TOASTed value of the new row is taken from the old row
+/// when that has it (REPLICA IDENTITY FULL), for the filter and in what is sent. Writes the
+/// message into the buffer (after Begin and the Relation if needed); returns whether it did.
+#[allow(clippy::too_many_arguments)]
+unsafe fn filtered_change(
+    ctx: *mut pg_sys::LogicalDecodingContext,
+    st: &mut PluginState,
+    txn: *mut pg_sys::ReorderBufferTXN,
+    rel: pg_sys::Relation,
+    action: pg_sys::ReorderBufferChangeType::Type,
+    old: Option<pg_sys::HeapTuple>,
+    new: Option<pg_sys::HeapTuple>,
+) -> bool {
+    use pg_sys::ReorderBufferChangeType::*;
+    unsafe {
+        let desc = (*rel).rd_att;
+        let relid = (*rel).rd_id.to_u32();
+        let old = old.map(|t| deform(desc, t));
+        let mut new = new.map(|t| deform(desc, t));
+        if let (Some((ov, on)), Some((nv, nn))) = (&old, &mut new) {
+            for i in 0..(*desc).natts as usize {
+                let a = attr(desc, i);
+                if (*a).attlen == -1
+                    && !nn[i]
+                    && is_external_ondisk(nv[i].cast_mut_ptr())
+                    && !on[i]
+                    && !is_external_ondisk(ov[i].cast_mut_ptr())
+                {
+                    nv[i] = ov[i];
+                }
+            }
+        }
+        let Some(f) = row_filter(st, rel) else {
+            return false;
+        };
+        let covered = f.covered;
+        let pass = |t: &Option<(Vec<pg_sys::Datum>, Vec<bool>)>| {
+            t.as_ref().map(|(v, n)| f.matches(v, n))
+        };
+        let new_in = pass(&new);
+        let old_in = if covered { pass(&old).or(new_in) } else { None };
+        // What to send: Insert(new) / Update(old?, new) / Delete(old or new's key).
+        enum Send {
+            Insert,
+            Update,
+            Delete,
+        }
+        let send = match action {
+            REORDER_BUFFER_CHANGE_INSERT => (new_in == Some(true)).then_some(Send::Insert),
+            REORDER_BUFFER_CHANGE_DELETE if old.is_none() => None,
+            REORDER_BUFFER_CHANGE_DELETE => {
+                (!covered || pass(&old) == Some(true)).then_some(Send::Delete)
+            }
+            REORDER_BUFFER_CHANGE_UPDATE if new.is_some() => match (old_in, new_in) {
+                (Some(true), Some(true)) | (None, Some(true)) => Some(Send::Update),
+                (Some(false), Some(true)) => Some(Send::Insert),
+                (Some(true), Some(false)) | (None, Some(false)) => Some(Send::Delete),
+                _ => None,
+            },
+            _ => None,
+        };
+        let Some(send) = send else {
+            return false;
+        };
+        ensure_begun(ctx, st, txn);
+        send_relation_if_needed(ctx, st, rel);
+        // Inside a stream block, the change's header names its (sub)transaction first.
+        let sub = st.sub;
+        lead(st, sub);
+        match send {
+            Send::Insert => {
+                let Some((v, n)) = &new else { return false };
+                wire::put_insert_header(&mut st.buf, relid);
+                put_values(st, desc, v, n);
+            }
+            Send::Update => {
+                let Some((v, n)) = &new else { return false };
+                wire::put_update_header(&mut st.buf, relid, old.is_some());
+                if let Some((ov, on)) = &old {
+                    put_values(st, desc, ov, on);
+                }
+                put_values(st, desc, v, n);
+            }
+            Send::Delete => {
+                let Some((v, n)) = old.as_ref().or(new.as_ref()) else {
+                    return false;
+                };
+                wire::put_delete_header(&mut st.buf, relid);
+                put_values(st, desc, v, n);
+            }
+        }
+        true
     }
 }
 

@@ -63,6 +63,12 @@ CREATE TABLE tide.pipeline_table (
     -- (set by add_table; the worker queues a backfill for each partition attached since and
     -- updates it). NULL for other tables.
     partitions   oid[],
+    -- tide.add_table's row_filter: one boolean expression on the table's columns; only the rows
+    -- it passes are delivered, by the stream (the output plugin) and every backfill (its WHERE).
+    row_filter   text,
+    -- tide.add_table's columns: the attribute numbers of the columns delivered (the key always
+    -- among them), in attribute order; NULL: every column. By number, so a rename follows.
+    columns      int2[],
     PRIMARY KEY (pipeline, relid)
 );
 COMMENT ON TABLE tide.pipeline_table IS 'Tables captured by each pipeline. Use tide.add_table/tide.remove_table.';
@@ -398,10 +404,13 @@ COMMENT ON VIEW tide.pipelines IS 'One row per pipeline: is it healthy, how far 
 
 CREATE VIEW tide.tables WITH (security_barrier) AS
 SELECT t.pipeline, t.relation, t.relid::regclass AS source, t.key_columns, t.added_at, t.added_lsn,
-       CASE WHEN t.removing THEN 'removing' WHEN t.added_lsn IS NULL THEN 'pending' ELSE 'capturing' END AS state
+       CASE WHEN t.removing THEN 'removing' WHEN t.added_lsn IS NULL THEN 'pending' ELSE 'capturing' END AS state,
+       t.row_filter,
+       CASE WHEN t.columns IS NOT NULL THEN ARRAY(SELECT a.attname::text FROM pg_attribute a
+             WHERE a.attrelid = t.relid AND a.attnum = ANY (t.columns) AND NOT a.attisdropped ORDER BY a.attnum) END AS columns
   FROM tide.pipeline_table t
  WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = t.pipeline));
-COMMENT ON VIEW tide.tables IS 'Tables captured by each pipeline: pending until the worker reaches the add_table point in the stream, then capturing; removing until it reaches the remove_table point.';
+COMMENT ON VIEW tide.tables IS 'Tables captured by each pipeline: pending until the worker reaches the add_table point in the stream, then capturing; removing until it reaches the remove_table point; row_filter: only the rows it passes are delivered; columns: only these columns are (NULL: every column).';
 
 CREATE VIEW tide.backfills WITH (security_barrier) AS
 SELECT b.id, b.pipeline, b.relation, b.relid::regclass AS source, b.state, b.generation, b.chunk_size,
@@ -569,6 +578,18 @@ LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
 $$;
 COMMENT ON FUNCTION tide._shape(oid) IS 'pg_tide internal: a table''s columns (attnum, name, type) and key, as schema events describe them.';
 
+-- The shape of `rel` as a pipeline delivers it: only the columns `cols` (attribute numbers) when
+-- it has a column list (NULL: every column). Schema events of such a table only describe those.
+CREATE FUNCTION tide._listed_shape(rel oid, cols int2[]) RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE WHEN cols IS NULL OR s IS NULL THEN s
+                ELSE jsonb_set(s, '{columns}', coalesce((SELECT jsonb_agg(e ORDER BY (e->>'attnum')::int)
+                                                        FROM jsonb_array_elements(s->'columns') e
+                                                       WHERE (e->>'attnum')::int2 = ANY (cols)), '[]'::jsonb)) END
+      FROM tide._shape(rel) s
+$$;
+COMMENT ON FUNCTION tide._listed_shape(oid, int2[]) IS 'pg_tide internal: a table''s shape restricted to a column list (tide.add_table''s columns).';
+
 -- The schema change from shape `old` to shape `new` of table `rel`, as the outbox's schema event
 -- carries it: the relation; the new columns and key; columns added (by attnum: a column dropped and added again
 -- under the same name is dropped and added), with the value existing rows got (attmissingval, or
@@ -616,12 +637,12 @@ BEGIN
             UNION
             SELECT i.inhrelid FROM pg_inherits i JOIN rels ON i.inhparent = rels.relid
         )
-        SELECT t.pipeline, t.relid, t.shape
+        SELECT t.pipeline, t.relid, t.shape, t.columns
           FROM tide.pipeline_table t
          WHERE t.relid IN (SELECT relid FROM rels)
          ORDER BY t.relid, t.pipeline
     LOOP
-        now_shape := tide._shape(r.relid);
+        now_shape := tide._listed_shape(r.relid, r.columns);
         CONTINUE WHEN now_shape IS NULL OR now_shape IS NOT DISTINCT FROM r.shape;
         UPDATE tide.pipeline_table SET shape = now_shape WHERE pipeline = r.pipeline AND relid = r.relid;
         INSERT INTO tide.marker (pipeline, op, relid, payload)

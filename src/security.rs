@@ -134,6 +134,12 @@ pub fn with_type_names<R>(f: impl FnOnce() -> TideResult<R>) -> TideResult<R> {
     with_search_path(c"pg_catalog, \"$user\", public", f)
 }
 
+/// Run `f` with `search_path` pinned to [`PINNED_SEARCH_PATH`] for its duration, whatever the
+/// session's is (the path the output plugin reads row filters under, see `row_filter`).
+pub fn with_pinned_search_path<R>(f: impl FnOnce() -> TideResult<R>) -> TideResult<R> {
+    with_search_path(c"pg_catalog, pg_temp", f)
+}
+
 /// Run `f` as pg_tide itself (the bootstrap superuser), for fixed statements on pg_tide's own
 /// tables. Never pass user-supplied SQL, or statements that call user-defined functions or
 /// operators, to code run here.

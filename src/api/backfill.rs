@@ -169,55 +169,20 @@ pub(crate) fn one_expression(cond: &str) -> TideResult<()> {
         )
         .hint("Write one boolean expression on the table's columns, as after WHERE, e.g. 'created_at >= ''2024-01-01''' (no ';', no clauses around it).")
     };
-    let c = std::ffi::CString::new(cond).map_err(|_| bad("it contains a NUL byte"))?;
     // The parser's own ERROR on a syntax error becomes ours (42601, the parser's message).
-    let parsed = pgrx::PgTryBuilder::new(|| {
-        Ok(unsafe { pg_sys::raw_parser(c.as_ptr(), pg_sys::RawParseMode::RAW_PARSE_PLPGSQL_EXPR) })
-    })
-    .catch_others(|e| {
-        let msg = match &e {
-            pgrx::pg_sys::panic::CaughtError::PostgresError(r)
-            | pgrx::pg_sys::panic::CaughtError::ErrorReport(r) => r.message().to_string(),
-            pgrx::pg_sys::panic::CaughtError::RustPanic { ereport, .. } => {
-                ereport.message().to_string()
-            }
-        };
-        Err(bad(&msg))
-    })
-    .execute();
-    let list = parsed?;
-    unsafe {
-        if list.is_null() || (*list).length != 1 {
-            return Err(bad("it is not one expression"));
-        }
-        let raw = (*(*list).elements).ptr_value as *mut pg_sys::RawStmt;
-        let stmt = (*raw).stmt;
-        if stmt.is_null() || (*stmt).type_ != pg_sys::NodeTag::T_SelectStmt {
-            return Err(bad("it is not one expression"));
-        }
-        let s = &*(stmt as *mut pg_sys::SelectStmt);
-        let only_targets = s.distinctClause.is_null()
-            && s.intoClause.is_null()
-            && s.fromClause.is_null()
-            && s.whereClause.is_null()
-            && s.groupClause.is_null()
-            && s.havingClause.is_null()
-            && s.windowClause.is_null()
-            && s.valuesLists.is_null()
-            && s.sortClause.is_null()
-            && s.limitOffset.is_null()
-            && s.limitCount.is_null()
-            && s.lockingClause.is_null()
-            && s.withClause.is_null()
-            && s.op == pg_sys::SetOperation::SETOP_NONE;
-        if !only_targets || s.targetList.is_null() || (*s.targetList).length != 1 {
-            return Err(bad("it is not one expression"));
-        }
-        let target = (*(*s.targetList).elements).ptr_value as *mut pg_sys::ResTarget;
-        if !(*target).name.is_null() {
-            return Err(bad("it is not one expression (it has an alias)"));
-        }
-    }
+    let parsed = pgrx::PgTryBuilder::new(|| Ok(crate::row_filter::raw_expression(cond)))
+        .catch_others(|e| {
+            let msg = match &e {
+                pgrx::pg_sys::panic::CaughtError::PostgresError(r)
+                | pgrx::pg_sys::panic::CaughtError::ErrorReport(r) => r.message().to_string(),
+                pgrx::pg_sys::panic::CaughtError::RustPanic { ereport, .. } => {
+                    ereport.message().to_string()
+                }
+            };
+            Err(bad(&msg))
+        })
+        .execute();
+    parsed?.map_err(bad)?;
     Ok(())
 }
 

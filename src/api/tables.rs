@@ -132,8 +132,90 @@ pub(super) fn validate_source(relid: pg_sys::Oid, owner: &str) -> TideResult<Sou
     Ok(s)
 }
 
+/// What `tide.add_table` delivers of a table: the rows its row filter passes, the columns of its
+/// column list (`None`: every row, every column).
+#[derive(Default)]
+pub(super) struct Shaping<'a> {
+    pub row_filter: Option<&'a str>,
+    pub columns: Option<&'a [Option<String>]>,
+}
+
+/// `columns => ...` of `add_table`: (attribute numbers, names) in attribute order. Every name a
+/// column of the table (42703), no NULL, repeat or generated column, not empty, and every key
+/// column among them (22023).
+fn column_list(
+    relid: pg_sys::Oid,
+    s: &SourceInfo,
+    names: &[Option<String>],
+) -> TideResult<(Vec<i16>, Vec<String>)> {
+    let q = &s.qualified;
+    let hint_key = || {
+        format!(
+            "List the columns to deliver, the key ({}) among them, e.g. columns => ARRAY['{}', ...]; omit columns (NULL) for every column.",
+            s.key_columns.join(", "),
+            s.key_columns.first().map(String::as_str).unwrap_or("id")
+        )
+    };
+    if names.is_empty() {
+        return Err(TideError::invalid(format!("the column list for {q} is empty")).hint(hint_key()));
+    }
+    let mut out: Vec<(i16, String)> = Vec::new();
+    for n in names {
+        let Some(n) = n else {
+            return Err(TideError::invalid(format!("the column list for {q} holds a NULL")).hint(hint_key()));
+        };
+        let row = sql::text_rows(
+            "SELECT a.attnum::text, a.attgenerated::text FROM pg_catalog.pg_attribute a
+              WHERE a.attrelid = $1::oid AND a.attname = $2 AND a.attnum > 0 AND NOT a.attisdropped",
+            &[Some(&relid.to_u32().to_string()), Some(n)],
+            1,
+            false,
+        )?;
+        let Some(r) = row.first() else {
+            return Err(TideError::new(
+                pg_sys::errcodes::PgSqlErrorCode::ERRCODE_UNDEFINED_COLUMN,
+                format!("column \"{}\" of {q} does not exist", shown(n)),
+            )
+            .hint("Name the columns as pg_attribute spells them (case matters, no quotes)."));
+        };
+        if r[1].as_deref().is_some_and(|g| !g.is_empty()) {
+            return Err(TideError::invalid(format!(
+                "column \"{}\" of {q} is generated, and generated columns are not delivered",
+                shown(n)
+            ))
+            .hint("Leave it out of the column list (a target computes its own)."));
+        }
+        let attnum: i16 = r[0].as_deref().and_then(|a| a.parse().ok()).unwrap_or(0);
+        if out.iter().any(|(a, _)| *a == attnum) {
+            return Err(TideError::invalid(format!(
+                "column \"{}\" is listed twice in the column list for {q}",
+                shown(n)
+            ))
+            .hint("List each column once."));
+        }
+        out.push((attnum, n.clone()));
+    }
+    let missing: Vec<&String> = s
+        .key_columns
+        .iter()
+        .filter(|k| !out.iter().any(|(_, n)| n == *k))
+        .collect();
+    if !missing.is_empty() {
+        return Err(TideError::invalid(format!(
+            "the column list for {q} leaves out the key column{} {}",
+            if missing.len() > 1 { "s" } else { "" },
+            missing.iter().map(|m| format!("\"{m}\"")).collect::<Vec<_>>().join(", ")
+        ))
+        .hint(hint_key()));
+    }
+    out.sort_by_key(|(a, _)| *a);
+    Ok(out.into_iter().unzip())
+}
+
 /// Start capturing a table: every change committed after this call commits is delivered, and
-/// (unless `backfill => false`) the rows that already exist are backfilled.
+/// (unless `backfill => false`) the rows that already exist are backfilled. With `row_filter`,
+/// only the rows it passes, by the stream and by every backfill (see `row_filter`); with
+/// `columns`, only those columns (the target has only them, every event carries only them).
 #[pg_extern]
 pub(super) fn add_table(
     pipeline: Option<&str>,
@@ -141,6 +223,8 @@ pub(super) fn add_table(
     backfill: default!(Option<bool>, true),
     target_table: default!(Option<&str>, "NULL"),
     truncate_target: default!(Option<bool>, false),
+    row_filter: default!(Option<&str>, "NULL"),
+    columns: default!(Option<Vec<Option<String>>>, "NULL"),
 ) {
     (|| {
         add_table_impl(
@@ -149,6 +233,10 @@ pub(super) fn add_table(
             required(backfill, "backfill")?,
             target_table,
             required(truncate_target, "truncate_target")?,
+            &Shaping {
+                row_filter,
+                columns: columns.as_deref(),
+            },
         )
     })()
     .or_raise()
@@ -160,6 +248,7 @@ pub(super) fn add_table_impl(
     backfill: bool,
     target_table: Option<&str>,
     truncate_target: bool,
+    shaping: &Shaping<'_>,
 ) -> TideResult<()> {
     check_server()?;
     let owner = require_pipeline(pipeline)?;
@@ -170,6 +259,15 @@ pub(super) fn add_table_impl(
     unsafe { pg_sys::LockRelationOid(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
     let s = validate_source(relid, &owner)?;
     let existing = check_capturable(pipeline, relid, &s.qualified)?;
+    if let Some(f) = shaping.row_filter {
+        // Checked as the chunk reader and the output plugin will read it (see row_filter).
+        let owner_oid = crate::security::owner_oid(&owner, "the pipeline")?;
+        crate::row_filter::check_text(relid, &s.qualified, f, owner_oid)?;
+    }
+    let listed = match shaping.columns {
+        Some(names) => Some(column_list(relid, &s, names)?),
+        None => None,
+    };
     let (target_kind, options) = catalog::pipelines::target(pipeline)?;
     if truncate_target {
         check_truncate_target(pipeline, &s.qualified, target_kind, existing, backfill)?;
@@ -183,6 +281,7 @@ pub(super) fn add_table_impl(
         target_table,
         &owner,
         truncate_target,
+        listed.as_ref().map(|(_, names)| names.as_slice()),
     )?;
     let t = catalog::tables::NewTable {
         pipeline,
@@ -191,6 +290,8 @@ pub(super) fn add_table_impl(
         key_columns: &s.key_columns,
         target_schema: target_schema.as_deref(),
         target_name: target_name.as_deref(),
+        row_filter: shaping.row_filter,
+        columns: listed.as_ref().map(|(attnums, _)| attnums.as_slice()),
     };
     match existing {
         Some(false) => {}
@@ -300,7 +401,7 @@ fn add_tables_in_schema_impl(pipeline: &str, schema: &str, backfill: bool) -> Ti
             );
             continue;
         }
-        add_table_impl(pipeline, relid, backfill, None, false)?;
+        add_table_impl(pipeline, relid, backfill, None, false, &Shaping::default())?;
         added += 1;
     }
     Ok(added)
@@ -479,6 +580,7 @@ fn target_of_table(
     target_table: Option<&str>,
     owner: &str,
     truncate_target: bool,
+    columns: Option<&[String]>,
 ) -> TideResult<(Option<String>, Option<String>, bool)> {
     let (schema, name, held_rows) = if target_kind == TargetKind::Kafka {
         if target_table.is_some() {
@@ -506,6 +608,7 @@ fn target_of_table(
             target_table,
             owner,
             truncate_target,
+            columns,
         )?;
         let (s_, n_) = (t.schema, t.name);
         if target_kind == TargetKind::Table {

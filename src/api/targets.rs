@@ -117,6 +117,7 @@ pub fn ensure_target(
     target_table: Option<&str>,
     owner: &str,
     truncate: bool,
+    only: Option<&[String]>,
 ) -> TideResult<EnsuredTarget> {
     let (schema, name) = target_name(options, relid, target_table)?;
     let qualified = format!("{}.{}", quote(&schema), quote(&name));
@@ -127,7 +128,11 @@ pub fn ensure_target(
         .hint("Targets live in your own schemas: not pg_catalog, information_schema, pg_toast, pg_temp or pg_tide's schema tide."));
     }
     let owner_oid = crate::security::owner_oid(owner, "the pipeline")?;
-    let cols = source_columns(relid)?;
+    // A column list: the target has those columns only.
+    let cols: Vec<SourceCol> = source_columns(relid)?
+        .into_iter()
+        .filter(|c| only.is_none_or(|o| o.contains(&c.name)))
+        .collect();
     let remote = match target {
         "postgres" => {
             let server = options

@@ -24,6 +24,10 @@ pub struct TableRow {
     pub removing: bool,
     /// A partitioned table (captured with its partitions).
     pub partitioned: bool,
+    /// `tide.add_table`'s row filter.
+    pub row_filter: Option<String>,
+    /// `tide.add_table`'s column list (attribute numbers).
+    pub columns: Option<Vec<i16>>,
 }
 
 /// A captured table's target (`None` for the outbox), as `tide.add_table` records it.
@@ -35,11 +39,16 @@ pub struct NewTable<'a> {
     pub key_columns: &'a [String],
     pub target_schema: Option<&'a str>,
     pub target_name: Option<&'a str>,
+    /// Only the rows it passes are delivered (`None`: every row).
+    pub row_filter: Option<&'a str>,
+    /// Only these columns (attribute numbers) are delivered (`None`: every column).
+    pub columns: Option<&'a [i16]>,
 }
 
 impl NewTable<'_> {
-    /// `$1` to `$6`: pipeline, relid, relation, key_columns, target_schema, target_name.
-    fn args(&self) -> [DatumWithOid<'static>; 6] {
+    /// `$1` to `$8`: pipeline, relid, relation, key_columns, target_schema, target_name,
+    /// row_filter, columns.
+    fn args(&self) -> [DatumWithOid<'static>; 8] {
         [
             self.pipeline.into(),
             self.relid.into(),
@@ -47,6 +56,8 @@ impl NewTable<'_> {
             self.key_columns.to_vec().into(),
             self.target_schema.into(),
             self.target_name.into(),
+            self.row_filter.into(),
+            self.columns.map(|c| c.to_vec()).into(),
         ]
     }
 }
@@ -90,7 +101,7 @@ pub(crate) use key_of_pg_class_c;
 pub(crate) fn captured(c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<Vec<TableRow>> {
     let rows = crate::sql::select(
         c,
-        "SELECT relid::int8, added_lsn IS NOT NULL, removing, partitions IS NOT NULL FROM tide.pipeline_table WHERE pipeline = $1 ORDER BY relid",
+        "SELECT relid::int8, added_lsn IS NOT NULL, removing, partitions IS NOT NULL, row_filter, columns FROM tide.pipeline_table WHERE pipeline = $1 ORDER BY relid",
         None,
         &[pipeline.into()],
     )?;
@@ -105,6 +116,8 @@ pub(crate) fn captured(c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<Vec<
                 .get::<bool>(3)?
                 .ok_or_else(|| corrupt("removing", pipeline))?,
             partitioned: r.get::<bool>(4)?.unwrap_or(false),
+            row_filter: r.get::<String>(5)?,
+            columns: r.get::<Vec<i16>>(6)?,
         });
     }
     Ok(out)
@@ -450,12 +463,43 @@ pub(crate) fn removing(pipeline: &str, relid: pg_sys::Oid) -> TideResult<Option<
 /// `ALTER TABLE` can commit in between; runs as pg_tide.
 pub(crate) fn insert(t: &NewTable<'_>) -> TideResult<()> {
     sql_as_tide::exec(
-        "INSERT INTO tide.pipeline_table (pipeline, relid, relation, key_columns, target_schema, target_name, shape, partitions)
-         VALUES ($1, $2, $3, $4, $5, $6, tide._shape($2),
+        "INSERT INTO tide.pipeline_table (pipeline, relid, relation, key_columns, target_schema, target_name, row_filter, columns, shape, partitions)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, tide._listed_shape($2, $8),
                  CASE WHEN (SELECT relkind FROM pg_class WHERE oid = $2) = 'p'
                      THEN ARRAY(SELECT pt.relid FROM pg_partition_tree($2) pt JOIN pg_class pc ON pc.oid = pt.relid
                                  WHERE pt.isleaf AND pc.relkind = 'r' ORDER BY 1) END)",
         &t.args(),
+    )
+}
+
+/// The row filter and column list of `relid` in `pipeline` (`None`: none, or not captured).
+/// Called by the chunk reader and `tide.verify`; runs as pg_tide.
+pub(crate) fn shaping(pipeline: &str, relid: u32) -> TideResult<(Option<String>, Option<Vec<i16>>)> {
+    crate::security::as_tide(|| shaping_row(pipeline, relid))
+}
+
+fn shaping_row(pipeline: &str, relid: u32) -> TideResult<(Option<String>, Option<Vec<i16>>)> {
+    Spi::connect(|c| {
+        let row = c
+            .select(
+                "SELECT row_filter, columns FROM tide.pipeline_table WHERE pipeline = $1 AND relid = $2::int8::oid",
+                None,
+                &[pipeline.into(), (relid as i64).into()],
+            )?
+            .first();
+        if row.is_empty() {
+            return Ok((None, None));
+        }
+        Ok((row.get::<String>(1)?, row.get::<Vec<i16>>(2)?))
+    })
+}
+
+/// The column list of the table backfill `id` reads, for its pipeline (`None`: every column).
+/// Called by the worker.
+pub(crate) fn columns_of_backfill(id: i64) -> TideResult<Option<Vec<i16>>> {
+    crate::sql::one::<Vec<i16>>(
+        "SELECT t.columns FROM tide.backfill b JOIN tide.pipeline_table t ON t.pipeline = b.pipeline AND t.relid = b.relid WHERE b.id = $1",
+        &[id.into()],
     )
 }
 
@@ -464,7 +508,7 @@ pub(crate) fn insert(t: &NewTable<'_>) -> TideResult<()> {
 pub(crate) fn re_add(t: &NewTable<'_>) -> TideResult<()> {
     sql_as_tide::exec(
         "UPDATE tide.pipeline_table SET removing = false, added_lsn = NULL, added_at = now(), relation = $3, key_columns = $4,
-                target_schema = $5, target_name = $6, shape = tide._shape($2),
+                target_schema = $5, target_name = $6, row_filter = $7, columns = $8, shape = tide._listed_shape($2, $8),
                 partitions = CASE WHEN (SELECT relkind FROM pg_class WHERE oid = $2) = 'p'
                      THEN ARRAY(SELECT pt.relid FROM pg_partition_tree($2) pt JOIN pg_class pc ON pc.oid = pt.relid
                                  WHERE pt.isleaf AND pc.relkind = 'r' ORDER BY 1) END

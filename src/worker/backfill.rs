@@ -620,8 +620,13 @@ fn still_in_form(sink: &mut dyn Target, p: &PendingChunk) -> TideResult<bool> {
         Some((_, attnums)) => attnums,
         None => &p.attnums,
     };
-    let same_source =
-        table_meta(p.relid, &[])?.is_some_and(|m| m.shape() == p.columns && &m.attnums == attnums);
+    let listed = crate::catalog::tables::columns_of_backfill(p.backfill_id)?;
+    let same_source = table_meta(p.relid, &[])?.is_some_and(|mut m| {
+        if let Some(l) = &listed {
+            m.restrict(l);
+        }
+        m.shape() == p.columns && &m.attnums == attnums
+    });
     if same_source && sink.row_form(p.relid, Some(&p.columns))? == p.form {
         return Ok(true);
     }

@@ -45,6 +45,21 @@ pub(super) struct TableMeta {
 }
 
 impl TableMeta {
+    /// Keep only the columns of a column list (attribute numbers; `tide.add_table`'s columns).
+    pub fn restrict(&mut self, only: &[i16]) {
+        let keep: Vec<bool> = self.attnums.iter().map(|a| only.contains(&(*a as i16))).collect();
+        let mut i = 0;
+        self.columns.retain(|_| {
+            i += 1;
+            keep[i - 1]
+        });
+        let mut j = 0;
+        self.attnums.retain(|_| {
+            j += 1;
+            keep[j - 1]
+        });
+    }
+
     /// (name, format_type) of each column.
     pub fn shape(&self) -> Vec<(String, String)> {
         self.columns
@@ -145,12 +160,21 @@ struct ChunkQuery {
     key_idx: Vec<usize>,
     /// Each key column's `format_type`, in key order.
     key_types: Vec<String>,
+    /// The table's row filter: a row it does not pass is not at the source as the pipeline
+    /// sees it (a repair or a resync sweep deletes it at the target).
+    row_filter: Option<String>,
 }
 
 impl ChunkQuery {
     /// The keyset SELECT of `job`'s next chunk of `meta` for rows held as `form`: every column
     /// in attribute order, or, for row values, the key columns then the whole row.
-    fn new(pipeline: &str, job: &Job, meta: &TableMeta, form: RowForm) -> TideResult<ChunkQuery> {
+    fn new(
+        pipeline: &str,
+        job: &Job,
+        meta: &TableMeta,
+        form: RowForm,
+        row_filter: Option<&str>,
+    ) -> TideResult<ChunkQuery> {
         let relation = &meta.relation;
         let columns: Vec<OwnedColumn> = meta.columns.iter().map(|(c, _)| c.clone()).collect();
         let mut key_types = Vec::new();
@@ -200,6 +224,11 @@ impl ChunkQuery {
             // On lines of its own: a trailing `--` comment in it ends before the `)`.
             clauses.push(format!("(\n{cond}\n)"));
         }
+        if let Some(f) = row_filter {
+            // The table's row filter (checked by `row_filter::check_text` before every chunk):
+            // the same one expression the output plugin filters the stream with.
+            clauses.push(format!("(\n{f}\n)"));
+        }
         if !clauses.is_empty() {
             sql.push_str(" WHERE ");
             sql.push_str(&clauses.join(" AND "));
@@ -211,6 +240,7 @@ impl ChunkQuery {
             columns,
             key_idx,
             key_types,
+            row_filter: row_filter.map(str::to_string),
         })
     }
 }
@@ -229,23 +259,30 @@ pub(super) fn read_chunk(
     hold: &mut dyn FnMut(&TableMeta) -> TideResult<RowForm>,
     writer: Option<u32>,
 ) -> TideResult<ChunkRead> {
-    let Some(meta) = table_meta(job.b.relid, &job.b.key_columns)? else {
+    let (row_filter, listed) = crate::catalog::tables::shaping(pipeline, job.b.relid)?;
+    let Some(mut meta) = table_meta(job.b.relid, &job.b.key_columns)? else {
         return Err(TideError::undefined(format!(
             "the table of backfill {} (OID {}) no longer exists",
             job.b.id, job.b.relid
         ))
         .hint("Remove it from the pipeline with tide.remove_table, or cancel the backfill."));
     };
+    // A column list: only those columns are read, held and written (row values, a whole-row
+    // reference, would carry them all: such a chunk is held as text).
+    if let Some(l) = &listed {
+        meta.restrict(l);
+    }
     let mut form = hold(&meta)?;
     if form == RowForm::RowValues
-        && meta
-            .columns
-            .iter()
-            .any(|(c, _)| quote(&c.name) == meta.relname)
+        && (listed.is_some()
+            || meta
+                .columns
+                .iter()
+                .any(|(c, _)| quote(&c.name) == meta.relname))
     {
         form = RowForm::Text;
     }
-    let q = ChunkQuery::new(pipeline, job, &meta, form)?;
+    let q = ChunkQuery::new(pipeline, job, &meta, form, row_filter.as_deref())?;
     let read_at = unsafe { pg_sys::GetCurrentTimestamp() };
     let (snapshot, invisible) = chunk_snapshot(writer)?;
     // Read as the pipeline's owner (catalog::backfills::due gives it, whoever started the
@@ -258,6 +295,10 @@ pub(super) fn read_chunk(
         crate::security::read_problem(owner, pg_sys::Oid::from(job.b.relid), &meta.relation)
     {
         return Err(e);
+    }
+    if let Some(f) = &row_filter {
+        // Read as the output plugin reads it, with the owner's rights now.
+        crate::row_filter::check_text(pg_sys::Oid::from(job.b.relid), &meta.relation, f, owner)?;
     }
     let (rows, values) = read_rows(&q, &meta, form, owner)?;
     let is_last = (rows.len() as i64) < job.b.chunk_size;
@@ -282,7 +323,9 @@ pub(super) fn read_chunk(
         Estimate::default()
     } else {
         // Whole-table backfills only: a condition or a repair reads part of the key range.
-        let whole = job.b.condition.is_none() && job.b.repair_deletes.is_none();
+        let whole = job.b.condition.is_none()
+            && job.b.repair_deletes.is_none()
+            && row_filter.is_none();
         let last = rows.last().and_then(|r| r.key_values.first());
         super::estimate::take(
             job.b.relid,
@@ -526,8 +569,15 @@ fn repair_deletes(
             None => format!("(k.{})::{}", quote(k), q.key_types[i]),
         })
         .collect();
+    // (The row filter on lines of its own, as in the chunk's query; its unqualified columns are
+    // the source's, the innermost scope.)
+    let passes = q
+        .row_filter
+        .as_ref()
+        .map(|f| format!(" AND (\n{f}\n)"))
+        .unwrap_or_default();
     let mut clauses = vec![format!(
-        "NOT EXISTS (SELECT 1 FROM {} s WHERE ({}) = ({}))",
+        "NOT EXISTS (SELECT 1 FROM {} s WHERE ({}) = ({}){passes})",
         meta.scan,
         keys.iter()
             .map(|k| format!("s.{}", quote(k)))

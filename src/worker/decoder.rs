@@ -201,6 +201,8 @@ pub struct Decoder {
     out: Box<Output>,
     /// The `tables` option the output plugin was started with.
     pub filter: String,
+    /// Its other options (`row_filter.<relid>`, `row_filter_owner`): see `plugin`.
+    pub extra: Vec<(String, String)>,
     pub slot: String,
     /// No read yet: the next one resets the catalog caches around it whatever else holds.
     fresh: bool,
@@ -219,10 +221,18 @@ fn two_phase() -> bool {
 impl Decoder {
     /// Acquire `slot` and start decoding at its restart point, for changes committed after its
     /// confirmed position.
-    pub fn open(slot: &str, filter: &str) -> TideResult<Decoder> {
+    pub fn open(slot: &str, filter: &str, extra: &[(String, String)]) -> TideResult<Decoder> {
         let slot_c = CString::new(slot).map_err(|_| TideError::internal("slot name with NUL"))?;
         let filter_c =
             CString::new(filter).map_err(|_| TideError::internal("table filter with NUL"))?;
+        let extra_c = extra
+            .iter()
+            .map(|(n, v)| Ok((CString::new(n.as_str())?, CString::new(v.as_str())?)))
+            .collect::<Result<Vec<_>, std::ffi::NulError>>()
+            .map_err(|_| {
+                TideError::invalid("a row filter contains a NUL byte")
+                    .hint("Remove the table and add it again with a row filter without one.")
+            })?;
         unsafe {
             pg_sys::CheckLogicalDecodingRequirements();
             let cx = pg_sys::AllocSetContextCreateInternal(
@@ -248,6 +258,7 @@ impl Decoder {
                     ),
                 }),
                 filter: filter.to_string(),
+                extra: extra.to_vec(),
                 slot: slot.to_string(),
                 fresh: true,
             };
@@ -264,11 +275,13 @@ impl Decoder {
             } else {
                 c"off"
             };
-            for (name, value) in [
+            let fixed = [
                 (c"proto_version", proto.as_ptr()),
                 (c"tables", filter_c.as_ptr()),
                 (c"streaming", streaming.as_ptr()),
-            ] {
+            ];
+            let more = extra_c.iter().map(|(n, v)| (n.as_c_str(), v.as_ptr()));
+            for (name, value) in fixed.into_iter().chain(more) {
                 let def = pg_sys::makeDefElem(
                     pg_sys::pstrdup(name.as_ptr()),
                     pg_sys::makeString(pg_sys::pstrdup(value)) as *mut pg_sys::Node,

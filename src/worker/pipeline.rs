@@ -703,7 +703,8 @@ fn stream(
     let (signal_relid, marker_relid) = catalog::signal_and_marker_relids()?;
     let (sets, filter) = table_sets(&tables, signal_relid, marker_relid);
     let (applied, confirmed) = positions(p, target_applied)?;
-    let decoder = open_decoder(dec, rels, p, &filter)?;
+    let extra = row_filter_options(&tables, &p.owner)?;
+    let decoder = open_decoder(dec, rels, p, &filter, &extra)?;
     // One message: the decoder stops at the record boundary after it, which is the end of one
     // source transaction (a transaction's messages are handed out whole at its commit).
     let batch_events = if one_at_a_time {
@@ -877,6 +878,35 @@ fn table_sets(
     (sets, filter)
 }
 
+/// The output plugin's shaping options for `tables`: `row_filter.<relid>` per filtered table,
+/// and the owner's OID (whose rights the plugin checks the filters' functions against);
+/// `columns.<relid>` (attribute numbers) per table with a column list.
+fn row_filter_options(
+    tables: &[catalog::tables::TableRow],
+    owner: &str,
+) -> TideResult<Vec<(String, String)>> {
+    let mut out: Vec<(String, String)> = tables
+        .iter()
+        .filter_map(|t| {
+            t.row_filter
+                .as_ref()
+                .map(|f| (format!("row_filter.{}", t.relid), f.clone()))
+        })
+        .collect();
+    let filters = !out.is_empty();
+    out.extend(tables.iter().filter_map(|t| {
+        t.columns.as_ref().map(|c| {
+            let list = c.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+            (format!("columns.{}", t.relid), list.join(","))
+        })
+    }));
+    if filters {
+        let oid = crate::security::owner_oid(owner, "the pipeline")?;
+        out.push(("row_filter_owner".into(), oid.to_u32().to_string()));
+    }
+    Ok(out)
+}
+
 /// The decoder, open on the pipeline's slot with `filter`: the decoder follows the catalog's
 /// table list, so a changed list means a new decoding session from the confirmed position (the
 /// plugin's filter is fixed when it starts).
@@ -885,10 +915,11 @@ fn open_decoder<'d>(
     rels: &mut HashMap<u32, RelDesc>,
     p: &PipelineRow,
     filter: &str,
+    extra: &[(String, String)],
 ) -> TideResult<&'d mut Decoder> {
     if dec
         .as_ref()
-        .is_some_and(|d| d.filter != filter || d.slot != p.slot_name)
+        .is_some_and(|d| d.filter != filter || d.extra != extra || d.slot != p.slot_name)
     {
         if let Some(d) = dec.take() {
             d.close();
@@ -896,7 +927,7 @@ fn open_decoder<'d>(
     }
     if dec.is_none() {
         rels.clear();
-        *dec = Some(Decoder::open(&p.slot_name, filter)?);
+        *dec = Some(Decoder::open(&p.slot_name, filter, extra)?);
     }
     dec.as_mut()
         .ok_or_else(|| TideError::internal("no decoder"))

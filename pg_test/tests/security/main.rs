@@ -13,6 +13,7 @@ mod kafka;
 mod operations;
 mod reads;
 mod remote;
+mod shape;
 mod stalls;
 use std::time::{Duration, Instant};
 

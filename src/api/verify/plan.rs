@@ -137,10 +137,20 @@ pub(super) fn setup(
         return Err(TideError::prerequisite(format!("pipeline \"{pipeline}\" is not streaming (paused or without a worker)"))
             .hint("Verification compares the target after it has caught up with the source: resume the pipeline (tide.resume_pipeline) and look at tide.pipelines."));
     }
+    // What the target should hold: the rows the table's row filter passes, the columns of its
+    // column list.
+    let (row_filter, listed) = catalog::tables::shaping(&pipeline, relid.to_u32())?;
+    let listed_text = listed.map(|l| {
+        format!(
+            "{{{}}}",
+            l.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(",")
+        )
+    });
     let cols: Vec<(String, String)> = sql::text_rows(
         "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
-          WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' ORDER BY a.attnum",
-        &[Some(&relid_text)],
+          WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+            AND ($2::int2[] IS NULL OR a.attnum = ANY ($2::int2[])) ORDER BY a.attnum",
+        &[Some(&relid_text), listed_text.as_deref()],
         0,
         false,
     )?
@@ -176,13 +186,22 @@ pub(super) fn setup(
         collatable,
         pipeline,
         relid,
-        scan: crate::catalog::tables::scan(relid, &source)?,
+        scan: filtered_scan(crate::catalog::tables::scan(relid, &source)?, row_filter.as_deref()),
         source,
         target,
         key,
         cols,
         remote,
     })
+}
+
+/// How the source is read: the table, or only the rows its row filter passes (a subquery under
+/// the name `source`; the filter on lines of its own, as the chunk's query puts it).
+fn filtered_scan(scan: String, row_filter: Option<&str>) -> String {
+    match row_filter {
+        Some(f) => format!("(SELECT * FROM {scan} WHERE (\n{f}\n)) AS source"),
+        None => scan,
+    }
 }
 
 /// One side of a range: key text → (key values, row hash).

@@ -351,8 +351,14 @@ impl<B: Backend> TableTarget<B> {
                   WHERE a.attrelid OPERATOR(pg_catalog.=) $1::pg_catalog.oid
                     AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
                     AND a.attgenerated OPERATOR(pg_catalog.=) ''
+                    -- the table's column list (tide.add_table's columns), if it has one
+                    AND a.attnum OPERATOR(pg_catalog.=) ANY (COALESCE(
+                          (SELECT t.columns FROM tide.pipeline_table t
+                            WHERE t.pipeline OPERATOR(pg_catalog.=) $2
+                              AND t.relid OPERATOR(pg_catalog.=) $1::pg_catalog.oid),
+                          ARRAY[a.attnum]))
                   ORDER BY a.attnum",
-                &[Some(&relid_text)],
+                &[Some(&relid_text), Some(&self.pipeline)],
                 0,
                 true,
             )
