@@ -102,6 +102,10 @@ def fill_sql(table):
 def run(self, b):
     src, tgt, P = self.src, self.tgt, self.P
     sizes = P["b6_sizes"]
+    # BENCH_B6_SIZES=5000000 / BENCH_B6_METHODS=outbox,native_off: a partial rerun
+    if os.environ.get("BENCH_B6_SIZES"):
+        sizes = [int(x) for x in os.environ["BENCH_B6_SIZES"].split(",") if x.strip()]
+    only_methods = [x.strip() for x in os.environ.get("BENCH_B6_METHODS", "").split(",") if x.strip()]
     kafka_max = P["b6_kafka_max_rows"]
     b["sizes"] = sizes
     b["method"] = (
@@ -117,7 +121,7 @@ def run(self, b):
     )
     b["kafka_note"] = (
         f"Kafka (tansu 0.6.0, sqlite storage, a fresh broker per run) only up to {kafka_max:,} rows: tansu takes "
-        "about 10,000 messages/s, so 10M rows would take about 17 minutes."
+        "at most about 10,000 messages/s, so 10M rows would take 17 minutes or more."
     )
     b["settings"] = {
         "tide.decoding_work_mem": src.val("SELECT current_setting('tide.decoding_work_mem', true)"),
@@ -153,8 +157,9 @@ def run(self, b):
         free0 = free_disk()
         r["free_disk_before_bytes"] = free0
         if need is not None and need * n + DISK_MARGIN > free0:
+            r["skipped"] = True
             raise BenchError(
-                f"skipped: at the smaller size this method took {need * n / 2**30:.1f} GiB of disk scaled to {n:,} rows, "
+                f"at the smaller size this method took {need * n / 2**30:.1f} GiB of disk scaled to {n:,} rows, "
                 f"and only {free0 / 2**30:.1f} GiB are free (the machine's disk is shared; {DISK_MARGIN / 2**30:.0f} GiB kept free)"
             )
         prepare_source()
@@ -324,6 +329,8 @@ def run(self, b):
 
     for n in sizes:
         for method, label in methods:
+            if only_methods and method not in only_methods:
+                continue
             if method == "kafka" and n > kafka_max:
                 b["runs"].append(
                     {"name": f"{method}_{n}", "method": method, "label": label, "rows": n, "ok": False, "skipped": True,

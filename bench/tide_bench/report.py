@@ -235,35 +235,48 @@ def b6_report(b, out):
         f"{' / '.join(fmt(x, '.1f') for x in le)} (2 CPUs shared with other work: compare within the run).\n"
     )
     out.append(
-        "| method | rows | INSERT s | commit→applied s | commit→visible s | pg_tide worker / walsender: RssAnon idle MiB | peak above idle MiB | apply worker: idle MiB | peak above idle MiB | disk peak GiB | load (1 min) | status |"
+        "| method | rows | INSERT s | commit→applied s | applied / INSERT | commit→visible s | pg_tide worker / walsender: RssAnon idle MiB | peak above idle MiB | apply worker: idle MiB | peak above idle MiB | disk peak GiB | load (1 min) | status |"
     )
-    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in b["runs"]:
         w = r.get("worker") or r.get("walsender") or {}
+        rel = r["commit_to_applied_s"] / r["insert_s"] if r.get("commit_to_applied_s") and r.get("insert_s") else None
         a = r.get("apply") or {}
         dk = r.get("disk_peak_bytes")
         load = (r.get("loadavg_after") or [None])[0]
         out.append(
             f"| {md_escape(r.get('label'))} | {fmt(r.get('rows'))} | {fmt(r.get('insert_s'), '.1f')} | "
-            f"{fmt(r.get('commit_to_applied_s'), '.2f')} | {fmt(r.get('commit_to_visible_s'), '.2f')} | "
+            f"{fmt(r.get('commit_to_applied_s'), '.2f')} | {fmt(rel, '.2f')} | {fmt(r.get('commit_to_visible_s'), '.2f')} | "
             f"{mib(w.get('idle_rss_anon_bytes'))} | {mib(w.get('peak_above_idle_bytes'))} | "
             f"{mib(a.get('idle_rss_anon_bytes'))} | {mib(a.get('peak_above_idle_bytes'))} | "
             f"{fmt(dk / 2**30 if dk is not None else None, '.2f')} | {fmt(load, '.1f')} | "
             f"{'skipped: ' + md_escape(r.get('error', '')) if r.get('skipped') else status(r)} |"
         )
     out.append(
-        "\n*commit→applied*: pg_tide: from the INSERT's commit until `tide.wait_for_pipeline` returns true; "
+        "\n*applied / INSERT*: commit→applied over the INSERT's own time, a yardstick less sensitive to the "
+        "machine's load than seconds (both ran under the same load). "
+        "*commit→applied*: pg_tide: from the INSERT's commit until `tide.wait_for_pipeline` returns true; "
         "logical replication: until the target shows the last row. *commit→visible*: until the target table "
         "(local, remote, or the subscriber's) shows the transaction's last row. *disk peak*: the most the "
         "filesystem's free space fell during the run (the table, its WAL, spill files, the target's copy; other "
         "users of the disk add noise)."
     )
+    kr = [r for r in b["runs"] if r.get("method") == "kafka" and r.get("ok") and r.get("commit_to_applied_s")]
+    for r in kr:
+        out.append(
+            f"\nKafka in this run: {fmt(r['rows'])} messages acknowledged {fmt(r['commit_to_applied_s'], '.0f')} s after the commit, "
+            f"{fmt(r['rows'] / r['commit_to_applied_s'])} messages/s."
+        )
     s = b.get("summary") or {}
     if s:
-        out.append("\nSame-run ratios of commit→applied time (pg_tide / logical replication):\n")
-        out.append("| ratio | value |\n|---|---:|")
-        for k, v in s.items():
-            out.append(f"| {k} | {fmt(v, '.2f')} |")
+        out.append("\nSame-run ratios of commit→applied time, pg_tide / logical replication (1.0 = as fast, 2.0 = twice as long):\n")
+        out.append("| pg_tide target | rows | / streaming = off | / streaming = on |\n|---|---:|---:|---:|")
+        for r in b["runs"]:
+            k = f"{r.get('method')}_{r.get('rows')}_time_vs_native_"
+            if k + "off" in s or k + "on" in s:
+                out.append(
+                    f"| {md_escape(r.get('label'))} | {fmt(r.get('rows'))} | {fmt(s.get(k + 'off'), '.2f')} | {fmt(s.get(k + 'on'), '.2f')} |"
+                )
     out.append("\n![large transaction](b6_large_tx.png)\n")
 
 
