@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # pg_tide benchmark suite: the one command.
 #
-#   bench/run.sh [--quick] [--only B1,B2,B3,B4,B5] [--budget SECONDS] [--keep] [--no-setup]
+#   bench/run.sh [--quick] [--only B1,B2,B3,B4,B5,B6] [--budget SECONDS] [--keep] [--no-setup]
 #
 #   --quick      small scale, to check the harness (about 3 minutes)
-#   --only       run some benchmarks only (comma-separated)
+#   --only       run some benchmarks only (comma-separated): B1 backfill throughput, B2 streaming
+#                latency, B3 source overhead, B4 worker bounds, B5 Kafka next to the outbox, B6 one
+#                large transaction (1M and 10M rows) per target next to logical replication
 #   --budget     overall time budget in seconds (default 2400, quick 720): later runs are skipped
 #   --keep       leave the clusters bench_src and bench_tgt running afterwards (to inspect them)
 #   --no-setup   skip scripts/setup.sh (also BENCH_SKIP_SETUP=1)
@@ -16,7 +18,8 @@
 # bench/bench.py and destroys the clusters again on exit, whatever happens.
 #
 # Output: bench/results/results.json, bench/results/RESULTS.md, bench/results/*.png,
-#         bench/results/bench.log (the progress lines).
+#         bench/results/bench.log (the progress lines); BENCH_RESULTS=DIR writes them to DIR
+#         instead. TIDE_PG_BIN selects the PostgreSQL installation (scripts/private-pg.sh).
 set -euo pipefail
 BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=scripts/common.sh
@@ -50,6 +53,7 @@ while (($#)); do
 done
 
 CLUSTER="$TIDE_REPO/scripts/cluster.sh"
+RESULTS_DIR="${BENCH_RESULTS:-$BENCH_DIR/results}"
 CLUSTERS=(bench_src bench_tgt)
 START=$SECONDS
 
@@ -108,10 +112,10 @@ log "Python: $("$PY" -c 'import sys, psycopg, matplotlib; print(sys.version.spli
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
-    mkdir -p "$BENCH_DIR/results"
+    mkdir -p "$RESULTS_DIR"
     for c in "${CLUSTERS[@]}"; do
         f="$("$CLUSTER" log "$c")"
-        [[ -f "$f" ]] && cp "$f" "$BENCH_DIR/results/$c.server.log" 2>/dev/null || true
+        [[ -f "$f" ]] && cp "$f" "$RESULTS_DIR/$c.server.log" 2>/dev/null || true
     done
     if ((KEEP)); then
         log "--keep: clusters left running: ${CLUSTERS[*]} (scripts/cluster.sh destroy NAME)"

@@ -47,6 +47,9 @@ FULL = dict(
     b3_backfill_timeout=600,
     b4_sizes=[1_000_000, 5_000_000],
     b4_timeout=900,
+    b6_sizes=[1_000_000, 10_000_000],
+    b6_kafka_max_rows=1_000_000,  # tansu takes ~10k messages/s: 10M would take ~17 min
+    b6_timeout=1800,  # per run, from the commit
     budget=40 * 60,
 )
 QUICK = dict(
@@ -63,6 +66,9 @@ QUICK = dict(
     b3_backfill_timeout=180,
     b4_sizes=[100_000, 300_000],
     b4_timeout=240,
+    b6_sizes=[20_000, 100_000],
+    b6_kafka_max_rows=100_000,
+    b6_timeout=300,
     budget=12 * 60,
 )
 

@@ -214,9 +214,70 @@ def write_report(res):
                 f"| {md_escape(r.get('name', ''))} | {r.get('kind')} | {fmt(r.get('rows'))} | {fmt(r.get('received'))} | {fmt(r.get('rows_per_s'))} | "
                 f"{fmt(r.get('p50_ms'), '.1f')} | {fmt(r.get('p99_ms'), '.1f')} | {fmt(r.get('ack_p50_ms'), '.1f')} | {fmt(r.get('ack_p99_ms'), '.1f')} | {fmt(r.get('drain_s'), '.2f')} | {fmt(r.get('applied_rows_per_s'))} | {status(r)} |"
             )
+    # B6
+    b = header("B6")
+    if b:
+        b6_report(b, out)
     if res.get("plot_error"):
         out.append(f"\nPlots failed: {md_escape(res['plot_error'])}\n")
     (RESULTS / "RESULTS.md").write_text("\n".join(out) + "\n")
+
+
+def b6_report(b, out):
+    mib = lambda v: fmt(v / 2**20 if v is not None else None, ".1f")  # noqa: E731
+    la = b.get("loadavg_at_start") or []
+    le = b.get("loadavg_at_end") or []
+    out.append(f"Method: {b.get('method', '')}\n")
+    out.append(f"{b.get('kafka_note', '')}\n")
+    out.append(
+        "Settings: " + ", ".join(f"{k} = {v}" for k, v in (b.get("settings") or {}).items())
+        + f". Load average (1/5/15 min) at the start {' / '.join(fmt(x, '.1f') for x in la)}, at the end "
+        f"{' / '.join(fmt(x, '.1f') for x in le)} (2 CPUs shared with other work: compare within the run).\n"
+    )
+    out.append(
+        "| method | rows | INSERT s | commit→applied s | applied / INSERT | commit→visible s | pg_tide worker / walsender: RssAnon idle MiB | peak above idle MiB | apply worker: idle MiB | peak above idle MiB | disk peak GiB | load (1 min) | status |"
+    )
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in b["runs"]:
+        w = r.get("worker") or r.get("walsender") or {}
+        rel = r["commit_to_applied_s"] / r["insert_s"] if r.get("commit_to_applied_s") and r.get("insert_s") else None
+        a = r.get("apply") or {}
+        dk = r.get("disk_peak_bytes")
+        load = (r.get("loadavg_after") or [None])[0]
+        out.append(
+            f"| {md_escape(r.get('label'))} | {fmt(r.get('rows'))} | {fmt(r.get('insert_s'), '.1f')} | "
+            f"{fmt(r.get('commit_to_applied_s'), '.2f')} | {fmt(rel, '.2f')} | {fmt(r.get('commit_to_visible_s'), '.2f')} | "
+            f"{mib(w.get('idle_rss_anon_bytes'))} | {mib(w.get('peak_above_idle_bytes'))} | "
+            f"{mib(a.get('idle_rss_anon_bytes'))} | {mib(a.get('peak_above_idle_bytes'))} | "
+            f"{fmt(dk / 2**30 if dk is not None else None, '.2f')} | {fmt(load, '.1f')} | "
+            f"{'skipped: ' + md_escape(r.get('error', '')) if r.get('skipped') else status(r)} |"
+        )
+    out.append(
+        "\n*applied / INSERT*: commit→applied over the INSERT's own time, a yardstick less sensitive to the "
+        "machine's load than seconds (both ran under the same load). "
+        "*commit→applied*: pg_tide: from the INSERT's commit until `tide.wait_for_pipeline` returns true; "
+        "logical replication: until the target shows the last row. *commit→visible*: until the target table "
+        "(local, remote, or the subscriber's) shows the transaction's last row. *disk peak*: the most the "
+        "filesystem's free space fell during the run (the table, its WAL, spill files, the target's copy; other "
+        "users of the disk add noise)."
+    )
+    kr = [r for r in b["runs"] if r.get("method") == "kafka" and r.get("ok") and r.get("commit_to_applied_s")]
+    for r in kr:
+        out.append(
+            f"\nKafka in this run: {fmt(r['rows'])} messages acknowledged {fmt(r['commit_to_applied_s'], '.0f')} s after the commit, "
+            f"{fmt(r['rows'] / r['commit_to_applied_s'])} messages/s."
+        )
+    s = b.get("summary") or {}
+    if s:
+        out.append("\nSame-run ratios of commit→applied time, pg_tide / logical replication (1.0 = as fast, 2.0 = twice as long):\n")
+        out.append("| pg_tide target | rows | / streaming = off | / streaming = on |\n|---|---:|---:|---:|")
+        for r in b["runs"]:
+            k = f"{r.get('method')}_{r.get('rows')}_time_vs_native_"
+            if k + "off" in s or k + "on" in s:
+                out.append(
+                    f"| {md_escape(r.get('label'))} | {fmt(r.get('rows'))} | {fmt(s.get(k + 'off'), '.2f')} | {fmt(s.get(k + 'on'), '.2f')} |"
+                )
+    out.append("\n![large transaction](b6_large_tx.png)\n")
 
 
 def rate_series(series, window=1.0):
@@ -340,6 +401,49 @@ def write_plots(res):
             fig.suptitle(sub, fontsize=8)
             fig.tight_layout()
             fig.savefig(RESULTS / "b4_bounds.png", dpi=110)
+            plt.close(fig)
+
+    # B6: memory over time at the largest size, commit-to-applied per method and size
+    b = B.get("B6")
+    if b:
+        runs = [r for r in b["runs"] if r.get("ok")]
+        if runs:
+            fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 5.5))
+            top = max(r["rows"] for r in runs)
+            for r in runs:
+                if r["rows"] != top:
+                    continue
+                for role, s in (r.get("series") or {}).items():
+                    idle = (r.get(role) or {}).get("idle_rss_anon_bytes") or 0
+                    pts = [(t - r.get("commit_t", 0), (a - idle) / 2**20) for t, a in s if a is not None]
+                    a1.plot([p[0] for p in pts], [p[1] for p in pts], lw=0.9, label=f"{r['label']}: {role}")
+            a1.axvline(0, color="grey", lw=0.8, ls=":")
+            a1.set_xlabel("seconds since the INSERT's commit")
+            a1.set_ylabel("RssAnon above idle, MiB")
+            a1.set_title(f"B6 process memory, one transaction of {top:,} rows")
+            a1.legend(fontsize=6)
+            sizes = sorted({r["rows"] for r in runs})
+            labels = []
+            for r in runs:
+                if r["label"] not in labels:
+                    labels.append(r["label"])
+            w = 0.8 / max(1, len(sizes))
+            for k, n in enumerate(sizes):
+                by = {r["label"]: r for r in runs if r["rows"] == n}
+                a2.bar(
+                    [i + (k - (len(sizes) - 1) / 2) * w for i in range(len(labels))],
+                    [by[lab].get("commit_to_applied_s") or 0 if lab in by else 0 for lab in labels],
+                    w, label=f"{n:,} rows",
+                )
+            a2.set_yscale("log")
+            a2.set_xticks(range(len(labels)))
+            a2.set_xticklabels(labels, rotation=20, ha="right", fontsize=7)
+            a2.set_ylabel("commit → applied, s (log)")
+            a2.set_title("B6 commit-to-applied time")
+            a2.legend(fontsize=7)
+            fig.suptitle(sub, fontsize=8)
+            fig.tight_layout()
+            fig.savefig(RESULTS / "b6_large_tx.png", dpi=110)
             plt.close(fig)
 
 
