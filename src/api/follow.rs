@@ -17,7 +17,10 @@
 //! - a table it cannot capture is skipped with a WARNING and a row in `tide.skipped_tables`;
 //!   its failure is rolled back in a subtransaction and never fails the DDL (a query cancel
 //!   still cancels it);
-//! - DDL that pg_tide itself runs while capturing (creating the target table) is not followed.
+//! - DDL that pg_tide itself runs, while capturing (creating the target table) or in its
+//!   workers (a table target's schema changes), is not followed; nor is DDL of an extension
+//!   script (`CREATE EXTENSION`, `ALTER EXTENSION ... UPDATE`: pg_tide's own included, whose
+//!   tables may be half made then).
 
 use super::*;
 use crate::catalog::follows::{self, Candidate, Skip};
@@ -83,7 +86,9 @@ pub unsafe extern "C-unwind" fn tide_follow_tables(
         .hint("It runs by itself at the end of CREATE TABLE and ALTER TABLE; follow a schema with tide.add_tables_in_schema(..., follow => true).")
         .raise();
     }
-    if !CAPTURING.load(Ordering::Relaxed) {
+    // SAFETY: a backend-local flag of PostgreSQL's, set while an extension script runs.
+    let in_extension_script = unsafe { pg_sys::creating_extension };
+    if !CAPTURING.load(Ordering::Relaxed) && !in_tide_worker() && !in_extension_script {
         // The DDL's own catalog changes are not visible to the statement's snapshot, which
         // pg_tide's read-only statements use: make them visible, as a new statement would see
         // them (in any isolation level), for the duration of the trigger.
@@ -103,6 +108,19 @@ pub unsafe extern "C-unwind" fn tide_follow_tables(
         unsafe { pg_sys::PopActiveSnapshot() };
     }
     pg_sys::Datum::from(0)
+}
+
+/// Whether this process is one of pg_tide's background workers, whose DDL (a table target's
+/// schema changes) is pg_tide's own and never followed.
+fn in_tide_worker() -> bool {
+    // SAFETY: MyBgworkerEntry is set once at a background worker's start (NULL elsewhere); its
+    // library name is a NUL-terminated array inside it.
+    unsafe {
+        let entry = pg_sys::MyBgworkerEntry;
+        !entry.is_null()
+            && std::ffi::CStr::from_ptr((*entry).bgw_library_name.as_ptr()).to_bytes()
+                == b"pg_tide"
+    }
 }
 
 /// Capture every candidate of the current DDL command (see `follows::candidates`).
