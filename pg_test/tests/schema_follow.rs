@@ -166,7 +166,11 @@ fn tables_created_later_are_captured_under_writes() {
     let add = |t: &str| tables.lock().expect("tables").push(t.to_string());
 
     // A plain CREATE TABLE, then written to.
-    ok(&mut alice, &c, "CREATE TABLE app.t1 (id int PRIMARY KEY, v text)");
+    ok(
+        &mut alice,
+        &c,
+        "CREATE TABLE app.t1 (id int PRIMARY KEY, v text)",
+    );
     add("app.t1");
     // Created and written in one transaction.
     ok(
@@ -268,8 +272,20 @@ fn tables_created_later_are_captured_under_writes() {
         diag(&c)
     );
     for t in ["existing", "t1", "t2", "t3", "t4", "t5", "t6"] {
-        assert_same_rows(t, &c, &format!("app.{t}"), &c, &format!("copy.{t}"), "id, v");
-        outbox_copy(&c, &format!("app.{t}"), &format!("app.{t}"), &format!("check_copy.{t}"));
+        assert_same_rows(
+            t,
+            &c,
+            &format!("app.{t}"),
+            &c,
+            &format!("copy.{t}"),
+            "id, v",
+        );
+        outbox_copy(
+            &c,
+            &format!("app.{t}"),
+            &format!("app.{t}"),
+            &format!("check_copy.{t}"),
+        );
         let n: i64 = c.query_scalar(&format!("SELECT check_copy.{t}_replay('po')"));
         assert!(n > 0, "no outbox events of app.{t}");
         assert_same_rows(
@@ -339,7 +355,12 @@ fn skip_stop_remove_and_drop() {
             && n.contains("belongs to role \"bob\"")),
         "no WARNING for bob's table: {seen:?}"
     );
-    assert_eq!(captured(&c, "p"), "", "bob's tables were captured\n{}", diag(&c));
+    assert_eq!(
+        captured(&c, "p"),
+        "",
+        "bob's tables were captured\n{}",
+        diag(&c)
+    );
     assert_eq!(
         c.query_scalar::<String>(
             "SELECT string_agg(relation || ':' || sqlstate || ':' || by_role, ',' ORDER BY relation) FROM tide.skipped_tables"
@@ -354,25 +375,42 @@ fn skip_stop_remove_and_drop() {
     );
 
     // alice's table is captured; removed, an ALTER TABLE does not capture it again.
-    ok(&mut alice, &c, "CREATE TABLE app.a (id int PRIMARY KEY, v text)");
+    ok(
+        &mut alice,
+        &c,
+        "CREATE TABLE app.a (id int PRIMARY KEY, v text)",
+    );
     assert_eq!(captured(&c, "p"), "app.a");
     ok(&mut alice, &c, "SELECT tide.remove_table('p', 'app.a')");
     ok(&mut alice, &c, "ALTER TABLE app.a ADD COLUMN w int");
     wait_for_pipeline(&c, "p", 60, || diag(&c));
-    assert_eq!(captured(&c, "p"), "", "a removed table came back\n{}", diag(&c));
+    assert_eq!(
+        captured(&c, "p"),
+        "",
+        "a removed table came back\n{}",
+        diag(&c)
+    );
     assert_eq!(
         c.query_scalar::<String>("SELECT kind FROM tide.skipped_tables WHERE relation = 'app.a'"),
         "removed"
     );
     // tide.add_table takes it back (and forgets the record).
-    ok(&mut alice, &c, "SELECT tide.add_table('p', 'app.a', backfill => false)");
+    ok(
+        &mut alice,
+        &c,
+        "SELECT tide.add_table('p', 'app.a', backfill => false)",
+    );
     assert_eq!(
         c.query_scalar::<i64>("SELECT count(*) FROM tide.skipped_tables WHERE relation = 'app.a'"),
         0
     );
 
     // Stop following: a table created afterwards is not captured; stopping again is a NOTICE.
-    ok(&mut alice, &c, "SELECT tide.stop_following_schema('p', 'app')");
+    ok(
+        &mut alice,
+        &c,
+        "SELECT tide.stop_following_schema('p', 'app')",
+    );
     assert_eq!(
         c.query_scalar::<i64>("SELECT count(*) FROM tide.followed_schema"),
         0
@@ -382,9 +420,21 @@ fn skip_stop_remove_and_drop() {
         0,
         "the skip records went with the follow"
     );
-    ok(&mut alice, &c, "CREATE TABLE app.after_stop (id int PRIMARY KEY)");
-    assert_eq!(captured(&c, "p"), "app.a", "a table created after the stop was captured");
-    ok(&mut alice, &c, "SELECT tide.stop_following_schema('p', 'app')");
+    ok(
+        &mut alice,
+        &c,
+        "CREATE TABLE app.after_stop (id int PRIMARY KEY)",
+    );
+    assert_eq!(
+        captured(&c, "p"),
+        "app.a",
+        "a table created after the stop was captured"
+    );
+    ok(
+        &mut alice,
+        &c,
+        "SELECT tide.stop_following_schema('p', 'app')",
+    );
     expect_fail_with(
         "stop with an unknown schema",
         alice.batch_execute("SELECT tide.stop_following_schema('p', 'nope')"),
@@ -400,14 +450,24 @@ fn skip_stop_remove_and_drop() {
         "SELECT tide.add_tables_in_schema('p', 'gone', follow => true);
          SELECT tide.add_tables_in_schema('p', 'app', follow => true);",
     );
-    assert_eq!(c.query_scalar::<i64>("SELECT count(*) FROM tide.followed_schema"), 2);
+    assert_eq!(
+        c.query_scalar::<i64>("SELECT count(*) FROM tide.followed_schema"),
+        2
+    );
     ok(&mut alice, &c, "DROP SCHEMA gone");
     assert_eq!(
         c.query_scalar::<String>("SELECT string_agg(schema::text, ',') FROM tide.followed_schemas"),
         "app"
     );
     ok(&mut alice, &c, "SELECT tide.drop_pipeline('p')");
-    assert_eq!(c.query_scalar::<i64>("SELECT count(*) FROM tide.followed_schema"), 0);
+    assert_eq!(
+        c.query_scalar::<i64>("SELECT count(*) FROM tide.followed_schema"),
+        0
+    );
     // And a CREATE TABLE there works as before.
-    ok(&mut alice, &c, "CREATE TABLE app.after_drop (id int PRIMARY KEY)");
+    ok(
+        &mut alice,
+        &c,
+        "CREATE TABLE app.after_drop (id int PRIMARY KEY)",
+    );
 }

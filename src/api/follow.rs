@@ -118,8 +118,7 @@ fn in_tide_worker() -> bool {
     unsafe {
         let entry = pg_sys::MyBgworkerEntry;
         !entry.is_null()
-            && std::ffi::CStr::from_ptr((*entry).bgw_library_name.as_ptr()).to_bytes()
-                == b"pg_tide"
+            && std::ffi::CStr::from_ptr((*entry).bgw_library_name.as_ptr()).to_bytes() == b"pg_tide"
     }
 }
 
@@ -136,7 +135,10 @@ fn follow_new_tables() {
         Ok(c) => c,
         Err(e) => {
             reraise_cancel(&e);
-            warn(&e, "pg_tide could not look for tables of followed schemas".into());
+            warn(
+                &e,
+                "pg_tide could not look for tables of followed schemas".into(),
+            );
             return;
         }
     };
@@ -196,7 +198,10 @@ fn capture(c: &Candidate, by: &str) {
     });
     if let Err(e2) = recorded {
         reraise_cancel(&e2);
-        warn(&e2, format!("pg_tide could not record why it skipped {}", c.relation));
+        warn(
+            &e2,
+            format!("pg_tide could not record why it skipped {}", c.relation),
+        );
     }
 }
 

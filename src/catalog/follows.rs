@@ -9,7 +9,12 @@ use pgrx::pg_sys;
 
 /// Follow schema `nspid` for `pipeline` (or update the backfill choice and who asked, when it
 /// is followed already), as asked by role `by`.
-pub(crate) fn follow(pipeline: &str, nspid: pg_sys::Oid, backfill: bool, by: &str) -> TideResult<()> {
+pub(crate) fn follow(
+    pipeline: &str,
+    nspid: pg_sys::Oid,
+    backfill: bool,
+    by: &str,
+) -> TideResult<()> {
     sql_as_tide::exec(
         "INSERT INTO tide.followed_schema (pipeline, nspid, backfill, requested_by)
          VALUES ($1, $2, $3, $4::text::name)

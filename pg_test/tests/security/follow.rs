@@ -77,7 +77,12 @@ fn followed_schema_runs_nothing_of_others() {
             "SELECT tide.stop_following_schema('pt', 'no_such_schema')",
             "SELECT tide.add_tables_in_schema('pt', 'shared', follow => true)",
         ] {
-            expect_fail_with(&format!("as {who}: {sql}"), exec_as(&c, who, sql), "42501", None);
+            expect_fail_with(
+                &format!("as {who}: {sql}"),
+                exec_as(&c, who, sql),
+                "42501",
+                None,
+            );
         }
     }
     // A tide_admin member sees none of alice's follow; a role with nothing cannot read the views.
@@ -87,7 +92,11 @@ fn followed_schema_runs_nothing_of_others() {
         "SELECT (SELECT count(*) FROM tide.followed_schemas) + (SELECT count(*) FROM tide.skipped_tables)",
     );
     assert_eq!(seen, 0, "mallory sees alice's follow");
-    for view in ["tide.followed_schemas", "tide.skipped_tables", "tide.followed_schema"] {
+    for view in [
+        "tide.followed_schemas",
+        "tide.skipped_tables",
+        "tide.followed_schema",
+    ] {
         expect_fail_with(
             &format!("nobody reads {view}"),
             exec_as(&c, "nobody", &format!("SELECT * FROM {view}")),
@@ -104,7 +113,11 @@ fn followed_schema_runs_nothing_of_others() {
     );
     // A table target's insert would have run the domain's CHECK as alice: nothing ran as her.
     ok_as(&c, "nobody", "INSERT INTO shared.nobody_d VALUES (1, 1)");
-    ok_as(&c, "alice", "CREATE TABLE shared.alices (id int PRIMARY KEY, v text)");
+    ok_as(
+        &c,
+        "alice",
+        "CREATE TABLE shared.alices (id int PRIMARY KEY, v text)",
+    );
     ok_as(&c, "alice", "INSERT INTO shared.alices VALUES (1, 'a')");
     wait_for_pipeline(&c, "pt", 60, || diag(&c));
     assert_eq!(
@@ -168,9 +181,8 @@ fn followed_table_of_anothers_type_is_skipped() {
     // captured, its backfill and changes would be written to alice_copy.mine as alice.)
     c.execute("INSERT INTO shared.mine VALUES (1, ARRAY[1]), (2, ARRAY[2])");
     wait_for_pipeline(&c, "pt", 60, || diag(&c));
-    let reason: String = c.query_scalar(
-        "SELECT reason FROM tide.skipped_tables WHERE relation = 'shared.mine'",
-    );
+    let reason: String =
+        c.query_scalar("SELECT reason FROM tide.skipped_tables WHERE relation = 'shared.mine'");
     assert!(
         reason.contains("type shared.nobody_dom") && reason.contains("\"nobody\""),
         "{reason}"
