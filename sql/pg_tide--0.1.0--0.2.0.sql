@@ -757,16 +757,18 @@ SELECT t.pipeline, t.relation, t.relid::regclass AS source, b.id AS backfill_id,
  WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = t.pipeline));
 
 -- tide.add_tables_in_schema (README "SQL API"): every table of a schema the pipeline does not
--- capture yet, each added as tide.add_table adds it; returns how many.
+-- capture yet, each added as tide.add_table adds it; returns how many. With follow => true, the
+-- tables created there later too (the followed-schemas block below).
 CREATE FUNCTION tide."add_tables_in_schema"(
 	"pipeline" TEXT,
 	"schema" TEXT,
-	"backfill" bool DEFAULT true
+	"backfill" bool DEFAULT true,
+	"follow" bool DEFAULT false
 ) RETURNS INT
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'add_tables_in_schema_wrapper';
-REVOKE ALL ON FUNCTION tide.add_tables_in_schema(text, text, boolean) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION tide.add_tables_in_schema(text, text, boolean) TO tide_admin;
+REVOKE ALL ON FUNCTION tide.add_tables_in_schema(text, text, boolean, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide.add_tables_in_schema(text, text, boolean, boolean) TO tide_admin;
 
 -- tide.alter_pipeline (README "SQL API"): change the options that can change without a new
 -- slot (schema_changes; a kafka target's producer and tombstones); a new name is refused.
@@ -874,3 +876,127 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'add_table_wrapper';
 REVOKE ALL ON FUNCTION tide.add_table(text, regclass, boolean, text, boolean, text, text[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tide.add_table(text, regclass, boolean, text, boolean, text, text[]) TO tide_admin;
+
+-- Followed schemas (README "SQL API", tide.add_tables_in_schema(..., follow => true); issue 32
+-- item 9): tables created in a followed schema later are captured in the DDL's transaction.
+-- Schemas a pipeline follows (tide.add_tables_in_schema(..., follow => true), like a
+-- publication's FOR TABLES IN SCHEMA): a table created in one later (or moved into it, or made
+-- capturable there by an ALTER TABLE) is captured in that DDL's own transaction by the event
+-- trigger tide_followed_schemas, as tide.add_table would capture it for the pipeline's owner,
+-- with the backfill choice recorded here. By schema OID (a renamed schema stays followed); DROP
+-- SCHEMA (tide._drop_marker), tide.stop_following_schema and drop_pipeline delete the row.
+CREATE TABLE tide.followed_schema (
+    pipeline      text NOT NULL REFERENCES tide.pipeline(name) ON DELETE CASCADE,
+    nspid         oid NOT NULL,
+    backfill      boolean NOT NULL,
+    requested_by  name NOT NULL,
+    requested_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (pipeline, nspid)
+);
+COMMENT ON TABLE tide.followed_schema IS 'Schemas whose later tables a pipeline captures (tide.add_tables_in_schema(..., follow => true)): backfill choice, who asked, when. Read tide.followed_schemas.';
+
+-- Tables of a followed schema the pipeline does not capture, and why: 'skipped' (the follow, or
+-- the DDL that created or changed the table, could not capture it: the error it met, and the
+-- role whose call or DDL met it; the next ALTER TABLE of it tries again), or 'removed'
+-- (tide.remove_table took it out: the follow does not capture it again). Deleted when the table
+-- is captured (tide.add_table), dropped, or its schema no longer followed.
+CREATE TABLE tide.follow_skip (
+    pipeline   text NOT NULL,
+    nspid      oid NOT NULL,
+    relid      oid NOT NULL,
+    relation   text NOT NULL,
+    kind       text NOT NULL CHECK (kind IN ('skipped', 'removed')),
+    reason     text NOT NULL,
+    hint       text,
+    sqlstate   text,
+    by_role    name NOT NULL,
+    at         timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (pipeline, relid),
+    FOREIGN KEY (pipeline, nspid) REFERENCES tide.followed_schema (pipeline, nspid) ON DELETE CASCADE
+);
+COMMENT ON TABLE tide.follow_skip IS 'Tables of followed schemas a pipeline does not capture (skipped, with the reason; or removed with tide.remove_table). Read tide.skipped_tables.';
+REVOKE ALL ON TABLE tide.followed_schema, tide.follow_skip FROM PUBLIC;
+CREATE VIEW tide.followed_schemas WITH (security_barrier) AS
+SELECT f.pipeline, n.nspname AS schema, f.backfill, f.requested_by, f.requested_at,
+       (SELECT count(*) FROM tide.pipeline_table t JOIN pg_class c ON c.oid = t.relid
+         WHERE t.pipeline = f.pipeline AND c.relnamespace = f.nspid AND NOT t.removing) AS tables,
+       (SELECT count(*) FROM tide.follow_skip s
+         WHERE s.pipeline = f.pipeline AND s.nspid = f.nspid AND s.kind = 'skipped')   AS skipped
+  FROM tide.followed_schema f
+  JOIN pg_namespace n ON n.oid = f.nspid
+ WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = f.pipeline));
+COMMENT ON VIEW tide.followed_schemas IS 'Schemas each pipeline follows (tables created there later are captured): backfill choice, who asked, tables captured there, tables skipped (tide.skipped_tables).';
+
+CREATE VIEW tide.skipped_tables WITH (security_barrier) AS
+SELECT s.pipeline, n.nspname AS schema, s.relation, s.relid AS source, s.kind, s.reason, s.hint,
+       s.sqlstate, s.by_role, s.at
+  FROM tide.follow_skip s
+  JOIN pg_namespace n ON n.oid = s.nspid
+ WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = s.pipeline));
+COMMENT ON VIEW tide.skipped_tables IS 'Tables of followed schemas a pipeline does not capture: skipped (why, with the SQLSTATE and hint, and whose DDL met it; an ALTER TABLE of it tries again) or removed with tide.remove_table.';
+REVOKE ALL ON TABLE tide.followed_schemas, tide.skipped_tables FROM PUBLIC;
+GRANT SELECT ON tide.followed_schemas, tide.skipped_tables TO tide_admin;
+-- tide._drop_marker also forgets a dropped followed schema and a dropped skipped table.
+CREATE OR REPLACE FUNCTION tide._drop_marker() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    r record;
+    marker_id bigint;
+BEGIN
+    -- (DROP EXTENSION pg_tide or DROP SCHEMA tide: pg_tide's own tables are gone)
+    IF to_regclass('tide.pipeline_table') IS NULL OR to_regclass('tide.marker') IS NULL THEN
+        RETURN;
+    END IF;
+    FOR r IN
+        SELECT t.pipeline, t.relid, t.relation
+          FROM tide.pipeline_table t
+         WHERE t.relid IN (SELECT d.objid FROM pg_event_trigger_dropped_objects() d
+                            WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0)
+           AND NOT t.removing
+         ORDER BY t.relid, t.pipeline
+    LOOP
+        UPDATE tide.pipeline_table SET removing = true WHERE pipeline = r.pipeline AND relid = r.relid;
+        INSERT INTO tide.marker (pipeline, op, relid, payload)
+        VALUES (r.pipeline, 'remove_table', r.relid, jsonb_build_object('relation', r.relation, 'table_dropped', true))
+        RETURNING id INTO marker_id;
+        DELETE FROM tide.marker WHERE id = marker_id;
+        UPDATE tide.backfill SET state = 'cancelled', finished_at = now(), error = 'the table was dropped'
+         WHERE pipeline = r.pipeline AND relid = r.relid AND state IN ('queued', 'running', 'paused');
+    END LOOP;
+    -- A dropped schema is no longer followed; a dropped table no longer skipped.
+    IF to_regclass('tide.followed_schema') IS NOT NULL THEN
+        DELETE FROM tide.followed_schema
+         WHERE nspid IN (SELECT d.objid FROM pg_event_trigger_dropped_objects() d
+                          WHERE d.classid = 'pg_catalog.pg_namespace'::regclass);
+        DELETE FROM tide.follow_skip
+         WHERE relid IN (SELECT d.objid FROM pg_event_trigger_dropped_objects() d
+                          WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION tide._drop_marker() IS 'pg_tide internal: the event trigger that takes a dropped captured table out of its pipelines at the DROP''s position in the stream, and forgets dropped followed schemas.';
+-- At the end of every CREATE TABLE, CREATE TABLE AS, SELECT INTO and ALTER TABLE: each ordinary
+-- or partitioned table it created in, moved into or changed in a schema a pipeline follows, and
+-- that the pipeline does not capture (nor was told to leave with tide.remove_table), is captured
+-- in the DDL's own transaction, as tide.add_table captures it when the pipeline's owner calls it
+-- (run as that owner, in a security-restricted operation), if the table and its column types
+-- belong to the owner, a role whose privileges it has, or a superuser. One that cannot be is
+-- skipped with a WARNING and a row in tide.skipped_tables; the DDL never fails because of it.
+-- Runs as the role doing the DDL (not SECURITY DEFINER); a C function that refuses any call but
+-- an event trigger's.
+CREATE FUNCTION tide._follow_tables() RETURNS event_trigger
+LANGUAGE c AS 'MODULE_PATHNAME', 'tide_follow_tables';
+COMMENT ON FUNCTION tide._follow_tables() IS 'pg_tide internal: the event trigger that captures tables created in (or moved into) a followed schema.';
+CREATE EVENT TRIGGER tide_followed_schemas ON ddl_command_end
+    WHEN TAG IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'ALTER TABLE')
+    EXECUTE FUNCTION tide._follow_tables();
+COMMENT ON EVENT TRIGGER tide_followed_schemas IS 'pg_tide: tables created in a followed schema are captured (tide._follow_tables).';
+REVOKE ALL ON FUNCTION tide._follow_tables() FROM PUBLIC;
+CREATE FUNCTION tide."stop_following_schema"(
+	"pipeline" TEXT,
+	"schema" TEXT
+) RETURNS void
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'stop_following_schema_wrapper';
+REVOKE ALL ON FUNCTION tide.stop_following_schema(text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide.stop_following_schema(text, text) TO tide_admin;

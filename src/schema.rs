@@ -1,8 +1,10 @@
 //! The SQL objects of the extension that are not Rust functions: catalog tables, the outbox,
-//! views, privileges, and the schema-change event trigger (`tide_schema_changes`, with its SQL
-//! functions `tide._shape`, `tide._schema_change`, `tide._schema_marker`: the one place outside
-//! `catalog` that writes pg_tide's tables, in the DDL's own transaction, because it must run in
-//! SQL there). The Rust code that reads and writes these tables lives in `catalog`.
+//! views, privileges, and the event triggers: `tide_schema_changes` (with its SQL functions
+//! `tide._shape`, `tide._schema_change`, `tide._schema_marker`) and `tide_dropped_tables`
+//! (`tide._drop_marker`), the places outside `catalog` that write pg_tide's tables, in the DDL's
+//! own transaction, because they must run in SQL there; `tide_followed_schemas` runs the C
+//! function `tide._follow_tables` of `api::follow`. The Rust code that reads and writes these
+//! tables lives in `catalog`.
 
 use pgrx::extension_sql;
 
@@ -270,6 +272,43 @@ CREATE TABLE tide.skipped_transaction (
     PRIMARY KEY (pipeline, lsn)
 );
 COMMENT ON TABLE tide.skipped_transaction IS 'Source transactions a pipeline skips (tide.skip_transaction): commit LSN, who asked, when, when the worker skipped it. Read tide.skipped_transactions.';
+
+-- Schemas a pipeline follows (tide.add_tables_in_schema(..., follow => true), like a
+-- publication's FOR TABLES IN SCHEMA): a table created in one later (or moved into it, or made
+-- capturable there by an ALTER TABLE) is captured in that DDL's own transaction by the event
+-- trigger tide_followed_schemas, as tide.add_table would capture it for the pipeline's owner,
+-- with the backfill choice recorded here. By schema OID (a renamed schema stays followed); DROP
+-- SCHEMA (tide._drop_marker), tide.stop_following_schema and drop_pipeline delete the row.
+CREATE TABLE tide.followed_schema (
+    pipeline      text NOT NULL REFERENCES tide.pipeline(name) ON DELETE CASCADE,
+    nspid         oid NOT NULL,
+    backfill      boolean NOT NULL,
+    requested_by  name NOT NULL,
+    requested_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (pipeline, nspid)
+);
+COMMENT ON TABLE tide.followed_schema IS 'Schemas whose later tables a pipeline captures (tide.add_tables_in_schema(..., follow => true)): backfill choice, who asked, when. Read tide.followed_schemas.';
+
+-- Tables of a followed schema the pipeline does not capture, and why: 'skipped' (the follow, or
+-- the DDL that created or changed the table, could not capture it: the error it met, and the
+-- role whose call or DDL met it; the next ALTER TABLE of it tries again), or 'removed'
+-- (tide.remove_table took it out: the follow does not capture it again). Deleted when the table
+-- is captured (tide.add_table), dropped, or its schema no longer followed.
+CREATE TABLE tide.follow_skip (
+    pipeline   text NOT NULL,
+    nspid      oid NOT NULL,
+    relid      oid NOT NULL,
+    relation   text NOT NULL,
+    kind       text NOT NULL CHECK (kind IN ('skipped', 'removed')),
+    reason     text NOT NULL,
+    hint       text,
+    sqlstate   text,
+    by_role    name NOT NULL,
+    at         timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (pipeline, relid),
+    FOREIGN KEY (pipeline, nspid) REFERENCES tide.followed_schema (pipeline, nspid) ON DELETE CASCADE
+);
+COMMENT ON TABLE tide.follow_skip IS 'Tables of followed schemas a pipeline does not capture (skipped, with the reason; or removed with tide.remove_table). Read tide.skipped_tables.';
 "#,
     name = "catalog",
     bootstrap
@@ -536,6 +575,25 @@ SELECT p.name AS pipeline,
  WHERE p.target = 'outbox' AND tide._visible(p.owner);
 COMMENT ON VIEW tide.outbox_retention IS 'Per outbox pipeline: its consumers, the events retained, and what the retention has deleted (events, delete transactions, the last one and why).';
 
+CREATE VIEW tide.followed_schemas WITH (security_barrier) AS
+SELECT f.pipeline, n.nspname AS schema, f.backfill, f.requested_by, f.requested_at,
+       (SELECT count(*) FROM tide.pipeline_table t JOIN pg_class c ON c.oid = t.relid
+         WHERE t.pipeline = f.pipeline AND c.relnamespace = f.nspid AND NOT t.removing) AS tables,
+       (SELECT count(*) FROM tide.follow_skip s
+         WHERE s.pipeline = f.pipeline AND s.nspid = f.nspid AND s.kind = 'skipped')   AS skipped
+  FROM tide.followed_schema f
+  JOIN pg_namespace n ON n.oid = f.nspid
+ WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = f.pipeline));
+COMMENT ON VIEW tide.followed_schemas IS 'Schemas each pipeline follows (tables created there later are captured): backfill choice, who asked, tables captured there, tables skipped (tide.skipped_tables).';
+
+CREATE VIEW tide.skipped_tables WITH (security_barrier) AS
+SELECT s.pipeline, n.nspname AS schema, s.relation, s.relid AS source, s.kind, s.reason, s.hint,
+       s.sqlstate, s.by_role, s.at
+  FROM tide.follow_skip s
+  JOIN pg_namespace n ON n.oid = s.nspid
+ WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = s.pipeline));
+COMMENT ON VIEW tide.skipped_tables IS 'Tables of followed schemas a pipeline does not capture: skipped (why, with the SQLSTATE and hint, and whose DDL met it; an ALTER TABLE of it tries again) or removed with tide.remove_table.';
+
 -- A consumer's next batch: the events after its committed position, in id order, ending at a
 -- source transaction's end (tide._consumer_batch checks the caller and picks the bounds; the
 -- rows are read as the caller, under the outbox's row security). With `wait`, it first waits
@@ -661,7 +719,8 @@ COMMENT ON EVENT TRIGGER tide_schema_changes IS 'pg_tide: schema events for capt
 -- OWNED, ...): each captured table it dropped leaves its pipelines at that point of the stream,
 -- as tide.remove_table does, with a remove marker whose payload says it was dropped (the worker
 -- writes a schema event and a LOG line there, and forgets the table); its active backfills are
--- cancelled. Does nothing else when no captured table was dropped; runs as pg_tide.
+-- cancelled. A dropped schema is no longer followed (tide.followed_schema), a dropped table no
+-- longer listed as skipped. Does nothing else when none of those was dropped; runs as pg_tide.
 CREATE FUNCTION tide._drop_marker() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -688,12 +747,38 @@ BEGIN
         UPDATE tide.backfill SET state = 'cancelled', finished_at = now(), error = 'the table was dropped'
          WHERE pipeline = r.pipeline AND relid = r.relid AND state IN ('queued', 'running', 'paused');
     END LOOP;
+    -- A dropped schema is no longer followed; a dropped table no longer skipped.
+    IF to_regclass('tide.followed_schema') IS NOT NULL THEN
+        DELETE FROM tide.followed_schema
+         WHERE nspid IN (SELECT d.objid FROM pg_event_trigger_dropped_objects() d
+                          WHERE d.classid = 'pg_catalog.pg_namespace'::regclass);
+        DELETE FROM tide.follow_skip
+         WHERE relid IN (SELECT d.objid FROM pg_event_trigger_dropped_objects() d
+                          WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0);
+    END IF;
 END
 $$;
-COMMENT ON FUNCTION tide._drop_marker() IS 'pg_tide internal: the event trigger that takes a dropped captured table out of its pipelines at the DROP''s position in the stream.';
+COMMENT ON FUNCTION tide._drop_marker() IS 'pg_tide internal: the event trigger that takes a dropped captured table out of its pipelines at the DROP''s position in the stream, and forgets dropped followed schemas.';
 CREATE EVENT TRIGGER tide_dropped_tables ON sql_drop
     EXECUTE FUNCTION tide._drop_marker();
 COMMENT ON EVENT TRIGGER tide_dropped_tables IS 'pg_tide: a dropped captured table leaves its pipelines (tide._drop_marker).';
+
+-- At the end of every CREATE TABLE, CREATE TABLE AS, SELECT INTO and ALTER TABLE: each ordinary
+-- or partitioned table it created in, moved into or changed in a schema a pipeline follows, and
+-- that the pipeline does not capture (nor was told to leave with tide.remove_table), is captured
+-- in the DDL's own transaction, as tide.add_table captures it when the pipeline's owner calls it
+-- (run as that owner, in a security-restricted operation), if the table and its column types
+-- belong to the owner, a role whose privileges it has, or a superuser. One that cannot be is
+-- skipped with a WARNING and a row in tide.skipped_tables; the DDL never fails because of it.
+-- Runs as the role doing the DDL (not SECURITY DEFINER); a C function that refuses any call but
+-- an event trigger's.
+CREATE FUNCTION tide._follow_tables() RETURNS event_trigger
+LANGUAGE c AS 'MODULE_PATHNAME', 'tide_follow_tables';
+COMMENT ON FUNCTION tide._follow_tables() IS 'pg_tide internal: the event trigger that captures tables created in (or moved into) a followed schema.';
+CREATE EVENT TRIGGER tide_followed_schemas ON ddl_command_end
+    WHEN TAG IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'ALTER TABLE')
+    EXECUTE FUNCTION tide._follow_tables();
+COMMENT ON EVENT TRIGGER tide_followed_schemas IS 'pg_tide: tables created in a followed schema are captured (tide._follow_tables).';
 
 -- The kafka target (README "Kafka target"): its brokers and settings are the options of a server
 -- of this wrapper, its credentials those of the pipeline owner's user mapping (hidden from other
@@ -729,7 +814,9 @@ $$;
 COMMENT ON ROLE tide_admin IS 'pg_tide: members may create and run pg_tide pipelines (see the pg_tide README, Security).';
 GRANT USAGE ON SCHEMA tide TO tide_admin;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA tide TO tide_admin;
-GRANT SELECT ON tide.pipelines, tide.tables, tide.backfills, tide.chunks, tide.verifications, tide.readiness, tide.consumers, tide.outbox_retention, tide.skipped_transactions TO tide_admin;
+GRANT SELECT ON tide.pipelines, tide.tables, tide.backfills, tide.chunks, tide.verifications, tide.readiness, tide.consumers, tide.outbox_retention, tide.skipped_transactions, tide.followed_schemas, tide.skipped_tables TO tide_admin;
+-- Only an event trigger runs it (and it refuses any other call).
+REVOKE EXECUTE ON FUNCTION tide._follow_tables() FROM tide_admin;
 GRANT SELECT ON tide.outbox TO tide_admin;
 -- Used by the outbox's row security for any reader; it only lists the caller's own pipelines.
 GRANT EXECUTE ON FUNCTION tide._owned_pipelines() TO PUBLIC;

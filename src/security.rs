@@ -14,7 +14,9 @@
 //!   the way PostgreSQL runs maintenance commands and (PG16) its apply worker: `SET ROLE`,
 //!   `RESET ROLE` and `SET SESSION AUTHORIZATION` fail inside it, so user code cannot climb back
 //!   to the worker's superuser identity, and the owner's privileges are checked as for any of
-//!   its own statements.
+//!   its own statements. [`as_owner_pinned`] is the same with pg_tide's pinned `search_path`,
+//!   for what pg_tide does for the owner from another role's session (a followed schema's
+//!   tables, captured in the session of whoever creates them).
 //!
 //! Guarantees: the previous identity, security context and GUC values are restored when the
 //! closure returns, whether `Ok` or `Err`; if it raises an ERROR instead, the transaction (or
@@ -156,6 +158,14 @@ pub fn as_tide<R>(f: impl FnOnce() -> TideResult<R>) -> TideResult<R> {
 /// user code resolve as `"$user", public` would for that role.
 pub fn as_owner<R>(owner: pg_sys::Oid, f: impl FnOnce() -> TideResult<R>) -> TideResult<R> {
     switched(owner, c"\"$user\", public", f)
+}
+
+/// Run `f` as `owner` in a security-restricted operation, with pg_tide's pinned `search_path`
+/// (`pg_catalog, pg_temp`): for pg_tide's own statements made on the owner's behalf from a
+/// session of another role (the event trigger of followed schemas runs in the session of
+/// whoever does the DDL), so that no name in them resolves to an object that role created.
+pub fn as_owner_pinned<R>(owner: pg_sys::Oid, f: impl FnOnce() -> TideResult<R>) -> TideResult<R> {
+    switched(owner, c"pg_catalog, pg_temp", f)
 }
 
 /// The OID of a pipeline or backfill owner recorded by name; a clear error if the role is gone.

@@ -301,6 +301,7 @@ pub(super) fn add_table_impl(
         None => catalog::tables::insert(&t)?,
     }
     catalog::tables::write_marker(MarkerOp::AddTable, pipeline, relid)?;
+    catalog::follows::forget(pipeline, relid)?;
     if backfill {
         // Queued now; the worker starts it once it has passed the add_table marker.
         let id = backfill::start_backfill_impl(relid, Some(pipeline), None, None)?;
@@ -321,31 +322,36 @@ pub(super) fn add_table_impl(
     Ok(())
 }
 
-/// `tide.add_tables_in_schema(pipeline, schema, backfill)`: capture every table of a schema the
-/// pipeline does not capture yet, in name order, each exactly as `tide.add_table` adds it, all in
-/// the caller's transaction (all or nothing). Ordinary and partitioned tables are taken; a
-/// partition is captured through its partitioned table, so partitions are not. A table that cannot
-/// be captured (no key, unlogged, a pg_tide target, not readable by the caller or the owner, ...)
-/// is skipped with a NOTICE naming it and why. Returns how many tables were added.
+/// `tide.add_tables_in_schema(pipeline, schema, backfill, follow)`: capture every table of a
+/// schema the pipeline does not capture yet, in name order, each exactly as `tide.add_table` adds
+/// it, all in the caller's transaction (all or nothing). Ordinary and partitioned tables are
+/// taken; a partition is captured through its partitioned table, so partitions are not. A table
+/// that cannot be captured (no key, unlogged, a pg_tide target, not readable by the caller or the
+/// owner, ...) is skipped with a NOTICE naming it and why. With `follow`, the pipeline also
+/// follows the schema (`tide.followed_schema`, with the backfill choice and the caller): tables
+/// created there later are captured by the event trigger of `follow`, and the skipped ones are
+/// recorded. Returns how many tables were added.
 #[pg_extern]
 pub(super) fn add_tables_in_schema(
     pipeline: Option<&str>,
     schema: Option<&str>,
     backfill: default!(Option<bool>, true),
+    follow: default!(Option<bool>, false),
 ) -> i32 {
     (|| {
         add_tables_in_schema_impl(
             required(pipeline, "pipeline")?,
             required(schema, "schema")?,
             required(backfill, "backfill")?,
+            required(follow, "follow")?,
         )
     })()
     .or_raise()
 }
 
-fn add_tables_in_schema_impl(pipeline: &str, schema: &str, backfill: bool) -> TideResult<i32> {
-    check_server()?;
-    let owner = require_pipeline(pipeline)?;
+/// The OID of a schema of the user's tables, by its exact name: 3F000 when there is none, 42809
+/// for pg_tide's, the system's and temporary schemas.
+pub(super) fn schema_oid(schema: &str) -> TideResult<pg_sys::Oid> {
     let nsp = sql::one::<pg_sys::Oid>(
         "SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = $1",
         &[schema.into()],
@@ -374,6 +380,39 @@ fn add_tables_in_schema_impl(pipeline: &str, schema: &str, backfill: bool) -> Ti
         ))
         .hint("Pass a schema of your own tables."));
     }
+    Ok(nsp)
+}
+
+fn add_tables_in_schema_impl(
+    pipeline: &str,
+    schema: &str,
+    backfill: bool,
+    follow: bool,
+) -> TideResult<i32> {
+    check_server()?;
+    let owner = require_pipeline(pipeline)?;
+    let nsp = schema_oid(schema)?;
+    let by = crate::security::caller_name()?;
+    if follow {
+        // The owner reads nothing in a schema it may not use: following it would only skip.
+        let usable = sql::one::<bool>(
+            "SELECT has_schema_privilege($1::text::name, $2, 'USAGE')",
+            &[owner.as_str().into(), nsp.into()],
+        )?
+        .unwrap_or(false);
+        if !usable {
+            return Err(TideError::privilege(format!(
+                "the pipeline's owner \"{owner}\" has no USAGE on schema \"{}\", so it cannot follow it",
+                shown(schema)
+            ))
+            .hint(format!(
+                "GRANT USAGE ON SCHEMA {} TO {} first.",
+                pgrx::spi::quote_identifier(schema),
+                pgrx::spi::quote_identifier(&owner)
+            )));
+        }
+        catalog::follows::follow(pipeline, nsp, backfill, &by)?;
+    }
     let relids = sql::one::<Vec<i64>>(
         "SELECT coalesce(array_agg(c.oid::bigint ORDER BY c.relname), '{}')
            FROM pg_catalog.pg_class c
@@ -392,6 +431,18 @@ fn add_tables_in_schema_impl(pipeline: &str, schema: &str, backfill: bool) -> Ti
         let checked = validate_source(relid, &owner)
             .and_then(|s| check_capturable(pipeline, relid, &s.qualified).map(|_| ()));
         if let Err(e) = checked {
+            if follow {
+                let sqlstate = e.sqlstate();
+                catalog::follows::record_skip(&catalog::follows::Skip {
+                    pipeline,
+                    relid,
+                    removed: false,
+                    reason: &e.message,
+                    hint: e.hint.as_deref(),
+                    sqlstate: Some(&sqlstate),
+                    by: &by,
+                })?;
+            }
             pgrx::notice!(
                 "skipping {}: {}{}",
                 super::backfill::relation_name(relid)
@@ -479,6 +530,17 @@ pub(super) fn remove_table_impl(pipeline: &str, relid: pg_sys::Oid) -> TideResul
     }
     catalog::tables::write_marker(MarkerOp::RemoveTable, pipeline, relid)?;
     catalog::backfills::cancel_for_removed_table(pipeline, relid)?;
+    // A table of a schema the pipeline follows stays out of it: a later ALTER TABLE does not
+    // capture it again (tide.add_table does).
+    catalog::follows::record_skip(&catalog::follows::Skip {
+        pipeline,
+        relid,
+        removed: true,
+        reason: "removed with tide.remove_table",
+        hint: Some("tide.add_table captures it again."),
+        sqlstate: None,
+        by: &crate::security::caller_name()?,
+    })?;
     wake_on_commit(shmem::worker_pid(pipeline));
     Ok(())
 }

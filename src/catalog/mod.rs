@@ -15,6 +15,8 @@
 //! - [`outbox`]: the outbox target's INSERT into `tide.outbox`;
 //! - [`consumers`]: `tide.consumer` (named outbox consumers), the reads of `tide.outbox` their
 //!   batches and positions need, and the outbox retention (`tide.outbox_prune`, its DELETEs);
+//! - [`follows`]: `tide.followed_schema` and `tide.follow_skip` (followed schemas, the tables
+//!   they do not capture), and the tables a DDL command made in them;
 //! - [`skips`]: `tide.skipped_transaction` (transactions `tide.skip_transaction` skips);
 //! - [`slots`]: the slots' names and locks, orphaned slots, `output_plugin_libraries`;
 //! - this file: the version gate, the OIDs of the tables the stream watches, [`corrupt`].
@@ -48,6 +50,7 @@ use crate::error::{TideError, TideResult};
 
 pub mod backfills;
 pub mod consumers;
+pub mod follows;
 pub mod outbox;
 pub mod pipelines;
 pub mod skips;

@@ -86,12 +86,28 @@ mod c {
 }
 
 /// `LogicalDecodingProcessRecord`, with an ERROR turned into a Rust panic that pgrx reports
-/// (a longjmp must not cross Rust frames).
+/// (a longjmp must not cross Rust frames). Returns with the memory context current that was
+/// current when it was called.
+///
+/// Why the switch back: replaying a committed transaction (`ReorderBufferProcessTXN`) runs it in
+/// an internal subtransaction of the worker's transaction and ends with
+/// `RollbackAndReleaseCurrentSubTransaction()`, which leaves the *transaction's* memory context
+/// current, not the caller's. The WAL reader allocates lazily in the current context and keeps
+/// what it allocated across reads: its record buffer (`readRecordBuf`, grown for a record longer
+/// than any before that spans pages) and oversized decoded records (freed only at the next
+/// record, possibly in a later read). Allocated in the iteration's transaction context, they
+/// dangle once it commits: the next read or `FreeDecodingContext` frees them from a context that
+/// is gone (seen as "could not find block containing chunk", garbage catalog OIDs and segfaults
+/// in later allocations). Walsenders have no outer transaction (the replay leaves
+/// `TopMemoryContext` current) and the SQL decoding functions free their reader within their
+/// transaction, so neither meets this; a reader kept across transactions does.
 unsafe fn process_record(
     ctx: *mut pg_sys::LogicalDecodingContext,
     record: *mut pg_sys::XLogReaderState,
 ) {
     unsafe {
+        let cx = pg_sys::CurrentMemoryContext;
+        let _restore = RestoreContext(cx);
         pg_sys::ffi::pg_guard_ffi_boundary(move || c::LogicalDecodingProcessRecord(ctx, record))
     }
 }
@@ -342,7 +358,8 @@ impl Decoder {
             let mut reached_end = true;
             // The WAL reader allocates its buffers lazily in the current memory context and keeps
             // them: read in the decoding context's memory, which lives as long as the reader
-            // (as a walsender does), not in this transaction's.
+            // (as a walsender does), not in this transaction's (`process_record` switches back
+            // to it after each record).
             let old = pg_sys::MemoryContextSwitchTo((*self.ctx).context);
             let _restore = RestoreContext(old);
             // `XLogReadRecord` moves `(*reader).EndRecPtr` (clippy cannot see through the pointer).

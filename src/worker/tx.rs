@@ -136,7 +136,7 @@ fn finish<R>(body: impl FnOnce() -> Result<R, TideError>) -> Result<R, TideError
     }
 }
 
-fn from_caught(caught: CaughtError) -> TideError {
+pub(crate) fn from_caught(caught: CaughtError) -> TideError {
     match caught {
         CaughtError::PostgresError(r)
         | CaughtError::ErrorReport(r)

@@ -57,5 +57,21 @@ SELECT relation, key_columns, state FROM tide.tables ORDER BY relation;
 DROP TABLE public.by_index;
 SELECT tide.wait_for_pipeline('p', '60 seconds') AS caught_up;
 SELECT relation, state, to_regclass(relation) IS NULL AS source_gone FROM tide.tables ORDER BY relation;
+-- Following a schema: a table created there later is captured by its CREATE TABLE; one that
+-- cannot be is skipped with a WARNING (the CREATE TABLE succeeds) and recorded.
+CREATE SCHEMA shop;
+SELECT tide.add_tables_in_schema('p', 'shop', backfill => false, follow => true) AS added;
+SELECT pipeline, schema, backfill, tables, skipped FROM tide.followed_schemas;
+CREATE TABLE shop.orders (id int PRIMARY KEY, v text);
+CREATE TABLE shop.notes (line text);
+SELECT tide.wait_for_pipeline('p', '60 seconds') AS caught_up;
+SELECT relation, state FROM tide.tables WHERE relation LIKE 'shop.%' ORDER BY relation;
+SELECT relation, kind, sqlstate, reason, hint FROM tide.skipped_tables;
+-- Stopping (twice: a NOTICE); a table created afterwards is not captured.
+SELECT tide.stop_following_schema('p', 'shop');
+SELECT tide.stop_following_schema('p', 'shop');
+CREATE TABLE shop.later (id int PRIMARY KEY);
+SELECT relation FROM tide.tables WHERE relation LIKE 'shop.%' ORDER BY relation;
+SELECT count(*) AS follows FROM tide.followed_schemas;
 SELECT tide.drop_pipeline('p');
 SELECT count(*) AS tables_left FROM tide.tables;

@@ -1,6 +1,6 @@
 //! The decoder: one decoding session per worker, which reads each WAL record once and does not
 //! decode the worker's own writes; a huge transaction spills to a temporary file and arrives
-//! whole.
+//! whole; what the WAL reader allocates stays in the decoding session's memory.
 
 use crate::common::*;
 use std::time::{Duration, Instant};
@@ -173,4 +173,93 @@ fn own_writes_are_not_decoded() {
          worker itself: it decodes its own writes\n{}",
         diag(&c)
     );
+}
+
+/// What the WAL reader allocates after the decoder replayed a transaction, in the same read,
+/// lives as long as the decoding session, not as long as the worker's iteration. Replaying a
+/// committed transaction leaves the iteration's transaction memory context current (PostgreSQL
+/// ends the replay's internal subtransaction there); the reader then grew its record buffer for
+/// the 300 kB logical message in the iteration's TopTransactionContext, and that buffer dangled
+/// once the iteration committed: the reader frees it again when a longer record needs a longer
+/// buffer, or when the decoder closes. That is a free of freed memory, which corrupts the
+/// process's memory silently or crashes it (the upgrade suite's workers segfaulted over and
+/// over). Checked where it is deterministic: the buffer's size in the decoding context, from
+/// `pg_log_backend_memory_contexts`; then the longer record, the close, and no crash.
+/// Pausing first puts the insert's commit and the message in one read.
+#[test]
+fn records_read_after_a_replay_outlive_the_iteration() {
+    let c = setup("after_replay");
+    c.execute("CREATE TABLE t (id int PRIMARY KEY, v text)");
+    capture_table(&c, "p", "t");
+    // Paused, and its decoder closed: the next read, after the resume, starts behind all of it.
+    let pause = || {
+        c.execute("SELECT tide.pause_pipeline('p')");
+        c.wait_until(
+            "the paused worker to release its slot",
+            Duration::from_secs(60),
+            POLL,
+            || {
+                Ok(c.try_query_scalar::<bool>(
+                    "SELECT (SELECT state = 'paused' FROM tide.pipelines WHERE name = 'p')
+                        AND (SELECT active_pid IS NULL FROM pg_replication_slots
+                              WHERE slot_name = 'tide_p')",
+                )?)
+            },
+        );
+    };
+    pause();
+    // One read after the resume: the insert's commit (replayed), then a record spanning pages,
+    // longer than the reader's buffer so far.
+    c.execute("INSERT INTO t VALUES (1, 'a')");
+    c.execute("SELECT pg_logical_emit_message(false, 'pg_tide_test', repeat('x', 300000))");
+    c.execute("SELECT tide.resume_pipeline('p')");
+    wait_pipeline(&c, "p", 60);
+    // The reader's buffer for that record (303,104 bytes: the record rounded up to whole WAL
+    // pages) is the decoding context's, which the open decoder still holds; without the switch
+    // back it was allocated in the iteration's TopTransactionContext (seen with gdb) and this
+    // context held only the reader's first buffers (about 120 kB).
+    let pid = worker_pid(&c, "p").expect("the worker runs");
+    c.execute(&format!("SELECT pg_log_backend_memory_contexts({pid})"));
+    let needle = "Logical decoding context: ";
+    c.wait_until(
+        "the worker's memory contexts in the log",
+        Duration::from_secs(30),
+        POLL,
+        || Ok(c.log_count(needle) > 0),
+    );
+    let log = c.log();
+    let line = log.lines().find(|l| l.contains(needle)).unwrap_or_default();
+    let total: u64 = line
+        .split(needle)
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no total in {line:?}"));
+    assert!(
+        total >= 303_104,
+        "the WAL reader's buffer is not in the decoding context ({total} bytes): {line}"
+    );
+    // A longer record, in a later iteration: the reader frees its buffer to grow it.
+    c.execute("SELECT pg_logical_emit_message(false, 'pg_tide_test', repeat('y', 900000))");
+    c.execute("INSERT INTO t VALUES (2, 'b')");
+    wait_pipeline(&c, "p", 60);
+    // The decoder closes (freeing the reader) at the pause.
+    pause();
+    c.execute("SELECT tide.resume_pipeline('p')");
+    c.execute("INSERT INTO t VALUES (3, 'c')");
+    wait_pipeline(&c, "p", 60);
+    assert_eq!(events(&c, "p", "public.t"), inserts(1..=3), "{}", diag(&c));
+    assert_eq!(
+        c.log_count("terminated by signal"),
+        0,
+        "a process crashed\n{}",
+        diag(&c)
+    );
+    assert_eq!(
+        c.log_count("could not close its decoder"),
+        0,
+        "the decoder did not close cleanly\n{}",
+        diag(&c)
+    );
+    assert_stream_invariants(&c, "p");
 }

@@ -9,6 +9,7 @@
 use pg_test::*;
 
 mod escalation;
+mod follow;
 mod kafka;
 mod operations;
 mod reads;
