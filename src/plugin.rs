@@ -934,8 +934,11 @@ unsafe fn emit_change(
         };
         let tuple = |t: *mut pg_sys::ReorderBufferTupleBuf| (!t.is_null()).then(|| conv(t));
         match (*change).action {
-            REORDER_BUFFER_CHANGE_INSERT | REORDER_BUFFER_CHANGE_UPDATE | REORDER_BUFFER_CHANGE_DELETE
-                if filtered => {
+            REORDER_BUFFER_CHANGE_INSERT
+            | REORDER_BUFFER_CHANGE_UPDATE
+            | REORDER_BUFFER_CHANGE_DELETE
+                if filtered =>
+            {
                 let (old, new) = (tuple(tp.oldtuple), tuple(tp.newtuple));
                 emitted = filtered_change(ctx, st, txn, out_rel, (*change).action, old, new);
             }
@@ -1057,9 +1060,8 @@ unsafe fn filtered_change(
             return false;
         };
         let covered = f.covered;
-        let pass = |t: &Option<(Vec<pg_sys::Datum>, Vec<bool>)>| {
-            t.as_ref().map(|(v, n)| f.matches(v, n))
-        };
+        let pass =
+            |t: &Option<(Vec<pg_sys::Datum>, Vec<bool>)>| t.as_ref().map(|(v, n)| f.matches(v, n));
         let new_in = pass(&new);
         let old_in = if covered { pass(&old).or(new_in) } else { None };
         // What to send: Insert(new) / Update(old?, new) / Delete(old or new's key).

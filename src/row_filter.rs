@@ -123,7 +123,10 @@ unsafe extern "C-unwind" fn function_bad(funcid: pg_sys::Oid, cx: *mut c_void) -
     if funcid.to_u32() >= pg_sys::FirstNormalObjectId {
         w.problem = Some((
             PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
-            format!("it calls the user-defined function or operator {}", func_name(funcid)),
+            format!(
+                "it calls the user-defined function or operator {}",
+                func_name(funcid)
+            ),
         ));
         return true;
     }
@@ -190,7 +193,9 @@ unsafe extern "C-unwind" fn walker(node: *mut pg_sys::Node, cx: *mut c_void) -> 
         if !matches!(tag, T_List | T_CaseWhen) {
             let ty = pg_sys::exprType(node);
             if ty.to_u32() >= pg_sys::FirstNormalObjectId {
-                let name = CStr::from_ptr(pg_sys::format_type_be(ty)).to_string_lossy().into_owned();
+                let name = CStr::from_ptr(pg_sys::format_type_be(ty))
+                    .to_string_lossy()
+                    .into_owned();
                 return bad(
                     PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
                     format!("it uses the user-defined type {name}"),
@@ -211,7 +216,10 @@ unsafe extern "C-unwind" fn walker(node: *mut pg_sys::Node, cx: *mut c_void) -> 
 }
 
 /// `expr` (analysed) against the rules; functions executable by `owner` when given.
-unsafe fn check(expr: *mut pg_sys::Node, owner: Option<pg_sys::Oid>) -> Result<(), (PgSqlErrorCode, String)> {
+unsafe fn check(
+    expr: *mut pg_sys::Node,
+    owner: Option<pg_sys::Oid>,
+) -> Result<(), (PgSqlErrorCode, String)> {
     let mut w = Walk {
         owner,
         problem: None,
@@ -316,23 +324,30 @@ pub fn check_text(
         pg_sys::LockRelationOid(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let rel = pg_sys::RelationIdGetRelation(relid);
         if rel.is_null() {
-            return Err(TideError::undefined(format!("relation {qualified} does not exist")));
+            return Err(TideError::undefined(format!(
+                "relation {qualified} does not exist"
+            )));
         }
         let raw_copy = pg_sys::copyObjectImpl(raw as *const c_void) as *mut pg_sys::Node;
-        let analysed = crate::security::as_owner(owner, || {
-            caught(qualified, || Ok(analyze(rel, raw)))
-        })
-        .and_then(|a| {
-            crate::security::with_pinned_search_path(|| {
-                caught(qualified, || Ok(analyze(rel, raw_copy)))
-            })
-            .map(|b| (a, b))
-        })
-        .and_then(|(a, b)| {
-            let checked = caught(qualified, || Ok(check(a, Some(owner))))?;
-            let cols = columns(a);
-            Ok((a, b, checked, identity_covers(rel, &cols), column_names(rel, &cols)))
-        });
+        let analysed =
+            crate::security::as_owner(owner, || caught(qualified, || Ok(analyze(rel, raw))))
+                .and_then(|a| {
+                    crate::security::with_pinned_search_path(|| {
+                        caught(qualified, || Ok(analyze(rel, raw_copy)))
+                    })
+                    .map(|b| (a, b))
+                })
+                .and_then(|(a, b)| {
+                    let checked = caught(qualified, || Ok(check(a, Some(owner))))?;
+                    let cols = columns(a);
+                    Ok((
+                        a,
+                        b,
+                        checked,
+                        identity_covers(rel, &cols),
+                        column_names(rel, &cols),
+                    ))
+                });
         pg_sys::RelationClose(rel);
         let (as_owner, as_tide, checked, covered, names) = analysed?;
         checked.map_err(|(code, why)| {
@@ -378,8 +393,10 @@ fn caught<R>(qualified: &str, f: impl FnOnce() -> TideResult<R>) -> TideResult<R
                     (ereport.sql_error_code(), ereport.message().to_string())
                 }
             };
-            Err(TideError::new(code, format!("invalid row filter for {qualified}: {msg}"))
-                .hint(hint_rules(qualified)))
+            Err(
+                TideError::new(code, format!("invalid row filter for {qualified}: {msg}"))
+                    .hint(hint_rules(qualified)),
+            )
         })
         .execute()
 }

@@ -165,9 +165,7 @@ fn filtered_table_in_every_target() {
             ),
         );
     }
-    let in_filter: i64 = c.query_scalar(&format!(
-        "SELECT count(*) FROM app.orders WHERE {FILTER}"
-    ));
+    let in_filter: i64 = c.query_scalar(&format!("SELECT count(*) FROM app.orders WHERE {FILTER}"));
     for (round, after) in [(1, 100), (2, 300)] {
         for p in ["po", "pt", "pr"] {
             c.wait_until(
@@ -176,7 +174,11 @@ fn filtered_table_in_every_target() {
                 Duration::from_millis(20),
                 || Ok(rows_read(&c, p) >= after),
             );
-            ok(&mut alice, &c, &format!("SELECT tide.pause_backfill('app.orders', '{p}')"));
+            ok(
+                &mut alice,
+                &c,
+                &format!("SELECT tide.pause_backfill('app.orders', '{p}')"),
+            );
         }
         for p in ["po", "pt", "pr"] {
             let read = rows_read(&c, p);
@@ -188,7 +190,11 @@ fn filtered_table_in_every_target() {
         }
         churn(&mut alice, &c, round);
         for p in ["po", "pt", "pr"] {
-            ok(&mut alice, &c, &format!("SELECT tide.resume_backfill('app.orders', '{p}')"));
+            ok(
+                &mut alice,
+                &c,
+                &format!("SELECT tide.resume_backfill('app.orders', '{p}')"),
+            );
         }
     }
     for p in ["po", "pt", "pr"] {
@@ -216,7 +222,14 @@ fn filtered_table_in_every_target() {
     assert_same_rows("remote", &c, &expected, &t, "public.orders", cols);
     outbox_copy(&c, "app.orders", "app.orders", "app.orders_replayed");
     c.query_scalar::<i64>("SELECT app.orders_replayed_replay('po')");
-    assert_same_rows("outbox replayed", &c, &expected, &c, "app.orders_replayed", cols);
+    assert_same_rows(
+        "outbox replayed",
+        &c,
+        &expected,
+        &c,
+        "app.orders_replayed",
+        cols,
+    );
     // No event carries a row outside the filter (a delete carries the old row, which was in).
     assert_no_rows(
         &c,
@@ -229,7 +242,10 @@ fn filtered_table_in_every_target() {
     let ops: String = c.query_scalar(
         "SELECT string_agg(DISTINCT op, ',' ORDER BY op) FROM tide.outbox WHERE pipeline = 'po' AND backfill_id IS NULL",
     );
-    assert_eq!(ops, "delete,insert,update", "stream events of the filtered table");
+    assert_eq!(
+        ops, "delete,insert,update",
+        "stream events of the filtered table"
+    );
 
     // tide.verify compares with what the target should hold under the filter: clean...
     let differences = |alice: &mut Client, p: &str| -> (i64, i64, i64) {
@@ -245,7 +261,11 @@ fn filtered_table_in_every_target() {
         (r.get(0), r.get(1), r.get(2))
     };
     for p in ["pt", "pr"] {
-        assert_eq!(differences(&mut alice, p), (0, 0, 0), "pipeline {p} verifies clean");
+        assert_eq!(
+            differences(&mut alice, p),
+            (0, 0, 0),
+            "pipeline {p} verifies clean"
+        );
     }
     // ...and a row the filter leaves out, planted at the target, is extra; a row it passes,
     // taken away, is missing; tide.repair deletes the one and re-seeds the other.
@@ -253,11 +273,26 @@ fn filtered_table_in_every_target() {
         "INSERT INTO copy.orders SELECT * FROM app.orders WHERE NOT ({FILTER}) ORDER BY id LIMIT 1;
          DELETE FROM copy.orders WHERE id = (SELECT min(id) FROM app.orders WHERE {FILTER});"
     ));
-    assert_eq!(differences(&mut alice, "pt"), (1, 1, 0), "planted: one missing, one extra");
-    ok(&mut alice, &c, "SELECT * FROM tide.repair('app.orders', 'pt')");
+    assert_eq!(
+        differences(&mut alice, "pt"),
+        (1, 1, 0),
+        "planted: one missing, one extra"
+    );
+    ok(
+        &mut alice,
+        &c,
+        "SELECT * FROM tide.repair('app.orders', 'pt')",
+    );
     wait_for_backfill(&c, "app.orders", Some("pt"), 60, || diag_shape(&c));
     wait_for_pipeline(&c, "pt", 60, || diag_shape(&c));
-    assert_same_rows("local table, repaired", &c, &expected, &c, "copy.orders", cols);
+    assert_same_rows(
+        "local table, repaired",
+        &c,
+        &expected,
+        &c,
+        "copy.orders",
+        cols,
+    );
     assert_eq!(differences(&mut alice, "pt"), (0, 0, 0), "repaired");
 }
 
@@ -283,13 +318,43 @@ fn row_filter_refusals_and_key_filters() {
             "42P10",
             "REPLICA IDENTITY FULL",
         ),
-        ("two expressions", "id > 1; SELECT 1", "42601", "boolean expression"),
+        (
+            "two expressions",
+            "id > 1; SELECT 1",
+            "42601",
+            "boolean expression",
+        ),
         ("an alias", "id > 1 AS x", "42601", "boolean expression"),
-        ("a volatile function", "id > random() * 10", "0A000", "immutable built-in"),
-        ("now()", "v > extract(epoch FROM now())", "0A000", "immutable built-in"),
-        ("a subquery", "id IN (SELECT 1)", "0A000", "immutable built-in"),
-        ("a system column", "xmin::text::int > 1", "42P10", "immutable built-in"),
-        ("an unknown column", "nope = 1", "42703", "boolean expression"),
+        (
+            "a volatile function",
+            "id > random() * 10",
+            "0A000",
+            "immutable built-in",
+        ),
+        (
+            "now()",
+            "v > extract(epoch FROM now())",
+            "0A000",
+            "immutable built-in",
+        ),
+        (
+            "a subquery",
+            "id IN (SELECT 1)",
+            "0A000",
+            "immutable built-in",
+        ),
+        (
+            "a system column",
+            "xmin::text::int > 1",
+            "42P10",
+            "immutable built-in",
+        ),
+        (
+            "an unknown column",
+            "nope = 1",
+            "42703",
+            "boolean expression",
+        ),
         ("not boolean", "id + 1", "42804", "boolean expression"),
         ("empty", "  ", "22023", "omit row_filter"),
     ] {
@@ -430,10 +495,25 @@ fn column_list_in_every_target() {
     }
     for (what, list, code, hint) in [
         ("the key left out", "ARRAY['name']", "22023", "the key (id)"),
-        ("an unknown column", "ARRAY['id', 'nope']", "42703", "pg_attribute"),
-        ("a repeated column", "ARRAY['id', 'name', 'name']", "22023", "once"),
+        (
+            "an unknown column",
+            "ARRAY['id', 'nope']",
+            "42703",
+            "pg_attribute",
+        ),
+        (
+            "a repeated column",
+            "ARRAY['id', 'name', 'name']",
+            "22023",
+            "once",
+        ),
         ("a NULL", "ARRAY['id', NULL]", "22023", "the key (id)"),
-        ("a generated column", "ARRAY['id', 'twice']", "22023", "Leave it out"),
+        (
+            "a generated column",
+            "ARRAY['id', 'twice']",
+            "22023",
+            "Leave it out",
+        ),
         ("an empty list", "'{}'::text[]", "22023", "the key (id)"),
     ] {
         expect_fail_with(
@@ -476,7 +556,11 @@ fn column_list_in_every_target() {
             Duration::from_millis(20),
             || Ok(rows_read(&c, p) >= 100),
         );
-        ok(&mut alice, &c, &format!("SELECT tide.pause_backfill('app.people', '{p}')"));
+        ok(
+            &mut alice,
+            &c,
+            &format!("SELECT tide.pause_backfill('app.people', '{p}')"),
+        );
     }
     ok(
         &mut alice,
@@ -498,7 +582,11 @@ fn column_list_in_every_target() {
             ),
         );
     }
-    ok(&mut alice, &c, "UPDATE app.people SET name = name || '!', card = 'CARD-SECRET-2' WHERE id % 13 = 0");
+    ok(
+        &mut alice,
+        &c,
+        "UPDATE app.people SET name = name || '!', card = 'CARD-SECRET-2' WHERE id % 13 = 0",
+    );
     for p in ["po", "pt", "pr"] {
         wait_for_backfill(&c, "app.people", Some(p), 120, || diag_shape(&c));
         wait_for_pipeline(&c, p, 60, || diag_shape(&c));
@@ -509,16 +597,33 @@ fn column_list_in_every_target() {
               WHERE attrelid = '{table}'::regclass AND attnum > 0 AND NOT attisdropped"
         ))
     };
-    assert_eq!(columns_of(&c, "copy.people"), "id,name,email", "local target's columns");
-    assert_eq!(columns_of(&t, "public.people"), "id,name,email", "remote target's columns");
+    assert_eq!(
+        columns_of(&c, "copy.people"),
+        "id,name,email",
+        "local target's columns"
+    );
+    assert_eq!(
+        columns_of(&t, "public.people"),
+        "id,name,email",
+        "remote target's columns"
+    );
     let cols = "id, name, email";
     assert_same_rows("local table", &c, "app.people", &c, "copy.people", cols);
     assert_same_rows("remote", &c, "app.people", &t, "public.people", cols);
-    c.execute("CREATE TABLE app.people_listed AS SELECT id, name, email FROM app.people WHERE false;
-               ALTER TABLE app.people_listed ADD PRIMARY KEY (id);");
+    c.execute(
+        "CREATE TABLE app.people_listed AS SELECT id, name, email FROM app.people WHERE false;
+               ALTER TABLE app.people_listed ADD PRIMARY KEY (id);",
+    );
     outbox_copy(&c, "app.people_listed", "app.people", "app.people_replayed");
     c.query_scalar::<i64>("SELECT app.people_replayed_replay('po')");
-    assert_same_rows("outbox replayed", &c, "app.people", &c, "app.people_replayed", cols);
+    assert_same_rows(
+        "outbox replayed",
+        &c,
+        "app.people",
+        &c,
+        "app.people_replayed",
+        cols,
+    );
     assert_no_rows(
         &c,
         "outbox events with columns outside the list",
@@ -541,7 +646,11 @@ fn column_list_in_every_target() {
                 &[],
             )
             .unwrap_or_else(|e| panic!("verify {p}: {}", describe_error(&e)));
-        assert_eq!(r.get::<_, i64>(0), 0, "pipeline {p} verifies clean on the listed columns");
+        assert_eq!(
+            r.get::<_, i64>(0),
+            0,
+            "pipeline {p} verifies clean on the listed columns"
+        );
     }
 }
 
@@ -581,12 +690,7 @@ fn plugin_rechecks_rights_at_a_revoke() {
         )
         .map(|r| r.get::<_, i64>(0))
     };
-    let e = expect_fail_with(
-        "a session over the REVOKE",
-        peek(&mut cl),
-        "42501",
-        None,
-    );
+    let e = expect_fail_with("a session over the REVOKE", peek(&mut cl), "42501", None);
     assert!(
         e.message().contains("md5"),
         "the error names the function: {}",

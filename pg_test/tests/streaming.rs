@@ -484,7 +484,8 @@ fn filtered_table_in_a_streamed_transaction() {
     );
     let mut tx = c.client();
     let mut t = tx.transaction().expect("begin");
-    t.batch_execute(&insert_sql(1, 20_000, "a")).expect("insert");
+    t.batch_execute(&insert_sql(1, 20_000, "a"))
+        .expect("insert");
     // Key changes move rows in and out of the filter: 3 -> 30001 (out), 1 -> 30003 (in).
     t.batch_execute(
         "UPDATE big SET id = id + 30000 WHERE id <= 3000;
@@ -497,7 +498,10 @@ fn filtered_table_in_a_streamed_transaction() {
     wait_spooled(&c, 1, 0);
     t.commit().expect("commit");
     wait_pipeline(&c, "tt", 120);
-    assert!(stream_txns(&c, "tide_tt") > 0, "the transaction was not streamed");
+    assert!(
+        stream_txns(&c, "tide_tt") > 0,
+        "the transaction was not streamed"
+    );
     assert_same_rows(
         "tgt.big = big under the filter and the column list",
         &c,

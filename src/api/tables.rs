@@ -157,12 +157,17 @@ fn column_list(
         )
     };
     if names.is_empty() {
-        return Err(TideError::invalid(format!("the column list for {q} is empty")).hint(hint_key()));
+        return Err(
+            TideError::invalid(format!("the column list for {q} is empty")).hint(hint_key()),
+        );
     }
     let mut out: Vec<(i16, String)> = Vec::new();
     for n in names {
         let Some(n) = n else {
-            return Err(TideError::invalid(format!("the column list for {q} holds a NULL")).hint(hint_key()));
+            return Err(
+                TideError::invalid(format!("the column list for {q} holds a NULL"))
+                    .hint(hint_key()),
+            );
         };
         let row = sql::text_rows(
             "SELECT a.attnum::text, a.attgenerated::text FROM pg_catalog.pg_attribute a
@@ -204,7 +209,11 @@ fn column_list(
         return Err(TideError::invalid(format!(
             "the column list for {q} leaves out the key column{} {}",
             if missing.len() > 1 { "s" } else { "" },
-            missing.iter().map(|m| format!("\"{m}\"")).collect::<Vec<_>>().join(", ")
+            missing
+                .iter()
+                .map(|m| format!("\"{m}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
         ))
         .hint(hint_key()));
     }

@@ -474,7 +474,10 @@ pub(crate) fn insert(t: &NewTable<'_>) -> TideResult<()> {
 
 /// The row filter and column list of `relid` in `pipeline` (`None`: none, or not captured).
 /// Called by the chunk reader and `tide.verify`; runs as pg_tide.
-pub(crate) fn shaping(pipeline: &str, relid: u32) -> TideResult<(Option<String>, Option<Vec<i16>>)> {
+pub(crate) fn shaping(
+    pipeline: &str,
+    relid: u32,
+) -> TideResult<(Option<String>, Option<Vec<i16>>)> {
     crate::security::as_tide(|| shaping_row(pipeline, relid))
 }
 

@@ -47,7 +47,11 @@ pub(super) struct TableMeta {
 impl TableMeta {
     /// Keep only the columns of a column list (attribute numbers; `tide.add_table`'s columns).
     pub fn restrict(&mut self, only: &[i16]) {
-        let keep: Vec<bool> = self.attnums.iter().map(|a| only.contains(&(*a as i16))).collect();
+        let keep: Vec<bool> = self
+            .attnums
+            .iter()
+            .map(|a| only.contains(&(*a as i16)))
+            .collect();
         let mut i = 0;
         self.columns.retain(|_| {
             i += 1;
@@ -323,9 +327,8 @@ pub(super) fn read_chunk(
         Estimate::default()
     } else {
         // Whole-table backfills only: a condition or a repair reads part of the key range.
-        let whole = job.b.condition.is_none()
-            && job.b.repair_deletes.is_none()
-            && row_filter.is_none();
+        let whole =
+            job.b.condition.is_none() && job.b.repair_deletes.is_none() && row_filter.is_none();
         let last = rows.last().and_then(|r| r.key_values.first());
         super::estimate::take(
             job.b.relid,

@@ -68,7 +68,9 @@ fn row_filter_attacks() {
         );
     }
     assert_eq!(
-        c.query_scalar::<i64>("SELECT count(*) FROM tide.pipeline_table WHERE relid = 'alice.f'::regclass"),
+        c.query_scalar::<i64>(
+            "SELECT count(*) FROM tide.pipeline_table WHERE relid = 'alice.f'::regclass"
+        ),
         0,
         "a refused filter added the table"
     );
@@ -120,16 +122,22 @@ fn row_filter_attacks() {
         error.contains("permission denied for function md5()"),
         "the failed backfill says why: {error}"
     );
-    let events_before: i64 = c.query_scalar("SELECT count(*) FROM tide.outbox WHERE relation = 'alice.f'");
-    ok_as(&c, "alice", "INSERT INTO alice.f VALUES (1000, 'after the revoke')");
+    let events_before: i64 =
+        c.query_scalar("SELECT count(*) FROM tide.outbox WHERE relation = 'alice.f'");
+    ok_as(
+        &c,
+        "alice",
+        "INSERT INTO alice.f VALUES (1000, 'after the revoke')",
+    );
     c.wait_until(
         "the stream to stop with the reason",
         Duration::from_secs(30),
         Duration::from_millis(50),
         || {
-            Ok(c
-                .try_query_scalar::<Option<String>>("SELECT last_error FROM tide.pipeline WHERE name = 'p'")?
-                .is_some_and(|e| e.contains("permission denied for function md5()")))
+            Ok(c.try_query_scalar::<Option<String>>(
+                "SELECT last_error FROM tide.pipeline WHERE name = 'p'",
+            )?
+            .is_some_and(|e| e.contains("permission denied for function md5()")))
         },
     );
     assert_eq!(

@@ -143,7 +143,10 @@ pub(super) fn setup(
     let listed_text = listed.map(|l| {
         format!(
             "{{{}}}",
-            l.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(",")
+            l.iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
         )
     });
     let cols: Vec<(String, String)> = sql::text_rows(
@@ -155,7 +158,12 @@ pub(super) fn setup(
         false,
     )?
     .into_iter()
-    .map(|r| (r[0].clone().unwrap_or_default(), r[1].clone().unwrap_or_default()))
+    .map(|r| {
+        (
+            r[0].clone().unwrap_or_default(),
+            r[1].clone().unwrap_or_default(),
+        )
+    })
     .collect();
     let remote = if target_kind == TargetKind::Postgres {
         let server = options
@@ -186,7 +194,10 @@ pub(super) fn setup(
         collatable,
         pipeline,
         relid,
-        scan: filtered_scan(crate::catalog::tables::scan(relid, &source)?, row_filter.as_deref()),
+        scan: filtered_scan(
+            crate::catalog::tables::scan(relid, &source)?,
+            row_filter.as_deref(),
+        ),
         source,
         target,
         key,
