@@ -920,8 +920,9 @@ fn remote_transaction_in_parts() {
     let e = sink
         .transaction_part(insert(41, 50), part(2, true, true), T)
         .unwrap_err();
+    // Either the client noticed the closed connection ("lost with its connection") or the
+    // first statement met the server's termination message: transient both ways.
     assert!(e.transient, "{e:?}");
-    assert!(e.message.contains("lost"), "{}", e.message);
     assert_eq!(count(), "30", "nothing of the lost transaction");
 
     // A caller that failed after a part (it never sends the rest): the next transaction

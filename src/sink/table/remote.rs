@@ -377,9 +377,14 @@ impl Backend for Remote {
     fn reset(&mut self) {
         self.stmts.clear();
         self.buffered = 0;
-        // The remote transaction a failed batch left open is rolled back by the sink thread
-        // before the next one begins.
-        self.open = None;
+        // The remote transaction a failed batch left open holds its rows' locks: end it now
+        // (the worker may wait a while before it retries). Should this fail (the remote is
+        // unreachable), the sink thread rolls it back before the next transaction begins.
+        if self.open.take().is_some() {
+            if let Some(sink) = self.sink.as_ref() {
+                let _ = sink.query("ROLLBACK", vec![], Duration::from_secs(5));
+            }
+        }
         self.applied = None;
         self.ready = false;
         self.has_direct = false;
