@@ -294,3 +294,79 @@ fn rolled_back_and_killed_huge_transactions() {
         "no remote transaction is left open"
     );
 }
+
+/// A batch that fails in the worker after part of it was sent into its open remote transaction
+/// (the owner lost SELECT on a second table the same source transaction writes after 250,000
+/// rows of the first) leaves no transaction open there: the worker rolls it back at once when it
+/// resets, so it does not hold the rows' locks while the pipeline waits (here: paused after the
+/// error, when no retry would roll it back).
+#[test]
+fn a_failed_batch_leaves_no_remote_transaction_open() {
+    let c = source("large_tx_fail");
+    let t = target_cluster("large_tx_fail_tgt");
+    create_server(&c, "tgt", &t);
+    c.execute(
+        "CREATE ROLE alice LOGIN; GRANT tide_admin TO alice;
+         GRANT USAGE ON FOREIGN SERVER tgt TO alice;
+         CREATE USER MAPPING FOR alice SERVER tgt OPTIONS (user 'postgres', password_required 'false');
+         CREATE TABLE small (id int PRIMARY KEY);
+         GRANT SELECT ON big, small TO alice;",
+    );
+    let mut alice = connect_as(&c, "alice");
+    alice
+        .batch_execute(
+            r#"SELECT tide.create_pipeline('rm', 'postgres', '{"server": "tgt"}');"#,
+        )
+        .unwrap_or_else(|e| panic!("create_pipeline: {}\n{}", describe_error(&e), diag(&c)));
+    wait_streaming(&c, "rm", Duration::from_secs(30));
+    alice
+        .batch_execute(
+            "SELECT tide.add_table('rm', 'big', backfill => false);
+             SELECT tide.add_table('rm', 'small', backfill => false);",
+        )
+        .unwrap_or_else(|e| panic!("add_table: {}\n{}", describe_error(&e), diag(&c)));
+    c.execute("INSERT INTO small VALUES (0)");
+    c.wait_until(
+        "the first row at the remote",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || Ok(t.try_query_scalar::<i64>("SELECT count(*) FROM public.small")? == 1),
+    );
+    c.execute("REVOKE SELECT ON small FROM alice");
+    c.execute(&format!(
+        "BEGIN; {}; INSERT INTO small VALUES (1); COMMIT;",
+        INSERT.replace("$N", &ROWS.to_string())
+    ));
+    c.wait_until(
+        "the pipeline to fail on the revoked right",
+        Duration::from_secs(300),
+        Duration::from_millis(50),
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT coalesce(last_error_sqlstate = '42501', false) FROM tide.pipelines WHERE name = 'rm'",
+            )?)
+        },
+    );
+    alice
+        .batch_execute("SELECT tide.pause_pipeline('rm')")
+        .unwrap_or_else(|e| panic!("pause: {}", describe_error(&e)));
+    let open = "SELECT count(*) FROM pg_stat_activity
+                 WHERE application_name LIKE 'pg_tide%' AND xact_start IS NOT NULL";
+    if let Err(m) = poll_every(Duration::from_secs(30), Duration::from_millis(100), || {
+        Ok(t.try_query_scalar::<i64>(open)? == 0)
+    }) {
+        panic!(
+            "a remote transaction of the failed batch is still open while the pipeline is paused: {m}\n{}",
+            sample(
+                &t,
+                "SELECT pid, state, xact_start, left(query, 80) AS query FROM pg_stat_activity WHERE application_name LIKE 'pg_tide%'",
+                5
+            )
+        );
+    }
+    assert_eq!(
+        t.query_scalar::<i64>("SELECT count(*) FROM public.big"),
+        0,
+        "nothing of the failed batch is at the target"
+    );
+}
