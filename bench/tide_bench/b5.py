@@ -160,8 +160,7 @@ class Broker:
 def sample_topic(brokers, topic, n=SAMPLE_N):
     """Up to `n` messages (key, value, headers) from the end of `topic`'s partitions: what
     pg_tide wrote, to replay messages of the same size and key shape. (From the end: a tansu
-    fetch costs time in proportion to what lies after its offset, so one from offset 0 of a
-    large partition did not answer within 30 s.)"""
+    fetch costs time in proportion to what lies after its offset.)"""
     c = Consumer({"bootstrap.servers": brokers, "group.id": "b5_sample", "enable.auto.commit": False})
     try:
         md = c.list_topics(topic, timeout=30)
@@ -180,6 +179,34 @@ def sample_topic(brokers, topic, n=SAMPLE_N):
         return out
     finally:
         c.close()
+
+
+class Sample:
+    """Reads messages of a pg_tide topic once, in a thread, early in the run (when `maybe(True)`
+    is first called): a tansu broker that has taken a large topic answers fetches slowly or
+    not at all (1M messages: none within 30 s), so they are read while the topic is small."""
+
+    def __init__(self, out, phase, brokers, topic):
+        self.out, self.phase, self.brokers, self.topic = out, phase, brokers, topic
+        self.th = None
+        self.error = None
+
+    def maybe(self, now):
+        if now and self.th is None:
+            self.th = threading.Thread(target=self.run, daemon=True)
+            self.th.start()
+
+    def run(self):
+        try:
+            self.out[self.phase] = sample_topic(self.brokers, self.topic)
+            log(f"  read {len(self.out[self.phase])} of pg_tide's messages from {self.topic} for the ceiling")
+        except Exception as e:  # the ceiling run reports that it has no sample
+            self.error = errtext(e)
+            log(f"  sampling {self.topic}: {self.error}", "warn")
+
+    def join(self):
+        if self.th:
+            self.th.join(60)
 
 
 def producer_ceiling(brokers, topic, partitions, sample, n):
@@ -334,10 +361,13 @@ def run(self, b):
             try:
                 t0 = time.monotonic()
                 src.x("SELECT tide.add_table(%s, 'public.t')", (name,))
-                r = wait_backfill(src, name, "public.t", t0, P["b1_timeout"])
-                secs = r["end_monotonic"] - t0
+                smp = None
                 if kind == "kafka":
-                    samples["backfill"] = sample_topic(broker.address, f"b5_{stamp}_bf.public.t")
+                    smp = Sample(samples, "backfill", broker.address, f"b5_{stamp}_bf.public.t")
+                r = wait_backfill(src, name, "public.t", t0, P["b1_timeout"], sampler=(lambda _el, rows: smp.maybe(rows >= 3000)) if smp else None)
+                secs = r["end_monotonic"] - t0
+                if smp:
+                    smp.join()
                 return {"rows": r["rows_emitted"], "seconds": round(secs, 2), "rows_per_s": round(r["rows_emitted"] / secs, 1)}
             finally:
                 try:
@@ -390,6 +420,11 @@ def run(self, b):
                     acks, ack_stop = [], threading.Event()
                     sampler = threading.Thread(target=ack_sampler, args=(src, name, ack_stop, acks), daemon=True)
                     sampler.start()
+                    smp = None
+                    if kind == "kafka" and not consume and rate is None:
+                        # the stream's messages, for the ceiling: read early, while the topic is small
+                        smp = Sample(samples, "stream", brokers, f"b5_{stamp}_s{rate or 'max'}n.public.ev")
+                        threading.Timer(3.0, smp.maybe, args=(True,)).start()
                     pg = pgbench_run(src, args, dur + 120)
                     ack_stop.set()
                     sampler.join(70)
@@ -399,8 +434,8 @@ def run(self, b):
                     if not caught_up and not consume:
                         raise BenchError(f"the pipeline did not catch up within 120 s: {pipeline_health(src, name)}")
                     drain = time.monotonic() - t_drain if caught_up else None
-                    if kind == "kafka" and not consume and rate is None:
-                        samples["stream"] = sample_topic(brokers, f"b5_{stamp}_s{rate or 'max'}n.public.ev")
+                    if smp:
+                        smp.join()
                     if not consume:
                         return {
                             "rate": rate, "source_tps": pg.get("tps"), "rows": n, "consumer": False,
