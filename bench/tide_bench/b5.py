@@ -1,6 +1,8 @@
 """B5: the kafka target next to the outbox target, in the same run: backfill rows/s, streaming
-rows/s and commit-to-consumer latency (p50/p99). Debezium's published engine figure (50–67k
-events/s) is cited, not run.
+rows/s and commit-to-consumer latency (p50/p99); then the broker's own produce ceiling
+(librdkafka's producer alone, pg_tide's producer settings, messages shaped like pg_tide's) and
+pg_tide's Kafka rates as a ratio of it. Debezium's published engine figure (50–67k events/s) is
+cited, not run.
 
 `run(suite, b)` is called by Suite.b5. The broker: with TIDE_BENCH_TANSU (the tansu binary;
 run.sh exports it), a tansu broker of this module's own on loopback, started afresh (new sqlite
@@ -8,6 +10,7 @@ storage, new port) for each kafka run: tansu's sqlite storage slows down as its 
 broker that took the 1M-row backfill stopped answering metadata requests in the next run. With
 TIDE_BENCH_KAFKA (host:port) instead, that broker for every run."""
 
+import re
 import socket
 import subprocess
 import tempfile
@@ -16,9 +19,23 @@ import threading
 from .common import *  # noqa: F401,F403
 
 try:
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
 except ImportError:  # the venv predates B5: run.sh installs it
     Consumer = None
+
+# librdkafka settings as pg_tide's producer sets them (src/sink/kafka.rs, properties()): the
+# ceiling's producer uses the same ones.
+TIDE_PRODUCER = {
+    "enable.idempotence": True,
+    "enable.gapless.guarantee": True,
+    "acks": "all",
+    "max.in.flight.requests.per.connection": 5,
+    "partitioner": "murmur2_random",
+    "queue.buffering.max.kbytes": 8 * 1024,
+    "message.timeout.ms": 30000,
+}
+SAMPLE_N = 500  # messages read back from a pg_tide topic to copy their size and key shape
 
 DEBEZIUM = (
     "Debezium's published engine figure: 50–67k events/s (as cited by issue 16; a different "
@@ -140,6 +157,102 @@ class Broker:
             self.dir = None
 
 
+def sample_topic(brokers, topic, n=SAMPLE_N):
+    """Up to `n` messages (key, value, headers) from the end of `topic`'s partitions: what
+    pg_tide wrote, to replay messages of the same size and key shape. (From the end: a tansu
+    fetch costs time in proportion to what lies after its offset.)"""
+    c = Consumer({"bootstrap.servers": brokers, "group.id": "b5_sample", "enable.auto.commit": False})
+    try:
+        md = c.list_topics(topic, timeout=30)
+        parts = md.topics[topic].partitions
+        tps = []
+        for p in parts:
+            lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
+            tps.append(TopicPartition(topic, p, max(lo, hi - n // len(parts) - 1)))
+        c.assign(tps)
+        out, deadline = [], time.monotonic() + 30
+        while len(out) < n and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None or m.error() or m.value() is None:
+                continue
+            out.append((m.key(), m.value(), m.headers() or []))
+        return out
+    finally:
+        c.close()
+
+
+class Sample:
+    """Reads messages of a pg_tide topic once, in a thread, early in the run (when `maybe(True)`
+    is first called): a tansu broker that has taken a large topic answers fetches slowly or
+    not at all (1M messages: none within 30 s), so they are read while the topic is small."""
+
+    def __init__(self, out, phase, brokers, topic):
+        self.out, self.phase, self.brokers, self.topic = out, phase, brokers, topic
+        self.th = None
+        self.error = None
+
+    def maybe(self, now):
+        if now and self.th is None:
+            self.th = threading.Thread(target=self.run, daemon=True)
+            self.th.start()
+
+    def run(self):
+        try:
+            self.out[self.phase] = sample_topic(self.brokers, self.topic)
+            log(f"  read {len(self.out[self.phase])} of pg_tide's messages from {self.topic} for the ceiling")
+        except Exception as e:  # the ceiling run reports that it has no sample
+            self.error = errtext(e)
+            log(f"  sampling {self.topic}: {self.error}", "warn")
+
+    def join(self):
+        if self.th:
+            self.th.join(60)
+
+
+def producer_ceiling(brokers, topic, partitions, sample, n):
+    """librdkafka's producer alone (pg_tide's producer settings) writes `n` messages shaped like
+    `sample` (the values and headers cycled, the key's first number replaced by the message's
+    number, so keys are distinct as rows' keys are) to a fresh topic of `partitions` partitions;
+    timed from the first produce() until flush() returns (every message acknowledged)."""
+    admin = AdminClient({"bootstrap.servers": brokers})
+    fs = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+    for f in fs.values():
+        f.result(60)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        md = admin.list_topics(topic, timeout=10)
+        if topic in md.topics and len(md.topics[topic].partitions) == partitions:
+            break
+        time.sleep(0.2)
+    p = Producer({"bootstrap.servers": brokers, "client.id": "b5-ceiling", **TIDE_PRODUCER})
+    failed = {"n": 0, "err": None}
+
+    def on_delivery(err, _msg):
+        if err is not None:
+            failed["n"] += 1
+            failed["err"] = str(err)
+
+    k = len(sample)
+    t0 = time.monotonic()
+    for i in range(1, n + 1):
+        key, value, headers = sample[i % k]
+        if key is not None:
+            key = re.sub(rb"\d+", str(i).encode(), key, count=1)
+        while True:
+            try:
+                p.produce(topic, value=value, key=key, headers=headers, on_delivery=on_delivery)
+                break
+            except BufferError:  # the queue is full (queue.buffering.max.kbytes): wait as pg_tide does
+                p.poll(0.05)
+        if i % 1000 == 0:
+            p.poll(0)
+    left = p.flush(300)
+    secs = time.monotonic() - t0
+    if left or failed["n"]:
+        raise BenchError(f"{left} messages not acknowledged within 300 s, {failed['n']} failed ({failed['err']})")
+    return secs
+
+
 def kafka_consumer(brokers, topic):
     def fn(col):
         c = Consumer({"bootstrap.servers": brokers, "group.id": "b5", "enable.auto.commit": False})
@@ -234,6 +347,7 @@ def run(self, b):
         src.x("SELECT tide.create_pipeline(%s, %s, %s)", (name, kind, opts[kind](n)))
         return name
 
+    samples = {}  # phase -> messages pg_tide wrote (for the ceiling)
     for kind in ("outbox", "kafka"):
 
         def backfill(kind=kind):
@@ -247,8 +361,13 @@ def run(self, b):
             try:
                 t0 = time.monotonic()
                 src.x("SELECT tide.add_table(%s, 'public.t')", (name,))
-                r = wait_backfill(src, name, "public.t", t0, P["b1_timeout"])
+                smp = None
+                if kind == "kafka":
+                    smp = Sample(samples, "backfill", broker.address, f"b5_{stamp}_bf.public.t")
+                r = wait_backfill(src, name, "public.t", t0, P["b1_timeout"], sampler=(lambda _el, rows: smp.maybe(rows >= 3000)) if smp else None)
                 secs = r["end_monotonic"] - t0
+                if smp:
+                    smp.join()
                 return {"rows": r["rows_emitted"], "seconds": round(secs, 2), "rows_per_s": round(r["rows_emitted"] / secs, 1)}
             finally:
                 try:
@@ -301,6 +420,11 @@ def run(self, b):
                     acks, ack_stop = [], threading.Event()
                     sampler = threading.Thread(target=ack_sampler, args=(src, name, ack_stop, acks), daemon=True)
                     sampler.start()
+                    smp = None
+                    if kind == "kafka" and not consume and rate is None:
+                        # the stream's messages, for the ceiling: read early, while the topic is small
+                        smp = Sample(samples, "stream", brokers, f"b5_{stamp}_s{rate or 'max'}n.public.ev")
+                        threading.Timer(3.0, smp.maybe, args=(True,)).start()
                     pg = pgbench_run(src, args, dur + 120)
                     ack_stop.set()
                     sampler.join(70)
@@ -310,12 +434,12 @@ def run(self, b):
                     if not caught_up and not consume:
                         raise BenchError(f"the pipeline did not catch up within 120 s: {pipeline_health(src, name)}")
                     drain = time.monotonic() - t_drain if caught_up else None
+                    if smp:
+                        smp.join()
                     if not consume:
                         return {
                             "rate": rate, "source_tps": pg.get("tps"), "rows": n, "consumer": False,
                             "applied_rows_per_s": round(n / (dur + drain), 1), "drain_s": round(drain, 2),
-                            "consumer": True,
-                        "drain_s": round(drain, 2) if drain is not None else None,
                         "ack_p50_ms": pct(acks[1:], 0.5), "ack_p99_ms": pct(acks[1:], 0.99), "ack_samples": len(acks),
                         }
                     # tansu's reads slow down as a partition grows: a consumer that falls behind
@@ -351,3 +475,54 @@ def run(self, b):
 
             label = f"streaming {rate or 'full speed'} tx/s → {kind}{'' if consume else ', no consumer'}"
             self.run(b, label, stream, kind=kind, phase="streaming")
+
+    # The broker's own produce ceiling, in the same run: librdkafka's producer alone writing
+    # messages of the size and key shape pg_tide wrote (read back from its topics), as many as
+    # pg_tide wrote, to a fresh topic (3 partitions) on a fresh broker, with pg_tide's producer
+    # settings. pg_tide's rates are then reported as a ratio of it.
+    by = {r["name"]: r for r in b["runs"]}
+    bf = by.get(f"backfill {P['b1_rows']:,} rows → kafka", {})
+    st = by.get("streaming full speed tx/s → kafka, no consumer", {})
+    for phase, ref, n in (
+        ("backfill", bf, bf.get("rows") or P["b1_rows"]),
+        ("stream", st, st.get("rows")),
+    ):
+
+        def ceiling(phase=phase, ref=ref, n=n):
+            sample = samples.get(phase)
+            if not sample:
+                raise BenchError(f"no messages sampled from pg_tide's {phase} run (it failed or was skipped), so no shape to copy")
+            if not n:
+                raise BenchError(f"pg_tide's {phase} run wrote no messages")
+            brokers = broker.start()
+            try:
+                secs = producer_ceiling(brokers, f"b5_{stamp}_ceiling_{phase}", 3, sample, n)
+            finally:
+                broker.stop()
+            rate = n / secs
+            out = {
+                "rows": n,
+                "seconds": round(secs, 2),
+                "rows_per_s": round(rate, 1),
+                "sample_messages": len(sample),
+                "value_bytes_avg": round(statistics.mean(len(v) for _, v, _ in sample), 1),
+                "key_bytes_avg": round(statistics.mean(len(k or b"") for k, _, _ in sample), 1),
+                "key_example": (sample[0][0] or b"").decode(errors="replace"),
+                "headers": [h for h, _ in sample[0][2]],
+            }
+            tide_rate = ref.get("rows_per_s") if phase == "backfill" else ref.get("applied_rows_per_s")
+            if ref.get("ok") and tide_rate:
+                out["tide_rows_per_s"] = tide_rate
+                out["tide_vs_ceiling"] = round(tide_rate / rate, 3)
+                b.setdefault("ceiling", {})[phase] = {"ceiling_msgs_per_s": round(rate, 1), "tide_rows_per_s": tide_rate, "ratio": out["tide_vs_ceiling"]}
+            log(
+                f"  producer ceiling ({phase} messages, {out['value_bytes_avg']:.0f} B values, key like {out['key_example']!r}): "
+                f"{n:,} messages in {secs:.1f} s = {rate:,.0f} msgs/s; pg_tide {fmt_ratio(out.get('tide_vs_ceiling'))} of it"
+            )
+            return out
+
+        self.run(b, f"producer ceiling, {phase} messages", ceiling, kind="kafka (librdkafka alone)", phase=f"ceiling_{phase}")
+
+
+def fmt_ratio(x):
+    return "–" if x is None else f"{x:.2f}×"

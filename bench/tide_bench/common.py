@@ -50,6 +50,9 @@ FULL = dict(
     b6_sizes=[1_000_000, 10_000_000],
     b6_kafka_max_rows=1_000_000,  # tansu takes ~10k messages/s: 10M would take ~17 min
     b6_timeout=1800,  # per run, from the commit
+    b7_tables=200,
+    b7_rows=5000,
+    b7_timeout=900,  # per run
     budget=40 * 60,
 )
 QUICK = dict(
@@ -69,6 +72,9 @@ QUICK = dict(
     b6_sizes=[20_000, 100_000],
     b6_kafka_max_rows=100_000,
     b6_timeout=300,
+    b7_tables=40,
+    b7_rows=2000,
+    b7_timeout=300,
     budget=12 * 60,
 )
 

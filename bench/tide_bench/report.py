@@ -214,10 +214,30 @@ def write_report(res):
                 f"| {md_escape(r.get('name', ''))} | {r.get('kind')} | {fmt(r.get('rows'))} | {fmt(r.get('received'))} | {fmt(r.get('rows_per_s'))} | "
                 f"{fmt(r.get('p50_ms'), '.1f')} | {fmt(r.get('p99_ms'), '.1f')} | {fmt(r.get('ack_p50_ms'), '.1f')} | {fmt(r.get('ack_p99_ms'), '.1f')} | {fmt(r.get('drain_s'), '.2f')} | {fmt(r.get('applied_rows_per_s'))} | {status(r)} |"
             )
+        ceil = [r for r in b["runs"] if str(r.get("phase", "")).startswith("ceiling")]
+        if ceil:
+            out.append(
+                "\n**The broker's own produce ceiling** (same run, a fresh tansu broker each): librdkafka's producer alone "
+                "(confluent-kafka, pg_tide's producer settings: idempotent, acks=all, 5 in flight, murmur2_random, 8 MiB "
+                "queue) writes as many messages as pg_tide wrote, of the size, key shape and headers of pg_tide's own "
+                "(read back from its topic, values cycled, the key's number made distinct), to a fresh topic of 3 partitions; "
+                "timed from the first produce() until flush() returns. pg_tide's rate: the backfill's rows/s, the stream's "
+                "applied rows/s at full speed without a consumer.\n"
+            )
+            out.append("| messages | count | value bytes avg | key example | ceiling msgs/s | pg_tide rows/s | pg_tide / ceiling | status |")
+            out.append("|---|---:|---:|---|---:|---:|---:|---|")
+            for r in ceil:
+                out.append(
+                    f"| {md_escape(r.get('phase', '')[8:])} | {fmt(r.get('rows'))} | {fmt(r.get('value_bytes_avg'))} | `{md_escape(r.get('key_example', ''))}` | "
+                    f"{fmt(r.get('rows_per_s'))} | {fmt(r.get('tide_rows_per_s'))} | {fmt(r.get('tide_vs_ceiling'), '.2f')} | {status(r)} |"
+                )
     # B6
     b = header("B6")
     if b:
         b6_report(b, out)
+    b = header("B7")
+    if b:
+        b7_report(b, out)
     if res.get("plot_error"):
         out.append(f"\nPlots failed: {md_escape(res['plot_error'])}\n")
     (RESULTS / "RESULTS.md").write_text("\n".join(out) + "\n")
@@ -278,6 +298,38 @@ def b6_report(b, out):
                     f"| {md_escape(r.get('label'))} | {fmt(r.get('rows'))} | {fmt(s.get(k + 'off'), '.2f')} | {fmt(s.get(k + 'on'), '.2f')} |"
                 )
     out.append("\n![large transaction](b6_large_tx.png)\n")
+
+
+def b7_report(b, out):
+    la = b.get("loadavg_at_start") or []
+    le = b.get("loadavg_at_end") or []
+    out.append(f"Method: {b.get('method', '')}\n")
+    out.append(
+        f"{fmt(b.get('tables'))} tables × {fmt(b.get('rows_per_table'))} rows = {fmt(b.get('rows'))} rows, heap {mb(b.get('heap_bytes'))} MB. "
+        f"Load average (1/5/15 min) at the start {' / '.join(fmt(x, '.1f') for x in la)}, at the end "
+        f"{' / '.join(fmt(x, '.1f') for x in le)} (2 CPUs shared with other work: compare within the run).\n"
+    )
+    out.append(
+        "| method | every table ready, s | rows/s | tables/s | add call(s) s / native: apply worker started s | × native (2 workers) | × native (4 workers) | × native 2 / 4, without its launch wait | load (1 min) before / after | status |"
+    )
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in b["runs"]:
+        lb = (r.get("loadavg_before") or [None])[0]
+        lae = (r.get("loadavg_after") or [None])[0]
+        out.append(
+            f"| {md_escape(r.get('label'))} | {fmt(r.get('seconds'), '.2f')} | {fmt(r.get('rows_per_s'))} | {fmt(r.get('tables_per_s'), '.1f')} | "
+            f"{fmt(r.get('add_s', r.get('apply_worker_started_s')), '.2f')} | {fmt(r.get('speedup_vs_native2'), '.2f')} | {fmt(r.get('speedup_vs_native4'), '.2f')} | "
+            f"{fmt(r.get('speedup_vs_native2_launched'), '.2f')} / {fmt(r.get('speedup_vs_native4_launched'), '.2f')} | "
+            f"{fmt(lb, '.1f')} / {fmt(lae, '.1f')} | {status(r)} |"
+        )
+    out.append(
+        "\n*× native*: the native run's time over this run's (above 1: pg_tide is faster). *add call(s)*: the "
+        "`tide.add_tables_in_schema` call, or the sum of the `tide.add_table` calls, within the time. *apply worker "
+        "started*: PostgreSQL 15's launcher starts a subscription's apply worker at most once per "
+        "`wal_retrieve_retry_interval` (5 s) of its own loop, so CREATE SUBSCRIPTION waits 0-5 s for it; *without its "
+        "launch wait* takes that out of the native time (pg_tide's time keeps its own worker's start)."
+    )
+    out.append("\n![many tables](b7_many_tables.png)\n")
 
 
 def rate_series(series, window=1.0):
@@ -445,6 +497,24 @@ def write_plots(res):
             fig.tight_layout()
             fig.savefig(RESULTS / "b6_large_tx.png", dpi=110)
             plt.close(fig)
+    b = B.get("B7")
+    if b and b.get("runs"):
+        b7_plot(b, plt)
+
+
+def b7_plot(b, plt):
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in b["runs"]:
+        ser = r.get("series") or (r.get("partial") or {}).get("series")
+        if ser:
+            ax.plot([x[0] for x in ser], [x[1] for x in ser], label=r.get("label"))
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("tables ready")
+    ax.set_title(f"B7 {b.get('tables')} tables × {b.get('rows_per_table'):,} rows: tables ready over time")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "b7_many_tables.png", dpi=110)
+    plt.close(fig)
 
 
 def report(res):

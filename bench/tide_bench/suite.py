@@ -1,8 +1,8 @@
 """The suite: scales, the clusters, one run per benchmark with its budget and soft failures,
-results saved after every benchmark. The benchmarks themselves are b1..b6."""
+results saved after every benchmark. The benchmarks themselves are b1..b7."""
 
 from .common import *  # noqa: F401,F403
-from . import b1, b2, b3, b4, b5, b6
+from . import b1, b2, b3, b4, b5, b6, b7
 
 
 class Suite:
@@ -160,3 +160,6 @@ class Suite:
 
     def b6(self, b):
         return b6.run(self, b)
+
+    def b7(self, b):
+        return b7.run(self, b)
