@@ -314,9 +314,7 @@ fn a_failed_batch_leaves_no_remote_transaction_open() {
     );
     let mut alice = connect_as(&c, "alice");
     alice
-        .batch_execute(
-            r#"SELECT tide.create_pipeline('rm', 'postgres', '{"server": "tgt"}');"#,
-        )
+        .batch_execute(r#"SELECT tide.create_pipeline('rm', 'postgres', '{"server": "tgt"}');"#)
         .unwrap_or_else(|e| panic!("create_pipeline: {}\n{}", describe_error(&e), diag(&c)));
     wait_streaming(&c, "rm", Duration::from_secs(30));
     alice

@@ -19,7 +19,7 @@
 //!   same bytes for the same table shape.
 
 use crate::json::push_string;
-use crate::kafka::{op_code, txn_id, unix_ms};
+use crate::kafka::{op_code, push_source_head, txn_id, SourceHead};
 use crate::lsn::Lsn;
 use crate::model::Op;
 
@@ -882,28 +882,19 @@ pub fn message(
     out.push_str(p.before.unwrap_or("null"));
     out.push_str(",\"after\":");
     out.push_str(p.after.unwrap_or("null"));
-    out.push_str(",\"source\":{\"version\":");
-    push_string(out, &src.version);
-    out.push_str(",\"connector\":\"pg_tide\",\"name\":");
-    push_string(out, &src.name);
-    out.push_str(&format!(
-        ",\"ts_ms\":{},\"snapshot\":\"{}\",\"db\":",
-        unix_ms(p.commit_time),
-        if p.op == Op::Read {
-            "incremental"
-        } else {
-            "false"
-        }
-    ));
-    push_string(out, &src.db);
-    out.push_str(",\"schema\":");
-    push_string(out, p.schema);
-    out.push_str(",\"table\":");
-    push_string(out, p.table);
-    out.push_str(&format!(
-        ",\"txId\":{},\"lsn\":{},\"commit_lsn\":\"{}\",\"position\":{}",
-        p.xid, p.commit_lsn.0, p.commit_lsn, p.position
-    ));
+    push_source_head(
+        out,
+        src,
+        &SourceHead {
+            commit_time: p.commit_time,
+            op: p.op,
+            schema: p.schema,
+            table: p.table,
+            xid: p.xid,
+            commit_lsn: p.commit_lsn,
+            position: p.position,
+        },
+    );
     match p.backfill {
         Some((b, c)) => out.push_str(&format!(",\"backfill_id\":{b},\"chunk\":{c}")),
         None => out.push_str(",\"backfill_id\":null,\"chunk\":null"),

@@ -41,6 +41,44 @@ pub const HEADER_OP: &str = "tide.op";
 /// Microseconds between the Unix epoch and PostgreSQL's (2000-01-01).
 const PG_EPOCH_US: i64 = 946_684_800_000_000;
 
+/// The fields of an envelope's `source` block that `json` and `debezium-schema` values share.
+pub struct SourceHead<'a> {
+    pub commit_time: i64,
+    pub op: Op,
+    pub schema: &'a str,
+    pub table: &'a str,
+    pub xid: u32,
+    pub commit_lsn: Lsn,
+    pub position: i32,
+}
+
+/// `,"source":{"version": ... "position":N` (the block is left open for what follows): one
+/// writer for both value formats, so they never disagree on the source block.
+pub fn push_source_head(out: &mut String, src: &SourceInfo, h: &SourceHead<'_>) {
+    out.push_str(",\"source\":{\"version\":");
+    push_string(out, &src.version);
+    out.push_str(",\"connector\":\"pg_tide\",\"name\":");
+    push_string(out, &src.name);
+    out.push_str(&format!(
+        ",\"ts_ms\":{},\"snapshot\":\"{}\",\"db\":",
+        unix_ms(h.commit_time),
+        if h.op == Op::Read {
+            "incremental"
+        } else {
+            "false"
+        }
+    ));
+    push_string(out, &src.db);
+    out.push_str(",\"schema\":");
+    push_string(out, h.schema);
+    out.push_str(",\"table\":");
+    push_string(out, h.table);
+    out.push_str(&format!(
+        ",\"txId\":{},\"lsn\":{},\"commit_lsn\":\"{}\",\"position\":{}",
+        h.xid, h.commit_lsn.0, h.commit_lsn, h.position
+    ));
+}
+
 /// A PostgreSQL timestamp (microseconds since 2000-01-01) as Unix milliseconds.
 pub fn unix_ms(pg_us: i64) -> i64 {
     (pg_us + PG_EPOCH_US).div_euclid(1000)
@@ -208,28 +246,19 @@ pub fn envelope(src: &SourceInfo, e: &EnvelopeEvent<'_>, out: &mut String) {
         (Op::Insert | Op::Update | Op::Read | Op::Truncate, Some(r)) => out.push_str(r),
         _ => out.push_str("null"),
     }
-    out.push_str(",\"source\":{\"version\":");
-    push_string(out, &src.version);
-    out.push_str(",\"connector\":\"pg_tide\",\"name\":");
-    push_string(out, &src.name);
-    out.push_str(&format!(
-        ",\"ts_ms\":{},\"snapshot\":\"{}\",\"db\":",
-        unix_ms(e.commit_time),
-        if e.op == Op::Read {
-            "incremental"
-        } else {
-            "false"
-        }
-    ));
-    push_string(out, &src.db);
-    out.push_str(",\"schema\":");
-    push_string(out, e.schema);
-    out.push_str(",\"table\":");
-    push_string(out, e.table);
-    out.push_str(&format!(
-        ",\"txId\":{},\"lsn\":{},\"commit_lsn\":\"{}\",\"position\":{}",
-        e.xid, e.commit_lsn.0, e.commit_lsn, e.position
-    ));
+    push_source_head(
+        out,
+        src,
+        &SourceHead {
+            commit_time: e.commit_time,
+            op: e.op,
+            schema: e.schema,
+            table: e.table,
+            xid: e.xid,
+            commit_lsn: e.commit_lsn,
+            position: e.position,
+        },
+    );
     if let Some((b, c)) = e.backfill {
         out.push_str(&format!(",\"backfill_id\":{b},\"chunk\":{c}"));
     }
