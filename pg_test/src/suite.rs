@@ -231,6 +231,34 @@ pub fn kill9(pid: i32) {
     assert!(st.success(), "kill -9 {pid} failed: {st}");
 }
 
+/// `kill -9` of a server process (a pipeline's worker) and wait, at most `timeout`, until the
+/// crash restart it causes is over. A sentinel connection opened before the kill is what shows
+/// the restart happened: the postmaster ends every backend when it reaps the killed process, so
+/// a `SELECT 1` that succeeds on a *new* connection before the sentinel dies proves nothing (it
+/// reached the old server; CI once connected in that window and then met "in recovery mode").
+/// Returns once the sentinel is gone and a new connection answers.
+#[track_caller]
+pub fn kill9_and_wait_restart(c: &Cluster, pid: i32, timeout: Duration) {
+    let mut sentinel = c.client();
+    kill9(pid);
+    if let Err(msg) = poll_every(timeout, Duration::from_millis(50), || {
+        Ok(sentinel.simple_query("SELECT 1").is_err())
+    }) {
+        panic!(
+            "the server did not begin a crash restart after kill -9 {pid}: {msg}\n{}",
+            c.log_tail(30)
+        );
+    }
+    if let Err(msg) = poll_every(timeout, Duration::from_millis(100), || {
+        Ok(c.try_query_scalar::<i32>("SELECT 1")? == 1)
+    }) {
+        panic!(
+            "the server did not come back after kill -9 {pid}: {msg}\n{}",
+            c.log_tail(30)
+        );
+    }
+}
+
 /// Wait (at most `timeout`) until the server accepts connections again and the pipeline has a
 /// streaming worker whose pid differs from `old_pid`; panics with `diag()` otherwise. Returns
 /// how long it took.

@@ -181,13 +181,7 @@ fn two_databases_stream_through_kill9_and_drop_database() {
     let victim = worker_pid(&c, "app_a", "orders_a");
     drop(a);
     drop(b);
-    kill9(victim);
-    c.wait_until(
-        "the server back after the crash restart",
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || Ok(c.try_query_scalar::<i32>("SELECT 1")? == 1),
-    );
+    kill9_and_wait_restart(&c, victim, Duration::from_secs(60));
     let mut a = c.connect_db("app_a");
     let mut b = c.connect_db("app_b");
     writes(&mut a, 2);
