@@ -235,11 +235,6 @@ impl Applier<'_, '_> {
         Ok(())
     }
 
-    /// The transaction being applied, unless it is a replay (or there is none).
-    fn live(&mut self) -> Option<&mut Txn> {
-        self.txn.as_mut().filter(|t| !t.skip)
-    }
-
     /// Whether the catalog effects of `t` (a table added or removed, a re-read after a rewrite)
     /// are recorded by this batch. Not only when `t` reaches the target: a remote target commits
     /// a batch before the worker's transaction records those effects, so when that transaction
