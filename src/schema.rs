@@ -799,6 +799,10 @@ ALTER TABLE tide.outbox ENABLE ROW LEVEL SECURITY;
 CREATE POLICY outbox_owned_pipelines ON tide.outbox FOR SELECT
     USING (pipeline IN (SELECT tide._owned_pipelines()));
 
+COMMENT ON TABLE tide.verification IS 'Runs of tide.verify and tide.repair per pipeline and table (counts, the repair''s backfill); read tide.verifications.';
+COMMENT ON TABLE tide.verification_range IS 'The key ranges a tide.verify run found differing, with their counts and kinds.';
+COMMENT ON TABLE tide.chunk IS 'The last 1000 chunks of each backfill (key range, watermarks, rows read, dropped and emitted); read tide.chunks.';
+
 -- COMMENT ON FUNCTION for the SQL API (README, SQL API, says more), by name: every overload of a
 -- name gets its comment, so a signature that grows an argument keeps it.
 DO $comments$
