@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The e2e stage's runner: the pg_test suites (pg_test/tests/NAME.rs and NAME/main.rs) in
-# TIDE_E2E_LANES lanes (default 2) side by side, each lane one suite after another with
-# `cargo test -p pg_test --test NAME -- --test-threads=1`; then the suites that must run alone.
+# The e2e stage's runner: pg_test's unit and doc tests, then its suites (pg_test/tests/NAME.rs
+# and NAME/main.rs) in TIDE_E2E_LANES lanes (default 2) side by side, each lane one suite after
+# another with `cargo test -p pg_test --test NAME -- --test-threads=1`; then the suites that
+# must run alone.
 #
 # Why lanes: most of a suite's time is spent waiting (for a worker, a backfill, a restart), so
 # two suites side by side take little more than the longer of the two, and the whole stage about
@@ -40,6 +41,12 @@ done
 
 echo "+ cargo test -p pg_test --no-run"
 cargo test -p pg_test --no-run || exit 1
+# The harness's own unit tests and doc tests (no server), before the suites.
+status=0
+echo "+ cargo test -p pg_test --lib"
+cargo test -p pg_test --lib || status=1
+echo "+ cargo test -p pg_test --doc"
+cargo test -p pg_test --doc || status=1
 
 is_alone() { local a; for a in "${ALONE[@]}"; do [[ "$1" == "$a" ]] && return 0; done; return 1; }
 
@@ -77,7 +84,6 @@ for ((i = 0; i < LANES; i++)); do
     ) &
     pids+=($!)
 done
-status=0
 for p in "${pids[@]}"; do wait "$p" || status=1; done
 for ((i = 0; i < LANES; i++)); do
     echo
