@@ -39,7 +39,15 @@ const LANES: usize = TABLES * RANGES;
 fn lane_range(lane: usize) -> (usize, i64, i64) {
     let width = KEYS / RANGES as i64;
     let r = (lane % RANGES) as i64;
-    (lane / RANGES, r * width, if r as usize == RANGES - 1 { KEYS } else { (r + 1) * width })
+    (
+        lane / RANGES,
+        r * width,
+        if r as usize == RANGES - 1 {
+            KEYS
+        } else {
+            (r + 1) * width
+        },
+    )
 }
 
 /// One committed source transaction touching one row.
@@ -64,7 +72,10 @@ enum Op {
     /// The LW of lane `% LANES`'s next chunk (if it has none in flight).
     Open(usize),
     /// Lane `lane % LANES`'s opened chunk is read, `after_read` commits, then its HW.
-    Read { lane: usize, after_read: Vec<Write> },
+    Read {
+        lane: usize,
+        after_read: Vec<Write>,
+    },
     /// Deliver up to this many log entries to the consumer.
     Deliver(usize),
     /// Lose all worker memory; resume from durable state.

@@ -150,7 +150,11 @@ fn parallel_backfills_converge_under_writes_with_kill9() {
         },
     );
     let (_, ok, summary) = run.finish_summary();
-    assert!(ok, "pgbench failed without a crash: {summary}\n{}", diag(&c));
+    assert!(
+        ok,
+        "pgbench failed without a crash: {summary}\n{}",
+        diag(&c)
+    );
     let mut rounds = 0;
     while !all_done(&c, &ids).unwrap_or(false) {
         rounds += 1;
@@ -160,7 +164,11 @@ fn parallel_backfills_converge_under_writes_with_kill9() {
             diag(&c)
         );
         let (_, ok, summary) = spawn_pgbench(&c, &script, 4, 3, Some(WRITE_TPS)).finish_summary();
-        assert!(ok, "pgbench failed without a crash: {summary}\n{}", diag(&c));
+        assert!(
+            ok,
+            "pgbench failed without a crash: {summary}\n{}",
+            diag(&c)
+        );
     }
     let _ = std::fs::remove_file(&script);
     wait_pipeline(&c, P, 180);
@@ -173,7 +181,10 @@ fn parallel_backfills_converge_under_writes_with_kill9() {
         let resurrected: i64 = c.query_scalar(&format!(
             "SELECT count(*) FROM (SELECT {cols} FROM copy_{t} EXCEPT SELECT {cols} FROM {t}) x"
         ));
-        assert_eq!(resurrected, 0, "{t}: keys deleted at the source exist in the copy");
+        assert_eq!(
+            resurrected, 0,
+            "{t}: keys deleted at the source exist in the copy"
+        );
         let deletes: i64 = c.query_scalar(&format!(
             "SELECT count(*) FROM tide.outbox WHERE relation = 'public.{t}' AND op = 'delete'"
         ));
@@ -209,7 +220,11 @@ fn parallel_backfills_converge_under_writes_with_kill9() {
     eprintln!(
         "parallel: {dropped} rows dropped; {overlapping} pairs of chunks of different backfills in memory at once; at most {most} at a time"
     );
-    assert!(overlapping > 10, "the backfills' chunks did not interleave\n{}", diag(&c));
+    assert!(
+        overlapping > 10,
+        "the backfills' chunks did not interleave\n{}",
+        diag(&c)
+    );
     assert!(
         (2..=3).contains(&most),
         "{most} chunks in memory at once with tide.max_parallel_backfills = 3"
@@ -236,7 +251,13 @@ fn many_small_tables_with_pause_throttle_cancel() {
     for i in 1..=12 {
         let t = format!("s{i:02}");
         add_table(&c, P, &t, false);
-        outbox_copy_keyed(&c, &t, &format!("public.{t}"), &format!("copy_{t}"), &["id"]);
+        outbox_copy_keyed(
+            &c,
+            &t,
+            &format!("public.{t}"),
+            &format!("copy_{t}"),
+            &["id"],
+        );
     }
     // s01 paused and s02, s03 throttled (20 rows/s: one chunk of 500, then 25 s to the next) in
     // the transaction that starts them all.
@@ -254,7 +275,8 @@ fn many_small_tables_with_pause_throttle_cancel() {
                 .get::<_, i64>(0),
             );
         }
-        tx.execute("SELECT tide.pause_backfill('s01')", &[]).expect("pause");
+        tx.execute("SELECT tide.pause_backfill('s01')", &[])
+            .expect("pause");
         for t in ["s02", "s03"] {
             tx.execute(
                 &format!("SELECT tide.alter_backfill('{t}', rows_per_second => 20)"),
@@ -278,7 +300,11 @@ fn many_small_tables_with_pause_throttle_cancel() {
         || all_done(&c, &ids[3..]),
     );
     assert_eq!(bf_state(&c, ids[0]), "paused");
-    assert_eq!(bf_i64(&c, ids[0], "chunks_done"), 0, "the paused backfill read");
+    assert_eq!(
+        bf_i64(&c, ids[0], "chunks_done"),
+        0,
+        "the paused backfill read"
+    );
     for id in &ids[1..3] {
         assert_eq!(bf_state(&c, *id), "running", "throttled backfill {id}");
         assert!(
@@ -295,7 +321,10 @@ fn many_small_tables_with_pause_throttle_cancel() {
         ));
         (r.get(0), r.get(1))
     };
-    assert!(fraction > 0.0 && fraction < 1.0 && left, "s02: fraction {fraction}, time left known: {left}");
+    assert!(
+        fraction > 0.0 && fraction < 1.0 && left,
+        "s02: fraction {fraction}, time left known: {left}"
+    );
     wait_pipeline(&c, P, 60);
     let readiness: Vec<(String, String)> = c
         .query("SELECT relation, readiness FROM tide.readiness WHERE pipeline = 'many' ORDER BY relation")
@@ -322,9 +351,16 @@ fn many_small_tables_with_pause_throttle_cancel() {
     eprintln!(
         "many: {overlapping} pairs of chunks of different backfills in memory at once; at most {most} at a time ({most_plain} of the nine)"
     );
-    assert!(overlapping > 0, "the small tables' chunks did not interleave\n{}", diag(&c));
+    assert!(
+        overlapping > 0,
+        "the small tables' chunks did not interleave\n{}",
+        diag(&c)
+    );
     assert!(most <= 4, "{most} chunks in memory at once (default 4)");
-    assert_eq!(most_plain, 2, "the nine unthrottled backfills had two places");
+    assert_eq!(
+        most_plain, 2,
+        "the nine unthrottled backfills had two places"
+    );
 
     // Cancel s03 mid-way: nothing more of it is emitted. Resume s01, unthrottle s02: both finish.
     let max_before: i64 = c.query_scalar("SELECT coalesce(max(id), 0) FROM tide.outbox");
