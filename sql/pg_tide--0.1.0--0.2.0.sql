@@ -1000,3 +1000,26 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'stop_following_schema_wrapper';
 REVOKE ALL ON FUNCTION tide.stop_following_schema(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tide.stop_following_schema(text, text) TO tide_admin;
+
+-- tide.alter_table (README "SQL API", "Concepts > Changing a row filter or a column list"; issue
+-- 36): a captured table's row filter and column list change at the commit position of the call,
+-- an 'alter_table' marker whose payload is the schema event announcing it; until the worker
+-- reaches it, pipeline_table.shaping_before keeps the shaping in effect (for the decoder and the
+-- backfills). At the marker the table is read again under the new shaping (a resync backfill).
+ALTER TABLE tide.marker DROP CONSTRAINT marker_op_check,
+    ADD CONSTRAINT marker_op_check CHECK (op IN ('add_table', 'remove_table', 'schema', 'alter_table'));
+COMMENT ON TABLE tide.marker IS 'add_table/remove_table/schema/alter_table markers, decoded by the worker at their commit position. Written only by pg_tide.';
+ALTER TABLE tide.pipeline_table ADD COLUMN shaping_before jsonb;
+CREATE FUNCTION tide."alter_table"(
+	"pipeline" TEXT,
+	"source" regclass,
+	"row_filter" TEXT DEFAULT NULL,
+	"columns" TEXT[] DEFAULT NULL,
+	"clear_row_filter" bool DEFAULT false,
+	"clear_columns" bool DEFAULT false
+) RETURNS void
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'alter_table_wrapper';
+REVOKE ALL ON FUNCTION tide.alter_table(text, regclass, text, text[], boolean, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide.alter_table(text, regclass, text, text[], boolean, boolean) TO tide_admin;
+COMMENT ON FUNCTION tide.alter_table(text, regclass, text, text[], boolean, boolean) IS 'Change a captured table''s row filter or column list (NULL: unchanged; clear_row_filter/clear_columns: every row/column) from the commit of the calling transaction on, announced by a schema event there; the table is then read again under it (see the README, Concepts > Changing a row filter or a column list).';

@@ -71,6 +71,12 @@ CREATE TABLE tide.pipeline_table (
     -- tide.add_table's columns: the attribute numbers of the columns delivered (the key always
     -- among them), in attribute order; NULL: every column. By number, so a rename follows.
     columns      int2[],
+    -- Set by tide.alter_table, cleared by the worker at its 'alter_table' marker (or by a resync
+    -- after a lost slot): the shaping in effect before it, {"row_filter": ..., "columns": [attnum,
+    -- ...], "xid": ...} (NULLs: every row, every column). While set, the stream and the backfills
+    -- still shape the table this way; row_filter and columns already hold the new shaping (the
+    -- event trigger describes later ALTER TABLEs with them).
+    shaping_before jsonb,
     PRIMARY KEY (pipeline, relid)
 );
 COMMENT ON TABLE tide.pipeline_table IS 'Tables captured by each pipeline. Use tide.add_table/tide.remove_table.';
@@ -123,11 +129,11 @@ CREATE SEQUENCE tide.watermark_seq;
 CREATE TABLE tide.marker (
     id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     pipeline  text NOT NULL,
-    op        text NOT NULL CHECK (op IN ('add_table', 'remove_table', 'schema')),
+    op        text NOT NULL CHECK (op IN ('add_table', 'remove_table', 'schema', 'alter_table')),
     relid     oid NOT NULL,
     payload   jsonb
 );
-COMMENT ON TABLE tide.marker IS 'add_table/remove_table/schema markers, decoded by the worker at their commit position. Written only by pg_tide.';
+COMMENT ON TABLE tide.marker IS 'add_table/remove_table/schema/alter_table markers, decoded by the worker at their commit position. Written only by pg_tide.';
 
 -- Backfills: one row per (re-)seed of a table for a pipeline.
 CREATE TABLE tide.backfill (
@@ -818,6 +824,7 @@ GRANT SELECT ON tide.pipelines, tide.tables, tide.backfills, tide.chunks, tide.v
 -- Only an event trigger runs it (and it refuses any other call).
 REVOKE EXECUTE ON FUNCTION tide._follow_tables() FROM tide_admin;
 GRANT SELECT ON tide.outbox TO tide_admin;
+COMMENT ON FUNCTION tide.alter_table(text, regclass, text, text[], boolean, boolean) IS 'Change a captured table''s row filter or column list (NULL: unchanged; clear_row_filter/clear_columns: every row/column) from the commit of the calling transaction on, announced by a schema event there; the table is then read again under it (see the README, Concepts > Changing a row filter or a column list).';
 -- Used by the outbox's row security for any reader; it only lists the caller's own pipelines.
 GRANT EXECUTE ON FUNCTION tide._owned_pipelines() TO PUBLIC;
 "#,
