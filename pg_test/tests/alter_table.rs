@@ -20,6 +20,8 @@
 //!   `id, email`.
 //! - `alter_table_refusals`: bad calls and states, each with its SQLSTATE and hint; an unchanged
 //!   shaping is a NOTICE that writes nothing.
+//! - `alter_pending_when_the_slot_is_lost`: a change whose marker was in the lost WAL is in effect
+//!   after the resync.
 //!
 //! Attacks (other roles, planted functions) are in `security/alter_table.rs`.
 
@@ -673,4 +675,92 @@ fn notices_of(c: &Cluster, sql: &str) -> Vec<String> {
     }
     let seen = notices.lock().expect("notices").clone();
     seen
+}
+
+/// A change whose marker was in the WAL of a lost slot (paused, the slot dropped): the resync
+/// after the loss puts it in effect (from the new slot's start, with the tables read again under
+/// it) instead of leaving the stream with the old filter for good.
+#[test]
+fn alter_pending_when_the_slot_is_lost() {
+    let c = setup("alter_slot_lost");
+    c.execute(
+        "CREATE ROLE alice LOGIN; GRANT tide_admin TO alice;
+         CREATE SCHEMA app AUTHORIZATION alice;",
+    );
+    let mut alice = connect_as(&c, "alice");
+    ok(
+        &mut alice,
+        &c,
+        "CREATE TABLE app.orders (id int PRIMARY KEY, region text NOT NULL, status text NOT NULL);
+         ALTER TABLE app.orders REPLICA IDENTITY FULL;
+         INSERT INTO app.orders SELECT g, (ARRAY['eu', 'us'])[g % 2 + 1], (ARRAY['paid', 'draft'])[g % 3 % 2 + 1]
+           FROM generate_series(1, 300) g;",
+    );
+    ok(
+        &mut alice,
+        &c,
+        "SELECT tide.create_pipeline('po', 'outbox')",
+    );
+    ok(
+        &mut alice,
+        &c,
+        &format!("SELECT tide.add_table('po', 'app.orders', row_filter => $f${OLD}$f$)"),
+    );
+    wait_for_pipeline(&c, "po", 60, || diag_alter(&c));
+    ok(&mut alice, &c, "SELECT tide.pause_pipeline('po')");
+    ok(
+        &mut alice,
+        &c,
+        &format!("SELECT tide.alter_table('po', 'app.orders', row_filter => $f${NEW}$f$)"),
+    );
+    c.wait_until(
+        "the paused worker to let go of its slot",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT NOT active FROM pg_replication_slots WHERE slot_name = 'tide_po'",
+            )?)
+        },
+    );
+    c.execute("SELECT pg_drop_replication_slot('tide_po')");
+    ok(&mut alice, &c, "SELECT tide.resume_pipeline('po')");
+    c.wait_until(
+        "the resync to be over",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT coalesce((SELECT resync IS NULL AND slot_lost_at IS NOT NULL AND state = 'streaming'
+                                    FROM tide.pipelines WHERE name = 'po'), false)",
+            )?)
+        },
+    );
+    ok(
+        &mut alice,
+        &c,
+        "INSERT INTO app.orders VALUES (900001, 'us', 'paid'), (900002, 'eu', 'draft');",
+    );
+    wait_for_pipeline(&c, "po", 60, || diag_alter(&c));
+    assert_eq!(
+        c.query_scalar::<String>(
+            "SELECT coalesce(string_agg(key->>'id', ',' ORDER BY id), '') FROM tide.outbox
+              WHERE pipeline = 'po' AND backfill_id IS NULL AND op = 'insert'"
+        ),
+        "900001",
+        "after the resync the stream passes the new filter\n{}",
+        diag_alter(&c)
+    );
+    assert_no_rows(
+        &c,
+        "rows the resync read outside the new filter",
+        "SELECT o.id FROM tide.outbox o JOIN tide.backfill b ON b.id = o.backfill_id
+          WHERE o.pipeline = 'po' AND b.resync AND o.\"row\"->>'status' = 'draft'",
+    );
+    assert!(
+        c.query_scalar::<bool>(
+            "SELECT shaping_before IS NULL FROM tide.pipeline_table WHERE relid = 'app.orders'::regclass"
+        ),
+        "the change is in effect"
+    );
 }
