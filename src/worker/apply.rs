@@ -7,7 +7,10 @@
 //!
 //! Guarantees:
 //! - A transaction at or below the applied position (a replay after a crash) is decoded only to
-//!   follow pg_tide's own rows in it; nothing of it reaches the target again.
+//!   follow pg_tide's own rows in it; nothing of it reaches the target again. Its catalog
+//!   effects (tables added or removed, re-reads after a rewrite) are recorded again unless the
+//!   catalog's own applied position passed it ([`Applier::records`]): a remote target can hold
+//!   a batch whose record in the worker's transaction failed.
 //! - So is a transaction whose commit LSN `tide.skip_transaction` named: nothing of it reaches
 //!   the target, and the batch records that it was skipped.
 //! - [`last_begun`] is the commit LSN of the last transaction begun (not a replay, not skipped):
@@ -112,6 +115,11 @@ pub struct Applier<'a, 'c> {
     pub marker_relid: u32,
     /// Transactions ending at or below this were applied already.
     pub applied: Lsn,
+    /// Transactions ending at or below this had their catalog effects (markers, rewrites)
+    /// recorded: the applied position in pg_tide's catalog, which a remote target's own
+    /// position ([`Applier::applied`]) can pass when the worker's transaction fails after the
+    /// remote committed ([`Applier::records`]).
+    pub recorded: Lsn,
     pub txn: Option<Txn>,
     /// End LSN and commit time of the last transaction with events for the target.
     pub last_applied: Option<(Lsn, i64)>,
@@ -239,9 +247,15 @@ impl Applier<'_, '_> {
         Ok(())
     }
 
-    /// The transaction being applied, unless it is a replay (or there is none).
-    fn live(&mut self) -> Option<&mut Txn> {
-        self.txn.as_mut().filter(|t| !t.skip)
+    /// Whether the catalog effects of `t` (a table added or removed, a re-read after a rewrite)
+    /// are recorded by this batch. Not only when `t` reaches the target: a remote target commits
+    /// a batch before the worker's transaction records those effects, so when that transaction
+    /// fails the retry reads the batch again as a replay (the remote has it) whose effects the
+    /// catalog still lacks; and a transaction skipped by `tide.skip_transaction` still adds and
+    /// removes tables. Recording them again is harmless: marking a table captured and
+    /// forgetting a removed one touch only a row still in that state.
+    fn records(&self, t: &Txn) -> bool {
+        t.lsn >= self.recorded
     }
 
     fn on_begin(&mut self, xid: u32, final_lsn: Lsn, commit_time: i64) {
@@ -311,14 +325,14 @@ impl Applier<'_, '_> {
                     // The decoder's plugin was not filtering for this table.
                     t.barrier = true;
                 }
-                if !t.skip {
+                if t.lsn >= self.recorded {
                     self.marks.push((table, t.lsn));
                 }
             }
             MarkerOp::RemoveTable => {
                 let was_capturing = self.sets.capturing.remove(&table);
                 self.sets.pending.remove(&table);
-                if !t.skip {
+                if t.lsn >= self.recorded {
                     self.removals.push(table);
                 }
                 // The table was dropped (the marker of the event trigger tide._drop_marker, in
@@ -639,7 +653,10 @@ impl Applier<'_, '_> {
         if !self.sets.capturing.contains(&relid) {
             return;
         }
-        if let Some(t) = self.live() {
+        let Some(t) = self.txn.as_ref() else {
+            return;
+        };
+        if self.records(t) {
             let lsn = t.lsn;
             self.bf.on_rewrite(relid);
             self.rewrites.push((relid, lsn));

@@ -702,7 +702,7 @@ fn stream(
     }
     let (signal_relid, marker_relid) = catalog::signal_and_marker_relids()?;
     let (sets, filter) = table_sets(&tables, signal_relid, marker_relid);
-    let (applied, confirmed) = positions(p, target_applied)?;
+    let (applied, recorded, confirmed) = positions(p, target_applied)?;
     let extra = row_filter_options(&tables, &p.owner)?;
     let decoder = open_decoder(dec, rels, p, &filter, &extra)?;
     // One message: the decoder stops at the record boundary after it, which is the end of one
@@ -715,7 +715,6 @@ fn stream(
     let spilled_before = decoder.spilled_total();
     let read = decoder.read(batch_events)?;
     let position = decoder.position();
-
     let skips = catalog::skips::lsns(c, &p.name)?;
     let mut ap = Applier {
         c,
@@ -727,6 +726,7 @@ fn stream(
         signal_relid,
         marker_relid,
         applied,
+        recorded,
         txn: None,
         last_applied: None,
         high: applied.max(confirmed),
@@ -943,8 +943,9 @@ fn open_decoder<'d>(
 }
 
 /// Where the pipeline has applied up to (its row's position, or the target's own when that is
-/// later: a remote target commits on its own), and where its slot is confirmed.
-fn positions(p: &PipelineRow, target_applied: Option<Lsn>) -> TideResult<(Lsn, Lsn)> {
+/// later: a remote target commits on its own), where its catalog recorded that (its row's
+/// position), and where its slot is confirmed.
+fn positions(p: &PipelineRow, target_applied: Option<Lsn>) -> TideResult<(Lsn, Lsn, Lsn)> {
     let applied = match &p.applied_lsn {
         Some(s) => s
             .parse::<Lsn>()
@@ -956,7 +957,11 @@ fn positions(p: &PipelineRow, target_applied: Option<Lsn>) -> TideResult<(Lsn, L
         .as_deref()
         .and_then(|s| s.parse::<Lsn>().ok())
         .unwrap_or(Lsn(0));
-    Ok((applied.max(target_applied.unwrap_or(Lsn(0))), confirmed))
+    Ok((
+        applied.max(target_applied.unwrap_or(Lsn(0))),
+        applied,
+        confirmed,
+    ))
 }
 
 /// Hand every decoded message of this read to the applier, in order, until the end or a
