@@ -105,10 +105,12 @@ fn alter_table_impl(pipeline: &str, relid: pg_sys::Oid, r: &Reshaping<'_>) -> Ti
         ))
         .hint("SELECT * FROM tide.tables lists what each pipeline captures; tide.add_table captures a table with its row filter and column list."));
     };
-    let wait = format!(
-        "Wait until tide.tables shows it 'capturing' with no alteration on its way (SELECT tide.wait_for_pipeline('{}') waits for the worker), then call tide.alter_table again.",
-        pipeline.replace('\'', "''")
-    );
+    let wait = |what: &str| {
+        format!(
+            "Wait until the worker has reached {what} (SELECT tide.wait_for_pipeline('{}') waits for it), then call tide.alter_table again.",
+            pipeline.replace('\'', "''")
+        )
+    };
     if row.removing {
         return Err(TideError::prerequisite(format!(
             "{name} is being removed from pipeline \"{}\"",
@@ -121,14 +123,14 @@ fn alter_table_impl(pipeline: &str, relid: pg_sys::Oid, r: &Reshaping<'_>) -> Ti
             "{name} is still pending in pipeline \"{}\" (the worker has not reached its tide.add_table yet)",
             shown(pipeline)
         ))
-        .hint(wait));
+        .hint(wait("its tide.add_table (tide.tables shows it 'capturing')")));
     }
     if row.altering {
         return Err(TideError::prerequisite(format!(
             "an earlier tide.alter_table of {name} in pipeline \"{}\" has not taken effect yet",
             shown(pipeline)
         ))
-        .hint(wait));
+        .hint(wait("the earlier tide.alter_table")));
     }
     let s = validate_source(relid, &owner)?;
     let new_filter = match r.row_filter {
