@@ -1001,6 +1001,28 @@ AS 'MODULE_PATHNAME', 'stop_following_schema_wrapper';
 REVOKE ALL ON FUNCTION tide.stop_following_schema(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tide.stop_following_schema(text, text) TO tide_admin;
 
+-- tide.alter_table (README "SQL API", "Concepts > Changing a row filter or a column list"; issue
+-- 36): a captured table's row filter and column list change at the commit position of the call,
+-- an 'alter_table' marker whose payload is the schema event announcing it; until the worker
+-- reaches it, pipeline_table.shaping_before keeps the shaping in effect (for the decoder and the
+-- backfills). At the marker the table is read again under the new shaping (a resync backfill).
+ALTER TABLE tide.marker DROP CONSTRAINT marker_op_check,
+    ADD CONSTRAINT marker_op_check CHECK (op IN ('add_table', 'remove_table', 'schema', 'alter_table'));
+COMMENT ON TABLE tide.marker IS 'add_table/remove_table/schema/alter_table markers, decoded by the worker at their commit position. Written only by pg_tide.';
+ALTER TABLE tide.pipeline_table ADD COLUMN shaping_before jsonb;
+CREATE FUNCTION tide."alter_table"(
+	"pipeline" TEXT,
+	"source" regclass,
+	"row_filter" TEXT DEFAULT NULL,
+	"columns" TEXT[] DEFAULT NULL,
+	"clear_row_filter" bool DEFAULT false,
+	"clear_columns" bool DEFAULT false
+) RETURNS void
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'alter_table_wrapper';
+REVOKE ALL ON FUNCTION tide.alter_table(text, regclass, text, text[], boolean, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide.alter_table(text, regclass, text, text[], boolean, boolean) TO tide_admin;
+
 -- COMMENT ON FUNCTION for the SQL API (README, SQL API, says more), by name: every overload of a
 -- name gets its comment, so a signature that grows an argument keeps it.
 DO $comments$
@@ -1022,6 +1044,7 @@ BEGIN
             ('wait_for_pipeline', 'True once everything committed before the call has been applied (with the re-reads of tables rewritten before it); false on timeout.'),
             ('add_table', 'Starts capturing a table at this point of the stream and queues the backfill of its existing rows (unless backfill => false); optional row filter and column list.'),
             ('add_tables_in_schema', 'Adds every table of a schema that the pipeline does not capture yet, as tide.add_table does each; follow => true also captures tables created there later. Returns how many were added.'),
+            ('alter_table', 'Changes a captured table''s row filter or column list (NULL: unchanged; clear_row_filter, clear_columns: every row, every column) from the commit of the calling transaction on, announced there by a schema event; the table is then read again under it.'),
             ('stop_following_schema', 'Ends a follow of add_tables_in_schema(..., follow => true); the tables already captured stay.'),
             ('remove_table', 'Stops capturing a table at this point of the stream (a dropped table by its OID or former name).'),
             ('start_backfill', 'Starts (or re-seeds, as a new generation) the watermark backfill of one table, optionally limited by a condition; returns its id.'),

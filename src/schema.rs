@@ -71,6 +71,12 @@ CREATE TABLE tide.pipeline_table (
     -- tide.add_table's columns: the attribute numbers of the columns delivered (the key always
     -- among them), in attribute order; NULL: every column. By number, so a rename follows.
     columns      int2[],
+    -- Set by tide.alter_table, cleared by the worker at its 'alter_table' marker (or by a resync
+    -- after a lost slot): the shaping in effect before it, {"row_filter": ..., "columns": [attnum,
+    -- ...], "xid": ...} (NULLs: every row, every column). While set, the stream and the backfills
+    -- still shape the table this way; row_filter and columns already hold the new shaping (the
+    -- event trigger describes later ALTER TABLEs with them).
+    shaping_before jsonb,
     PRIMARY KEY (pipeline, relid)
 );
 COMMENT ON TABLE tide.pipeline_table IS 'Tables captured by each pipeline. Use tide.add_table/tide.remove_table.';
@@ -123,11 +129,11 @@ CREATE SEQUENCE tide.watermark_seq;
 CREATE TABLE tide.marker (
     id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     pipeline  text NOT NULL,
-    op        text NOT NULL CHECK (op IN ('add_table', 'remove_table', 'schema')),
+    op        text NOT NULL CHECK (op IN ('add_table', 'remove_table', 'schema', 'alter_table')),
     relid     oid NOT NULL,
     payload   jsonb
 );
-COMMENT ON TABLE tide.marker IS 'add_table/remove_table/schema markers, decoded by the worker at their commit position. Written only by pg_tide.';
+COMMENT ON TABLE tide.marker IS 'add_table/remove_table/schema/alter_table markers, decoded by the worker at their commit position. Written only by pg_tide.';
 
 -- Backfills: one row per (re-)seed of a table for a pipeline.
 CREATE TABLE tide.backfill (
@@ -824,6 +830,7 @@ BEGIN
             ('wait_for_pipeline', 'True once everything committed before the call has been applied (with the re-reads of tables rewritten before it); false on timeout.'),
             ('add_table', 'Starts capturing a table at this point of the stream and queues the backfill of its existing rows (unless backfill => false); optional row filter and column list.'),
             ('add_tables_in_schema', 'Adds every table of a schema that the pipeline does not capture yet, as tide.add_table does each; follow => true also captures tables created there later. Returns how many were added.'),
+            ('alter_table', 'Changes a captured table''s row filter or column list (NULL: unchanged; clear_row_filter, clear_columns: every row, every column) from the commit of the calling transaction on, announced there by a schema event; the table is then read again under it.'),
             ('stop_following_schema', 'Ends a follow of add_tables_in_schema(..., follow => true); the tables already captured stay.'),
             ('remove_table', 'Stops capturing a table at this point of the stream (a dropped table by its OID or former name).'),
             ('start_backfill', 'Starts (or re-seeds, as a new generation) the watermark backfill of one table, optionally limited by a condition; returns its id.'),

@@ -462,6 +462,61 @@ pub(crate) fn reread_after_rewrite(
     })
 }
 
+/// The worker passed a `tide.alter_table` marker (commit LSN `lsn`) of `relid`: the table is
+/// read again under its new row filter and column list, as a resync reads it (`resync = true`: a
+/// table target's rows the chunks do not find at the source, now those the new filter leaves out,
+/// are deleted at each high watermark; see `catalog::slots`). An active backfill of the table is
+/// cancelled first (its chunks were read with the shaping before). Returns a line for the server
+/// log. Called by the worker, in its iteration's transaction.
+pub(crate) fn queue_reseed(
+    c: &mut SpiClient<'_>,
+    pipeline: &str,
+    relid: u32,
+    lsn: &str,
+) -> TideResult<String> {
+    crate::sql::update(
+        c,
+        "UPDATE tide.backfill SET state = $3, finished_at = now(),
+                error = 'cancelled by pg_tide: tide.alter_table changed the table''s row filter or column list, and the table is read again'
+          WHERE pipeline = $1 AND relid = $2::int8::oid AND state = ANY($4)",
+        None,
+        &[
+            pipeline.into(),
+            (relid as i64).into(),
+            BackfillState::Cancelled.as_str().into(),
+            active_states().into(),
+        ],
+    )?;
+    let queued = crate::sql::update(
+        c,
+        "INSERT INTO tide.backfill (pipeline, relid, relation, key_columns, owner, generation, chunk_size,
+                                   rows_per_second, estimated_rows, error, required_lsn, resync)
+         SELECT t.pipeline, t.relid, t.relation, t.key_columns, p.owner,
+                coalesce((SELECT max(b.generation) FROM tide.backfill b WHERE b.pipeline = $1 AND b.relid = t.relid), 0) + 1,
+                coalesce((SELECT b.chunk_size FROM tide.backfill b WHERE b.pipeline = $1 AND b.relid = t.relid ORDER BY b.id DESC LIMIT 1), $4),
+                NULL::int,
+                -- (the worker refreshes it at the first chunk)
+                (SELECT CASE WHEN c.reltuples >= 0 THEN c.reltuples::int8 END FROM pg_catalog.pg_class c WHERE c.oid = t.relid),
+                'queued by pg_tide: tide.alter_table changed the row filter or column list at ' || $3, $3::pg_lsn, true
+           FROM tide.pipeline_table t JOIN tide.pipeline p ON p.name = t.pipeline
+          WHERE t.pipeline = $1 AND t.relid = $2::int8::oid AND NOT t.removing
+         RETURNING id",
+        None,
+        &[
+            pipeline.into(),
+            (relid as i64).into(),
+            lsn.into(),
+            tide_core::model::DEFAULT_CHUNK_SIZE.into(),
+        ],
+    )?;
+    Ok(match sql::first::<i64>(queued)? {
+        Some(id) => format!(
+            "backfill {id} queued: tide.alter_table changed the row filter or column list of table {relid} at {lsn}, so it is read again"
+        ),
+        None => format!("table {relid} is being removed: not read again after its tide.alter_table at {lsn}"),
+    })
+}
+
 /// Queue a backfill of the rows of some partitions (`partitions`, attached since the table was
 /// added) of captured partitioned table `relid`: condition `tableoid = ANY (...)`, owned by the
 /// pipeline's owner, the default chunk size (or the last backfill's). Returns its id, or `None`

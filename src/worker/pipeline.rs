@@ -715,7 +715,6 @@ fn stream(
     let spilled_before = decoder.spilled_total();
     let read = decoder.read(batch_events)?;
     let position = decoder.position();
-
     let skips = catalog::skips::lsns(c, &p.name)?;
     let mut ap = Applier {
         c,
@@ -733,6 +732,7 @@ fn stream(
         high: applied.max(confirmed),
         marks: Vec::new(),
         removals: Vec::new(),
+        announce: Vec::new(),
         rewrites: Vec::new(),
         stopped: false,
         owner: crate::security::owner_oid(&p.owner, &format!("pipeline \"{}\"", p.name))?,
@@ -808,7 +808,8 @@ struct Done {
 }
 
 /// Record a batch in the catalog, in the iteration's transaction: tables removed, transactions
-/// skipped, tables now captured, rewritten tables' re-reads, the applied position (or the
+/// skipped, tables now captured, `tide.alter_table`s now in effect (and their re-reads),
+/// rewritten tables' re-reads, the applied position (or the
 /// cleared error of a pipeline that failed before).
 fn record_batch(
     c: &mut SpiClient<'_>,
@@ -827,6 +828,13 @@ fn record_batch(
     }
     for (relid, lsn) in &d.marks {
         catalog::tables::mark_capturing(c, &p.name, *relid, &lsn.to_string())?;
+    }
+    for (relid, xid, lsn) in std::mem::take(&mut out.alters) {
+        // From here the decoder and the backfills shape the table the new way, and it is read
+        // again under it.
+        catalog::tables::end_alter(c, &p.name, relid, &xid)?;
+        let note = catalog::backfills::queue_reseed(c, &p.name, relid, &lsn.to_string())?;
+        out.notes.push(note);
     }
     for (relid, lsn) in &d.rewrites {
         out.notes.push(catalog::backfills::reread_after_rewrite(

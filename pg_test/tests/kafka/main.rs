@@ -16,11 +16,14 @@
 //! - `refusals`: options, servers, user mappings and privileges refused with SQLSTATE and hint;
 //!   secrets readable by no other role;
 //! - `large`: one transaction of ~100 MB of messages goes through with the worker's memory flat;
-//! - `schemas`: `value_format = 'debezium-schema'`, every field checked by its Connect schema.
+//! - `schemas`: `value_format = 'debezium-schema'`, every field checked by its Connect schema;
+//! - `alter_table`: a row filter changed mid-stream: the altered schema message between the rows
+//!   of either filter, and a consumer applying the new filter there ends with the source's rows.
 //!
 //! Modules: `broker` (tansu started and stopped on a free port, and a consumer that reads whole
 //! topics), `replay` (messages back into rows).
 
+mod alter_table;
 mod broker;
 mod convergence;
 mod large;
