@@ -12,6 +12,7 @@ mod partitions;
 pub mod pipeline;
 mod read_ahead;
 pub mod retention;
+pub mod stream_apply;
 pub mod row_values;
 pub mod tx;
 
