@@ -589,7 +589,14 @@ fn assert_no_open_remote_transaction(t: &Cluster) {
 }
 
 fn assert_remote_equals_source(c: &Cluster, t: &Cluster) {
-    assert_same_rows("remote big = big", c, "big", t, "public.big", "id, tag, pad");
+    assert_same_rows(
+        "remote big = big",
+        c,
+        "big",
+        t,
+        "public.big",
+        "id, tag, pad",
+    );
 }
 
 /// With a remote target, a streamed transaction's blocks are written at the remote while the
@@ -609,11 +616,15 @@ fn remote_target_writes_a_streamed_transaction_while_it_runs() {
     // Several times tide.decoding_work_mem (64kB) written at the remote, uncommitted.
     wait_open_remote_stream(&c, &t, empty + (2 << 20));
     assert_eq!(remote_rows(&t), 10, "a remote reader sees none of it");
-    a.batch_execute("UPDATE big SET tag = 'b' WHERE id % 2 = 0").unwrap();
+    a.batch_execute("UPDATE big SET tag = 'b' WHERE id % 2 = 0")
+        .unwrap();
     let before_commit: String = c.query_scalar("SELECT pg_current_wal_insert_lsn()::text");
     a.batch_execute("COMMIT").unwrap();
     wait_pipeline(&c, "rm", 120);
-    assert!(stream_txns(&c, "tide_rm") > 0, "the transaction was streamed");
+    assert!(
+        stream_txns(&c, "tide_rm") > 0,
+        "the transaction was streamed"
+    );
     assert_remote_equals_source(&c, &t);
     let applied: bool = t.query_scalar(&format!(
         "SELECT applied_lsn > '{before_commit}' FROM tide_applied WHERE pipeline = 'rm'"
@@ -659,9 +670,10 @@ fn remote_target_rolls_back_aborted_streamed_transactions() {
         Duration::from_secs(30),
         POLL,
         || {
-            Ok(t.try_query_scalar::<i64>(
-                "SELECT count(*) FROM public.big WHERE tag = 'other'",
-            )? == 100)
+            Ok(
+                t.try_query_scalar::<i64>("SELECT count(*) FROM public.big WHERE tag = 'other'")?
+                    == 100,
+            )
         },
     );
     a.batch_execute(&insert_sql(5001, 10000, "keep")).unwrap();
@@ -669,7 +681,10 @@ fn remote_target_rolls_back_aborted_streamed_transactions() {
     wait_pipeline(&c, "rm", 120);
     assert_remote_equals_source(&c, &t);
     let subs: i64 = t.query_scalar("SELECT count(*) FROM public.big WHERE tag = 'sub'");
-    assert_eq!(subs, 0, "rows of the rolled-back subtransaction at the remote");
+    assert_eq!(
+        subs, 0,
+        "rows of the rolled-back subtransaction at the remote"
+    );
     assert_no_open_remote_transaction(&t);
     assert_no_spool_left(&c);
 }
@@ -687,7 +702,9 @@ fn remote_target_kill9_mid_stream_converges() {
     a.batch_execute("BEGIN").unwrap();
     a.batch_execute(&insert_sql(1, 20000, "a")).unwrap();
     wait_open_remote_stream(&c, &t, 1 << 20);
-    let first = open_stream_pid(&t).unwrap().expect("the streamed connection");
+    let first = open_stream_pid(&t)
+        .unwrap()
+        .expect("the streamed connection");
     for i in 0..10 {
         c.execute(&insert_sql(100001 + i, 100001 + i, "small"));
     }
@@ -717,7 +734,10 @@ fn remote_target_kill9_mid_stream_converges() {
             ))? == 0)
         },
     );
-    assert!(remote_rows(&t) <= 10, "nothing of the prepared transaction visible");
+    assert!(
+        remote_rows(&t) <= 10,
+        "nothing of the prepared transaction visible"
+    );
     c.execute("COMMIT PREPARED 'big'");
     c.execute(&insert_sql(200001, 200010, "after"));
     wait_pipeline(&c, "rm", 120);
@@ -754,7 +774,10 @@ fn remote_target_backfill_chunk_makes_a_streamed_transaction_fall_back() {
         "the backfill's rows, with the old values"
     );
     let open: i64 = t.query_scalar(OPEN_STREAM);
-    assert_eq!(open, 0, "the streamed transaction's remote transaction was rolled back");
+    assert_eq!(
+        open, 0,
+        "the streamed transaction's remote transaction was rolled back"
+    );
     a.batch_execute("COMMIT").unwrap();
     wait_pipeline(&c, "rm", 120);
     assert_remote_equals_source(&c, &t);

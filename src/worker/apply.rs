@@ -268,8 +268,7 @@ impl Applier<'_, '_> {
         if let Some(live) = self.streams.take(xid) {
             // Written while it ran: committed there at its Commit, unless it is not to be
             // applied, or wrote a table no longer captured at this point (dropped: rolled back).
-            if !replay && !skipped && live.written.iter().all(|r| self.sets.capturing.contains(r))
-            {
+            if !replay && !skipped && live.written.iter().all(|r| self.sets.capturing.contains(r)) {
                 self.elsewhere = Some(live);
             } else {
                 self.streams.abort(xid);
@@ -474,10 +473,23 @@ impl Applier<'_, '_> {
         }
         self.bf.on_change(relid, &new_key, t.xid);
         if self.elsewhere.is_some() {
-            t.position += if old.as_ref().is_some_and(|o| *o != new_key) { 2 } else { 1 };
+            t.position += if old.as_ref().is_some_and(|o| *o != new_key) {
+                2
+            } else {
+                1
+            };
             return Ok(());
         }
-        push_update(self.sink, self.c, t, relid, rel, (old, old_key), new_key, new)
+        push_update(
+            self.sink,
+            self.c,
+            t,
+            relid,
+            rel,
+            (old, old_key),
+            new_key,
+            new,
+        )
     }
 
     fn on_delete(&mut self, relid: u32, old_key: &Tuple<'_>) -> TideResult<()> {

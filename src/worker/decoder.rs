@@ -305,11 +305,7 @@ impl Decoder {
             let mut options = std::ptr::null_mut::<pg_sys::List>();
             let proto = std::ffi::CString::new(tide_core::wire::PROTO_VERSION.to_string())
                 .unwrap_or_default();
-            let streaming = if streaming_on {
-                c"on"
-            } else {
-                c"off"
-            };
+            let streaming = if streaming_on { c"on" } else { c"off" };
             let fixed = [
                 (c"proto_version", proto.as_ptr()),
                 (c"tables", filter_c.as_ptr()),

@@ -12,8 +12,8 @@ mod partitions;
 pub mod pipeline;
 mod read_ahead;
 pub mod retention;
-pub mod stream_apply;
 pub mod row_values;
+pub mod stream_apply;
 pub mod tx;
 
 use pgrx::pg_sys;

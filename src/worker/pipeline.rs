@@ -932,12 +932,7 @@ fn open_decoder<'d>(
         } else {
             0
         };
-        *dec = Some(Decoder::open(
-            &p.slot_name,
-            filter,
-            extra,
-            remote_streams,
-        )?);
+        *dec = Some(Decoder::open(&p.slot_name, filter, extra, remote_streams)?);
     }
     dec.as_mut()
         .ok_or_else(|| TideError::internal("no decoder"))

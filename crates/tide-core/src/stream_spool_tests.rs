@@ -229,12 +229,7 @@ fn pass_through_forwards_blocks_and_aborts_in_order() {
     route_all(&mut s, &mut out, &msgs);
     assert_eq!(
         drain_all(&mut out),
-        vec![
-            before,
-            begin_of(7, 100),
-            insert(1, "a"),
-            commit_of(7, 100)
-        ]
+        vec![before, begin_of(7, 100), insert(1, "a"), commit_of(7, 100)]
     );
     let _ = std::fs::remove_dir_all(&d);
 }
