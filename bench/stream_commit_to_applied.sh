@@ -3,7 +3,12 @@
 # transactions (tide.stream_in_progress), per target (outbox, local table, remote table).
 #
 #   export TIDE_PG_BIN=$(bash scripts/private-pg.sh target/pg15-private)
-#   [TARGETS="outbox table remote"] bash bench/stream_commit_to_applied.sh [ROWS (default 1000000)] [logical_decoding_work_mem (default 64MB)]
+#   [TARGETS="outbox table remote"] [MODES="off on spool"] [PAUSE=seconds] \
+#     bash bench/stream_commit_to_applied.sh [ROWS (default 1000000)] [logical_decoding_work_mem (default 64MB)]
+#
+# PAUSE (default 0): the transaction waits that long after its INSERT before it commits (a
+# transaction that runs longer than its writes, as most large ones do: the worker can catch up
+# before the commit).
 #
 # One scratch cluster (bench_stream), and one for the remote target (bench_stream_tgt); for each
 # target and mode a new pipeline (its worker reads the settings when it opens its decoder), then
@@ -37,11 +42,13 @@ if [[ " $TARGETS " == *" remote "* ]]; then
          OPTIONS (host '127.0.0.1', port '$(bash scripts/cluster.sh port "$TGT")', dbname 'postgres');
        CREATE USER MAPPING FOR postgres SERVER tgt OPTIONS (user 'postgres')"
 fi
-echo "rows=$ROWS logical_decoding_work_mem=$LDWM"
+echo "rows=$ROWS logical_decoding_work_mem=$LDWM pause before commit=${PAUSE:-0} s"
 for target in $TARGETS; do
     modes="off on"
     [[ $target == remote ]] && modes="off spool on"
+    [[ -n "${MODES:-}" ]] && modes="$MODES"
     for mode in $modes; do
+        [[ $target != remote && $mode == spool ]] && continue
         streaming=on; conns=2
         [[ $mode == off ]] && streaming=off
         [[ $mode == spool ]] && conns=0
@@ -59,14 +66,14 @@ for target in $TARGETS; do
         q "SELECT tide.add_table('$p', 'big', backfill => false)" >/dev/null
         q "SELECT tide.wait_for_pipeline('$p', '1 minute')" >/dev/null
         t0=$(now)
-        q "INSERT INTO big SELECT g, repeat(md5(g::text), 2), md5((g * 7)::text), g % 1000, now()
-             FROM generate_series(1, $ROWS) g"
+        q "BEGIN; INSERT INTO big SELECT g, repeat(md5(g::text), 2), md5((g * 7)::text), g % 1000, now()
+             FROM generate_series(1, $ROWS) g; SELECT pg_sleep(${PAUSE:-0}); COMMIT" >/dev/null
         t1=$(now)
         q "SELECT tide.wait_for_pipeline('$p', '30 minutes')" >/dev/null
         t2=$(now)
         streamed=$(q "SELECT stream_txns || ' streamed, ' || pg_size_pretty(stream_bytes) || '; ' || spill_txns || ' spilled, ' || pg_size_pretty(spill_bytes)
                         FROM pg_stat_replication_slots WHERE slot_name = 'tide_$p'")
-        printf '%-7s streaming=%-5s insert %6.1f s   commit-to-applied %6.1f s   (slot: %s)\n' \
+        printf '%-7s streaming=%-5s insert(+pause) %6.1f s   commit-to-applied %6.1f s   (slot: %s)\n' \
             "$target" "$mode" "$(echo "$t1 - $t0" | bc)" "$(echo "$t2 - $t1" | bc)" "$streamed"
         q "SELECT tide.drop_pipeline('$p')" >/dev/null
         q "TRUNCATE big; DROP TABLE IF EXISTS tgt.big; DELETE FROM tide.outbox" >/dev/null

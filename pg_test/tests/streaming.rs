@@ -784,3 +784,31 @@ fn remote_target_backfill_chunk_makes_a_streamed_transaction_fall_back() {
     assert_no_open_remote_transaction(&t);
     assert_no_spool_left(&c);
 }
+
+/// The remote restarts while a streamed transaction's remote transaction is open: the restart
+/// rolls it back; the worker notices at its next block or at the commit, and the transaction is
+/// applied from the worker's file instead (at once, or after one failed iteration). Nothing is
+/// lost or duplicated, and the rows committed at the source meanwhile arrive too.
+#[test]
+fn remote_target_restart_mid_stream_converges() {
+    let c = cluster("stream_remote_restart");
+    let t = remote_pipeline(&c, "stream_remote_restart_tgt");
+    let mut a = c.client();
+    a.batch_execute("BEGIN").unwrap();
+    a.batch_execute(&insert_sql(1, 20000, "a")).unwrap();
+    wait_open_remote_stream(&c, &t, 1 << 20);
+    t.restart();
+    assert_eq!(
+        remote_rows(&t),
+        0,
+        "the restart rolled the open transaction back"
+    );
+    c.execute(&insert_sql(100001, 100010, "small"));
+    a.batch_execute(&insert_sql(20001, 25000, "a")).unwrap();
+    a.batch_execute("COMMIT").unwrap();
+    wait_pipeline(&c, "rm", 180);
+    assert_remote_equals_source(&c, &t);
+    assert_eq!(remote_rows(&t), 25010);
+    assert_no_open_remote_transaction(&t);
+    assert_no_spool_left(&c);
+}
