@@ -812,3 +812,54 @@ fn remote_target_restart_mid_stream_converges() {
     assert_no_open_remote_transaction(&t);
     assert_no_spool_left(&c);
 }
+
+/// A table the pipeline's owner may no longer read: its rows in a streamed transaction are not
+/// written to the remote even uncommitted (the owner's right is checked at the table's first
+/// change in the transaction, as at the commit). The remote table never grows: a rolled-back
+/// write would still have taken room in it. At the commit the pipeline fails on the right, as
+/// before.
+#[test]
+fn remote_target_streams_nothing_its_owner_may_not_read() {
+    let c = cluster("stream_remote_rights");
+    let t = target_cluster("stream_remote_rights_tgt");
+    create_server(&c, "tgt", &t);
+    c.execute(
+        "CREATE ROLE alice LOGIN; GRANT tide_admin TO alice;
+         GRANT USAGE ON FOREIGN SERVER tgt TO alice;
+         CREATE USER MAPPING FOR alice SERVER tgt OPTIONS (user 'postgres', password_required 'false');
+         GRANT SELECT ON big TO alice;",
+    );
+    let mut alice = connect_as(&c, "alice");
+    alice
+        .batch_execute(
+            r#"SELECT tide.create_pipeline('rm', 'postgres', '{"server": "tgt"}');
+               SELECT tide.add_table('rm', 'big', backfill => false);"#,
+        )
+        .unwrap_or_else(|e| panic!("setup as alice: {}\n{}", describe_error(&e), diag(&c)));
+    c.execute(&insert_sql(1, 1, "first"));
+    wait_pipeline(&c, "rm", 60);
+    let size: i64 = t.query_scalar("SELECT pg_relation_size('public.big')");
+    c.execute("REVOKE SELECT ON big FROM alice");
+    let mut a = c.client();
+    a.batch_execute("BEGIN").unwrap();
+    a.batch_execute(&insert_sql(2, 20000, "a")).unwrap();
+    wait_spooled(&c, 1, 1 << 20);
+    a.batch_execute("COMMIT").unwrap();
+    c.wait_until(
+        "the pipeline to fail on the revoked right",
+        Duration::from_secs(120),
+        POLL,
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT coalesce(last_error_sqlstate = '42501', false) FROM tide.pipelines WHERE name = 'rm'",
+            )?)
+        },
+    );
+    assert_eq!(
+        t.query_scalar::<i64>("SELECT pg_relation_size('public.big')"),
+        size,
+        "rows of a table the owner may not read were written at the remote"
+    );
+    assert_eq!(remote_rows(&t), 1);
+    assert_no_open_remote_transaction(&t);
+}

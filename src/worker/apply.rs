@@ -686,12 +686,20 @@ impl Applier<'_, '_> {
         if change.is_some_and(|r| !live.known.contains(&r)) {
             return stop("a change of a table captured since it began");
         }
+        if let Some(relid) = change.filter(|&r| live.written.insert(r)) {
+            // As at the commit (`check_read`): nothing of a table its owner may no longer read
+            // goes to the remote, even uncommitted.
+            let qualified = live
+                .rels
+                .get(&relid)
+                .map_or_else(|| relid.to_string(), |r| r.qualified.clone());
+            let oid = pgrx::pg_sys::Oid::from(relid);
+            if let Some(e) = crate::security::read_problem(self.owner, oid, &qualified) {
+                return Err(e);
+            }
+        }
         let LiveTxn {
-            target,
-            rels,
-            written,
-            txn,
-            ..
+            target, rels, txn, ..
         } = live;
         let target: &mut dyn Target = target.as_mut();
         match msg {
@@ -710,7 +718,6 @@ impl Applier<'_, '_> {
             }
             // Changes of captured tables only, from here on (checked above).
             Message::Insert { relid, new } => {
-                written.insert(relid);
                 let rel = rel_desc(rels, relid)?;
                 let mut key = String::new();
                 json::render_key(&rel.columns, &new, &mut key).map_err(render_err)?;
@@ -721,7 +728,6 @@ impl Applier<'_, '_> {
                 old_key,
                 new,
             } => {
-                written.insert(relid);
                 let rel = rel_desc(rels, relid)?;
                 let (old, new_key) = update_keys(rel, old_key.as_ref(), &new)?;
                 push_update(
@@ -736,7 +742,6 @@ impl Applier<'_, '_> {
                 )
             }
             Message::Delete { relid, old_key } => {
-                written.insert(relid);
                 let rel = rel_desc(rels, relid)?;
                 let mut k = String::new();
                 json::render_key(&rel.columns, &old_key, &mut k).map_err(render_err)?;

@@ -25,7 +25,8 @@
 //!   falls back (its remote transaction rolled back: dropping the target closes its connection)
 //!   on any error of its own connection (a lock wait past its `lock_timeout` included), on
 //!   anything but row changes of captured tables and their relation descriptions (a truncate,
-//!   a schema change, a marker, a change needing DDL at the target), on an aborted
+//!   a schema change, a marker, a change needing DDL at the target, a table its owner may no
+//!   longer read: nothing of it goes to the remote, even uncommitted), on an aborted
 //!   subtransaction (the rows it wrote must not stay locked at the remote: a later
 //!   transaction may change them), before a backfill chunk is written (it may upsert rows the
 //!   transaction holds), and past `tide.remote_stream_connections` live at once.
