@@ -42,7 +42,10 @@
 //!   remote transaction per batch of whole source transactions (two when a backfill chunk's rows
 //!   follow stream events in the batch: the events are committed first, see
 //!   `CommitPoint::Early`), each together with the applied position (`<schema>.tide_applied`).
-//!   A reader of the target never sees half of a source transaction, across tables too.
+//!   A reader of the target never sees half of a source transaction, across tables too. A
+//!   streamed transaction written while it runs (`worker::stream_apply`) has a remote
+//!   transaction of its own, on a connection of its own ([`Target::open_stream`]), committed
+//!   with the applied position at the source's commit, after the batch before it.
 //! - Schema changes: at a schema event ([`Target::schema`], the position of the `ALTER TABLE`)
 //!   a renamed column is renamed, a dropped column dropped (not a key column: that pauses), a
 //!   new source column added (with the value the source's existing rows got) and a safe type
