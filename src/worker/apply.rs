@@ -32,11 +32,11 @@
 //!   there.
 //! - A streamed transaction's blocks reach the applier only for a remote target
 //!   (`worker::stream_apply`): each block is written to the remote while the source transaction
-//!   runs, into a remote transaction of its own ([`Applier::on_stream_start`]); at its commit
+//!   runs, into a remote transaction of its own (`Applier::on_stream_start`); at its commit
 //!   (Begin ... Commit from the spool, as any committed transaction) its changes are followed as
 //!   any transaction's (backfill keys, rights, table markers) but not written again: the main
 //!   target commits what came before, then the streamed transaction's remote transaction
-//!   commits with the applied position ([`Applier::on_commit`]). Anything the remote
+//!   commits with the applied position (`Applier::on_commit`). Anything the remote
 //!   transaction cannot take makes the transaction fall back to being applied from the spool at
 //!   its commit, as for other targets.
 //! - A `schema` marker (written by the event trigger in an `ALTER TABLE`'s transaction) of a

@@ -13,7 +13,7 @@
 //! Owns: per streamed transaction of the session, whether it is written while it runs
 //! ([`Entry::Live`], with its target, its relation descriptions and the tables it wrote) or at
 //! its commit ([`Entry::Fallback`]); the block being received; the transactions a failed
-//! attempt left behind ([`attempted`]).
+//! attempt left behind (`attempted`).
 //!
 //! Guarantees:
 //! - A remote reader never sees part of a source transaction: a live transaction's remote
