@@ -38,6 +38,10 @@ pub static MAX_PARALLEL_BACKFILLS: GucSetting<i32> = GucSetting::<i32>::new(4);
 /// transactions larger than `logical_decoding_work_mem` while they run (spooled by the worker
 /// until their commit) instead of having PostgreSQL hold them until their commit.
 pub static STREAM_IN_PROGRESS: GucSetting<bool> = GucSetting::<bool>::new(true);
+/// `tide.remote_stream_connections`: how many streamed transactions a remote target's worker
+/// writes at once, while they run, each into a remote transaction of its own on a connection
+/// of its own (see `worker::stream_apply`); 0: every one is applied at its commit.
+pub static REMOTE_STREAM_CONNECTIONS: GucSetting<i32> = GucSetting::<i32>::new(2);
 /// `tide.max_pipelines_per_role`: the most pipelines one role may own (superusers are not
 /// limited); -1 (the default) is a quarter of `max_replication_slots`, at least 1, so one role
 /// cannot take every slot. See [`max_pipelines_per_role`].
@@ -97,14 +101,7 @@ pub fn init() {
     init_slot_settings();
     init_memory_settings();
     init_backfill_settings();
-    GucRegistry::define_bool_guc(
-        c"tide.stream_in_progress",
-        c"Whether pipeline workers receive large transactions while they run.",
-        c"On: a transaction larger than tide.decoding_work_mem reaches the worker in blocks while it runs; the worker keeps it in a temporary file of its own and applies it at its commit, so the decoding work is done before the commit. Off: PostgreSQL holds it (spilling to pg_replslot) until its commit. A change applies when a worker next opens its decoder.",
-        &STREAM_IN_PROGRESS,
-        GucContext::Sighup,
-        GucFlags::default(),
-    );
+    init_stream_settings();
     GucRegistry::define_string_guc(
         c"tide.database",
         c"Databases where pg_tide runs pipelines: a comma-separated list; empty means every database.",
@@ -202,6 +199,28 @@ pub fn init() {
         3600,
         GucContext::Sighup,
         GucFlags::UNIT_S,
+    );
+}
+
+/// The settings about large transactions in progress (README, Concepts > Large transactions).
+fn init_stream_settings() {
+    GucRegistry::define_bool_guc(
+        c"tide.stream_in_progress",
+        c"Whether pipeline workers receive large transactions while they run.",
+        c"On: a transaction larger than tide.decoding_work_mem reaches the worker in blocks while it runs; the worker keeps it in a temporary file of its own and applies it at its commit, so the decoding work is done before the commit (a remote target also writes it to the remote while it runs: tide.remote_stream_connections). Off: PostgreSQL holds it (spilling to pg_replslot) until its commit. A change applies when a worker next opens its decoder.",
+        &STREAM_IN_PROGRESS,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"tide.remote_stream_connections",
+        c"How many streamed transactions a remote target's pipeline worker writes to the remote while they run.",
+        c"With tide.stream_in_progress on, the blocks of a large transaction in progress are written into a remote transaction of their own, on a second connection per transaction, left open until the source commits (then committed with the applied position) or rolls back. Past this many at once, or after a conflict, a transaction is applied at its commit from the worker's temporary file. 0: every one is. A change applies when a worker next opens its decoder.",
+        &REMOTE_STREAM_CONNECTIONS,
+        0,
+        64,
+        GucContext::Sighup,
+        GucFlags::default(),
     );
 }
 

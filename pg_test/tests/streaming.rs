@@ -517,3 +517,349 @@ fn filtered_table_in_a_streamed_transaction() {
     assert_eq!(cols, "id,tag", "only the listed columns at the target");
     assert_no_spool_left(&c);
 }
+
+// ------------------------------------------------------------------ remote target (issue 34)
+
+/// A remote target `tgt` (the remote's `public.big`) with pipeline `rm` capturing `big`.
+fn remote_pipeline(c: &Cluster, name: &str) -> Cluster {
+    let t = target_cluster(name);
+    create_server(c, "tgt", &t);
+    create_pipeline(c, "rm", "postgres", r#"{"server": "tgt"}"#);
+    exec(c, "SELECT tide.add_table('rm', 'big', backfill => false)");
+    t
+}
+
+/// The remote's view of the worker's streamed transactions: connections of pipeline `rm`
+/// written to (an xid assigned) in a transaction still open (idle in it, or running a block's
+/// statements).
+const OPEN_STREAM: &str = "SELECT count(*) FROM pg_stat_activity
+    WHERE application_name = 'pg_tide rm stream' AND backend_xid IS NOT NULL
+      AND xact_start IS NOT NULL";
+
+/// The remote backend of `rm`'s open streamed transaction, if there is one.
+fn open_stream_pid(t: &Cluster) -> TestResult<Option<i32>> {
+    t.try_query_scalar::<Option<i32>>(&OPEN_STREAM.replace("count(*)", "min(pid)"))
+        .map_err(Into::into)
+}
+
+/// Wait until the remote holds an open transaction of `rm`'s streaming connection that has
+/// written at least `bytes` into `public.big` (uncommitted rows take room in the table: the
+/// blocks are written while the source transaction runs).
+#[track_caller]
+fn wait_open_remote_stream(c: &Cluster, t: &Cluster, bytes: i64) {
+    if let Err(m) = poll_every(Duration::from_secs(120), POLL, || {
+        Ok(t.try_query_scalar::<i64>(OPEN_STREAM)? >= 1
+            && t.try_query_scalar::<i64>("SELECT pg_relation_size('public.big')")? >= bytes)
+    }) {
+        panic!(
+            "no open remote transaction of the streamed transaction with {bytes} bytes written \
+             (applied at the commit only?): {m}\nremote:\n{}\n{}",
+            sample(
+                t,
+                "SELECT application_name, state, backend_xid, left(query, 60) AS query, pg_relation_size('public.big') AS size FROM pg_stat_activity WHERE application_name LIKE 'pg_tide%'",
+                5
+            ),
+            diag(c)
+        );
+    }
+}
+
+fn remote_rows(t: &Cluster) -> i64 {
+    t.query_scalar("SELECT count(*) FROM public.big")
+}
+
+/// No transaction of pipeline `rm` is open at the remote (within 30 s: a connection closed by
+/// a dead worker takes a moment to end).
+#[track_caller]
+fn assert_no_open_remote_transaction(t: &Cluster) {
+    let open = "SELECT count(*) FROM pg_stat_activity
+                 WHERE application_name LIKE 'pg_tide rm%' AND xact_start IS NOT NULL";
+    if let Err(m) = poll_every(Duration::from_secs(30), POLL, || {
+        Ok(t.try_query_scalar::<i64>(open)? == 0)
+    }) {
+        panic!(
+            "a remote transaction is left open: {m}\n{}",
+            sample(
+                t,
+                "SELECT application_name, state, backend_xid, xact_start FROM pg_stat_activity WHERE application_name LIKE 'pg_tide%'",
+                5
+            )
+        );
+    }
+}
+
+fn assert_remote_equals_source(c: &Cluster, t: &Cluster) {
+    assert_same_rows(
+        "remote big = big",
+        c,
+        "big",
+        t,
+        "public.big",
+        "id, tag, pad",
+    );
+}
+
+/// With a remote target, a streamed transaction's blocks are written at the remote while the
+/// source transaction runs, into a remote transaction left open (its rows take room in the
+/// table, no reader sees them); the source's commit commits it, with the applied position.
+/// On the code before, the remote saw nothing before the commit.
+#[test]
+fn remote_target_writes_a_streamed_transaction_while_it_runs() {
+    let c = cluster("stream_remote");
+    let t = remote_pipeline(&c, "stream_remote_tgt");
+    c.execute(&insert_sql(1, 10, "before"));
+    wait_pipeline(&c, "rm", 60);
+    let empty: i64 = t.query_scalar("SELECT pg_relation_size('public.big')");
+    let mut a = c.client();
+    a.batch_execute("BEGIN").unwrap();
+    a.batch_execute(&insert_sql(11, 30000, "a")).unwrap();
+    // Several times tide.decoding_work_mem (64kB) written at the remote, uncommitted.
+    wait_open_remote_stream(&c, &t, empty + (2 << 20));
+    assert_eq!(remote_rows(&t), 10, "a remote reader sees none of it");
+    a.batch_execute("UPDATE big SET tag = 'b' WHERE id % 2 = 0")
+        .unwrap();
+    let before_commit: String = c.query_scalar("SELECT pg_current_wal_insert_lsn()::text");
+    a.batch_execute("COMMIT").unwrap();
+    wait_pipeline(&c, "rm", 120);
+    assert!(
+        stream_txns(&c, "tide_rm") > 0,
+        "the transaction was streamed"
+    );
+    assert_remote_equals_source(&c, &t);
+    let applied: bool = t.query_scalar(&format!(
+        "SELECT applied_lsn > '{before_commit}' FROM tide_applied WHERE pipeline = 'rm'"
+    ));
+    assert!(applied, "the applied position committed with it");
+    assert_no_open_remote_transaction(&t);
+    assert_no_spool_left(&c);
+}
+
+/// A streamed transaction rolled back at the source is rolled back at the remote: nothing of
+/// it is ever visible there and no remote transaction stays open. One whose subtransaction is
+/// rolled back after it was written falls back (its remote transaction rolled back at once):
+/// another transaction then inserts the keys of the rolled-back subtransaction and commits,
+/// and is applied while the first still runs (the streamed connection held those keys' index
+/// entries: without the fallback the worker would wait on itself until its statement timeout).
+/// The first commits later; the remote equals the source.
+#[test]
+fn remote_target_rolls_back_aborted_streamed_transactions() {
+    let c = cluster("stream_remote_abort");
+    let t = remote_pipeline(&c, "stream_remote_abort_tgt");
+    let mut a = c.client();
+    a.batch_execute("BEGIN").unwrap();
+    a.batch_execute(&insert_sql(1, 20000, "gone")).unwrap();
+    wait_open_remote_stream(&c, &t, 1 << 20);
+    a.batch_execute("ROLLBACK").unwrap();
+    c.execute(&insert_sql(0, 0, "after"));
+    wait_pipeline(&c, "rm", 120);
+    assert_eq!(remote_rows(&t), 1, "only the row after the rollback");
+    assert_no_open_remote_transaction(&t);
+
+    // Subtransaction: its rows written at the remote, then rolled back at the source.
+    let before: i64 = t.query_scalar("SELECT pg_relation_size('public.big')");
+    a.batch_execute("BEGIN").unwrap();
+    a.batch_execute(&insert_sql(1, 5000, "keep")).unwrap();
+    a.batch_execute("SAVEPOINT s").unwrap();
+    a.batch_execute(&insert_sql(100001, 120000, "sub")).unwrap();
+    wait_open_remote_stream(&c, &t, before + (2 << 20));
+    a.batch_execute("ROLLBACK TO SAVEPOINT s").unwrap();
+    // The same keys, by another transaction, committed while `a` runs.
+    c.execute(&insert_sql(100001, 100100, "other"));
+    c.wait_until(
+        "the other transaction at the remote while the first runs",
+        Duration::from_secs(30),
+        POLL,
+        || {
+            Ok(
+                t.try_query_scalar::<i64>("SELECT count(*) FROM public.big WHERE tag = 'other'")?
+                    == 100,
+            )
+        },
+    );
+    a.batch_execute(&insert_sql(5001, 10000, "keep")).unwrap();
+    a.batch_execute("COMMIT").unwrap();
+    wait_pipeline(&c, "rm", 120);
+    assert_remote_equals_source(&c, &t);
+    let subs: i64 = t.query_scalar("SELECT count(*) FROM public.big WHERE tag = 'sub'");
+    assert_eq!(
+        subs, 0,
+        "rows of the rolled-back subtransaction at the remote"
+    );
+    assert_no_open_remote_transaction(&t);
+    assert_no_spool_left(&c);
+}
+
+/// kill -9 of the worker while a streamed transaction's remote transaction is open: the
+/// remote rolls it back with the dead connection; the new worker is sent the transaction again
+/// from its start (it survives the crash restart as a prepared transaction, see
+/// `kill9_mid_stream_loses_and_duplicates_nothing`) and writes it again; after `COMMIT
+/// PREPARED` every row is at the remote once.
+#[test]
+fn remote_target_kill9_mid_stream_converges() {
+    let c = cluster("stream_remote_kill");
+    let t = remote_pipeline(&c, "stream_remote_kill_tgt");
+    let mut a = c.client();
+    a.batch_execute("BEGIN").unwrap();
+    a.batch_execute(&insert_sql(1, 20000, "a")).unwrap();
+    wait_open_remote_stream(&c, &t, 1 << 20);
+    let first = open_stream_pid(&t)
+        .unwrap()
+        .expect("the streamed connection");
+    for i in 0..10 {
+        c.execute(&insert_sql(100001 + i, 100001 + i, "small"));
+    }
+    a.batch_execute(&insert_sql(20001, 30000, "a")).unwrap();
+    a.batch_execute("PREPARE TRANSACTION 'big'").unwrap();
+    drop(a);
+    let victim = worker_pid(&c, "rm").expect("worker of rm");
+    kill9(victim);
+    wait_recovered(&c, "rm", Some(victim), Duration::from_secs(120), || {
+        diag(&c)
+    });
+    // Written again by the new worker, in a new remote transaction (the first one's backend
+    // ended with its connection).
+    t.wait_until(
+        "a new remote transaction of the streamed transaction",
+        Duration::from_secs(120),
+        POLL,
+        || Ok(open_stream_pid(&t)?.is_some_and(|p| p != first)),
+    );
+    t.wait_until(
+        "the killed worker's remote transaction to end",
+        Duration::from_secs(30),
+        POLL,
+        || {
+            Ok(t.try_query_scalar::<i64>(&format!(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = {first}"
+            ))? == 0)
+        },
+    );
+    assert!(
+        remote_rows(&t) <= 10,
+        "nothing of the prepared transaction visible"
+    );
+    c.execute("COMMIT PREPARED 'big'");
+    c.execute(&insert_sql(200001, 200010, "after"));
+    wait_pipeline(&c, "rm", 120);
+    assert_remote_equals_source(&c, &t);
+    assert_eq!(remote_rows(&t), 30020);
+    assert_no_open_remote_transaction(&t);
+    assert_no_spool_left(&c);
+}
+
+/// A backfill chunk whose rows a streamed transaction holds at the remote (written there while
+/// it runs, uncommitted): before the chunk is written the transaction falls back (its remote
+/// transaction rolled back, applied at its commit from the worker's file), so the chunk does
+/// not wait for the worker's own other connection; the backfill finishes while the transaction
+/// still runs, and after its commit the remote equals the source. Without the fallback the
+/// chunk's upsert waits on the uncommitted rows until the remote statement timeout (60 s).
+#[test]
+fn remote_target_backfill_chunk_makes_a_streamed_transaction_fall_back() {
+    let c = cluster("stream_remote_backfill");
+    c.execute(&insert_sql(1, 20000, "old"));
+    let t = remote_pipeline(&c, "stream_remote_backfill_tgt");
+    wait_pipeline(&c, "rm", 60);
+    let mut a = c.client();
+    a.batch_execute("BEGIN").unwrap();
+    a.batch_execute("UPDATE big SET tag = 'new' WHERE id <= 15000")
+        .unwrap();
+    // The remote is empty: the updates are written there as inserts, uncommitted.
+    wait_open_remote_stream(&c, &t, 1 << 20);
+    let id: i64 = c.query_scalar("SELECT tide.start_backfill('big', 'rm', chunk_size => 5000)");
+    let took = wait_backfill(&c, "big", "rm", 45);
+    eprintln!("backfill {id} done in {took:?} while the transaction runs");
+    assert_eq!(
+        remote_rows(&t),
+        20000,
+        "the backfill's rows, with the old values"
+    );
+    let open: i64 = t.query_scalar(OPEN_STREAM);
+    assert_eq!(
+        open, 0,
+        "the streamed transaction's remote transaction was rolled back"
+    );
+    a.batch_execute("COMMIT").unwrap();
+    wait_pipeline(&c, "rm", 120);
+    assert_remote_equals_source(&c, &t);
+    assert_no_open_remote_transaction(&t);
+    assert_no_spool_left(&c);
+}
+
+/// The remote restarts while a streamed transaction's remote transaction is open: the restart
+/// rolls it back; the worker notices at its next block or at the commit, and the transaction is
+/// applied from the worker's file instead (at once, or after one failed iteration). Nothing is
+/// lost or duplicated, and the rows committed at the source meanwhile arrive too.
+#[test]
+fn remote_target_restart_mid_stream_converges() {
+    let c = cluster("stream_remote_restart");
+    let t = remote_pipeline(&c, "stream_remote_restart_tgt");
+    let mut a = c.client();
+    a.batch_execute("BEGIN").unwrap();
+    a.batch_execute(&insert_sql(1, 20000, "a")).unwrap();
+    wait_open_remote_stream(&c, &t, 1 << 20);
+    t.restart();
+    assert_eq!(
+        remote_rows(&t),
+        0,
+        "the restart rolled the open transaction back"
+    );
+    c.execute(&insert_sql(100001, 100010, "small"));
+    a.batch_execute(&insert_sql(20001, 25000, "a")).unwrap();
+    a.batch_execute("COMMIT").unwrap();
+    wait_pipeline(&c, "rm", 180);
+    assert_remote_equals_source(&c, &t);
+    assert_eq!(remote_rows(&t), 25010);
+    assert_no_open_remote_transaction(&t);
+    assert_no_spool_left(&c);
+}
+
+/// A table the pipeline's owner may no longer read: its rows in a streamed transaction are not
+/// written to the remote even uncommitted (the owner's right is checked at the table's first
+/// change in the transaction, as at the commit). The remote table never grows: a rolled-back
+/// write would still have taken room in it. At the commit the pipeline fails on the right, as
+/// before.
+#[test]
+fn remote_target_streams_nothing_its_owner_may_not_read() {
+    let c = cluster("stream_remote_rights");
+    let t = target_cluster("stream_remote_rights_tgt");
+    create_server(&c, "tgt", &t);
+    c.execute(
+        "CREATE ROLE alice LOGIN; GRANT tide_admin TO alice;
+         GRANT USAGE ON FOREIGN SERVER tgt TO alice;
+         CREATE USER MAPPING FOR alice SERVER tgt OPTIONS (user 'postgres', password_required 'false');
+         GRANT SELECT ON big TO alice;",
+    );
+    let mut alice = connect_as(&c, "alice");
+    alice
+        .batch_execute(
+            r#"SELECT tide.create_pipeline('rm', 'postgres', '{"server": "tgt"}');
+               SELECT tide.add_table('rm', 'big', backfill => false);"#,
+        )
+        .unwrap_or_else(|e| panic!("setup as alice: {}\n{}", describe_error(&e), diag(&c)));
+    c.execute(&insert_sql(1, 1, "first"));
+    wait_pipeline(&c, "rm", 60);
+    let size: i64 = t.query_scalar("SELECT pg_relation_size('public.big')");
+    c.execute("REVOKE SELECT ON big FROM alice");
+    let mut a = c.client();
+    a.batch_execute("BEGIN").unwrap();
+    a.batch_execute(&insert_sql(2, 20000, "a")).unwrap();
+    wait_spooled(&c, 1, 1 << 20);
+    a.batch_execute("COMMIT").unwrap();
+    c.wait_until(
+        "the pipeline to fail on the revoked right",
+        Duration::from_secs(120),
+        POLL,
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT coalesce(last_error_sqlstate = '42501', false) FROM tide.pipelines WHERE name = 'rm'",
+            )?)
+        },
+    );
+    assert_eq!(
+        t.query_scalar::<i64>("SELECT pg_relation_size('public.big')"),
+        size,
+        "rows of a table the owner may not read were written at the remote"
+    );
+    assert_eq!(remote_rows(&t), 1);
+    assert_no_open_remote_transaction(&t);
+}

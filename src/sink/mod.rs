@@ -280,6 +280,22 @@ pub trait Target {
         Ok(None)
     }
 
+    /// A target of its own for one streamed transaction written while it runs
+    /// (`worker::stream_apply`): the same tables, on a connection of its own, into a
+    /// transaction left open between blocks ([`Target::flush_open`]) and committed by
+    /// [`Target::commit`] with the applied position. It refuses (an error) any change that would
+    /// need DDL at the target. `None` (the default): this target applies streamed transactions
+    /// at their commit only.
+    fn open_stream(&mut self) -> TideResult<Option<Box<dyn Target>>> {
+        Ok(None)
+    }
+
+    /// Send what is buffered into the target's open transaction, without committing it (a
+    /// streamed transaction's target, at the end of each block).
+    fn flush_open(&mut self, _c: &mut SpiClient<'_>) -> TideResult<()> {
+        Ok(())
+    }
+
     /// Forget cached state after a failed iteration.
     fn reset(&mut self) {}
 }

@@ -39,6 +39,15 @@
 //!   of it: the first change of each table in a batch checks SELECT and row-level security
 //!   against the catalogs of now ([`Applier::check_read`]); a revoked right fails the iteration
 //!   there.
+//! - A streamed transaction's blocks reach the applier only for a remote target
+//!   (`worker::stream_apply`): each block is written to the remote while the source transaction
+//!   runs, into a remote transaction of its own (`Applier::on_stream_start`); at its commit
+//!   (Begin ... Commit from the spool, as any committed transaction) its changes are followed as
+//!   any transaction's (backfill keys, rights, table markers) but not written again: the main
+//!   target commits what came before, then the streamed transaction's remote transaction
+//!   commits with the applied position (`Applier::on_commit`). Anything the remote
+//!   transaction cannot take makes the transaction fall back to being applied from the spool at
+//!   its commit, as for other targets.
 //! - A `schema` marker (written by the event trigger in an `ALTER TABLE`'s transaction) of a
 //!   captured table reaches the target at its position ([`Target::schema`]): the outbox writes
 //!   an event op `schema`, table targets apply the change or pause. A changed key pauses the
@@ -49,6 +58,7 @@ use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
 use crate::sink::{CommitPoint, Event, Row, RowForm, SchemaEvent, Target};
 use crate::worker::backfill::Backfiller;
+use crate::worker::stream_apply::{LiveTxn, StreamApply};
 use pgrx::spi::SpiClient;
 use std::collections::{HashMap, HashSet};
 use tide_core::lsn::Lsn;
@@ -145,6 +155,11 @@ pub struct Applier<'a, 'c> {
     /// skipped in this batch (with their xid).
     pub skips: HashSet<Lsn>,
     pub skipped: Vec<(Lsn, u32)>,
+    /// The streamed transactions written to the target while they run.
+    pub streams: StreamApply,
+    /// The transaction being applied was written while it ran: its changes are followed, not
+    /// written again; its remote transaction commits at its Commit.
+    pub elsewhere: Option<Box<LiveTxn>>,
 }
 
 thread_local! {
@@ -208,15 +223,24 @@ impl Applier<'_, '_> {
                 predicate,
             } => self.on_truncate_partition(relid, partition, predicate)?,
             Message::Keepalive { end_lsn } => self.on_keepalive(end_lsn),
+            // Blocks, for a remote target only (`worker::stream_apply`).
+            Message::StreamStart { xid, first } => self.on_stream_start(xid, first)?,
+            Message::StreamChange { xid: _, body } => self.on_stream_change(body)?,
+            Message::StreamStop => self.on_stream_stop(),
+            Message::StreamAbort { xid, subxid } => {
+                if xid == subxid {
+                    self.streams.abort(xid);
+                } else {
+                    // Its rows must not stay locked at the remote: a later transaction may
+                    // change them.
+                    self.streams.fall_back(xid);
+                }
+            }
             // The decoder turns a streamed transaction into an ordinary one at its commit
-            // (`tide_core::stream_spool`); none of these reaches the applier.
-            Message::StreamStart { .. }
-            | Message::StreamStop
-            | Message::StreamChange { .. }
-            | Message::StreamAbort { .. }
-            | Message::StreamCommit { .. } => {
+            // (`tide_core::stream_spool`).
+            Message::StreamCommit { .. } => {
                 return Err(TideError::internal(
-                    "a streamed-transaction message reached the applier",
+                    "a streamed transaction's commit reached the applier",
                 ));
             }
         }
@@ -267,6 +291,15 @@ impl Applier<'_, '_> {
         } else if !replay {
             LAST_BEGUN.with(|c| c.set(Some(final_lsn)));
         }
+        if let Some(live) = self.streams.take(xid) {
+            // Written while it ran: committed there at its Commit, unless it is not to be
+            // applied, or wrote a table no longer captured at this point (dropped: rolled back).
+            if !replay && !skipped && live.written.iter().all(|r| self.sets.capturing.contains(r)) {
+                self.elsewhere = Some(live);
+            } else {
+                self.streams.abort(xid);
+            }
+        }
         self.txn = Some(Txn {
             xid,
             lsn: final_lsn,
@@ -284,21 +317,7 @@ impl Applier<'_, '_> {
         name: &str,
         columns: &[Column<'_>],
     ) -> TideResult<()> {
-        let rel = RelDesc {
-            qualified: format!(
-                "{}.{}",
-                pgrx::spi::quote_identifier(namespace),
-                pgrx::spi::quote_identifier(name)
-            ),
-            columns: columns
-                .iter()
-                .map(|col| OwnedColumn {
-                    name: col.name.to_string(),
-                    type_oid: col.type_oid,
-                    key: col.flags & wire::COLUMN_KEY != 0,
-                })
-                .collect(),
-        };
+        let rel = rel_desc_of(namespace, name, columns);
         if self.sets.follows(relid) {
             self.sink.relation(self.c, relid, &rel)?;
         }
@@ -307,6 +326,7 @@ impl Applier<'_, '_> {
     }
 
     fn on_marker(&mut self, relid: u32, new: &Tuple<'_>) -> TideResult<()> {
+        self.not_elsewhere("a marker")?;
         let Some(t) = self.txn.as_mut() else {
             return Ok(());
         };
@@ -482,6 +502,7 @@ impl Applier<'_, '_> {
     }
 
     fn on_watermark(&mut self, relid: u32, new: &Tuple<'_>) -> TideResult<()> {
+        self.not_elsewhere("a watermark")?;
         let Some(t) = self.txn.as_mut().filter(|t| !t.skip) else {
             return Ok(());
         };
@@ -493,6 +514,8 @@ impl Applier<'_, '_> {
             return Ok(());
         }
         if self.bf.awaits(watermark, kind) {
+            // The chunk may upsert rows a streamed transaction holds at the remote.
+            self.streams.fall_back_all();
             // Make the stream events before the chunk visible now, rather than after the
             // chunk's rows.
             if let Some((end, _)) = self.last_applied {
@@ -514,6 +537,10 @@ impl Applier<'_, '_> {
         let mut key = String::new();
         json::render_key(&rel.columns, new, &mut key).map_err(render_err)?;
         self.bf.on_change(relid, &key, t.xid);
+        if self.elsewhere.is_some() {
+            t.position += 1;
+            return Ok(());
+        }
         emit_row(self.sink, self.c, t, relid, rel, Op::Insert, key, new)
     }
 
@@ -527,39 +554,29 @@ impl Applier<'_, '_> {
         let Some((t, rel)) = captured(&self.sets, &mut self.txn, self.rels, relid)? else {
             return Ok(());
         };
-        let old = match old_key {
-            Some(old) => {
-                let mut k = String::new();
-                json::render_key(&rel.columns, old, &mut k).map_err(render_err)?;
-                Some(k)
-            }
-            None => None,
-        };
-        let mut new_key = String::new();
-        match (json::render_key(&rel.columns, new, &mut new_key), &old) {
-            (Ok(()), _) => {}
-            // A key column stored out of line and not changed: the old key (which PostgreSQL
-            // logs in that case) is the key.
-            (Err(json::RenderError::UnchangedKey { .. }), Some(old)) => new_key = old.clone(),
-            (Err(e), _) => return Err(render_err(e)),
-        }
+        let (old, new_key) = update_keys(rel, old_key, new)?;
         if let Some(old) = &old {
             self.bf.on_change(relid, old, t.xid);
         }
         self.bf.on_change(relid, &new_key, t.xid);
-        match old {
-            Some(old) if old != new_key => {
-                // A key change is a delete of the old key and an insert of the new row.
-                let Some(old_tuple) = old_key else {
-                    return Err(TideError::internal("a key change without the old key"));
-                };
-                let ev = delete_event(self.sink, relid, rel, old, old_tuple)?;
-                t.position += 1;
-                self.sink.push(self.c, t, ev)?;
-                emit_row(self.sink, self.c, t, relid, rel, Op::Insert, new_key, new)
-            }
-            _ => emit_row(self.sink, self.c, t, relid, rel, Op::Update, new_key, new),
+        if self.elsewhere.is_some() {
+            t.position += if old.as_ref().is_some_and(|o| *o != new_key) {
+                2
+            } else {
+                1
+            };
+            return Ok(());
         }
+        push_update(
+            self.sink,
+            self.c,
+            t,
+            relid,
+            rel,
+            (old, old_key),
+            new_key,
+            new,
+        )
     }
 
     fn on_delete(&mut self, relid: u32, old_key: &Tuple<'_>) -> TideResult<()> {
@@ -570,12 +587,16 @@ impl Applier<'_, '_> {
         let mut k = String::new();
         json::render_key(&rel.columns, old_key, &mut k).map_err(render_err)?;
         self.bf.on_change(relid, &k, t.xid);
-        let ev = delete_event(self.sink, relid, rel, k, old_key)?;
         t.position += 1;
+        if self.elsewhere.is_some() {
+            return Ok(());
+        }
+        let ev = delete_event(self.sink, relid, rel, k, old_key)?;
         self.sink.push(self.c, t, ev)
     }
 
     fn on_truncate(&mut self, relids: &[u32]) -> TideResult<()> {
+        self.not_elsewhere("a truncate")?;
         for &relid in relids {
             if self.sets.capturing.contains(&relid) {
                 self.check_read(relid)?;
@@ -600,6 +621,7 @@ impl Applier<'_, '_> {
         partition: &str,
         predicate: &str,
     ) -> TideResult<()> {
+        self.not_elsewhere("a truncate")?;
         self.check_read(relid)?;
         let Some(t) = self.txn.as_mut().filter(|t| !t.skip) else {
             return Ok(());
@@ -624,15 +646,29 @@ impl Applier<'_, '_> {
 
     /// Returns `false` at a barrier: later transactions were decoded without the new table and
     /// are read again with a reopened decoder.
+    ///
+    /// A transaction written while it ran commits now at the target: first the main target's
+    /// batch (everything committed before it at the source), then its own remote transaction
+    /// with the applied position. Should that fail, the iteration fails; the transaction is
+    /// then applied from the spool (`stream_apply`: never live again).
     fn on_commit(&mut self, end_lsn: Lsn, commit_time: i64) -> TideResult<bool> {
         let Some(mut t) = self.txn.take() else {
             return Ok(true);
         };
         // A tide.alter_table's schema event: after every change of its transaction (all shaped
-        // the old way), at the commit position where the new shaping takes effect.
+        // the old way), at the commit position where the new shaping takes effect. (Such a
+        // transaction is never written while it ran: its marker row made it fall back.)
         for ev in std::mem::take(&mut self.announce) {
             t.position += 1;
             self.sink.schema(self.c, &t, ev)?;
+        }
+        if let Some(mut live) = self.elsewhere.take() {
+            let before = self.last_applied.map(|(end, _)| end);
+            self.sink
+                .commit(self.c, &self.p.name, before, CommitPoint::Early)?;
+            live.target
+                .commit(self.c, &self.p.name, Some(end_lsn), CommitPoint::End)?;
+            self.streams.committed(t.xid);
         }
         self.high = self.high.max(end_lsn);
         if !t.skip && t.position > 0 {
@@ -663,6 +699,169 @@ impl Applier<'_, '_> {
         }
     }
 
+    /// A block of streamed transaction `xid` begins. At its first block: written while it runs
+    /// when the target can and fewer than `tide.remote_stream_connections` are. When it is,
+    /// everything before the block is committed at the target first: the block may change rows
+    /// that transactions committed before it changed (they hold no lock at the source any
+    /// more, and would at the remote until committed).
+    fn on_stream_start(&mut self, xid: u32, first: bool) -> TideResult<()> {
+        let sink = &mut *self.sink;
+        if self
+            .streams
+            .start(xid, first, || sink.open_stream(), &self.sets.capturing)
+        {
+            let before = self.last_applied.map(|(end, _)| end);
+            self.sink
+                .commit(self.c, &self.p.name, before, CommitPoint::Early)?;
+        }
+        Ok(())
+    }
+
+    /// A change of the block being received: written to its transaction's remote transaction
+    /// if it is live; anything that cannot be makes it fall back.
+    fn on_stream_change(&mut self, body: &[u8]) -> TideResult<()> {
+        let Some(xid) = self.streams.current.filter(|&x| self.streams.is_live(x)) else {
+            return Ok(());
+        };
+        let msg = wire::decode(body).map_err(|e| {
+            TideError::internal(format!(
+                "cannot decode a streamed change of the pg_tide output plugin: {e}"
+            ))
+        })?;
+        if let Err(e) = self.stream_change(xid, msg) {
+            self.out.notes.push(format!(
+                "transaction {xid} is applied at its commit rather than while it runs: {}",
+                e.message
+            ));
+            self.streams.fall_back(xid);
+        }
+        Ok(())
+    }
+
+    /// The end of a block: what it wrote is sent into its remote transaction, left open.
+    fn on_stream_stop(&mut self) {
+        let Some(xid) = self.streams.current.take() else {
+            return;
+        };
+        let Some(live) = self.streams.live_mut(xid) else {
+            return;
+        };
+        if let Err(e) = live.target.flush_open(self.c) {
+            self.out.notes.push(format!(
+                "transaction {xid} is applied at its commit rather than while it runs: {}",
+                e.message
+            ));
+            self.streams.fall_back(xid);
+        }
+    }
+
+    /// Write one change of live streamed transaction `xid` to its target. An error: it falls
+    /// back.
+    fn stream_change(&mut self, xid: u32, msg: Message<'_>) -> TideResult<()> {
+        let stop = |what: &str| Err(TideError::internal(format!("it has {what}")));
+        let change = match &msg {
+            Message::Relation { .. } => None,
+            Message::Insert { relid, .. }
+            | Message::Update { relid, .. }
+            | Message::Delete { relid, .. } => Some(*relid),
+            _ => return stop("a truncate or a table rewrite"),
+        };
+        if let Some(relid) = change {
+            if relid == self.marker_relid || relid == self.signal_relid {
+                return stop("a table-list or schema marker, or a watermark");
+            }
+            if self.sets.pending.contains(&relid) {
+                return stop("a change of a table whose capture begins later in the stream");
+            }
+            if !self.sets.capturing.contains(&relid) {
+                return Ok(());
+            }
+        }
+        let Some(live) = self.streams.live_mut(xid) else {
+            return Ok(());
+        };
+        if change.is_some_and(|r| !live.known.contains(&r)) {
+            return stop("a change of a table captured since it began");
+        }
+        if let Some(relid) = change.filter(|&r| live.written.insert(r)) {
+            // As at the commit (`check_read`): nothing of a table its owner may no longer read
+            // goes to the remote, even uncommitted.
+            let qualified = live
+                .rels
+                .get(&relid)
+                .map_or_else(|| relid.to_string(), |r| r.qualified.clone());
+            let oid = pgrx::pg_sys::Oid::from(relid);
+            if let Some(e) = crate::security::read_problem(self.owner, oid, &qualified) {
+                return Err(e);
+            }
+        }
+        let LiveTxn {
+            target, rels, txn, ..
+        } = live;
+        let target: &mut dyn Target = target.as_mut();
+        match msg {
+            Message::Relation {
+                relid,
+                namespace,
+                name,
+                columns,
+            } => {
+                let rel = rel_desc_of(namespace, name, &columns);
+                if self.sets.follows(relid) {
+                    target.relation(self.c, relid, &rel)?;
+                }
+                rels.insert(relid, rel);
+                Ok(())
+            }
+            // Changes of captured tables only, from here on (checked above).
+            Message::Insert { relid, new } => {
+                let rel = rel_desc(rels, relid)?;
+                let mut key = String::new();
+                json::render_key(&rel.columns, &new, &mut key).map_err(render_err)?;
+                emit_row(target, self.c, txn, relid, rel, Op::Insert, key, &new)
+            }
+            Message::Update {
+                relid,
+                old_key,
+                new,
+            } => {
+                let rel = rel_desc(rels, relid)?;
+                let (old, new_key) = update_keys(rel, old_key.as_ref(), &new)?;
+                push_update(
+                    target,
+                    self.c,
+                    txn,
+                    relid,
+                    rel,
+                    (old, old_key.as_ref()),
+                    new_key,
+                    &new,
+                )
+            }
+            Message::Delete { relid, old_key } => {
+                let rel = rel_desc(rels, relid)?;
+                let mut k = String::new();
+                json::render_key(&rel.columns, &old_key, &mut k).map_err(render_err)?;
+                let ev = delete_event(target, relid, rel, k, &old_key)?;
+                txn.position += 1;
+                target.push(self.c, txn, ev)
+            }
+            _ => stop("an unexpected message"),
+        }
+    }
+
+    /// Inside a transaction written while it ran, only row changes can come (anything else made
+    /// it fall back).
+    fn not_elsewhere(&self, what: &str) -> TideResult<()> {
+        match &self.elsewhere {
+            Some(l) => Err(TideError::internal(format!(
+                "{what} in transaction {}, which was written to the target while it ran",
+                l.txn.xid
+            ))),
+            None => Ok(()),
+        }
+    }
+
     fn on_keepalive(&mut self, end_lsn: Lsn) {
         if self.txn.is_none() {
             self.high = self.high.max(end_lsn);
@@ -685,6 +884,76 @@ fn captured<'a>(
         return Ok(None);
     };
     Ok(Some((t, rel_desc(rels, relid)?)))
+}
+
+/// A relation's description from its Relation message.
+fn rel_desc_of(namespace: &str, name: &str, columns: &[Column<'_>]) -> RelDesc {
+    RelDesc {
+        qualified: format!(
+            "{}.{}",
+            pgrx::spi::quote_identifier(namespace),
+            pgrx::spi::quote_identifier(name)
+        ),
+        columns: columns
+            .iter()
+            .map(|col| OwnedColumn {
+                name: col.name.to_string(),
+                type_oid: col.type_oid,
+                key: col.flags & wire::COLUMN_KEY != 0,
+            })
+            .collect(),
+    }
+}
+
+/// An update's old key (when PostgreSQL logged one) and new key, rendered.
+fn update_keys(
+    rel: &RelDesc,
+    old_key: Option<&Tuple<'_>>,
+    new: &Tuple<'_>,
+) -> TideResult<(Option<String>, String)> {
+    let old = match old_key {
+        Some(old) => {
+            let mut k = String::new();
+            json::render_key(&rel.columns, old, &mut k).map_err(render_err)?;
+            Some(k)
+        }
+        None => None,
+    };
+    let mut new_key = String::new();
+    match (json::render_key(&rel.columns, new, &mut new_key), &old) {
+        (Ok(()), _) => {}
+        // A key column stored out of line and not changed: the old key (which PostgreSQL logs
+        // in that case) is the key.
+        (Err(json::RenderError::UnchangedKey { .. }), Some(old)) => new_key = old.clone(),
+        (Err(e), _) => return Err(render_err(e)),
+    }
+    Ok((old, new_key))
+}
+
+/// Push an update: a key change is a delete of the old key and an insert of the new row.
+#[allow(clippy::too_many_arguments)]
+fn push_update(
+    sink: &mut dyn Target,
+    c: &mut SpiClient<'_>,
+    t: &mut Txn,
+    relid: u32,
+    rel: &RelDesc,
+    (old, old_key): (Option<String>, Option<&Tuple<'_>>),
+    new_key: String,
+    new: &Tuple<'_>,
+) -> TideResult<()> {
+    match old {
+        Some(old) if old != new_key => {
+            let Some(old_tuple) = old_key else {
+                return Err(TideError::internal("a key change without the old key"));
+            };
+            let ev = delete_event(sink, relid, rel, old, old_tuple)?;
+            t.position += 1;
+            sink.push(c, t, ev)?;
+            emit_row(sink, c, t, relid, rel, Op::Insert, new_key, new)
+        }
+        _ => emit_row(sink, c, t, relid, rel, Op::Update, new_key, new),
+    }
 }
 
 /// The text of column `name` in a row of one of pg_tide's own tables.

@@ -26,6 +26,12 @@
 //!   decoding session: closing the decoder removes them, and the next session (which starts at
 //!   the slot's restart point, before the first change of every transaction still running, as
 //!   PostgreSQL keeps it) streams those transactions again from their start.
+//! - For a remote target (`remote_streams` above 0 at [`Decoder::open`]), the streamed blocks
+//!   and aborts are also handed out in stream order (`Streams::pass_through`), for the applier
+//!   to write each such transaction into a remote transaction of its own while it runs
+//!   ([`Decoder::streams`], `worker::stream_apply`); the committed transaction still comes whole
+//!   from the spool at its commit. That state belongs to the decoding session too: closing the
+//!   decoder rolls back every such remote transaction.
 //! - The confirmed position needs nothing more: a transaction in progress, streamed or not, has
 //!   not committed before [`Decoder::position`], so confirming that position does not skip it
 //!   (decoding skips only transactions that committed before the confirmed position, and
@@ -222,6 +228,9 @@ pub struct Decoder {
     pub slot: String,
     /// No read yet: the next one resets the catalog caches around it whatever else holds.
     fresh: bool,
+    /// The streamed transactions written to a remote target while they run (the applier takes
+    /// it for each batch and puts it back).
+    pub streams: crate::worker::stream_apply::StreamApply,
 }
 
 /// Whether this server allows prepared transactions (set at server start).
@@ -236,8 +245,16 @@ fn two_phase() -> bool {
 
 impl Decoder {
     /// Acquire `slot` and start decoding at its restart point, for changes committed after its
-    /// confirmed position.
-    pub fn open(slot: &str, filter: &str, extra: &[(String, String)]) -> TideResult<Decoder> {
+    /// confirmed position. `remote_streams`: how many streamed transactions the applier may
+    /// write while they run (0: none, and the blocks are not handed out).
+    pub fn open(
+        slot: &str,
+        filter: &str,
+        extra: &[(String, String)],
+        remote_streams: usize,
+    ) -> TideResult<Decoder> {
+        let streaming_on = crate::gucs::STREAM_IN_PROGRESS.get();
+        let remote_streams = if streaming_on { remote_streams } else { 0 };
         let slot_c = CString::new(slot).map_err(|_| TideError::internal("slot name with NUL"))?;
         let filter_c =
             CString::new(filter).map_err(|_| TideError::internal("table filter with NUL"))?;
@@ -277,7 +294,9 @@ impl Decoder {
                 extra: extra.to_vec(),
                 slot: slot.to_string(),
                 fresh: true,
+                streams: crate::worker::stream_apply::StreamApply::new(remote_streams),
             };
+            dec.out.streams.pass_through = remote_streams > 0;
             // An ERROR from here on drops `_restore` (back to the caller's memory context), then
             // `dec` (which releases the slot and deletes `cx`) while unwinding.
             pg_sys::ReplicationSlotAcquire(slot_c.as_ptr(), true);
@@ -286,11 +305,7 @@ impl Decoder {
             let mut options = std::ptr::null_mut::<pg_sys::List>();
             let proto = std::ffi::CString::new(tide_core::wire::PROTO_VERSION.to_string())
                 .unwrap_or_default();
-            let streaming = if crate::gucs::STREAM_IN_PROGRESS.get() {
-                c"on"
-            } else {
-                c"off"
-            };
+            let streaming = if streaming_on { c"on" } else { c"off" };
             let fixed = [
                 (c"proto_version", proto.as_ptr()),
                 (c"tables", filter_c.as_ptr()),

@@ -13,6 +13,7 @@ pub mod pipeline;
 mod read_ahead;
 pub mod retention;
 pub mod row_values;
+pub mod stream_apply;
 pub mod tx;
 
 use pgrx::pg_sys;

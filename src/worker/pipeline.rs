@@ -716,6 +716,9 @@ fn stream(
     let read = decoder.read(batch_events)?;
     let position = decoder.position();
     let skips = catalog::skips::lsns(c, &p.name)?;
+    // Taken for the batch and put back after it (an error drops it with the decoder's
+    // session: every remote transaction of a streamed one is rolled back).
+    let streams = std::mem::take(&mut decoder.streams);
     let mut ap = Applier {
         c,
         p,
@@ -739,6 +742,8 @@ fn stream(
         readable: HashSet::new(),
         skips,
         skipped: Vec::new(),
+        streams,
+        elsewhere: None,
         out: Outcome {
             spilled: decoder.spilled_total() - spilled_before,
             notes,
@@ -749,7 +754,6 @@ fn stream(
     let Applier {
         c,
         sink,
-        txn,
         last_applied,
         mut high,
         marks,
@@ -758,14 +762,10 @@ fn stream(
         stopped,
         skipped,
         mut out,
+        streams,
         ..
     } = ap;
-    if txn.is_some() {
-        // Cannot happen: the plugin writes whole transactions. Refuse to commit half of one.
-        return Err(TideError::internal(
-            "the decoded stream ended inside a transaction",
-        ));
-    }
+    decoder.streams = streams;
     sink.commit(
         c,
         &p.name,
@@ -936,7 +936,12 @@ fn open_decoder<'d>(
     }
     if dec.is_none() {
         rels.clear();
-        *dec = Some(Decoder::open(&p.slot_name, filter, extra)?);
+        let remote_streams = if p.target == tide_core::model::TargetKind::Postgres {
+            gucs::REMOTE_STREAM_CONNECTIONS.get().max(0) as usize
+        } else {
+            0
+        };
+        *dec = Some(Decoder::open(&p.slot_name, filter, extra, remote_streams)?);
     }
     dec.as_mut()
         .ok_or_else(|| TideError::internal("no decoder"))
@@ -966,6 +971,7 @@ fn positions(p: &PipelineRow, target_applied: Option<Lsn>) -> TideResult<(Lsn, L
 
 /// Hand every decoded message of this read to the applier, in order, until the end or a
 /// barrier (what follows a barrier is read again after the reopen: the buffer is emptied).
+/// The batch must end between transactions.
 fn apply_messages(decoder: &mut Decoder, ap: &mut Applier<'_, '_>) -> TideResult<()> {
     let mut messages = decoder.messages();
     while let Some(data) = messages.next_message()? {
@@ -976,6 +982,12 @@ fn apply_messages(decoder: &mut Decoder, ap: &mut Applier<'_, '_>) -> TideResult
         if !ap.dispatch(msg)? {
             break;
         }
+    }
+    if ap.txn.is_some() || ap.elsewhere.is_some() {
+        // Cannot happen: the plugin writes whole transactions. Refuse to commit half of one.
+        return Err(TideError::internal(
+            "the decoded stream ended inside a transaction",
+        ));
     }
     Ok(())
 }

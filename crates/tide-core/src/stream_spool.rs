@@ -15,6 +15,11 @@
 //!   and every one when the `Streams` is cleared or dropped (a decoder reopened starts again
 //!   from the slot's restart point, where PostgreSQL streams every transaction in progress again
 //!   from its start).
+//! - With [`Streams::pass_through`] on, every stream message but the commit (block start and
+//!   stop, each change, each abort) is also pushed to the output, in the order received and
+//!   between whole committed transactions, so that a reader of the output can apply a
+//!   transaction's blocks while it runs (a remote target: `worker::stream_apply`); the spool
+//!   stays the source of truth, and the commit still comes as Begin ... Commit from it.
 //! - A message that breaks the protocol (a change outside a block, a block inside a block, a
 //!   continuation or commit of a transaction that was never started) is an error, never dropped
 //!   or applied out of place.
@@ -48,6 +53,9 @@ pub struct Streams {
     pub committed: u64,
     pub aborted: u64,
     pub spooled: u64,
+    /// Also push the stream messages (all but the commit) to the output (see the module
+    /// header).
+    pub pass_through: bool,
 }
 
 /// Why a message could not be routed.
@@ -97,6 +105,7 @@ impl Streams {
             committed: 0,
             aborted: 0,
             spooled: 0,
+            pass_through: false,
         }
     }
 
@@ -128,7 +137,17 @@ impl Streams {
                 return Ok(out.push(msg)?);
             }
         }
-        match wire::decode(msg).map_err(StreamError::Decode)? {
+        let decoded = wire::decode(msg).map_err(StreamError::Decode)?;
+        let pass = self.pass_through && !matches!(decoded, Message::StreamCommit { .. });
+        self.route_stream(decoded, out)?;
+        if pass {
+            out.push(msg)?;
+        }
+        Ok(())
+    }
+
+    fn route_stream(&mut self, msg: Message<'_>, out: &mut SpillBuffer) -> Result<(), StreamError> {
+        match msg {
             Message::StreamStart { xid, first } => self.start(xid, first),
             Message::StreamStop => match self.current.take() {
                 Some(_) => Ok(()),

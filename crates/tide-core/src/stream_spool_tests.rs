@@ -199,3 +199,37 @@ fn clear_forgets_and_out_of_place_messages_are_errors() {
     assert!(out.is_empty(), "nothing reached the output");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// With `pass_through`, the stream messages but the commit also reach the output, in order and
+/// where they came; the commit still comes as Begin ... Commit from the spool.
+#[test]
+fn pass_through_forwards_blocks_and_aborts_in_order() {
+    let d = dir("pass");
+    let mut s = Streams::new(&d, "p", 1 << 20);
+    s.pass_through = true;
+    let mut out = SpillBuffer::new(&d, "o", 1 << 20);
+    let before = begin_of(5, 10);
+    let msgs = vec![
+        start(7, true),
+        wrap(7, &insert(1, "a")),
+        wrap(8, &insert(1, "sub")),
+        stop(),
+        before.clone(),
+        abort(7, 8),
+        commit(7, 100),
+    ];
+    route_all(&mut s, &mut out, &msgs);
+    let mut want = msgs[..6].to_vec();
+    want.push(begin_of(7, 100));
+    want.push(insert(1, "a"));
+    want.push(commit_of(7, 100));
+    assert_eq!(drain_all(&mut out), want);
+    // Off (the default): only the whole transaction.
+    let mut s = Streams::new(&d, "q", 1 << 20);
+    route_all(&mut s, &mut out, &msgs);
+    assert_eq!(
+        drain_all(&mut out),
+        vec![before, begin_of(7, 100), insert(1, "a"), commit_of(7, 100)]
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}

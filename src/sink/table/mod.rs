@@ -42,7 +42,10 @@
 //!   remote transaction per batch of whole source transactions (two when a backfill chunk's rows
 //!   follow stream events in the batch: the events are committed first, see
 //!   `CommitPoint::Early`), each together with the applied position (`<schema>.tide_applied`).
-//!   A reader of the target never sees half of a source transaction, across tables too.
+//!   A reader of the target never sees half of a source transaction, across tables too. A
+//!   streamed transaction written while it runs (`worker::stream_apply`) has a remote
+//!   transaction of its own, on a connection of its own ([`Target::open_stream`]), committed
+//!   with the applied position at the source's commit, after the batch before it.
 //! - Schema changes: at a schema event ([`Target::schema`], the position of the `ALTER TABLE`)
 //!   a renamed column is renamed, a dropped column dropped (not a key column: that pauses), a
 //!   new source column added (with the value the source's existing rows got) and a safe type
@@ -89,6 +92,18 @@ pub trait Backend {
     fn commits_on_its_own(&self) -> bool;
     /// Forget cached state after a failed iteration.
     fn reset(&mut self);
+    /// A backend of its own, on a connection of its own, for one streamed transaction written
+    /// while it runs ([`Target::open_stream`]); `None`: not supported (local).
+    fn fork(&self) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        None
+    }
+    /// Send what is buffered into the open transaction without committing it.
+    fn flush(&mut self) -> TideResult<()> {
+        Ok(())
+    }
     /// Whether the target tables live in this database, so a chunk's rows can reach them as
     /// row values ([`Backend::exec_rows`]).
     fn in_this_database(&self) -> bool {
@@ -160,6 +175,9 @@ pub struct TableTarget<B: Backend> {
     /// Source relations whose shape was checked against their target since the last reset.
     checked: HashSet<u32>,
     planner: Planner,
+    /// A streamed transaction's target ([`Target::open_stream`]): a change that needs DDL at the
+    /// target is refused (the transaction is then applied at its commit, by the main target).
+    streamed: bool,
 }
 
 /// The target of a `table` or `postgres` pipeline.
@@ -210,7 +228,7 @@ fn current_access(p: &PipelineRow) -> TideResult<RemoteAccess> {
     pipeline_access(p, &opts)
 }
 
-impl<B: Backend> TableTarget<B> {
+impl<B: Backend + 'static> TableTarget<B> {
     /// Whether the target table of `relid` has each of `columns` (name, `format_type`).
     /// `names`, each with the target table's type for it (what its text is cast to).
     fn typed(&mut self, t: &TableRef, names: &[String]) -> TideResult<Vec<TypedColumn>> {
@@ -288,6 +306,7 @@ impl<B: Backend> TableTarget<B> {
             shapes: HashMap::new(),
             checked: HashSet::new(),
             planner: Planner::new(),
+            streamed: false,
         }
     }
 
@@ -405,6 +424,12 @@ impl<B: Backend> TableTarget<B> {
             e.pause_pipeline = true;
             return Err(e);
         }
+        if self.streamed && !plan.ddl.is_empty() {
+            return Err(TideError::prerequisite(format!(
+                "target {} needs a change of shape, which a streamed transaction does not make before its commit",
+                shown(t)
+            )));
+        }
         if !plan.ddl.is_empty() {
             // The target's shape once the DDL is applied (remote DDL only runs at the batch's
             // commit, so the cache must not be re-read before then). Whatever is planned for
@@ -427,7 +452,7 @@ impl<B: Backend> TableTarget<B> {
     }
 }
 
-impl<B: Backend> Target for TableTarget<B> {
+impl<B: Backend + 'static> Target for TableTarget<B> {
     /// Text for events; a chunk as row values (a table in this database) or COPY text (another
     /// PostgreSQL) when the target table has each of its columns with the same type, else as
     /// text events.
@@ -648,6 +673,23 @@ impl<B: Backend> Target for TableTarget<B> {
         let (sql, params) = sweep_query(&t, &types, lower, upper);
         let params: Vec<&str> = params.iter().map(String::as_str).collect();
         self.backend.query(&sql, &params).map(Some)
+    }
+
+    fn open_stream(&mut self) -> TideResult<Option<Box<dyn Target>>> {
+        let Some(backend) = self.backend.fork() else {
+            return Ok(None);
+        };
+        let mut t = TableTarget::new(&self.pipeline, self.policy, backend);
+        t.streamed = true;
+        t.targets = self.targets.clone();
+        t.shapes = self.shapes.clone();
+        Ok(Some(Box::new(t)))
+    }
+
+    fn flush_open(&mut self, c: &mut SpiClient<'_>) -> TideResult<()> {
+        let pending = self.planner.finish();
+        self.run(c, pending)?;
+        self.backend.flush()
     }
 
     fn reset(&mut self) {

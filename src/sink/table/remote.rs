@@ -30,6 +30,11 @@ pub const REMOTE_TIMEOUT: Duration = Duration::from_secs(60);
 /// for a source transaction of any size is about this much.
 pub const FLUSH_BYTES: usize = 4 << 20;
 
+/// How long a streamed transaction's remote statement waits for a row lock before it fails
+/// (and the transaction is applied at its commit instead): what it waits for is another
+/// connection of the same worker, which cannot go on while it waits.
+pub const STREAM_LOCK_TIMEOUT_MS: u32 = 2000;
+
 /// A remote failure as the pipeline's error: transient ones (the target unreachable) are
 /// retried by the worker with back-off, the others wait for the user.
 pub fn remote_err(e: RemoteError) -> TideError {
@@ -84,6 +89,9 @@ pub struct Remote {
     /// collation than the source, or another writer inserted one meanwhile). From then on this
     /// worker loads every chunk through the staging table, which upserts.
     direct_refused: bool,
+    /// A streamed transaction's backend ([`Backend::fork`]): its remote transaction begins with
+    /// `SET LOCAL lock_timeout` ([`STREAM_LOCK_TIMEOUT_MS`]).
+    stream: bool,
 }
 
 impl Remote {
@@ -101,6 +109,7 @@ impl Remote {
             ready: false,
             has_direct: false,
             direct_refused: false,
+            stream: false,
         }
     }
 
@@ -151,11 +160,22 @@ impl Remote {
     /// Buffer a step; past [`FLUSH_BYTES`], send what is buffered into the batch's remote
     /// transaction (begun by the first such part), which stays open until [`Backend::commit`].
     fn add(&mut self, step: RemoteStep) -> TideResult<()> {
+        if self.stream && self.open.is_none() && self.stmts.is_empty() {
+            self.stmts.push(RemoteStep::Simple(format!(
+                "SET LOCAL lock_timeout = {STREAM_LOCK_TIMEOUT_MS}"
+            )));
+        }
         self.buffered += step_size(&step);
         self.stmts.push(step);
         if self.buffered < FLUSH_BYTES {
             return Ok(());
         }
+        self.send_part()
+    }
+
+    /// Send what is buffered into the batch's remote transaction (begun by the first such
+    /// part), leaving it open.
+    fn send_part(&mut self) -> TideResult<()> {
         let part = match self.open {
             Some(id) => Part {
                 id,
@@ -372,6 +392,26 @@ impl Backend for Remote {
 
     fn commits_on_its_own(&self) -> bool {
         true
+    }
+
+    fn fork(&self) -> Option<Remote> {
+        let sink = self.sink.as_ref()?;
+        let mut r = Remote::new(
+            &self.pipeline,
+            &self.schema,
+            RemoteSink::start_with(sink.access(), &format!("pg_tide {} stream", self.pipeline)),
+        );
+        // The main connection made the schema and `tide_applied`; a chunk never comes here.
+        r.ready = true;
+        r.stream = true;
+        Some(r)
+    }
+
+    fn flush(&mut self) -> TideResult<()> {
+        if self.stmts.is_empty() {
+            return Ok(());
+        }
+        self.send_part()
     }
 
     fn reset(&mut self) {
