@@ -71,9 +71,24 @@ CREATE TABLE tide.pipeline_table (
     -- tide.add_table's columns: the attribute numbers of the columns delivered (the key always
     -- among them), in attribute order; NULL: every column. By number, so a rename follows.
     columns      int2[],
+    -- tide.add_table's masks: a JSON object of attribute number -> mask ("hash", "null",
+    -- {"truncate": N}, {"constant": "text"}); NULL: no column is masked. By number, so a rename
+    -- follows. Applied by the output plugin and the chunk reader (tide_core::mask).
+    masks        jsonb,
     PRIMARY KEY (pipeline, relid)
 );
 COMMENT ON TABLE tide.pipeline_table IS 'Tables captured by each pipeline. Use tide.add_table/tide.remove_table.';
+
+-- The salt of each pipeline's hash masks: made when its first masked table is added, replaced by
+-- tide.rotate_mask_salt. No role but superusers reads this table; the pipeline's owner reads its
+-- salt with tide.mask_salt.
+CREATE TABLE tide.mask_salt (
+    pipeline     text PRIMARY KEY REFERENCES tide.pipeline(name) ON DELETE CASCADE,
+    salt         bytea NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    rotated_at   timestamptz
+);
+COMMENT ON TABLE tide.mask_salt IS 'The secret salt of each pipeline''s hash masks (superusers only; the owner: tide.mask_salt(pipeline)).';
 
 -- The outbox target: one row per change, transactions contiguous and in commit order.
 CREATE TABLE tide.outbox (
@@ -446,10 +461,12 @@ SELECT t.pipeline, t.relation, t.relid::regclass AS source, t.key_columns, t.add
        CASE WHEN t.removing THEN 'removing' WHEN t.added_lsn IS NULL THEN 'pending' ELSE 'capturing' END AS state,
        t.row_filter,
        CASE WHEN t.columns IS NOT NULL THEN ARRAY(SELECT a.attname::text FROM pg_attribute a
-             WHERE a.attrelid = t.relid AND a.attnum = ANY (t.columns) AND NOT a.attisdropped ORDER BY a.attnum) END AS columns
+             WHERE a.attrelid = t.relid AND a.attnum = ANY (t.columns) AND NOT a.attisdropped ORDER BY a.attnum) END AS columns,
+       (SELECT jsonb_object_agg(a.attname, m.value ORDER BY a.attnum) FROM jsonb_each(t.masks) m
+          JOIN pg_attribute a ON a.attrelid = t.relid AND a.attnum = m.key::int2 AND NOT a.attisdropped) AS masks
   FROM tide.pipeline_table t
  WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = t.pipeline));
-COMMENT ON VIEW tide.tables IS 'Tables captured by each pipeline: pending until the worker reaches the add_table point in the stream, then capturing; removing until it reaches the remove_table point; row_filter: only the rows it passes are delivered; columns: only these columns are (NULL: every column).';
+COMMENT ON VIEW tide.tables IS 'Tables captured by each pipeline: pending until the worker reaches the add_table point in the stream, then capturing; removing until it reaches the remove_table point; row_filter: only the rows it passes are delivered; columns: only these columns are (NULL: every column); masks: each masked column and its mask (NULL: none; never the salt).';
 
 CREATE VIEW tide.backfills WITH (security_barrier) AS
 SELECT b.id, b.pipeline, b.relation, b.relid::regclass AS source, b.state, b.generation, b.chunk_size,

@@ -16,7 +16,9 @@
 //! - `refusals`: options, servers, user mappings and privileges refused with SQLSTATE and hint;
 //!   secrets readable by no other role;
 //! - `large`: one transaction of ~100 MB of messages goes through with the worker's memory flat;
-//! - `schemas`: `value_format = 'debezium-schema'`, every field checked by its Connect schema.
+//! - `schemas`: `value_format = 'debezium-schema'`, every field checked by its Connect schema;
+//! - `masks`: a table with column masks: the topic replayed equals the masked source, and no
+//!   message holds a clear value or the salt.
 //!
 //! Modules: `broker` (tansu started and stopped on a free port, and a consumer that reads whole
 //! topics), `replay` (messages back into rows).
@@ -24,6 +26,7 @@
 mod broker;
 mod convergence;
 mod large;
+mod masks;
 mod refusals;
 mod replay;
 mod resync;
