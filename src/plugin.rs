@@ -317,7 +317,9 @@ fn parse_masks(name: &str, value: &str) -> (pg_sys::Oid, Masked) {
 /// The `mask_salt` option (hex); its value is never repeated in an error.
 fn parse_salt(value: &str) -> Vec<u8> {
     let v = value.trim();
-    let bytes: Option<Vec<u8>> = (v.len() % 2 == 0)
+    let bytes: Option<Vec<u8>> = v
+        .len()
+        .is_multiple_of(2)
         .then(|| {
             (0..v.len())
                 .step_by(2)

@@ -1,5 +1,5 @@
 //! Shaping what a pipeline delivers (issue 36): row filters
-//! (`tide.add_table(..., row_filter => ...)`), as a DBA uses them: every pipeline call is made by
+//! (`tide.add_table(..., row_filter => ...)`), column lists and masks, as a DBA uses them: every pipeline call is made by
 //! `alice`, a member of `tide_admin` with no other attribute (plus, for the remote target, USAGE
 //! on the foreign server and a user mapping a superuser made passwordless with
 //! `password_required 'false'`, as the README says).
@@ -15,8 +15,13 @@
 //! - the same filter on the key alone works under REPLICA IDENTITY DEFAULT (key changes moving
 //!   rows in and out).
 //!
-//! Attacks (other roles, functions the owner may not execute, reading another's filter) are in
-//! `security/`.
+//! - column masks in every target with a row filter and a paused backfill: each target equals
+//!   the masks computed in SQL; no clear value in a target, the outbox, a log or
+//!   `pg_stat_activity`; `tide.verify`/`tide.repair` under the masks; the refusals
+//!   (`masked_table_in_every_target`; the Kafka target's is `kafka/masks.rs`).
+//!
+//! Attacks (other roles, functions the owner may not execute, reading another's filter, the
+//! mask salt, hostile mask options) are in `security/`.
 
 use pg_test::*;
 use std::time::Duration;

@@ -228,6 +228,7 @@ fn column_list(
 /// only the rows it passes, by the stream and by every backfill (see `row_filter`); with
 /// `columns`, only those columns (the target has only them, every event carries only them);
 /// with `masks`, those columns masked (see `api::masks`).
+#[allow(clippy::too_many_arguments)]
 #[pg_extern]
 pub(super) fn add_table(
     pipeline: Option<&str>,
