@@ -152,7 +152,8 @@ fn row_filter_attacks() {
 /// (`alice`) herself:
 /// - the salt: `tide.mask_salt` (the table) is readable by neither, nor by alice (she reads her
 ///   pipeline's salt with `tide.mask_salt(pipeline)`, which refuses them: 42501); neither can
-///   rotate it; `tide.tables` shows mallory none of alice's masks;
+///   rotate it; `tide.tables` shows mallory none of alice's masks; alice rotates it, and the next
+///   change is hashed with the new salt;
 /// - neither can set masks on alice's pipeline, nor on alice's table through a pipeline of their
 ///   own (42501);
 /// - a constant full of quotes and a column name with quotes go through as data: the table
@@ -292,4 +293,19 @@ fn mask_attacks() {
     ok_as(&c, "alice", "SELECT tide.rotate_mask_salt('p')");
     let rotated: Vec<u8> = c.query_scalar("SELECT salt FROM tide.mask_salt WHERE pipeline = 'p'");
     assert!(rotated.len() == 32 && rotated != stored, "rotated");
+    // The next change is hashed with the new salt.
+    ok_as(
+        &c,
+        "alice",
+        "UPDATE alice.m SET v = 'after-rotation' WHERE id = 1",
+    );
+    wait_for_pipeline(&c, "p", 60, || diag(&c));
+    let fresh: bool = c.query_scalar(
+        "SELECT (SELECT \"row\"->>'v' FROM tide.outbox WHERE pipeline = 'p' AND relation = 'alice.m' ORDER BY id DESC LIMIT 1)
+              = encode(sha256((SELECT salt FROM tide.mask_salt WHERE pipeline = 'p') || convert_to('after-rotation', 'UTF8')), 'hex')",
+    );
+    assert!(
+        fresh,
+        "an event after the rotation is hashed with the new salt"
+    );
 }
