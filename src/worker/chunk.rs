@@ -11,6 +11,8 @@
 //! PostgreSQL that has them, as lines of COPY text (each column's text output, escaped:
 //! `tide_core::copy`; no JSON, one COPY and one upsert at the target). The form is a
 //! `RowForm` the target chose ([`form_for`]); each is rendered by one arm of [`Renderer::row`].
+//! A table with column masks is read as text and every row masked as it is read
+//! ([`ChunkQuery::mask_row`], the stream's function: `tide_core::mask`), never as row values.
 
 use super::estimate::Estimate;
 use super::row_values::RowValues;
