@@ -19,8 +19,6 @@
 //! - `hash` and `truncate` deliver text whatever the column's type ([`Mask::retypes`]): a table
 //!   target's column is `text`, a Kafka schema says string.
 
-use std::fmt::Write as _;
-
 /// What a masked column delivers instead of its value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Mask {
@@ -42,9 +40,11 @@ pub struct Masks {
 
 /// Lowercase hex of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
+    for &b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
     }
     s
 }
