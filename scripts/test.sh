@@ -10,7 +10,9 @@
 #         scripts/long-functions.py (no function over 120 lines without a reason at its head)
 #   pgrx  cargo pgrx test pg15 --runas postgres ...      (#[pg_test]s in a pgrx-managed server,
 #         and the remote sink's tests against a scratch cluster: TIDE_REMOTE_TEST_CONNINFO)
-#   e2e   scripts/install.sh, then cargo test -p pg_test -- --test-threads=1
+#   e2e   scripts/install.sh, then scripts/e2e-lanes.sh: each pg_test suite as
+#         cargo test -p pg_test --test NAME -- --test-threads=1, in TIDE_E2E_LANES (2) lanes
+#         side by side, kafka alone after them
 #         (end-to-end suites against scratch clusters of the system PostgreSQL 15;
 #         TIDE_SKIP_INSTALL=1 skips the install when the current build is installed);
 #         among them the upgrade test (pg_test/tests/upgrade.rs: the oldest release of
@@ -200,8 +202,8 @@ stage_e2e() {
         TIDE_SKIP_SETUP=1 bash "$TIDE_REPO/scripts/install.sh"
     fi
     bash "$TIDE_REPO/scripts/cluster.sh" prune
-    echo "+ cargo test -p pg_test --no-fail-fast -- --test-threads=1"
-    cargo test -p pg_test --no-fail-fast -- --test-threads=1
+    echo "+ scripts/e2e-lanes.sh (TIDE_E2E_LANES=${TIDE_E2E_LANES:-2})"
+    bash "$TIDE_REPO/scripts/e2e-lanes.sh"
 }
 
 # Point install.sh, cluster.sh and the pg_test suites at one private PostgreSQL copy, and

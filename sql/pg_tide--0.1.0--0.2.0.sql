@@ -1001,6 +1001,77 @@ AS 'MODULE_PATHNAME', 'stop_following_schema_wrapper';
 REVOKE ALL ON FUNCTION tide.stop_following_schema(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tide.stop_following_schema(text, text) TO tide_admin;
 
+-- tide.alter_table (README "SQL API", "Concepts > Changing a row filter or a column list"; issue
+-- 36): a captured table's row filter and column list change at the commit position of the call,
+-- an 'alter_table' marker whose payload is the schema event announcing it; until the worker
+-- reaches it, pipeline_table.shaping_before keeps the shaping in effect (for the decoder and the
+-- backfills). At the marker the table is read again under the new shaping (a resync backfill).
+ALTER TABLE tide.marker DROP CONSTRAINT marker_op_check,
+    ADD CONSTRAINT marker_op_check CHECK (op IN ('add_table', 'remove_table', 'schema', 'alter_table'));
+COMMENT ON TABLE tide.marker IS 'add_table/remove_table/schema/alter_table markers, decoded by the worker at their commit position. Written only by pg_tide.';
+ALTER TABLE tide.pipeline_table ADD COLUMN shaping_before jsonb;
+CREATE FUNCTION tide."alter_table"(
+	"pipeline" TEXT,
+	"source" regclass,
+	"row_filter" TEXT DEFAULT NULL,
+	"columns" TEXT[] DEFAULT NULL,
+	"clear_row_filter" bool DEFAULT false,
+	"clear_columns" bool DEFAULT false
+) RETURNS void
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'alter_table_wrapper';
+REVOKE ALL ON FUNCTION tide.alter_table(text, regclass, text, text[], boolean, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide.alter_table(text, regclass, text, text[], boolean, boolean) TO tide_admin;
+
+-- COMMENT ON FUNCTION for the SQL API (README, SQL API, says more), by name: every overload of a
+-- name gets its comment, so a signature that grows an argument keeps it.
+DO $comments$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT p.oid::regprocedure AS f, c.comment
+          FROM pg_catalog.pg_proc p
+          JOIN (VALUES
+            ('version', 'The version of the pg_tide library.'),
+            ('check', 'Checks that this server can run pipelines (pg_tide preloaded, wal_level = logical, the database allowed, its encoding); an ERROR with a hint otherwise.'),
+            ('create_pipeline', 'Creates a pipeline: its replication slot, its target (outbox, table, postgres, kafka) and options; its worker starts after commit. Must run before any write in its transaction.'),
+            ('drop_pipeline', 'Stops the pipeline''s worker, drops its slot, forgets its tables and deletes its outbox events. Refused inside a transaction block (the slot''s drop cannot be rolled back).'),
+            ('alter_pipeline', 'Renames a pipeline or changes the options that can change without a new slot (the keys given replace the stored ones; null resets one).'),
+            ('pause_pipeline', 'Stops applying; the slot keeps the changes until tide.resume_pipeline. A paused pipeline is a NOTICE.'),
+            ('resume_pipeline', 'Resumes a paused pipeline where it stopped. A pipeline not paused is a NOTICE.'),
+            ('skip_transaction', 'As ALTER SUBSCRIPTION ... SKIP: the source transaction committed at this LSN is not applied (pg_tide''s own rows in it are still followed).'),
+            ('wait_for_pipeline', 'True once everything committed before the call has been applied (with the re-reads of tables rewritten before it); false on timeout.'),
+            ('add_table', 'Starts capturing a table at this point of the stream and queues the backfill of its existing rows (unless backfill => false); optional row filter and column list.'),
+            ('add_tables_in_schema', 'Adds every table of a schema that the pipeline does not capture yet, as tide.add_table does each; follow => true also captures tables created there later. Returns how many were added.'),
+            ('alter_table', 'Changes a captured table''s row filter or column list (NULL: unchanged; clear_row_filter, clear_columns: every row, every column) from the commit of the calling transaction on, announced there by a schema event; the table is then read again under it.'),
+            ('stop_following_schema', 'Ends a follow of add_tables_in_schema(..., follow => true); the tables already captured stay.'),
+            ('remove_table', 'Stops capturing a table at this point of the stream (a dropped table by its OID or former name).'),
+            ('start_backfill', 'Starts (or re-seeds, as a new generation) the watermark backfill of one table, optionally limited by a condition; returns its id.'),
+            ('pause_backfill', 'Pauses the active backfill of a table (the stream keeps running).'),
+            ('resume_backfill', 'Resumes a paused backfill from the chunk after the last one emitted.'),
+            ('cancel_backfill', 'Cancels the active backfill of a table.'),
+            ('alter_backfill', 'Changes the chunk size and the throttle (rows per second) of an active backfill; the next chunk uses them.'),
+            ('wait_for_backfill', 'True once the latest backfill of the table is done and applied; false on timeout.'),
+            ('verify', 'Compares a table target with its source range by range (and sampled rows column by column); one row per difference, then a summary.'),
+            ('repair', 'Verifies, then re-seeds the differing ranges through the watermark backfill and deletes target rows whose key is gone at the source.'),
+            ('create_consumer', 'Registers a named consumer of an outbox pipeline (start: earliest or latest) and returns its committed position.'),
+            ('drop_consumer', 'Forgets a consumer; the events it had not committed are no longer kept for it.'),
+            ('commit_consumer', 'Commits a consumer''s position (forward only), in the caller''s transaction.'),
+            ('seek_consumer', 'Moves a consumer''s position anywhere between just before the oldest event still kept and the newest.'),
+            ('trim_outbox', 'Deletes the pipeline''s outbox events up to an id and returns how many (for a consumer that keeps its own position).')
+          ) AS c(name, comment) ON c.name = p.proname
+         WHERE p.pronamespace = 'tide'::regnamespace
+    LOOP
+        EXECUTE format('COMMENT ON FUNCTION %s IS %L', r.f, r.comment);
+    END LOOP;
+END
+$comments$;
+
+COMMENT ON TABLE tide.verification IS 'Runs of tide.verify and tide.repair per pipeline and table (counts, the repair''s backfill); read tide.verifications.';
+COMMENT ON TABLE tide.verification_range IS 'The key ranges a tide.verify run found differing, with their counts and kinds.';
+COMMENT ON TABLE tide.chunk IS 'The last 1000 chunks of each backfill (key range, watermarks, rows read, dropped and emitted); read tide.chunks.';
+
 -- Column masks (README "Concepts > Masks"): tide.add_table(..., masks => ...) stores a JSON
 -- object of attribute number -> mask per captured table; the output plugin and the chunk reader
 -- mask those columns (tide_core::mask). Each pipeline's salt for hash masks is in
@@ -1054,3 +1125,6 @@ LANGUAGE c
 AS 'MODULE_PATHNAME', 'rotate_mask_salt_wrapper';
 REVOKE ALL ON FUNCTION tide.rotate_mask_salt(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tide.rotate_mask_salt(text) TO tide_admin;
+COMMENT ON FUNCTION tide.add_table(text, regclass, boolean, text, boolean, text, text[], jsonb) IS 'Starts capturing a table at this point of the stream and queues the backfill of its existing rows (unless backfill => false); optional row filter, column list and column masks.';
+COMMENT ON FUNCTION tide.mask_salt(text) IS 'The secret salt of the pipeline''s hash masks, for its owner and superusers only.';
+COMMENT ON FUNCTION tide.rotate_mask_salt(text) IS 'Replaces the salt of the pipeline''s hash masks; rows already at a target keep the old hash until written again.';

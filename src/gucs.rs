@@ -30,6 +30,10 @@ pub static OUTBOX_PRUNE_BATCH: GucSetting<i32> = GucSetting::<i32>::new(1000);
 /// `tide.read_ahead`: a pipeline worker that backfills has a helper process read the next chunk
 /// while it writes the current one (see `worker::read_ahead`).
 pub static READ_AHEAD: GucSetting<bool> = GucSetting::<bool>::new(true);
+/// `tide.max_parallel_backfills`: the most backfills of one pipeline that run at once (each with
+/// a chunk of its own in the worker's memory, waiting for its high watermark; see
+/// `worker::backfill`). 1 reads the pipeline's backfills one after the other.
+pub static MAX_PARALLEL_BACKFILLS: GucSetting<i32> = GucSetting::<i32>::new(4);
 /// `tide.stream_in_progress`: whether a worker's decoder asks the output plugin to stream
 /// transactions larger than `logical_decoding_work_mem` while they run (spooled by the worker
 /// until their commit) instead of having PostgreSQL hold them until their commit.
@@ -67,9 +71,8 @@ pub static SLOT_WARNING_MB: GucSetting<i32> = GucSetting::<i32>::new(1024);
 /// `worker::decoder`.
 pub static DECODING_WORK_MEM_KB: GucSetting<i32> = GucSetting::<i32>::new(32 * 1024);
 
-pub fn init() {
-    init_slot_settings();
-    init_memory_settings();
+/// The settings of backfills: `tide.read_ahead`, `tide.max_parallel_backfills`.
+fn init_backfill_settings() {
     GucRegistry::define_bool_guc(
         c"tide.read_ahead",
         c"Whether a backfilling pipeline worker has a helper process read its next chunk.",
@@ -78,6 +81,22 @@ pub fn init() {
         GucContext::Sighup,
         GucFlags::default(),
     );
+    GucRegistry::define_int_guc(
+        c"tide.max_parallel_backfills",
+        c"The most backfills of one pipeline that run at once.",
+        c"Each running backfill has at most one chunk in the pipeline worker's memory, waiting for its high watermark: the worker reads the next chunk of each between stream iterations, and one iteration writes every chunk whose high watermark it reaches. More backfills wait queued, oldest first; a throttled one keeps its place, a paused one takes none. 1: one backfill at a time.",
+        &MAX_PARALLEL_BACKFILLS,
+        1,
+        64,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+}
+
+pub fn init() {
+    init_slot_settings();
+    init_memory_settings();
+    init_backfill_settings();
     GucRegistry::define_bool_guc(
         c"tide.stream_in_progress",
         c"Whether pipeline workers receive large transactions while they run.",

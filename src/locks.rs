@@ -28,8 +28,8 @@ pub enum Lock<'a> {
     Pipeline(&'a str),
     /// A slot being created: held by the creating transaction, tried by the launcher.
     Slot(&'a str),
-    /// A pipeline's outbox retention: consumers' create/seek and `trim_outbox` hold it, the
-    /// launcher's prune batch only tries it.
+    /// A pipeline's outbox retention: consumers' create/seek, `trim_outbox` and
+    /// `drop_pipeline` (before its deletes) hold it, the launcher's prune batch only tries it.
     Retention(&'a str),
     /// Backfill starts of one table for one pipeline.
     Backfill(&'a str, pg_sys::Oid),

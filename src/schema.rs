@@ -71,6 +71,12 @@ CREATE TABLE tide.pipeline_table (
     -- tide.add_table's columns: the attribute numbers of the columns delivered (the key always
     -- among them), in attribute order; NULL: every column. By number, so a rename follows.
     columns      int2[],
+    -- Set by tide.alter_table, cleared by the worker at its 'alter_table' marker (or by a resync
+    -- after a lost slot): the shaping in effect before it, {"row_filter": ..., "columns": [attnum,
+    -- ...], "xid": ...} (NULLs: every row, every column). While set, the stream and the backfills
+    -- still shape the table this way; row_filter and columns already hold the new shaping (the
+    -- event trigger describes later ALTER TABLEs with them).
+    shaping_before jsonb,
     -- tide.add_table's masks: a JSON object of attribute number -> mask ("hash", "null",
     -- {"truncate": N}, {"constant": "text"}); NULL: no column is masked. By number, so a rename
     -- follows. Applied by the output plugin and the chunk reader (tide_core::mask).
@@ -138,11 +144,11 @@ CREATE SEQUENCE tide.watermark_seq;
 CREATE TABLE tide.marker (
     id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     pipeline  text NOT NULL,
-    op        text NOT NULL CHECK (op IN ('add_table', 'remove_table', 'schema')),
+    op        text NOT NULL CHECK (op IN ('add_table', 'remove_table', 'schema', 'alter_table')),
     relid     oid NOT NULL,
     payload   jsonb
 );
-COMMENT ON TABLE tide.marker IS 'add_table/remove_table/schema markers, decoded by the worker at their commit position. Written only by pg_tide.';
+COMMENT ON TABLE tide.marker IS 'add_table/remove_table/schema/alter_table markers, decoded by the worker at their commit position. Written only by pg_tide.';
 
 -- Backfills: one row per (re-)seed of a table for a pipeline.
 CREATE TABLE tide.backfill (
@@ -815,6 +821,57 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA tide FROM PUBLIC;
 ALTER TABLE tide.outbox ENABLE ROW LEVEL SECURITY;
 CREATE POLICY outbox_owned_pipelines ON tide.outbox FOR SELECT
     USING (pipeline IN (SELECT tide._owned_pipelines()));
+
+COMMENT ON TABLE tide.verification IS 'Runs of tide.verify and tide.repair per pipeline and table (counts, the repair''s backfill); read tide.verifications.';
+COMMENT ON TABLE tide.verification_range IS 'The key ranges a tide.verify run found differing, with their counts and kinds.';
+COMMENT ON TABLE tide.chunk IS 'The last 1000 chunks of each backfill (key range, watermarks, rows read, dropped and emitted); read tide.chunks.';
+
+-- COMMENT ON FUNCTION for the SQL API (README, SQL API, says more), by name: every overload of a
+-- name gets its comment, so a signature that grows an argument keeps it.
+DO $comments$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT p.oid::regprocedure AS f, c.comment
+          FROM pg_catalog.pg_proc p
+          JOIN (VALUES
+            ('version', 'The version of the pg_tide library.'),
+            ('check', 'Checks that this server can run pipelines (pg_tide preloaded, wal_level = logical, the database allowed, its encoding); an ERROR with a hint otherwise.'),
+            ('create_pipeline', 'Creates a pipeline: its replication slot, its target (outbox, table, postgres, kafka) and options; its worker starts after commit. Must run before any write in its transaction.'),
+            ('drop_pipeline', 'Stops the pipeline''s worker, drops its slot, forgets its tables and deletes its outbox events. Refused inside a transaction block (the slot''s drop cannot be rolled back).'),
+            ('alter_pipeline', 'Renames a pipeline or changes the options that can change without a new slot (the keys given replace the stored ones; null resets one).'),
+            ('pause_pipeline', 'Stops applying; the slot keeps the changes until tide.resume_pipeline. A paused pipeline is a NOTICE.'),
+            ('resume_pipeline', 'Resumes a paused pipeline where it stopped. A pipeline not paused is a NOTICE.'),
+            ('skip_transaction', 'As ALTER SUBSCRIPTION ... SKIP: the source transaction committed at this LSN is not applied (pg_tide''s own rows in it are still followed).'),
+            ('wait_for_pipeline', 'True once everything committed before the call has been applied (with the re-reads of tables rewritten before it); false on timeout.'),
+            ('add_table', 'Starts capturing a table at this point of the stream and queues the backfill of its existing rows (unless backfill => false); optional row filter, column list and column masks.'),
+            ('add_tables_in_schema', 'Adds every table of a schema that the pipeline does not capture yet, as tide.add_table does each; follow => true also captures tables created there later. Returns how many were added.'),
+            ('alter_table', 'Changes a captured table''s row filter or column list (NULL: unchanged; clear_row_filter, clear_columns: every row, every column) from the commit of the calling transaction on, announced there by a schema event; the table is then read again under it.'),
+            ('stop_following_schema', 'Ends a follow of add_tables_in_schema(..., follow => true); the tables already captured stay.'),
+            ('remove_table', 'Stops capturing a table at this point of the stream (a dropped table by its OID or former name).'),
+            ('start_backfill', 'Starts (or re-seeds, as a new generation) the watermark backfill of one table, optionally limited by a condition; returns its id.'),
+            ('pause_backfill', 'Pauses the active backfill of a table (the stream keeps running).'),
+            ('resume_backfill', 'Resumes a paused backfill from the chunk after the last one emitted.'),
+            ('cancel_backfill', 'Cancels the active backfill of a table.'),
+            ('alter_backfill', 'Changes the chunk size and the throttle (rows per second) of an active backfill; the next chunk uses them.'),
+            ('wait_for_backfill', 'True once the latest backfill of the table is done and applied; false on timeout.'),
+            ('verify', 'Compares a table target with its source range by range (and sampled rows column by column); one row per difference, then a summary.'),
+            ('repair', 'Verifies, then re-seeds the differing ranges through the watermark backfill and deletes target rows whose key is gone at the source.'),
+            ('create_consumer', 'Registers a named consumer of an outbox pipeline (start: earliest or latest) and returns its committed position.'),
+            ('drop_consumer', 'Forgets a consumer; the events it had not committed are no longer kept for it.'),
+            ('commit_consumer', 'Commits a consumer''s position (forward only), in the caller''s transaction.'),
+            ('seek_consumer', 'Moves a consumer''s position anywhere between just before the oldest event still kept and the newest.'),
+            ('trim_outbox', 'Deletes the pipeline''s outbox events up to an id and returns how many (for a consumer that keeps its own position).'),
+            ('mask_salt', 'The secret salt of the pipeline''s hash masks, for its owner and superusers only.'),
+            ('rotate_mask_salt', 'Replaces the salt of the pipeline''s hash masks; rows already at a target keep the old hash until written again.')
+          ) AS c(name, comment) ON c.name = p.proname
+         WHERE p.pronamespace = 'tide'::regnamespace
+    LOOP
+        EXECUTE format('COMMENT ON FUNCTION %s IS %L', r.f, r.comment);
+    END LOOP;
+END
+$comments$;
 
 -- The one documented grant: GRANT tide_admin TO <role>. Members may create pipelines, use the
 -- whole API on the pipelines they own, read the views (filtered to those pipelines; every view

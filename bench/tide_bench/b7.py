@@ -19,7 +19,9 @@ in the same run, with PostgreSQL's initial sync of one publication of the same t
 Every method writes into target tables created beforehand (untimed) with the source's primary
 key and extra index, so every method maintains the same indexes; then every target table is
 counted. BENCH_B7_TABLES / BENCH_B7_ROWS change the scale; BENCH_B7_METHODS=native2,tide_local_schema
-runs some methods only."""
+runs some methods only. The pg_tide runs use `tide.max_parallel_backfills` at its default; BENCH_B7_PARALLEL=1,2,8
+adds the `add_tables_in_schema` runs at those settings too (methods tide_local_schema_p1, tide_remote_schema_p1, ...;
+set on the source with ALTER SYSTEM and a reload, reset afterwards)."""
 
 from .common import *  # noqa: F401,F403
 
@@ -174,8 +176,13 @@ def run(self, b):
             tgt.x(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
             settle()
 
-    def tide(kind, how):
+    def tide(kind, how, parallel=None):
         r = b["runs"][-1]
+        if parallel is not None:
+            src.x(f"ALTER SYSTEM SET tide.max_parallel_backfills = {int(parallel)}")
+            src.x("SELECT pg_reload_conf()")
+            time.sleep(0.5)
+        r["max_parallel_backfills"] = src.val("SHOW tide.max_parallel_backfills")
         schema = REMOTE_SCHEMA if kind == "remote" else LOCAL_SCHEMA
         target = TideTarget(kind, schema, src, tgt)
         name = f"b7_{kind}_{how}"
@@ -226,6 +233,9 @@ def run(self, b):
             finish(r, secs, series, total)
         finally:
             drop_pipeline(src, name)
+            if parallel is not None:
+                src.x("ALTER SYSTEM RESET tide.max_parallel_backfills")
+                src.x("SELECT pg_reload_conf()")
             try:
                 target.node.x(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
             except Exception as e:
@@ -240,6 +250,15 @@ def run(self, b):
         ("tide_local_each", f"pg_tide → local table, {tables} × add_table", lambda: tide("local", "each")),
         ("tide_remote_each", f"pg_tide → remote table, {tables} × add_table", lambda: tide("remote", "each")),
     ]
+    for n in [x.strip() for x in os.environ.get("BENCH_B7_PARALLEL", "").split(",") if x.strip()]:
+        for kind in ("local", "remote"):
+            methods.append(
+                (
+                    f"tide_{kind}_schema_p{int(n)}",
+                    f"pg_tide → {kind} table, add_tables_in_schema, tide.max_parallel_backfills = {int(n)}",
+                    lambda kind=kind, n=int(n): tide(kind, "schema", n),
+                )
+            )
     for key, label, fn in methods:
         if only and key not in only:
             continue

@@ -664,3 +664,59 @@ fn consumers_follow_pipeline_ownership() {
     assert!(committed < newest, "mallory's commit changed nothing");
     assert_eq!(r.get::<_, i64>(1), 1, "and created nothing");
 }
+
+/// `drop_pipeline` takes the outbox retention's lock before it deletes anything: the launcher's
+/// prune batch deletes outbox rows then counts them in `tide.outbox_prune`, and a drop that
+/// deleted the pipeline (its `outbox_prune` row, cascaded) then its outbox met a batch in
+/// between in the other order (40P01, seen once in benchmark B5). Shown here with a consumer's
+/// seek, which holds the same lock: the drop waits for the lock itself (an advisory lock of
+/// pg_tide's retention kind, `objsubid` 0x7403), not for a row that the seek's transaction has
+/// locked; without the lock it would wait for the consumer's row, as a prune's rows did.
+#[test]
+fn drop_pipeline_waits_for_the_retention_lock_first() {
+    let c = cluster("drop_ret", &[]);
+    c.execute("CREATE TABLE t (id int PRIMARY KEY, v int)");
+    c.execute("SELECT tide.create_pipeline('p')");
+    c.execute(
+        "SELECT tide.add_table('p', 't', backfill => false);
+         SELECT tide.create_consumer('p', 'c');
+         INSERT INTO t SELECT g, g FROM generate_series(1, 10) g;",
+    );
+    wait_pipeline(&c, "p", 60);
+    let mut seeker = c.client();
+    seeker
+        .batch_execute(
+            "BEGIN; SELECT tide.seek_consumer('p', 'c', (SELECT max(id) FROM tide.outbox))",
+        )
+        .expect("seek");
+    let dropper = {
+        let mut cl = c.client();
+        std::thread::spawn(move || cl.batch_execute("SELECT tide.drop_pipeline('p')"))
+    };
+    c.wait_until(
+        "drop_pipeline to wait for a lock",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || {
+            Ok(c.try_query_scalar::<i64>(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE query LIKE 'SELECT tide.drop_pipeline%' AND wait_event_type = 'Lock'",
+            )? == 1)
+        },
+    );
+    let waiting: String = c.query_scalar(
+        "SELECT string_agg(l.locktype || ':' || coalesce(l.objsubid::text, '-'), ',')
+           FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+          WHERE NOT l.granted AND a.query LIKE 'SELECT tide.drop_pipeline%'",
+    );
+    assert_eq!(waiting, format!("advisory:{}", 0x7403), "{}", diag(&c));
+    seeker.batch_execute("COMMIT").expect("commit the seek");
+    dropper
+        .join()
+        .expect("the drop thread")
+        .unwrap_or_else(|e| panic!("drop_pipeline: {}", describe_error(&e)));
+    assert_eq!(
+        c.query_scalar::<i64>("SELECT count(*) FROM tide.pipelines"),
+        0
+    );
+}

@@ -89,3 +89,103 @@ fn a_stalled_remote_target_does_not_delay_stopping() {
     assert_eq!(left, 0, "the pipeline was dropped");
     blocker.batch_execute("ROLLBACK").expect("release the lock");
 }
+
+/// A remote target commits a batch before the worker's own transaction records what the batch
+/// passed in the catalog (tables now captured, tables removed, re-reads after a rewrite). When
+/// that record fails (here: the worker's UPDATE of the added table's row waits for a lock and is
+/// cancelled), the retry reads the batch again as a replay, since the remote already has it: its
+/// catalog effects must still be recorded, or the table added in it stays `pending` forever
+/// (seen once in benchmark B7). The add_table and a captured write share one source transaction,
+/// so both are in the batch the remote commits.
+#[test]
+fn a_failed_catalog_record_after_the_remote_commit_is_redone() {
+    let (c, tgt) = setup_remote("rerecord");
+    c.execute(r#"SELECT tide.create_pipeline('p', 'postgres', '{"server": "tgt"}')"#);
+    c.execute(
+        "CREATE TABLE s (id int PRIMARY KEY, v int); CREATE TABLE x (id int PRIMARY KEY, v int)",
+    );
+    c.execute("SELECT tide.add_table('p', 's')");
+    wait_for_pipeline(&c, "p", 60, || diag(&c));
+
+    // The worker is held at the remote (a lock there) while x is added, so the row it will
+    // update to mark x captured can be locked before it gets there.
+    let mut blocker = tgt.client();
+    blocker
+        .batch_execute("BEGIN; LOCK TABLE public.s IN ACCESS EXCLUSIVE MODE")
+        .expect("lock at the target");
+    let since: String = tgt.query_scalar("SELECT '-infinity'::timestamptz::text");
+    c.execute("INSERT INTO s VALUES (1, 1)");
+    wait_until_stalled(&c, &tgt, &since);
+    c.execute(
+        "BEGIN; SELECT tide.add_table('p', 'x', backfill => false); INSERT INTO s VALUES (2, 2); COMMIT;",
+    );
+    let mut holder = c.client();
+    holder
+        .batch_execute(
+            "BEGIN; SELECT 1 FROM tide.pipeline_table WHERE relid = 'x'::regclass FOR UPDATE",
+        )
+        .unwrap();
+    blocker.batch_execute("ROLLBACK").unwrap();
+
+    // The worker applies the add_table's transaction at the remote, then waits for the row.
+    tgt.wait_until(
+        "the add_table's transaction at the remote",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || Ok(tgt.try_query_scalar::<i64>("SELECT count(*) FROM public.s WHERE id = 2")? == 1),
+    );
+    c.wait_until(
+        "the worker's catalog UPDATE to wait for the row lock",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || {
+            Ok(c.try_query_scalar::<i64>(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE backend_type = 'pg_tide worker' AND wait_event_type = 'Lock'",
+            )? == 1)
+        },
+    );
+    let pid = worker_pid(&c).expect("the worker");
+    c.execute(&format!("SELECT pg_cancel_backend({pid})"));
+    c.wait_until(
+        "the cancelled iteration's error",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT last_error_sqlstate IS NOT NULL FROM tide.pipelines WHERE name = 'p'",
+            )?)
+        },
+    );
+    let state: String =
+        c.query_scalar("SELECT state FROM tide.tables WHERE source = 'x'::regclass");
+    assert_eq!(
+        state,
+        "pending",
+        "the failed record left x pending\n{}",
+        diag(&c)
+    );
+    holder.batch_execute("ROLLBACK").unwrap();
+
+    c.wait_until(
+        "x captured after the retry",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT coalesce((SELECT state = 'capturing' FROM tide.tables WHERE source = 'x'::regclass), false)",
+            )?)
+        },
+    );
+    c.execute("INSERT INTO x VALUES (7, 7); INSERT INTO s VALUES (3, 3)");
+    tgt.wait_until(
+        "x's row at the remote",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || {
+            Ok(tgt.try_query_scalar::<i64>(
+                "SELECT (SELECT count(*) FROM public.x WHERE id = 7) + (SELECT count(*) FROM public.s)",
+            )? == 4)
+        },
+    );
+}

@@ -417,10 +417,10 @@ fn killed_during_recovery() {
         },
     );
     let pid = worker_pid(&c, "p").expect("a worker");
-    kill9(pid);
-    wait_until(Duration::from_secs(60), Duration::from_millis(200), || {
-        Ok(c.try_execute("INSERT INTO alice.t VALUES (50001, 6, 'after the kill'); DELETE FROM alice.t WHERE id = 9500").is_ok())
-    });
+    // (Once the restart is over: a write retried until it succeeds could commit on the old
+    // server and lose its answer to the restart, then fail on its own key forever.)
+    kill9_and_wait_restart(&c, pid, Duration::from_secs(60));
+    c.execute("INSERT INTO alice.t VALUES (50001, 6, 'after the kill'); DELETE FROM alice.t WHERE id = 9500");
     wait_resynced(&c, 240);
     assert_eq!(
         c.query_scalar::<i64>("SELECT count(*) FROM alice.copy WHERE id IN (50000, 50001)"),
@@ -729,9 +729,9 @@ fn remote_killed_during_resync() {
     );
     // (A worker killed so makes the postmaster restart every backend.)
     let pid = worker_pid(&c, "p").expect("a worker");
-    kill9(pid);
-    wait_until(Duration::from_secs(60), Duration::from_millis(200), || {
-        Ok(c.try_execute("INSERT INTO alice.t VALUES (50001, 6, 'after the kill'); DELETE FROM alice.t WHERE id = 9500").is_ok())
-    });
+    // (Once the restart is over: a write retried until it succeeds could commit on the old
+    // server and lose its answer to the restart, then fail on its own key forever.)
+    kill9_and_wait_restart(&c, pid, Duration::from_secs(60));
+    c.execute("INSERT INTO alice.t VALUES (50001, 6, 'after the kill'); DELETE FROM alice.t WHERE id = 9500");
     wait_remote_resynced(&c, &t, 240);
 }

@@ -2,7 +2,7 @@
 //! specific SQLSTATE and a hint. Nothing here runs in a worker.
 //!
 //! [`server`]: readiness checks; [`pipelines`]: the pipeline functions; [`alter`]: alter_pipeline; [`tables`]: add and
-//! remove tables, add a schema's; [`follow`]: followed schemas and their event trigger; [`consumers`]: outbox consumers; [`backfill`], [`verify`]: those functions; [`targets`]: table targets' checks; [`kafka`]: the kafka target's checks and its wrapper's validator;
+//! remove tables, add a schema's; [`alter_table`]: a captured table's row filter and column list; [`follow`]: followed schemas and their event trigger; [`consumers`]: outbox consumers; [`backfill`], [`verify`]: those functions; [`targets`]: table targets' checks; [`kafka`]: the kafka target's checks and its wrapper's validator;
 //! [`args`]: argument types. This file holds what they share.
 
 use crate::catalog;
@@ -17,6 +17,7 @@ use pgrx::JsonB;
 use tide_core::model::TargetKind;
 
 mod alter;
+mod alter_table;
 pub mod args;
 pub mod backfill;
 mod consumers;

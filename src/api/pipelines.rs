@@ -191,6 +191,13 @@ pub(super) fn drop_pipeline_impl(name: &str) -> TideResult<()> {
 pub(super) fn drop_pipeline_as_tide(name: &str, slot: &str) -> TideResult<()> {
     let slot = slot.to_string();
     let mut stopped = stop_worker(name, "tide.drop_pipeline")?;
+    // The launcher's outbox retention deletes outbox rows, then counts them in
+    // tide.outbox_prune (whose row goes with the pipeline's, ON DELETE CASCADE): deleting the
+    // pipeline, then its outbox, takes the same rows in the other order, and a prune batch
+    // between the two was a deadlock (40P01, seen in benchmark B5). The retention's lock first:
+    // a batch running now finishes before the delete; the launcher's next one keeps off until
+    // this transaction ends.
+    catalog::consumers::lock_retention(name)?;
     catalog::pipelines::delete(name)?;
     // Its outbox events go with it: they belong to this pipeline, and a later pipeline of the
     // same name (another role's, maybe) must never read them.

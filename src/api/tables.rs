@@ -5,7 +5,7 @@ use tide_core::model::MarkerOp;
 
 /// Information about a table to capture, from the catalogs.
 pub(super) struct SourceInfo {
-    qualified: String,
+    pub(super) qualified: String,
     relkind: String,
     persistence: String,
     namespace: String,
@@ -145,7 +145,7 @@ pub(super) struct Shaping<'a> {
 /// `columns => ...` of `add_table`: (attribute numbers, names) in attribute order. Every name a
 /// column of the table (42703), no NULL, repeat or generated column, not empty, and every key
 /// column among them (22023).
-fn column_list(
+pub(super) fn column_list(
     relid: pg_sys::Oid,
     s: &SourceInfo,
     names: &[Option<String>],

@@ -52,13 +52,17 @@ fn state(text: Option<&str>, pipeline: &str) -> TideResult<BackfillState> {
 /// A backfill as the chunk reader needs it (the read-ahead protocol carries it).
 pub use tide_core::read_ahead::Due;
 
-/// The pipeline's backfill to read a chunk of: the running one, else the oldest queued one,
-/// whose table the worker already captures, while the pipeline is enabled (paused backfills are
-/// not read). Its chunks run as the pipeline's owner, whoever started it (a backfill a superuser
-/// started, or a row written by an older version with another owner, runs with the owner's
-/// rights all the same). Called by the worker, in the chunk's first transaction (a read).
-pub(crate) fn due(pipeline: &str) -> TideResult<Option<Due>> {
+/// The backfills of the pipeline that may progress now, in the order their chunks are read: the
+/// first `parallel` (`tide.max_parallel_backfills`) of those running, then of those queued,
+/// oldest first, whose table the worker already captures, while the pipeline is enabled (paused
+/// backfills are not read and take no place). The worker reads a chunk of the first one that
+/// has none in memory and is not throttled. Their chunks run as the pipeline's owner, whoever
+/// started them (a backfill a superuser started, or a row written by an older version with
+/// another owner, runs with the owner's rights all the same). Called by the worker, in the
+/// chunk's first transaction (a read).
+pub(crate) fn due(pipeline: &str, parallel: i32) -> TideResult<Vec<Due>> {
     let picked = comma_list(&texts(&[BackfillState::Queued, BackfillState::Running]));
+    let parallel = parallel.max(1).to_string();
     let rows = sql::text_rows(
         "SELECT b.id, b.relid::int8, b.chunk_size, b.rows_per_second, b.condition, p.owner::text,
                 to_json(b.key_columns)::text, to_json(b.last_key)::text, b.chunks_done + 1, b.repair_deletes::text,
@@ -70,18 +74,21 @@ pub(crate) fn due(pipeline: &str) -> TideResult<Option<Due>> {
            JOIN tide.pipeline_table t ON t.pipeline = b.pipeline AND t.relid = b.relid AND t.added_lsn IS NOT NULL
           WHERE b.pipeline = $1 AND b.state = ANY(string_to_array($2, ','))
           ORDER BY b.state = $3 DESC, b.id
-          LIMIT 1",
+          LIMIT $4::int4",
         &[
             Some(pipeline),
             Some(&picked),
             Some(BackfillState::Running.as_str()),
+            Some(&parallel),
         ],
-        1,
+        0,
         false,
     )?;
-    let Some(mut r) = rows.into_iter().next() else {
-        return Ok(None);
-    };
+    rows.into_iter().map(|r| due_row(pipeline, r)).collect()
+}
+
+/// One row of [`due`]'s query as a [`Due`].
+fn due_row(pipeline: &str, mut r: Vec<Option<String>>) -> TideResult<Due> {
     let bad = |what: &str| corrupt(what, pipeline);
     let int = |v: &Option<String>, what: &str| -> TideResult<i64> {
         v.as_deref()
@@ -91,6 +98,9 @@ pub(crate) fn due(pipeline: &str) -> TideResult<Option<Due>> {
     let strings = |v: &str, what: &str| -> TideResult<Vec<String>> {
         serde_json::from_str::<Vec<String>>(v).map_err(|_| bad(what))
     };
+    if r.len() < 12 {
+        return Err(bad("backfill row"));
+    }
     let id = int(&r[0], "backfill id")?;
     let relid = super::relid(Some(int(&r[1], "relid")?), "relid", pipeline)?;
     let rows_per_second = match &r[3] {
@@ -105,7 +115,7 @@ pub(crate) fn due(pipeline: &str) -> TideResult<Option<Due>> {
         Some(k) => Some(strings(k, "last_key")?),
         None => None,
     };
-    Ok(Some(Due {
+    Ok(Due {
         id,
         relid,
         chunk_size: int(&r[2], "chunk_size")?,
@@ -118,7 +128,7 @@ pub(crate) fn due(pipeline: &str) -> TideResult<Option<Due>> {
         repair_deletes: r[9].take(),
         sweep: r[10].take(),
         resync: r[11].as_deref() == Some("true"),
-    }))
+    })
 }
 
 /// A new watermark id (never reused). Called by the worker, in the chunk's first transaction.
@@ -178,24 +188,30 @@ pub(crate) fn write_low_watermark(
     })
 }
 
-/// Write the chunk's high watermark (the pipeline's `tide.signal` row, which holds its low one),
-/// and, for the last chunk, record that the table has been read (`read_complete`): one or two
-/// statements. Called by the worker, in the chunk's second transaction, after the chunk's
-/// SELECT.
+/// Write the chunk's high watermark into the pipeline's `tide.signal` row (the whole row: another
+/// chunk's low watermark may have been written over this one's meanwhile, by the worker or its
+/// reader, when several chunks are in flight), and, for the last chunk, record that the table
+/// has been read (`read_complete`): one or two statements. Called by the worker, in the chunk's
+/// second transaction, after the chunk's SELECT.
 pub(crate) fn write_high_watermark(
     pipeline: &str,
     watermark: u64,
     backfill_id: i64,
+    chunk_no: i64,
     read_complete: bool,
 ) -> TideResult<()> {
     Spi::connect_mut(|c| -> TideResult<()> {
         crate::sql::update(
         c,
-            "UPDATE tide.signal SET kind = $3, written_at = clock_timestamp() WHERE pipeline = $1 AND watermark = $2",
+            "INSERT INTO tide.signal AS s (pipeline, watermark, kind, backfill_id, chunk) VALUES ($1, $2, $5, $3, $4)
+             ON CONFLICT (pipeline) DO UPDATE SET watermark = excluded.watermark, kind = excluded.kind, backfill_id = excluded.backfill_id,
+                    chunk = excluded.chunk, written_at = clock_timestamp()",
             None,
             &[
                 pipeline.into(),
                 (watermark as i64).into(),
+                backfill_id.into(),
+                chunk_no.into(),
                 WatermarkKind::High.as_str().into(),
             ],
         )?;
@@ -443,6 +459,61 @@ pub(crate) fn reread_after_rewrite(
         None => format!(
             "table {relid} was rewritten at {lsn}; it was never backfilled, so rows already at the target keep the values they had (start a backfill to read them again)"
         ),
+    })
+}
+
+/// The worker passed a `tide.alter_table` marker (commit LSN `lsn`) of `relid`: the table is
+/// read again under its new row filter and column list, as a resync reads it (`resync = true`: a
+/// table target's rows the chunks do not find at the source, now those the new filter leaves out,
+/// are deleted at each high watermark; see `catalog::slots`). An active backfill of the table is
+/// cancelled first (its chunks were read with the shaping before). Returns a line for the server
+/// log. Called by the worker, in its iteration's transaction.
+pub(crate) fn queue_reseed(
+    c: &mut SpiClient<'_>,
+    pipeline: &str,
+    relid: u32,
+    lsn: &str,
+) -> TideResult<String> {
+    crate::sql::update(
+        c,
+        "UPDATE tide.backfill SET state = $3, finished_at = now(),
+                error = 'cancelled by pg_tide: tide.alter_table changed the table''s row filter or column list, and the table is read again'
+          WHERE pipeline = $1 AND relid = $2::int8::oid AND state = ANY($4)",
+        None,
+        &[
+            pipeline.into(),
+            (relid as i64).into(),
+            BackfillState::Cancelled.as_str().into(),
+            active_states().into(),
+        ],
+    )?;
+    let queued = crate::sql::update(
+        c,
+        "INSERT INTO tide.backfill (pipeline, relid, relation, key_columns, owner, generation, chunk_size,
+                                   rows_per_second, estimated_rows, error, required_lsn, resync)
+         SELECT t.pipeline, t.relid, t.relation, t.key_columns, p.owner,
+                coalesce((SELECT max(b.generation) FROM tide.backfill b WHERE b.pipeline = $1 AND b.relid = t.relid), 0) + 1,
+                coalesce((SELECT b.chunk_size FROM tide.backfill b WHERE b.pipeline = $1 AND b.relid = t.relid ORDER BY b.id DESC LIMIT 1), $4),
+                NULL::int,
+                -- (the worker refreshes it at the first chunk)
+                (SELECT CASE WHEN c.reltuples >= 0 THEN c.reltuples::int8 END FROM pg_catalog.pg_class c WHERE c.oid = t.relid),
+                'queued by pg_tide: tide.alter_table changed the row filter or column list at ' || $3, $3::pg_lsn, true
+           FROM tide.pipeline_table t JOIN tide.pipeline p ON p.name = t.pipeline
+          WHERE t.pipeline = $1 AND t.relid = $2::int8::oid AND NOT t.removing
+         RETURNING id",
+        None,
+        &[
+            pipeline.into(),
+            (relid as i64).into(),
+            lsn.into(),
+            tide_core::model::DEFAULT_CHUNK_SIZE.into(),
+        ],
+    )?;
+    Ok(match sql::first::<i64>(queued)? {
+        Some(id) => format!(
+            "backfill {id} queued: tide.alter_table changed the row filter or column list of table {relid} at {lsn}, so it is read again"
+        ),
+        None => format!("table {relid} is being removed: not read again after its tide.alter_table at {lsn}"),
     })
 }
 

@@ -415,6 +415,14 @@ pub(crate) fn queue_resync(pipeline: &str, lsn: &str) -> TideResult<Option<Strin
             None,
             &[pipeline.into(), lsn.into()],
         )?;
+        // A tide.alter_table whose marker was in the lost WAL: in effect from the new slot's
+        // start (the tables are read again under it).
+        crate::sql::update(
+            c,
+            "UPDATE tide.pipeline_table SET shaping_before = NULL WHERE pipeline = $1 AND shaping_before IS NOT NULL",
+            None,
+            &[pipeline.into()],
+        )?;
         let active: Vec<&str> = tide_core::model::BackfillState::ALL
             .iter()
             .filter(|s| s.is_active())

@@ -1,7 +1,9 @@
-//! `tide.pipeline_table`: the tables each pipeline captures, with their key, their shape and
-//! (table targets) their target table; and the add/remove markers (`tide.marker`). Written by
-//! the SQL API (add, remove), by the worker (capturing from the add marker on; forgetting at the
-//! remove marker) and, for `shape` and the `schema` markers, by the event trigger
+//! `tide.pipeline_table`: the tables each pipeline captures, with their key, their shape, their
+//! row filter and column list and (table targets) their target table; and the
+//! add/remove/alter_table markers (`tide.marker`). Written by the SQL API (add, remove, alter),
+//! by the worker (capturing from the add marker on; forgetting at the remove marker; the new
+//! shaping in effect from the alter_table marker on: until then `shaping_before` holds the one
+//! the decoder and the backfills use, [`captured`], [`shaping`]) and, for `shape` and the `schema` markers, by the event trigger
 //! `tide._schema_marker` (SQL, `src/schema.rs`) in the transaction of an `ALTER TABLE`.
 
 use super::{corrupt, relid};
@@ -24,9 +26,10 @@ pub struct TableRow {
     pub removing: bool,
     /// A partitioned table (captured with its partitions).
     pub partitioned: bool,
-    /// `tide.add_table`'s row filter.
+    /// The row filter in effect in the stream (`tide.add_table`'s, or `tide.alter_table`'s once
+    /// the worker has passed its marker).
     pub row_filter: Option<String>,
-    /// `tide.add_table`'s column list (attribute numbers).
+    /// The column list in effect in the stream (attribute numbers), likewise.
     pub columns: Option<Vec<i16>>,
 }
 
@@ -94,6 +97,18 @@ macro_rules! key_of_pg_class_c {
 }
 pub(crate) use key_of_pg_class_c;
 
+/// SQL: the row filter (`text`) and the column list (`int2[]`) in effect in the stream for the
+/// row `t` of `tide.pipeline_table` (alias `t`): the ones before a `tide.alter_table` whose marker
+/// the worker has not reached yet (`shaping_before`), else the stored ones.
+macro_rules! effective_shaping_t {
+    () => {
+        "CASE WHEN t.shaping_before IS NULL THEN t.row_filter ELSE t.shaping_before->>'row_filter' END,
+         CASE WHEN t.shaping_before IS NULL THEN t.columns
+              WHEN pg_catalog.jsonb_typeof(t.shaping_before->'columns') = 'array'
+              THEN ARRAY(SELECT c::int2 FROM pg_catalog.jsonb_array_elements_text(t.shaping_before->'columns') c) END"
+    };
+}
+
 // --- the worker --------------------------------------------------------------------------------
 
 /// The tables a pipeline captures, by relid. Called by the worker, in its iteration's
@@ -101,7 +116,11 @@ pub(crate) use key_of_pg_class_c;
 pub(crate) fn captured(c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<Vec<TableRow>> {
     let rows = crate::sql::select(
         c,
-        "SELECT relid::int8, added_lsn IS NOT NULL, removing, partitions IS NOT NULL, row_filter, columns FROM tide.pipeline_table WHERE pipeline = $1 ORDER BY relid",
+        concat!(
+            "SELECT t.relid::int8, t.added_lsn IS NOT NULL, t.removing, t.partitions IS NOT NULL, ",
+            effective_shaping_t!(),
+            " FROM tide.pipeline_table t WHERE t.pipeline = $1 ORDER BY t.relid"
+        ),
         None,
         &[pipeline.into()],
     )?;
@@ -327,6 +346,126 @@ pub(crate) fn mark_capturing(
     Ok(())
 }
 
+/// Whether the `tide.alter_table` whose marker payload carries `xid` (its transaction's id) is
+/// still to take effect for `relid` in `pipeline` (its `shaping_before` is set by that call, not
+/// cleared yet). Called by the worker at an `alter_table` marker, in its iteration's transaction.
+pub(crate) fn alter_pending(
+    c: &mut SpiClient<'_>,
+    pipeline: &str,
+    relid: u32,
+    xid: &str,
+) -> TideResult<bool> {
+    Ok(crate::sql::first::<bool>(crate::sql::select(
+        c,
+        "SELECT EXISTS (SELECT 1 FROM tide.pipeline_table
+                         WHERE pipeline = $1 AND relid = $2::int8::oid AND shaping_before->>'xid' = $3)",
+        Some(1),
+        &[pipeline.into(), (relid as i64).into(), xid.into()],
+    )?)?
+    .unwrap_or(false))
+}
+
+/// The worker passed the `alter_table` marker of the call whose transaction id is `xid`: from
+/// here the stream and the backfills shape the table as `row_filter` and `columns` say. Called by
+/// the worker, in its iteration's transaction.
+pub(crate) fn end_alter(
+    c: &mut SpiClient<'_>,
+    pipeline: &str,
+    relid: u32,
+    xid: &str,
+) -> TideResult<()> {
+    crate::sql::update(
+        c,
+        "UPDATE tide.pipeline_table SET shaping_before = NULL
+          WHERE pipeline = $1 AND relid = $2::int8::oid AND shaping_before->>'xid' = $3",
+        None,
+        &[pipeline.into(), (relid as i64).into(), xid.into()],
+    )?;
+    Ok(())
+}
+
+/// A new row filter and column list for a captured table (`tide.alter_table`): stored now (with
+/// the shape the column list gives, which the event trigger describes later `ALTER TABLE`s
+/// against), the ones in effect kept in `shaping_before` until the worker reaches the marker.
+/// Returns the marker's payload: the schema event that announces the change (as
+/// `tide._schema_change` describes the shape's change, with the row filter and column list before
+/// and after, `"altered": true`, and the transaction's id in `xid`). Called by
+/// `tide.alter_table`, which holds a lock on the table; runs as pg_tide.
+pub(crate) fn alter(
+    pipeline: &str,
+    relid: pg_sys::Oid,
+    row_filter: Option<&str>,
+    columns: Option<&[i16]>,
+) -> TideResult<String> {
+    sql_as_tide::write_one::<String>(
+        "WITH o AS (SELECT t.shape, t.row_filter, t.columns FROM tide.pipeline_table t
+                     WHERE t.pipeline = $1 AND t.relid = $2 FOR UPDATE),
+              x AS (SELECT pg_catalog.txid_current()::text AS xid),
+              u AS (UPDATE tide.pipeline_table t
+                       SET row_filter = $3, columns = $4, shape = tide._listed_shape($2, $4),
+                           shaping_before = pg_catalog.jsonb_build_object('row_filter', o.row_filter,
+                                                'columns', pg_catalog.to_jsonb(o.columns), 'xid', x.xid)
+                      FROM o, x
+                     WHERE t.pipeline = $1 AND t.relid = $2
+                 RETURNING t.shape)
+         SELECT (tide._schema_change(o.shape, u.shape, $2)
+                 || pg_catalog.jsonb_build_object(
+                        'altered', true,
+                        'row_filter', $3, 'previous_row_filter', o.row_filter,
+                        'listed_columns', (SELECT pg_catalog.jsonb_agg(a.attname ORDER BY a.attnum) FROM pg_catalog.pg_attribute a WHERE $4 IS NOT NULL AND a.attrelid = $2 AND a.attnum = ANY ($4) AND NOT a.attisdropped),
+                        'previous_listed_columns', (SELECT pg_catalog.jsonb_agg(a.attname ORDER BY a.attnum) FROM pg_catalog.pg_attribute a WHERE o.columns IS NOT NULL AND a.attrelid = $2 AND a.attnum = ANY (o.columns) AND NOT a.attisdropped),
+                        'xid', x.xid))::text
+           FROM o, u, x",
+        &[
+            pipeline.into(),
+            relid.into(),
+            row_filter.into(),
+            columns.map(|c| c.to_vec()).into(),
+        ],
+    )?
+    .ok_or_else(|| corrupt("pipeline_table", pipeline))
+}
+
+/// A captured table's row as `tide.alter_table` checks it ([`lock_for_alter`]).
+pub(crate) struct AlterRow {
+    pub row_filter: Option<String>,
+    pub columns: Option<Vec<i16>>,
+    /// The worker has passed its add marker.
+    pub capturing: bool,
+    pub removing: bool,
+    /// A `tide.alter_table` of it has not taken effect yet (its marker lies ahead).
+    pub altering: bool,
+}
+
+/// The row of a captured table (`None`: the pipeline does not capture it), locked until the
+/// end of the transaction, so two `tide.alter_table`s of it run one after the other (the second
+/// sees the first's). Called by `tide.alter_table`; runs as pg_tide.
+pub(crate) fn lock_for_alter(pipeline: &str, relid: pg_sys::Oid) -> TideResult<Option<AlterRow>> {
+    let rows = sql_as_tide::text_rows(
+        "SELECT row_filter, pg_catalog.to_json(columns)::text, (added_lsn IS NOT NULL)::text,
+                removing::text, (shaping_before IS NOT NULL)::text
+           FROM tide.pipeline_table WHERE pipeline = $1 AND relid = $2::oid FOR UPDATE",
+        &[Some(pipeline), Some(&relid.to_u32().to_string())],
+        1,
+        true,
+    )?;
+    let Some(mut r) = rows.into_iter().next() else {
+        return Ok(None);
+    };
+    let columns = match r[1].as_deref() {
+        Some(j) => Some(serde_json::from_str(j).map_err(|_| corrupt("columns", pipeline))?),
+        None => None,
+    };
+    let yes = |v: &Option<String>| v.as_deref() == Some("true");
+    Ok(Some(AlterRow {
+        row_filter: r[0].take(),
+        columns,
+        capturing: yes(&r[2]),
+        removing: yes(&r[3]),
+        altering: yes(&r[4]),
+    }))
+}
+
 /// The worker reached a table's remove marker: forget the table (unless it was re-added since).
 /// Called by the worker, in its iteration's transaction.
 pub(crate) fn forget_removed(c: &mut SpiClient<'_>, pipeline: &str, relid: u32) -> TideResult<()> {
@@ -472,7 +611,9 @@ pub(crate) fn insert(t: &NewTable<'_>) -> TideResult<()> {
     )
 }
 
-/// The row filter and column list of `relid` in `pipeline` (`None`: none, or not captured).
+/// The row filter and column list of `relid` in `pipeline` in effect in the stream (`None`:
+/// none, or not captured): until the worker reaches a `tide.alter_table`'s marker, the ones
+/// before it.
 /// Called by the chunk reader and `tide.verify`; runs as pg_tide.
 pub(crate) fn shaping(
     pipeline: &str,
@@ -485,7 +626,11 @@ fn shaping_row(pipeline: &str, relid: u32) -> TideResult<(Option<String>, Option
     Spi::connect(|c| {
         let row = c
             .select(
-                "SELECT row_filter, columns FROM tide.pipeline_table WHERE pipeline = $1 AND relid = $2::int8::oid",
+                concat!(
+                    "SELECT ",
+                    effective_shaping_t!(),
+                    " FROM tide.pipeline_table t WHERE t.pipeline = $1 AND t.relid = $2::int8::oid"
+                ),
                 None,
                 &[pipeline.into(), (relid as i64).into()],
             )?
@@ -501,7 +646,10 @@ fn shaping_row(pipeline: &str, relid: u32) -> TideResult<(Option<String>, Option
 /// Called by the worker.
 pub(crate) fn columns_of_backfill(id: i64) -> TideResult<Option<Vec<i16>>> {
     crate::sql::one::<Vec<i16>>(
-        "SELECT t.columns FROM tide.backfill b JOIN tide.pipeline_table t ON t.pipeline = b.pipeline AND t.relid = b.relid WHERE b.id = $1",
+        "SELECT CASE WHEN t.shaping_before IS NULL THEN t.columns
+                     WHEN pg_catalog.jsonb_typeof(t.shaping_before->'columns') = 'array'
+                     THEN ARRAY(SELECT c::int2 FROM pg_catalog.jsonb_array_elements_text(t.shaping_before->'columns') c) END
+           FROM tide.backfill b JOIN tide.pipeline_table t ON t.pipeline = b.pipeline AND t.relid = b.relid WHERE b.id = $1",
         &[id.into()],
     )
 }
@@ -512,6 +660,7 @@ pub(crate) fn re_add(t: &NewTable<'_>) -> TideResult<()> {
     sql_as_tide::exec(
         "UPDATE tide.pipeline_table SET removing = false, added_lsn = NULL, added_at = now(), relation = $3, key_columns = $4,
                 target_schema = $5, target_name = $6, row_filter = $7, columns = $8, shape = tide._listed_shape($2, $8),
+                shaping_before = NULL,
                 partitions = CASE WHEN (SELECT relkind FROM pg_class WHERE oid = $2) = 'p'
                      THEN ARRAY(SELECT pt.relid FROM pg_partition_tree($2) pt JOIN pg_class pc ON pc.oid = pt.relid
                                  WHERE pt.isleaf AND pc.relkind = 'r' ORDER BY 1) END
@@ -555,9 +704,19 @@ pub(crate) fn target_table(pipeline: &str, relid: pg_sys::Oid) -> TideResult<Opt
 /// the table stays empty), so no other role can forge one. Called by the SQL API (add and remove
 /// a table); runs as pg_tide.
 pub(crate) fn write_marker(op: MarkerOp, pipeline: &str, relid: pg_sys::Oid) -> TideResult<()> {
+    write_marker_with(op, pipeline, relid, None)
+}
+
+/// [`write_marker`] with a payload (JSON text).
+pub(crate) fn write_marker_with(
+    op: MarkerOp,
+    pipeline: &str,
+    relid: pg_sys::Oid,
+    payload: Option<&str>,
+) -> TideResult<()> {
     let id = sql_as_tide::write_one::<i64>(
-        "INSERT INTO tide.marker (pipeline, op, relid) VALUES ($1, $2, $3) RETURNING id",
-        &[pipeline.into(), op.as_str().into(), relid.into()],
+        "INSERT INTO tide.marker (pipeline, op, relid, payload) VALUES ($1, $2, $3, $4::text::jsonb) RETURNING id",
+        &[pipeline.into(), op.as_str().into(), relid.into(), payload.into()],
     )?;
     sql_as_tide::exec("DELETE FROM tide.marker WHERE id = $1", &[id.into()])
 }

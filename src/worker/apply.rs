@@ -2,12 +2,15 @@
 //! changes, one handler per message kind (as PostgreSQL's `apply_dispatch` in `worker.c`).
 //!
 //! Owns: the state of one batch — the source transaction being applied ([`Txn`]), which
-//! captured tables are delivered ([`TableSets`]), the table-list markers and rewrites met on
-//! the way, the highest position the slot may be confirmed at, and the [`Outcome`] counters.
+//! captured tables are delivered ([`TableSets`]), the table-list and alter_table markers and
+//! rewrites met on the way, the highest position the slot may be confirmed at, and the [`Outcome`] counters.
 //!
 //! Guarantees:
 //! - A transaction at or below the applied position (a replay after a crash) is decoded only to
-//!   follow pg_tide's own rows in it; nothing of it reaches the target again.
+//!   follow pg_tide's own rows in it; nothing of it reaches the target again. Its catalog
+//!   effects (tables added or removed, re-reads after a rewrite) are recorded again unless the
+//!   catalog's own applied position passed it ([`Applier::records`]): a remote target can hold
+//!   a batch whose record in the worker's transaction failed.
 //! - So is a transaction whose commit LSN `tide.skip_transaction` named: nothing of it reaches
 //!   the target, and the batch records that it was skipped.
 //! - [`last_begun`] is the commit LSN of the last transaction begun (not a replay, not skipped):
@@ -18,6 +21,12 @@
 //!   `remove_table` marker, exactly at those commit positions; a marker for a table the
 //!   decoder was not filtering for ends the batch at that transaction ([`Applier::stopped`]),
 //!   and the decoder is reopened with the new list.
+//! - A `tide.alter_table` marker (its payload the schema event announcing the new row filter and
+//!   column list) reaches the target at its transaction's commit, after the transaction's
+//!   changes ([`Target::schema`]), and ends the batch at that transaction: the changes committed before it were decoded with the old plugin options,
+//!   those after it are decoded again by a decoder reopened with the new ones (the catalog
+//!   switches at the marker, with the batch, and queues the table's re-read). A marker whose
+//!   call already took effect (`catalog::tables::alter_pending`) is passed over.
 //! - Every change of a captured table is reported to the backfill before it is pushed, so a
 //!   chunk in flight drops the keys that changed in its window; a rewrite (`Rewrite`) discards
 //!   the chunk and schedules the table to be read again.
@@ -69,6 +78,9 @@ pub struct Outcome {
     pub backfill_rows: u64,
     /// Bytes of decoded output that went to a temporary file.
     pub spilled: u64,
+    /// `tide.alter_table` markers passed that take effect here: (relid, the call's transaction
+    /// id, commit LSN); recorded with the batch.
+    pub alters: Vec<(u32, String, Lsn)>,
     /// Lines for the server log, written once the iteration's transaction has ended (LOG is
     /// quieted inside it, see `pipeline::iterate`).
     pub notes: Vec<String>,
@@ -103,6 +115,11 @@ pub struct Applier<'a, 'c> {
     pub marker_relid: u32,
     /// Transactions ending at or below this were applied already.
     pub applied: Lsn,
+    /// Transactions ending at or below this had their catalog effects (markers, rewrites)
+    /// recorded: the applied position in pg_tide's catalog, which a remote target's own
+    /// position ([`Applier::applied`]) can pass when the worker's transaction fails after the
+    /// remote committed ([`Applier::records`]).
+    pub recorded: Lsn,
     pub txn: Option<Txn>,
     /// End LSN and commit time of the last transaction with events for the target.
     pub last_applied: Option<(Lsn, i64)>,
@@ -112,6 +129,9 @@ pub struct Applier<'a, 'c> {
     pub marks: Vec<(u32, Lsn)>,
     /// `remove_table` markers passed.
     pub removals: Vec<u32>,
+    /// Schema events of `tide.alter_table` markers of the transaction being applied, written at
+    /// its commit ([`Applier::on_commit`]).
+    pub announce: Vec<SchemaEvent>,
     /// Captured tables rewritten by a transaction of this batch, with its commit LSN.
     pub rewrites: Vec<(u32, Lsn)>,
     /// The batch ended at a barrier (see the module header).
@@ -180,7 +200,7 @@ impl Applier<'_, '_> {
                 end_lsn,
                 commit_time,
                 ..
-            } => return Ok(self.on_commit(end_lsn, commit_time)),
+            } => return self.on_commit(end_lsn, commit_time),
             Message::Rewrite { relid } => self.on_rewrite(relid),
             Message::TruncatePartition {
                 relid,
@@ -227,9 +247,15 @@ impl Applier<'_, '_> {
         Ok(())
     }
 
-    /// The transaction being applied, unless it is a replay (or there is none).
-    fn live(&mut self) -> Option<&mut Txn> {
-        self.txn.as_mut().filter(|t| !t.skip)
+    /// Whether the catalog effects of `t` (a table added or removed, a re-read after a rewrite)
+    /// are recorded by this batch. Not only when `t` reaches the target: a remote target commits
+    /// a batch before the worker's transaction records those effects, so when that transaction
+    /// fails the retry reads the batch again as a replay (the remote has it) whose effects the
+    /// catalog still lacks; and a transaction skipped by `tide.skip_transaction` still adds and
+    /// removes tables. Recording them again is harmless: marking a table captured and
+    /// forgetting a removed one touch only a row still in that state.
+    fn records(&self, t: &Txn) -> bool {
+        t.lsn >= self.recorded
     }
 
     fn on_begin(&mut self, xid: u32, final_lsn: Lsn, commit_time: i64) {
@@ -299,14 +325,14 @@ impl Applier<'_, '_> {
                     // The decoder's plugin was not filtering for this table.
                     t.barrier = true;
                 }
-                if !t.skip {
+                if t.lsn >= self.recorded {
                     self.marks.push((table, t.lsn));
                 }
             }
             MarkerOp::RemoveTable => {
                 let was_capturing = self.sets.capturing.remove(&table);
                 self.sets.pending.remove(&table);
-                if !t.skip {
+                if t.lsn >= self.recorded {
                     self.removals.push(table);
                 }
                 // The table was dropped (the marker of the event trigger tide._drop_marker, in
@@ -334,6 +360,10 @@ impl Applier<'_, '_> {
                         },
                     )?;
                 }
+            }
+            MarkerOp::AlterTable => {
+                let payload = column_text(rel, new, "payload");
+                self.on_alter_marker(table, payload)?
             }
             MarkerOp::Schema => {
                 if t.skip || !self.sets.capturing.contains(&table) {
@@ -391,6 +421,63 @@ impl Applier<'_, '_> {
                 )?;
             }
         }
+        Ok(())
+    }
+
+    /// A `tide.alter_table` marker: the table's new row filter and column list take effect at
+    /// this transaction's commit. Its payload is the schema event that announces them, which
+    /// reaches the target there, after the transaction's changes (a table target adds and drops
+    /// the columns the new list adds and leaves out); the batch ends after this transaction, and the decoder is reopened with
+    /// the new shaping (the plugin's options are fixed for a session); the catalog records it
+    /// and queues the table's re-read ([`Done`](super::pipeline)). A marker whose call already
+    /// took effect (a replay after it was recorded) is passed over.
+    fn on_alter_marker(&mut self, table: u32, payload: Option<&str>) -> TideResult<()> {
+        let Some(t) = self.txn.as_mut() else {
+            return Ok(());
+        };
+        let payload = payload.ok_or_else(|| {
+            TideError::internal(format!(
+                "an alter_table marker of relation {table} (transaction {} committed at {}) has no payload",
+                t.xid, t.lsn
+            ))
+        })?;
+        let mut row: serde_json::Value = serde_json::from_str(payload).map_err(|e| {
+            TideError::internal(format!("an alter_table marker's payload is not JSON: {e}"))
+        })?;
+        let Some(xid) = row
+            .as_object_mut()
+            .and_then(|o| o.remove("xid"))
+            .and_then(|x| x.as_str().map(str::to_string))
+        else {
+            return Err(TideError::internal(format!(
+                "an alter_table marker of relation {table} has no transaction id: {payload}"
+            )));
+        };
+        if !crate::catalog::tables::alter_pending(self.c, &self.p.name, table, &xid)? {
+            return Ok(());
+        }
+        t.barrier = true;
+        self.out.alters.push((table, xid, t.lsn));
+        if t.skip || !self.sets.capturing.contains(&table) {
+            return Ok(());
+        }
+        let payload = row.to_string();
+        let change = SchemaChange::parse(&payload).ok_or_else(|| {
+            TideError::internal(format!(
+                "an alter_table marker of relation {table} has a payload pg_tide cannot read: {payload}"
+            ))
+        })?;
+        let relation = schema_relation(&payload)
+            .or_else(|| self.rels.get(&table).map(|r| r.qualified.clone()))
+            .unwrap_or_else(|| format!("relation {table}"));
+        self.announce.push(SchemaEvent {
+            relid: table,
+            relation,
+            payload,
+            change,
+            rewrite: false,
+            dropped: false,
+        });
         Ok(())
     }
 
@@ -537,10 +624,16 @@ impl Applier<'_, '_> {
 
     /// Returns `false` at a barrier: later transactions were decoded without the new table and
     /// are read again with a reopened decoder.
-    fn on_commit(&mut self, end_lsn: Lsn, commit_time: i64) -> bool {
-        let Some(t) = self.txn.take() else {
-            return true;
+    fn on_commit(&mut self, end_lsn: Lsn, commit_time: i64) -> TideResult<bool> {
+        let Some(mut t) = self.txn.take() else {
+            return Ok(true);
         };
+        // A tide.alter_table's schema event: after every change of its transaction (all shaped
+        // the old way), at the commit position where the new shaping takes effect.
+        for ev in std::mem::take(&mut self.announce) {
+            t.position += 1;
+            self.sink.schema(self.c, &t, ev)?;
+        }
         self.high = self.high.max(end_lsn);
         if !t.skip && t.position > 0 {
             self.out.txns += 1;
@@ -549,9 +642,9 @@ impl Applier<'_, '_> {
         }
         if t.barrier {
             self.stopped = true;
-            return false;
+            return Ok(false);
         }
-        true
+        Ok(true)
     }
 
     /// Every row may have new values that no row event carries: the table is read again (after
@@ -560,7 +653,10 @@ impl Applier<'_, '_> {
         if !self.sets.capturing.contains(&relid) {
             return;
         }
-        if let Some(t) = self.live() {
+        let Some(t) = self.txn.as_ref() else {
+            return;
+        };
+        if self.records(t) {
             let lsn = t.lsn;
             self.bf.on_rewrite(relid);
             self.rewrites.push((relid, lsn));

@@ -17,6 +17,18 @@
 //!    text are used only if the table and its target still have the chunk's shape then;
 //!    otherwise the chunk is read again.
 //!
+//! Several backfills of a pipeline run at once (`tide.max_parallel_backfills`, default 4: the
+//! first that many running, then queued, oldest first; `catalog::backfills::due`): between
+//! stream iterations the worker reads the next chunk of each that has none in memory, one after
+//! the other, each under watermarks of its own, and the stream iteration that follows writes
+//! every chunk whose high watermark it reaches, each at its own high watermark. The reconciler
+//! keeps each chunk's window apart (a change drops its key from every chunk of its table whose
+//! window is open: `tide_core::reconcile`, model-checked with several tables' windows open at
+//! once in `crates/tide-core/tests/reconcile_model.rs`). Each backfill has at most one chunk in
+//! memory, so its chunks are emitted in key order and its durable progress (the last key) moves
+//! chunk by chunk as before; a throttle, a pause, a cancel, a locked table hold back only their
+//! own backfill.
+//!
 //! A resync's chunk at a target in another PostgreSQL also carries, once read, the deletes of
 //! the target's keys in its key range that it did not find at the source (`sweep`, between
 //! stream iterations; see `catalog::slots`).
@@ -26,9 +38,10 @@
 //! A chunk whose snapshot misses a transaction the stream has already delivered (decoded before
 //! it became visible: `tide_core::snapshot::DeliveredXids`) is read again rather than registered.
 //!
-//! Guarantees: at most one chunk is in memory per process (the worker's, its reader's: memory =
-//! one chunk each); no transaction opened here outlives one chunk; the stream never waits for a
-//! chunk. A crash loses only the chunks in memory: durable progress points at the last emitted
+//! Guarantees: at most `tide.max_parallel_backfills` chunks are in the worker's memory (one per
+//! running backfill) and one in its reader's; no transaction opened here outlives one chunk; the
+//! stream never waits for a chunk's high watermark (between two iterations it waits for the
+//! reads of at most that many chunks). A crash loses only the chunks in memory: durable progress points at the last emitted
 //! chunk, so the chunk is read again under new watermarks (watermark ids come from a sequence and
 //! are never reused), and a chunk that does not start at the durable progress is never emitted
 //! (`catalog::backfills::record_progress`). Any failed stream iteration forgets the chunks for
@@ -45,6 +58,7 @@ use crate::sink::{Batch, CopyBatch, Event, Row, RowBatch, RowForm, Target};
 use crate::worker::tx::{self, Locked};
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 use tide_core::lsn::Lsn;
 use tide_core::model::{BackfillState, ChunkWrite, Op, Txn, WatermarkKind};
@@ -89,13 +103,19 @@ pub struct Backfiller {
     /// A row to upsert (in the form the target asked for), or a repair's delete of a key gone
     /// at the source ([`Row::Key`]).
     reconciler: Reconciler<u32, String, Row>,
-    pending: Option<PendingChunk>,
+    /// The chunks waiting for their high watermark, in the order they were read: at most one per
+    /// backfill, at most `tide.max_parallel_backfills` in all.
+    pending: Vec<PendingChunk>,
+    /// No chunk is read before then (after a failure, or when nothing was due).
     not_before: Instant,
-    /// A throttled backfill's next chunk waits until then. It belongs to that backfill only:
-    /// another backfill of the pipeline (the one a rewrite queues, say) is not held back by it.
-    throttle: Option<(i64, Instant)>,
-    /// The backfill whose "waiting" reason was last written to tide.backfills.
-    waiting_noted: Option<i64>,
+    /// Backfills whose next chunk waits until then: a throttled one (its pace; `true`: it lapses
+    /// when the backfill's throttle is removed), one whose chunk could not be read now (its
+    /// table locked, say) or must be read again (a snapshot that missed a delivered
+    /// transaction). Each belongs to its backfill only: the others go on.
+    held: HashMap<i64, (Instant, bool)>,
+    /// The backfills whose "waiting" reason was written to tide.backfills (cleared by their next
+    /// chunk read).
+    waiting_noted: HashSet<i64>,
     /// The helper that reads the next chunk while this one is written (`read_ahead`).
     reader: Option<Reader>,
     /// Not before then does the worker try to start a reader again.
@@ -112,10 +132,10 @@ impl Default for Backfiller {
     fn default() -> Self {
         Backfiller {
             reconciler: Reconciler::new(),
-            pending: None,
+            pending: Vec::new(),
             not_before: Instant::now(),
-            throttle: None,
-            waiting_noted: None,
+            held: HashMap::new(),
+            waiting_noted: HashSet::new(),
             reader: None,
             reader_retry: Instant::now(),
             delivered: DeliveredXids::default(),
@@ -134,7 +154,7 @@ impl Backfiller {
     /// a chunk asked of the reader meanwhile (it starts after the one forgotten).
     pub fn forget(&mut self) {
         self.reconciler.forget_all();
-        self.pending = None;
+        self.pending.clear();
         if let Some(r) = self.reader.as_mut() {
             r.drop_in_flight();
         }
@@ -144,7 +164,7 @@ impl Backfiller {
     /// was one, read the next only after a back-off that doubles with each failure in a row (up
     /// to `max`).
     pub fn failed(&mut self, max: Duration) {
-        let had_chunk = self.pending.is_some() || self.in_flight();
+        let had_chunk = !self.pending.is_empty() || self.in_flight();
         self.forget();
         if had_chunk {
             self.chunk_failures = (self.chunk_failures + 1).min(16);
@@ -177,7 +197,7 @@ impl Backfiller {
 
     /// Whether a chunk waits for its high watermark.
     pub fn has_pending(&self) -> bool {
-        self.pending.is_some()
+        !self.pending.is_empty()
     }
 
     /// Whether a chunk asked of the reader has not arrived yet: it must be registered before
@@ -186,28 +206,28 @@ impl Backfiller {
         self.reader.as_ref().is_some_and(Reader::in_flight)
     }
 
-    /// Whether `watermark` is the high watermark the chunk in memory waits for (its rows are
+    /// Whether `watermark` is the high watermark a chunk in memory waits for (its rows are
     /// emitted when the stream reaches it).
     pub fn awaits(&self, watermark: u64, kind: WatermarkKind) -> bool {
-        kind == WatermarkKind::High
-            && self
-                .pending
-                .as_ref()
-                .is_some_and(|p| p.watermark == watermark)
+        kind == WatermarkKind::High && self.pending.iter().any(|p| p.watermark == watermark)
     }
 
-    /// A change of a captured table, in stream order.
-    /// `xid` is the changing transaction: if the chunk's snapshot could not see it (it was in
-    /// progress then), its change drops the key even before the low watermark.
+    /// A change of a captured table, in stream order: it drops the key from every chunk of the
+    /// table whose window is open (the reconciler knows each chunk's own window), and from every
+    /// chunk of the table whose snapshot could not see `xid`, the changing transaction (it was
+    /// in progress then), even before that chunk's low watermark.
     pub fn on_change(&mut self, relid: u32, key: &str, xid: u32) {
         self.delivered.record(relid, xid);
-        let Some(p) = &self.pending else { return };
-        let key = key.to_string();
-        if p.relid == relid && p.invisible.contains(xid) {
-            self.reconciler.drop_key(p.watermark, &key);
-        } else {
-            self.reconciler.on_change(&relid, &key);
+        if self.pending.is_empty() {
+            return;
         }
+        let key = key.to_string();
+        for p in &self.pending {
+            if p.relid == relid && p.invisible.contains(xid) {
+                self.reconciler.drop_key(p.watermark, &key);
+            }
+        }
+        self.reconciler.on_change(&relid, &key);
     }
 
     /// A heap rewrite of a captured table, in stream order (its transaction's commit lies after
@@ -215,7 +235,7 @@ impl Backfiller {
     /// watermark may hold rows from before or after the rewrite: it is dropped, and the table is
     /// read again from the start (`catalog::reread_after_rewrite`, in the same transaction).
     pub fn on_rewrite(&mut self, relid: u32) {
-        if self.pending.as_ref().is_some_and(|p| p.relid == relid) {
+        if self.pending.iter().any(|p| p.relid == relid) {
             self.forget();
         }
     }
@@ -225,7 +245,7 @@ impl Backfiller {
     /// the whole chunk; one the chunk's snapshot already reflects does not.
     pub fn on_truncate(&mut self, relid: u32, xid: u32) {
         self.delivered.record(relid, xid);
-        if let Some(p) = self.pending.as_mut() {
+        for p in self.pending.iter_mut() {
             if p.relid == relid && (p.low_lsn.is_some() || p.invisible.contains(xid)) {
                 p.truncated = true;
             }
@@ -239,8 +259,8 @@ impl Backfiller {
         self.delivered.record(relid, xid);
         if self
             .pending
-            .as_ref()
-            .is_some_and(|p| p.relid == relid && (p.low_lsn.is_some() || p.invisible.contains(xid)))
+            .iter()
+            .any(|p| p.relid == relid && (p.low_lsn.is_some() || p.invisible.contains(xid)))
         {
             self.forget();
         }
@@ -256,24 +276,18 @@ impl Backfiller {
         watermark: u64,
         kind: WatermarkKind,
     ) -> TideResult<Option<Emitted>> {
-        let Some(p) = self.pending.as_mut() else {
+        let Some(at) = self.pending.iter().position(|p| p.watermark == watermark) else {
             return Ok(None);
         };
-        if p.watermark != watermark {
-            return Ok(None);
-        }
         if kind == WatermarkKind::Low {
             if self.reconciler.on_low_watermark(watermark) {
-                p.low_lsn = Some(t.lsn);
+                self.pending[at].low_lsn = Some(t.lsn);
             }
             return Ok(None);
         }
+        let p = self.pending.remove(at);
         let Some(result) = self.reconciler.on_high_watermark(watermark) else {
             // LW never seen (cannot happen for a chunk read after its LW committed): read again.
-            self.pending = None;
-            return Ok(None);
-        };
-        let Some(p) = self.pending.take() else {
             return Ok(None);
         };
         let rows = if p.truncated { Vec::new() } else { result.rows };
@@ -336,10 +350,11 @@ impl Backfiller {
         }
     }
 
-    /// Read the next chunk of the pipeline's active backfill, if one is due, or receive the one
-    /// asked of the reader. Runs its own two transactions (or waits for the reader's); call it
-    /// between stream iterations. `sink` is the pipeline's target, when it exists yet: it says
-    /// how it takes the chunk's rows.
+    /// Read the next chunk of each backfill that may progress (`tide.max_parallel_backfills`)
+    /// and has none in memory, after receiving the one asked of the reader. Runs their
+    /// transactions (two per chunk, or waits for the reader's); call it between stream
+    /// iterations. `sink` is the pipeline's target, when it exists yet: it says how it takes
+    /// the chunks' rows.
     pub fn step(&mut self, pipeline: &str, sink: &mut Option<Box<dyn Target>>) -> TideResult<()> {
         if let Some(r) = self.reader.as_mut().filter(|r| r.in_flight()) {
             let started = Instant::now();
@@ -351,7 +366,7 @@ impl Backfiller {
                     let r = self.register(pipeline, job, read, started);
                     // Nothing is in flight now: the pruning skipped meanwhile (see `prune`).
                     self.prune();
-                    return r;
+                    r?;
                 }
                 Err(e) => {
                     pgrx::log!("pg_tide worker \"{pipeline}\": {e}; it reads the chunks itself");
@@ -365,33 +380,54 @@ impl Backfiller {
         if !crate::gucs::READ_AHEAD.get() {
             self.reader = None;
         }
-        if self.pending.is_some() || Instant::now() < self.not_before {
-            return Ok(());
+        let parallel = crate::gucs::MAX_PARALLEL_BACKFILLS.get().max(1) as usize;
+        while self.pending.len() < parallel && Instant::now() >= self.not_before {
+            if !self.read_one(pipeline, sink, parallel)? {
+                break;
+            }
         }
+        if self.pending.iter().any(|p| p.job.rows_per_second.is_none()) {
+            self.start_reader(pipeline);
+        }
+        Ok(())
+    }
+
+    /// Read one chunk, of the first backfill that may progress and has no chunk in memory and
+    /// no hold ([`Self::held`]): its low watermark, then the chunk and its high watermark.
+    /// `false` when there was none to read.
+    fn read_one(
+        &mut self,
+        pipeline: &str,
+        sink: &mut Option<Box<dyn Target>>,
+        parallel: usize,
+    ) -> TideResult<bool> {
         super::origin::ensure_not_held("a backfill chunk's watermarks are written")?;
-        let throttle = self.throttle;
-        let job = match tx::run(|| low_watermark(pipeline, throttle))? {
-            Next::Job(job) => job,
-            Next::Throttled(until) => {
-                // Look again by then, or sooner: the backfill may be paused, cancelled or
-                // altered meanwhile, and another one then goes first.
-                self.not_before = until.min(Instant::now() + Duration::from_millis(200));
-                return Ok(());
-            }
-            Next::Nothing => {
-                // Nothing to do: look again in a while (start_backfill wakes the worker anyway).
-                self.not_before = Instant::now() + Duration::from_millis(500);
+        let now = Instant::now();
+        self.held.retain(|_, (until, _)| *until > now);
+        let busy: Vec<i64> = self.pending.iter().map(|p| p.backfill_id).collect();
+        let held = self.held.clone();
+        let Some(job) = tx::run(|| low_watermark(pipeline, parallel, &busy, &held))? else {
+            if self.pending.is_empty() {
+                // Nothing to read: look again in a while (start_backfill wakes the worker
+                // anyway), or when a throttled backfill's time comes (sooner: it may be paused,
+                // cancelled or altered meanwhile).
+                let wait = if self.held.is_empty() { 500 } else { 200 };
+                let soonest = self.held.values().map(|(until, _)| *until).min();
+                let by = now + Duration::from_millis(wait);
+                self.not_before = soonest.map_or(by, |s| s.min(by));
                 // No backfill: no reader (it would hold a background worker slot for nothing).
-                self.reader = None;
-                return Ok(());
+                if self.held.is_empty() {
+                    self.reader = None;
+                }
             }
+            return Ok(false);
         };
         let started = Instant::now();
         let Some(sink) = sink.as_deref_mut() else {
             // No target yet (the first iteration makes it): it decides how the rows are held.
             // The low watermark alone is ignored by the stream.
             self.not_before = Instant::now() + Duration::from_millis(200);
-            return Ok(());
+            return Ok(false);
         };
         // The table's lock before the chunk's snapshot (see `tx::run_locked`).
         let read = match tx::run_locked(pg_sys::Oid::from(job.b.relid), || {
@@ -407,12 +443,8 @@ impl Backfiller {
             Err(e) => Err(e),
         };
         let read = sweep(Some(sink), &job, read);
-        let throttled = job.b.rows_per_second.is_some();
         self.register(pipeline, job, read, started)?;
-        if self.pending.is_some() && !throttled {
-            self.start_reader(pipeline);
-        }
-        Ok(())
+        Ok(true)
     }
 
     /// Start the reader that reads ahead, unless there is one, `tide.read_ahead` is off, or it
@@ -446,15 +478,18 @@ impl Backfiller {
     ) -> TideResult<()> {
         let read = match read {
             Ok(r) => {
-                self.waiting_noted = None;
+                self.waiting_noted.remove(&job.b.id);
                 r
             }
             Err(e) if e.retry => {
                 // Nothing was read: the low watermark alone is ignored by the stream. Say why
-                // in tide.backfills (once; the next emitted chunk clears it).
-                self.not_before = Instant::now() + Duration::from_millis(200);
-                if self.waiting_noted != Some(job.b.id) {
-                    self.waiting_noted = Some(job.b.id);
+                // in tide.backfills (once; the next emitted chunk clears it). The other
+                // backfills go on meanwhile.
+                self.held.insert(
+                    job.b.id,
+                    (Instant::now() + Duration::from_millis(200), false),
+                );
+                if self.waiting_noted.insert(job.b.id) {
                     let remedy = e.hint.clone().unwrap_or_default();
                     let waiting = format!("waiting: {}", e.message);
                     if let Err(e2) =
@@ -485,7 +520,10 @@ impl Backfiller {
         // A transaction the stream already delivered that the chunk's snapshot does not see yet
         // (see `DeliveredXids`): its rows may be older than the target's. Read it again.
         if self.delivered.missed_by(job.b.relid, &read.invisible) {
-            self.not_before = Instant::now() + Duration::from_millis(20);
+            self.held.insert(
+                job.b.id,
+                (Instant::now() + Duration::from_millis(20), false),
+            );
             return Ok(());
         }
         if let Some(xmin) = read.invisible.xmin {
@@ -502,15 +540,21 @@ impl Backfiller {
         self.reconciler.add_chunk(job.watermark, job.b.relid, rows);
         // Throttle: spread the rows of this chunk over rows / rows_per_second seconds before
         // this backfill's next chunk (no other backfill waits for it).
-        self.not_before = Instant::now();
-        self.throttle = match job.b.rows_per_second {
-            Some(rps) if rps > 0 && !read.is_last => Some((
-                job.b.id,
-                started + Duration::from_secs_f64(n as f64 / rps as f64),
-            )),
-            _ => None,
-        };
-        self.pending = Some(PendingChunk {
+        match job.b.rows_per_second {
+            Some(rps) if rps > 0 && !read.is_last => {
+                self.held.insert(
+                    job.b.id,
+                    (
+                        started + Duration::from_secs_f64(n as f64 / rps as f64),
+                        true,
+                    ),
+                );
+            }
+            _ => {
+                self.held.remove(&job.b.id);
+            }
+        }
+        self.pending.push(PendingChunk {
             watermark: job.watermark,
             backfill_id: job.b.id,
             chunk_no: job.b.chunk_no,
@@ -575,32 +619,29 @@ fn sweep(
     Ok(read)
 }
 
-/// Transaction 1: pick the backfill, mark it running, write the LW.
-/// What [`low_watermark`] found.
-enum Next {
-    /// No backfill to read.
-    Nothing,
-    /// The backfill due is throttled until then (nothing written).
-    Throttled(Instant),
-    /// A chunk to read, its low watermark written.
-    Job(Job),
-}
-
-/// The pipeline's backfill due, unless it is the one `throttle` holds back (and still has a
-/// throttle): then its low watermark is written.
-fn low_watermark(pipeline: &str, throttle: Option<(i64, Instant)>) -> TideResult<Next> {
-    let Some(mut b) = backfills::due(pipeline)? else {
-        return Ok(Next::Nothing);
+/// Transaction 1: pick the backfill (the first of those that may progress, [`backfills::due`],
+/// that has no chunk in memory, `busy`, and is not held: a hold in `held` that has not passed,
+/// unless it is a throttle the backfill no longer has), mark it running, write the LW.
+fn low_watermark(
+    pipeline: &str,
+    parallel: usize,
+    busy: &[i64],
+    held: &HashMap<i64, (Instant, bool)>,
+) -> TideResult<Option<Job>> {
+    let now = Instant::now();
+    let due = backfills::due(pipeline, i32::try_from(parallel).unwrap_or(i32::MAX))?;
+    let Some(mut b) = due.into_iter().find(|b| {
+        !busy.contains(&b.id)
+            && !held.get(&b.id).is_some_and(|(until, throttle)| {
+                now < *until && (!throttle || b.rows_per_second.is_some_and(|r| r > 0))
+            })
+    }) else {
+        return Ok(None);
     };
-    if let Some((id, until)) = throttle {
-        if id == b.id && b.rows_per_second.is_some_and(|r| r > 0) && Instant::now() < until {
-            return Ok(Next::Throttled(until));
-        }
-    }
     b.chunk_size = b.chunk_size.max(1);
     let watermark = backfills::next_watermark(pipeline)?;
     backfills::write_low_watermark(pipeline, b.id, watermark, b.chunk_no)?;
-    Ok(Next::Job(Job { watermark, b }))
+    Ok(Some(Job { watermark, b }))
 }
 
 fn fail_backfill(id: i64, e: &TideError) -> TideResult<()> {

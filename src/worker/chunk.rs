@@ -382,7 +382,7 @@ pub(super) fn read_chunk(
             owner,
         )?
     };
-    backfills::write_high_watermark(pipeline, job.watermark, job.b.id, is_last)?;
+    backfills::write_high_watermark(pipeline, job.watermark, job.b.id, job.b.chunk_no, is_last)?;
     Ok(Chunk {
         form,
         invisible,

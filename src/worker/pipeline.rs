@@ -702,7 +702,7 @@ fn stream(
     }
     let (signal_relid, marker_relid) = catalog::signal_and_marker_relids()?;
     let (sets, filter) = table_sets(&tables, signal_relid, marker_relid);
-    let (applied, confirmed) = positions(p, target_applied)?;
+    let (applied, recorded, confirmed) = positions(p, target_applied)?;
     let extra = plugin_options(c, &tables, p)?;
     let decoder = open_decoder(dec, rels, p, &filter, &extra)?;
     // One message: the decoder stops at the record boundary after it, which is the end of one
@@ -715,7 +715,6 @@ fn stream(
     let spilled_before = decoder.spilled_total();
     let read = decoder.read(batch_events)?;
     let position = decoder.position();
-
     let skips = catalog::skips::lsns(c, &p.name)?;
     let mut ap = Applier {
         c,
@@ -727,11 +726,13 @@ fn stream(
         signal_relid,
         marker_relid,
         applied,
+        recorded,
         txn: None,
         last_applied: None,
         high: applied.max(confirmed),
         marks: Vec::new(),
         removals: Vec::new(),
+        announce: Vec::new(),
         rewrites: Vec::new(),
         stopped: false,
         owner: crate::security::owner_oid(&p.owner, &format!("pipeline \"{}\"", p.name))?,
@@ -807,7 +808,8 @@ struct Done {
 }
 
 /// Record a batch in the catalog, in the iteration's transaction: tables removed, transactions
-/// skipped, tables now captured, rewritten tables' re-reads, the applied position (or the
+/// skipped, tables now captured, `tide.alter_table`s now in effect (and their re-reads),
+/// rewritten tables' re-reads, the applied position (or the
 /// cleared error of a pipeline that failed before).
 fn record_batch(
     c: &mut SpiClient<'_>,
@@ -826,6 +828,13 @@ fn record_batch(
     }
     for (relid, lsn) in &d.marks {
         catalog::tables::mark_capturing(c, &p.name, *relid, &lsn.to_string())?;
+    }
+    for (relid, xid, lsn) in std::mem::take(&mut out.alters) {
+        // From here the decoder and the backfills shape the table the new way, and it is read
+        // again under it.
+        catalog::tables::end_alter(c, &p.name, relid, &xid)?;
+        let note = catalog::backfills::queue_reseed(c, &p.name, relid, &lsn.to_string())?;
+        out.notes.push(note);
     }
     for (relid, lsn) in &d.rewrites {
         out.notes.push(catalog::backfills::reread_after_rewrite(
@@ -947,8 +956,9 @@ fn open_decoder<'d>(
 }
 
 /// Where the pipeline has applied up to (its row's position, or the target's own when that is
-/// later: a remote target commits on its own), and where its slot is confirmed.
-fn positions(p: &PipelineRow, target_applied: Option<Lsn>) -> TideResult<(Lsn, Lsn)> {
+/// later: a remote target commits on its own), where its catalog recorded that (its row's
+/// position), and where its slot is confirmed.
+fn positions(p: &PipelineRow, target_applied: Option<Lsn>) -> TideResult<(Lsn, Lsn, Lsn)> {
     let applied = match &p.applied_lsn {
         Some(s) => s
             .parse::<Lsn>()
@@ -960,7 +970,11 @@ fn positions(p: &PipelineRow, target_applied: Option<Lsn>) -> TideResult<(Lsn, L
         .as_deref()
         .and_then(|s| s.parse::<Lsn>().ok())
         .unwrap_or(Lsn(0));
-    Ok((applied.max(target_applied.unwrap_or(Lsn(0))), confirmed))
+    Ok((
+        applied.max(target_applied.unwrap_or(Lsn(0))),
+        applied,
+        confirmed,
+    ))
 }
 
 /// Hand every decoded message of this read to the applier, in order, until the end or a

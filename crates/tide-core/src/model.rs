@@ -213,6 +213,9 @@ text_enum! {
         RemoveTable => "remove_table",
         /// A captured table's columns or key changed; the marker's payload says how.
         Schema => "schema",
+        /// `tide.alter_table` changed a captured table's row filter or column list; the
+        /// marker's payload is the schema event that announces it (with the new shaping).
+        AlterTable => "alter_table",
     }
 }
 

@@ -34,6 +34,11 @@ SELECT p.proname AS function, coalesce(obj_description(p.oid, 'pg_proc'), '') AS
 \pset format aligned
 \pset fieldsep '|'
 
+-- The SQL API's functions without a COMMENT (none: a new function needs one).
+SELECT p.oid::regprocedure AS uncommented FROM pg_proc p
+ WHERE p.pronamespace = 'tide'::regnamespace AND p.proname !~ '^_'
+   AND obj_description(p.oid, 'pg_proc') IS NULL ORDER BY 1::text;
+
 -- The event trigger that writes schema markers, and the tide_kafka foreign data wrapper.
 SELECT evtname, evtevent, evtfoid::regproc AS function, evtenabled, evttags
   FROM pg_event_trigger ORDER BY evtname;

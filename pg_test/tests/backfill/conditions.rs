@@ -1,4 +1,5 @@
-//! Conditions, throttle and chunk size changes, queued backfills.
+//! Conditions, throttle and chunk size changes, queued backfills (at most
+//! `tide.max_parallel_backfills` of a pipeline run at once: 2 in this cluster).
 
 use crate::common::*;
 use std::time::{Duration, Instant};
@@ -6,7 +7,8 @@ use std::time::{Duration, Instant};
 #[test]
 fn condition_limits_rows_and_throttle() {
     const P: &str = "cond";
-    let c = setup("bf_condition");
+    let c = start_cluster(Cluster::builder("bf_condition").conf("tide.max_parallel_backfills = 2"));
+    init_extension(&c);
     c.execute(
         "CREATE TABLE c1 (id int PRIMARY KEY, v int);
          INSERT INTO c1 SELECT g, g FROM generate_series(1, 10000) g;
@@ -155,12 +157,29 @@ fn condition_limits_rows_and_throttle() {
     check_backfill_invariants(&c, id2);
     assert_eq!(bf_i64(&c, id2, "rows_emitted"), 60000);
 
-    // --- Queued backfills of several tables progress in turn and all finish. ---
+    // --- Queued backfills of several tables: two run at once (tide.max_parallel_backfills), the
+    // third waits queued until one of them is done; all finish. ---
+    // q1 and q2 start together, q3 waits: every chunk is slowed down (a throttle, set in the
+    // transaction that starts them, paces only its own backfill) so that two backfills running
+    // with a third queued lasts long enough to be seen.
     let ids: Vec<i64> = {
-        let r = c.query_one(
-            "SELECT tide.start_backfill('q1', chunk_size => 300), tide.start_backfill('q2', chunk_size => 300),
-                    tide.start_backfill('q3', chunk_size => 300)",
-        );
+        let mut cl = c.client();
+        let mut tx = cl.transaction().expect("begin");
+        let r = tx
+            .query_one(
+                "SELECT tide.start_backfill('q1', chunk_size => 300), tide.start_backfill('q2', chunk_size => 300),
+                        tide.start_backfill('q3', chunk_size => 300)",
+                &[],
+            )
+            .expect("start the three backfills");
+        for t in ["q1", "q2", "q3"] {
+            tx.execute(
+                &format!("SELECT tide.alter_backfill('{t}', rows_per_second => 3000)"),
+                &[],
+            )
+            .expect("throttle");
+        }
+        tx.commit().expect("commit");
         vec![r.get(0), r.get(1), r.get(2)]
     };
     let list = format!("{}, {}, {}", ids[0], ids[1], ids[2]);
@@ -173,7 +192,7 @@ fn condition_limits_rows_and_throttle() {
         ))?;
         let (running, queued, done): (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
         max_running = max_running.max(running);
-        seen_queued_behind |= running == 1 && queued >= 1;
+        seen_queued_behind |= running == 2 && queued >= 1;
         Ok(done == 3)
     });
     for (i, t) in ["q1", "q2", "q3"].iter().enumerate() {
@@ -182,19 +201,30 @@ fn condition_limits_rows_and_throttle() {
         assert_eq!(bf_i64(&c, ids[i], "rows_emitted"), 3000);
     }
     assert!(
-        max_running <= 1,
-        "{max_running} backfills of one pipeline ran at once"
+        max_running <= 2,
+        "{max_running} backfills of one pipeline ran at once (tide.max_parallel_backfills = 2)"
     );
     assert!(
         seen_queued_behind,
-        "never saw a backfill queued behind a running one"
+        "never saw two backfills running with a third queued behind them"
     );
     assert_no_rows(
         &c,
-        "a queued backfill started before the previous one finished",
+        "the third backfill started before either of the first two finished",
         &format!(
-            "SELECT * FROM (SELECT id, started_at, lag(finished_at) OVER (ORDER BY id) AS prev_finished
-                              FROM tide.backfill WHERE id IN ({list})) s WHERE started_at < prev_finished"
+            "SELECT * FROM tide.backfill WHERE id = {2}
+                AND started_at < (SELECT min(finished_at) FROM tide.backfill WHERE id IN ({0}, {1}))",
+            ids[0], ids[1], ids[2]
+        ),
+    );
+    // The first two ran at once: each one's chunks were emitted while the other's were.
+    assert_no_rows(
+        &c,
+        "the first two backfills did not overlap",
+        &format!(
+            "SELECT * FROM tide.backfill a, tide.backfill b WHERE a.id = {0} AND b.id = {1}
+                AND (a.finished_at <= b.started_at OR b.finished_at <= a.started_at)",
+            ids[0], ids[1]
         ),
     );
 

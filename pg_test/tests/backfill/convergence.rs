@@ -4,7 +4,7 @@
 use crate::common::*;
 use std::time::{Duration, Instant};
 
-const CONVERGE_SCHEMA: &str = r#"
+pub(crate) const CONVERGE_SCHEMA: &str = r#"
 CREATE TABLE t_int (id int PRIMARY KEY, v int, s text);
 CREATE TABLE t_comp (a int, b text, v int, PRIMARY KEY (a, b));
 CREATE TABLE t_uuid (id uuid PRIMARY KEY, v int);
@@ -42,7 +42,7 @@ END $$;
 /// random existing and new keys of the three tables. 60% of them hit the next ~600 keys after
 /// the table's backfill progress (`last_key`), i.e. the chunk being read: the worst case for
 /// the watermark windows.
-const CONVERGE_SCRIPT: &str = r#"\set k random(1, 15000)
+pub(crate) const CONVERGE_SCRIPT: &str = r#"\set k random(1, 15000)
 \set k2 random(1, 15000)
 \set v random(1, 1000000)
 \set off random(0, 600)
@@ -102,9 +102,9 @@ COMMIT;
 /// Total pgbench rate of the writers. "Full speed" (no -R) outruns the pipeline worker on a
 /// 2-core machine (hundreds of MB of lag within a minute), and a backfill chunk cannot be emitted
 /// before the stream reaches its high watermark, so the writers run at a rate the worker sustains.
-const WRITE_TPS: u32 = 1200;
+pub(crate) const WRITE_TPS: u32 = 1200;
 
-const CONVERGE_TABLES: [(&str, &[&str]); 3] = [
+pub(crate) const CONVERGE_TABLES: [(&str, &[&str]); 3] = [
     ("t_int", &["id"]),
     ("t_comp", &["a", "b"]),
     ("t_uuid", &["id"]),
@@ -169,7 +169,10 @@ impl KillPoint {
 fn convergence_under_concurrent_writes_with_kill9() {
     const P: &str = "conv";
     let t_all = Instant::now();
-    let c = setup("bf_converge");
+    // One backfill at a time, so that each kill lands in the middle of the next table's (the
+    // parallel backfills have their own test: `parallel`).
+    let c = start_cluster(Cluster::builder("bf_converge").conf("tide.max_parallel_backfills = 1"));
+    init_extension(&c);
     c.execute(CONVERGE_SCHEMA);
     create_pipeline(&c, P);
     for (t, keys) in CONVERGE_TABLES {
@@ -213,8 +216,8 @@ fn convergence_under_concurrent_writes_with_kill9() {
     }
     let t_backfill = Instant::now();
 
-    // kill -9 of the worker in the middle of each table's backfill (the backfills of a pipeline
-    // run one at a time, in order); pgbench dies with the server's backends each time and is
+    // kill -9 of the worker in the middle of each table's backfill (the backfills of this
+    // pipeline run one at a time, in order); pgbench dies with the server's backends each time and is
     // restarted.
     let mut kills: Vec<KillPoint> = Vec::new();
     let mut txns_total = 0u64;

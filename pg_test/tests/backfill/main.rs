@@ -19,7 +19,10 @@
 //!   and a broken replay that the check must catch;
 //! - `memory`: bounded memory and snapshot age; the stream stays live during a big backfill;
 //! - `resume`: pause, immediate restart and resume; then a re-seed;
-//! - `conditions`: conditions, throttle and chunk size changes, queued backfills;
+//! - `conditions`: conditions, throttle and chunk size changes, queued backfills (at most
+//!   `tide.max_parallel_backfills` running);
+//! - `parallel`: several backfills of a pipeline at once under writes, deletes, key updates and
+//!   a kill -9, converging; many small tables with a pause, a throttle and a cancel among them;
 //! - `readiness`: the readiness states of a table, in order;
 //! - `errors`: bad input and wrong states have clear SQLSTATEs;
 //! - `keys`: text, timestamp and composite keys under concurrent updates;
@@ -33,6 +36,7 @@ mod convergence;
 mod errors;
 mod keys;
 mod memory;
+mod parallel;
 mod read_ahead;
 mod readiness;
 mod resume;

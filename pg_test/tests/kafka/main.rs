@@ -18,11 +18,14 @@
 //! - `large`: one transaction of ~100 MB of messages goes through with the worker's memory flat;
 //! - `schemas`: `value_format = 'debezium-schema'`, every field checked by its Connect schema;
 //! - `masks`: a table with column masks: the topic replayed equals the masked source, and no
-//!   message holds a clear value or the salt.
+//!   message holds a clear value or the salt;
+//! - `alter_table`: a row filter changed mid-stream: the altered schema message between the rows
+//!   of either filter, and a consumer applying the new filter there ends with the source's rows.
 //!
 //! Modules: `broker` (tansu started and stopped on a free port, and a consumer that reads whole
 //! topics), `replay` (messages back into rows).
 
+mod alter_table;
 mod broker;
 mod convergence;
 mod large;

@@ -8,6 +8,7 @@
 
 use pg_test::*;
 
+mod alter_table;
 mod escalation;
 mod follow;
 mod kafka;

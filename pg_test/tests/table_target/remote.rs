@@ -361,3 +361,53 @@ fn chunk_failure_after_early_commit_is_exactly_once() {
     let logged: i64 = t.query_scalar("SELECT count(*) FROM ev_log");
     assert_eq!(logged, n as i64, "one write per ev row");
 }
+
+/// The `add_table`s of one transaction share one connection to a remote target (each used to
+/// open its own: 41-57 ms apiece, 8 s of 200 tables' 18.6 s in benchmark B7); the next
+/// transaction opens a new one, so a connection never outlives the transaction that opened it.
+/// Counted in the target's log (`log_connections`, by application name).
+#[test]
+fn add_tables_of_one_transaction_share_a_remote_connection() {
+    let c = setup("rt_shared_conn");
+    let t = start_cluster(
+        Cluster::builder("rt_shared_conn_tgt")
+            .no_preload()
+            .conf("log_connections = on"),
+    );
+    create_server(&c, "tgt", &t);
+    let opened = || {
+        std::fs::read_to_string(t.log_path())
+            .unwrap_or_default()
+            .matches("application_name=pg_tide add_table")
+            .count()
+    };
+    c.execute(r#"SELECT tide.create_pipeline('p', 'postgres', '{"server": "tgt"}')"#);
+    c.execute(
+        "CREATE SCHEMA many;
+         CREATE TABLE many.a (id int PRIMARY KEY); CREATE TABLE many.b (id int PRIMARY KEY);
+         CREATE TABLE many.c (id int PRIMARY KEY); CREATE TABLE many.d (id int PRIMARY KEY);
+         CREATE TABLE solo (id int PRIMARY KEY)",
+    );
+    let before = opened();
+    let added: i32 = c.query_scalar("SELECT tide.add_tables_in_schema('p', 'many')");
+    assert_eq!(added, 4);
+    assert_eq!(opened() - before, 1, "one connection for the four tables");
+    c.execute("SELECT tide.add_table('p', 'solo')");
+    assert_eq!(opened() - before, 2, "a new transaction, a new connection");
+    // Every target table was created at the remote.
+    let n: i64 = t.query_scalar(
+        "SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tablename IN ('a', 'b', 'c', 'd', 'solo')",
+    );
+    assert_eq!(n, 5);
+    // The connection is closed at the end of its transaction: none is left at the remote.
+    t.wait_until(
+        "no add_table connection left at the remote",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || {
+            Ok(t.try_query_scalar::<i64>(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg_tide add_table'",
+            )? == 0)
+        },
+    );
+}

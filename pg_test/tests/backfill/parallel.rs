@@ -1,0 +1,393 @@
+//! Several backfills of one pipeline at once (`tide.max_parallel_backfills`): their chunks are in
+//! the worker's memory together, each reconciled against its own watermark window, under
+//! concurrent writes, deletes and key updates and a kill -9 of the worker, and every copy ends
+//! equal to its source; many small tables with a pause, a throttle and a cancel among them, the
+//! views true throughout, never more chunks in memory than the setting allows.
+//!
+//! That chunks of different backfills were in memory at once is read from `tide.chunk`, not
+//! hoped for: a chunk is in memory from its `read_at` to its `emitted_at` (the start of the
+//! iteration that wrote it); one backfill at a time (main before this setting) never has two
+//! such intervals of different backfills overlap.
+
+use crate::common::*;
+use crate::convergence::{CONVERGE_SCHEMA, CONVERGE_SCRIPT, CONVERGE_TABLES, WRITE_TPS};
+use std::time::Duration;
+
+/// Pairs of chunks of different backfills among `ids` that were in memory at once (one read
+/// while the other was read and not yet emitted).
+fn overlapping_chunks(c: &Cluster, ids: &str) -> i64 {
+    c.query_scalar(&format!(
+        "SELECT count(*) FROM tide.chunk a JOIN tide.chunk b
+             ON b.backfill_id <> a.backfill_id AND b.read_at >= a.read_at AND b.read_at < a.emitted_at
+          WHERE a.backfill_id IN ({ids}) AND b.backfill_id IN ({ids})"
+    ))
+}
+
+/// The most chunks of `ids` in memory at one time: at each chunk's read, those read before (or
+/// then) and not yet emitted, itself included.
+fn most_chunks_in_memory(c: &Cluster, ids: &str) -> i64 {
+    c.query_scalar(&format!(
+        "SELECT coalesce(max(n), 0) FROM (
+             SELECT count(*) AS n FROM tide.chunk a JOIN tide.chunk b
+                 ON b.read_at <= a.read_at AND b.emitted_at > a.read_at
+              WHERE a.backfill_id IN ({ids}) AND b.backfill_id IN ({ids})
+              GROUP BY a.backfill_id, a.chunk) s"
+    ))
+}
+
+/// Three tables backfilled at once (`tide.max_parallel_backfills = 3`) while writers insert,
+/// update, delete and move keys, 60% of them inside the chunks being read; a kill -9 of the
+/// worker while the three are mid-way. Each copy rebuilt from the outbox equals its source.
+#[test]
+fn parallel_backfills_converge_under_writes_with_kill9() {
+    const P: &str = "par";
+    let c = start_cluster(Cluster::builder("bf_parallel").conf("tide.max_parallel_backfills = 3"));
+    init_extension(&c);
+    c.execute(CONVERGE_SCHEMA);
+    create_pipeline(&c, P);
+    for (t, keys) in CONVERGE_TABLES {
+        add_table(&c, P, t, false);
+        outbox_copy_keyed(&c, t, &format!("public.{t}"), &format!("copy_{t}"), keys);
+    }
+    let script = write_script("backfill_parallel", CONVERGE_SCRIPT);
+    let run = spawn_pgbench(&c, &script, 4, 120, Some(WRITE_TPS));
+    c.wait_until(
+        "the writers' changes to reach the outbox",
+        Duration::from_secs(60),
+        POLL,
+        || {
+            Ok(
+                c.try_query_scalar::<i64>("SELECT count(*) FROM tide.outbox WHERE op <> 'read'")?
+                    >= 500,
+            )
+        },
+    );
+    // The three start together, each paced (a throttle of its own: 20 chunks of 500 rows each
+    // take about 4 s), so a kill lands while all three are mid-way.
+    let ids: Vec<i64> = {
+        let mut cl = c.client();
+        let mut tx = cl.transaction().expect("begin");
+        let r = tx
+            .query_one(
+                "SELECT tide.start_backfill('t_int', chunk_size => 500),
+                        tide.start_backfill('t_comp', chunk_size => 500),
+                        tide.start_backfill('t_uuid', chunk_size => 500)",
+                &[],
+            )
+            .expect("start the backfills");
+        for (t, _) in CONVERGE_TABLES {
+            tx.execute(
+                &format!("SELECT tide.alter_backfill('{t}', rows_per_second => 2500)"),
+                &[],
+            )
+            .expect("throttle");
+        }
+        tx.commit().expect("commit");
+        vec![r.get(0), r.get(1), r.get(2)]
+    };
+    let list = format!("{}, {}, {}", ids[0], ids[1], ids[2]);
+    // All three progress at once: each has emitted 3 of its 20 chunks while none is done (one
+    // backfill at a time would finish the first before the second emits anything).
+    c.wait_until(
+        "each of the three backfills to emit 3 chunks",
+        Duration::from_secs(120),
+        Duration::from_millis(50),
+        || {
+            Ok(c.try_query_scalar::<i64>(&format!(
+                "SELECT min(chunks_done) FROM tide.backfill WHERE id IN ({list})"
+            ))? >= 3)
+        },
+    );
+    let states: Vec<String> = c
+        .query(&format!(
+            "SELECT state FROM tide.backfills WHERE id IN ({list}) ORDER BY id"
+        ))
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        states,
+        ["running", "running", "running"],
+        "the three backfills should run at once\n{}",
+        diag(&c)
+    );
+    // Kill, trying for a moment to do it while a chunk is read and not yet emitted.
+    let _ = poll_every(Duration::from_secs(2), Duration::from_millis(2), || {
+        Ok(c.try_query_scalar::<bool>(&format!(
+            "SELECT coalesce((SELECT s.kind = 'high' AND s.chunk > b.chunks_done
+                                FROM tide.signal s JOIN tide.backfill b ON b.id = s.backfill_id
+                               WHERE s.pipeline = '{P}'), false)"
+        ))?)
+    });
+    // In one snapshot: the outbox's last event and each backfill's chunks done.
+    let (max_outbox_before, done_before): (i64, Vec<i64>) = {
+        let r = c.query_one(&format!(
+            "SELECT (SELECT coalesce(max(id), 0) FROM tide.outbox),
+                    ARRAY(SELECT chunks_done FROM tide.backfill WHERE id IN ({list}) ORDER BY id)"
+        ));
+        (r.get(0), r.get(1))
+    };
+    let victim = worker_pid(&c, P).unwrap_or_else(|| panic!("no worker to kill\n{}", diag(&c)));
+    kill9(victim);
+    let (_, _, summary) = run.finish_summary();
+    let back = wait_recovered(&c, P, Some(victim), Duration::from_secs(90), || diag(&c));
+    eprintln!(
+        "parallel: kill -9 of worker {victim} with chunks done {done_before:?}; pgbench: {summary}; back in {back:.1?}"
+    );
+    // After the restart the three go on together again, from where each stood.
+    let run = spawn_pgbench(&c, &script, 4, 8, Some(WRITE_TPS));
+    c.wait_until(
+        "each backfill to emit 2 more chunks after the kill",
+        Duration::from_secs(120),
+        Duration::from_millis(50),
+        || {
+            for (id, before) in ids.iter().zip(&done_before) {
+                if bf_i64(&c, *id, "chunks_done") < before + 2 && bf_state(&c, *id) != "done" {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        },
+    );
+    let (_, ok, summary) = run.finish_summary();
+    assert!(
+        ok,
+        "pgbench failed without a crash: {summary}\n{}",
+        diag(&c)
+    );
+    let mut rounds = 0;
+    while !all_done(&c, &ids).unwrap_or(false) {
+        rounds += 1;
+        assert!(
+            rounds <= 30,
+            "the backfills did not finish within 30 rounds of writes\n{}",
+            diag(&c)
+        );
+        let (_, ok, summary) = spawn_pgbench(&c, &script, 4, 3, Some(WRITE_TPS)).finish_summary();
+        assert!(
+            ok,
+            "pgbench failed without a crash: {summary}\n{}",
+            diag(&c)
+        );
+    }
+    let _ = std::fs::remove_file(&script);
+    wait_pipeline(&c, P, 180);
+
+    for (t, keys) in CONVERGE_TABLES {
+        let n = replay(&c, &format!("copy_{t}"), P, false);
+        eprintln!("parallel: replayed {n} events onto copy_{t}");
+        assert_converged(&c, t, &format!("copy_{t}"));
+        let cols = keys.join(", ");
+        let resurrected: i64 = c.query_scalar(&format!(
+            "SELECT count(*) FROM (SELECT {cols} FROM copy_{t} EXCEPT SELECT {cols} FROM {t}) x"
+        ));
+        assert_eq!(
+            resurrected, 0,
+            "{t}: keys deleted at the source exist in the copy"
+        );
+        let deletes: i64 = c.query_scalar(&format!(
+            "SELECT count(*) FROM tide.outbox WHERE relation = 'public.{t}' AND op = 'delete'"
+        ));
+        assert!(deletes > 50, "{t}: only {deletes} delete events");
+    }
+    // Key updates happened (the move_* functions of the writers' script).
+    let moved: i64 = c.query_scalar(
+        "SELECT (SELECT count(*) FROM t_int WHERE s LIKE 'moved from %')
+              + (SELECT count(*) FROM t_comp WHERE v < 0) + (SELECT count(*) FROM t_uuid WHERE v < 0)",
+    );
+    assert!(moved > 0, "no key was moved");
+    for id in &ids {
+        check_backfill_invariants(&c, *id);
+    }
+    // Chunks finished before the kill were not emitted again.
+    for (id, before) in ids.iter().zip(&done_before) {
+        assert_no_rows(
+            &c,
+            &format!("backfill {id} re-emitted chunks it had finished before the kill"),
+            &format!(
+                "SELECT id FROM tide.outbox WHERE backfill_id = {id} AND id > {max_outbox_before} AND chunk <= {before}"
+            ),
+        );
+    }
+    let dropped: i64 = c.query_scalar(&format!(
+        "SELECT sum(rows_dropped)::int8 FROM tide.backfill WHERE id IN ({list})"
+    ));
+    assert!(dropped > 0, "no chunk dropped a row: no window met a write");
+    // The interleaving itself: chunks of different backfills in memory at once, never more
+    // than three. (The first step after the start reads a chunk of each of the three, none held
+    // yet: three such pairs in that step alone, unless a read had to be repeated; 20 and more
+    // steps follow.)
+    let overlapping = overlapping_chunks(&c, &list);
+    let most = most_chunks_in_memory(&c, &list);
+    eprintln!(
+        "parallel: {dropped} rows dropped; {overlapping} pairs of chunks of different backfills in memory at once; at most {most} at a time"
+    );
+    assert!(
+        overlapping >= 3,
+        "the backfills' chunks did not interleave\n{}",
+        diag(&c)
+    );
+    assert!(
+        (2..=3).contains(&most),
+        "{most} chunks in memory at once with tide.max_parallel_backfills = 3"
+    );
+}
+
+/// Twelve small tables queued at once, at the default `tide.max_parallel_backfills` (4): they
+/// finish interleaved, never more than four chunks in memory; a paused backfill takes no place
+/// and waits, a throttled one holds back only itself (it keeps its place), a cancelled one
+/// emits nothing more; the views say so throughout.
+#[test]
+fn many_small_tables_with_pause_throttle_cancel() {
+    const P: &str = "many";
+    let c = setup("bf_many");
+    let mut ddl = String::new();
+    for i in 1..=12 {
+        ddl.push_str(&format!(
+            "CREATE TABLE s{i:02} (id int PRIMARY KEY, v text);
+             INSERT INTO s{i:02} SELECT g, md5(g::text) FROM generate_series(1, 2000) g;"
+        ));
+    }
+    c.execute(&ddl);
+    create_pipeline(&c, P);
+    for i in 1..=12 {
+        let t = format!("s{i:02}");
+        add_table(&c, P, &t, false);
+        outbox_copy_keyed(
+            &c,
+            &t,
+            &format!("public.{t}"),
+            &format!("copy_{t}"),
+            &["id"],
+        );
+    }
+    // s01 paused and s02, s03 throttled (20 rows/s: one chunk of 500, then 25 s to the next) in
+    // the transaction that starts them all.
+    let ids: Vec<i64> = {
+        let mut cl = c.client();
+        let mut tx = cl.transaction().expect("begin");
+        let mut ids = Vec::new();
+        for i in 1..=12 {
+            ids.push(
+                tx.query_one(
+                    &format!("SELECT tide.start_backfill('s{i:02}', chunk_size => 500)"),
+                    &[],
+                )
+                .expect("start")
+                .get::<_, i64>(0),
+            );
+        }
+        tx.execute("SELECT tide.pause_backfill('s01')", &[])
+            .expect("pause");
+        for t in ["s02", "s03"] {
+            tx.execute(
+                &format!("SELECT tide.alter_backfill('{t}', rows_per_second => 20)"),
+                &[],
+            )
+            .expect("throttle");
+        }
+        tx.commit().expect("commit");
+        ids
+    };
+    let plain = ids[3..]
+        .iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    // The nine others finish while s02 and s03 are still at their first chunks and s01 paused.
+    c.wait_until(
+        "the nine unthrottled backfills",
+        Duration::from_secs(120),
+        POLL,
+        || all_done(&c, &ids[3..]),
+    );
+    assert_eq!(bf_state(&c, ids[0]), "paused");
+    assert_eq!(
+        bf_i64(&c, ids[0], "chunks_done"),
+        0,
+        "the paused backfill read"
+    );
+    for id in &ids[1..3] {
+        assert_eq!(bf_state(&c, *id), "running", "throttled backfill {id}");
+        assert!(
+            bf_i64(&c, *id, "chunks_done") < 4,
+            "throttled backfill {id} was not held back"
+        );
+    }
+    // The views: a throttled backfill mid-way has a fraction and a time left; s01 is still
+    // backfilling, the nine are ready once applied.
+    let (fraction, left): (f64, bool) = {
+        let r = c.query_one(&format!(
+            "SELECT fraction_done, estimated_time_left IS NOT NULL FROM tide.backfills WHERE id = {}",
+            ids[1]
+        ));
+        (r.get(0), r.get(1))
+    };
+    assert!(
+        fraction > 0.0 && fraction < 1.0 && left,
+        "s02: fraction {fraction}, time left known: {left}"
+    );
+    wait_pipeline(&c, P, 60);
+    let readiness: Vec<(String, String)> = c
+        .query("SELECT relation, readiness FROM tide.readiness WHERE pipeline = 'many' ORDER BY relation")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    for (rel, r) in &readiness {
+        let expected = if ["public.s01", "public.s02", "public.s03"].contains(&rel.as_str()) {
+            "backfilling"
+        } else {
+            "ready"
+        };
+        assert_eq!(r, expected, "{rel}: {readiness:?}");
+    }
+    // s02 and s03, running (throttled), take two of the four places: the nine others had two.
+    let all = ids
+        .iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let most = most_chunks_in_memory(&c, &all);
+    let most_plain = most_chunks_in_memory(&c, &plain);
+    let overlapping = overlapping_chunks(&c, &plain);
+    eprintln!(
+        "many: {overlapping} pairs of chunks of different backfills in memory at once; at most {most} at a time ({most_plain} of the nine)"
+    );
+    assert!(
+        overlapping > 0,
+        "the small tables' chunks did not interleave\n{}",
+        diag(&c)
+    );
+    assert!(most <= 4, "{most} chunks in memory at once (default 4)");
+    assert_eq!(
+        most_plain, 2,
+        "the nine unthrottled backfills had two places"
+    );
+
+    // Cancel s03 mid-way: nothing more of it is emitted. Resume s01, unthrottle s02: both finish.
+    let max_before: i64 = c.query_scalar("SELECT coalesce(max(id), 0) FROM tide.outbox");
+    c.execute("SELECT tide.cancel_backfill('s03')");
+    c.execute("SELECT tide.resume_backfill('s01')");
+    c.execute("SELECT tide.alter_backfill('s02', rows_per_second => 0)");
+    wait_backfill(&c, "s01", 60);
+    wait_backfill(&c, "s02", 60);
+    wait_pipeline(&c, P, 60);
+    assert_eq!(bf_state(&c, ids[2]), "cancelled");
+    assert_no_rows(
+        &c,
+        "the cancelled backfill emitted rows after its cancel",
+        &format!(
+            "SELECT id FROM tide.outbox WHERE backfill_id = {} AND id > {max_before}",
+            ids[2]
+        ),
+    );
+    for (i, id) in ids.iter().enumerate() {
+        if i == 2 {
+            continue;
+        }
+        check_backfill_invariants(&c, *id);
+        let t = format!("s{:02}", i + 1);
+        replay(&c, &format!("copy_{t}"), P, false);
+        assert_converged(&c, &t, &format!("copy_{t}"));
+    }
+}

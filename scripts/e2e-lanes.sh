@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The e2e stage's runner: pg_test's unit and doc tests, then its suites (pg_test/tests/NAME.rs
+# and NAME/main.rs) in TIDE_E2E_LANES lanes (default 2) side by side, each lane one suite after
+# another with `cargo test -p pg_test --test NAME -- --test-threads=1`; then the suites that
+# must run alone.
+#
+# Why lanes: most of a suite's time is spent waiting (for a worker, a backfill, a restart), so
+# two suites side by side take little more than the longer of the two, and the whole stage about
+# half the time of one lane. Every suite runs its own scratch clusters on ports reserved under
+# scripts/cluster.sh's lock, and every test is written to pass on a busy machine (the bar), so
+# lanes change nothing a test may rely on. `kafka` runs alone after the lanes: its broker
+# (tansu with sqlite storage) slows down badly when the CPUs are shared.
+#
+# Each lane's output goes to a file and is printed whole when the lanes are done (so the stage's
+# log keeps every suite's output in one piece, with its `test result:` lines, which
+# scripts/test.sh counts); progress lines ("[e2e] lane 1: capture ok in 76 s") come as suites
+# end. TIDE_E2E_LANES=1 runs every suite in one lane, in name order, as `cargo test` would.
+# Exit status: 0 when every suite passed.
+set -uo pipefail
+
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$REPO"
+LANES="${TIDE_E2E_LANES:-2}"
+[[ "$LANES" =~ ^[1-9][0-9]*$ ]] || { echo "TIDE_E2E_LANES must be a positive integer, not '$LANES'" >&2; exit 2; }
+ALONE=(kafka)
+
+# Seconds each suite took in a warm sequential run (2026-12-05); a suite not listed counts 30.
+declare -A WEIGHT=(
+    [table_target]=226 [security]=131 [capture]=76 [backfill]=72 [slot_lost]=62
+    [rewrite]=52 [consumers]=44 [verify]=36 [regress]=34 [partitions]=26 [upgrade]=25
+    [schema_events]=23 [large_tx]=23 [operations]=22 [controls]=20 [streaming]=19 [shape]=16
+    [foundation]=15 [multidb]=11 [harness]=10 [progress]=8
+)
+
+suites=()
+for f in pg_test/tests/*.rs pg_test/tests/*/main.rs; do
+    [[ -e "$f" ]] || continue
+    if [[ "$f" == */main.rs ]]; then n="$(basename "$(dirname "$f")")"; else n="$(basename "$f" .rs)"; fi
+    suites+=("$n")
+done
+
+echo "+ cargo test -p pg_test --no-run"
+cargo test -p pg_test --no-run || exit 1
+# The harness's own unit tests and doc tests (no server), before the suites.
+status=0
+echo "+ cargo test -p pg_test --lib"
+cargo test -p pg_test --lib || status=1
+echo "+ cargo test -p pg_test --doc"
+cargo test -p pg_test --doc || status=1
+
+is_alone() { local a; for a in "${ALONE[@]}"; do [[ "$1" == "$a" ]] && return 0; done; return 1; }
+
+# Longest first, each to the lane with the least work so far.
+mapfile -t sorted < <(for s in "${suites[@]}"; do is_alone "$s" || echo "${WEIGHT[$s]:-30} $s"; done | sort -k1,1nr -k2 | awk '{print $2}')
+declare -a load lane_suites
+for ((i = 0; i < LANES; i++)); do load[i]=0; lane_suites[i]=""; done
+for s in "${sorted[@]}"; do
+    best=0
+    for ((i = 1; i < LANES; i++)); do ((load[i] < load[best])) && best=$i; done
+    load[best]=$((load[best] + ${WEIGHT[$s]:-30}))
+    lane_suites[best]+="$s "
+done
+
+run_suite() { # run_suite LABEL NAME LOG: appends the suite's output to LOG; returns its status
+    local label="$1" s="$2" log="$3" start=$SECONDS rc
+    echo "+ cargo test -p pg_test --test $s -- --test-threads=1" >>"$log"
+    cargo test -p pg_test --test "$s" -- --test-threads=1 >>"$log" 2>&1
+    rc=$?
+    echo "[e2e] $label: $s $( ((rc == 0)) && echo ok || echo "FAILED (exit $rc)") in $((SECONDS - start)) s"
+    return "$rc"
+}
+
+tmp="$(mktemp -d /tmp/pg_tide_e2e_lanes.XXXXXX)"
+trap 'rm -rf "$tmp"' EXIT
+pids=()
+for ((i = 0; i < LANES; i++)); do
+    echo "[e2e] lane $((i + 1)): ${lane_suites[i]}"
+    (
+        rc=0
+        for s in ${lane_suites[i]}; do
+            run_suite "lane $((i + 1))" "$s" "$tmp/lane$i.log" || rc=1
+        done
+        exit "$rc"
+    ) &
+    pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p" || status=1; done
+for ((i = 0; i < LANES; i++)); do
+    echo
+    echo "===== e2e lane $((i + 1)): ${lane_suites[i]}"
+    cat "$tmp/lane$i.log"
+done
+for s in "${ALONE[@]}"; do
+    for t in "${suites[@]}"; do
+        [[ "$t" == "$s" ]] || continue
+        echo
+        echo "===== e2e alone: $s"
+        run_suite alone "$s" "$tmp/alone-$s.log" || status=1
+        cat "$tmp/alone-$s.log"
+    done
+done
+exit "$status"
