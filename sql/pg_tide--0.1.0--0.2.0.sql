@@ -1071,3 +1071,60 @@ $comments$;
 COMMENT ON TABLE tide.verification IS 'Runs of tide.verify and tide.repair per pipeline and table (counts, the repair''s backfill); read tide.verifications.';
 COMMENT ON TABLE tide.verification_range IS 'The key ranges a tide.verify run found differing, with their counts and kinds.';
 COMMENT ON TABLE tide.chunk IS 'The last 1000 chunks of each backfill (key range, watermarks, rows read, dropped and emitted); read tide.chunks.';
+
+-- Column masks (README "Concepts > Masks"): tide.add_table(..., masks => ...) stores a JSON
+-- object of attribute number -> mask per captured table; the output plugin and the chunk reader
+-- mask those columns (tide_core::mask). Each pipeline's salt for hash masks is in
+-- tide.mask_salt, which no role but superusers reads (the owner: tide.mask_salt(pipeline)).
+ALTER TABLE tide.pipeline_table ADD COLUMN masks jsonb;
+CREATE TABLE tide.mask_salt (
+    pipeline     text PRIMARY KEY REFERENCES tide.pipeline(name) ON DELETE CASCADE,
+    salt         bytea NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    rotated_at   timestamptz
+);
+COMMENT ON TABLE tide.mask_salt IS 'The secret salt of each pipeline''s hash masks (superusers only; the owner: tide.mask_salt(pipeline)).';
+REVOKE ALL ON tide.mask_salt FROM PUBLIC;
+CREATE OR REPLACE VIEW tide.tables WITH (security_barrier) AS
+SELECT t.pipeline, t.relation, t.relid::regclass AS source, t.key_columns, t.added_at, t.added_lsn,
+       CASE WHEN t.removing THEN 'removing' WHEN t.added_lsn IS NULL THEN 'pending' ELSE 'capturing' END AS state,
+       t.row_filter,
+       CASE WHEN t.columns IS NOT NULL THEN ARRAY(SELECT a.attname::text FROM pg_attribute a
+             WHERE a.attrelid = t.relid AND a.attnum = ANY (t.columns) AND NOT a.attisdropped ORDER BY a.attnum) END AS columns,
+       (SELECT jsonb_object_agg(a.attname, m.value ORDER BY a.attnum) FROM jsonb_each(t.masks) m
+          JOIN pg_attribute a ON a.attrelid = t.relid AND a.attnum = m.key::int2 AND NOT a.attisdropped) AS masks
+  FROM tide.pipeline_table t
+ WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = t.pipeline));
+COMMENT ON VIEW tide.tables IS 'Tables captured by each pipeline: pending until the worker reaches the add_table point in the stream, then capturing; removing until it reaches the remove_table point; row_filter: only the rows it passes are delivered; columns: only these columns are (NULL: every column); masks: each masked column and its mask (NULL: none; never the salt).';
+DROP FUNCTION tide.add_table(text, regclass, boolean, text, boolean, text, text[]);
+CREATE FUNCTION tide."add_table"(
+	"pipeline" TEXT,
+	"source" regclass,
+	"backfill" bool DEFAULT true,
+	"target_table" TEXT DEFAULT NULL,
+	"truncate_target" bool DEFAULT false,
+	"row_filter" TEXT DEFAULT NULL,
+	"columns" TEXT[] DEFAULT NULL,
+	"masks" jsonb DEFAULT NULL
+) RETURNS void
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'add_table_wrapper';
+REVOKE ALL ON FUNCTION tide.add_table(text, regclass, boolean, text, boolean, text, text[], jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide.add_table(text, regclass, boolean, text, boolean, text, text[], jsonb) TO tide_admin;
+CREATE FUNCTION tide."mask_salt"(
+	"pipeline" TEXT
+) RETURNS bytea
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'mask_salt_wrapper';
+REVOKE ALL ON FUNCTION tide.mask_salt(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide.mask_salt(text) TO tide_admin;
+CREATE FUNCTION tide."rotate_mask_salt"(
+	"pipeline" TEXT
+) RETURNS void
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'rotate_mask_salt_wrapper';
+REVOKE ALL ON FUNCTION tide.rotate_mask_salt(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide.rotate_mask_salt(text) TO tide_admin;
+COMMENT ON FUNCTION tide.add_table(text, regclass, boolean, text, boolean, text, text[], jsonb) IS 'Starts capturing a table at this point of the stream and queues the backfill of its existing rows (unless backfill => false); optional row filter, column list and column masks.';
+COMMENT ON FUNCTION tide.mask_salt(text) IS 'The secret salt of the pipeline''s hash masks, for its owner and superusers only.';
+COMMENT ON FUNCTION tide.rotate_mask_salt(text) IS 'Replaces the salt of the pipeline''s hash masks; rows already at a target keep the old hash until written again.';

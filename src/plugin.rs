@@ -34,6 +34,9 @@
 //!   row filters do (see `filtered_change` and `row_filter`): only the changes whose rows pass
 //!   are sent, an update moving a row in or out becomes an insert or a delete. Relations without
 //!   one take the unfiltered path unchanged.
+//! - A relation with a `masks.<relid>` option has those columns masked in every tuple it sends
+//!   (new rows, old rows, old keys; see `tide_core::mask`): the clear value never enters the
+//!   stream. A `hash` or `truncate` column is described as `text` in its Relation message.
 //! - Values are the type's text output, produced under a per-change memory context that is reset
 //!   after each change, so memory does not grow with transaction size.
 //! - With the option `streaming 'on'` (and a server that can stream: the context allows it), a
@@ -98,7 +101,16 @@ struct PluginState {
     column_lists: HashMap<pg_sys::Oid, std::rc::Rc<Vec<bool>>>,
     /// The column list of the relation whose change is being written, if it has one.
     listed: Option<std::rc::Rc<Vec<bool>>>,
+    /// Column masks by emitted relation (`masks.<relid>` options): each attribute's (by number
+    /// - 1) mask, if it has one; and the pipeline's salt (`mask_salt`, hex).
+    masks: HashMap<pg_sys::Oid, std::rc::Rc<Masked>>,
+    salt: Vec<u8>,
+    /// The masks of the relation whose change is being written, if it has any.
+    masked: Option<std::rc::Rc<Masked>>,
 }
+
+/// One relation's masks, by attribute number - 1.
+type Masked = Vec<Option<tide_core::mask::Mask>>;
 
 /// PostgreSQL functions pgrx does not bind (`catalog/partition.h`, `catalog/pg_inherits.h`,
 /// `utils/partcache.h`), called through pgrx's FFI guard (an ERROR becomes a Rust panic that
@@ -254,7 +266,7 @@ fn option_string(def: *mut pg_sys::DefElem) -> (String, String) {
 fn invalid_option(message: String) -> ! {
     crate::error::TideError::invalid(message)
         .hint(format!(
-            "pg_tide accepts the options proto_version ('{}'), tables (comma-separated relation OIDs), streaming ('on' or 'off'), row_filter.<relation OID> (a row filter), row_filter_owner (a role OID) and columns.<relation OID> (comma-separated attribute numbers).",
+            "pg_tide accepts the options proto_version ('{}'), tables (comma-separated relation OIDs), streaming ('on' or 'off'), row_filter.<relation OID> (a row filter), row_filter_owner (a role OID), columns.<relation OID> (comma-separated attribute numbers), masks.<relation OID> (a JSON object of attribute numbers and masks) and mask_salt (hex).",
             wire::PROTO_VERSION
         ))
         .raise()
@@ -268,6 +280,56 @@ struct Options {
     row_filters: HashMap<pg_sys::Oid, String>,
     filter_owner: Option<pg_sys::Oid>,
     column_lists: HashMap<pg_sys::Oid, std::rc::Rc<Vec<bool>>>,
+    masks: HashMap<pg_sys::Oid, std::rc::Rc<Masked>>,
+    salt: Vec<u8>,
+}
+
+/// A `masks.<relid>` option: the relation, and each attribute's mask by number - 1. The value
+/// is never repeated in an error (it is a pipeline's own setting, but only its names matter).
+fn parse_masks(name: &str, value: &str) -> (pg_sys::Oid, Masked) {
+    let relid = name["masks.".len()..].parse::<u32>();
+    let parsed = tide_core::mask::Masks::parse(value).and_then(|m| {
+        let mut out: Masked = Vec::new();
+        for (attnum, mask) in m.columns {
+            let a = attnum
+                .parse::<usize>()
+                .ok()
+                .filter(|&a| a > 0 && a <= pg_sys::MaxHeapAttributeNumber as usize)
+                .ok_or_else(|| format!("\"{attnum}\" is not an attribute number"))?;
+            if out.len() < a {
+                out.resize(a, None);
+            }
+            out[a - 1] = Some(mask);
+        }
+        Ok(out)
+    });
+    match (relid, parsed) {
+        (Ok(oid), Ok(m)) => (pg_sys::Oid::from(oid), m),
+        (_, Err(why)) => invalid_option(format!(
+            "pg_tide output plugin: option \"{name}\" is not a JSON object of attribute numbers and masks: {why}"
+        )),
+        (Err(_), _) => invalid_option(format!(
+            "pg_tide output plugin: option \"{name}\" does not name a relation OID"
+        )),
+    }
+}
+
+/// The `mask_salt` option (hex); its value is never repeated in an error.
+fn parse_salt(value: &str) -> Vec<u8> {
+    let v = value.trim();
+    let bytes: Option<Vec<u8>> = v
+        .len()
+        .is_multiple_of(2)
+        .then(|| {
+            (0..v.len())
+                .step_by(2)
+                .map(|i| v.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+                .collect()
+        })
+        .flatten();
+    bytes.unwrap_or_else(|| {
+        invalid_option("pg_tide output plugin: option mask_salt is not hexadecimal".into())
+    })
 }
 
 /// Read the options a decoding session was started with; an unknown or malformed one is an
@@ -279,6 +341,8 @@ unsafe fn parse_options(list: *mut pg_sys::List) -> Options {
         let mut row_filters = HashMap::new();
         let mut filter_owner = None;
         let mut column_lists = HashMap::new();
+        let mut masks = HashMap::new();
+        let mut salt = Vec::new();
         if !list.is_null() {
             for i in 0..(*list).length {
                 let def = (*(*list).elements.add(i as usize)).ptr_value as *mut pg_sys::DefElem;
@@ -341,6 +405,11 @@ unsafe fn parse_options(list: *mut pg_sys::List) -> Options {
                             )),
                         }
                     }
+                    "mask_salt" => salt = parse_salt(&value),
+                    other if other.starts_with("masks.") => {
+                        let (oid, m) = parse_masks(other, &value);
+                        masks.insert(oid, std::rc::Rc::new(m));
+                    }
                     other if other.starts_with("row_filter.") => {
                         match other["row_filter.".len()..].parse::<u32>() {
                             Ok(oid) => {
@@ -364,6 +433,8 @@ unsafe fn parse_options(list: *mut pg_sys::List) -> Options {
             row_filters,
             filter_owner,
             column_lists,
+            masks,
+            salt,
         }
     }
 }
@@ -387,6 +458,8 @@ unsafe extern "C-unwind" fn startup(
             row_filters,
             filter_owner,
             column_lists,
+            masks,
+            salt,
         } = parse_options((*ctx).output_plugin_options);
         // Decoding set `streaming` when the plugin has the stream callbacks and the context can
         // stream (not while creating the slot, for instance); stream only if asked to, as
@@ -428,6 +501,9 @@ unsafe extern "C-unwind" fn startup(
             filter_parent: (*ctx).context,
             column_lists,
             listed: None,
+            masks,
+            salt,
+            masked: None,
         });
         (*ctx).output_plugin_private = Box::into_raw(state) as *mut std::ffi::c_void;
 
@@ -719,6 +795,7 @@ unsafe fn send_relation_if_needed(
             .to_str()
             .unwrap_or("");
         let listed = st.column_lists.get(&relid).cloned();
+        let masked = st.masks.get(&relid).cloned();
         let ncols = (0..natts)
             .filter(|&i| listed_column(attr(desc, i), listed.as_ref()))
             .count();
@@ -737,13 +814,17 @@ unsafe fn send_relation_if_needed(
                 keys,
             );
             let flags = if is_key { wire::COLUMN_KEY } else { 0 };
-            wire::put_column(
-                &mut st.buf,
-                name,
-                (*a).atttypid.to_u32(),
-                (*a).atttypmod,
-                flags,
-            );
+            // A hash or truncate mask delivers text.
+            let retyped = masked
+                .as_ref()
+                .and_then(|m| m.get((*a).attnum as usize - 1))
+                .is_some_and(|m| m.as_ref().is_some_and(|m| m.retypes()));
+            let (ty, typmod) = if retyped {
+                (pg_sys::TEXTOID.to_u32(), -1)
+            } else {
+                ((*a).atttypid.to_u32(), (*a).atttypmod)
+            };
+            wire::put_column(&mut st.buf, name, ty, typmod, flags);
         }
         flush(ctx, st, false);
         match top {
@@ -838,6 +919,7 @@ unsafe fn put_values(
     unsafe {
         let natts = (*desc).natts as usize;
         let listed = st.listed.clone();
+        let masked = st.masked.clone();
         let ncols = (0..natts)
             .filter(|&i| listed_column(attr(desc, i), listed.as_ref()))
             .count();
@@ -847,18 +929,44 @@ unsafe fn put_values(
             if !listed_column(a, listed.as_ref()) {
                 continue;
             }
+            let mask = masked
+                .as_ref()
+                .and_then(|m| m.get(i))
+                .and_then(Option::as_ref);
             if nulls[i] {
-                wire::put_null(&mut st.buf);
+                match mask.and_then(|m| m.apply(&st.salt, None)) {
+                    Some(v) => wire::put_text(&mut st.buf, v.as_bytes()),
+                    None => wire::put_null(&mut st.buf),
+                }
                 continue;
             }
             let datum = values[i];
             if (*a).attlen == -1 && is_external_ondisk(datum.cast_mut_ptr()) {
+                // The target keeps the (masked) value it has.
                 wire::put_unchanged(&mut st.buf);
                 continue;
             }
-            let func = out_func(st, (*a).atttypid);
-            let text = pg_sys::OidOutputFunctionCall(func, datum);
-            wire::put_text(&mut st.buf, CStr::from_ptr(text).to_bytes());
+            let text = match mask {
+                // Neither needs the value: it is not even turned into text.
+                Some(m @ (tide_core::mask::Mask::Null | tide_core::mask::Mask::Constant(_))) => {
+                    match m.apply(&st.salt, None) {
+                        Some(v) => wire::put_text(&mut st.buf, v.as_bytes()),
+                        None => wire::put_null(&mut st.buf),
+                    }
+                    continue;
+                }
+                _ => {
+                    let func = out_func(st, (*a).atttypid);
+                    CStr::from_ptr(pg_sys::OidOutputFunctionCall(func, datum))
+                }
+            };
+            match mask {
+                Some(m) => match m.apply(&st.salt, Some(&text.to_string_lossy())) {
+                    Some(v) => wire::put_text(&mut st.buf, v.as_bytes()),
+                    None => wire::put_null(&mut st.buf),
+                },
+                None => wire::put_text(&mut st.buf, text.to_bytes()),
+            }
         }
     }
 }
@@ -931,6 +1039,11 @@ unsafe fn emit_change(
             None
         } else {
             st.column_lists.get(&relid).cloned()
+        };
+        st.masked = if st.masks.is_empty() {
+            None
+        } else {
+            st.masks.get(&relid).cloned()
         };
         let tuple = |t: *mut pg_sys::ReorderBufferTupleBuf| (!t.is_null()).then(|| conv(t));
         match (*change).action {

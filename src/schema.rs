@@ -77,9 +77,24 @@ CREATE TABLE tide.pipeline_table (
     -- still shape the table this way; row_filter and columns already hold the new shaping (the
     -- event trigger describes later ALTER TABLEs with them).
     shaping_before jsonb,
+    -- tide.add_table's masks: a JSON object of attribute number -> mask ("hash", "null",
+    -- {"truncate": N}, {"constant": "text"}); NULL: no column is masked. By number, so a rename
+    -- follows. Applied by the output plugin and the chunk reader (tide_core::mask).
+    masks        jsonb,
     PRIMARY KEY (pipeline, relid)
 );
 COMMENT ON TABLE tide.pipeline_table IS 'Tables captured by each pipeline. Use tide.add_table/tide.remove_table.';
+
+-- The salt of each pipeline's hash masks: made when its first masked table is added, replaced by
+-- tide.rotate_mask_salt. No role but superusers reads this table; the pipeline's owner reads its
+-- salt with tide.mask_salt.
+CREATE TABLE tide.mask_salt (
+    pipeline     text PRIMARY KEY REFERENCES tide.pipeline(name) ON DELETE CASCADE,
+    salt         bytea NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    rotated_at   timestamptz
+);
+COMMENT ON TABLE tide.mask_salt IS 'The secret salt of each pipeline''s hash masks (superusers only; the owner: tide.mask_salt(pipeline)).';
 
 -- The outbox target: one row per change, transactions contiguous and in commit order.
 CREATE TABLE tide.outbox (
@@ -452,10 +467,12 @@ SELECT t.pipeline, t.relation, t.relid::regclass AS source, t.key_columns, t.add
        CASE WHEN t.removing THEN 'removing' WHEN t.added_lsn IS NULL THEN 'pending' ELSE 'capturing' END AS state,
        t.row_filter,
        CASE WHEN t.columns IS NOT NULL THEN ARRAY(SELECT a.attname::text FROM pg_attribute a
-             WHERE a.attrelid = t.relid AND a.attnum = ANY (t.columns) AND NOT a.attisdropped ORDER BY a.attnum) END AS columns
+             WHERE a.attrelid = t.relid AND a.attnum = ANY (t.columns) AND NOT a.attisdropped ORDER BY a.attnum) END AS columns,
+       (SELECT jsonb_object_agg(a.attname, m.value ORDER BY a.attnum) FROM jsonb_each(t.masks) m
+          JOIN pg_attribute a ON a.attrelid = t.relid AND a.attnum = m.key::int2 AND NOT a.attisdropped) AS masks
   FROM tide.pipeline_table t
  WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = t.pipeline));
-COMMENT ON VIEW tide.tables IS 'Tables captured by each pipeline: pending until the worker reaches the add_table point in the stream, then capturing; removing until it reaches the remove_table point; row_filter: only the rows it passes are delivered; columns: only these columns are (NULL: every column).';
+COMMENT ON VIEW tide.tables IS 'Tables captured by each pipeline: pending until the worker reaches the add_table point in the stream, then capturing; removing until it reaches the remove_table point; row_filter: only the rows it passes are delivered; columns: only these columns are (NULL: every column); masks: each masked column and its mask (NULL: none; never the salt).';
 
 CREATE VIEW tide.backfills WITH (security_barrier) AS
 SELECT b.id, b.pipeline, b.relation, b.relid::regclass AS source, b.state, b.generation, b.chunk_size,
@@ -828,7 +845,7 @@ BEGIN
             ('resume_pipeline', 'Resumes a paused pipeline where it stopped. A pipeline not paused is a NOTICE.'),
             ('skip_transaction', 'As ALTER SUBSCRIPTION ... SKIP: the source transaction committed at this LSN is not applied (pg_tide''s own rows in it are still followed).'),
             ('wait_for_pipeline', 'True once everything committed before the call has been applied (with the re-reads of tables rewritten before it); false on timeout.'),
-            ('add_table', 'Starts capturing a table at this point of the stream and queues the backfill of its existing rows (unless backfill => false); optional row filter and column list.'),
+            ('add_table', 'Starts capturing a table at this point of the stream and queues the backfill of its existing rows (unless backfill => false); optional row filter, column list and column masks.'),
             ('add_tables_in_schema', 'Adds every table of a schema that the pipeline does not capture yet, as tide.add_table does each; follow => true also captures tables created there later. Returns how many were added.'),
             ('alter_table', 'Changes a captured table''s row filter or column list (NULL: unchanged; clear_row_filter, clear_columns: every row, every column) from the commit of the calling transaction on, announced there by a schema event; the table is then read again under it.'),
             ('stop_following_schema', 'Ends a follow of add_tables_in_schema(..., follow => true); the tables already captured stay.'),
@@ -845,7 +862,9 @@ BEGIN
             ('drop_consumer', 'Forgets a consumer; the events it had not committed are no longer kept for it.'),
             ('commit_consumer', 'Commits a consumer''s position (forward only), in the caller''s transaction.'),
             ('seek_consumer', 'Moves a consumer''s position anywhere between just before the oldest event still kept and the newest.'),
-            ('trim_outbox', 'Deletes the pipeline''s outbox events up to an id and returns how many (for a consumer that keeps its own position).')
+            ('trim_outbox', 'Deletes the pipeline''s outbox events up to an id and returns how many (for a consumer that keeps its own position).'),
+            ('mask_salt', 'The secret salt of the pipeline''s hash masks, for its owner and superusers only.'),
+            ('rotate_mask_salt', 'Replaces the salt of the pipeline''s hash masks; rows already at a target keep the old hash until written again.')
           ) AS c(name, comment) ON c.name = p.proname
          WHERE p.pronamespace = 'tide'::regnamespace
     LOOP

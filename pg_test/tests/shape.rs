@@ -1,5 +1,5 @@
 //! Shaping what a pipeline delivers (issue 36): row filters
-//! (`tide.add_table(..., row_filter => ...)`), as a DBA uses them: every pipeline call is made by
+//! (`tide.add_table(..., row_filter => ...)`), column lists and masks, as a DBA uses them: every pipeline call is made by
 //! `alice`, a member of `tide_admin` with no other attribute (plus, for the remote target, USAGE
 //! on the foreign server and a user mapping a superuser made passwordless with
 //! `password_required 'false'`, as the README says).
@@ -15,8 +15,13 @@
 //! - the same filter on the key alone works under REPLICA IDENTITY DEFAULT (key changes moving
 //!   rows in and out).
 //!
-//! Attacks (other roles, functions the owner may not execute, reading another's filter) are in
-//! `security/`.
+//! - column masks in every target with a row filter and a paused backfill: each target equals
+//!   the masks computed in SQL; no clear value in a target, the outbox, a log or
+//!   `pg_stat_activity`; `tide.verify`/`tide.repair` under the masks; the refusals
+//!   (`masked_table_in_every_target`; the Kafka target's is `kafka/masks.rs`).
+//!
+//! Attacks (other roles, functions the owner may not execute, reading another's filter, the
+//! mask salt, hostile mask options) are in `security/`.
 
 use pg_test::*;
 use std::time::Duration;
@@ -696,4 +701,337 @@ fn plugin_rechecks_rights_at_a_revoke() {
         "the error names the function: {}",
         e.message()
     );
+}
+
+/// The masked columns of `app.people` as pipeline `p` delivers them, computed here in SQL from
+/// the source and the pipeline's salt (independently of pg_tide's Rust): what every target must
+/// hold, for the rows of the filter.
+fn masked_expected(c: &Cluster, p: &str) -> String {
+    let view = format!("app.expect_{p}");
+    c.execute(&format!(
+        "CREATE OR REPLACE VIEW {view} AS
+         SELECT id,
+                encode(sha256((SELECT salt FROM tide.mask_salt WHERE pipeline = '{p}') || convert_to(email, 'UTF8')), 'hex') AS email,
+                left(name, 3) AS name, NULL::text AS ssn, 'x''y' AS note,
+                encode(sha256((SELECT salt FROM tide.mask_salt WHERE pipeline = '{p}') || convert_to(age::text, 'UTF8')), 'hex') AS age,
+                -1 AS score, region
+           FROM app.people WHERE region = 'eu'"
+    ));
+    view
+}
+
+/// Writes to `app.people`, round `r`: masked columns changed (to values holding the marker
+/// SECRET, built by concatenation so that no statement's text holds it), rows moved into and out
+/// of the filter, key changes, inserts and deletes.
+fn churn_people(cl: &mut Client, c: &Cluster, r: i32) {
+    ok(
+        cl,
+        c,
+        &format!(
+            "UPDATE app.people SET email = 'u' || 'SEC' || 'RET' || id || '@x' WHERE id % 5 = {r};
+             UPDATE app.people SET name = 'Bob' || 'SEC' || 'RET' || id, age = age + 1, score = score + 1 WHERE id % 7 = {r};
+             UPDATE app.people SET region = CASE WHEN region = 'eu' THEN 'us' ELSE 'eu' END WHERE id % 13 = {r};
+             UPDATE app.people SET ssn = 'S' || 'EC' || 'RET-' || id, note = 'N' || 'SEC' || 'RET' WHERE id % 11 = {r};
+             UPDATE app.people SET id = id + 100000 WHERE id % 29 = {r} AND id < 100000;
+             UPDATE app.people SET email = NULL WHERE id % 37 = {r};
+             INSERT INTO app.people SELECT 200000 + {r} * 1000 + g, 'n' || 'SEC' || 'RET' || g || '@x',
+                    'New' || 'SEC' || 'RET', 'S' || 'ECRET', 'N' || 'ECRET', g, g,
+                    CASE WHEN g % 2 = 0 THEN 'eu' ELSE 'us' END
+               FROM generate_series(1, 60) g;
+             DELETE FROM app.people WHERE id % 31 = {r};"
+        ),
+    );
+}
+
+/// Column masks in every target (`tide.add_table(..., masks => ...)`), with a row filter: a
+/// paced backfill paused in the middle while writes change masked columns and move rows in and
+/// out; then each target (local, remote, the outbox replayed) equals the masks computed in SQL
+/// from the source and the pipeline's salt; the marker of every clear value (`SECRET`) is in no
+/// target, outbox event, server log (source and remote) or `pg_stat_activity` row, and neither
+/// is the salt; `tide.verify` is clean, finds a changed masked value, and `tide.repair` fixes it.
+/// Refusals: a key column (22023), an unknown column (42703), a masked column outside the column
+/// list (22023), a constant that is not of the column's type (22P02), a malformed mask (22023).
+#[test]
+fn masked_table_in_every_target() {
+    let (c, t) = setup_remote("shape_masks");
+    c.execute(
+        "CREATE ROLE alice LOGIN; GRANT tide_admin TO alice;
+         CREATE SCHEMA app AUTHORIZATION alice;
+         CREATE SCHEMA copy AUTHORIZATION alice;
+         GRANT USAGE ON FOREIGN SERVER tgt TO alice;
+         CREATE USER MAPPING FOR alice SERVER tgt OPTIONS (user 'postgres', password_required 'false');",
+    );
+    let mut alice = connect_as(&c, "alice");
+    ok(
+        &mut alice,
+        &c,
+        "CREATE TABLE app.people (id int PRIMARY KEY, email text, name text NOT NULL, ssn text NOT NULL,
+                                  note text, age int, score int NOT NULL, region text NOT NULL);
+         ALTER TABLE app.people REPLICA IDENTITY FULL;
+         INSERT INTO app.people SELECT g, 'p' || g || '@' || 'SEC' || 'RET.example', 'Nam' || 'SEC' || 'RET' || g,
+                'SSN-' || 'SEC' || 'RET-' || g, 'note ' || 'SEC' || 'RET', 20 + g % 50, g,
+                (ARRAY['eu', 'us', 'eu'])[g % 3 + 1]
+           FROM generate_series(1, 2000) g;",
+    );
+    for sql in [
+        "SELECT tide.create_pipeline('po', 'outbox')",
+        r#"SELECT tide.create_pipeline('pt', 'table', '{"schema": "copy"}')"#,
+        r#"SELECT tide.create_pipeline('pr', 'postgres', '{"server": "tgt"}')"#,
+    ] {
+        ok(&mut alice, &c, sql);
+    }
+    for (what, args, code, hint) in [
+        (
+            "a key column",
+            r#"masks => '{"id": "hash"}'"#,
+            "22023",
+            "key (id)",
+        ),
+        (
+            "an unknown column",
+            r#"masks => '{"nope": "hash"}'"#,
+            "42703",
+            "pg_attribute",
+        ),
+        (
+            "a column outside the column list",
+            r#"columns => ARRAY['id', 'name'], masks => '{"email": "hash"}'"#,
+            "22023",
+            "column list",
+        ),
+        (
+            "a constant that is not an int",
+            r#"masks => '{"score": {"constant": "x"}}'"#,
+            "22P02",
+            "column's type",
+        ),
+        (
+            "an unknown mask",
+            r#"masks => '{"email": "md5"}'"#,
+            "22023",
+            "JSON object",
+        ),
+        (
+            "a negative truncate",
+            r#"masks => '{"name": {"truncate": -1}}'"#,
+            "22023",
+            "JSON object",
+        ),
+        (
+            "not an object",
+            r#"masks => '["email"]'"#,
+            "22023",
+            "JSON object",
+        ),
+        ("empty", r#"masks => '{}'"#, "22023", "omit masks"),
+    ] {
+        expect_fail_with(
+            what,
+            alice.batch_execute(&format!(
+                "SELECT tide.add_table('po', 'app.people', {args})"
+            )),
+            code,
+            Some(hint),
+        );
+    }
+    let masks = r#"{"email": "hash", "name": {"truncate": 3}, "ssn": "null", "note": {"constant": "x'y"}, "age": {"hash": true}, "score": {"constant": "-1"}}"#;
+    for p in ["po", "pt", "pr"] {
+        ok(
+            &mut alice,
+            &c,
+            &format!(
+                "SELECT tide.add_table('{p}', 'app.people', backfill => false, row_filter => 'region = ''eu''',
+                                       masks => $m${masks}$m$)"
+            ),
+        );
+        wait_capturing(&c, p, "app.people");
+        ok(
+            &mut alice,
+            &c,
+            &format!(
+                "SELECT tide.start_backfill('app.people', '{p}', chunk_size => 100);
+                 SELECT tide.alter_backfill('app.people', '{p}', rows_per_second => 500);"
+            ),
+        );
+    }
+    assert_eq!(
+        c.query_scalar::<String>("SELECT string_agg(DISTINCT masks::text, ';') FROM tide.tables"),
+        r#"{"age": "hash", "ssn": "null", "name": {"truncate": 3}, "note": {"constant": "x'y"}, "email": "hash", "score": {"constant": "-1"}}"#,
+        "tide.tables shows the masks by column name"
+    );
+    let salts: i64 =
+        c.query_scalar("SELECT count(DISTINCT salt) FROM tide.mask_salt WHERE length(salt) = 32");
+    assert_eq!(salts, 3, "one 32-byte salt per pipeline");
+    for p in ["po", "pt", "pr"] {
+        c.wait_until(
+            "the backfill reads some chunks",
+            Duration::from_secs(60),
+            Duration::from_millis(20),
+            || Ok(rows_read(&c, p) >= 100),
+        );
+        ok(
+            &mut alice,
+            &c,
+            &format!("SELECT tide.pause_backfill('app.people', '{p}')"),
+        );
+    }
+    churn_people(&mut alice, &c, 1);
+    for p in ["po", "pt", "pr"] {
+        ok(
+            &mut alice,
+            &c,
+            &format!(
+                "SELECT tide.resume_backfill('app.people', '{p}');
+                 SELECT tide.alter_backfill('app.people', '{p}', rows_per_second => 0);"
+            ),
+        );
+    }
+    for p in ["po", "pt", "pr"] {
+        wait_for_backfill(&c, "app.people", Some(p), 120, || diag_shape(&c));
+    }
+    churn_people(&mut alice, &c, 2);
+    for p in ["po", "pt", "pr"] {
+        wait_for_pipeline(&c, p, 60, || diag_shape(&c));
+    }
+    let columns_of = |cl: &Cluster, table: &str| -> String {
+        cl.query_scalar(&format!(
+            "SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod) || CASE WHEN attnotnull THEN ' not null' ELSE '' END, ', ' ORDER BY attnum)
+               FROM pg_attribute WHERE attrelid = '{table}'::regclass AND attnum > 0 AND NOT attisdropped"
+        ))
+    };
+    let shape = "id integer not null, email text, name text not null, ssn text, note text, age text, score integer not null, region text not null";
+    assert_eq!(
+        columns_of(&c, "copy.people"),
+        shape,
+        "local target: hash and truncate columns are text, a null-masked one nullable"
+    );
+    assert_eq!(
+        columns_of(&t, "public.people"),
+        shape,
+        "remote target's columns"
+    );
+    let cols = "id, email, name, ssn, note, age, score, region";
+    let n: i64 = c.query_scalar("SELECT count(*) FROM app.people WHERE region = 'eu'");
+    assert!(n > 500, "the filter keeps rows ({n})");
+    assert_same_rows(
+        "local table",
+        &c,
+        &masked_expected(&c, "pt"),
+        &c,
+        "copy.people",
+        cols,
+    );
+    assert_same_rows(
+        "remote",
+        &c,
+        &masked_expected(&c, "pr"),
+        &t,
+        "public.people",
+        cols,
+    );
+    c.execute(
+        "CREATE TABLE app.people_masked (id int PRIMARY KEY, email text, name text, ssn text, note text, age text, score int, region text)",
+    );
+    outbox_copy(&c, "app.people_masked", "app.people", "app.people_replayed");
+    c.query_scalar::<i64>("SELECT app.people_replayed_replay('po')");
+    assert_same_rows(
+        "outbox replayed",
+        &c,
+        &masked_expected(&c, "po"),
+        &c,
+        "app.people_replayed",
+        cols,
+    );
+
+    // The clear values are nowhere: not at a target, not in an outbox event (old rows of
+    // deletes included), not in a log, not in what a backend shows; nor is the salt.
+    assert_no_rows(
+        &c,
+        "outbox events holding a clear value",
+        "SELECT o.id FROM tide.outbox o WHERE o::text LIKE '%' || 'SEC' || 'RET%'",
+    );
+    assert_no_rows(
+        &c,
+        "local target rows holding a clear value",
+        "SELECT p.id FROM copy.people p WHERE p::text LIKE '%' || 'SEC' || 'RET%'",
+    );
+    let remote_leaks: i64 = t.query_scalar(
+        "SELECT count(*) FROM public.people p WHERE p::text LIKE '%' || 'SEC' || 'RET%'",
+    );
+    assert_eq!(remote_leaks, 0, "remote target rows holding a clear value");
+    let events: i64 = c.query_scalar("SELECT count(*) FROM tide.outbox WHERE pipeline = 'po' AND op = 'delete' AND \"row\" IS NOT NULL");
+    eprintln!("  outbox: {events} delete events carrying the (masked) old row");
+    let salt_hexes: Vec<String> = c
+        .client()
+        .query("SELECT encode(salt, 'hex') FROM tide.mask_salt", &[])
+        .expect("salts")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for (name, cl) in [("source", &c), ("remote target", &t)] {
+        let log = cl.log();
+        assert!(
+            !log.contains("SECRET"),
+            "the {name} server log holds a clear value"
+        );
+        for s in &salt_hexes {
+            assert!(
+                !log.contains(s.as_str()),
+                "the {name} server log holds a salt"
+            );
+        }
+        let shown: i64 = cl.query_scalar(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid()
+                AND (query LIKE '%' || 'SEC' || 'RET%' OR query ~ ('(' || '{}' || ')'))",
+            salt_hexes.join("|")
+        ));
+        assert_eq!(
+            shown, 0,
+            "pg_stat_activity of the {name} shows a clear value or a salt"
+        );
+    }
+
+    // tide.verify compares with the masked values: clean; a changed masked value is found and
+    // repaired.
+    let differences = |alice: &mut Client, p: &str| -> (i64, i64, i64) {
+        let r = alice
+            .query_one(
+                &format!(
+                    "SELECT missing::int8, extra::int8, changed::int8 FROM tide.verify('app.people', '{p}', sample => 300)
+                      WHERE kind LIKE 'summary%'"
+                ),
+                &[],
+            )
+            .unwrap_or_else(|e| panic!("verify {p}: {}", describe_error(&e)));
+        (r.get(0), r.get(1), r.get(2))
+    };
+    for p in ["pt", "pr"] {
+        assert_eq!(
+            differences(&mut alice, p),
+            (0, 0, 0),
+            "pipeline {p} verifies clean under the masks"
+        );
+    }
+    c.execute("UPDATE copy.people SET email = 'tampered' WHERE id = (SELECT min(id) FROM copy.people WHERE email IS NOT NULL)");
+    assert_eq!(
+        differences(&mut alice, "pt"),
+        (0, 0, 1),
+        "a changed masked value"
+    );
+    ok(
+        &mut alice,
+        &c,
+        "SELECT * FROM tide.repair('app.people', 'pt')",
+    );
+    wait_for_backfill(&c, "app.people", Some("pt"), 60, || diag_shape(&c));
+    wait_for_pipeline(&c, "pt", 60, || diag_shape(&c));
+    assert_same_rows(
+        "local table, repaired",
+        &c,
+        &masked_expected(&c, "pt"),
+        &c,
+        "copy.people",
+        cols,
+    );
+    assert_eq!(differences(&mut alice, "pt"), (0, 0, 0), "repaired");
 }

@@ -258,7 +258,7 @@ fn warn(e: &TideError, context: String) {
 
 /// Run `f` in a subtransaction: rolled back (with whatever it did) when it returns `Err`, raises
 /// an ERROR or panics, whose error is returned; released (its work kept) on `Ok`.
-fn in_subtransaction<R>(f: impl FnOnce() -> TideResult<R>) -> TideResult<R> {
+pub(crate) fn in_subtransaction<R>(f: impl FnOnce() -> TideResult<R>) -> TideResult<R> {
     // SAFETY: the subtransaction is begun and ended here, on this backend's transaction, with
     // the memory context and resource owner of the caller restored afterwards (as PL/pgSQL's
     // exception blocks do); a caught ERROR's state is flushed before the rollback.

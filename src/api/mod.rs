@@ -23,6 +23,7 @@ pub mod backfill;
 mod consumers;
 mod follow;
 pub mod kafka;
+pub mod masks;
 mod pipelines;
 mod server;
 mod tables;

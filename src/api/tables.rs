@@ -138,6 +138,8 @@ pub(super) fn validate_source(relid: pg_sys::Oid, owner: &str) -> TideResult<Sou
 pub(super) struct Shaping<'a> {
     pub row_filter: Option<&'a str>,
     pub columns: Option<&'a [Option<String>]>,
+    /// Column masks (`masks => ...`; see `api::masks`).
+    pub masks: Option<&'a serde_json::Value>,
 }
 
 /// `columns => ...` of `add_table`: (attribute numbers, names) in attribute order. Every name a
@@ -224,7 +226,9 @@ pub(super) fn column_list(
 /// Start capturing a table: every change committed after this call commits is delivered, and
 /// (unless `backfill => false`) the rows that already exist are backfilled. With `row_filter`,
 /// only the rows it passes, by the stream and by every backfill (see `row_filter`); with
-/// `columns`, only those columns (the target has only them, every event carries only them).
+/// `columns`, only those columns (the target has only them, every event carries only them);
+/// with `masks`, those columns masked (see `api::masks`).
+#[allow(clippy::too_many_arguments)]
 #[pg_extern]
 pub(super) fn add_table(
     pipeline: Option<&str>,
@@ -234,6 +238,7 @@ pub(super) fn add_table(
     truncate_target: default!(Option<bool>, false),
     row_filter: default!(Option<&str>, "NULL"),
     columns: default!(Option<Vec<Option<String>>>, "NULL"),
+    masks: default!(Option<JsonB>, "NULL"),
 ) {
     (|| {
         add_table_impl(
@@ -245,6 +250,7 @@ pub(super) fn add_table(
             &Shaping {
                 row_filter,
                 columns: columns.as_deref(),
+                masks: masks.as_ref().map(|m| &m.0),
             },
         )
     })()
@@ -277,6 +283,16 @@ pub(super) fn add_table_impl(
         Some(names) => Some(column_list(relid, &s, names)?),
         None => None,
     };
+    let masked = match shaping.masks {
+        Some(spec) => Some(super::masks::check(
+            relid,
+            &s.qualified,
+            &s.key_columns,
+            listed.as_ref().map(|(_, names)| names.as_slice()),
+            spec,
+        )?),
+        None => None,
+    };
     let (target_kind, options) = catalog::pipelines::target(pipeline)?;
     if truncate_target {
         check_truncate_target(pipeline, &s.qualified, target_kind, existing, backfill)?;
@@ -291,6 +307,7 @@ pub(super) fn add_table_impl(
         &owner,
         truncate_target,
         listed.as_ref().map(|(_, names)| names.as_slice()),
+        masked.as_ref(),
     )?;
     let t = catalog::tables::NewTable {
         pipeline,
@@ -309,6 +326,7 @@ pub(super) fn add_table_impl(
         Some(true) => catalog::tables::re_add(&t)?,
         None => catalog::tables::insert(&t)?,
     }
+    catalog::masks::set(pipeline, relid, masked.as_ref().map(|m| &m.stored))?;
     catalog::tables::write_marker(MarkerOp::AddTable, pipeline, relid)?;
     catalog::follows::forget(pipeline, relid)?;
     if backfill {
@@ -652,6 +670,7 @@ fn target_of_table(
     owner: &str,
     truncate_target: bool,
     columns: Option<&[String]>,
+    masked: Option<&super::masks::Checked>,
 ) -> TideResult<(Option<String>, Option<String>, bool)> {
     let (schema, name, held_rows) = if target_kind == TargetKind::Kafka {
         if target_table.is_some() {
@@ -680,6 +699,7 @@ fn target_of_table(
             owner,
             truncate_target,
             columns,
+            masked,
         )?;
         let (s_, n_) = (t.schema, t.name);
         if target_kind == TargetKind::Table {

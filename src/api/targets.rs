@@ -148,6 +148,7 @@ pub fn ensure_target(
     owner: &str,
     truncate: bool,
     only: Option<&[String]>,
+    masked: Option<&super::masks::Checked>,
 ) -> TideResult<EnsuredTarget> {
     let (schema, name) = target_name(options, relid, target_table)?;
     let qualified = format!("{}.{}", quote(&schema), quote(&name));
@@ -162,6 +163,18 @@ pub fn ensure_target(
     let cols: Vec<SourceCol> = source_columns(relid)?
         .into_iter()
         .filter(|c| only.is_none_or(|o| o.contains(&c.name)))
+        .map(|mut c| {
+            // Masks: a hash or truncate column holds text; a column masked with null, NULLs.
+            if let Some(m) = masked {
+                if m.retyped(&c.name) {
+                    c.ty = "text".into();
+                }
+                if m.nulled(&c.name) {
+                    c.not_null = false;
+                }
+            }
+            c
+        })
         .collect();
     let remote = match target {
         "postgres" => {

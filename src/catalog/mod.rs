@@ -17,6 +17,8 @@
 //!   batches and positions need, and the outbox retention (`tide.outbox_prune`, its DELETEs);
 //! - [`follows`]: `tide.followed_schema` and `tide.follow_skip` (followed schemas, the tables
 //!   they do not capture), and the tables a DDL command made in them;
+//! - [`masks`]: `tide.pipeline_table.masks` (column masks) and `tide.mask_salt` (each
+//!   pipeline's salt for `hash` masks);
 //! - [`skips`]: `tide.skipped_transaction` (transactions `tide.skip_transaction` skips);
 //! - [`slots`]: the slots' names and locks, orphaned slots, `output_plugin_libraries`;
 //! - this file: the version gate, the OIDs of the tables the stream watches, [`corrupt`].
@@ -51,6 +53,7 @@ use crate::error::{TideError, TideResult};
 pub mod backfills;
 pub mod consumers;
 pub mod follows;
+pub mod masks;
 pub mod outbox;
 pub mod pipelines;
 pub mod skips;

@@ -662,9 +662,13 @@ fn still_in_form(sink: &mut dyn Target, p: &PendingChunk) -> TideResult<bool> {
         None => &p.attnums,
     };
     let listed = crate::catalog::tables::columns_of_backfill(p.backfill_id)?;
+    let masks = crate::catalog::masks::of_backfill(p.backfill_id)?;
     let same_source = table_meta(p.relid, &[])?.is_some_and(|mut m| {
         if let Some(l) = &listed {
             m.restrict(l);
+        }
+        if let Some(masks) = &masks {
+            m.mask(masks);
         }
         m.shape() == p.columns && &m.attnums == attnums
     });

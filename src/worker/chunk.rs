@@ -11,6 +11,8 @@
 //! PostgreSQL that has them, as lines of COPY text (each column's text output, escaped:
 //! `tide_core::copy`; no JSON, one COPY and one upsert at the target). The form is a
 //! `RowForm` the target chose ([`form_for`]); each is rendered by one arm of [`Renderer::row`].
+//! A table with column masks is read as text and every row masked as it is read
+//! ([`ChunkQuery::mask_row`], the stream's function: `tide_core::mask`), never as row values.
 
 use super::estimate::Estimate;
 use super::row_values::RowValues;
@@ -21,6 +23,7 @@ use crate::sink::{KeyValues, Row, RowForm, Target};
 use crate::sql;
 use pgrx::prelude::*;
 use tide_core::json;
+use tide_core::mask::{Mask, Masks};
 use tide_core::model::OwnedColumn;
 use tide_core::read_ahead::{Chunk, ChunkRow};
 use tide_core::snapshot::InvisibleXids;
@@ -62,6 +65,21 @@ impl TableMeta {
             j += 1;
             keep[j - 1]
         });
+    }
+
+    /// Apply a table's masks (by attribute number; see `tide_core::mask`): a hash or truncate
+    /// column is delivered as text, so it is described as text. Each column's mask, in order.
+    pub fn mask(&mut self, masks: &Masks) -> Vec<Option<Mask>> {
+        let mut layout = Vec::with_capacity(self.attnums.len());
+        for (i, a) in self.attnums.iter().enumerate() {
+            let m = masks.of(&a.to_string()).cloned();
+            if m.as_ref().is_some_and(Mask::retypes) {
+                self.columns[i].0.type_oid = pg_sys::TEXTOID.to_u32();
+                self.columns[i].1 = "text".into();
+            }
+            layout.push(m);
+        }
+        layout
     }
 
     /// (name, format_type) of each column.
@@ -167,6 +185,20 @@ struct ChunkQuery {
     /// The table's row filter: a row it does not pass is not at the source as the pipeline
     /// sees it (a repair or a resync sweep deletes it at the target).
     row_filter: Option<String>,
+    /// Each column's mask (empty: none), and the pipeline's salt.
+    masks: Vec<Option<Mask>>,
+    salt: Vec<u8>,
+}
+
+impl ChunkQuery {
+    /// Mask a row read as text (every column, in order): the same function as the stream's.
+    fn mask_row(&self, texts: &mut [Option<String>]) {
+        for (t, m) in texts.iter_mut().zip(&self.masks) {
+            if let Some(m) = m {
+                *t = m.apply(&self.salt, t.as_deref());
+            }
+        }
+    }
 }
 
 impl ChunkQuery {
@@ -245,6 +277,8 @@ impl ChunkQuery {
             key_idx,
             key_types,
             row_filter: row_filter.map(str::to_string),
+            masks: Vec::new(),
+            salt: Vec::new(),
         })
     }
 }
@@ -276,9 +310,13 @@ pub(super) fn read_chunk(
     if let Some(l) = &listed {
         meta.restrict(l);
     }
+    // Masks: applied to each row read, as text (row values would carry the clear values).
+    let masks = crate::catalog::masks::of_table(pipeline, job.b.relid)?;
+    let layout = masks.as_ref().map(|(m, _)| meta.mask(m));
     let mut form = hold(&meta)?;
     if form == RowForm::RowValues
         && (listed.is_some()
+            || masks.is_some()
             || meta
                 .columns
                 .iter()
@@ -286,7 +324,11 @@ pub(super) fn read_chunk(
     {
         form = RowForm::Text;
     }
-    let q = ChunkQuery::new(pipeline, job, &meta, form, row_filter.as_deref())?;
+    let mut q = ChunkQuery::new(pipeline, job, &meta, form, row_filter.as_deref())?;
+    if let (Some(layout), Some((_, salt))) = (layout, masks) {
+        q.masks = layout;
+        q.salt = salt;
+    }
     let read_at = unsafe { pg_sys::GetCurrentTimestamp() };
     let (snapshot, invisible) = chunk_snapshot(writer)?;
     // Read as the pipeline's owner (catalog::backfills::due gives it, whoever started the
@@ -439,8 +481,11 @@ fn read_rows(
                 } else {
                     result.columns()
                 };
-                let texts: Vec<Option<String>> =
+                let mut texts: Vec<Option<String>> =
                     (1..=ncols).map(|col| result.text(i, col)).collect();
+                if form != RowForm::RowValues {
+                    q.mask_row(&mut texts);
+                }
                 rows.push(render.row(q, &texts, i as u32)?);
             }
             let values = if form == RowForm::RowValues {

@@ -703,7 +703,7 @@ fn stream(
     let (signal_relid, marker_relid) = catalog::signal_and_marker_relids()?;
     let (sets, filter) = table_sets(&tables, signal_relid, marker_relid);
     let (applied, recorded, confirmed) = positions(p, target_applied)?;
-    let extra = row_filter_options(&tables, &p.owner)?;
+    let extra = plugin_options(c, &tables, p)?;
     let decoder = open_decoder(dec, rels, p, &filter, &extra)?;
     // One message: the decoder stops at the record boundary after it, which is the end of one
     // source transaction (a transaction's messages are handed out whole at its commit).
@@ -885,6 +885,19 @@ fn table_sets(
         .collect::<Vec<_>>()
         .join(",");
     (sets, filter)
+}
+
+/// The output plugin's options beyond the table list: the row filters and column lists
+/// ([`row_filter_options`]), the column masks and their salt (`catalog::masks`; the plugin
+/// applies them, see `tide_core::mask`).
+fn plugin_options(
+    c: &mut SpiClient<'_>,
+    tables: &[catalog::tables::TableRow],
+    p: &PipelineRow,
+) -> TideResult<Vec<(String, String)>> {
+    let mut extra = row_filter_options(tables, &p.owner)?;
+    extra.extend(catalog::masks::plugin_options(c, &p.name)?);
+    Ok(extra)
 }
 
 /// The output plugin's shaping options for `tables`: `row_filter.<relid>` per filtered table,

@@ -39,6 +39,7 @@ pub mod copy;
 pub mod json;
 pub mod kafka;
 pub mod lsn;
+pub mod mask;
 pub mod model;
 pub mod name_list;
 pub mod plan;

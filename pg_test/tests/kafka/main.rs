@@ -17,6 +17,8 @@
 //!   secrets readable by no other role;
 //! - `large`: one transaction of ~100 MB of messages goes through with the worker's memory flat;
 //! - `schemas`: `value_format = 'debezium-schema'`, every field checked by its Connect schema;
+//! - `masks`: a table with column masks: the topic replayed equals the masked source, and no
+//!   message holds a clear value or the salt;
 //! - `alter_table`: a row filter changed mid-stream: the altered schema message between the rows
 //!   of either filter, and a consumer applying the new filter there ends with the source's rows.
 //!
@@ -27,6 +29,7 @@ mod alter_table;
 mod broker;
 mod convergence;
 mod large;
+mod masks;
 mod refusals;
 mod replay;
 mod resync;

@@ -146,3 +146,166 @@ fn row_filter_attacks() {
         "a change was delivered through a filter the owner may no longer execute"
     );
 }
+
+/// Column masks (`tide.add_table(..., masks => ...)`), attacked as a `tide_admin` member
+/// (`mallory`) and as a role with nothing (`nobody`), and with hostile mask options by the owner
+/// (`alice`) herself:
+/// - the salt: `tide.mask_salt` (the table) is readable by neither, nor by alice (she reads her
+///   pipeline's salt with `tide.mask_salt(pipeline)`, which refuses them: 42501); neither can
+///   rotate it; `tide.tables` shows mallory none of alice's masks; alice rotates it, and the next
+///   change is hashed with the new salt;
+/// - neither can set masks on alice's pipeline, nor on alice's table through a pipeline of their
+///   own (42501);
+/// - a constant full of quotes and a column name with quotes go through as data: the table
+///   target is created with the column, the events carry the constant verbatim, `tide.verify`
+///   (whose SQL holds both) is clean, and nothing else ran (`victim.secret` is still there); a
+///   mask naming a column with SQL in it is an unknown column (42703).
+#[test]
+fn mask_attacks() {
+    let c = secured("sec_masks");
+    alice_pipeline(&c);
+    let constant = "a'); DROP TABLE victim.secret; --\\ $$ '' \"";
+    ok_as(
+        &c,
+        "alice",
+        r#"CREATE TABLE alice.m (id int PRIMARY KEY, "col""q'x" text, v text, n int);
+           INSERT INTO alice.m SELECT g, 'clear' || g, 'v' || g, 1000 + g FROM generate_series(1, 50) g;
+           CREATE SCHEMA copy;"#,
+    );
+    ok_as(
+        &c,
+        "alice",
+        r#"SELECT tide.create_pipeline('pt', 'table', '{"schema": "copy"}')"#,
+    );
+    let masks = serde_json::json!({
+        "col\"q'x": {"constant": constant},
+        "v": "hash",
+        "n": {"truncate": 2},
+    })
+    .to_string();
+    let add = |role: &str, pipeline: &str| {
+        connect_as(&c, role).execute(
+            "SELECT tide.add_table($1, 'alice.m'::regclass, masks => $2::text::jsonb)",
+            &[&pipeline, &masks],
+        )
+    };
+    for role in ["mallory", "nobody"] {
+        expect_fail_with(
+            &format!("as {role}: masks on alice's pipeline"),
+            add(role, "p"),
+            "42501",
+            None,
+        );
+    }
+    ok_as(&c, "mallory", "SELECT tide.create_pipeline('mp')");
+    expect_fail_with(
+        "as mallory: masks on alice's table in her own pipeline",
+        add("mallory", "mp"),
+        "42501",
+        None,
+    );
+    expect_fail_with(
+        "a mask on a column whose name holds SQL",
+        connect_as(&c, "alice").batch_execute(
+            r#"SELECT tide.add_table('p', 'alice.m', masks => '{"v\" text); DROP TABLE victim.secret; --": "hash"}')"#,
+        ),
+        "42703",
+        Some("pg_attribute"),
+    );
+    for p in ["p", "pt"] {
+        add("alice", p)
+            .unwrap_or_else(|e| panic!("alice adds alice.m to {p}: {}", describe_error(&e)));
+    }
+    ok_as(&c, "alice", "UPDATE alice.m SET v = 'w' || id, \"col\"\"q'x\" = 'again' WHERE id % 2 = 0; DELETE FROM alice.m WHERE id = 3;");
+    for p in ["p", "pt"] {
+        wait_for_backfill(&c, "alice.m", Some(p), 60, || diag(&c));
+        wait_for_pipeline(&c, p, 60, || diag(&c));
+    }
+    let victim: bool = c.query_scalar("SELECT to_regclass('victim.secret') IS NOT NULL");
+    assert!(victim, "a mask's text ran as SQL: victim.secret is gone");
+    // The constant arrived verbatim, in every event of the outbox and every target row.
+    let (events, verbatim): (i64, i64) = {
+        let r = c
+            .client()
+            .query_one(
+                "SELECT count(*), count(*) FILTER (WHERE \"row\"->>'col\"q''x' = $1)
+                   FROM tide.outbox WHERE pipeline = 'p' AND relation = 'alice.m' AND op IN ('read', 'insert', 'update')",
+                &[&constant],
+            )
+            .expect("outbox");
+        (r.get(0), r.get(1))
+    };
+    assert!(
+        events >= 50 && events == verbatim,
+        "{verbatim} of {events} events carry the constant verbatim"
+    );
+    let rows: i64 = c
+        .client()
+        .query_one("SELECT count(*) FROM copy.m WHERE \"col\"\"q'x\" = $1 AND length(v) = 64 AND length(n) <= 2", &[&constant])
+        .expect("copy.m")
+        .get(0);
+    assert_eq!(rows, 49, "every target row masked");
+    let verify: i64 = scalar_as(
+        &c,
+        "alice",
+        "SELECT (missing + extra + changed)::int8 FROM tide.verify('alice.m', 'pt') WHERE kind LIKE 'summary%'",
+    );
+    assert_eq!(verify, 0, "tide.verify under masks with quotes");
+    assert!(
+        c.query_scalar::<bool>("SELECT to_regclass('victim.secret') IS NOT NULL"),
+        "verify ran a mask as SQL"
+    );
+
+    // The salt.
+    for role in ["mallory", "nobody", "alice"] {
+        expect_fail_with(
+            &format!("as {role}: read tide.mask_salt"),
+            exec_as(&c, role, "SELECT salt FROM tide.mask_salt"),
+            "42501",
+            None,
+        );
+    }
+    for role in ["mallory", "nobody"] {
+        for f in [
+            "SELECT tide.mask_salt('p')",
+            "SELECT tide.rotate_mask_salt('p')",
+        ] {
+            expect_fail_with(
+                &format!("as {role}: {f}"),
+                exec_as(&c, role, f),
+                "42501",
+                None,
+            );
+        }
+    }
+    let seen: i64 = scalar_as(
+        &c,
+        "mallory",
+        "SELECT count(*) FROM tide.tables WHERE masks IS NOT NULL",
+    );
+    assert_eq!(seen, 0, "mallory sees alice's masks in tide.tables");
+    let mine: Vec<u8> = scalar_as(&c, "alice", "SELECT tide.mask_salt('p')");
+    let stored: Vec<u8> = c.query_scalar("SELECT salt FROM tide.mask_salt WHERE pipeline = 'p'");
+    assert!(
+        mine.len() == 32 && mine == stored,
+        "alice reads her pipeline's salt"
+    );
+    ok_as(&c, "alice", "SELECT tide.rotate_mask_salt('p')");
+    let rotated: Vec<u8> = c.query_scalar("SELECT salt FROM tide.mask_salt WHERE pipeline = 'p'");
+    assert!(rotated.len() == 32 && rotated != stored, "rotated");
+    // The next change is hashed with the new salt.
+    ok_as(
+        &c,
+        "alice",
+        "UPDATE alice.m SET v = 'after-rotation' WHERE id = 1",
+    );
+    wait_for_pipeline(&c, "p", 60, || diag(&c));
+    let fresh: bool = c.query_scalar(
+        "SELECT (SELECT \"row\"->>'v' FROM tide.outbox WHERE pipeline = 'p' AND relation = 'alice.m' ORDER BY id DESC LIMIT 1)
+              = encode(sha256((SELECT salt FROM tide.mask_salt WHERE pipeline = 'p') || convert_to('after-rotation', 'UTF8')), 'hex')",
+    );
+    assert!(
+        fresh,
+        "an event after the rotation is hashed with the new salt"
+    );
+}

@@ -149,22 +149,7 @@ pub(super) fn setup(
                 .join(",")
         )
     });
-    let cols: Vec<(String, String)> = sql::text_rows(
-        "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
-          WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
-            AND ($2::int2[] IS NULL OR a.attnum = ANY ($2::int2[])) ORDER BY a.attnum",
-        &[Some(&relid_text), listed_text.as_deref()],
-        0,
-        false,
-    )?
-    .into_iter()
-    .map(|r| {
-        (
-            r[0].clone().unwrap_or_default(),
-            r[1].clone().unwrap_or_default(),
-        )
-    })
-    .collect();
+    let (cols, masked, masks) = delivered_columns(&pipeline, relid, listed_text.as_deref())?;
     let remote = if target_kind == TargetKind::Postgres {
         let server = options
             .get("server")
@@ -189,15 +174,18 @@ pub(super) fn setup(
             &[(*k).into(), (*v).into()],
         )?;
     }
+    let scan = shaped_scan(
+        crate::catalog::tables::scan(relid, &source)?,
+        row_filter.as_deref(),
+        masks.is_some().then_some(masked.as_slice()),
+        &pipeline,
+    );
     Ok(Ctx {
         local_target,
         collatable,
         pipeline,
         relid,
-        scan: filtered_scan(
-            crate::catalog::tables::scan(relid, &source)?,
-            row_filter.as_deref(),
-        ),
+        scan,
         source,
         target,
         key,
@@ -206,11 +194,89 @@ pub(super) fn setup(
     })
 }
 
+/// A masked column as delivered: name, type (text for hash and truncate), its mask.
+type Delivered = (String, String, Option<tide_core::mask::Mask>);
+
+/// The columns the target should hold (`listed`: the column list as an `int2[]` literal), as
+/// (name, type as delivered), the same with each one's mask, and the table's masks.
+#[allow(clippy::type_complexity)]
+fn delivered_columns(
+    pipeline: &str,
+    relid: pg_sys::Oid,
+    listed: Option<&str>,
+) -> TideResult<(
+    Vec<(String, String)>,
+    Vec<Delivered>,
+    Option<tide_core::mask::Masks>,
+)> {
+    let cols: Vec<(String, String, String)> = sql::text_rows(
+        "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), a.attnum::text FROM pg_attribute a
+          WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+            AND ($2::int2[] IS NULL OR a.attnum = ANY ($2::int2[])) ORDER BY a.attnum",
+        &[Some(&relid.to_u32().to_string()), listed],
+        0,
+        false,
+    )?
+    .into_iter()
+    .map(|r| {
+        (
+            r[0].clone().unwrap_or_default(),
+            r[1].clone().unwrap_or_default(),
+            r[2].clone().unwrap_or_default(),
+        )
+    })
+    .collect();
+    // ...with its masks applied (the stored masks, the pipeline's salt read by tide.mask_salt,
+    // which lets the caller, the owner, have it): a hash or truncate column is text.
+    let masks = catalog::masks::of_table(pipeline, relid.to_u32())?.map(|(m, _)| m);
+    let masked: Vec<Delivered> = cols
+        .into_iter()
+        .map(|(n, t, attnum)| {
+            let m = masks.as_ref().and_then(|m| m.of(&attnum)).cloned();
+            let t = if m.as_ref().is_some_and(|m| m.retypes()) {
+                "text".to_string()
+            } else {
+                t
+            };
+            (n, t, m)
+        })
+        .collect();
+    let cols: Vec<(String, String)> = masked
+        .iter()
+        .map(|(n, t, _)| (n.clone(), t.clone()))
+        .collect();
+    Ok((cols, masked, masks))
+}
+
 /// How the source is read: the table, or only the rows its row filter passes (a subquery under
-/// the name `source`; the filter on lines of its own, as the chunk's query puts it).
-fn filtered_scan(scan: String, row_filter: Option<&str>) -> String {
-    match row_filter {
-        Some(f) => format!("(SELECT * FROM {scan} WHERE (\n{f}\n)) AS source"),
+/// the name `source`; the filter on lines of its own, as the chunk's query puts it), with the
+/// masked columns masked (`masked`: every delivered column with its type as delivered and its
+/// mask) by the SQL form of the masks (`tide_core::mask::Mask::sql`), in the column's type.
+fn shaped_scan(
+    scan: String,
+    row_filter: Option<&str>,
+    masked: Option<&[Delivered]>,
+    pipeline: &str,
+) -> String {
+    let filter = row_filter
+        .map(|f| format!(" WHERE (\n{f}\n)"))
+        .unwrap_or_default();
+    match masked {
+        Some(cols) => {
+            let salt = format!(
+                "(SELECT tide.mask_salt({}))",
+                tide_core::mask::quote_literal(pipeline)
+            );
+            let list: Vec<String> = cols
+                .iter()
+                .map(|(n, t, m)| match m {
+                    Some(m) => format!("({})::{t} AS {}", m.sql(&quote(n), &salt), quote(n)),
+                    None => quote(n),
+                })
+                .collect();
+            format!("(SELECT {} FROM {scan}{filter}) AS source", list.join(", "))
+        }
+        None if row_filter.is_some() => format!("(SELECT * FROM {scan}{filter}) AS source"),
         None => scan,
     }
 }

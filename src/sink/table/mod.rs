@@ -363,10 +363,18 @@ impl<B: Backend + 'static> TableTarget<B> {
         // Type names as the target's session writes them (see security::with_type_names).
         let rows = crate::security::with_type_names(|| {
             sql::text_rows(
-                "SELECT a.attname::pg_catalog.text, pg_catalog.format_type(a.atttypid, a.atttypmod),
+                "SELECT a.attname::pg_catalog.text,
+                        -- a hash or truncate mask (tide.add_table's masks) delivers text
+                        CASE WHEN m.v OPERATOR(pg_catalog.=) '\"hash\"'::pg_catalog.jsonb
+                               OR m.v OPERATOR(pg_catalog.?) 'truncate'
+                             THEN 'text' ELSE pg_catalog.format_type(a.atttypid, a.atttypmod) END,
                         CASE WHEN a.atthasmissing
                              THEN (a.attmissingval::pg_catalog.text::pg_catalog.text[])[1] END
                    FROM pg_catalog.pg_attribute a
+                   LEFT JOIN LATERAL (SELECT t.masks OPERATOR(pg_catalog.->) a.attnum::pg_catalog.text AS v
+                                        FROM tide.pipeline_table t
+                                       WHERE t.pipeline OPERATOR(pg_catalog.=) $2
+                                         AND t.relid OPERATOR(pg_catalog.=) $1::pg_catalog.oid) m ON true
                   WHERE a.attrelid OPERATOR(pg_catalog.=) $1::pg_catalog.oid
                     AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
                     AND a.attgenerated OPERATOR(pg_catalog.=) ''
