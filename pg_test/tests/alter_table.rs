@@ -793,7 +793,9 @@ fn masks_changed_mid_stream() {
         ok(
             &mut alice,
             &c,
-            &format!(r#"SELECT tide.add_table('{p}', 'app.users', masks => '{{"email": "hash"}}')"#),
+            &format!(
+                r#"SELECT tide.add_table('{p}', 'app.users', masks => '{{"email": "hash"}}')"#
+            ),
         );
     }
     for p in PIPELINES {
@@ -850,7 +852,11 @@ fn masks_changed_mid_stream() {
         "the refusals changed nothing"
     );
     for p in PIPELINES {
-        ok(&mut alice, &c, &format!("SELECT tide.pause_pipeline('{p}')"));
+        ok(
+            &mut alice,
+            &c,
+            &format!("SELECT tide.pause_pipeline('{p}')"),
+        );
     }
     ok(
         &mut alice,
@@ -872,7 +878,11 @@ fn masks_changed_mid_stream() {
          UPDATE app.users SET email = 'upd' || email, name = name || 'x' WHERE id % 10 = 3;",
     );
     for p in PIPELINES {
-        ok(&mut alice, &c, &format!("SELECT tide.resume_pipeline('{p}')"));
+        ok(
+            &mut alice,
+            &c,
+            &format!("SELECT tide.resume_pipeline('{p}')"),
+        );
     }
     for p in PIPELINES {
         wait_for_pipeline(&c, p, 120, || diag_alter(&c));
@@ -939,7 +949,14 @@ fn masks_changed_mid_stream() {
                END IF;
              END LOOP; END $$;"#,
     );
-    assert_same_rows("outbox replayed", &c, &expected(&so), &c, "app.users_replayed", cols);
+    assert_same_rows(
+        "outbox replayed",
+        &c,
+        &expected(&so),
+        &c,
+        "app.users_replayed",
+        cols,
+    );
     // No clear email anywhere, ever; no clear name in a table target; never the salt.
     let hex_salt = &so;
     assert_no_rows(
@@ -953,7 +970,9 @@ fn masks_changed_mid_stream() {
         assert_no_rows(
             cl,
             &format!("clear values in {table}"),
-            &format!("SELECT id FROM {table} WHERE email LIKE '%clear.example%' OR name LIKE 'Clear%'"),
+            &format!(
+                "SELECT id FROM {table} WHERE email LIKE '%clear.example%' OR name LIKE 'Clear%'"
+            ),
         );
     }
     assert_eq!(

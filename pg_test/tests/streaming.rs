@@ -883,7 +883,8 @@ fn masked_columns_in_a_streamed_transaction_at_a_remote() {
     let empty: i64 = t.query_scalar("SELECT pg_relation_size('public.big')");
     let mut a = c.client();
     a.batch_execute("BEGIN").unwrap();
-    a.batch_execute(&insert_sql(11, 30000, "secret-tag")).unwrap();
+    a.batch_execute(&insert_sql(11, 30000, "secret-tag"))
+        .unwrap();
     wait_open_remote_stream(&c, &t, empty + (1 << 20));
     a.batch_execute("UPDATE big SET tag = 'other-secret' WHERE id % 2 = 0")
         .unwrap();

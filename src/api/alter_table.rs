@@ -46,6 +46,7 @@ impl Reshaping<'_> {
 /// the calling transaction on (see the module doc). NULL arguments leave that part unchanged;
 /// `clear_row_filter => true` delivers every row again, `clear_columns => true` every column,
 /// `clear_masks => true` every value as it is.
+#[allow(clippy::too_many_arguments)]
 #[pg_extern]
 pub(super) fn alter_table(
     pipeline: Option<&str>,
@@ -183,7 +184,13 @@ fn alter_table_impl(pipeline: &str, relid: pg_sys::Oid, r: &Reshaping<'_>) -> Ti
         ),
     };
     let new_masks = new_masks(relid, &s, &row, r, new_columns.as_deref())?;
-    check_target_types(pipeline, relid, &s.qualified, row.masks.as_ref(), new_masks.as_ref())?;
+    check_target_types(
+        pipeline,
+        relid,
+        &s.qualified,
+        row.masks.as_ref(),
+        new_masks.as_ref(),
+    )?;
     if new_filter == row.row_filter && new_columns == row.columns && new_masks == row.masks {
         pgrx::notice!(
             "the row filter, column list and masks of {name} in pipeline \"{}\" are already these: nothing changed",
@@ -295,7 +302,10 @@ fn check_target_types(
         false,
     )?;
     for r in rows {
-        let (name, ty) = (r[0].clone().unwrap_or_default(), r[1].clone().unwrap_or_default());
+        let (name, ty) = (
+            r[0].clone().unwrap_or_default(),
+            r[1].clone().unwrap_or_default(),
+        );
         if tide_core::plan::holds("text", &ty) {
             continue;
         }
@@ -311,7 +321,9 @@ fn check_target_types(
                 shown(&name)
             ),
         )
-        .hint(format!("pg_tide does not retype a target column that holds other values: {hint}")));
+        .hint(format!(
+            "pg_tide does not retype a target column that holds other values: {hint}"
+        )));
     }
     Ok(())
 }
