@@ -24,10 +24,10 @@ oid=$(psql -c "SELECT 'o'::regclass::oid")
 run() { # label, extra options
     local best=""
     for _ in $(seq "$R"); do
-        ms=$(psql -c "\\timing on" -c "SELECT count(*) FROM pg_logical_slot_peek_binary_changes('bench', NULL, NULL, 'proto_version', '3', 'tables', '$oid' $2)" | sed -n 's/^Time: \([0-9.]*\) ms.*/\1/p')
+        ms=$(psql -c "\\timing on" -c "SELECT count(*) FROM pg_logical_slot_peek_binary_changes('bench', NULL, NULL, 'proto_version', '4', 'tables', '$oid' $2)" | sed -n 's/^Time: \([0-9.]*\) ms.*/\1/p')
         if [[ -z "$best" ]] || awk "BEGIN{exit !($ms < $best)}"; then best=$ms; fi
     done
-    msgs=$(psql -c "SELECT count(*) FROM pg_logical_slot_peek_binary_changes('bench', NULL, NULL, 'proto_version', '3', 'tables', '$oid' $2)")
+    msgs=$(psql -c "SELECT count(*) FROM pg_logical_slot_peek_binary_changes('bench', NULL, NULL, 'proto_version', '4', 'tables', '$oid' $2)")
     printf '%-34s %10.1f ms  %8d messages\n' "$1" "$best" "$msgs"
 }
 echo "$N inserts + $N updates, best of $R decodes:"

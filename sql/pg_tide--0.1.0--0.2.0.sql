@@ -1128,3 +1128,23 @@ GRANT EXECUTE ON FUNCTION tide.rotate_mask_salt(text) TO tide_admin;
 COMMENT ON FUNCTION tide.add_table(text, regclass, boolean, text, boolean, text, text[], jsonb) IS 'Starts capturing a table at this point of the stream and queues the backfill of its existing rows (unless backfill => false); optional row filter, column list and column masks.';
 COMMENT ON FUNCTION tide.mask_salt(text) IS 'The secret salt of the pipeline''s hash masks, for its owner and superusers only.';
 COMMENT ON FUNCTION tide.rotate_mask_salt(text) IS 'Replaces the salt of the pipeline''s hash masks; rows already at a target keep the old hash until written again.';
+
+-- tide.alter_table changes masks too (issue 36): masks => jsonb, clear_masks => bool. The
+-- shaping_before of a call now also holds the masks in effect before it ("masks"); one written
+-- before this (no "masks" key) leaves the stored masks in effect, as they were then.
+DROP FUNCTION tide.alter_table(text, regclass, text, text[], boolean, boolean);
+CREATE FUNCTION tide."alter_table"(
+	"pipeline" TEXT,
+	"source" regclass,
+	"row_filter" TEXT DEFAULT NULL,
+	"columns" TEXT[] DEFAULT NULL,
+	"clear_row_filter" bool DEFAULT false,
+	"clear_columns" bool DEFAULT false,
+	"masks" jsonb DEFAULT NULL,
+	"clear_masks" bool DEFAULT false
+) RETURNS void
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'alter_table_wrapper';
+REVOKE ALL ON FUNCTION tide.alter_table(text, regclass, text, text[], boolean, boolean, jsonb, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide.alter_table(text, regclass, text, text[], boolean, boolean, jsonb, boolean) TO tide_admin;
+COMMENT ON FUNCTION tide.alter_table(text, regclass, text, text[], boolean, boolean, jsonb, boolean) IS 'Changes a captured table''s row filter, column list or column masks (NULL: unchanged; clear_row_filter, clear_columns, clear_masks: every row, every column, no mask) from the commit of the calling transaction on, announced there by a schema event; the table is then read again under it.';

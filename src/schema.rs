@@ -73,9 +73,9 @@ CREATE TABLE tide.pipeline_table (
     columns      int2[],
     -- Set by tide.alter_table, cleared by the worker at its 'alter_table' marker (or by a resync
     -- after a lost slot): the shaping in effect before it, {"row_filter": ..., "columns": [attnum,
-    -- ...], "xid": ...} (NULLs: every row, every column). While set, the stream and the backfills
-    -- still shape the table this way; row_filter and columns already hold the new shaping (the
-    -- event trigger describes later ALTER TABLEs with them).
+    -- ...], "masks": {...}, "xid": ...} (NULLs: every row, every column, no mask). While set, the
+    -- stream and the backfills still shape the table this way; row_filter, columns and masks
+    -- already hold the new shaping (the event trigger describes later ALTER TABLEs with them).
     shaping_before jsonb,
     -- tide.add_table's masks: a JSON object of attribute number -> mask ("hash", "null",
     -- {"truncate": N}, {"constant": "text"}); NULL: no column is masked. By number, so a rename
@@ -847,7 +847,7 @@ BEGIN
             ('wait_for_pipeline', 'True once everything committed before the call has been applied (with the re-reads of tables rewritten before it); false on timeout.'),
             ('add_table', 'Starts capturing a table at this point of the stream and queues the backfill of its existing rows (unless backfill => false); optional row filter, column list and column masks.'),
             ('add_tables_in_schema', 'Adds every table of a schema that the pipeline does not capture yet, as tide.add_table does each; follow => true also captures tables created there later. Returns how many were added.'),
-            ('alter_table', 'Changes a captured table''s row filter or column list (NULL: unchanged; clear_row_filter, clear_columns: every row, every column) from the commit of the calling transaction on, announced there by a schema event; the table is then read again under it.'),
+            ('alter_table', 'Changes a captured table''s row filter, column list or column masks (NULL: unchanged; clear_row_filter, clear_columns, clear_masks: every row, every column, no mask) from the commit of the calling transaction on, announced there by a schema event; the table is then read again under it.'),
             ('stop_following_schema', 'Ends a follow of add_tables_in_schema(..., follow => true); the tables already captured stay.'),
             ('remove_table', 'Stops capturing a table at this point of the stream (a dropped table by its OID or former name).'),
             ('start_backfill', 'Starts (or re-seeds, as a new generation) the watermark backfill of one table, optionally limited by a condition; returns its id.'),

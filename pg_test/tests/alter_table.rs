@@ -1,4 +1,4 @@
-//! Changing a captured table's row filter or column list (`tide.alter_table`, issue 36) while
+//! Changing a captured table's row filter, column list or masks (`tide.alter_table`, issue 36) while
 //! it streams, as a DBA does it: every pipeline call by `alice`, a member of `tide_admin` with no
 //! other attribute (plus USAGE on the foreign server and a passwordless user mapping for the
 //! remote target).
@@ -18,6 +18,12 @@
 //!   targets drop `name` and add `email` at the schema event and hold `SELECT id, email FROM
 //!   source` afterwards; outbox events before the schema event carry `id, name`, after it
 //!   `id, email`.
+//! - `masks_changed_mid_stream`: masks `(email: hash)` changed to `(email: truncate 2, name:
+//!   hash)` while paused: the row written just before keeps the old masking, the one just after
+//!   has the new one, the schema event names both (kinds, never the salt); every target (local,
+//!   remote, outbox replayed) ends masked the new way; no clear email anywhere. Before that, the
+//!   masks refusals (a mask on a column the list leaves out, an int column newly hashed at a
+//!   table target, ...).
 //! - `alter_table_refusals`: bad calls and states, each with its SQLSTATE and hint; an unchanged
 //!   shaping is a NOTICE that writes nothing.
 //! - `alter_pending_when_the_slot_is_lost`: a change whose marker was in the lost WAL is in effect
@@ -44,7 +50,7 @@ fn diag_alter(c: &Cluster) -> String {
             ),
             (
                 "tables",
-                "SELECT pipeline, relation, state, row_filter, columns, shaping_before FROM tide.tables JOIN tide.pipeline_table USING (pipeline, relation) ORDER BY 1",
+                "SELECT t.pipeline, t.relation, t.state, t.row_filter, t.columns, t.masks, p.shaping_before FROM tide.tables t JOIN tide.pipeline_table p USING (pipeline, relation) ORDER BY 1",
                 20,
             ),
             (
@@ -762,5 +768,219 @@ fn alter_pending_when_the_slot_is_lost() {
             "SELECT shaping_before IS NULL FROM tide.pipeline_table WHERE relid = 'app.orders'::regclass"
         ),
         "the change is in effect"
+    );
+}
+
+/// The masks `(email: hash)` changed to `(email: truncate 2, name: hash)` while three
+/// pipelines (outbox, local table, remote) are paused: a row written just before the change
+/// keeps the old masking in the stream, one written just after has the new one, the schema event
+/// between them names both (kinds only, never the salt), and every target ends with every row
+/// masked the new way (the re-seed), the outbox replayed included. No clear email reaches any
+/// target at any time; no clear name is in any table target.
+#[test]
+fn masks_changed_mid_stream() {
+    let (c, t) = setup_remote("alter_masks");
+    let mut alice = alice(&c);
+    ok(
+        &mut alice,
+        &c,
+        "CREATE TABLE app.users (id int PRIMARY KEY, email text, name text NOT NULL, age int);
+         INSERT INTO app.users SELECT g, 'u' || g || '@clear.example', 'Clearname' || g, g % 90
+           FROM generate_series(1, 800) g;",
+    );
+    create_pipelines(&mut alice, &c);
+    for p in PIPELINES {
+        ok(
+            &mut alice,
+            &c,
+            &format!(
+                r#"SELECT tide.add_table('{p}', 'app.users', masks => '{{"email": "hash"}}')"#
+            ),
+        );
+    }
+    for p in PIPELINES {
+        wait_for_pipeline(&c, p, 60, || diag_alter(&c));
+        wait_for_backfill(&c, "app.users", Some(p), 60, || diag_alter(&c));
+    }
+    // Refusals of masks that do not fit (a table target: types matter).
+    for (what, sql, code, hint) in [
+        (
+            "masks and their clearing",
+            r#"SELECT tide.alter_table('pt', 'app.users', masks => '{"name": "null"}', clear_masks => true)"#,
+            "22023",
+            "not both",
+        ),
+        (
+            "a masked key",
+            r#"SELECT tide.alter_table('pt', 'app.users', masks => '{"id": "null"}')"#,
+            "22023",
+            "key",
+        ),
+        (
+            "a mask on a column the same call leaves out of the list",
+            r#"SELECT tide.alter_table('pt', 'app.users', columns => ARRAY['id', 'email'], masks => '{"name": "hash"}')"#,
+            "22023",
+            "add it to columns",
+        ),
+        (
+            "a list that leaves out a column masked now",
+            "SELECT tide.alter_table('pt', 'app.users', columns => ARRAY['id', 'name'])",
+            "22023",
+            "leaves out a masked column",
+        ),
+        (
+            "an int column newly hashed at a table target",
+            r#"SELECT tide.alter_table('pt', 'app.users', masks => '{"email": "hash", "age": "hash"}')"#,
+            "0A000",
+            "add it again",
+        ),
+        (
+            "an unknown mask",
+            r#"SELECT tide.alter_table('pt', 'app.users', masks => '{"name": "rot13"}')"#,
+            "22023",
+            "masks =>",
+        ),
+    ] {
+        expect_fail_with(what, alice.batch_execute(sql), code, Some(hint));
+    }
+    assert_eq!(
+        c.query_scalar::<i64>(
+            "SELECT count(*) FROM tide.tables t JOIN tide.pipeline_table p USING (pipeline, relation)
+              WHERE t.masks = '{\"email\": \"hash\"}' AND p.shaping_before IS NULL"
+        ),
+        3,
+        "the refusals changed nothing"
+    );
+    for p in PIPELINES {
+        ok(
+            &mut alice,
+            &c,
+            &format!("SELECT tide.pause_pipeline('{p}')"),
+        );
+    }
+    ok(
+        &mut alice,
+        &c,
+        "INSERT INTO app.users VALUES (900001, 'before@clear.example', 'Clearbefore', 1);",
+    );
+    let new = r#"{"email": {"truncate": 2}, "name": "hash"}"#;
+    for p in PIPELINES {
+        ok(
+            &mut alice,
+            &c,
+            &format!("SELECT tide.alter_table('{p}', 'app.users', masks => '{new}')"),
+        );
+    }
+    ok(
+        &mut alice,
+        &c,
+        "INSERT INTO app.users VALUES (900002, 'after@clear.example', 'Clearafter', 2);
+         UPDATE app.users SET email = 'upd' || email, name = name || 'x' WHERE id % 10 = 3;",
+    );
+    for p in PIPELINES {
+        ok(
+            &mut alice,
+            &c,
+            &format!("SELECT tide.resume_pipeline('{p}')"),
+        );
+    }
+    for p in PIPELINES {
+        wait_for_pipeline(&c, p, 120, || diag_alter(&c));
+        wait_for_backfill(&c, "app.users", Some(p), 120, || diag_alter(&c));
+    }
+    // Each pipeline's salt (alice owns them all).
+    let mut salt = |p: &str| -> String {
+        alice
+            .query_one(&format!("SELECT encode(tide.mask_salt('{p}'), 'hex')"), &[])
+            .expect("mask_salt")
+            .get(0)
+    };
+    let (so, st, sr) = (salt("po"), salt("pt"), salt("pr"));
+    let hash = |v: &str| -> String {
+        c.query_scalar(&format!(
+            "SELECT encode(sha256('\\x{so}'::bytea || convert_to('{v}', 'UTF8')), 'hex')"
+        ))
+    };
+    // The outbox: the schema event, and the rows on either side of it.
+    let schema_id: i64 = c.query_scalar(
+        "SELECT id FROM tide.outbox WHERE pipeline = 'po' AND op = 'schema' AND (\"row\"->>'altered')::boolean",
+    );
+    assert_eq!(
+        c.query_scalar::<String>(&format!(
+            "SELECT (\"row\"->'previous_masks')::text || ' -> ' || (\"row\"->'masks')::text FROM tide.outbox WHERE id = {schema_id}"
+        )),
+        r#"{"email": "hash"} -> {"name": "hash", "email": "truncate"}"#,
+        "the schema event names the masks, by kind"
+    );
+    let event = |id: i64| -> String {
+        c.query_scalar(&format!(
+            "SELECT string_agg(CASE WHEN id < {schema_id} THEN '<' ELSE '>' END || (\"row\"->>'email') || ' ' || (\"row\"->>'name'), ',' ORDER BY id)
+               FROM tide.outbox WHERE pipeline = 'po' AND backfill_id IS NULL AND key->>'id' = '{id}'"
+        ))
+    };
+    assert_eq!(
+        event(900001),
+        format!("<{} Clearbefore", hash("before@clear.example")),
+        "written before the change: the old masking"
+    );
+    assert_eq!(
+        event(900002),
+        format!(">af {}", hash("Clearafter")),
+        "written after the change: the new masking"
+    );
+    // Masked the new way: what every target holds after the re-seed.
+    let expected = |salt: &str| {
+        format!(
+            "(SELECT id, left(email, 2) AS email, encode(sha256('\\x{salt}'::bytea || convert_to(name, 'UTF8')), 'hex') AS name, age FROM app.users) m"
+        )
+    };
+    let cols = "id, email, name, age";
+    assert_same_rows("local table", &c, &expected(&st), &c, "copy.users", cols);
+    assert_same_rows("remote", &c, &expected(&sr), &t, "public.users", cols);
+    c.execute(
+        r#"CREATE TABLE app.users_replayed (id int PRIMARY KEY, email text, name text, age int);
+           DO $$ DECLARE e record; BEGIN
+             FOR e IN SELECT o.op, o.key, o."row" FROM tide.outbox o WHERE o.pipeline = 'po' AND o.relation = 'app.users' ORDER BY o.id LOOP
+               IF e.op IN ('read', 'insert', 'update', 'delete') THEN
+                 DELETE FROM app.users_replayed WHERE id = (e.key->>'id')::int;
+               END IF;
+               IF e.op IN ('read', 'insert', 'update') THEN
+                 INSERT INTO app.users_replayed SELECT * FROM jsonb_populate_record(NULL::app.users_replayed, e."row");
+               END IF;
+             END LOOP; END $$;"#,
+    );
+    assert_same_rows(
+        "outbox replayed",
+        &c,
+        &expected(&so),
+        &c,
+        "app.users_replayed",
+        cols,
+    );
+    // No clear email anywhere, ever; no clear name in a table target; never the salt.
+    let hex_salt = &so;
+    assert_no_rows(
+        &c,
+        "clear emails or the salt in the outbox",
+        &format!(
+            "SELECT id FROM tide.outbox WHERE pipeline = 'po' AND (\"row\"::text LIKE '%clear.example%' OR \"row\"::text LIKE '%{hex_salt}%')"
+        ),
+    );
+    for (cl, table) in [(&c, "copy.users"), (&t, "public.users")] {
+        assert_no_rows(
+            cl,
+            &format!("clear values in {table}"),
+            &format!(
+                "SELECT id FROM {table} WHERE email LIKE '%clear.example%' OR name LIKE 'Clear%'"
+            ),
+        );
+    }
+    assert_eq!(
+        c.query_scalar::<i64>(
+            "SELECT count(DISTINCT pipeline) FROM tide.backfill WHERE resync AND state = 'done'"
+        ),
+        3,
+        "one re-seed per pipeline\n{}",
+        diag_alter(&c)
     );
 }

@@ -863,3 +863,55 @@ fn remote_target_streams_nothing_its_owner_may_not_read() {
     assert_eq!(remote_rows(&t), 1);
     assert_no_open_remote_transaction(&t);
 }
+
+/// A masked column stays masked in a streamed transaction written at a remote while it runs:
+/// `tag` hashed, `pad` truncated to 3 characters. The remote transaction is seen open with MBs
+/// written before the source commits (so the blocks went through the streaming path), then every
+/// remote row is the masked source row and no clear `tag` or `pad` value is there.
+#[test]
+fn masked_columns_in_a_streamed_transaction_at_a_remote() {
+    let c = cluster("stream_remote_masks");
+    let t = target_cluster("stream_remote_masks_tgt");
+    create_server(&c, "tgt", &t);
+    create_pipeline(&c, "rm", "postgres", r#"{"server": "tgt"}"#);
+    exec(
+        &c,
+        r#"SELECT tide.add_table('rm', 'big', backfill => false, masks => '{"tag": "hash", "pad": {"truncate": 3}}')"#,
+    );
+    c.execute(&insert_sql(1, 10, "before"));
+    wait_pipeline(&c, "rm", 60);
+    let empty: i64 = t.query_scalar("SELECT pg_relation_size('public.big')");
+    let mut a = c.client();
+    a.batch_execute("BEGIN").unwrap();
+    a.batch_execute(&insert_sql(11, 30000, "secret-tag"))
+        .unwrap();
+    wait_open_remote_stream(&c, &t, empty + (1 << 20));
+    a.batch_execute("UPDATE big SET tag = 'other-secret' WHERE id % 2 = 0")
+        .unwrap();
+    a.batch_execute("COMMIT").unwrap();
+    wait_pipeline(&c, "rm", 120);
+    assert!(
+        stream_txns(&c, "tide_rm") > 0,
+        "the transaction was streamed"
+    );
+    let salt: String = c.query_scalar("SELECT encode(tide.mask_salt('rm'), 'hex')");
+    assert_same_rows(
+        "remote big = big masked",
+        &c,
+        &format!(
+            "(SELECT id, encode(sha256('\\x{salt}'::bytea || convert_to(tag, 'UTF8')), 'hex') AS tag, left(pad, 3) AS pad FROM big) m"
+        ),
+        &t,
+        "public.big",
+        "id, tag, pad",
+    );
+    assert_eq!(
+        t.query_scalar::<i64>(
+            "SELECT count(*) FROM public.big WHERE tag LIKE '%secret%' OR tag = 'before' OR length(pad) > 3"
+        ),
+        0,
+        "clear values at the remote"
+    );
+    assert_no_open_remote_transaction(&t);
+    assert_no_spool_left(&c);
+}

@@ -10,7 +10,7 @@ pub(super) struct SourceInfo {
     persistence: String,
     namespace: String,
     replident: String,
-    key_columns: Vec<String>,
+    pub(super) key_columns: Vec<String>,
 }
 
 pub(super) fn source_info(relid: pg_sys::Oid) -> TideResult<SourceInfo> {

@@ -1,7 +1,8 @@
 //! Column masks (`tide.pipeline_table.masks`) and each pipeline's mask salt (`tide.mask_salt`).
 //!
 //! Owns: reading and writing a captured table's masks (a JSON object of attribute number →
-//! mask, see `tide_core::mask`; by number, so a renamed column stays masked), and the salt
+//! mask; the ones in effect in the stream are those of `shaping_before` until the worker reaches
+//! a `tide.alter_table` marker, see `tide_core::mask`; by number, so a renamed column stays masked), and the salt
 //! `hash` masks use: 32 bytes from `pg_strong_random`, made for a pipeline when its first masked
 //! table is added, replaced by `tide.rotate_mask_salt`, deleted with the pipeline.
 //!
@@ -27,8 +28,12 @@ pub(crate) fn plugin_options(
 ) -> TideResult<Vec<(String, String)>> {
     let rows = crate::sql::select(
         c,
-        "SELECT relid::int8, masks::text FROM tide.pipeline_table
-          WHERE pipeline = $1 AND masks IS NOT NULL ORDER BY relid",
+        concat!(
+            "SELECT relid::int8, m::text FROM (SELECT t.relid, ",
+            crate::catalog::tables::effective_masks_t!(),
+            " AS m FROM tide.pipeline_table t WHERE t.pipeline = $1) e
+              WHERE m IS NOT NULL ORDER BY relid"
+        ),
         None,
         &[pipeline.into()],
     )?;
@@ -72,9 +77,13 @@ fn missing_salt(pipeline: &str) -> TideError {
 /// as pg_tide.
 pub(crate) fn of_table(pipeline: &str, relid: u32) -> TideResult<Option<(Masks, Vec<u8>)>> {
     let (masks, salt) = sql_as_tide::two::<String, Vec<u8>>(
-        "SELECT t.masks::text, s.salt FROM tide.pipeline_table t
+        concat!(
+            "SELECT (",
+            crate::catalog::tables::effective_masks_t!(),
+            ")::text, s.salt FROM tide.pipeline_table t
            LEFT JOIN tide.mask_salt s ON s.pipeline = t.pipeline
-          WHERE t.pipeline = $1 AND t.relid = $2::int8::oid",
+          WHERE t.pipeline = $1 AND t.relid = $2::int8::oid"
+        ),
         &[pipeline.into(), (relid as i64).into()],
     )?;
     let Some(masks) = masks else {
@@ -115,12 +124,17 @@ pub(crate) fn set(
         &[pipeline.into(), relid.into(), text.into()],
     )?;
     if masks.is_some() {
-        sql_as_tide::exec(
-            "INSERT INTO tide.mask_salt (pipeline, salt) VALUES ($1, $2) ON CONFLICT (pipeline) DO NOTHING",
-            &[pipeline.into(), new_salt()?.into()],
-        )?;
+        ensure_salt(pipeline)?;
     }
     Ok(())
+}
+
+/// Make the pipeline's salt if it has none (a table masked for the first time). Runs as pg_tide.
+pub(crate) fn ensure_salt(pipeline: &str) -> TideResult<()> {
+    sql_as_tide::exec(
+        "INSERT INTO tide.mask_salt (pipeline, salt) VALUES ($1, $2) ON CONFLICT (pipeline) DO NOTHING",
+        &[pipeline.into(), new_salt()?.into()],
+    )
 }
 
 /// Replace the pipeline's salt with a new one (made if it had none). Runs as pg_tide.
@@ -144,7 +158,11 @@ pub(crate) fn salt(pipeline: &str) -> TideResult<Option<Vec<u8>>> {
 /// worker.
 pub(crate) fn of_backfill(id: i64) -> TideResult<Option<Masks>> {
     crate::sql::one::<String>(
-        "SELECT t.masks::text FROM tide.backfill b JOIN tide.pipeline_table t ON t.pipeline = b.pipeline AND t.relid = b.relid WHERE b.id = $1",
+        concat!(
+            "SELECT (",
+            crate::catalog::tables::effective_masks_t!(),
+            ")::text FROM tide.backfill b JOIN tide.pipeline_table t ON t.pipeline = b.pipeline AND t.relid = b.relid WHERE b.id = $1"
+        ),
         &[id.into()],
     )?
     .map(|m| {

@@ -2,8 +2,8 @@
 //! row filter and column list and (table targets) their target table; and the
 //! add/remove/alter_table markers (`tide.marker`). Written by the SQL API (add, remove, alter),
 //! by the worker (capturing from the add marker on; forgetting at the remove marker; the new
-//! shaping in effect from the alter_table marker on: until then `shaping_before` holds the one
-//! the decoder and the backfills use, [`captured`], [`shaping`]) and, for `shape` and the `schema` markers, by the event trigger
+//! shaping (filter, column list, masks) in effect from the alter_table marker on: until then
+//! `shaping_before` holds the one the decoder and the backfills use, [`captured`], [`shaping`]) and, for `shape` and the `schema` markers, by the event trigger
 //! `tide._schema_marker` (SQL, `src/schema.rs`) in the transaction of an `ALTER TABLE`.
 
 use super::{corrupt, relid};
@@ -108,6 +108,35 @@ macro_rules! effective_shaping_t {
               THEN ARRAY(SELECT c::int2 FROM pg_catalog.jsonb_array_elements_text(t.shaping_before->'columns') c) END"
     };
 }
+
+/// SQL: a table's masks (`$m`, jsonb by attribute number, relation `$2`) by column name, each
+/// mask by its kind only (`hash`, `truncate`, `null`, `constant`: never a constant's value);
+/// NULL when there are none. For the schema event of `tide.alter_table`.
+macro_rules! mask_kinds {
+    ($m:literal) => {
+        concat!(
+            "(SELECT pg_catalog.jsonb_object_agg(a.attname,
+                     CASE pg_catalog.jsonb_typeof(m.value) WHEN 'string' THEN m.value #>> '{}'
+                          ELSE (SELECT k FROM pg_catalog.jsonb_object_keys(m.value) k LIMIT 1) END
+                     ORDER BY a.attnum)
+               FROM pg_catalog.jsonb_each(",
+            $m,
+            ") m JOIN pg_catalog.pg_attribute a
+                 ON a.attrelid = $2 AND a.attnum = m.key::int2 AND NOT a.attisdropped)"
+        )
+    };
+}
+
+/// SQL: the masks (jsonb by attribute number) in effect in the stream for the row `t` of
+/// `tide.pipeline_table`: the ones before a `tide.alter_table` whose marker the worker has not
+/// reached yet (`shaping_before`, when it holds them), else the stored ones.
+macro_rules! effective_masks_t {
+    () => {
+        "CASE WHEN t.shaping_before IS NULL OR NOT t.shaping_before ? 'masks' THEN t.masks
+              ELSE NULLIF(t.shaping_before->'masks', 'null'::jsonb) END"
+    };
+}
+pub(crate) use effective_masks_t;
 
 // --- the worker --------------------------------------------------------------------------------
 
@@ -384,27 +413,31 @@ pub(crate) fn end_alter(
     Ok(())
 }
 
-/// A new row filter and column list for a captured table (`tide.alter_table`): stored now (with
-/// the shape the column list gives, which the event trigger describes later `ALTER TABLE`s
+/// A new row filter, column list and masks for a captured table (`tide.alter_table`): stored now
+/// (with the shape the column list gives, which the event trigger describes later `ALTER TABLE`s
 /// against), the ones in effect kept in `shaping_before` until the worker reaches the marker.
 /// Returns the marker's payload: the schema event that announces the change (as
-/// `tide._schema_change` describes the shape's change, with the row filter and column list before
-/// and after, `"altered": true`, and the transaction's id in `xid`). Called by
+/// `tide._schema_change` describes the shape's change, with the row filter, the column list and
+/// the masks (`masks`, `previous_masks`: column → kind, never a constant or the salt) before and
+/// after, `"altered": true`, and the transaction's id in `xid`). Called by
 /// `tide.alter_table`, which holds a lock on the table; runs as pg_tide.
 pub(crate) fn alter(
     pipeline: &str,
     relid: pg_sys::Oid,
     row_filter: Option<&str>,
     columns: Option<&[i16]>,
+    masks: Option<&serde_json::Value>,
 ) -> TideResult<String> {
     sql_as_tide::write_one::<String>(
-        "WITH o AS (SELECT t.shape, t.row_filter, t.columns FROM tide.pipeline_table t
+        concat!("WITH o AS (SELECT t.shape, t.row_filter, t.columns, t.masks FROM tide.pipeline_table t
                      WHERE t.pipeline = $1 AND t.relid = $2 FOR UPDATE),
               x AS (SELECT pg_catalog.txid_current()::text AS xid),
               u AS (UPDATE tide.pipeline_table t
                        SET row_filter = $3, columns = $4, shape = tide._listed_shape($2, $4),
+                           masks = $5::text::jsonb,
                            shaping_before = pg_catalog.jsonb_build_object('row_filter', o.row_filter,
-                                                'columns', pg_catalog.to_jsonb(o.columns), 'xid', x.xid)
+                                                'columns', pg_catalog.to_jsonb(o.columns),
+                                                'masks', o.masks, 'xid', x.xid)
                       FROM o, x
                      WHERE t.pipeline = $1 AND t.relid = $2
                  RETURNING t.shape)
@@ -414,13 +447,16 @@ pub(crate) fn alter(
                         'row_filter', $3, 'previous_row_filter', o.row_filter,
                         'listed_columns', (SELECT pg_catalog.jsonb_agg(a.attname ORDER BY a.attnum) FROM pg_catalog.pg_attribute a WHERE $4 IS NOT NULL AND a.attrelid = $2 AND a.attnum = ANY ($4) AND NOT a.attisdropped),
                         'previous_listed_columns', (SELECT pg_catalog.jsonb_agg(a.attname ORDER BY a.attnum) FROM pg_catalog.pg_attribute a WHERE o.columns IS NOT NULL AND a.attrelid = $2 AND a.attnum = ANY (o.columns) AND NOT a.attisdropped),
+                        'masks', ", mask_kinds!("$5::text::jsonb"), ",
+                        'previous_masks', ", mask_kinds!("o.masks"), ",
                         'xid', x.xid))::text
-           FROM o, u, x",
+           FROM o, u, x"),
         &[
             pipeline.into(),
             relid.into(),
             row_filter.into(),
             columns.map(|c| c.to_vec()).into(),
+            masks.map(|m| m.to_string()).into(),
         ],
     )?
     .ok_or_else(|| corrupt("pipeline_table", pipeline))
@@ -430,6 +466,8 @@ pub(crate) fn alter(
 pub(crate) struct AlterRow {
     pub row_filter: Option<String>,
     pub columns: Option<Vec<i16>>,
+    /// Its masks, as stored (attribute number → mask).
+    pub masks: Option<serde_json::Value>,
     /// The worker has passed its add marker.
     pub capturing: bool,
     pub removing: bool,
@@ -443,7 +481,7 @@ pub(crate) struct AlterRow {
 pub(crate) fn lock_for_alter(pipeline: &str, relid: pg_sys::Oid) -> TideResult<Option<AlterRow>> {
     let rows = sql_as_tide::text_rows(
         "SELECT row_filter, pg_catalog.to_json(columns)::text, (added_lsn IS NOT NULL)::text,
-                removing::text, (shaping_before IS NOT NULL)::text
+                removing::text, (shaping_before IS NOT NULL)::text, masks::text
            FROM tide.pipeline_table WHERE pipeline = $1 AND relid = $2::oid FOR UPDATE",
         &[Some(pipeline), Some(&relid.to_u32().to_string())],
         1,
@@ -456,10 +494,15 @@ pub(crate) fn lock_for_alter(pipeline: &str, relid: pg_sys::Oid) -> TideResult<O
         Some(j) => Some(serde_json::from_str(j).map_err(|_| corrupt("columns", pipeline))?),
         None => None,
     };
+    let masks = match r[5].as_deref() {
+        Some(j) => Some(serde_json::from_str(j).map_err(|_| corrupt("masks", pipeline))?),
+        None => None,
+    };
     let yes = |v: &Option<String>| v.as_deref() == Some("true");
     Ok(Some(AlterRow {
         row_filter: r[0].take(),
         columns,
+        masks,
         capturing: yes(&r[2]),
         removing: yes(&r[3]),
         altering: yes(&r[4]),

@@ -1,9 +1,9 @@
-//! `tide.alter_table` (a captured table's row filter and column list), attacked as a `tide_admin`
+//! `tide.alter_table` (a captured table's row filter, column list and masks), attacked as a `tide_admin`
 //! member (`mallory`) and as a role with nothing (`nobody`), and by the pipeline's owner
 //! (`alice`) herself:
 //!
 //! - another role cannot change alice's table: 42501 for both (mallory: not the owner; nobody:
-//!   no EXECUTE), and nothing changes (no pending alteration, the filter stays);
+//!   no EXECUTE), and nothing changes (no pending alteration, the filter stays, no masks);
 //! - alice cannot plant her own function in the stream through a new filter (declared IMMUTABLE,
 //!   which would make the worker run it while decoding): refused (0A000) and never run, nor a
 //!   built-in function she may not execute (42501);
@@ -42,6 +42,8 @@ fn alter_table_attacks() {
             "SELECT tide.alter_table('p', 'alice.f', row_filter => 'id > 10')",
             "SELECT tide.alter_table('p', 'alice.f', clear_row_filter => true)",
             "SELECT tide.alter_table('p', 'alice.f', columns => ARRAY['id'])",
+            r#"SELECT tide.alter_table('p', 'alice.f', masks => '{"v": "null"}')"#,
+            "SELECT tide.alter_table('p', 'alice.f', clear_masks => true)",
         ] {
             expect_fail_with(
                 &format!("as {role}: {sql}"),
@@ -86,9 +88,9 @@ fn alter_table_attacks() {
     assert!(!superuser, "a row filter made alice a superuser");
     assert_eq!(
         c.query_scalar::<String>(
-            "SELECT row_filter || ' ' || (shaping_before IS NULL)::text FROM tide.pipeline_table WHERE relid = 'alice.f'::regclass"
+            "SELECT row_filter || ' ' || (shaping_before IS NULL)::text || ' ' || (masks IS NULL)::text FROM tide.pipeline_table WHERE relid = 'alice.f'::regclass"
         ),
-        "id > 0 true",
+        "id > 0 true true",
         "a refused alter_table changed the table"
     );
     // What alice may do takes effect at its marker; the events after it pass the new filter,
