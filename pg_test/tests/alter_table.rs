@@ -835,6 +835,12 @@ fn masks_changed_mid_stream() {
             "add it again",
         ),
         (
+            "a NOT NULL column newly masked with null at a table target",
+            r#"SELECT tide.alter_table('pt', 'app.users', masks => '{"email": "hash", "name": "null"}')"#,
+            "0A000",
+            "constant instead",
+        ),
+        (
             "an unknown mask",
             r#"SELECT tide.alter_table('pt', 'app.users', masks => '{"name": "rot13"}')"#,
             "22023",

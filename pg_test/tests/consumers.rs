@@ -684,7 +684,10 @@ fn drop_pipeline_waits_for_the_retention_lock_first() {
     );
     wait_pipeline(&c, "p", 60);
     assert!(c.query_scalar::<bool>("SELECT tide.wait_for_pipeline('p', '60 s')"));
-    assert_eq!(c.query_scalar::<i64>("SELECT count(*) FROM tide.outbox"), 10);
+    assert_eq!(
+        c.query_scalar::<i64>("SELECT count(*) FROM tide.outbox"),
+        10
+    );
     let mut seeker = c.client();
     seeker
         .batch_execute(

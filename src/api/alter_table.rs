@@ -325,5 +325,39 @@ fn check_target_types(
             "pg_tide does not retype a target column that holds other values: {hint}"
         )));
     }
-    Ok(())
+    check_target_nullability(relid, qualified, old, new)
+}
+
+/// A column newly masked with `"null"` is NULL in every row from the marker on: a target column
+/// made for a NOT NULL source column (as `add_table` makes it without that mask) would refuse
+/// the first such row mid-stream, so the change is refused here instead.
+fn check_target_nullability(
+    relid: pg_sys::Oid,
+    qualified: &str,
+    old: Option<&serde_json::Value>,
+    new: Option<&serde_json::Value>,
+) -> TideResult<()> {
+    let newly_null = sql::one::<String>(
+        "SELECT a.attname::text FROM pg_catalog.pg_attribute a
+          WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attnotnull
+            AND COALESCE($3::text::jsonb OPERATOR(pg_catalog.->) a.attnum::text OPERATOR(pg_catalog.=) '\"null\"', false)
+            AND NOT COALESCE($2::text::jsonb OPERATOR(pg_catalog.->) a.attnum::text OPERATOR(pg_catalog.=) '\"null\"', false)
+          ORDER BY a.attnum LIMIT 1",
+        &[
+            relid.to_u32().to_string().into(),
+            old.map(|m| m.to_string()).into(),
+            new.map(|m| m.to_string()).into(),
+        ],
+    )?;
+    match newly_null {
+        None => Ok(()),
+        Some(name) => Err(TideError::new(
+            pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            format!(
+                "column \"{}\" of {qualified} is NOT NULL, and its target column refuses the NULL a \"null\" mask delivers",
+                shown(&name)
+            ),
+        )
+        .hint("Mask it with a constant instead, or remove the table and add it again with these masks (its target is then made with a nullable column).")),
+    }
 }
