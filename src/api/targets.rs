@@ -110,7 +110,7 @@ thread_local! {
     /// one transaction (`add_tables_in_schema` makes one per table, so does a script) share
     /// one connection to a remote target instead of opening one each (41-57 ms apiece in
     /// benchmark B7: 8 s of 200 tables' 18.6 s). Kept for one [`RemoteAccess`] (server, user
-    /// mapping) at a time; closed when the transaction ends (commit or abort). Its statements
+    /// mapping) at a time; closed when the transaction ends (commit, abort or prepare). Its statements
     /// are the remote's own transactions, as with a connection per call.
     static TRANSACTION_REMOTE: std::cell::RefCell<Option<std::rc::Rc<RemoteSink>>> =
         const { std::cell::RefCell::new(None) };
@@ -128,6 +128,10 @@ fn transaction_remote(access: crate::sink::remote::RemoteAccess) -> std::rc::Rc<
             let close = || TRANSACTION_REMOTE.with(|c| drop(c.borrow_mut().take()));
             pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, close);
             pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Abort, close);
+            // PREPARE TRANSACTION ends the session's transaction too (commit and abort then
+            // come later, for the prepared one, and the callbacks above would wait for the
+            // session's next transaction end).
+            pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Prepare, close);
         }
         let sink = std::rc::Rc::new(RemoteSink::start_with(access, "pg_tide add_table"));
         *held = Some(sink.clone());

@@ -141,7 +141,7 @@ impl Mask {
     pub fn sql(&self, column: &str, salt: &str) -> String {
         match self {
             Mask::Null => "NULL::pg_catalog.text".into(),
-            Mask::Constant(s) => format!("{}::pg_catalog.text", quote_literal(s)),
+            Mask::Constant(s) => format!("{}::pg_catalog.text", crate::plan::quote_literal(s)),
             // (`format('%s', NULL)` is '': NULL is tested first, with `num_nulls`, which is
             // exact for a composite value whose fields are all NULL, unlike `IS NULL`.)
             Mask::Hash => format!(
@@ -152,23 +152,6 @@ impl Mask {
             ),
         }
     }
-}
-
-/// `s` as a SQL string literal, as PostgreSQL's `quote_literal` writes it.
-pub fn quote_literal(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    if s.contains('\\') {
-        out.push_str(" E");
-    }
-    out.push('\'');
-    for ch in s.chars() {
-        if ch == '\'' || ch == '\\' {
-            out.push(ch);
-        }
-        out.push(ch);
-    }
-    out.push('\'');
-    out
 }
 
 impl Masks {
@@ -292,8 +275,10 @@ mod tests {
 
     #[test]
     fn sql_quotes_the_constant() {
-        assert_eq!(quote_literal("a'b"), "'a''b'");
-        assert_eq!(quote_literal(r"a\b"), r" E'a\\b'");
+        assert_eq!(
+            Mask::Constant(r"a'b\c".into()).sql("x", "s"),
+            r"E'a''b\\c'::pg_catalog.text"
+        );
         assert_eq!(
             Mask::Constant("'); DROP TABLE x; --".into()).sql("c", "s"),
             "'''); DROP TABLE x; --'::pg_catalog.text"

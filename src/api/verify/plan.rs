@@ -265,7 +265,7 @@ fn shaped_scan(
         Some(cols) => {
             let salt = format!(
                 "(SELECT tide.mask_salt({}))",
-                tide_core::mask::quote_literal(pipeline)
+                tide_core::plan::quote_literal(pipeline)
             );
             let list: Vec<String> = cols
                 .iter()
