@@ -2,23 +2,44 @@
 //! source database, its commit-ordered change log, the worker (stream
 //! consumer + backfills + [`Reconciler`]) and the target, with crashes.
 //!
-//! Several backfills run at once, each with its own chunks in flight: one per
-//! *lane*, a disjoint key range of a table (`RANGES` per table: a backfill of a
-//! whole table is one lane; several lanes of one table are several readers of
-//! it). A chunk's low watermark (`Op::Open`) and its read and high watermark
-//! (`Op::Read`) are separate steps, so any lanes' windows may overlap or nest
-//! in the log, of different tables and of the same table. The one rule the
-//! worker keeps: a chunk is registered before the stream reaches its low
-//! watermark (the consumer waits for it, as the worker receives its reader's
-//! chunk before decoding further).
+//! One backfill per table, all running at once. A backfill's durable
+//! progress is a single "last key" (plus done), and it keeps up to
+//! `READERS` chunks in flight: the worker plans consecutive disjoint key
+//! ranges `(lo, p1], (p1, p2], ..., (pk, end)` (`Op::Plan`; the last may run
+//! to the end of the table, at most `chunk_size` rows, its end found by the
+//! read) and separate readers read them at once, each chunk under its own
+//! low watermark (`Op::Open`) and read + high watermark (`Op::Read`), in any
+//! order (`Op::Readers`: plan, open all, read in a generated order). So the
+//! windows of different tables and of one backfill overlap and nest in the
+//! log, and a later chunk's HW may come before an earlier one's. The one
+//! rule the worker keeps: a chunk is registered before the stream reaches
+//! its low watermark (the consumer waits for it, as the worker receives its
+//! reader's chunk before decoding further) — except `Op::Pass`, where the
+//! stream runs past an unregistered LW, so that chunk is discarded at its HW.
+//!
+//! Emission in key order (progress must only move forward): when the
+//! stream reaches the HW of chunk i while an earlier chunk j of the same
+//! backfill is still waiting for its HW (or not even read), chunk i is
+//! *held*: `Reconciler::on_high_watermark` is not called, so its window
+//! stays open and every later change to one of its keys still drops that
+//! key; it is emitted right after chunk j, at j's HW position. Sound because
+//! a key not changed in the log between i's LW and that position still has
+//! the value i read. A chunk the reconciler does not return (its LW was
+//! never seen) is discarded together with every later chunk of its backfill,
+//! and a crash discards them all: they are planned and read again. A chunk
+//! that would start elsewhere than where its backfill durably stands is a
+//! violation (`chunk N: starts at ...`), as the worker's record_progress
+//! refuses it: emitting out of key order, or past a discarded chunk, fails
+//! that way.
 //!
 //! Property, for every schedule: once every backfill has finished and the
 //! stream is drained, target == source, and no key was ever set at the
 //! target to a version older than one it had already applied (versions grow
 //! per key at the source, deletes included). The same schedules with a
-//! consumer that skips reconciliation, or that reconciles a change against
-//! one window only (the latest opened) instead of every open window of its
-//! table, must violate it.
+//! consumer that skips reconciliation, that reconciles a change against one
+//! window only (the latest opened) instead of every open window of its
+//! table, or that closes a held chunk's window at its own HW and writes the
+//! surviving rows later, must violate it.
 
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -27,28 +48,12 @@ use proptest::test_runner::{
 };
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
-use tide_core::reconcile::{ChunkId, Reconciler};
+use tide_core::reconcile::{ChunkId, ChunkResult, Reconciler};
 
 const TABLES: usize = 2;
 const KEYS: i64 = 16;
-/// Disjoint key ranges per table, each backfilled as a lane of its own.
-const RANGES: usize = 2;
-const LANES: usize = TABLES * RANGES;
-
-/// The table of lane `lane`, and its key range `[from, to)`.
-fn lane_range(lane: usize) -> (usize, i64, i64) {
-    let width = KEYS / RANGES as i64;
-    let r = (lane % RANGES) as i64;
-    (
-        lane / RANGES,
-        r * width,
-        if r as usize == RANGES - 1 {
-            KEYS
-        } else {
-            (r + 1) * width
-        },
-    )
-}
+/// Chunks of one backfill in flight at once (its readers).
+const READERS: usize = 3;
 
 /// One committed source transaction touching one row.
 #[derive(Clone, Copy, Debug)]
@@ -62,22 +67,51 @@ struct Write {
 #[derive(Clone, Debug)]
 enum Op {
     Write(Write),
-    /// The next chunk of lane `lane % LANES`, at once: LW, `before_read` commits,
+    /// Table `table % TABLES`'s backfill plans chunks after its last planned
+    /// one (up to `READERS` in flight): one range ending at each split above
+    /// it, in key order, then, if `tail`, one to the end of the table.
+    Plan {
+        table: usize,
+        splits: Vec<i64>,
+        tail: bool,
+    },
+    /// The readers of table `table % TABLES`'s backfill at once: plan as
+    /// `Op::Plan`, open every chunk planned (LWs in key order), then read
+    /// opened chunks in the order `reads` picks (each as `Op::Read`'s `nth`),
+    /// each followed by commits to its table (key, delete), then its HW.
+    Readers {
+        table: usize,
+        splits: Vec<i64>,
+        tail: bool,
+        reads: Vec<(usize, Vec<(i64, bool)>)>,
+    },
+    /// The first planned chunk of table `table % TABLES`'s backfill (one to
+    /// the end of the table if none is), at once: LW, `before_read` commits,
     /// chunk read, `after_read` commits, HW.
     Backfill {
-        lane: usize,
+        table: usize,
         before_read: Vec<Write>,
         after_read: Vec<Write>,
     },
-    /// The LW of lane `% LANES`'s next chunk (if it has none in flight).
-    Open(usize),
-    /// Lane `lane % LANES`'s opened chunk is read, `after_read` commits, then its HW.
+    /// The LW of the `nth` (modulo their number) planned chunk of table
+    /// `table % TABLES`'s backfill, in key order.
+    Open {
+        table: usize,
+        nth: usize,
+    },
+    /// The `nth` (modulo their number) opened chunk of table `table %
+    /// TABLES`'s backfill, counting down from the last in key order, is read,
+    /// `after_read` commits, then its HW.
     Read {
-        lane: usize,
+        table: usize,
+        nth: usize,
         after_read: Vec<Write>,
     },
     /// Deliver up to this many log entries to the consumer.
     Deliver(usize),
+    /// Deliver up to this many, running past the LW of chunks not read yet
+    /// (their window never opens: they are discarded at their HW).
+    Pass(usize),
     /// Lose all worker memory; resume from durable state.
     Crash,
 }
@@ -92,7 +126,8 @@ struct Schedule {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
-    /// The real consumer: rows go through the reconciler, applied at HW.
+    /// The real consumer: rows go through the reconciler, emitted in key
+    /// order per backfill, a held chunk's window open until its emission.
     Reconciled,
     /// Broken: chunk rows applied to the target when read.
     ApplyAtRead,
@@ -102,6 +137,11 @@ enum Mode {
     /// last (if it is of the change's table), as a worker that tracks one
     /// "current" window would; right whenever windows never overlap.
     LatestWindowOnly,
+    /// Broken: a held chunk's window is closed at its own HW
+    /// (`on_high_watermark` there), its surviving rows written later, at the
+    /// earlier chunk's HW; right whenever no change to its keys comes in
+    /// between.
+    CloseHeldAtOwnHigh,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -116,34 +156,50 @@ enum Entry {
     High(ChunkId),
 }
 
-/// A lane's backfill position: its next chunk reads after key `after`
-/// (from the start of its range when `None`); `done` once its last chunk is
-/// emitted.
+/// A backfill's position: its next chunk reads after key `after` (from the
+/// start of the table when `None`); `done` once its last chunk is emitted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Progress {
     after: Option<i64>,
     done: bool,
 }
 
-struct InFlight {
-    lane: usize,
-    table: usize,
-    /// Where the chunk starts (the lane's progress when it was read).
+/// A planned chunk of a backfill, in the worker's memory.
+#[derive(Clone, Copy, Debug)]
+struct Planned {
+    /// Where the chunk starts: the backfill's progress once every earlier
+    /// chunk is emitted.
     from: Progress,
-    /// Durable progress once this chunk's HW is processed.
-    next: Progress,
-    /// Copy of the rows, used only by the broken modes.
-    rows: Vec<(i64, u64)>,
+    /// Last key of the range; `None`: to the end of the table, at most
+    /// `chunk_size` rows (the read finds where it ends).
+    to: Option<i64>,
+    state: State,
 }
 
-/// A lane's chunk in the worker's memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Lane {
-    Idle,
+enum State {
+    Planned,
     /// LW written, not read yet: the stream must not pass the LW.
     Opened(ChunkId),
     /// Read and registered, waiting for its HW.
     Read(ChunkId),
+    /// Its HW passed while an earlier chunk waits for its own: emitted right
+    /// after that one.
+    Held(ChunkId),
+}
+
+struct InFlight {
+    table: usize,
+    from: Progress,
+    /// Durable progress once this chunk is emitted.
+    next: Progress,
+    /// Copy of the rows, used by the broken modes and the stats.
+    rows: Vec<(i64, u64)>,
+    /// `CloseHeldAtOwnHigh`: the reconciler's answer at the chunk's own HW.
+    closed: Option<Option<ChunkResult<i64, u64>>>,
+    held: bool,
+    /// A change to one of its keys came while it was held.
+    changed_while_held: bool,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -183,15 +239,17 @@ struct World {
     violations: Vec<String>,
     // Worker durable state.
     restart: usize,
-    progress: [Progress; LANES],
+    progress: [Progress; TABLES],
     // Worker memory, lost on crash.
     delivered: usize,
-    cursor: [Progress; LANES],
-    lanes: [Lane; LANES],
+    /// Each backfill's chunks in flight, in key order.
+    backfills: [Vec<Planned>; TABLES],
     reconciler: Reconciler<usize, i64, u64>,
     chunks: HashMap<ChunkId, InFlight>,
     /// Chunks whose window is open, in the order their LW was reached.
     open: Vec<ChunkId>,
+    /// Chunks whose LW the stream ran past before they were registered.
+    missed: Vec<ChunkId>,
     stats: Stats,
 }
 
@@ -202,10 +260,34 @@ struct Stats {
     rows_dropped: usize,
     stale_watermarks: usize,
     replays_skipped: usize,
-    /// Chunks whose window was open while another lane's opened (of the same
+    /// Chunks whose window was open while another chunk's opened (of the same
     /// table: `overlaps_same_table`).
     overlaps: usize,
     overlaps_same_table: usize,
+    /// Chunks whose HW came while an earlier chunk of their backfill waited
+    /// for its own; `holds_with_change`: emitted after a change to one of
+    /// their keys came while held (the case the open window must catch).
+    holds: usize,
+    holds_with_change: usize,
+    /// LWs the stream ran past before their chunk was registered.
+    lws_missed: usize,
+    /// Chunks discarded because an earlier chunk of their backfill was.
+    discarded_behind: usize,
+}
+
+impl Stats {
+    fn add(&mut self, o: &Stats) {
+        self.chunks_emitted += o.chunks_emitted;
+        self.rows_dropped += o.rows_dropped;
+        self.stale_watermarks += o.stale_watermarks;
+        self.replays_skipped += o.replays_skipped;
+        self.overlaps += o.overlaps;
+        self.overlaps_same_table += o.overlaps_same_table;
+        self.holds += o.holds;
+        self.holds_with_change += o.holds_with_change;
+        self.lws_missed += o.lws_missed;
+        self.discarded_behind += o.discarded_behind;
+    }
 }
 
 impl World {
@@ -224,11 +306,11 @@ impl World {
             restart: 0,
             progress: Default::default(),
             delivered: 0,
-            cursor: Default::default(),
-            lanes: [Lane::Idle; LANES],
+            backfills: Default::default(),
             reconciler: Reconciler::new(),
             chunks: HashMap::new(),
             open: Vec::new(),
+            missed: Vec::new(),
             stats: Stats::default(),
         };
         for &(table, key) in &s.initial {
@@ -273,43 +355,117 @@ impl World {
         }
     }
 
-    /// The LW of `lane`'s next chunk, unless it has one in flight or is done.
-    fn open(&mut self, lane: usize) -> bool {
-        if self.lanes[lane] != Lane::Idle || self.cursor[lane].done {
-            return false;
+    /// Where `table`'s next planned chunk starts: after its last chunk in
+    /// flight, unknown while that one runs to the end of the table unread.
+    fn plan_cursor(&self, table: usize) -> Option<Progress> {
+        let Some(last) = self.backfills[table].last() else {
+            return Some(self.progress[table]);
+        };
+        match (last.to, last.state) {
+            (Some(to), _) => Some(Progress {
+                after: Some(to),
+                done: false,
+            }),
+            (None, State::Read(id) | State::Held(id)) => self.chunks.get(&id).map(|c| c.next),
+            (None, _) => None,
         }
+    }
+
+    /// Plans ranges ending at `splits` (those above the cursor), then one to
+    /// the end of the table if `tail`, while fewer than `READERS` are in
+    /// flight.
+    fn plan(&mut self, table: usize, splits: &[i64], tail: bool) {
+        let mut splits: Vec<i64> = splits.to_vec();
+        splits.sort_unstable();
+        splits.dedup();
+        let ends = splits.into_iter().map(Some).chain(tail.then_some(None));
+        for to in ends {
+            if self.backfills[table].len() >= READERS {
+                return;
+            }
+            let Some(from) = self.plan_cursor(table).filter(|p| !p.done) else {
+                return;
+            };
+            if to.is_some() && to <= from.after {
+                continue;
+            }
+            self.backfills[table].push(Planned {
+                from,
+                to,
+                state: State::Planned,
+            });
+        }
+    }
+
+    /// The LW of `table`'s `nth` planned chunk (if none is, and `plan`, one
+    /// to the end of the table is planned first); returns its place in the
+    /// backfill, `None` if there is nothing to open.
+    fn open(&mut self, table: usize, nth: usize, plan: bool) -> Option<usize> {
+        let planned = |b: &Vec<Planned>| {
+            b.iter()
+                .enumerate()
+                .filter(|(_, c)| c.state == State::Planned)
+                .map(|(i, _)| i)
+                .collect::<Vec<usize>>()
+        };
+        let mut idx = planned(&self.backfills[table]);
+        if idx.is_empty() && plan {
+            self.plan(table, &[], true);
+            idx = planned(&self.backfills[table]);
+        }
+        let i = *idx.get(nth % idx.len().max(1))?;
         let id = self.next_chunk;
         self.next_chunk += 1;
         self.log.push(Entry::Low(id));
-        self.lanes[lane] = Lane::Opened(id);
-        true
+        self.backfills[table][i].state = State::Opened(id);
+        Some(i)
     }
 
-    /// `lane`'s opened chunk: read it (in a snapshot after its LW), commit
+    /// `table`'s `nth` opened chunk from the last (so that later chunks'
+    /// HWs often come first): read it (in a snapshot after its LW), commit
     /// `after_read`, then its HW; registered with the reconciler.
-    fn read(&mut self, lane: usize, after_read: &[Write]) {
-        let Lane::Opened(id) = self.lanes[lane] else {
+    fn read(&mut self, table: usize, nth: usize, after_read: &[Write]) {
+        let opened: Vec<usize> = (self.backfills[table].iter().enumerate())
+            .rev()
+            .filter(|(_, c)| matches!(c.state, State::Opened(_)))
+            .map(|(i, _)| i)
+            .collect();
+        if let Some(&i) = opened.get(nth % opened.len().max(1)) {
+            self.read_at(table, i, after_read);
+        }
+    }
+
+    fn read_at(&mut self, table: usize, i: usize, after_read: &[Write]) {
+        let Planned { from, to, state } = self.backfills[table][i];
+        let State::Opened(id) = state else {
             return;
         };
-        let (table, start, end) = lane_range(lane);
-        let from = self.cursor[lane];
-        let lower = from.after.map_or(Bound::Included(start), Bound::Excluded);
+        let lower = from.after.map_or(Bound::Unbounded, Bound::Excluded);
+        let upper = to.map_or(Bound::Unbounded, Bound::Included);
+        let limit = if to.is_some() {
+            usize::MAX
+        } else {
+            self.chunk_size
+        };
         let rows: Vec<(i64, u64)> = self.source[table]
-            .range((lower, Bound::Excluded(end)))
-            .take(self.chunk_size)
+            .range((lower, upper))
+            .take(limit)
             .map(|(k, v)| (*k, *v))
             .collect();
-        let next = match rows.last() {
-            Some(&(last, _)) if rows.len() == self.chunk_size => Progress {
+        let next = match (to, rows.last()) {
+            (Some(to), _) => Progress {
+                after: Some(to),
+                done: false,
+            },
+            (None, Some(&(last, _))) if rows.len() == self.chunk_size => Progress {
                 after: Some(last),
                 done: false,
             },
-            _ => Progress {
+            (None, _) => Progress {
                 after: from.after,
                 done: true,
             },
         };
-        self.cursor[lane] = next;
         if self.mode == Mode::ApplyAtRead {
             for &(k, v) in &rows {
                 self.apply(table, k, v, false);
@@ -322,30 +478,55 @@ impl World {
         self.chunks.insert(
             id,
             InFlight {
-                lane,
                 table,
                 from,
                 next,
                 rows: rows.clone(),
+                closed: None,
+                held: false,
+                changed_while_held: false,
             },
         );
         self.reconciler.add_chunk(id, table, rows);
-        self.lanes[lane] = Lane::Read(id);
+        self.backfills[table][i].state = State::Read(id);
     }
 
-    fn backfill(&mut self, lane: usize, before_read: &[Write], after_read: &[Write]) {
-        if !self.open(lane) {
-            return;
+    fn readers(
+        &mut self,
+        table: usize,
+        splits: &[i64],
+        tail: bool,
+        reads: &[(usize, Vec<(i64, bool)>)],
+    ) {
+        self.plan(table, splits, tail);
+        while self.open(table, 0, false).is_some() {}
+        for (nth, writes) in reads {
+            let writes: Vec<Write> = writes
+                .iter()
+                .map(|&(key, delete)| Write { table, key, delete })
+                .collect();
+            self.read(table, *nth, &writes);
         }
+    }
+
+    fn backfill(&mut self, table: usize, before_read: &[Write], after_read: &[Write]) {
+        let Some(i) = self.open(table, 0, true) else {
+            return;
+        };
         for w in before_read {
             self.write(*w);
         }
-        self.read(lane, after_read);
+        self.read_at(table, i, after_read);
     }
 
     /// A change in the stream, as the worker's consumer hands it to the
     /// reconciler (or, in the broken mode, to the latest window only).
     fn reconcile_change(&mut self, table: usize, key: i64) {
+        for c in self.chunks.values_mut() {
+            if c.held && c.table == table && c.rows.iter().any(|&(k, _)| k == key) {
+                c.changed_while_held = true;
+            }
+        }
         if self.mode != Mode::LatestWindowOnly {
             self.reconciler.on_change(&table, &key);
             return;
@@ -357,15 +538,26 @@ impl World {
         }
     }
 
-    fn deliver(&mut self, n: usize) {
+    /// Delivers up to `n` log entries; unless `pass`, stops at the LW of a
+    /// chunk not registered yet.
+    fn deliver(&mut self, n: usize, pass: bool) {
         for _ in 0..n {
             let Some(&entry) = self.log.get(self.delivered) else {
                 return;
             };
             if let Entry::Low(id) = entry {
-                if self.lanes.contains(&Lane::Opened(id)) {
+                let unread = self
+                    .backfills
+                    .iter()
+                    .flatten()
+                    .any(|c| c.state == State::Opened(id));
+                if unread && !pass {
                     // Not registered yet: the consumer waits for the chunk.
                     return;
+                }
+                if unread {
+                    self.missed.push(id);
+                    self.stats.lws_missed += 1;
                 }
             }
             self.delivered += 1;
@@ -411,95 +603,172 @@ impl World {
         }
     }
 
+    /// The stream reached `id`'s HW at `pos`: emit its backfill's chunks
+    /// whose HW has passed, in key order, up to the first still waiting.
     fn high_watermark(&mut self, id: ChunkId, pos: usize) {
-        let result = self.reconciler.on_high_watermark(id);
-        self.open.retain(|&o| o != id);
-        let Some(chunk) = self.chunks.remove(&id) else {
-            if result.is_some() {
+        let Some(table) = self.chunks.get(&id).map(|c| c.table) else {
+            if self.reconciler.on_high_watermark(id).is_some() {
                 self.violations
                     .push(format!("chunk {id}: result for a chunk the worker forgot"));
             }
             self.stats.stale_watermarks += 1;
-            return; // read before a crash: ignored
+            return; // read before a crash, or discarded: ignored
         };
         if pos <= self.applied {
             self.violations
                 .push(format!("chunk {id}: HW at {pos} already applied"));
         }
-        self.lanes[chunk.lane] = Lane::Idle;
-        if chunk.from != self.progress[chunk.lane] {
+        let backfill = &mut self.backfills[table];
+        let Some(i) = backfill.iter().position(|c| c.state == State::Read(id)) else {
+            self.violations
+                .push(format!("chunk {id}: HW of a chunk not waiting for it"));
+            return;
+        };
+        backfill[i].state = State::Held(id);
+        if self.mode == Mode::CloseHeldAtOwnHigh {
+            let result = self.reconciler.on_high_watermark(id);
+            self.open.retain(|&o| o != id);
+            if let Some(c) = self.chunks.get_mut(&id) {
+                c.closed = Some(result);
+            }
+        }
+        if i > 0 {
+            self.stats.holds += 1;
+            if let Some(c) = self.chunks.get_mut(&id) {
+                c.held = true;
+            }
+        }
+        while self.backfills[table]
+            .first()
+            .is_some_and(|c| matches!(c.state, State::Held(_)))
+        {
+            self.emit_first(table, pos);
+        }
+    }
+
+    /// Emits (or discards) `table`'s first chunk, whose HW has passed, at `pos`.
+    fn emit_first(&mut self, table: usize, pos: usize) {
+        let State::Held(id) = self.backfills[table].remove(0).state else {
+            unreachable!("only a held chunk is emitted");
+        };
+        let chunk = self.chunks.remove(&id).expect("a held chunk is registered");
+        let result = match chunk.closed {
+            Some(result) => result,
+            None => self.reconciler.on_high_watermark(id),
+        };
+        self.open.retain(|&o| o != id);
+        let Some(result) = result else {
+            if !self.missed.contains(&id) {
+                self.violations
+                    .push(format!("chunk {id}: no result at HW, its LW was seen"));
+            }
+            self.discard_rest(table);
+            return;
+        };
+        if chunk.from != self.progress[table] {
             // The worker's record_progress refuses such a chunk; the model must
             // never produce one.
             self.violations.push(format!(
-                "chunk {id}: starts at {:?}, lane {} stands at {:?}",
-                chunk.from, chunk.lane, self.progress[chunk.lane]
+                "chunk {id}: starts at {:?}, table {table} stands at {:?}",
+                chunk.from, self.progress[table]
             ));
             return;
         }
-        let rows = match (self.mode, result) {
-            (Mode::Reconciled | Mode::LatestWindowOnly, Some(r)) => {
-                self.stats.rows_dropped += r.dropped;
-                r.rows
-            }
-            (Mode::Reconciled | Mode::LatestWindowOnly, None) => {
-                self.violations.push(format!("chunk {id}: no result at HW"));
-                return;
-            }
-            (Mode::ApplyAtRead, _) => Vec::new(),
-            (Mode::ApplyAtHighWithoutDrop, _) => chunk.rows,
+        self.stats.rows_dropped += result.dropped;
+        let rows = match self.mode {
+            Mode::Reconciled | Mode::LatestWindowOnly | Mode::CloseHeldAtOwnHigh => result.rows,
+            Mode::ApplyAtRead => Vec::new(),
+            Mode::ApplyAtHighWithoutDrop => chunk.rows,
         };
         for (k, v) in rows {
-            self.apply(chunk.table, k, v, false);
+            self.apply(table, k, v, false);
         }
         // Durable together with the rows: progress and the restart position.
         self.applied = pos;
         self.restart = pos;
-        self.progress[chunk.lane] = chunk.next;
+        self.progress[table] = chunk.next;
         self.stats.chunks_emitted += 1;
+        if chunk.changed_while_held {
+            self.stats.holds_with_change += 1;
+        }
+    }
+
+    /// An earlier chunk of `table`'s backfill was discarded: so is every
+    /// later one (read again after it).
+    fn discard_rest(&mut self, table: usize) {
+        for c in std::mem::take(&mut self.backfills[table]) {
+            if let State::Read(id) | State::Held(id) = c.state {
+                self.reconciler.on_high_watermark(id);
+                self.chunks.remove(&id);
+                self.open.retain(|&o| o != id);
+            }
+            if c.state != State::Planned {
+                self.stats.discarded_behind += 1;
+            }
+        }
     }
 
     fn crash(&mut self) {
         self.reconciler.forget_all();
         self.chunks.clear();
         self.open.clear();
-        self.lanes = [Lane::Idle; LANES];
+        self.backfills = Default::default();
         self.delivered = self.restart;
-        self.cursor = self.progress;
     }
 
     fn run(mut self, s: &Schedule) -> Outcome {
         for op in &s.ops {
             match op {
                 Op::Write(w) => self.write(*w),
+                Op::Plan {
+                    table,
+                    splits,
+                    tail,
+                } => self.plan(table % TABLES, splits, *tail),
+                Op::Readers {
+                    table,
+                    splits,
+                    tail,
+                    reads,
+                } => self.readers(table % TABLES, splits, *tail, reads),
                 Op::Backfill {
-                    lane,
+                    table,
                     before_read,
                     after_read,
-                } => self.backfill(lane % LANES, before_read, after_read),
-                Op::Open(lane) => {
-                    self.open(lane % LANES);
+                } => self.backfill(table % TABLES, before_read, after_read),
+                Op::Open { table, nth } => {
+                    self.open(table % TABLES, *nth, false);
                 }
-                Op::Read { lane, after_read } => self.read(lane % LANES, after_read),
-                Op::Deliver(n) => self.deliver(*n),
+                Op::Read {
+                    table,
+                    nth,
+                    after_read,
+                } => self.read(table % TABLES, *nth, after_read),
+                Op::Deliver(n) => self.deliver(*n, false),
+                Op::Pass(n) => self.deliver(*n, true),
                 Op::Crash => self.crash(),
             }
-            assert_eq!(self.reconciler.pending(), self.chunks.len());
+            let registered = self.chunks.values().filter(|c| c.closed.is_none());
+            assert_eq!(self.reconciler.pending(), registered.count());
         }
-        // Finish every backfill without further writes (reading the chunks
-        // opened, then a chunk of every lane at once), then drain.
-        for lane in 0..LANES {
-            self.read(lane, &[]);
-        }
-        loop {
-            self.deliver(usize::MAX);
+        self.finish()
+    }
+
+    /// Finishes every backfill without further writes (reading the chunks
+    /// opened, then opening and reading every chunk planned, and one to the
+    /// end of each table), drains the stream and compares.
+    fn finish(mut self) -> Outcome {
+        for round in 0.. {
+            assert!(round < 1000, "backfills never finish");
+            for table in 0..TABLES {
+                while self.open(table, 0, true).is_some() {}
+                for i in 0..self.backfills[table].len() {
+                    self.read_at(table, i, &[]);
+                }
+            }
+            self.deliver(usize::MAX, false);
             if self.progress.iter().all(|p| p.done) {
                 break;
-            }
-            for lane in 0..LANES {
-                self.open(lane);
-            }
-            for lane in 0..LANES {
-                self.read(lane, &[]);
             }
         }
         let mut diff = Vec::new();
@@ -543,14 +812,38 @@ fn write() -> impl Strategy<Value = Write> {
     })
 }
 
+/// The readers of a backfill at once (`Op::Readers`): a tail to the end of
+/// the table seldom (it often finishes the backfill), each read followed by
+/// commits to the backfill's own table (to hit the keys of held chunks).
+fn readers() -> impl Strategy<Value = Op> {
+    let splits = prop::collection::vec(0..KEYS, 1..=READERS);
+    let commits = prop::collection::vec((0..KEYS, prop::bool::weighted(0.3)), 0..4);
+    let reads = prop::collection::vec((0..READERS, commits), 0..=READERS);
+    (0..TABLES, splits, prop::bool::weighted(0.15), reads).prop_map(
+        |(table, splits, tail, reads)| Op::Readers {
+            table,
+            splits,
+            tail,
+            reads,
+        },
+    )
+}
+
 fn op() -> impl Strategy<Value = Op> {
     let writes = || prop::collection::vec(write(), 0..4);
+    let table = || 0..TABLES;
+    let nth = || 0..READERS;
+    let splits = || prop::collection::vec(0..KEYS, 0..READERS);
     prop_oneof![
         4 => write().prop_map(Op::Write),
-        1 => (0..LANES, writes(), writes()).prop_map(|(lane, before_read, after_read)| Op::Backfill { lane, before_read, after_read }),
-        2 => (0..LANES).prop_map(Op::Open),
-        2 => (0..LANES, writes()).prop_map(|(lane, after_read)| Op::Read { lane, after_read }),
+        2 => (table(), splits(), prop::bool::weighted(0.15))
+            .prop_map(|(table, splits, tail)| Op::Plan { table, splits, tail }),
+        3 => readers(),
+        1 => (table(), writes(), writes()).prop_map(|(table, before_read, after_read)| Op::Backfill { table, before_read, after_read }),
+        3 => (table(), nth()).prop_map(|(table, nth)| Op::Open { table, nth }),
+        3 => (table(), nth(), writes()).prop_map(|(table, nth, after_read)| Op::Read { table, nth, after_read }),
         3 => (1..8usize).prop_map(Op::Deliver),
+        1 => (1..8usize).prop_map(Op::Pass),
         1 => Just(Op::Crash),
     ]
 }
@@ -586,7 +879,10 @@ proptest! {
 }
 
 /// The generator reaches the interesting cases: rows dropped by a window,
-/// watermarks of chunks lost in a crash, replays skipped by the target.
+/// watermarks of chunks lost in a crash, replays skipped by the target,
+/// overlapping windows, chunks held behind an earlier one of their backfill
+/// while one of their keys changes, chunks discarded behind one whose LW the
+/// stream passed unseen.
 #[test]
 fn generator_exercises_the_hard_cases() {
     let mut runner = TestRunner::new_with_rng(
@@ -599,13 +895,7 @@ fn generator_exercises_the_hard_cases() {
             .new_tree(&mut runner)
             .expect("schedule strategy never rejects")
             .current();
-        let stats = World::new(Mode::Reconciled, &s).run(&s).stats;
-        total.chunks_emitted += stats.chunks_emitted;
-        total.rows_dropped += stats.rows_dropped;
-        total.stale_watermarks += stats.stale_watermarks;
-        total.replays_skipped += stats.replays_skipped;
-        total.overlaps += stats.overlaps;
-        total.overlaps_same_table += stats.overlaps_same_table;
+        total.add(&World::new(Mode::Reconciled, &s).run(&s).stats);
     }
     eprintln!("{total:?}");
     assert!(
@@ -618,6 +908,11 @@ fn generator_exercises_the_hard_cases() {
     );
     assert!(
         total.overlaps > 0 && total.overlaps_same_table > 0,
+        "{total:?}"
+    );
+    assert!(total.holds > 0 && total.holds_with_change > 0, "{total:?}");
+    assert!(
+        total.lws_missed > 0 && total.discarded_behind > 0,
         "{total:?}"
     );
 }
@@ -664,6 +959,16 @@ fn reconciling_against_the_latest_window_only_is_caught() {
     assert!(stats.overlaps > 0, "{stats:?}");
 }
 
+/// A held chunk's window must stay open until it is emitted: the
+/// counterexample changes one of its keys between its HW and the earlier
+/// chunk's.
+#[test]
+fn closing_a_held_chunk_at_its_own_hw_is_caught() {
+    let s = find_counterexample(Mode::CloseHeldAtOwnHigh);
+    let stats = World::new(Mode::Reconciled, &s).run(&s).stats;
+    assert!(stats.holds_with_change > 0, "{stats:?}");
+}
+
 /// Two tables' windows overlapping in the log: both chunks' LWs, then table
 /// 0's chunk read, its key 1 updated (v5) and its HW, then table 1's chunk
 /// read, its key 2 updated (v6) and its HW. Table 0's change comes while
@@ -676,19 +981,31 @@ fn hand_written_overlapping_windows_of_two_tables() {
         key,
         delete: false,
     };
-    // Lanes 0 and RANGES: the first range of table 0 and of table 1 (v1..v4).
+    // One chunk of each table, to the end of it (v1..v4).
     let s = Schedule {
         initial: vec![(0, 1), (0, 2), (1, 1), (1, 2)],
         chunk_size: 4,
         ops: vec![
-            Op::Open(0),
-            Op::Open(RANGES),
+            Op::Plan {
+                table: 0,
+                splits: vec![],
+                tail: true,
+            },
+            Op::Plan {
+                table: 1,
+                splits: vec![],
+                tail: true,
+            },
+            Op::Open { table: 0, nth: 0 },
+            Op::Open { table: 1, nth: 0 },
             Op::Read {
-                lane: 0,
+                table: 0,
+                nth: 0,
                 after_read: vec![upd(0, 1)],
             },
             Op::Read {
-                lane: RANGES,
+                table: 1,
+                nth: 0,
                 after_read: vec![upd(1, 2)],
             },
         ],
@@ -732,7 +1049,7 @@ fn hand_written_stale_row_and_resurrected_delete() {
             Op::Write(upd(1)),
             Op::Write(upd(1)),
             Op::Backfill {
-                lane: 0,
+                table: 0,
                 before_read: vec![],
                 after_read: vec![
                     upd(1),
@@ -781,4 +1098,93 @@ fn hand_written_stale_row_and_resurrected_delete() {
         ["reversal: table 0 key 1 set to v4 after v5"]
     );
     assert!(out.diff.is_empty());
+}
+
+/// Table 0 starts as {1: v1, 2: v2, 5: v3, 6: v4}; its backfill plans
+/// (start, 3] and (3, end), opens both, reads (3, end) = {5: v3, 6: v4} and
+/// writes its HW first; then (start, 3] is read, key 5 updated (v5), and its
+/// HW written. The later chunk is held from its HW to the earlier one's, and
+/// the change to key 5 in between must still drop it.
+#[test]
+fn hand_written_held_chunk_keeps_its_window_open() {
+    let s = Schedule {
+        initial: vec![(0, 1), (0, 2), (0, 5), (0, 6)],
+        chunk_size: 4,
+        ops: vec![Op::Readers {
+            table: 0,
+            splits: vec![3],
+            tail: true,
+            reads: vec![(0, vec![]), (0, vec![(5, false)])],
+        }],
+    };
+    let out = World::new(Mode::Reconciled, &s).run(&s);
+    assert!(out.violations.is_empty() && out.diff.is_empty(), "{out:?}");
+    let stats = out.stats;
+    assert_eq!(
+        (stats.holds, stats.holds_with_change, stats.rows_dropped),
+        (1, 1, 1),
+        "{stats:?}"
+    );
+
+    // Closed at its own HW, the held chunk's v3 overwrites the stream's v5.
+    let out = World::new(Mode::CloseHeldAtOwnHigh, &s).run(&s);
+    assert_eq!(
+        out.violations,
+        ["reversal: table 0 key 5 set to v3 after v5"],
+        "{out:?}"
+    );
+    assert_eq!(
+        out.diff,
+        [Diff {
+            table: 0,
+            key: 5,
+            source: Some(5),
+            target: Some(3)
+        }]
+    );
+}
+
+/// Table 0's backfill plans (start, 3] and (3, end) and opens both; the
+/// stream runs past the first one's LW before it is read, so its window
+/// never opens. The second is read first and held; at the first one's HW
+/// the reconciler has nothing for it: both are discarded and read again.
+#[test]
+fn hand_written_discard_behind_a_chunk_whose_lw_passed_unseen() {
+    let s = Schedule {
+        initial: vec![(0, 1), (0, 2), (0, 5), (0, 6)],
+        chunk_size: 4,
+        ops: vec![
+            Op::Plan {
+                table: 0,
+                splits: vec![3],
+                tail: true,
+            },
+            Op::Open { table: 0, nth: 0 },
+            Op::Open { table: 0, nth: 0 },
+            Op::Pass(1),
+            Op::Read {
+                table: 0,
+                nth: 0,
+                after_read: vec![],
+            },
+            Op::Read {
+                table: 0,
+                nth: 0,
+                after_read: vec![Write {
+                    table: 0,
+                    key: 1,
+                    delete: false,
+                }],
+            },
+            Op::Deliver(usize::MAX),
+        ],
+    };
+    let out = World::new(Mode::Reconciled, &s).run(&s);
+    assert!(out.violations.is_empty() && out.diff.is_empty(), "{out:?}");
+    let stats = out.stats;
+    assert_eq!(
+        (stats.lws_missed, stats.holds, stats.discarded_behind),
+        (1, 1, 1),
+        "{stats:?}"
+    );
 }
