@@ -2,6 +2,8 @@
 
 `run(suite, b)` is called by Suite.b1."""
 
+import os
+
 from .common import *  # noqa: F401,F403
 
 
@@ -218,6 +220,41 @@ def run(self, b):
                             }
                         )
                     break
+
+    # Several readers of one table (tide.max_backfill_readers): BENCH_B1_READERS=2,3 adds a run
+    # of each target at the default chunk size per listed count (the runs above use the default,
+    # 1), in this same run so the ratios compare.
+    readers = [int(x) for x in os.environ.get("BENCH_B1_READERS", "").split(",") if x.strip()]
+    for n_readers in readers:
+        src.x(f"ALTER SYSTEM SET tide.max_backfill_readers = {n_readers}")
+        src.x("SELECT pg_reload_conf()")
+        try:
+            self.run(
+                b,
+                f"tide_outbox_chunk5000_readers{n_readers}",
+                tide_outbox,
+                method="tide_outbox",
+                label=f"pg_tide → outbox, chunk 5000, {n_readers} readers",
+                target="bench_src (tide.outbox)",
+                chunk_size=DEFAULT_CHUNK,
+                readers=n_readers,
+            )
+            for kind in ("local", "remote"):
+                if kind == "remote" and not self.remote_ok:
+                    continue
+                self.run(
+                    b,
+                    f"tide_{kind}_chunk{DEFAULT_CHUNK}_readers{n_readers}",
+                    lambda k=kind: tide(k, DEFAULT_CHUNK),
+                    method=f"tide_{kind}",
+                    label=f"pg_tide → {kind} table, chunk {DEFAULT_CHUNK}, {n_readers} readers",
+                    target="bench_tgt" if kind == "remote" else "bench_src (schema replica)",
+                    chunk_size=DEFAULT_CHUNK,
+                    readers=n_readers,
+                )
+        finally:
+            src.x("ALTER SYSTEM RESET tide.max_backfill_readers")
+            src.x("SELECT pg_reload_conf()")
 
     # ratios
     by = {r["name"]: r for r in b["runs"]}

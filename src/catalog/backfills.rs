@@ -128,6 +128,7 @@ fn due_row(pipeline: &str, mut r: Vec<Option<String>>) -> TideResult<Due> {
         repair_deletes: r[9].take(),
         sweep: r[10].take(),
         resync: r[11].as_deref() == Some("true"),
+        to_key: None,
     })
 }
 

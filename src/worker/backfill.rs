@@ -24,10 +24,23 @@
 //! every chunk whose high watermark it reaches, each at its own high watermark. The reconciler
 //! keeps each chunk's window apart (a change drops its key from every chunk of its table whose
 //! window is open: `tide_core::reconcile`, model-checked with several tables' windows open at
-//! once in `crates/tide-core/tests/reconcile_model.rs`). Each backfill has at most one chunk in
-//! memory, so its chunks are emitted in key order and its durable progress (the last key) moves
-//! chunk by chunk as before; a throttle, a pause, a cancel, a locked table hold back only their
-//! own backfill.
+//! once in `crates/tide-core/tests/reconcile_model.rs`). A throttle, a pause, a cancel, a locked
+//! table hold back only their own backfill.
+//!
+//! Several readers of one table (`tide.max_backfill_readers` > 1): between iterations the worker
+//! plans the key ranges of a backfill's next chunks from where its last chunk in memory ends
+//! ([`ranges`]); when the iteration writes one of its chunks, the backfill's next chunks are
+//! asked of the idle readers at once, one planned range each and an open one after the last
+//! bound ([`Backfiller::read_ahead`]). A backfill's durable progress is one last key, so its
+//! chunks are emitted in key order: a chunk whose high watermark the stream reaches while an
+//! earlier chunk of its backfill still waits is *held* — its window stays open in the
+//! reconciler — and written right after that chunk, at that chunk's high watermark. Sound
+//! because a key the stream did not change from the chunk's low watermark to the point where it
+//! is written has there the value the chunk read (the model test checks holding, and that
+//! closing the window at the chunk's own high watermark instead is caught). A chunk that is not
+//! written (read again, refused by its progress) takes the chunks of its backfill after it along
+//! ([`Backfiller::forget_backfill`]); `record_progress` refuses any chunk that does not start
+//! where the backfill durably stands, whatever happened.
 //!
 //! A resync's chunk at a target in another PostgreSQL also carries, once read, the deletes of
 //! the target's keys in its key range that it did not find at the source (`sweep`, between
@@ -38,8 +51,9 @@
 //! A chunk whose snapshot misses a transaction the stream has already delivered (decoded before
 //! it became visible: `tide_core::snapshot::DeliveredXids`) is read again rather than registered.
 //!
-//! Guarantees: at most `tide.max_parallel_backfills` chunks are in the worker's memory (one per
-//! running backfill) and one in its reader's; no transaction opened here outlives one chunk; the
+//! Guarantees: the worker's memory holds at most one chunk per running backfill
+//! (`tide.max_parallel_backfills`) with one reader, or up to `tide.max_backfill_readers` + 1 of a
+//! backfill with several, and each reader one; no transaction opened here outlives one chunk; the
 //! stream never waits for a chunk's high watermark (between two iterations it waits for the
 //! reads of at most that many chunks). A crash loses only the chunks in memory: durable progress points at the last emitted
 //! chunk, so the chunk is read again under new watermarks (watermark ids come from a sequence and
@@ -47,15 +61,18 @@
 //! (`catalog::backfills::record_progress`). Any failed stream iteration forgets the chunks for
 //! the same reason.
 
-use super::chunk::{form_for, read_chunk, sweep_deletes, table_locked, table_meta, ChunkRead, Job};
+use super::chunk::{
+    chunk_end, form_for, read_chunk_locked, sweep_deletes, table_meta, ChunkRead, Job,
+};
 use super::estimate::Estimate;
+use super::ranges;
 use super::read_ahead::Reader;
 use super::row_values::RowValues;
 use crate::catalog::backfills;
 use crate::error::{TideError, TideResult};
 use crate::sink::{Batch, CopyBatch, Event, Row, RowBatch, RowForm, Target};
 
-use crate::worker::tx::{self, Locked};
+use crate::worker::tx;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use std::collections::{HashMap, HashSet};
@@ -78,6 +95,9 @@ struct PendingChunk {
     rows_read: usize,
     is_last: bool,
     read_at: i64,
+    /// Its high watermark passed while an earlier chunk of its backfill still waited for its
+    /// own: it is written right after that one (its window stays open until then).
+    held: bool,
     low_lsn: Option<Lsn>,
     /// A TRUNCATE of the table inside the window invalidates every row of the chunk.
     truncated: bool,
@@ -98,14 +118,22 @@ struct PendingChunk {
     form: RowForm,
 }
 
+/// Planned chunk bounds after a key (`None`: the table's start); see [`Backfiller::plans`].
+type Plan = (Option<Vec<String>>, Vec<Vec<String>>);
+
 /// In-memory backfill state of one worker.
 pub struct Backfiller {
     /// A row to upsert (in the form the target asked for), or a repair's delete of a key gone
     /// at the source ([`Row::Key`]).
     reconciler: Reconciler<u32, String, Row>,
-    /// The chunks waiting for their high watermark, in the order they were read: at most one per
-    /// backfill, at most `tide.max_parallel_backfills` in all.
+    /// The chunks waiting for their high watermark (or held after it), in the order they were
+    /// read: of at most `tide.max_parallel_backfills` backfills, one per backfill, or, with
+    /// several readers, up to `tide.max_backfill_readers` + 1 of one backfill.
     pending: Vec<PendingChunk>,
+    /// Bounds of the next chunks of a backfill, planned by [`ranges::plan`] after the key its
+    /// next unread chunk starts after (the first of the pair): used when its chunks are next
+    /// asked of several readers at once.
+    plans: HashMap<i64, Plan>,
     /// No chunk is read before then (after a failure, or when nothing was due).
     not_before: Instant,
     /// Backfills whose next chunk waits until then: a throttled one (its pace; `true`: it lapses
@@ -116,8 +144,9 @@ pub struct Backfiller {
     /// The backfills whose "waiting" reason was written to tide.backfills (cleared by their next
     /// chunk read).
     waiting_noted: HashSet<i64>,
-    /// The helper that reads the next chunk while this one is written (`read_ahead`).
-    reader: Option<Reader>,
+    /// The helpers that read the next chunks while these are written (`read_ahead`), at most
+    /// `tide.max_backfill_readers`.
+    readers: Vec<Reader>,
     /// Not before then does the worker try to start a reader again.
     reader_retry: Instant,
     /// Transactions the stream delivered that a chunk read next may not see yet.
@@ -133,10 +162,11 @@ impl Default for Backfiller {
         Backfiller {
             reconciler: Reconciler::new(),
             pending: Vec::new(),
+            plans: HashMap::new(),
             not_before: Instant::now(),
             held: HashMap::new(),
             waiting_noted: HashSet::new(),
-            reader: None,
+            readers: Vec::new(),
             reader_retry: Instant::now(),
             delivered: DeliveredXids::default(),
             chunk_failures: 0,
@@ -151,12 +181,27 @@ pub struct Emitted {
 
 impl Backfiller {
     /// Forget the chunk in memory (after a failed iteration): it will be read again, and so will
-    /// a chunk asked of the reader meanwhile (it starts after the one forgotten).
+    /// the chunks asked of the readers meanwhile (they start after the ones forgotten).
     pub fn forget(&mut self) {
         self.reconciler.forget_all();
         self.pending.clear();
-        if let Some(r) = self.reader.as_mut() {
+        self.plans.clear();
+        for r in &mut self.readers {
             r.drop_in_flight();
+        }
+    }
+
+    /// Forget every chunk of backfill `id` in memory or asked of a reader: an earlier one was
+    /// not written, so they do not start where the backfill durably stands; its next chunk is
+    /// read again from there.
+    fn forget_backfill(&mut self, id: i64) {
+        for p in self.pending.iter().filter(|p| p.backfill_id == id) {
+            self.reconciler.on_high_watermark(p.watermark);
+        }
+        self.pending.retain(|p| p.backfill_id != id);
+        self.plans.remove(&id);
+        for r in &mut self.readers {
+            r.drop_in_flight_of(id);
         }
     }
 
@@ -203,13 +248,21 @@ impl Backfiller {
     /// Whether a chunk asked of the reader has not arrived yet: it must be registered before
     /// the next iteration decodes further (see `read_ahead`).
     pub fn in_flight(&self) -> bool {
-        self.reader.as_ref().is_some_and(Reader::in_flight)
+        self.readers.iter().any(Reader::in_flight)
     }
 
-    /// Whether `watermark` is the high watermark a chunk in memory waits for (its rows are
-    /// emitted when the stream reaches it).
+    /// Whether `watermark` is the high watermark a chunk in memory waits for and will be written
+    /// at (its rows are emitted when the stream reaches it; not a chunk that will be held
+    /// there, see [`Self::on_signal`]).
     pub fn awaits(&self, watermark: u64, kind: WatermarkKind) -> bool {
-        kind == WatermarkKind::High && self.pending.iter().any(|p| p.watermark == watermark)
+        kind == WatermarkKind::High
+            && self.pending.iter().any(|p| {
+                p.watermark == watermark
+                    && !self
+                        .pending
+                        .iter()
+                        .any(|q| q.backfill_id == p.backfill_id && q.chunk_no < p.chunk_no)
+            })
     }
 
     /// A change of a captured table, in stream order: it drops the key from every chunk of the
@@ -267,7 +320,10 @@ impl Backfiller {
     }
 
     /// A write to `tide.signal` by this pipeline, in stream order. At a high watermark, the
-    /// surviving rows are written through `sink` at the current position, with the progress.
+    /// surviving rows are written through `sink` at the current position, with the progress;
+    /// a chunk whose backfill has an earlier chunk still waiting is held (its window stays open)
+    /// and written right after that one, at that one's high watermark: its rows are those of
+    /// its snapshot for every key the stream did not change from its low watermark to there.
     pub(crate) fn on_signal(
         &mut self,
         c: &mut SpiClient<'_>,
@@ -276,7 +332,7 @@ impl Backfiller {
         watermark: u64,
         kind: WatermarkKind,
     ) -> TideResult<Option<Emitted>> {
-        let Some(at) = self.pending.iter().position(|p| p.watermark == watermark) else {
+        let Some(mut at) = self.pending.iter().position(|p| p.watermark == watermark) else {
             return Ok(None);
         };
         if kind == WatermarkKind::Low {
@@ -285,8 +341,53 @@ impl Backfiller {
             }
             return Ok(None);
         }
-        let p = self.pending.remove(at);
-        let Some(result) = self.reconciler.on_high_watermark(watermark) else {
+        let (id, no) = (self.pending[at].backfill_id, self.pending[at].chunk_no);
+        if self
+            .pending
+            .iter()
+            .any(|q| q.backfill_id == id && q.chunk_no < no)
+        {
+            self.pending[at].held = true;
+            return Ok(None);
+        }
+        let mut rows = None;
+        loop {
+            let p = self.pending.remove(at);
+            let Some((n, more)) = self.emit(c, sink, t, &p)? else {
+                // Not written: nor are the chunks of its backfill after it.
+                self.forget_backfill(id);
+                break;
+            };
+            rows = Some(rows.unwrap_or(0) + n);
+            if more {
+                self.read_ahead(&p);
+            }
+            // The backfill's next chunk, when its high watermark has passed.
+            let next = self
+                .pending
+                .iter()
+                .enumerate()
+                .filter(|(_, q)| q.backfill_id == id)
+                .min_by_key(|(_, q)| q.chunk_no);
+            match next {
+                Some((i, q)) if q.held => at = i,
+                _ => break,
+            }
+        }
+        Ok(rows.map(|rows| Emitted { rows }))
+    }
+
+    /// Write chunk `p` (its high watermark is reached, and every earlier chunk of its backfill
+    /// was written): the rows written and whether its backfill goes on unthrottled (then its
+    /// next chunks may be read ahead), or `None` when it was not written (read again).
+    fn emit(
+        &mut self,
+        c: &mut SpiClient<'_>,
+        sink: &mut dyn Target,
+        t: &mut Txn,
+        p: &PendingChunk,
+    ) -> TideResult<Option<(u64, bool)>> {
+        let Some(result) = self.reconciler.on_high_watermark(p.watermark) else {
             // LW never seen (cannot happen for a chunk read after its LW committed): read again.
             return Ok(None);
         };
@@ -296,7 +397,7 @@ impl Backfiller {
         } else {
             result.dropped
         };
-        if rows.iter().any(|(_, r)| r.batched()) && !still_in_form(sink, &p)? {
+        if rows.iter().any(|(_, r)| r.batched()) && !still_in_form(sink, p)? {
             return Ok(None);
         }
         // Progress first: if the backfill was cancelled meanwhile, nothing is emitted.
@@ -319,77 +420,191 @@ impl Backfiller {
         let Some((state, throttle)) = backfills::record_progress(c, &done)? else {
             return Ok(None);
         };
-        if state == BackfillState::Running && !p.is_last && throttle.is_none() {
-            self.read_ahead(&p, done.key_to.clone());
-        }
         if p.chunk_no % 100 == 0 {
             backfills::trim_chunks(c, p.backfill_id, p.chunk_no)?;
         }
         let n = rows.len() as u64;
-        write_rows(c, sink, t, &p, rows, &mut done)?;
+        write_rows(c, sink, t, p, rows, &mut done)?;
         backfills::record_chunk(c, &done)?;
         self.chunk_failures = 0;
-        Ok(Some(Emitted { rows: n }))
+        let more = state == BackfillState::Running && !p.is_last && throttle.is_none();
+        Ok(Some((n, more)))
     }
 
-    /// Read ahead: the next chunk (after `last_key`) is read while this one is written (see
-    /// `read_ahead`), by the reader when it is idle. Not for a throttled backfill (the worker
-    /// spaces its chunks itself).
-    fn read_ahead(&mut self, p: &PendingChunk, last_key: Option<Vec<String>>) {
-        if let Some(r) = self.reader.as_mut().filter(|r| !r.in_flight()) {
-            let mut next = p.job.clone();
-            next.last_key = last_key;
-            next.chunk_no = p.chunk_no + 1;
-            // SAFETY: reads this transaction's xid (it has one: it just wrote the progress).
-            let writer = unsafe { pg_sys::GetTopTransactionIdIfAny() }.into_inner();
-            if let Err(e) = r.request(&next, p.form, writer) {
-                // Gone: the next step reads the chunk itself.
+    /// Read ahead (see `read_ahead`): after chunk `p` was written, its backfill's next chunks
+    /// are asked of the idle readers, unless some are asked already, to be read while the
+    /// iteration goes on: one chunk after the last in memory, or, with several idle readers and
+    /// a plan ([`ranges::plan`]) from there, one chunk per planned range and one after the
+    /// last bound. Called inside the iteration's transaction (after the progress was written):
+    /// the iteration decodes nothing the readers write, and the next step receives their chunks
+    /// before the next iteration. Not for a throttled backfill (the worker spaces its chunks
+    /// itself).
+    fn read_ahead(&mut self, p: &PendingChunk) {
+        let id = p.backfill_id;
+        if self.readers.iter().any(|r| r.asks_for(id)) {
+            return;
+        }
+        // The next unread chunk: after the backfill's last one in memory, else after `p`.
+        let last = self
+            .pending
+            .iter()
+            .filter(|q| q.backfill_id == id)
+            .max_by_key(|q| q.chunk_no)
+            .unwrap_or(p);
+        if last.is_last {
+            return;
+        }
+        let idle: Vec<usize> = (0..self.readers.len())
+            .filter(|&i| !self.readers[i].in_flight())
+            .collect();
+        if idle.is_empty() {
+            return;
+        }
+        let from = last.key_to.clone();
+        let bounds = match self.plans.remove(&id) {
+            Some((f, b)) if f == from && plannable(&p.job) => b,
+            _ => Vec::new(),
+        };
+        // SAFETY: reads this transaction's xid (it has one: it just wrote the progress).
+        let writer = unsafe { pg_sys::GetTopTransactionIdIfAny() }.into_inner();
+        let mut next = p.job.clone();
+        next.last_key = from;
+        next.chunk_no = last.chunk_no + 1;
+        // The planned ranges, then the chunk after the last bound used (or the only one).
+        let m = idle.len().min(bounds.len() + 1);
+        let mut gone = Vec::new();
+        for (k, &i) in idle.iter().enumerate().take(m) {
+            next.to_key = if k + 1 < m {
+                bounds.get(k).cloned()
+            } else {
+                None
+            };
+            if let Err(e) = self.readers[i].request(&next, p.form, writer) {
+                // Gone: the next step reads the chunk itself (or asks another reader).
                 pgrx::log!("pg_tide worker: {e}; it reads the chunks itself");
-                self.reader = None;
+                gone.push(i);
+                break;
             }
+            if next.to_key.is_none() {
+                break;
+            }
+            next.last_key = next.to_key.take();
+            next.chunk_no += 1;
+        }
+        for i in gone.into_iter().rev() {
+            self.readers.remove(i);
         }
     }
 
-    /// Read the next chunk of each backfill that may progress (`tide.max_parallel_backfills`)
-    /// and has none in memory, after receiving the one asked of the reader. Runs their
-    /// transactions (two per chunk, or waits for the reader's); call it between stream
-    /// iterations. `sink` is the pipeline's target, when it exists yet: it says how it takes
-    /// the chunks' rows.
+    /// Receive the chunks asked of the readers, then read the next chunk of each backfill that
+    /// may progress (`tide.max_parallel_backfills`) and has none in memory, and plan the key
+    /// ranges its readers will read next ([`ranges::plan`]). Runs their transactions (two per
+    /// chunk read here); call it between stream iterations. `sink` is the pipeline's target,
+    /// when it exists yet: it says how it takes the chunks' rows.
     pub fn step(&mut self, pipeline: &str, sink: &mut Option<Box<dyn Target>>) -> TideResult<()> {
-        if let Some(r) = self.reader.as_mut().filter(|r| r.in_flight()) {
-            let started = Instant::now();
-            match r.receive() {
-                // Asked by an iteration that failed: dropped; the next step reads again.
-                Ok(None) => return Ok(()),
-                Ok(Some((job, read))) => {
-                    let read = sweep(sink.as_deref_mut(), &job, read);
-                    let r = self.register(pipeline, job, read, started);
-                    // Nothing is in flight now: the pruning skipped meanwhile (see `prune`).
-                    self.prune();
-                    r?;
-                }
-                Err(e) => {
-                    pgrx::log!("pg_tide worker \"{pipeline}\": {e}; it reads the chunks itself");
-                    self.reader = None;
-                    self.reader_retry = Instant::now() + Duration::from_secs(30);
-                    return Ok(());
-                }
-            }
+        let received = self.receive(pipeline, sink);
+        // `tide.read_ahead` turned off or fewer readers (a reload): idle readers go.
+        let readers = if crate::gucs::READ_AHEAD.get() {
+            crate::gucs::MAX_BACKFILL_READERS.get().max(1) as usize
+        } else {
+            0
+        };
+        if self.readers.len() > readers {
+            self.readers.truncate(readers);
         }
-        // `tide.read_ahead` turned off (a reload): the reader goes once nothing is asked of it.
-        if !crate::gucs::READ_AHEAD.get() {
-            self.reader = None;
-        }
+        received?;
         let parallel = crate::gucs::MAX_PARALLEL_BACKFILLS.get().max(1) as usize;
-        while self.pending.len() < parallel && Instant::now() >= self.not_before {
+        while self.running() < parallel && Instant::now() >= self.not_before {
             if !self.read_one(pipeline, sink, parallel)? {
                 break;
             }
         }
         if self.pending.iter().any(|p| p.job.rows_per_second.is_none()) {
-            self.start_reader(pipeline);
+            self.start_readers(pipeline, readers);
         }
+        self.plan(pipeline);
         Ok(())
+    }
+
+    /// Receive every chunk asked of a reader (each must be registered before the next
+    /// iteration decodes further: see `read_ahead`). A reader that is gone is dropped (the
+    /// worker reads its chunk itself); the first error registering a chunk is returned after
+    /// all were received.
+    fn receive(&mut self, pipeline: &str, sink: &mut Option<Box<dyn Target>>) -> TideResult<()> {
+        let mut first_error = None;
+        let mut gone = Vec::new();
+        for i in 0..self.readers.len() {
+            if !self.readers[i].in_flight() {
+                continue;
+            }
+            let started = Instant::now();
+            match self.readers[i].receive() {
+                // Asked by an iteration that failed: dropped; the next step reads again.
+                Ok(None) => {}
+                Ok(Some((job, read))) => {
+                    let read = sweep(sink.as_deref_mut(), &job, read);
+                    if let Err(e) = self.register(pipeline, job, read, started) {
+                        first_error.get_or_insert(e);
+                    }
+                }
+                Err(e) => {
+                    pgrx::log!("pg_tide worker \"{pipeline}\": {e}; it reads the chunks itself");
+                    gone.push(i);
+                    self.reader_retry = Instant::now() + Duration::from_secs(30);
+                }
+            }
+        }
+        for i in gone.into_iter().rev() {
+            self.readers.remove(i);
+        }
+        // Nothing is in flight now: the pruning skipped meanwhile (see `prune`).
+        self.prune();
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// How many backfills have chunks in memory.
+    fn running(&self) -> usize {
+        let ids: HashSet<i64> = self.pending.iter().map(|p| p.backfill_id).collect();
+        ids.len()
+    }
+
+    /// With several readers: plan the key ranges of the next chunks of each backfill in memory
+    /// ([`ranges::plan`]) from where its next unread chunk starts, unless planned from there
+    /// already. A probe that fails leaves the backfill to read one chunk at a time.
+    fn plan(&mut self, pipeline: &str) {
+        if self.readers.len() < 2 {
+            self.plans.clear();
+            return;
+        }
+        let mut last: HashMap<i64, &PendingChunk> = HashMap::new();
+        for p in &self.pending {
+            let e = last.entry(p.backfill_id).or_insert(p);
+            if p.chunk_no > e.chunk_no {
+                *e = p;
+            }
+        }
+        let wanted: Vec<(i64, Option<Vec<String>>, backfills::Due)> = last
+            .into_values()
+            .filter(|p| !p.is_last && plannable(&p.job))
+            .filter(|p| {
+                self.plans
+                    .get(&p.backfill_id)
+                    .is_none_or(|(from, _)| from != &p.key_to)
+            })
+            .map(|p| (p.backfill_id, p.key_to.clone(), p.job.clone()))
+            .collect();
+        self.plans
+            .retain(|id, _| self.pending.iter().any(|p| p.backfill_id == *id));
+        for (id, from, job) in wanted {
+            match ranges::plan(&job, from.as_deref(), self.readers.len() - 1) {
+                Ok(bounds) => {
+                    self.plans.insert(id, (from, bounds));
+                }
+                Err(e) => pgrx::log!(
+                    "pg_tide worker \"{pipeline}\": cannot plan the next chunks of backfill {id} ({e}); they are read one at a time"
+                ),
+            }
+        }
     }
 
     /// Read one chunk, of the first backfill that may progress and has no chunk in memory and
@@ -417,7 +632,7 @@ impl Backfiller {
                 self.not_before = soonest.map_or(by, |s| s.min(by));
                 // No backfill: no reader (it would hold a background worker slot for nothing).
                 if self.held.is_empty() {
-                    self.reader = None;
+                    self.readers.clear();
                 }
             }
             return Ok(false);
@@ -430,39 +645,29 @@ impl Backfiller {
             return Ok(false);
         };
         // The table's lock before the chunk's snapshot (see `tx::run_locked`).
-        let read = match tx::run_locked(pg_sys::Oid::from(job.b.relid), || {
-            read_chunk(
-                pipeline,
-                &job,
-                &mut |meta| form_for(sink, job.b.relid, &meta.shape()),
-                None,
-            )
-        }) {
-            Ok(Locked::Ran(r)) => Ok(r),
-            Ok(Locked::Busy) => Err(table_locked()),
-            Err(e) => Err(e),
-        };
+        let read = read_chunk_locked(
+            pipeline,
+            &job,
+            &mut |meta| form_for(sink, job.b.relid, &meta.shape()),
+            None,
+        );
         let read = sweep(Some(sink), &job, read);
         self.register(pipeline, job, read, started)?;
         Ok(true)
     }
 
-    /// Start the reader that reads ahead, unless there is one, `tide.read_ahead` is off, or it
-    /// failed to start lately. Outside a transaction.
-    fn start_reader(&mut self, pipeline: &str) {
-        if self.reader.is_some()
-            || !crate::gucs::READ_AHEAD.get()
-            || Instant::now() < self.reader_retry
-        {
-            return;
-        }
-        match Reader::start(pipeline) {
-            Ok(r) => self.reader = Some(r),
-            Err(e) => {
-                pgrx::log!(
-                    "pg_tide worker \"{pipeline}\": no reader ({e}); it reads the chunks itself"
-                );
-                self.reader_retry = Instant::now() + Duration::from_secs(60);
+    /// Start readers until there are `wanted`, unless one failed to start lately. Outside a
+    /// transaction.
+    fn start_readers(&mut self, pipeline: &str, wanted: usize) {
+        while self.readers.len() < wanted && Instant::now() >= self.reader_retry {
+            match Reader::start(pipeline) {
+                Ok(r) => self.readers.push(r),
+                Err(e) => {
+                    pgrx::log!(
+                        "pg_tide worker \"{pipeline}\": no reader ({e}); it reads the chunks itself"
+                    );
+                    self.reader_retry = Instant::now() + Duration::from_secs(60);
+                }
             }
         }
     }
@@ -482,6 +687,12 @@ impl Backfiller {
                 r
             }
             Err(e) if e.retry => {
+                pgrx::debug1!(
+                    "pg_tide worker \"{pipeline}\": chunk {} of backfill {} is read again later: {}",
+                    job.b.chunk_no,
+                    job.b.id,
+                    e.message
+                );
                 // Nothing was read: the low watermark alone is ignored by the stream. Say why
                 // in tide.backfills (once; the next emitted chunk clears it). The other
                 // backfills go on meanwhile.
@@ -520,6 +731,11 @@ impl Backfiller {
         // A transaction the stream already delivered that the chunk's snapshot does not see yet
         // (see `DeliveredXids`): its rows may be older than the target's. Read it again.
         if self.delivered.missed_by(job.b.relid, &read.invisible) {
+            pgrx::debug1!(
+                "pg_tide worker \"{pipeline}\": chunk {} of backfill {} missed a delivered transaction; read again",
+                job.b.chunk_no,
+                job.b.id
+            );
             self.held.insert(
                 job.b.id,
                 (Instant::now() + Duration::from_millis(20), false),
@@ -530,7 +746,7 @@ impl Backfiller {
             self.delivered.forget_before(xmin);
         }
         let n = read.rows.len();
-        let last_key = read.rows.last().map(|r| r.key_values.clone());
+        let key_to = chunk_end(&job.b, &read.rows);
         let mut rows: Vec<(String, Row)> = read.rows.into_iter().map(|r| (r.key, r.row)).collect();
         rows.extend(
             read.deletes
@@ -561,10 +777,11 @@ impl Backfiller {
             relid: job.b.relid,
             relation: read.relation,
             key_from: job.b.last_key.clone(),
-            key_to: last_key.or(job.b.last_key.clone()),
+            key_to,
             rows_read: n,
             is_last: read.is_last,
             read_at: read.read_at,
+            held: false,
             low_lsn: None,
             truncated: false,
             columns: read.columns,
@@ -601,7 +818,7 @@ fn sweep(
     let upper = if read.is_last {
         None
     } else {
-        read.rows.last().map(|r| r.key_values.clone())
+        chunk_end(&job.b, &read.rows)
     };
     let found = sink
         .sweep_keys(
@@ -617,6 +834,13 @@ fn sweep(
     let deletes = tx::run(|| sweep_deletes(job, &read, found))?;
     read.deletes.extend(deletes);
     Ok(read)
+}
+
+/// Whether the chunks of backfill `b` may be read on planned key ranges, several at once: not a
+/// repair's or a resync's (their deletes are found per chunk range as one reader reads them) nor
+/// a throttled one's.
+fn plannable(b: &backfills::Due) -> bool {
+    b.repair_deletes.is_none() && !b.resync && b.sweep.is_none() && b.rows_per_second.is_none()
 }
 
 /// Transaction 1: pick the backfill (the first of those that may progress, [`backfills::due`],

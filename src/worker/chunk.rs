@@ -256,6 +256,17 @@ impl ChunkQuery {
             clauses.push(format!("({key_list}) > ({params})"));
             args.extend(last.iter().cloned());
         }
+        if let Some(to) = &job.b.to_key {
+            // A planned chunk (several readers of the table): up to its planned bound.
+            let params = key_types
+                .iter()
+                .enumerate()
+                .map(|(i, t)| format!("${}::{t}", args.len() + i + 1))
+                .collect::<Vec<_>>()
+                .join(", ");
+            clauses.push(format!("({key_list}) <= ({params})"));
+            args.extend(to.iter().cloned());
+        }
         if let Some(cond) = &job.b.condition {
             // On lines of its own: a trailing `--` comment in it ends before the `)`.
             clauses.push(format!("(\n{cond}\n)"));
@@ -269,7 +280,7 @@ impl ChunkQuery {
             sql.push_str(" WHERE ");
             sql.push_str(&clauses.join(" AND "));
         }
-        sql.push_str(&format!(" ORDER BY {key_list} LIMIT {}", job.b.chunk_size));
+        sql.push_str(&format!(" ORDER BY {key_list} LIMIT {}", row_limit(&job.b)));
         Ok(ChunkQuery {
             sql,
             args,
@@ -280,6 +291,31 @@ impl ChunkQuery {
             masks: Vec::new(),
             salt: Vec::new(),
         })
+    }
+}
+
+/// The most rows a chunk of `b` reads: its chunk size, or, for a planned chunk (a key range
+/// planned to hold that many, [`backfills::Due::to_key`]), twice that: keys inserted into the range since it
+/// was planned are read too, up to that many (then the chunk ends at its last row read, see
+/// [`chunk_end`]).
+fn row_limit(b: &backfills::Due) -> i64 {
+    if b.to_key.is_some() {
+        b.chunk_size.saturating_mul(2)
+    } else {
+        b.chunk_size
+    }
+}
+
+/// Where a chunk of `b` that read `rows` ends (its key range is after `b.last_key` up to this
+/// key, inclusive): its planned bound when it read its whole range, else its last row's key
+/// (`b.last_key` when it read none). The next chunk of the backfill starts after it.
+pub(super) fn chunk_end(b: &backfills::Due, rows: &[ChunkRow]) -> Option<Vec<String>> {
+    match &b.to_key {
+        Some(to) if (rows.len() as i64) < row_limit(b) => Some(to.clone()),
+        _ => rows
+            .last()
+            .map(|r| r.key_values.clone())
+            .or_else(|| b.last_key.clone()),
     }
 }
 
@@ -347,7 +383,8 @@ pub(super) fn read_chunk(
         crate::row_filter::check_text(pg_sys::Oid::from(job.b.relid), &meta.relation, f, owner)?;
     }
     let (rows, values) = read_rows(&q, &meta, form, owner)?;
-    let is_last = (rows.len() as i64) < job.b.chunk_size;
+    // A planned chunk is never the last: the chunk after its bound decides that.
+    let is_last = job.b.to_key.is_none() && (rows.len() as i64) < job.b.chunk_size;
     let candidates = match (&job.b.repair_deletes, &job.b.sweep) {
         (Some(list), _) => Some(Candidates::Listed(list)),
         (None, Some(target)) => Some(Candidates::Target(target)),
@@ -358,7 +395,7 @@ pub(super) fn read_chunk(
             let to = if is_last {
                 None
             } else {
-                rows.last().map(|r: &ChunkRow| r.key_values.clone())
+                chunk_end(&job.b, &rows)
             };
             repair_deletes(job, &meta, &q, candidates, to.as_deref(), owner)?
         }
@@ -445,7 +482,7 @@ fn chunk_snapshot(writer: Option<u32>) -> TideResult<(String, InvisibleXids)> {
     if committed_invisible > 0 {
         return Err(TideError::new(
             pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            format!("{committed_invisible} committed transaction(s) are not visible yet"),
+            format!("{committed_invisible} {NOT_VISIBLE_YET}"),
         )
         .hint("A transaction has committed but is still waiting (for example for a synchronous standby); the chunk is read again once it is visible.")
         .retry_later());
@@ -863,6 +900,38 @@ fn parse_jsonb(f: &mut pg_sys::FmgrInfo, param: pg_sys::Oid, row: String) -> Tid
 }
 
 /// Why a chunk is not read now: its table is locked (see `tx::run_locked`).
+/// How [`chunk_snapshot`]'s error ends.
+const NOT_VISIBLE_YET: &str = "committed transaction(s) are not visible yet";
+
+/// Transaction 2 under the table's lock ([`tx::run_locked`], then [`read_chunk`]), read again at
+/// once (up to three times) when its snapshot missed a transaction that committed meanwhile
+/// (`chunk_snapshot`): with several readers, that is mostly another reader's watermark
+/// transaction, whose commit fell between this one's snapshot and its check; a new snapshot,
+/// still after the chunk's low watermark, does not miss it. Other errors, and a table locked by
+/// another transaction ([`table_locked`]), are returned.
+pub(super) fn read_chunk_locked(
+    pipeline: &str,
+    job: &Job,
+    hold: &mut dyn FnMut(&TableMeta) -> TideResult<RowForm>,
+    writer: Option<u32>,
+) -> TideResult<ChunkRead> {
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let r = match tx::run_locked(pg_sys::Oid::from(job.b.relid), || {
+            read_chunk(pipeline, job, hold, writer)
+        }) {
+            Ok(tx::Locked::Ran(r)) => Ok(r),
+            Ok(tx::Locked::Busy) => Err(table_locked()),
+            Err(e) => Err(e),
+        };
+        match r {
+            Err(e) if attempts < 3 && e.retry && e.message.ends_with(NOT_VISIBLE_YET) => {}
+            r => return r,
+        }
+    }
+}
+
 pub(super) fn table_locked() -> TideError {
     TideError::new(
         pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,

@@ -10,6 +10,7 @@ pub mod launcher;
 pub mod origin;
 mod partitions;
 pub mod pipeline;
+mod ranges;
 mod read_ahead;
 pub mod retention;
 pub mod row_values;

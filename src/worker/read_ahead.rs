@@ -5,17 +5,21 @@
 //! Owns: the reader process, the shared memory it talks through (a DSM segment with two
 //! `shm_mq` queues: requests to the reader, chunks back), and the encoding of both.
 //!
-//! Protocol (one request in flight at most):
+//! A worker has up to `tide.max_backfill_readers` readers, each its own process and segment.
+//! Protocol (one request in flight per reader at most):
 //! 1. during the iteration that writes chunk N (at its high watermark), the worker sends the
-//!    request for chunk N+1: the backfill as the worker knows it, starting after N's last key,
-//!    and how the target wants its rows held (a `RowForm`);
+//!    request for chunk N+1 to an idle reader: the backfill as the worker knows it, starting
+//!    after N's last key (and, for a range planned ahead, ending at its bound: with several
+//!    readers, N+1, N+2, ... go to several readers at once; see `super::backfill`), and how the
+//!    target wants its rows held (a `RowForm`);
 //! 2. the reader runs the same two transactions the worker would ([`super::backfill`]): the low
 //!    watermark, then the chunk's SELECT and its high watermark (`super::chunk::read_chunk`, as
 //!    the backfill's owner, security-restricted) and sends the chunk back (rows as JSON, as
 //!    `jsonb` it parsed for the outbox, text, COPY text, or row values as their bytes), or the
 //!    error;
-//! 3. the worker receives it **before its next iteration** (`tide_core::worker_loop`: a read in
-//!    flight comes first) and registers it with the reconciler as if it had read it itself.
+//! 3. the worker receives every answer **before its next iteration** (`tide_core::worker_loop`:
+//!    a read in flight comes first) and registers it with the reconciler as if it had read it
+//!    itself.
 //!
 //! Why that order is sound: the iteration of step 1 decodes only WAL flushed before it started,
 //! and the request is sent after that; so chunk N+1's low watermark lies beyond what that
@@ -32,9 +36,9 @@
 //! backfill is due, or exits), and with the postmaster.
 
 use super::chunk::Job;
-use super::chunk::{read_chunk, ChunkRead};
+use super::chunk::{read_chunk_locked, ChunkRead};
 use super::row_values::RowValues;
-use super::tx::{self, Locked};
+use super::tx;
 use crate::catalog::backfills::{self, Due};
 use crate::error::{TideError, TideResult};
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
@@ -253,6 +257,21 @@ impl Reader {
         Ok(())
     }
 
+    /// Whether a request for a chunk of backfill `id` waits for its answer (and will be used).
+    pub fn asks_for(&self, id: i64) -> bool {
+        self.in_flight
+            .as_ref()
+            .is_some_and(|f| f.job.id == id && !f.stale)
+    }
+
+    /// The answer in flight will not be used if it is a chunk of backfill `id` (an earlier
+    /// chunk of it was not written).
+    pub fn drop_in_flight_of(&mut self, id: i64) {
+        if let Some(f) = self.in_flight.as_mut().filter(|f| f.job.id == id) {
+            f.stale = true;
+        }
+    }
+
     /// The answer in flight will not be used (the iteration that asked for it failed).
     pub fn drop_in_flight(&mut self) {
         if let Some(f) = self.in_flight.as_mut() {
@@ -444,17 +463,13 @@ fn read(
         Ok(watermark)
     })?;
     let job = Job { watermark, b };
-    match tx::run_locked(pg_sys::Oid::from(job.b.relid), || {
-        read_chunk(
-            pipeline,
-            &job,
-            &mut |_| Ok(form),
-            (writer != 0).then_some(writer),
-        )
-    })? {
-        Locked::Ran(read) => Ok((watermark, job.b, read)),
-        Locked::Busy => Err(super::chunk::table_locked()),
-    }
+    let read = read_chunk_locked(
+        pipeline,
+        &job,
+        &mut |_| Ok(form),
+        (writer != 0).then_some(writer),
+    )?;
+    Ok((watermark, job.b, read))
 }
 
 unsafe extern "C-unwind" {

@@ -39,6 +39,11 @@ pub struct Due {
     /// A resync's backfill (after a lost slot), whatever the target: a target in another
     /// PostgreSQL is swept by the worker once the chunk is read (`Target::sweep_keys`).
     pub resync: bool,
+    /// The chunk's planned upper bound (text per key column, inclusive), when the worker
+    /// planned several chunks of the backfill ahead for several readers: the chunk reads the
+    /// keys after `last_key` up to this one and ends there. `None`: the chunk reads the next
+    /// `chunk_size` keys (the catalog's backfill rows always have `None`).
+    pub to_key: Option<Vec<String>>,
 }
 
 /// What a chunk read tells about the backfill's total (turned into `estimated_rows` at the
@@ -266,6 +271,7 @@ impl Enc {
         self.opt(b.repair_deletes.as_deref(), |e, v| e.str(v));
         self.opt(b.sweep.as_deref(), |e, v| e.str(v));
         self.bool(b.resync);
+        self.opt(b.to_key.as_deref(), |e, v| e.strs(v));
     }
     fn row(&mut self, r: &Row) {
         match r {
@@ -398,6 +404,7 @@ impl<'a> Dec<'a> {
             repair_deletes: self.opt(|d| d.str())?,
             sweep: self.opt(|d| d.str())?,
             resync: self.bool()?,
+            to_key: self.opt(|d| d.strs())?,
         })
     }
     fn form(&mut self) -> D<RowForm> {

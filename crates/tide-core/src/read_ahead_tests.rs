@@ -6,6 +6,10 @@ use proptest::option;
 use proptest::prelude::*;
 
 fn due() -> impl Strategy<Value = Due> {
+    (due_without_bound(), option::of(vec(".*", 0..3))).prop_map(|(d, to_key)| Due { to_key, ..d })
+}
+
+fn due_without_bound() -> impl Strategy<Value = Due> {
     (
         any::<i64>(),
         any::<u32>(),
@@ -47,6 +51,7 @@ fn due() -> impl Strategy<Value = Due> {
                 repair_deletes,
                 sweep,
                 resync,
+                to_key: None,
             },
         )
 }
@@ -279,6 +284,7 @@ fn unknown_tags_are_refused() {
         repair_deletes: None,
         sweep: None,
         resync: false,
+        to_key: Some(vec!["9".into(), "z".into()]),
     };
     let mut msg = encode_request(&Request {
         pipeline: "p".into(),

@@ -227,19 +227,14 @@ fn no_phase_spins() {
         for f0 in all_facts() {
             let (mut phase, mut f) = (p, f0);
             let mut reads = 0;
-            loop {
-                match decide(phase, f, S) {
-                    Action::ReadChunk => {
-                        reads += 1;
-                        // Receiving the chunk in flight is one read; it may be followed by one
-                        // more (the next chunk, read by the worker itself).
-                        let most = if f0.chunk_in_flight { 2 } else { 1 };
-                        assert!(reads <= most, "{p:?} with {f0:?} reads {reads} times");
-                        phase = phase.after_read_chunk();
-                        f.chunk_in_flight = false;
-                    }
-                    _ => break,
-                }
+            while let Action::ReadChunk = decide(phase, f, S) {
+                reads += 1;
+                // Receiving the chunk in flight is one read; it may be followed by one more (the
+                // next chunk, read by the worker itself).
+                let most = if f0.chunk_in_flight { 2 } else { 1 };
+                assert!(reads <= most, "{p:?} with {f0:?} reads {reads} times");
+                phase = phase.after_read_chunk();
+                f.chunk_in_flight = false;
             }
         }
     }
