@@ -79,12 +79,13 @@ pub static SLOT_WARNING_MB: GucSetting<i32> = GucSetting::<i32>::new(1024);
 /// `worker::decoder`.
 pub static DECODING_WORK_MEM_KB: GucSetting<i32> = GucSetting::<i32>::new(32 * 1024);
 
-/// The settings of backfills: `tide.read_ahead`, `tide.max_parallel_backfills`.
+/// The settings of backfills: `tide.read_ahead`, `tide.max_parallel_backfills`,
+/// `tide.max_backfill_readers`.
 fn init_backfill_settings() {
     GucRegistry::define_bool_guc(
         c"tide.read_ahead",
         c"Whether a backfilling pipeline worker has a helper process read its next chunk.",
-        c"The helper (backend_type 'pg_tide reader', one per backfilling pipeline, from max_worker_processes) reads the next chunk while the worker writes the current one. Off, or when no background worker slot is free, the worker reads every chunk itself.",
+        c"The helper (backend_type 'pg_tide reader', tide.max_backfill_readers of them per backfilling pipeline, from max_worker_processes) reads the next chunk while the worker writes the current one. Off, or when no background worker slot is free, the worker reads every chunk itself.",
         &READ_AHEAD,
         GucContext::Sighup,
         GucFlags::default(),
@@ -92,7 +93,7 @@ fn init_backfill_settings() {
     GucRegistry::define_int_guc(
         c"tide.max_parallel_backfills",
         c"The most backfills of one pipeline that run at once.",
-        c"Each running backfill has at most one chunk in the pipeline worker's memory, waiting for its high watermark: the worker reads the next chunk of each between stream iterations, and one iteration writes every chunk whose high watermark it reaches. More backfills wait queued, oldest first; a throttled one keeps its place, a paused one takes none. 1: one backfill at a time.",
+        c"With one reader, each running backfill has at most one chunk in the pipeline worker's memory, waiting for its high watermark: the worker reads the next chunk of each between stream iterations, and one iteration writes every chunk whose high watermark it reaches. More backfills wait queued, oldest first; a throttled one keeps its place, a paused one takes none. 1: one backfill at a time.",
         &MAX_PARALLEL_BACKFILLS,
         1,
         64,

@@ -212,6 +212,71 @@ fn backfill_started_by_a_superuser_runs_as_the_owner() {
     assert!(!is_superuser(&c, "mallory"), "{}", diag(&c));
 }
 
+/// Class 4, several readers (`tide.max_backfill_readers`): the probe that plans a backfill's key
+/// ranges ahead casts the last key to the key's type (a domain whose CHECK is mallory's function)
+/// and compares keys, as the chunks do: it runs as the pipeline's owner too, whoever started the
+/// backfill. Neither mallory (a `tide_admin` member) nor nobody can change the setting. The
+/// ranges were planned (two chunks of the backfill in memory at once), or the test proves
+/// nothing.
+#[test]
+fn planned_key_ranges_run_as_the_owner() {
+    let c = secured_with("sec_ranges_owner", &["tide.max_backfill_readers = 3"]);
+    ok_as(
+        &c,
+        "mallory",
+        "CREATE FUNCTION mallory.climb(int) RETURNS bool LANGUAGE plpgsql AS $$
+         BEGIN
+           BEGIN EXECUTE 'ALTER ROLE mallory SUPERUSER'; EXCEPTION WHEN OTHERS THEN NULL; END;
+           RETURN true;
+         END $$;
+         CREATE DOMAIN mallory.k AS int CHECK (mallory.climb(VALUE));
+         CREATE TABLE mallory.t (id mallory.k PRIMARY KEY, v int);
+         INSERT INTO mallory.t SELECT g, g FROM generate_series(1, 200) g;",
+    );
+    for role in ["mallory", "nobody"] {
+        for sql in [
+            "SET tide.max_backfill_readers = 16",
+            "ALTER SYSTEM SET tide.max_backfill_readers = 16",
+        ] {
+            let e = exec_as(&c, role, sql).expect_err(sql);
+            let code = e.code().map(|s| s.code().to_string());
+            assert!(
+                matches!(code.as_deref(), Some("55P02") | Some("42501")),
+                "as {role}: {sql}: {}",
+                describe_error(&e)
+            );
+        }
+    }
+    ok_as(&c, "mallory", "SELECT tide.create_pipeline('m')");
+    ok_as(
+        &c,
+        "mallory",
+        "SELECT tide.add_table('m', 'mallory.t', backfill => false)",
+    );
+    wait_for_pipeline(&c, "m", 30, || diag(&c));
+    let id: i64 = c.query_scalar("SELECT tide.start_backfill('mallory.t', 'm', 10)");
+    wait_for_backfill(&c, "mallory.t", Some("m"), 60, || diag(&c));
+    assert!(
+        !is_superuser(&c, "mallory"),
+        "a backfill planned with several readers ran mallory's code as a superuser\n{}",
+        diag(&c)
+    );
+    let together: i64 = c.query_scalar(&format!(
+        "SELECT count(*) FROM tide.chunk a JOIN tide.chunk b
+             ON b.backfill_id = a.backfill_id AND b.chunk <> a.chunk
+            AND b.read_at >= a.read_at AND b.read_at < a.emitted_at
+          WHERE a.backfill_id = {id}"
+    ));
+    assert!(
+        together > 0,
+        "no two chunks of the backfill were read at once: nothing was planned\n{}",
+        diag(&c)
+    );
+    let n: i64 =
+        c.query_scalar("SELECT count(*) FROM tide.outbox WHERE pipeline = 'm' AND op = 'read'");
+    assert_eq!(n, 200, "every row backfilled once\n{}", diag(&c));
+}
+
 /// Class 4 again, for `tide.verify` and `tide.repair` run by a superuser on a member's table
 /// target: their reads cast keys to the key's domain (whose CHECK is mallory's function), and run
 /// as the pipeline's owner.
