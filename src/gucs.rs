@@ -36,7 +36,7 @@ pub static READ_AHEAD: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static MAX_PARALLEL_BACKFILLS: GucSetting<i32> = GucSetting::<i32>::new(4);
 /// `tide.max_backfill_readers`: how many reader processes a backfilling pipeline worker has
 /// (`worker::read_ahead`); with more than one, the next chunks of one table are read at once, on
-/// key ranges planned ahead (`worker::ranges`), and the next chunks of several backfills at once.
+/// key ranges planned ahead (`worker::ranges`), and several backfills' chunks at once.
 pub static MAX_BACKFILL_READERS: GucSetting<i32> = GucSetting::<i32>::new(1);
 /// `tide.stream_in_progress`: whether a worker's decoder asks the output plugin to stream
 /// transactions larger than `logical_decoding_work_mem` while they run (spooled by the worker
@@ -103,7 +103,7 @@ fn init_backfill_settings() {
     GucRegistry::define_int_guc(
         c"tide.max_backfill_readers",
         c"How many reader processes a backfilling pipeline worker reads chunks with.",
-        c"With tide.read_ahead on, each reader is a background worker (max_worker_processes) that reads a chunk, under watermarks of its own, while the worker writes others. With more than one, the worker plans the key ranges of a table's next chunks ahead and has them read at once (still written in key order), and the next chunks of several backfills at once (a backfill's first chunk is read by the worker itself): use more than one on a machine with cores to spare. Repairs, resyncs and throttled backfills read one chunk at a time.",
+        c"With tide.read_ahead on, each reader is a background worker (max_worker_processes) that reads a chunk, under watermarks of its own, while the worker writes others. With more than one, the worker plans the key ranges of a table's next chunks ahead and has them read at once (still written in key order), and several backfills' chunks at once: use more than one on a machine with cores to spare. Repairs, resyncs and throttled backfills read one chunk at a time.",
         &MAX_BACKFILL_READERS,
         1,
         16,

@@ -62,7 +62,7 @@
 //! the same reason.
 
 use super::chunk::{
-    chunk_end, form_for, read_chunk_locked, sweep_deletes, table_meta, ChunkRead, Job,
+    chunk_end, form_for, read_chunk_locked, sweep_deletes, table_meta, wanted_form, ChunkRead, Job,
 };
 use super::estimate::Estimate;
 use super::ranges;
@@ -514,6 +514,13 @@ impl Backfiller {
         }
         received?;
         let parallel = crate::gucs::MAX_PARALLEL_BACKFILLS.get().max(1) as usize;
+        if self.readers.len() > 1 && Instant::now() >= self.not_before {
+            // Several readers: the next chunks of backfills with none in memory are read by
+            // them at once, and received now (asked between iterations, they must be
+            // registered before the next one); the worker reads what is left itself.
+            self.ask_readers(pipeline, sink, parallel)?;
+            self.receive(pipeline, sink)?;
+        }
         while self.running() < parallel && Instant::now() >= self.not_before {
             if !self.read_one(pipeline, sink, parallel)? {
                 break;
@@ -560,6 +567,55 @@ impl Backfiller {
         // Nothing is in flight now: the pruning skipped meanwhile (see `prune`).
         self.prune();
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// Ask each idle reader for the next chunk of a backfill that may progress, has no chunk in
+    /// memory and no hold, and is not throttled (the worker paces those itself), in the order
+    /// `backfills::due` gives them. A backfill whose rows' form cannot be decided now (its
+    /// table gone, a remote target that does not answer) is left to the worker's own read.
+    fn ask_readers(
+        &mut self,
+        pipeline: &str,
+        sink: &mut Option<Box<dyn Target>>,
+        parallel: usize,
+    ) -> TideResult<()> {
+        let Some(sink) = sink.as_deref_mut() else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        self.held.retain(|_, (until, _)| *until > now);
+        let busy: HashSet<i64> = self.pending.iter().map(|p| p.backfill_id).collect();
+        let room = parallel.saturating_sub(busy.len());
+        let idle: Vec<usize> = (0..self.readers.len())
+            .filter(|&i| !self.readers[i].in_flight())
+            .collect();
+        let mut idle = idle.into_iter();
+        let due =
+            tx::run(|| backfills::due(pipeline, i32::try_from(parallel).unwrap_or(i32::MAX)))?;
+        let mut gone = None;
+        for mut b in due
+            .into_iter()
+            .filter(|b| !busy.contains(&b.id) && !is_held(&self.held, b, now))
+            .filter(|b| b.rows_per_second.is_none())
+            .take(room)
+        {
+            let Some(i) = idle.next() else {
+                break;
+            };
+            let Ok(Some(form)) = tx::run(|| wanted_form(pipeline, &b, sink)) else {
+                continue;
+            };
+            b.chunk_size = b.chunk_size.max(1);
+            if let Err(e) = self.readers[i].request(&b, form, 0) {
+                pgrx::log!("pg_tide worker \"{pipeline}\": {e}; it reads the chunks itself");
+                gone = Some(i);
+                break;
+            }
+        }
+        if let Some(i) = gone {
+            self.readers.remove(i);
+        }
+        Ok(())
     }
 
     /// How many backfills have chunks in memory.
@@ -836,6 +892,14 @@ fn sweep(
     Ok(read)
 }
 
+/// Whether backfill `b` must not be read now: a hold in `held` that has not passed, unless it is
+/// a throttle the backfill no longer has.
+fn is_held(held: &HashMap<i64, (Instant, bool)>, b: &backfills::Due, now: Instant) -> bool {
+    held.get(&b.id).is_some_and(|(until, throttle)| {
+        now < *until && (!throttle || b.rows_per_second.is_some_and(|r| r > 0))
+    })
+}
+
 /// Whether the chunks of backfill `b` may be read on planned key ranges, several at once: not a
 /// repair's or a resync's (their deletes are found per chunk range as one reader reads them) nor
 /// a throttled one's.
@@ -854,12 +918,10 @@ fn low_watermark(
 ) -> TideResult<Option<Job>> {
     let now = Instant::now();
     let due = backfills::due(pipeline, i32::try_from(parallel).unwrap_or(i32::MAX))?;
-    let Some(mut b) = due.into_iter().find(|b| {
-        !busy.contains(&b.id)
-            && !held.get(&b.id).is_some_and(|(until, throttle)| {
-                now < *until && (!throttle || b.rows_per_second.is_some_and(|r| r > 0))
-            })
-    }) else {
+    let Some(mut b) = due
+        .into_iter()
+        .find(|b| !busy.contains(&b.id) && !is_held(held, b, now))
+    else {
         return Ok(None);
     };
     b.chunk_size = b.chunk_size.max(1);

@@ -171,6 +171,28 @@ pub(crate) fn form_for(
         .map_err(TideError::retry_later)
 }
 
+/// The form `sink` wants the chunks of backfill `b` in, for its table as it is now (its column
+/// list and masks applied, as [`read_chunk`] applies them before it asks; `read_chunk` still
+/// holds rows as text where row values cannot carry them). `None` when the table is gone (the
+/// chunk read says so).
+pub(super) fn wanted_form(
+    pipeline: &str,
+    b: &backfills::Due,
+    sink: &mut dyn Target,
+) -> TideResult<Option<RowForm>> {
+    let (_, listed) = crate::catalog::tables::shaping(pipeline, b.relid)?;
+    let Some(mut meta) = table_meta(b.relid, &b.key_columns)? else {
+        return Ok(None);
+    };
+    if let Some(l) = &listed {
+        meta.restrict(l);
+    }
+    if let Some((m, _)) = crate::catalog::masks::of_table(pipeline, b.relid)? {
+        meta.mask(&m);
+    }
+    form_for(sink, b.relid, &meta.shape()).map(Some)
+}
+
 /// The chunk's SELECT, and what its rows are rendered with.
 struct ChunkQuery {
     sql: String,
