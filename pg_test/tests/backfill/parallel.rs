@@ -391,3 +391,430 @@ fn many_small_tables_with_pause_throttle_cancel() {
         assert_converged(&c, &t, &format!("copy_{t}"));
     }
 }
+
+// ------------------------------------------------------- several readers of one table (issue 35)
+
+/// The three targets of [`several_readers_of_one_table_converge_through_kill9`]: the outbox, a
+/// local table target (schema `rep`) and a remote PostgreSQL target (the remote's `public`).
+const READER_PIPELINES: [&str; 3] = ["rob", "rtab", "rrem"];
+
+/// Each table's column list, to compare a source with its target as multisets.
+const COLUMNS: [(&str, &str); 3] = [
+    ("t_int", "id, v, s"),
+    ("t_comp", "a, b, v"),
+    ("t_uuid", "id, v"),
+];
+
+/// Pairs of chunks of the SAME backfill `id` that were in memory at once (one read while the
+/// other was read and not yet emitted). One reader per worker never has such a pair: it reads
+/// chunk N+1 during the iteration that writes N, after N's `emitted_at`.
+fn same_backfill_overlaps(c: &Cluster, id: i64) -> i64 {
+    c.query_scalar(&format!(
+        "SELECT count(*) FROM tide.chunk a JOIN tide.chunk b
+             ON b.backfill_id = a.backfill_id AND b.chunk <> a.chunk
+            AND b.read_at >= a.read_at AND b.read_at < a.emitted_at
+          WHERE a.backfill_id = {id}"
+    ))
+}
+
+/// The most `pg_tide reader` processes seen at once per pipeline (a reader's process title is
+/// its `bgw_name`, `pg_tide reader <pipeline>`), sampled by [`ReaderWatch::sample`].
+#[derive(Default)]
+struct ReaderWatch {
+    most: std::collections::BTreeMap<String, usize>,
+    samples: u64,
+}
+
+impl ReaderWatch {
+    fn sample(&mut self, c: &Cluster) -> TestResult<()> {
+        let pids: Vec<i32> = c
+            .try_query("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_tide reader'")?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let mut now = std::collections::BTreeMap::<String, usize>::new();
+        for pid in pids {
+            // Gone since (a reader that exited): not counted.
+            let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                continue;
+            };
+            let title = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if let Some(rest) = title.split("pg_tide reader ").nth(1) {
+                let p = rest.split_whitespace().next().unwrap_or("").to_string();
+                *now.entry(p).or_default() += 1;
+            }
+        }
+        for (p, n) in now {
+            let m = self.most.entry(p).or_default();
+            *m = (*m).max(n);
+        }
+        self.samples += 1;
+        Ok(())
+    }
+
+    fn most(&self, pipeline: &str) -> usize {
+        self.most.get(pipeline).copied().unwrap_or(0)
+    }
+}
+
+/// A finished backfill's chunks, whatever its target: done, numbered 1..chunks_done, each key
+/// range starting where the previous one ended (the first at NULL), a proper
+/// low < high watermark each, and sums equal to the backfill's counters.
+fn check_chunk_ranges(c: &Cluster, id: i64) {
+    assert_eq!(
+        bf_state(c, id),
+        "done",
+        "backfill {id} is not done\n{}",
+        diag(c)
+    );
+    let chunks = || {
+        sample(
+            c,
+            &format!(
+                "SELECT chunk, key_from, key_to, rows_read, low_lsn, high_lsn, read_at, emitted_at
+                   FROM tide.chunk WHERE backfill_id = {id} ORDER BY chunk"
+            ),
+            200,
+        )
+    };
+    let r = c.query_one(&format!(
+        "SELECT count(*), coalesce(min(chunk), 0), coalesce(max(chunk), 0),
+                coalesce(sum(rows_read), 0)::int8, coalesce(sum(rows_dropped), 0)::int8,
+                coalesce(sum(rows_emitted), 0)::int8,
+                count(*) FILTER (WHERE low_lsn IS NULL OR high_lsn IS NULL OR low_lsn >= high_lsn)
+           FROM tide.chunk WHERE backfill_id = {id}"
+    ));
+    let got: [i64; 7] = std::array::from_fn(|i| r.get(i));
+    let done = bf_i64(c, id, "chunks_done");
+    let expected = [
+        done,
+        1,
+        done,
+        bf_i64(c, id, "rows_read"),
+        bf_i64(c, id, "rows_dropped"),
+        bf_i64(c, id, "rows_emitted"),
+        0,
+    ];
+    assert_eq!(
+        got,
+        expected,
+        "backfill {id}: [chunks, first, last, rows read, dropped, emitted, without low < high] \
+         in tide.chunk differ from tide.backfills'\n{}",
+        chunks()
+    );
+    let breaks: i64 = c.query_scalar(&format!(
+        "SELECT count(*) FROM (SELECT chunk, key_from, lag(key_to) OVER (ORDER BY chunk) AS prev_to
+                                 FROM tide.chunk WHERE backfill_id = {id}) s
+          WHERE (chunk = 1 AND key_from IS NOT NULL)
+             OR (chunk > 1 AND key_from IS DISTINCT FROM prev_to)"
+    ));
+    assert_eq!(
+        breaks,
+        0,
+        "backfill {id}: chunk key ranges are not contiguous\n{}",
+        chunks()
+    );
+}
+
+/// Several readers of one table: `tide.max_backfill_readers = 3`, three pipelines capturing the
+/// same three tables (the outbox, a local table target, a remote PostgreSQL target), writers
+/// inserting, updating, deleting and moving keys across the key range (60% in the chunks being
+/// read), a kill -9 of a worker while every pipeline backfills; every target ends equal to its
+/// source. `t_int` (100 chunks) starts alone, so that each worker has three readers for one
+/// backfill: two chunks of it must have been in memory at once (`same_backfill_overlaps`: never
+/// with one reader). `t_comp` and `t_uuid` (40 chunks each) join while it runs: several tables
+/// at once, read by the same readers.
+#[test]
+fn several_readers_of_one_table_converge_through_kill9() {
+    let t_all = std::time::Instant::now();
+    let c = start_cluster(Cluster::builder("bf_readers").conf("tide.max_backfill_readers = 3"));
+    init_extension(&c);
+    // (A setting pg_tide does not define would be a string placeholder here.)
+    let setting = sample(
+        &c,
+        "SELECT name, setting, vartype, context, min_val, max_val FROM pg_settings
+          WHERE name = 'tide.max_backfill_readers'",
+        1,
+    );
+    let t = target_cluster("bf_readers_tgt");
+    create_server(&c, "tgt", &t);
+    c.execute(CONVERGE_SCHEMA);
+    let [ob, tab, rem] = READER_PIPELINES;
+    create_pipeline(&c, ob);
+    pg_test::create_pipeline(&c, tab, "table", r#"{"schema": "rep"}"#);
+    pg_test::create_pipeline(&c, rem, "postgres", r#"{"server": "tgt"}"#);
+    for p in READER_PIPELINES {
+        for (tb, _) in CONVERGE_TABLES {
+            add_table(&c, p, tb, false);
+        }
+    }
+    for (tb, keys) in CONVERGE_TABLES {
+        outbox_copy_keyed(&c, tb, &format!("public.{tb}"), &format!("copy_{tb}"), keys);
+    }
+    // Three workers decode every write: the writers at half the one-pipeline rate.
+    let rate = WRITE_TPS / 2;
+    let script = write_script("backfill_readers", CONVERGE_SCRIPT);
+    let run = spawn_pgbench(&c, &script, 4, 120, Some(rate));
+    c.wait_until(
+        "the writers' changes to reach the outbox",
+        Duration::from_secs(60),
+        POLL,
+        || {
+            Ok(
+                c.try_query_scalar::<i64>("SELECT count(*) FROM tide.outbox WHERE op <> 'read'")?
+                    >= 300,
+            )
+        },
+    );
+    let mut watch = ReaderWatch::default();
+    // Phase 1: t_int alone in each pipeline (200 chunks), until the outbox's (the slowest
+    // target) has emitted 4.
+    let int_ids: Vec<i64> = READER_PIPELINES
+        .iter()
+        .map(|p| {
+            c.query_scalar(&format!(
+                "SELECT tide.start_backfill('t_int', '{p}', chunk_size => 50)"
+            ))
+        })
+        .collect();
+    c.wait_until(
+        "the outbox's t_int backfill to emit 4 chunks",
+        Duration::from_secs(120),
+        Duration::from_millis(20),
+        || {
+            watch.sample(&c)?;
+            Ok(c.try_query_scalar::<i64>(&format!(
+                "SELECT chunks_done FROM tide.backfill WHERE id = {}",
+                int_ids[0]
+            ))? >= 4)
+        },
+    );
+    // Phase 2: t_comp and t_uuid (40 chunks each) join.
+    let mut others: Vec<i64> = Vec::new();
+    for p in READER_PIPELINES {
+        for tb in ["t_comp", "t_uuid"] {
+            others.push(c.query_scalar(&format!(
+                "SELECT tide.start_backfill('{tb}', '{p}', chunk_size => 250)"
+            )));
+        }
+    }
+    let ids: Vec<i64> = int_ids.iter().chain(&others).copied().collect();
+    let list = join(&ids);
+    let of_ob = join(&[ids[0], ids[3], ids[4]]);
+    c.wait_until(
+        "each of the outbox's three backfills to emit 2 chunks",
+        Duration::from_secs(120),
+        Duration::from_millis(20),
+        || {
+            watch.sample(&c)?;
+            Ok(c.try_query_scalar::<i64>(&format!(
+                "SELECT min(chunks_done) FROM tide.backfill WHERE id IN ({of_ob})"
+            ))? >= 2)
+        },
+    );
+    // The kill, in one snapshot with what it interrupts.
+    let (max_outbox_before, progress): (i64, Vec<(i64, String, i64)>) = {
+        let mut cl = c.client();
+        let mut tx = cl.transaction().expect("begin");
+        tx.batch_execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .expect("repeatable read");
+        let max: i64 = tx
+            .query_one("SELECT coalesce(max(id), 0) FROM tide.outbox", &[])
+            .expect("max outbox id")
+            .get(0);
+        let rows = tx
+            .query(
+                &format!(
+                    "SELECT id, state, chunks_done FROM tide.backfill WHERE id IN ({list}) ORDER BY id"
+                ),
+                &[],
+            )
+            .expect("progress");
+        tx.commit().expect("commit");
+        (
+            max,
+            rows.iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .collect(),
+        )
+    };
+    let running = progress.iter().filter(|p| p.1 == "running").count();
+    assert!(
+        [ids[0], ids[3], ids[4]].iter().all(|id| progress
+            .iter()
+            .any(|p| p.0 == *id && p.1 == "running" && p.2 >= 2)),
+        "the kill would not land in the middle of the outbox's three backfills: {progress:?}\n{}",
+        diag(&c)
+    );
+    let old: Vec<Option<i32>> = READER_PIPELINES.iter().map(|p| worker_pid(&c, p)).collect();
+    let victim = old[0].unwrap_or_else(|| panic!("no worker to kill\n{}", diag(&c)));
+    kill9_and_wait_restart(&c, victim, Duration::from_secs(90));
+    let (_, _, summary) = run.finish_summary();
+    for (p, pid) in READER_PIPELINES.iter().zip(&old) {
+        wait_recovered(&c, p, *pid, Duration::from_secs(90), || diag(&c));
+    }
+    eprintln!(
+        "readers: kill -9 of worker {victim} ({ob}) with {running} of 9 backfills running, progress {progress:?}; pgbench: {summary}"
+    );
+    // Writers again until every backfill is done, in bounded rounds.
+    let mut rounds = 0;
+    while !all_done(&c, &ids).unwrap_or(false) {
+        rounds += 1;
+        assert!(
+            rounds <= 40,
+            "the backfills did not finish within 40 rounds of writes\n{}",
+            diag(&c)
+        );
+        let run = spawn_pgbench(&c, &script, 4, 3, Some(rate));
+        let t_round = std::time::Instant::now();
+        while t_round.elapsed() < Duration::from_secs(3) {
+            let _ = watch.sample(&c);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let (_, ok, summary) = run.finish_summary();
+        assert!(
+            ok,
+            "pgbench failed without a crash: {summary}\n{}",
+            diag(&c)
+        );
+    }
+    let _ = std::fs::remove_file(&script);
+    for p in READER_PIPELINES {
+        wait_pipeline(&c, p, 180);
+    }
+    assert!(
+        c.log_count("terminated by signal 9") >= 1,
+        "the kill is not in the server log\n{}",
+        c.log_tail(40)
+    );
+
+    // Every target equals its source: the outbox replayed onto copies, the local and the
+    // remote tables compared as multisets.
+    for (tb, cols) in COLUMNS {
+        let n = replay(&c, &format!("copy_{tb}"), ob, false);
+        eprintln!("readers: replayed {n} events onto copy_{tb}");
+        assert_converged(&c, tb, &format!("copy_{tb}"));
+        assert_same_rows(
+            &format!("{tab}: {tb}"),
+            &c,
+            &format!("public.{tb}"),
+            &c,
+            &format!("rep.{tb}"),
+            cols,
+        );
+        assert_same_rows(
+            &format!("{rem}: {tb}"),
+            &c,
+            &format!("public.{tb}"),
+            &t,
+            &format!("public.{tb}"),
+            cols,
+        );
+    }
+    let moved: i64 = c.query_scalar(
+        "SELECT (SELECT count(*) FROM t_int WHERE s LIKE 'moved from %')
+              + (SELECT count(*) FROM t_comp WHERE v < 0) + (SELECT count(*) FROM t_uuid WHERE v < 0)",
+    );
+    assert!(moved > 0, "no key was moved");
+    // Each backfill: its chunks contiguous in key order and numbered 1..n; it read at least
+    // every row that existed throughout (seeded, and no stream event of its key since).
+    for (i, id) in ids.iter().enumerate() {
+        check_chunk_ranges(&c, *id);
+        let tb = if i < 3 {
+            "t_int"
+        } else {
+            ["t_comp", "t_uuid"][(i - 3) % 2]
+        };
+        let key = match tb {
+            "t_int" => "jsonb_build_object('id', s.id)",
+            "t_comp" => "jsonb_build_object('a', s.a, 'b', s.b)",
+            _ => "jsonb_build_object('id', s.id)",
+        };
+        let untouched: i64 = c.query_scalar(&format!(
+            "SELECT count(*) FROM {tb} s
+              WHERE NOT EXISTS (SELECT 1 FROM tide.outbox o
+                                 WHERE o.pipeline = '{ob}' AND o.relation = 'public.{tb}'
+                                   AND o.backfill_id IS NULL AND o.key = {key})"
+        ));
+        let read = bf_i64(&c, *id, "rows_read");
+        assert!(
+            untouched > 1000 && read >= untouched,
+            "backfill {id} of {tb}: read {read} rows, but {untouched} rows existed throughout"
+        );
+    }
+    // The outbox's backfills, in full (events, windows, a key read at most twice).
+    for id in ids.iter().filter(|id| {
+        c.query_scalar::<String>(&format!(
+            "SELECT pipeline FROM tide.backfill WHERE id = {id}"
+        )) == ob
+    }) {
+        check_backfill_invariants(&c, *id);
+        assert_no_rows(
+            &c,
+            &format!("backfill {id} re-emitted chunks it had finished before the kill"),
+            &format!(
+                "SELECT o.id FROM tide.outbox o WHERE o.backfill_id = {id} AND o.id > {max_outbox_before}
+                    AND o.chunk <= {}",
+                progress.iter().find(|p| p.0 == *id).map_or(0, |p| p.2)
+            ),
+        );
+    }
+    let dropped: i64 = c.query_scalar(&format!(
+        "SELECT sum(rows_dropped)::int8 FROM tide.backfill WHERE id IN ({list})"
+    ));
+    assert!(dropped > 0, "no chunk dropped a row: no window met a write");
+    // Several tables at once, in each pipeline.
+    for p in READER_PIPELINES {
+        let of_p = join(
+            &c.query(&format!(
+                "SELECT id FROM tide.backfill WHERE id IN ({list}) AND pipeline = '{p}'"
+            ))
+            .iter()
+            .map(|r| r.get::<_, i64>(0))
+            .collect::<Vec<_>>(),
+        );
+        let across = overlapping_chunks(&c, &of_p);
+        assert!(
+            across > 0,
+            "{p}: the tables' chunks did not interleave\n{}",
+            diag(&c)
+        );
+    }
+    // The feature itself: two chunks of one backfill in memory at once, in each pipeline, and
+    // several reader processes per worker.
+    let same: Vec<i64> = ids
+        .iter()
+        .map(|id| same_backfill_overlaps(&c, *id))
+        .collect();
+    eprintln!(
+        "readers: {setting}; {dropped} rows dropped; pairs of chunks of one backfill in memory at once {same:?} \
+         (t_int: the first 3); most readers per pipeline {:?} in {} samples; {rounds} write rounds after the kill; whole test {:.1?}",
+        watch.most, watch.samples, t_all.elapsed()
+    );
+    for (p, (id, n)) in READER_PIPELINES.iter().zip(int_ids.iter().zip(&same)) {
+        assert!(
+            *n >= 1,
+            "{p}: no two chunks of t_int's backfill {id} were in memory at once (one reader?)\n{}",
+            sample(&c, &format!("SELECT chunk, key_from, key_to, read_at, emitted_at FROM tide.chunk WHERE backfill_id = {id} ORDER BY chunk"), 12)
+        );
+    }
+    for p in READER_PIPELINES {
+        assert!(
+            watch.most(p) >= 2,
+            "{p}: at most {} reader process(es) at once with tide.max_backfill_readers = 3",
+            watch.most(p)
+        );
+    }
+    assert_eq!(
+        setting,
+        r#"{"name":"tide.max_backfill_readers","setting":"3","vartype":"integer","context":"sighup","min_val":"1","max_val":"16"}"#,
+        "the setting"
+    );
+}
+
+fn join(ids: &[i64]) -> String {
+    ids.iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
