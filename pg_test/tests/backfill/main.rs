@@ -23,6 +23,8 @@
 //!   `tide.max_parallel_backfills` running);
 //! - `parallel`: several backfills of a pipeline at once under writes, deletes, key updates and
 //!   a kill -9, converging; many small tables with a pause, a throttle and a cancel among them;
+//!   several readers of one table (`tide.max_backfill_readers`) with several tables at once,
+//!   through the same, to the outbox, a local table and a remote target;
 //! - `readiness`: the readiness states of a table, in order;
 //! - `errors`: bad input and wrong states have clear SQLSTATEs;
 //! - `keys`: text, timestamp and composite keys under concurrent updates;

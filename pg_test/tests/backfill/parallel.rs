@@ -2,12 +2,16 @@
 //! the worker's memory together, each reconciled against its own watermark window, under
 //! concurrent writes, deletes and key updates and a kill -9 of the worker, and every copy ends
 //! equal to its source; many small tables with a pause, a throttle and a cancel among them, the
-//! views true throughout, never more chunks in memory than the setting allows.
+//! views true throughout, never more chunks in memory than the setting allows. And several
+//! readers of one table (`tide.max_backfill_readers`): disjoint key ranges of one backfill read
+//! at once, with several tables, under the same writers and a kill -9, to the outbox, a local
+//! table and a remote PostgreSQL target, each ending equal to its source.
 //!
 //! That chunks of different backfills were in memory at once is read from `tide.chunk`, not
 //! hoped for: a chunk is in memory from its `read_at` to its `emitted_at` (the start of the
 //! iteration that wrote it); one backfill at a time (main before this setting) never has two
-//! such intervals of different backfills overlap.
+//! such intervals of different backfills overlap, and one reader per worker never has two of
+//! the same backfill overlap (it reads chunk N+1 during the iteration that writes N).
 
 use crate::common::*;
 use crate::convergence::{CONVERGE_SCHEMA, CONVERGE_SCRIPT, CONVERGE_TABLES, WRITE_TPS};
@@ -516,14 +520,112 @@ fn check_chunk_ranges(c: &Cluster, id: i64) {
     );
 }
 
+/// The source cluster `c` with [`CONVERGE_SCHEMA`] captured by the three pipelines of
+/// [`READER_PIPELINES`] (the remote one writing to `t`), and the outbox's replay copies.
+fn three_targets(c: &Cluster, t: &Cluster) {
+    create_server(c, "tgt", t);
+    c.execute(CONVERGE_SCHEMA);
+    let [ob, tab, rem] = READER_PIPELINES;
+    create_pipeline(c, ob);
+    pg_test::create_pipeline(c, tab, "table", r#"{"schema": "rep"}"#);
+    pg_test::create_pipeline(c, rem, "postgres", r#"{"server": "tgt"}"#);
+    for p in READER_PIPELINES {
+        for (tb, _) in CONVERGE_TABLES {
+            add_table(c, p, tb, false);
+        }
+    }
+    for (tb, keys) in CONVERGE_TABLES {
+        outbox_copy_keyed(c, tb, &format!("public.{tb}"), &format!("copy_{tb}"), keys);
+    }
+}
+
+/// In one snapshot: the outbox's last event id and (id, state, chunks_done) of each backfill.
+fn kill_point(c: &Cluster, list: &str) -> (i64, Vec<(i64, String, i64)>) {
+    let mut cl = c.client();
+    let mut tx = cl.transaction().expect("begin");
+    tx.batch_execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .expect("repeatable read");
+    let max: i64 = tx
+        .query_one("SELECT coalesce(max(id), 0) FROM tide.outbox", &[])
+        .expect("max outbox id")
+        .get(0);
+    let rows = tx
+        .query(
+            &format!(
+                "SELECT id, state, chunks_done FROM tide.backfill WHERE id IN ({list}) ORDER BY id"
+            ),
+            &[],
+        )
+        .expect("progress");
+    tx.commit().expect("commit");
+    (
+        max,
+        rows.iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect(),
+    )
+}
+
+/// Every target equals its source: the outbox replayed onto copies, the local (`rep`) and the
+/// remote tables compared as multisets; and keys were moved meanwhile.
+fn assert_three_targets_converged(c: &Cluster, t: &Cluster) {
+    let [ob, tab, rem] = READER_PIPELINES;
+    for (tb, cols) in COLUMNS {
+        let n = replay(c, &format!("copy_{tb}"), ob, false);
+        eprintln!("readers: replayed {n} events onto copy_{tb}");
+        assert_converged(c, tb, &format!("copy_{tb}"));
+        let source = format!("public.{tb}");
+        assert_same_rows(
+            &format!("{tab}: {tb}"),
+            c,
+            &source,
+            c,
+            &format!("rep.{tb}"),
+            cols,
+        );
+        assert_same_rows(&format!("{rem}: {tb}"), c, &source, t, &source, cols);
+    }
+    let moved: i64 = c.query_scalar(
+        "SELECT (SELECT count(*) FROM t_int WHERE s LIKE 'moved from %')
+              + (SELECT count(*) FROM t_comp WHERE v < 0) + (SELECT count(*) FROM t_uuid WHERE v < 0)",
+    );
+    assert!(moved > 0, "no key was moved");
+}
+
+/// Each backfill (`(id, table)`): its chunks numbered 1..n with contiguous key ranges
+/// ([`check_chunk_ranges`]), and it read at least every row of its table that existed
+/// throughout (in the source now, and no stream event of its key ever reached the outbox).
+fn assert_read_every_row(c: &Cluster, backfills: &[(i64, &str)]) {
+    for (id, tb) in backfills {
+        check_chunk_ranges(c, *id);
+        let key = match *tb {
+            "t_comp" => "jsonb_build_object('a', s.a, 'b', s.b)",
+            _ => "jsonb_build_object('id', s.id)",
+        };
+        let untouched: i64 = c.query_scalar(&format!(
+            "SELECT count(*) FROM {tb} s
+              WHERE NOT EXISTS (SELECT 1 FROM tide.outbox o
+                                 WHERE o.pipeline = '{}' AND o.relation = 'public.{tb}'
+                                   AND o.backfill_id IS NULL AND o.key = {key})",
+            READER_PIPELINES[0]
+        ));
+        let read = bf_i64(c, *id, "rows_read");
+        assert!(
+            untouched > 1000 && read >= untouched,
+            "backfill {id} of {tb}: read {read} rows, but {untouched} rows existed throughout"
+        );
+    }
+}
+
 /// Several readers of one table: `tide.max_backfill_readers = 3`, three pipelines capturing the
 /// same three tables (the outbox, a local table target, a remote PostgreSQL target), writers
 /// inserting, updating, deleting and moving keys across the key range (60% in the chunks being
-/// read), a kill -9 of a worker while every pipeline backfills; every target ends equal to its
-/// source. `t_int` (100 chunks) starts alone, so that each worker has three readers for one
-/// backfill: two chunks of it must have been in memory at once (`same_backfill_overlaps`: never
-/// with one reader). `t_comp` and `t_uuid` (40 chunks each) join while it runs: several tables
-/// at once, read by the same readers.
+/// read), a kill -9 of the outbox's worker while its three backfills run; every target ends
+/// equal to its source. `t_int` (200 chunks) starts alone, so that each worker has three
+/// readers for one backfill: two chunks of it must have been in memory at once
+/// ([`same_backfill_overlaps`]: never with one reader), and each worker must have had two
+/// reader processes at least. `t_comp` and `t_uuid` (40 chunks each) join while the outbox's
+/// `t_int` runs: several tables at once, read by the same readers.
 #[test]
 fn several_readers_of_one_table_converge_through_kill9() {
     let t_all = std::time::Instant::now();
@@ -537,20 +639,8 @@ fn several_readers_of_one_table_converge_through_kill9() {
         1,
     );
     let t = target_cluster("bf_readers_tgt");
-    create_server(&c, "tgt", &t);
-    c.execute(CONVERGE_SCHEMA);
-    let [ob, tab, rem] = READER_PIPELINES;
-    create_pipeline(&c, ob);
-    pg_test::create_pipeline(&c, tab, "table", r#"{"schema": "rep"}"#);
-    pg_test::create_pipeline(&c, rem, "postgres", r#"{"server": "tgt"}"#);
-    for p in READER_PIPELINES {
-        for (tb, _) in CONVERGE_TABLES {
-            add_table(&c, p, tb, false);
-        }
-    }
-    for (tb, keys) in CONVERGE_TABLES {
-        outbox_copy_keyed(&c, tb, &format!("public.{tb}"), &format!("copy_{tb}"), keys);
-    }
+    three_targets(&c, &t);
+    let ob = READER_PIPELINES[0];
     // Three workers decode every write: the writers at half the one-pipeline rate.
     let rate = WRITE_TPS / 2;
     let script = write_script("backfill_readers", CONVERGE_SCRIPT);
@@ -569,38 +659,38 @@ fn several_readers_of_one_table_converge_through_kill9() {
     let mut watch = ReaderWatch::default();
     // Phase 1: t_int alone in each pipeline (200 chunks), until the outbox's (the slowest
     // target) has emitted 4.
-    let int_ids: Vec<i64> = READER_PIPELINES
-        .iter()
-        .map(|p| {
+    let mut backfills: Vec<(i64, &str)> = Vec::new();
+    for p in READER_PIPELINES {
+        backfills.push((
             c.query_scalar(&format!(
                 "SELECT tide.start_backfill('t_int', '{p}', chunk_size => 50)"
-            ))
-        })
-        .collect();
+            )),
+            "t_int",
+        ));
+    }
     c.wait_until(
         "the outbox's t_int backfill to emit 4 chunks",
         Duration::from_secs(120),
         Duration::from_millis(20),
         || {
             watch.sample(&c)?;
-            Ok(c.try_query_scalar::<i64>(&format!(
-                "SELECT chunks_done FROM tide.backfill WHERE id = {}",
-                int_ids[0]
-            ))? >= 4)
+            Ok(bf_i64(&c, backfills[0].0, "chunks_done") >= 4)
         },
     );
     // Phase 2: t_comp and t_uuid (40 chunks each) join.
-    let mut others: Vec<i64> = Vec::new();
     for p in READER_PIPELINES {
         for tb in ["t_comp", "t_uuid"] {
-            others.push(c.query_scalar(&format!(
-                "SELECT tide.start_backfill('{tb}', '{p}', chunk_size => 250)"
-            )));
+            backfills.push((
+                c.query_scalar(&format!(
+                    "SELECT tide.start_backfill('{tb}', '{p}', chunk_size => 250)"
+                )),
+                tb,
+            ));
         }
     }
-    let ids: Vec<i64> = int_ids.iter().chain(&others).copied().collect();
+    let ids: Vec<i64> = backfills.iter().map(|b| b.0).collect();
     let list = join(&ids);
-    let of_ob = join(&[ids[0], ids[3], ids[4]]);
+    let of_ob = [ids[0], ids[3], ids[4]];
     c.wait_until(
         "each of the outbox's three backfills to emit 2 chunks",
         Duration::from_secs(120),
@@ -608,39 +698,14 @@ fn several_readers_of_one_table_converge_through_kill9() {
         || {
             watch.sample(&c)?;
             Ok(c.try_query_scalar::<i64>(&format!(
-                "SELECT min(chunks_done) FROM tide.backfill WHERE id IN ({of_ob})"
+                "SELECT min(chunks_done) FROM tide.backfill WHERE id IN ({})",
+                join(&of_ob)
             ))? >= 2)
         },
     );
-    // The kill, in one snapshot with what it interrupts.
-    let (max_outbox_before, progress): (i64, Vec<(i64, String, i64)>) = {
-        let mut cl = c.client();
-        let mut tx = cl.transaction().expect("begin");
-        tx.batch_execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            .expect("repeatable read");
-        let max: i64 = tx
-            .query_one("SELECT coalesce(max(id), 0) FROM tide.outbox", &[])
-            .expect("max outbox id")
-            .get(0);
-        let rows = tx
-            .query(
-                &format!(
-                    "SELECT id, state, chunks_done FROM tide.backfill WHERE id IN ({list}) ORDER BY id"
-                ),
-                &[],
-            )
-            .expect("progress");
-        tx.commit().expect("commit");
-        (
-            max,
-            rows.iter()
-                .map(|r| (r.get(0), r.get(1), r.get(2)))
-                .collect(),
-        )
-    };
-    let running = progress.iter().filter(|p| p.1 == "running").count();
+    let (max_outbox_before, progress) = kill_point(&c, &list);
     assert!(
-        [ids[0], ids[3], ids[4]].iter().all(|id| progress
+        of_ob.iter().all(|id| progress
             .iter()
             .any(|p| p.0 == *id && p.1 == "running" && p.2 >= 2)),
         "the kill would not land in the middle of the outbox's three backfills: {progress:?}\n{}",
@@ -654,7 +719,7 @@ fn several_readers_of_one_table_converge_through_kill9() {
         wait_recovered(&c, p, *pid, Duration::from_secs(90), || diag(&c));
     }
     eprintln!(
-        "readers: kill -9 of worker {victim} ({ob}) with {running} of 9 backfills running, progress {progress:?}; pgbench: {summary}"
+        "readers: kill -9 of worker {victim} ({ob}) at (backfill, state, chunks done) {progress:?}; pgbench: {summary}"
     );
     // Writers again until every backfill is done, in bounded rounds.
     let mut rounds = 0;
@@ -688,74 +753,20 @@ fn several_readers_of_one_table_converge_through_kill9() {
         c.log_tail(40)
     );
 
-    // Every target equals its source: the outbox replayed onto copies, the local and the
-    // remote tables compared as multisets.
-    for (tb, cols) in COLUMNS {
-        let n = replay(&c, &format!("copy_{tb}"), ob, false);
-        eprintln!("readers: replayed {n} events onto copy_{tb}");
-        assert_converged(&c, tb, &format!("copy_{tb}"));
-        assert_same_rows(
-            &format!("{tab}: {tb}"),
-            &c,
-            &format!("public.{tb}"),
-            &c,
-            &format!("rep.{tb}"),
-            cols,
-        );
-        assert_same_rows(
-            &format!("{rem}: {tb}"),
-            &c,
-            &format!("public.{tb}"),
-            &t,
-            &format!("public.{tb}"),
-            cols,
-        );
-    }
-    let moved: i64 = c.query_scalar(
-        "SELECT (SELECT count(*) FROM t_int WHERE s LIKE 'moved from %')
-              + (SELECT count(*) FROM t_comp WHERE v < 0) + (SELECT count(*) FROM t_uuid WHERE v < 0)",
-    );
-    assert!(moved > 0, "no key was moved");
-    // Each backfill: its chunks contiguous in key order and numbered 1..n; it read at least
-    // every row that existed throughout (seeded, and no stream event of its key since).
-    for (i, id) in ids.iter().enumerate() {
-        check_chunk_ranges(&c, *id);
-        let tb = if i < 3 {
-            "t_int"
-        } else {
-            ["t_comp", "t_uuid"][(i - 3) % 2]
-        };
-        let key = match tb {
-            "t_int" => "jsonb_build_object('id', s.id)",
-            "t_comp" => "jsonb_build_object('a', s.a, 'b', s.b)",
-            _ => "jsonb_build_object('id', s.id)",
-        };
-        let untouched: i64 = c.query_scalar(&format!(
-            "SELECT count(*) FROM {tb} s
-              WHERE NOT EXISTS (SELECT 1 FROM tide.outbox o
-                                 WHERE o.pipeline = '{ob}' AND o.relation = 'public.{tb}'
-                                   AND o.backfill_id IS NULL AND o.key = {key})"
-        ));
-        let read = bf_i64(&c, *id, "rows_read");
-        assert!(
-            untouched > 1000 && read >= untouched,
-            "backfill {id} of {tb}: read {read} rows, but {untouched} rows existed throughout"
-        );
-    }
-    // The outbox's backfills, in full (events, windows, a key read at most twice).
-    for id in ids.iter().filter(|id| {
-        c.query_scalar::<String>(&format!(
-            "SELECT pipeline FROM tide.backfill WHERE id = {id}"
-        )) == ob
-    }) {
+    assert_three_targets_converged(&c, &t);
+    assert_read_every_row(&c, &backfills);
+    // The outbox's backfills, in full (events, windows, a key read at most twice), and no
+    // chunk finished before the kill emitted again.
+    for (id, done) in of_ob
+        .iter()
+        .map(|id| (id, progress.iter().find(|p| p.0 == *id).map_or(0, |p| p.2)))
+    {
         check_backfill_invariants(&c, *id);
         assert_no_rows(
             &c,
             &format!("backfill {id} re-emitted chunks it had finished before the kill"),
             &format!(
-                "SELECT o.id FROM tide.outbox o WHERE o.backfill_id = {id} AND o.id > {max_outbox_before}
-                    AND o.chunk <= {}",
-                progress.iter().find(|p| p.0 == *id).map_or(0, |p| p.2)
+                "SELECT id FROM tide.outbox WHERE backfill_id = {id} AND id > {max_outbox_before} AND chunk <= {done}"
             ),
         );
     }
@@ -763,16 +774,9 @@ fn several_readers_of_one_table_converge_through_kill9() {
         "SELECT sum(rows_dropped)::int8 FROM tide.backfill WHERE id IN ({list})"
     ));
     assert!(dropped > 0, "no chunk dropped a row: no window met a write");
-    // Several tables at once, in each pipeline.
-    for p in READER_PIPELINES {
-        let of_p = join(
-            &c.query(&format!(
-                "SELECT id FROM tide.backfill WHERE id IN ({list}) AND pipeline = '{p}'"
-            ))
-            .iter()
-            .map(|r| r.get::<_, i64>(0))
-            .collect::<Vec<_>>(),
-        );
+    // Several tables at once, in each pipeline (t_comp and t_uuid start together).
+    for (k, p) in READER_PIPELINES.iter().enumerate() {
+        let of_p = join(&[ids[k], ids[3 + 2 * k], ids[4 + 2 * k]]);
         let across = overlapping_chunks(&c, &of_p);
         assert!(
             across > 0,
@@ -791,7 +795,7 @@ fn several_readers_of_one_table_converge_through_kill9() {
          (t_int: the first 3); most readers per pipeline {:?} in {} samples; {rounds} write rounds after the kill; whole test {:.1?}",
         watch.most, watch.samples, t_all.elapsed()
     );
-    for (p, (id, n)) in READER_PIPELINES.iter().zip(int_ids.iter().zip(&same)) {
+    for (p, (id, n)) in READER_PIPELINES.iter().zip(ids.iter().zip(&same)) {
         assert!(
             *n >= 1,
             "{p}: no two chunks of t_int's backfill {id} were in memory at once (one reader?)\n{}",
