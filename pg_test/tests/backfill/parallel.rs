@@ -463,7 +463,8 @@ impl ReaderWatch {
 
 /// A finished backfill's chunks, whatever its target: done, numbered 1..chunks_done, each key
 /// range starting where the previous one ended (the first at NULL), a proper
-/// low < high watermark each, and sums equal to the backfill's counters.
+/// low < high watermark each, written in chunk (key) order, and sums equal to the backfill's
+/// counters.
 fn check_chunk_ranges(c: &Cluster, id: i64) {
     assert_eq!(
         bf_state(c, id),
@@ -516,6 +517,18 @@ fn check_chunk_ranges(c: &Cluster, id: i64) {
         breaks,
         0,
         "backfill {id}: chunk key ranges are not contiguous\n{}",
+        chunks()
+    );
+    // Written in key order: a chunk read before an earlier one was written is held until then.
+    let out_of_order: i64 = c.query_scalar(&format!(
+        "SELECT count(*) FROM (SELECT emitted_at, lag(emitted_at) OVER (ORDER BY chunk) AS prev
+                                 FROM tide.chunk WHERE backfill_id = {id}) s
+          WHERE emitted_at < prev"
+    ));
+    assert_eq!(
+        out_of_order,
+        0,
+        "backfill {id}: a chunk was written before an earlier one\n{}",
         chunks()
     );
 }
@@ -703,6 +716,16 @@ fn several_readers_of_one_table_converge_through_kill9() {
             ))? >= 2)
         },
     );
+    // Kill, trying for a moment to do it while two chunks of one backfill are read (the last
+    // watermark written is a high one, of a chunk after the next to be written).
+    let both_read = poll_every(Duration::from_secs(2), Duration::from_millis(2), || {
+        Ok(c.try_query_scalar::<bool>(&format!(
+            "SELECT coalesce((SELECT s.kind = 'high' AND s.chunk > b.chunks_done + 1
+                                FROM tide.signal s JOIN tide.backfill b ON b.id = s.backfill_id
+                               WHERE s.pipeline = '{ob}'), false)"
+        ))?)
+    })
+    .is_ok();
     let (max_outbox_before, progress) = kill_point(&c, &list);
     assert!(
         of_ob.iter().all(|id| progress
@@ -719,7 +742,7 @@ fn several_readers_of_one_table_converge_through_kill9() {
         wait_recovered(&c, p, *pid, Duration::from_secs(90), || diag(&c));
     }
     eprintln!(
-        "readers: kill -9 of worker {victim} ({ob}) at (backfill, state, chunks done) {progress:?}; pgbench: {summary}"
+        "readers: kill -9 of worker {victim} ({ob}) at (backfill, state, chunks done) {progress:?}, two chunks of a backfill read: {both_read}; pgbench: {summary}"
     );
     // Writers again until every backfill is done, in bounded rounds.
     let mut rounds = 0;
