@@ -176,13 +176,17 @@ def run(self, b):
             tgt.x(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
             settle()
 
-    def tide(kind, how, parallel=None):
+    def tide(kind, how, parallel=None, readers=None):
         r = b["runs"][-1]
         if parallel is not None:
             src.x(f"ALTER SYSTEM SET tide.max_parallel_backfills = {int(parallel)}")
+        if readers is not None:
+            src.x(f"ALTER SYSTEM SET tide.max_backfill_readers = {int(readers)}")
+        if parallel is not None or readers is not None:
             src.x("SELECT pg_reload_conf()")
             time.sleep(0.5)
         r["max_parallel_backfills"] = src.val("SHOW tide.max_parallel_backfills")
+        r["max_backfill_readers"] = src.val("SHOW tide.max_backfill_readers")
         schema = REMOTE_SCHEMA if kind == "remote" else LOCAL_SCHEMA
         target = TideTarget(kind, schema, src, tgt)
         name = f"b7_{kind}_{how}"
@@ -233,8 +237,9 @@ def run(self, b):
             finish(r, secs, series, total)
         finally:
             drop_pipeline(src, name)
-            if parallel is not None:
+            if parallel is not None or readers is not None:
                 src.x("ALTER SYSTEM RESET tide.max_parallel_backfills")
+                src.x("ALTER SYSTEM RESET tide.max_backfill_readers")
                 src.x("SELECT pg_reload_conf()")
             try:
                 target.node.x(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
@@ -257,6 +262,15 @@ def run(self, b):
                     f"tide_{kind}_schema_p{int(n)}",
                     f"pg_tide → {kind} table, add_tables_in_schema, tide.max_parallel_backfills = {int(n)}",
                     lambda kind=kind, n=int(n): tide(kind, "schema", n),
+                )
+            )
+    for n in [x.strip() for x in os.environ.get("BENCH_B7_READERS", "").split(",") if x.strip()]:
+        for kind in ("local", "remote"):
+            methods.append(
+                (
+                    f"tide_{kind}_schema_r{int(n)}",
+                    f"pg_tide → {kind} table, add_tables_in_schema, tide.max_backfill_readers = {int(n)}",
+                    lambda kind=kind, n=int(n): tide(kind, "schema", None, n),
                 )
             )
     for key, label, fn in methods:
