@@ -35,7 +35,8 @@
 //!   values needing COPY escapes arrive exactly); a kill -9 between the COPY and the remote
 //!   commit of a chunk loses and duplicates nothing, straight into the table or through the
 //!   staging table; ordinary roles on both sides, and the remote role's TEMPORARY privilege
-//!   (needed for the staging table only);
+//!   (needed for the staging table only); a table added while an iteration is under way is
+//!   backfilled by COPY too;
 //! - `bulk`: chunks loaded in bulk into a local target where its key range is empty, upserted
 //!   where it is not or where the table has triggers or row security (`tide.chunks.written_as`);
 //!   a kill -9 inside a bulk load;

@@ -4,7 +4,8 @@
 //! transaction; when the target table has the chunk's columns with the source's types. Values
 //! arrive exactly (no JSON in between), a crash between the COPY and the remote commit of a
 //! chunk loses and duplicates nothing (either way), and it works as ordinary roles on both
-//! sides (the remote role needs the TEMPORARY privilege for the staging table only).
+//! sides (the remote role needs the TEMPORARY privilege for the staging table only). A table
+//! added while the worker's iteration is under way gets COPY too, not text events.
 
 use crate::common::*;
 use std::time::{Duration, Instant};
@@ -362,4 +363,62 @@ fn ordinary_roles_and_the_staging_tables_temporary_privilege() {
         ),
         vec!["copy".to_string()]
     );
+}
+
+/// A table added while the worker's iteration is under way is backfilled by COPY, every chunk
+/// (issue 35: B1's remote target ran at half speed in some runs). The iteration reads its target
+/// tables first, then decodes up to the WAL's end: an `add_table` that commits in between is
+/// decoded in that iteration (its backfill becomes due) while the target did not yet know the
+/// table, and the first chunk is read before the next iteration. Asked then, the target answered
+/// "text" for it; the next chunks, read ahead in the form of the one before, followed: every
+/// chunk was written as text events (`written_as = 'events'`, twice the time and WAL of COPY).
+/// The window is made deterministic: a lock on the target's `tide_applied` holds the worker's
+/// first iteration in its `begin` (reading its applied position, after its target tables were
+/// read) while the table is added; the test waits until the target shows the worker waiting.
+#[test]
+fn a_table_added_during_an_iteration_is_backfilled_by_copy() {
+    let (c, t) = setup_remote("tt_rlate");
+    c.execute(
+        "CREATE TABLE late (id int PRIMARY KEY, s text);
+         INSERT INTO late SELECT g, 'row ' || g FROM generate_series(1, 3000) g;",
+    );
+    t.execute(
+        "CREATE TABLE public.tide_applied (pipeline text PRIMARY KEY, applied_lsn pg_lsn NOT NULL,
+                                           applied_at timestamptz NOT NULL DEFAULT now())",
+    );
+    let mut lock = t.client();
+    lock.batch_execute("BEGIN; LOCK TABLE public.tide_applied IN ACCESS EXCLUSIVE MODE")
+        .expect("lock the target's tide_applied");
+    exec(
+        &c,
+        r#"SELECT tide.create_pipeline('late', 'postgres', '{"server": "tgt"}')"#,
+    );
+    t.wait_until(
+        "the worker's first iteration waiting on the target's tide_applied",
+        Duration::from_secs(30),
+        POLL,
+        || {
+            Ok(t.try_query_scalar::<i64>(
+                "SELECT count(*) FROM pg_locks
+                  WHERE relation = 'public.tide_applied'::regclass AND NOT granted",
+            )? > 0)
+        },
+    );
+    exec(&c, "SELECT tide.add_table('late', 'late', backfill => false)");
+    exec(
+        &c,
+        "SELECT tide.start_backfill('late', 'late', chunk_size => 500)",
+    );
+    lock.batch_execute("ROLLBACK").expect("release the lock");
+    wait_backfill(&c, "late", "late", 120);
+    wait_pipeline(&c, "late", 60);
+    assert_same_rows("late table", &c, "public.late", &t, "public.late", "id, s");
+    let how = texts(
+        &c,
+        "SELECT coalesce(written_as, '-') FROM tide.chunks
+          WHERE pipeline = 'late' AND relation = 'public.late' ORDER BY chunk",
+    );
+    let mut want = vec!["copy"; 6];
+    want.push("-"); // the last chunk reads nothing
+    assert_eq!(how, want, "how each chunk was written");
 }

@@ -229,7 +229,6 @@ fn current_access(p: &PipelineRow) -> TideResult<RemoteAccess> {
 }
 
 impl<B: Backend + 'static> TableTarget<B> {
-    /// Whether the target table of `relid` has each of `columns` (name, `format_type`).
     /// `names`, each with the target table's type for it (what its text is cast to).
     fn typed(&mut self, t: &TableRef, names: &[String]) -> TideResult<Vec<TypedColumn>> {
         self.target_columns(t)?;
@@ -256,7 +255,12 @@ impl<B: Backend + 'static> TableTarget<B> {
             .collect()
     }
 
+    /// Whether the target table of `relid` has each of `columns` (name, `format_type`); a table
+    /// not among the targets read at [`Target::begin`] is looked up again ([`Self::reload_targets`]).
     fn has_columns(&mut self, relid: u32, columns: &[(String, String)]) -> TideResult<bool> {
+        if !self.targets.contains_key(&relid) {
+            self.reload_targets()?;
+        }
         let Some(t) = self.targets.get(&relid).cloned() else {
             return Ok(false);
         };
@@ -264,6 +268,22 @@ impl<B: Backend + 'static> TableTarget<B> {
         Ok(columns
             .iter()
             .all(|col| target.iter().any(|have| have == col)))
+    }
+
+    /// The target tables read again from the catalog, for a source table added since
+    /// [`Target::begin`] read them: its backfill becomes due in the iteration that decodes its
+    /// `add_table` marker, which may be after that iteration's `begin` (the table committed
+    /// meanwhile), and its first chunk is read before the next iteration. Without this, that
+    /// chunk would be held as text events, and so every later chunk of the backfill (the next
+    /// chunks are read ahead in the form of the one before).
+    fn reload_targets(&mut self) -> TideResult<()> {
+        let pipeline = self.pipeline.clone();
+        self.targets = pgrx::Spi::connect_mut(|c| {
+            crate::catalog::tables::target_tables(c, &pipeline)
+        })?
+        .into_iter()
+        .collect();
+        Ok(())
     }
 
     /// Before a chunk's `count` rows of `relid` are written in bulk: the target's shape is
