@@ -2,6 +2,8 @@
 
 `run(suite, b)` is called by Suite.b2."""
 
+import os
+
 from .common import *  # noqa: F401,F403
 
 
@@ -253,20 +255,26 @@ def run(self, b):
             drop_subscription(src, tgt, "bench_b2_sub")
             src.x("DROP PUBLICATION IF EXISTS bench_b2_pub")
 
+    # BENCH_B2_RUNS=tide_local_2000_backfill,...: run only the listed runs (by name).
+    only = [x.strip() for x in os.environ.get("BENCH_B2_RUNS", "").split(",") if x.strip()]
+
+    def run_one(name, fn, **meta):
+        if only and name not in only:
+            return None
+        return self.run(b, name, fn, **meta)
+
     def rl(rate):
         return f"{rate} tx/s" if rate else "full speed"
 
     for rate in P["b2_rates"]:
-        self.run(
-            b,
+        run_one(
             f"tide_remote_{rate or 'max'}",
             lambda rt=rate: tide("remote", rt),
             method="tide_remote",
             label=f"pg_tide → remote, {rl(rate)}",
             rate=rate,
         )
-        self.run(
-            b,
+        run_one(
             f"native_{rate or 'max'}",
             lambda rt=rate: native(rt),
             method="native",
@@ -274,8 +282,7 @@ def run(self, b):
             rate=rate,
         )
     rate = P["b2_backfill_rate"]
-    self.run(
-        b,
+    run_one(
         f"tide_remote_{rate}_backfill",
         lambda: tide("remote", rate, True),
         method="tide_remote",
@@ -284,16 +291,14 @@ def run(self, b):
         with_backfill=True,
     )
     # Reference points with the local table target (also covers a remote target that fails).
-    self.run(
-        b,
+    run_one(
         "tide_local_2000",
         lambda: tide("local", 2000),
         method="tide_local",
         label=f"pg_tide → local, {rl(2000)}",
         rate=2000,
     )
-    self.run(
-        b,
+    run_one(
         f"tide_local_{rate}_backfill",
         lambda: tide("local", rate, True),
         method="tide_local",

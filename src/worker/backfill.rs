@@ -353,15 +353,12 @@ impl Backfiller {
         let mut rows = None;
         loop {
             let p = self.pending.remove(at);
-            let Some((n, more)) = self.emit(c, sink, t, &p)? else {
+            let Some(n) = self.emit(c, sink, t, &p)? else {
                 // Not written: nor are the chunks of its backfill after it.
                 self.forget_backfill(id);
                 break;
             };
             rows = Some(rows.unwrap_or(0) + n);
-            if more {
-                self.read_ahead(&p);
-            }
             // The backfill's next chunk, when its high watermark has passed.
             let next = self
                 .pending
@@ -378,15 +375,16 @@ impl Backfiller {
     }
 
     /// Write chunk `p` (its high watermark is reached, and every earlier chunk of its backfill
-    /// was written): the rows written and whether its backfill goes on unthrottled (then its
-    /// next chunks may be read ahead), or `None` when it was not written (read again).
+    /// was written): the rows written, or `None` when it was not written (read again). Once its
+    /// progress is recorded and before its rows are written, its backfill's next chunks are
+    /// asked of the readers ([`Self::read_ahead`]), so that they are read while it is written.
     fn emit(
         &mut self,
         c: &mut SpiClient<'_>,
         sink: &mut dyn Target,
         t: &mut Txn,
         p: &PendingChunk,
-    ) -> TideResult<Option<(u64, bool)>> {
+    ) -> TideResult<Option<u64>> {
         let Some(result) = self.reconciler.on_high_watermark(p.watermark) else {
             // LW never seen (cannot happen for a chunk read after its LW committed): read again.
             return Ok(None);
@@ -420,6 +418,9 @@ impl Backfiller {
         let Some((state, throttle)) = backfills::record_progress(c, &done)? else {
             return Ok(None);
         };
+        if state == BackfillState::Running && !p.is_last && throttle.is_none() {
+            self.read_ahead(p);
+        }
         if p.chunk_no % 100 == 0 {
             backfills::trim_chunks(c, p.backfill_id, p.chunk_no)?;
         }
@@ -427,8 +428,7 @@ impl Backfiller {
         write_rows(c, sink, t, p, rows, &mut done)?;
         backfills::record_chunk(c, &done)?;
         self.chunk_failures = 0;
-        let more = state == BackfillState::Running && !p.is_last && throttle.is_none();
-        Ok(Some((n, more)))
+        Ok(Some(n))
     }
 
     /// Read ahead (see `read_ahead`): after chunk `p` was written, its backfill's next chunks

@@ -404,7 +404,10 @@ fn a_table_added_during_an_iteration_is_backfilled_by_copy() {
             )? > 0)
         },
     );
-    exec(&c, "SELECT tide.add_table('late', 'late', backfill => false)");
+    exec(
+        &c,
+        "SELECT tide.add_table('late', 'late', backfill => false)",
+    );
     exec(
         &c,
         "SELECT tide.start_backfill('late', 'late', chunk_size => 500)",

@@ -278,11 +278,10 @@ impl<B: Backend + 'static> TableTarget<B> {
     /// chunks are read ahead in the form of the one before).
     fn reload_targets(&mut self) -> TideResult<()> {
         let pipeline = self.pipeline.clone();
-        self.targets = pgrx::Spi::connect_mut(|c| {
-            crate::catalog::tables::target_tables(c, &pipeline)
-        })?
-        .into_iter()
-        .collect();
+        self.targets =
+            pgrx::Spi::connect_mut(|c| crate::catalog::tables::target_tables(c, &pipeline))?
+                .into_iter()
+                .collect();
         Ok(())
     }
 
