@@ -52,9 +52,9 @@
 //! it became visible: `tide_core::snapshot::DeliveredXids`) is read again rather than registered.
 //!
 //! Guarantees: the worker's memory holds at most one chunk per running backfill
-//! (`tide.max_parallel_backfills`) with one reader, or up to `tide.max_backfill_readers` of a
-//! backfill with several (its next chunks are asked for only as many as top it up to that), and
-//! each reader one; no transaction opened here outlives one chunk; the
+//! (`tide.max_parallel_backfills`) with one reader, or up to twice `tide.max_backfill_readers`
+//! of a backfill with several (its next chunks are asked for only as many as top it up to that),
+//! and each reader one; no transaction opened here outlives one chunk; the
 //! stream never waits for a chunk's high watermark (between two iterations it waits for the
 //! reads of at most that many chunks). A crash loses only the chunks in memory: durable progress points at the last emitted
 //! chunk, so the chunk is read again under new watermarks (watermark ids come from a sequence and
@@ -129,7 +129,7 @@ pub struct Backfiller {
     reconciler: Reconciler<u32, String, Row>,
     /// The chunks waiting for their high watermark (or held after it), in the order they were
     /// read: of at most `tide.max_parallel_backfills` backfills, one per backfill, or, with
-    /// several readers, up to `tide.max_backfill_readers` of one backfill.
+    /// several readers, up to twice `tide.max_backfill_readers` of one backfill.
     pending: Vec<PendingChunk>,
     /// Bounds of the next chunks of a backfill, planned by [`ranges::plan`] after the key its
     /// next unread chunk starts after (the first of the pair): used when its chunks are next
@@ -472,13 +472,14 @@ impl Backfiller {
         next.last_key = from;
         next.chunk_no = last.chunk_no + 1;
         // The planned ranges, then the chunk after the last bound used (or the only one); no
-        // more than tops the backfill's chunks in memory up to one per reader (its memory bound:
-        // nothing of it is in flight now).
+        // more than tops the backfill's chunks in memory up to two per reader (its memory bound:
+        // nothing of it is in flight now; one iteration usually writes all of them, but one cut
+        // short by its batch size under a backlog would otherwise ask again at each).
         let in_memory = self.pending.iter().filter(|q| q.backfill_id == id).count();
         let m = idle
             .len()
             .min(bounds.len() + 1)
-            .min(self.readers.len().saturating_sub(in_memory));
+            .min((2 * self.readers.len()).saturating_sub(in_memory));
         if m == 0 {
             return;
         }
