@@ -895,7 +895,7 @@ fn check_not_rewritten(pipeline: &str, job: &Job, meta: &TableMeta) -> TideResul
     .retry_later())
 }
 
-fn quote(ident: &str) -> String {
+pub(super) fn quote(ident: &str) -> String {
     pgrx::spi::quote_identifier(ident)
 }
 

@@ -17,7 +17,7 @@
 //! at a time meanwhile); it ignores the backfill's condition and the table's row filter (they
 //! only thin out the chunks).
 
-use super::chunk::table_meta;
+use super::chunk::{quote, table_meta};
 use super::tx::{self, Locked};
 use crate::catalog::backfills::Due;
 use crate::error::{TideError, TideResult};
@@ -53,7 +53,7 @@ fn probe(b: &Due, after: Option<&[String]>, n: usize) -> TideResult<Vec<Vec<Stri
     let keys = b
         .key_columns
         .iter()
-        .map(|k| quote_ident(k))
+        .map(|k| quote(k))
         .collect::<Vec<_>>()
         .join(", ");
     let mut sql = format!("SELECT {keys} FROM (SELECT {keys}, pg_catalog.row_number() OVER (ORDER BY {keys}) AS tide_rn FROM (SELECT {keys} FROM {}", meta.scan);
@@ -93,9 +93,4 @@ fn probe(b: &Due, after: Option<&[String]>, n: usize) -> TideResult<Vec<Vec<Stri
                 .ok_or_else(|| TideError::internal("a key column of a backfilled table is NULL"))
         })
         .collect()
-}
-
-/// `ident` as a quoted identifier.
-fn quote_ident(ident: &str) -> String {
-    format!("\"{}\"", ident.replace('"', "\"\""))
 }
