@@ -18,9 +18,13 @@
 //!   passed where that failed (`worker::pipeline`), so a failure is then that transaction's,
 //!   and the error's hint names it.
 //! - Changes of a table are delivered from its `add_table` marker on and up to its
-//!   `remove_table` marker, exactly at those commit positions; a marker for a table the
-//!   decoder was not filtering for ends the batch at that transaction ([`Applier::stopped`]),
-//!   and the decoder is reopened with the new list.
+//!   `remove_table` marker, exactly at those commit positions. An `add_table` marker for a table
+//!   the decoder was not filtering for (it committed after the iteration read its table list)
+//!   makes the iteration fail on purpose and be done again at once with the table listed
+//!   (`Applier::restart`): the table's changes after the marker in that transaction were not
+//!   sent. In a replay or a skipped transaction (nothing of it reaches the target) it only ends
+//!   the batch at that transaction ([`Applier::stopped`]), and the decoder is reopened with the
+//!   new list.
 //! - A `tide.alter_table` marker (its payload the schema event announcing the new row filter and
 //!   column list) reaches the target at its transaction's commit, after the transaction's
 //!   changes ([`Target::schema`]), and ends the batch at that transaction: the changes committed before it were decoded with the old plugin options,
@@ -59,6 +63,7 @@ use crate::error::{TideError, TideResult};
 use crate::sink::{CommitPoint, Event, Row, RowForm, SchemaEvent, Target};
 use crate::worker::backfill::Backfiller;
 use crate::worker::stream_apply::{LiveTxn, StreamApply};
+use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
 use std::collections::{HashMap, HashSet};
 use tide_core::lsn::Lsn;
@@ -166,6 +171,16 @@ thread_local! {
     /// The commit LSN of the last transaction this worker began to apply (not a replay, not
     /// skipped), for the error of a failed iteration ([`last_begun`]).
     static LAST_BEGUN: std::cell::Cell<Option<Lsn>> = const { std::cell::Cell::new(None) };
+    /// The table whose `add_table` marker (at that commit LSN) ended the current iteration to be
+    /// decoded again ([`restart_for`]).
+    static RESTART: std::cell::Cell<Option<(u32, Lsn)>> = const { std::cell::Cell::new(None) };
+}
+
+/// After a failed iteration: the table and marker position that made it fail on purpose, to be
+/// done again at once with the table in the decoder's list (see [`Applier::on_marker`]), or
+/// `None` for a real failure. Taking it forgets it.
+pub fn restart_for() -> Option<(u32, Lsn)> {
+    RESTART.with(|c| c.take())
 }
 
 /// The commit LSN of the last transaction the worker began to apply in its current iteration.
@@ -176,6 +191,7 @@ pub fn last_begun() -> Option<Lsn> {
 /// Forget [`last_begun`]: at the start of an iteration.
 pub fn clear_last_begun() {
     LAST_BEGUN.with(|c| c.set(None));
+    RESTART.with(|c| c.set(None));
 }
 
 impl Applier<'_, '_> {
@@ -341,9 +357,13 @@ impl Applier<'_, '_> {
             MarkerOp::AddTable => {
                 if self.sets.pending.remove(&table) || self.sets.capturing.contains(&table) {
                     self.sets.capturing.insert(table);
-                } else {
-                    // The decoder's plugin was not filtering for this table.
+                } else if t.skip {
+                    // The decoder's plugin was not sending this table's changes (add_table
+                    // committed after this iteration read its table list), but nothing of this
+                    // transaction reaches the target: end the batch after it.
                     t.barrier = true;
+                } else {
+                    return Err(self.restart(table));
                 }
                 if t.lsn >= self.recorded {
                     self.marks.push((table, t.lsn));
@@ -642,6 +662,37 @@ impl Applier<'_, '_> {
         ev.only_where = Some(predicate.to_string());
         t.position += 1;
         self.sink.push(self.c, t, ev)
+    }
+
+    /// The `add_table` marker of `table`, in the transaction being applied, was decoded while
+    /// the plugin was not sending the table's changes: `add_table` committed after this
+    /// iteration read its table list. The changes of the table after the marker in the same
+    /// transaction were not sent, and ending the batch after the transaction (as for a
+    /// replay) would take them as applied: lost. Ending it before the transaction is not
+    /// possible either (its changes before the marker may have reached the target, its table
+    /// markers the batch's state). So the iteration fails on purpose and is done again at
+    /// once: everything rolls back, the decoder is reopened at the slot's confirmed position,
+    /// and the next iteration reads the table list, the table in it. Its transaction has
+    /// committed (its commit record was decoded); waiting for its lock here makes sure the
+    /// next iteration's snapshot sees it committed, not still running.
+    fn restart(&mut self, table: u32) -> TideError {
+        let (xid, lsn) = self.txn.as_ref().map_or((0, Lsn(0)), |t| (t.xid, t.lsn));
+        if xid != 0 {
+            // SAFETY: inside the iteration's transaction; the transaction committed, so this
+            // returns once it has left the process array.
+            unsafe {
+                pg_sys::XactLockTableWait(
+                    pg_sys::TransactionId::from(xid),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    pg_sys::XLTW_Oper::XLTW_None,
+                )
+            };
+        }
+        RESTART.with(|c| c.set(Some((table, lsn))));
+        TideError::internal(format!(
+            "relation {table} was added to the pipeline by the transaction committed at {lsn}, after this iteration read its table list: the iteration is done again with it"
+        ))
     }
 
     /// Returns `false` at a barrier: later transactions were decoded without the new table and

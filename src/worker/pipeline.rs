@@ -31,11 +31,13 @@
 //! The decoded messages of an iteration are applied by [`crate::worker::apply`], one handler
 //! per message.
 //!
-//! Table membership is exact in stream order: `tide.add_table` writes a pg_tide logical message
-//! in its own transaction; changes of the table are delivered from that message on. A table
-//! whose message the worker reaches while the plugin was not yet filtering for it ends the
-//! iteration at that transaction, and the decoder is reopened with the new table list (the same
-//! happens whenever the list changes).
+//! Table membership is exact in stream order: `tide.add_table` writes a marker row in its
+//! transaction; changes of the table are delivered from that marker on. A table whose marker the
+//! worker reaches while the plugin was not yet sending its changes (`add_table` committed after
+//! the iteration read its table list) makes the iteration be done again at once, rolled back,
+//! with the decoder reopened on the new list (`apply::Applier::restart`): the table's changes
+//! after the marker in that transaction must not be taken as applied. A changed list (whatever
+//! changed it) always reopens the decoder.
 
 use crate::catalog::{self, pipelines::PipelineRow, pipelines::Resync};
 use crate::error::{TideError, TideResult};
@@ -157,6 +159,9 @@ struct Worker {
     /// `name_failed_transaction`) until the stream has passed the last transaction the failed
     /// iteration began.
     one_at_a_time_until: Option<Lsn>,
+    /// The `add_table` marker (table, commit LSN) that ended the last iteration to be done again
+    /// (`apply::restart_for`): met again at once, the iteration fails as any other.
+    restarted_for: Option<(u32, Lsn)>,
     last_iteration: Instant,
     last_snapshot_log: Instant,
 }
@@ -174,6 +179,7 @@ impl Worker {
             phase: Phase::Iterate,
             failures: 0,
             one_at_a_time_until: None,
+            restarted_for: None,
             last_iteration: Instant::now(),
             last_snapshot_log: Instant::now(),
         }
@@ -242,7 +248,22 @@ impl Worker {
         });
         // Held only inside an iteration (see worker::origin).
         super::origin::release();
+        let restart = crate::worker::apply::restart_for()
+            .filter(|_| result.is_err())
+            .filter(|r| self.restarted_for != Some(*r));
+        self.restarted_for = restart;
         let it = match result {
+            Err(e) if restart.is_some() => {
+                // Done again at once, the new table in the decoder's list (see
+                // `Applier::restart`): nothing was applied, nothing failed.
+                log!("pg_tide worker \"{}\": {e}", self.name);
+                self.bf.forget();
+                if let Some(s) = self.sink.as_mut() {
+                    s.reset();
+                }
+                close_decoder(&self.name, &mut self.dec, &mut self.rels);
+                Iteration::Done { drained: false }
+            }
             Ok(o) if o.gone => {
                 log!(
                     "pg_tide worker: pipeline \"{}\" was dropped; exiting",

@@ -411,3 +411,87 @@ fn add_tables_of_one_transaction_share_a_remote_connection() {
         },
     );
 }
+
+/// Rows written in `add_table`'s own transaction, after it, reach the target even when the worker
+/// read its table list before that transaction committed and decoded it after (CI, stop 40:
+/// `consumers::drop_pipeline_waits_for_the_retention_lock_first` found an empty outbox). The
+/// decoder's plugin was then not sending the table's changes: the marker ends the batch, and
+/// the transaction must be decoded again with the table listed, not taken as applied without
+/// the rows after its marker. The window is made deterministic as in `remote_copy`: a lock on
+/// the target's `tide_applied` holds the worker's first iteration in its `begin` (reading its
+/// applied position, after its table list was read); the test waits until the target shows the
+/// worker waiting, then commits.
+#[test]
+fn rows_in_add_tables_transaction_reach_the_target_when_added_mid_iteration() {
+    let (c, t) = setup_remote("tt_addtx");
+    c.execute(
+        "CREATE TABLE a (id int PRIMARY KEY, s text);
+         CREATE TABLE b (id int PRIMARY KEY, s text);",
+    );
+    t.execute(
+        "CREATE TABLE public.tide_applied (pipeline text PRIMARY KEY, applied_lsn pg_lsn NOT NULL,
+                                           applied_at timestamptz NOT NULL DEFAULT now());
+         CREATE TABLE public.a (id int PRIMARY KEY, s text);
+         CREATE TABLE public.b (id int PRIMARY KEY, s text);",
+    );
+    let mut lock = t.client();
+    lock.batch_execute("BEGIN; LOCK TABLE public.tide_applied IN ACCESS EXCLUSIVE MODE")
+        .expect("lock the target's tide_applied");
+    exec(
+        &c,
+        r#"SELECT tide.create_pipeline('addtx', 'postgres', '{"server": "tgt"}')"#,
+    );
+    t.wait_until(
+        "the worker's first iteration waiting on the target's tide_applied",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || {
+            Ok(t.try_query_scalar::<i64>(
+                "SELECT count(*) FROM pg_locks
+                  WHERE relation = 'public.tide_applied'::regclass AND NOT granted",
+            )? > 0)
+        },
+    );
+    // One transaction: rows of a before and after, the tables added, rows of b after.
+    exec(
+        &c,
+        "BEGIN;
+         INSERT INTO a VALUES (0, 'before its add_table: not captured');
+         SELECT tide.add_table('addtx', 'a', backfill => false);
+         INSERT INTO a VALUES (1, 'same transaction, after');
+         SELECT tide.add_table('addtx', 'b', backfill => false);
+         INSERT INTO b SELECT g, 'same transaction' FROM generate_series(1, 10) g;
+         INSERT INTO a VALUES (2, 'same transaction, last');
+         COMMIT;",
+    );
+    exec(&c, "INSERT INTO b VALUES (11, 'next transaction')");
+    lock.batch_execute("ROLLBACK").expect("release the lock");
+    wait_pipeline(&c, "addtx", 60);
+    assert_eq!(
+        texts(&t, "SELECT id || ':' || s FROM public.a ORDER BY id"),
+        vec!["1:same transaction, after", "2:same transaction, last"],
+        "a's rows from its add_table on"
+    );
+    assert_same_rows("b", &c, "public.b", &t, "public.b", "id, s");
+    assert_eq!(
+        t.query_scalar::<i64>("SELECT count(*) FROM public.b"),
+        11,
+        "b's rows of add_table's transaction and after"
+    );
+    // The window was made: the worker met a's marker with a list it was not in, and did its
+    // iteration again once (not as a failure: no error recorded).
+    assert_eq!(
+        c.log_count(
+            "after this iteration read its table list: the iteration is done again with it"
+        ),
+        1,
+        "{}",
+        c.log_tail(40)
+    );
+    assert!(
+        !c.query_scalar::<bool>(
+            "SELECT last_error IS NOT NULL FROM tide.pipeline WHERE name = 'addtx'"
+        ),
+        "no error recorded"
+    );
+}
