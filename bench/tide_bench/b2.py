@@ -152,6 +152,10 @@ def run(self, b):
                 f"latency p50 {L['p50_ms']:.1f} ms, p99 {L['p99_ms']:.1f} ms, max {L['max_ms']:.1f} ms; drain {drain_s:.1f} s"
             )
 
+    # BENCH_B2_BACKFILL_CHUNK=n: the backfill of the "while backfilling" runs reads chunks of n
+    # rows (default: the extension's default chunk size).
+    bf_chunk = int(os.environ.get("BENCH_B2_BACKFILL_CHUNK", "0") or 0)
+
     # pg_tide ------------------------------------------------------------------------------
     def tide(kind, rate, with_backfill=False):
         r = b["runs"][-1]
@@ -177,7 +181,10 @@ def run(self, b):
                 # the backfill starts once the workload has warmed up, and is followed while it runs
                 time.sleep(warm)
                 bf["t0"] = src.val("SELECT clock_timestamp()")
-                src.x("SELECT tide.start_backfill('public.t', %s)", (name,))
+                if bf_chunk:
+                    src.x("SELECT tide.start_backfill('public.t', %s, chunk_size => %s::int)", (name, bf_chunk))
+                else:
+                    src.x("SELECT tide.start_backfill('public.t', %s)", (name,))
                 while p.poll() is None:
                     st = src.one(
                         "SELECT state, rows_emitted, finished_at, error, remedy FROM tide.backfills WHERE pipeline = %s AND source = 'public.t'::regclass ORDER BY id DESC LIMIT 1",

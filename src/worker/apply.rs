@@ -24,7 +24,10 @@
 //!   (`Applier::restart`): the table's changes after the marker in that transaction were not
 //!   sent. In a replay or a skipped transaction (nothing of it reaches the target) it only ends
 //!   the batch at that transaction ([`Applier::stopped`]), and the decoder is reopened with the
-//!   new list.
+//!   new list. At any of its pipeline's markers the applier first waits until the marker's
+//!   transaction has left the process array: its commit record can be decoded before, and the
+//!   catalog rows it wrote (the table's row, a pending alter) would then be invisible to the
+//!   statements that follow (an `UPDATE` of none, silently).
 //! - A `tide.alter_table` marker (its payload the schema event announcing the new row filter and
 //!   column list) reaches the target at its transaction's commit, after the transaction's
 //!   changes ([`Target::schema`]), and ends the batch at that transaction: the changes committed before it were decoded with the old plugin options,
@@ -174,6 +177,25 @@ thread_local! {
     /// The table whose `add_table` marker (at that commit LSN) ended the current iteration to be
     /// decoded again ([`restart_for`]).
     static RESTART: std::cell::Cell<Option<(u32, Lsn)>> = const { std::cell::Cell::new(None) };
+}
+
+/// Wait until transaction `xid`, whose commit record was decoded, is seen as committed by a
+/// snapshot taken after this returns (it leaves the process array just after its commit record
+/// is flushed; decoding can be faster). At once for one that ended long ago.
+fn wait_for_transaction(xid: u32) {
+    if xid == 0 {
+        return;
+    }
+    // SAFETY: called inside the iteration's transaction; the transaction committed, so its lock
+    // is free or about to be: this does not block on anything that waits for the worker.
+    unsafe {
+        pg_sys::XactLockTableWait(
+            pg_sys::TransactionId::from(xid),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            pg_sys::XLTW_Oper::XLTW_None,
+        )
+    };
 }
 
 /// After a failed iteration: the table and marker position that made it fail on purpose, to be
@@ -353,22 +375,12 @@ impl Applier<'_, '_> {
         if pipeline != self.p.name {
             return Ok(());
         }
+        // What follows reads and updates catalog rows this transaction wrote (the table's row,
+        // its pending alter): its commit record is decoded, but it may not have left the
+        // process array yet, and a snapshot taken now would not see them.
+        wait_for_transaction(t.xid);
         match op {
-            MarkerOp::AddTable => {
-                if self.sets.pending.remove(&table) || self.sets.capturing.contains(&table) {
-                    self.sets.capturing.insert(table);
-                } else if t.skip {
-                    // The decoder's plugin was not sending this table's changes (add_table
-                    // committed after this iteration read its table list), but nothing of this
-                    // transaction reaches the target: end the batch after it.
-                    t.barrier = true;
-                } else {
-                    return Err(self.restart(table));
-                }
-                if t.lsn >= self.recorded {
-                    self.marks.push((table, t.lsn));
-                }
-            }
+            MarkerOp::AddTable => self.on_add_marker(table)?,
             MarkerOp::RemoveTable => {
                 let was_capturing = self.sets.capturing.remove(&table);
                 self.sets.pending.remove(&table);
@@ -664,6 +676,28 @@ impl Applier<'_, '_> {
         self.sink.push(self.c, t, ev)
     }
 
+    /// `table` is captured from here on (its `add_table` marker, in the transaction being
+    /// applied).
+    fn on_add_marker(&mut self, table: u32) -> TideResult<()> {
+        let Some(t) = self.txn.as_mut() else {
+            return Ok(());
+        };
+        if self.sets.pending.remove(&table) || self.sets.capturing.contains(&table) {
+            self.sets.capturing.insert(table);
+        } else if t.skip {
+            // The decoder's plugin was not sending this table's changes (add_table committed
+            // after this iteration read its table list), but nothing of this transaction
+            // reaches the target: end the batch after it.
+            t.barrier = true;
+        } else {
+            return Err(self.restart(table));
+        }
+        if t.lsn >= self.recorded {
+            self.marks.push((table, t.lsn));
+        }
+        Ok(())
+    }
+
     /// The `add_table` marker of `table`, in the transaction being applied, was decoded while
     /// the plugin was not sending the table's changes: `add_table` committed after this
     /// iteration read its table list. The changes of the table after the marker in the same
@@ -672,23 +706,10 @@ impl Applier<'_, '_> {
     /// possible either (its changes before the marker may have reached the target, its table
     /// markers the batch's state). So the iteration fails on purpose and is done again at
     /// once: everything rolls back, the decoder is reopened at the slot's confirmed position,
-    /// and the next iteration reads the table list, the table in it. Its transaction has
-    /// committed (its commit record was decoded); waiting for its lock here makes sure the
-    /// next iteration's snapshot sees it committed, not still running.
+    /// and the next iteration reads the table list, the table in it (its transaction has left
+    /// the process array: `on_marker` waited for it).
     fn restart(&mut self, table: u32) -> TideError {
-        let (xid, lsn) = self.txn.as_ref().map_or((0, Lsn(0)), |t| (t.xid, t.lsn));
-        if xid != 0 {
-            // SAFETY: inside the iteration's transaction; the transaction committed, so this
-            // returns once it has left the process array.
-            unsafe {
-                pg_sys::XactLockTableWait(
-                    pg_sys::TransactionId::from(xid),
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                    pg_sys::XLTW_Oper::XLTW_None,
-                )
-            };
-        }
+        let lsn = self.txn.as_ref().map_or(Lsn(0), |t| t.lsn);
         RESTART.with(|c| c.set(Some((table, lsn))));
         TideError::internal(format!(
             "relation {table} was added to the pipeline by the transaction committed at {lsn}, after this iteration read its table list: the iteration is done again with it"
