@@ -139,6 +139,13 @@ CONF=(
     --conf "max_wal_size = 4GB"
     --conf "checkpoint_timeout = 30min"
 )
+# BENCH_CONF="tide.streaming_chunk_size = 1000; ...": more settings for both clusters.
+IFS=';' read -r -a EXTRA_CONF <<< "${BENCH_CONF:-}"
+for line in "${EXTRA_CONF[@]}"; do
+    if [[ -n "${line// /}" ]]; then
+        CONF+=(--conf "$(echo "$line" | sed 's/^ *//; s/ *$//')")
+    fi
+done
 for c in "${CLUSTERS[@]}"; do
     "$CLUSTER" destroy "$c"
     "$CLUSTER" init "$c" "${CONF[@]}"

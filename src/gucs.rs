@@ -38,6 +38,13 @@ pub static MAX_PARALLEL_BACKFILLS: GucSetting<i32> = GucSetting::<i32>::new(4);
 /// (`worker::read_ahead`); with more than one, the next chunks of one table are read at once, on
 /// key ranges planned ahead (`worker::ranges`), and several backfills' chunks at once.
 pub static MAX_BACKFILL_READERS: GucSetting<i32> = GucSetting::<i32>::new(1);
+/// `tide.streaming_chunk_size`: the most rows a backfill's chunk reads while its pipeline's
+/// stream applies source changes (any in the last second); 0: no cap. The stream's events wait
+/// behind a chunk's write (`worker::backfill`), so shorter chunks then bound their latency.
+pub static STREAMING_CHUNK_SIZE: GucSetting<i32> =
+    GucSetting::<i32>::new(DEFAULT_STREAMING_CHUNK_SIZE);
+/// The default of [`STREAMING_CHUNK_SIZE`].
+pub const DEFAULT_STREAMING_CHUNK_SIZE: i32 = 1000;
 /// `tide.stream_in_progress`: whether a worker's decoder asks the output plugin to stream
 /// transactions larger than `logical_decoding_work_mem` while they run (spooled by the worker
 /// until their commit) instead of having PostgreSQL hold them until their commit.
@@ -80,7 +87,7 @@ pub static SLOT_WARNING_MB: GucSetting<i32> = GucSetting::<i32>::new(1024);
 pub static DECODING_WORK_MEM_KB: GucSetting<i32> = GucSetting::<i32>::new(32 * 1024);
 
 /// The settings of backfills: `tide.read_ahead`, `tide.max_parallel_backfills`,
-/// `tide.max_backfill_readers`.
+/// `tide.max_backfill_readers`, `tide.streaming_chunk_size`.
 fn init_backfill_settings() {
     GucRegistry::define_bool_guc(
         c"tide.read_ahead",
@@ -107,6 +114,16 @@ fn init_backfill_settings() {
         &MAX_BACKFILL_READERS,
         1,
         16,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"tide.streaming_chunk_size",
+        c"The most rows a backfill chunk reads while the pipeline's stream applies source changes.",
+        c"The stream's events committed while a chunk is written wait for that write: while the pipeline applied source changes in the last second, chunks read at most this many rows (whatever the backfill's chunk_size), trading backfill speed for the stream's latency. 0: always the backfill's chunk_size.",
+        &STREAMING_CHUNK_SIZE,
+        0,
+        10_000_000,
         GucContext::Sighup,
         GucFlags::default(),
     );

@@ -129,6 +129,7 @@ fn due_row(pipeline: &str, mut r: Vec<Option<String>>) -> TideResult<Due> {
         sweep: r[10].take(),
         resync: r[11].as_deref() == Some("true"),
         to_key: None,
+        chunk_cap: None,
     })
 }
 

@@ -42,6 +42,12 @@
 //! ([`Backfiller::forget_backfill`]); `record_progress` refuses any chunk that does not start
 //! where the backfill durably stands, whatever happened.
 //!
+//! While the stream applies source changes (any in the last second, [`Backfiller::stream_applied`])
+//! every chunk asked for reads at most `tide.streaming_chunk_size` rows
+//! ([`backfills::Due::chunk_cap`]): the stream's events committed while a chunk is written wait
+//! for that write, so shorter writes bound their latency. The chunk size plays no part in the
+//! watermark argument.
+//!
 //! A resync's chunk at a target in another PostgreSQL also carries, once read, the deletes of
 //! the target's keys in its key range that it did not find at the source (`sweep`, between
 //! stream iterations; see `catalog::slots`).
@@ -135,6 +141,12 @@ pub struct Backfiller {
     /// next unread chunk starts after (the first of the pair): used when its chunks are next
     /// asked of several readers at once.
     plans: HashMap<i64, Plan>,
+    /// The chunk cap the plans were made with ([`Self::chunk_cap`]): a plan's ranges hold that
+    /// many keys each.
+    planned_cap: Option<i64>,
+    /// When an iteration last applied source changes (not only chunks): while that is recent,
+    /// chunks are capped at `tide.streaming_chunk_size` rows ([`Self::chunk_cap`]).
+    stream_at: Option<Instant>,
     /// No chunk is read before then (after a failure, or when nothing was due).
     not_before: Instant,
     /// Backfills whose next chunk waits until then: a throttled one (its pace; `true`: it lapses
@@ -164,6 +176,8 @@ impl Default for Backfiller {
             reconciler: Reconciler::new(),
             pending: Vec::new(),
             plans: HashMap::new(),
+            planned_cap: None,
+            stream_at: None,
             not_before: Instant::now(),
             held: HashMap::new(),
             waiting_noted: HashSet::new(),
@@ -181,6 +195,25 @@ pub struct Emitted {
 }
 
 impl Backfiller {
+    /// An iteration applied source changes (`true`), or only chunks and pg_tide's own rows.
+    pub fn stream_applied(&mut self, changes: bool) {
+        if changes {
+            self.stream_at = Some(Instant::now());
+        }
+    }
+
+    /// The most rows the chunks read now may have: `tide.streaming_chunk_size` while the stream
+    /// applied source changes in the last second (the stream's events wait behind a chunk's
+    /// write, so a shorter write bounds their latency), else none beyond the backfill's own
+    /// chunk size.
+    fn chunk_cap(&self) -> Option<i64> {
+        let cap = i64::from(crate::gucs::STREAMING_CHUNK_SIZE.get());
+        let busy = self
+            .stream_at
+            .is_some_and(|at| at.elapsed() < Duration::from_secs(1));
+        (cap > 0 && busy).then_some(cap)
+    }
+
     /// Forget the chunk in memory (after a failed iteration): it will be read again, and so will
     /// the chunks asked of the readers meanwhile (they start after the ones forgotten).
     pub fn forget(&mut self) {
@@ -462,13 +495,15 @@ impl Backfiller {
             return;
         }
         let from = last.key_to.clone();
+        let cap = self.chunk_cap();
         let bounds = match self.plans.remove(&id) {
-            Some((f, b)) if f == from && plannable(&p.job) => b,
+            Some((f, b)) if f == from && plannable(&p.job) && self.planned_cap == cap => b,
             _ => Vec::new(),
         };
         // SAFETY: reads this transaction's xid (it has one: it just wrote the progress).
         let writer = unsafe { pg_sys::GetTopTransactionIdIfAny() }.into_inner();
         let mut next = p.job.clone();
+        next.chunk_cap = cap;
         next.last_key = from;
         next.chunk_no = last.chunk_no + 1;
         // The planned ranges, then the chunk after the last bound used (or the only one); no
@@ -617,6 +652,7 @@ impl Backfiller {
                 continue;
             };
             b.chunk_size = b.chunk_size.max(1);
+            b.chunk_cap = self.chunk_cap();
             if let Err(e) = self.readers[i].request(&b, form, 0) {
                 pgrx::log!("pg_tide worker \"{pipeline}\": {e}; it reads the chunks itself");
                 gone = Some(i);
@@ -639,8 +675,12 @@ impl Backfiller {
     /// ([`ranges::plan`]) from where its next unread chunk starts, unless planned from there
     /// already. A probe that fails leaves the backfill to read one chunk at a time.
     fn plan(&mut self, pipeline: &str) {
-        if self.readers.len() < 2 {
+        let cap = self.chunk_cap();
+        if self.readers.len() < 2 || self.planned_cap != cap {
             self.plans.clear();
+            self.planned_cap = cap;
+        }
+        if self.readers.len() < 2 {
             return;
         }
         let mut last: HashMap<i64, &PendingChunk> = HashMap::new();
@@ -662,7 +702,8 @@ impl Backfiller {
             .collect();
         self.plans
             .retain(|id, _| self.pending.iter().any(|p| p.backfill_id == *id));
-        for (id, from, job) in wanted {
+        for (id, from, mut job) in wanted {
+            job.chunk_cap = cap;
             match ranges::plan(&job, from.as_deref(), self.readers.len() - 1) {
                 Ok(bounds) => {
                     self.plans.insert(id, (from, bounds));
@@ -688,7 +729,8 @@ impl Backfiller {
         self.held.retain(|_, (until, _)| *until > now);
         let busy: Vec<i64> = self.pending.iter().map(|p| p.backfill_id).collect();
         let held = self.held.clone();
-        let Some(job) = tx::run(|| low_watermark(pipeline, parallel, &busy, &held))? else {
+        let cap = self.chunk_cap();
+        let Some(job) = tx::run(|| low_watermark(pipeline, parallel, &busy, &held, cap))? else {
             if self.pending.is_empty() {
                 // Nothing to read: look again in a while (start_backfill wakes the worker
                 // anyway), or when a throttled backfill's time comes (sooner: it may be paused,
@@ -926,6 +968,7 @@ fn low_watermark(
     parallel: usize,
     busy: &[i64],
     held: &HashMap<i64, (Instant, bool)>,
+    cap: Option<i64>,
 ) -> TideResult<Option<Job>> {
     let now = Instant::now();
     let due = backfills::due(pipeline, i32::try_from(parallel).unwrap_or(i32::MAX))?;
@@ -936,6 +979,7 @@ fn low_watermark(
         return Ok(None);
     };
     b.chunk_size = b.chunk_size.max(1);
+    b.chunk_cap = cap;
     let watermark = backfills::next_watermark(pipeline)?;
     backfills::write_low_watermark(pipeline, b.id, watermark, b.chunk_no)?;
     Ok(Some(Job { watermark, b }))

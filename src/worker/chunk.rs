@@ -316,15 +316,16 @@ impl ChunkQuery {
     }
 }
 
-/// The most rows a chunk of `b` reads: its chunk size, or, for a planned chunk (a key range
-/// planned to hold that many, [`backfills::Due::to_key`]), twice that: keys inserted into the range since it
+/// The most rows a chunk of `b` reads: its chunk size (capped while the stream is busy:
+/// [`backfills::Due::rows_per_chunk`]), or, for a planned chunk (a key range planned to hold
+/// that many, [`backfills::Due::to_key`]), twice that: keys inserted into the range since it
 /// was planned are read too, up to that many (then the chunk ends at its last row read, see
 /// [`chunk_end`]).
 fn row_limit(b: &backfills::Due) -> i64 {
     if b.to_key.is_some() {
-        b.chunk_size.saturating_mul(2)
+        b.rows_per_chunk().saturating_mul(2)
     } else {
-        b.chunk_size
+        b.rows_per_chunk()
     }
 }
 
@@ -406,7 +407,7 @@ pub(super) fn read_chunk(
     }
     let (rows, values) = read_rows(&q, &meta, form, owner)?;
     // A planned chunk is never the last: the chunk after its bound decides that.
-    let is_last = job.b.to_key.is_none() && (rows.len() as i64) < job.b.chunk_size;
+    let is_last = job.b.to_key.is_none() && (rows.len() as i64) < job.b.rows_per_chunk();
     let candidates = match (&job.b.repair_deletes, &job.b.sweep) {
         (Some(list), _) => Some(Candidates::Listed(list)),
         (None, Some(target)) => Some(Candidates::Target(target)),

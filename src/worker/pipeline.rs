@@ -303,6 +303,8 @@ impl Worker {
                     self.one_at_a_time_until = None;
                 }
                 self.bf.prune();
+                self.bf
+                    .stream_applied(o.events.saturating_sub(o.backfill_rows) > 0);
                 after_success(
                     &self.name,
                     self.slot_idx,

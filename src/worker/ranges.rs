@@ -25,7 +25,7 @@ use crate::sql;
 use pgrx::prelude::*;
 
 /// Up to `n` bounds of the chunks of `b` after key `after` (`None`: from the table's first
-/// key), each `b.chunk_size` keys after the one before; fewer when the table ends first (the
+/// key), each [`Due::rows_per_chunk`] keys after the one before; fewer when the table ends first (the
 /// chunk after the last bound then reads to the end). In a transaction of its own; empty when the
 /// table is locked by another transaction or gone.
 pub(super) fn plan(b: &Due, after: Option<&[String]>, n: usize) -> TideResult<Vec<Vec<String>>> {
@@ -68,7 +68,7 @@ fn probe(b: &Due, after: Option<&[String]>, n: usize) -> TideResult<Vec<Vec<Stri
         sql.push_str(&format!(" WHERE ({keys}) > ({params})"));
         args.extend(after.iter().map(String::as_str));
     }
-    let size = b.chunk_size;
+    let size = b.rows_per_chunk();
     let limit = size.saturating_mul(n as i64);
     sql.push_str(&format!(
         " ORDER BY {keys} LIMIT {limit}) s) s WHERE tide_rn OPERATOR(pg_catalog.%) {size} OPERATOR(pg_catalog.=) 0 ORDER BY tide_rn"

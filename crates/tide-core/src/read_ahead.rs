@@ -44,6 +44,23 @@ pub struct Due {
     /// keys after `last_key` up to this one and ends there. `None`: the chunk reads the next
     /// `chunk_size` keys (the catalog's backfill rows always have `None`).
     pub to_key: Option<Vec<String>>,
+    /// At most this many rows per chunk, whatever `chunk_size` says: the worker caps a
+    /// backfill's chunks while its stream applies source changes (`tide.streaming_chunk_size`),
+    /// so that the stream's events wait behind shorter chunk writes. `None`: no cap (the
+    /// catalog's backfill rows always have `None`).
+    pub chunk_cap: Option<i64>,
+}
+
+impl Due {
+    /// The rows a chunk of this backfill reads (bounded chunks: up to twice that): `chunk_size`,
+    /// capped by `chunk_cap`, at least 1.
+    pub fn rows_per_chunk(&self) -> i64 {
+        match self.chunk_cap {
+            Some(cap) if cap > 0 => self.chunk_size.min(cap),
+            _ => self.chunk_size,
+        }
+        .max(1)
+    }
 }
 
 /// What a chunk read tells about the backfill's total (turned into `estimated_rows` at the
@@ -272,6 +289,7 @@ impl Enc {
         self.opt(b.sweep.as_deref(), |e, v| e.str(v));
         self.bool(b.resync);
         self.opt(b.to_key.as_deref(), |e, v| e.strs(v));
+        self.opt(b.chunk_cap, |e, v| e.i64(v));
     }
     fn row(&mut self, r: &Row) {
         match r {
@@ -405,6 +423,7 @@ impl<'a> Dec<'a> {
             sweep: self.opt(|d| d.str())?,
             resync: self.bool()?,
             to_key: self.opt(|d| d.strs())?,
+            chunk_cap: self.opt(|d| d.i64())?,
         })
     }
     fn form(&mut self) -> D<RowForm> {

@@ -6,7 +6,16 @@ use proptest::option;
 use proptest::prelude::*;
 
 fn due() -> impl Strategy<Value = Due> {
-    (due_without_bound(), option::of(vec(".*", 0..3))).prop_map(|(d, to_key)| Due { to_key, ..d })
+    (
+        due_without_bound(),
+        option::of(vec(".*", 0..3)),
+        option::of(any::<i64>()),
+    )
+        .prop_map(|(d, to_key, chunk_cap)| Due {
+            to_key,
+            chunk_cap,
+            ..d
+        })
 }
 
 fn due_without_bound() -> impl Strategy<Value = Due> {
@@ -52,6 +61,7 @@ fn due_without_bound() -> impl Strategy<Value = Due> {
                 sweep,
                 resync,
                 to_key: None,
+                chunk_cap: None,
             },
         )
 }
@@ -285,6 +295,7 @@ fn unknown_tags_are_refused() {
         sweep: None,
         resync: false,
         to_key: Some(vec!["9".into(), "z".into()]),
+        chunk_cap: Some(2),
     };
     let mut msg = encode_request(&Request {
         pipeline: "p".into(),
@@ -309,4 +320,34 @@ fn unknown_tags_are_refused() {
     let mut msg = encode_response(&f);
     *msg.last_mut().unwrap() = 2;
     assert!(decode_response(&msg).is_err());
+}
+
+#[test]
+fn a_cap_bounds_the_rows_per_chunk_only_below_the_chunk_size() {
+    let mut job = Due {
+        id: 1,
+        relid: 2,
+        chunk_size: 5000,
+        rows_per_second: None,
+        condition: None,
+        owner: "o".into(),
+        key_columns: vec!["id".into()],
+        last_key: None,
+        chunk_no: 1,
+        repair_deletes: None,
+        sweep: None,
+        resync: false,
+        to_key: None,
+        chunk_cap: None,
+    };
+    assert_eq!(job.rows_per_chunk(), 5000);
+    job.chunk_cap = Some(2000);
+    assert_eq!(job.rows_per_chunk(), 2000);
+    job.chunk_cap = Some(9000);
+    assert_eq!(job.rows_per_chunk(), 5000);
+    job.chunk_cap = Some(0);
+    assert_eq!(job.rows_per_chunk(), 5000, "0: no cap");
+    job.chunk_size = 0;
+    job.chunk_cap = None;
+    assert_eq!(job.rows_per_chunk(), 1);
 }

@@ -25,6 +25,8 @@
 //!   a kill -9, converging; many small tables with a pause, a throttle and a cancel among them;
 //!   several readers of one table (`tide.max_backfill_readers`) with several tables at once,
 //!   through the same, to the outbox, a local table and a remote target;
+//! - `streaming_cap`: chunks capped at `tide.streaming_chunk_size` rows while the stream is
+//!   busy, the full chunk size once it is quiet, converging under writers;
 //! - `readiness`: the readiness states of a table, in order;
 //! - `errors`: bad input and wrong states have clear SQLSTATEs;
 //! - `keys`: text, timestamp and composite keys under concurrent updates;
@@ -42,4 +44,5 @@ mod parallel;
 mod read_ahead;
 mod readiness;
 mod resume;
+mod streaming_cap;
 mod visibility;
