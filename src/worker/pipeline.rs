@@ -257,7 +257,10 @@ impl Worker {
                 // Done again at once, the new table in the decoder's list (see
                 // `Applier::restart`): nothing was applied, nothing failed.
                 log!("pg_tide worker \"{}\": {e}", self.name);
+                // As after a failure: the chunks in memory saw a stream that will be decoded
+                // again, a kept plan may refer to what was rolled back.
                 self.bf.forget();
+                crate::sql::forget_plans();
                 if let Some(s) = self.sink.as_mut() {
                     s.reset();
                 }
