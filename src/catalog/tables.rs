@@ -384,7 +384,10 @@ pub(crate) fn alter_pending(
     relid: u32,
     xid: &str,
 ) -> TideResult<bool> {
-    Ok(crate::sql::first::<bool>(crate::sql::select(
+    // Run as a statement that may write (it does not): SPI then takes a new snapshot for it,
+    // where a read-only statement of a transaction without an xid would use the iteration's
+    // first one, taken before the alter_table whose marker is being applied may have committed.
+    Ok(crate::sql::first::<bool>(crate::sql::update(
         c,
         "SELECT EXISTS (SELECT 1 FROM tide.pipeline_table
                          WHERE pipeline = $1 AND relid = $2::int8::oid AND shaping_before->>'xid' = $3)",

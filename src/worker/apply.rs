@@ -112,6 +112,9 @@ pub struct TableSets {
     pub pending: HashSet<u32>,
     /// Tables `tide.remove_table` is removing (their remove marker lies ahead).
     pub removing: HashSet<u32>,
+    /// Every table in the decoder's list (the catalog's when the iteration began): the output
+    /// plugin sends their changes. Not changed by markers.
+    pub listed: HashSet<u32>,
 }
 
 impl TableSets {
@@ -682,7 +685,10 @@ impl Applier<'_, '_> {
         let Some(t) = self.txn.as_mut() else {
             return Ok(());
         };
-        if self.sets.pending.remove(&table) || self.sets.capturing.contains(&table) {
+        self.sets.pending.remove(&table);
+        if self.sets.listed.contains(&table) {
+            // The plugin sends its changes (added before this iteration read its list; or
+            // removed and added again since, the removal's marker passed in this batch).
             self.sets.capturing.insert(table);
         } else if t.skip {
             // The decoder's plugin was not sending this table's changes (add_table committed

@@ -228,6 +228,57 @@ impl Worker {
         alive
     }
 
+    /// After an iteration that failed on purpose (`apply::restart_for`): it is done again at
+    /// once, the new table in the decoder's list (see `Applier::restart`); nothing was
+    /// applied, nothing failed.
+    fn restart(&mut self, e: &TideError) {
+        log!("pg_tide worker \"{}\": {e}", self.name);
+        // As after a failure: the chunks in memory saw a stream that will be decoded again, a
+        // kept plan may refer to what was rolled back.
+        self.bf.forget();
+        crate::sql::forget_plans();
+        if let Some(s) = self.sink.as_mut() {
+            s.reset();
+        }
+        close_decoder(&self.name, &mut self.dec, &mut self.rels);
+    }
+
+    /// After a failed iteration: forget what it saw, record the error, back off. `repeated`:
+    /// it failed on purpose for the same marker as the iteration before (done again for it).
+    fn failed(
+        &mut self,
+        e: TideError,
+        one_at_a_time: bool,
+        repeated: bool,
+        settings: Settings,
+    ) -> Iteration {
+        // The chunk in memory may have seen part of a stream that will be replayed, and the
+        // decoder has read past what the target has.
+        self.bf.failed(settings.max_retry_delay);
+        crate::sql::forget_plans();
+        if let Some(s) = self.sink.as_mut() {
+            s.reset();
+        }
+        close_decoder(&self.name, &mut self.dec, &mut self.rels);
+        let e = if repeated {
+            // Not the transaction's fault: no skip hint, no one-at-a-time mode.
+            TideError::internal(format!(
+                "{}, but the table was still not in it when the iteration was done again",
+                e.message
+            ))
+            .hint("The worker keeps retrying. The table's row in tide.tables should be there since its add_table committed; if it is, report this as a bug with the server log.")
+        } else {
+            name_failed_transaction(&self.name, e, one_at_a_time)
+        };
+        // One source transaction per iteration until the stream has passed where this one
+        // failed: a failure is then that transaction's, named.
+        if let (Some(l), false) = (crate::worker::apply::last_begun(), repeated) {
+            self.one_at_a_time_until = Some(self.one_at_a_time_until.map_or(l, |u| u.max(l)));
+        }
+        after_failure(&self.name, self.slot_idx, &e, self.failures + 1, settings);
+        Iteration::Failed
+    }
+
     /// One iteration (see [`iterate`]) and what follows from its outcome.
     fn iterate(&mut self, settings: Settings) {
         self.last_iteration = Instant::now();
@@ -248,24 +299,17 @@ impl Worker {
         });
         // Held only inside an iteration (see worker::origin).
         super::origin::release();
-        let restart = crate::worker::apply::restart_for()
-            .filter(|_| result.is_err())
-            .filter(|r| self.restarted_for != Some(*r));
+        let met = crate::worker::apply::restart_for().filter(|_| result.is_err());
+        let restart = met.filter(|r| self.restarted_for != Some(*r));
+        // The same marker right after the iteration was done again for it: a real failure.
+        let repeated = met.is_some() && restart.is_none();
         self.restarted_for = restart;
         let it = match result {
             Err(e) if restart.is_some() => {
-                // Done again at once, the new table in the decoder's list (see
-                // `Applier::restart`): nothing was applied, nothing failed.
-                log!("pg_tide worker \"{}\": {e}", self.name);
-                // As after a failure: the chunks in memory saw a stream that will be decoded
-                // again, a kept plan may refer to what was rolled back.
-                self.bf.forget();
-                crate::sql::forget_plans();
-                if let Some(s) = self.sink.as_mut() {
-                    s.reset();
-                }
-                close_decoder(&self.name, &mut self.dec, &mut self.rels);
-                Iteration::Done { drained: false }
+                self.restart(&e);
+                // At once, whatever a chunk waits for; the failures in a row stay as they were.
+                self.phase = Phase::Iterate;
+                return;
             }
             Ok(o) if o.gone => {
                 log!(
@@ -319,25 +363,7 @@ impl Worker {
                 );
                 Iteration::Done { drained: o.drained }
             }
-            Err(e) => {
-                // The chunk in memory may have seen part of a stream that will be replayed, and
-                // the decoder has read past what the target has.
-                self.bf.failed(settings.max_retry_delay);
-                crate::sql::forget_plans();
-                if let Some(s) = self.sink.as_mut() {
-                    s.reset();
-                }
-                close_decoder(&self.name, &mut self.dec, &mut self.rels);
-                let e = name_failed_transaction(&self.name, e, one_at_a_time);
-                // One source transaction per iteration until the stream has passed where this
-                // one failed: a failure is then that transaction's, named.
-                if let Some(l) = crate::worker::apply::last_begun() {
-                    self.one_at_a_time_until =
-                        Some(self.one_at_a_time_until.map_or(l, |u| u.max(l)));
-                }
-                after_failure(&self.name, self.slot_idx, &e, self.failures + 1, settings);
-                Iteration::Failed
-            }
+            Err(e) => self.failed(e, one_at_a_time, repeated, settings),
         };
         self.phase =
             Phase::after_iteration(it, chunk_was_waiting, self.bf.has_pending(), self.failures);
@@ -902,6 +928,7 @@ fn table_sets(
             .filter(|t| t.removing)
             .map(|t| t.relid)
             .collect(),
+        listed: tables.iter().map(|t| t.relid).collect(),
     };
     let filter: String = tables
         .iter()

@@ -151,13 +151,16 @@ pub(crate) fn from_caught(caught: CaughtError) -> TideError {
 
 /// Deterministic text output for every value a worker renders (stream and backfill alike, in the
 /// worker and its reader), whatever the server's defaults, and the pinned `search_path` of a
-/// session that runs as pg_tide. For this session; in a transaction.
+/// session that runs as pg_tide. Also READ COMMITTED, whatever `default_transaction_isolation`
+/// says: an iteration's statements that follow a decoded marker must see the catalog rows its
+/// transaction committed after the iteration began. For this session; in a transaction.
 pub(crate) fn output_settings() -> crate::error::TideResult<()> {
     crate::security::pin_search_path()?;
     crate::sql::text_rows(
         "SELECT pg_catalog.set_config('DateStyle', 'ISO, YMD', false), pg_catalog.set_config('IntervalStyle', 'postgres', false),
                 pg_catalog.set_config('extra_float_digits', '1', false), pg_catalog.set_config('bytea_output', 'hex', false),
-                pg_catalog.set_config('TimeZone', 'UTC', false)",
+                pg_catalog.set_config('TimeZone', 'UTC', false),
+                pg_catalog.set_config('default_transaction_isolation', 'read committed', false)",
         &[],
         1,
         false,
