@@ -279,12 +279,12 @@ proptest! {
     }
 }
 
-#[test]
-fn unknown_tags_are_refused() {
-    let job = Due {
+/// A backfill of 5000-row chunks with nothing else set.
+fn job() -> Due {
+    Due {
         id: 1,
         relid: 2,
-        chunk_size: 3,
+        chunk_size: 5000,
         rows_per_second: None,
         condition: None,
         owner: "o".into(),
@@ -294,8 +294,18 @@ fn unknown_tags_are_refused() {
         repair_deletes: None,
         sweep: None,
         resync: false,
+        to_key: None,
+        chunk_cap: None,
+    }
+}
+
+#[test]
+fn unknown_tags_are_refused() {
+    let job = Due {
+        chunk_size: 3,
         to_key: Some(vec!["9".into(), "z".into()]),
         chunk_cap: Some(2),
+        ..job()
     };
     let mut msg = encode_request(&Request {
         pipeline: "p".into(),
@@ -324,22 +334,7 @@ fn unknown_tags_are_refused() {
 
 #[test]
 fn a_cap_bounds_the_rows_per_chunk_only_below_the_chunk_size() {
-    let mut job = Due {
-        id: 1,
-        relid: 2,
-        chunk_size: 5000,
-        rows_per_second: None,
-        condition: None,
-        owner: "o".into(),
-        key_columns: vec!["id".into()],
-        last_key: None,
-        chunk_no: 1,
-        repair_deletes: None,
-        sweep: None,
-        resync: false,
-        to_key: None,
-        chunk_cap: None,
-    };
+    let mut job = job();
     assert_eq!(job.rows_per_chunk(), 5000);
     job.chunk_cap = Some(2000);
     assert_eq!(job.rows_per_chunk(), 2000);

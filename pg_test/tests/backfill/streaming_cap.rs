@@ -100,6 +100,7 @@ fn capped_while_busy(readers: u32) {
         .collect();
     let rows: i64 = c.query_scalar("SELECT count(*) FROM t_int");
     assert!(sizes.len() >= 2, "chunks of the quiet backfill: {sizes:?}");
+    // Not empty: asserted just above.
     let (last, full) = sizes.split_last().expect("chunks");
     assert!(
         full.iter().all(|&n| n == 1000) && i64::from(*last) < 1000,

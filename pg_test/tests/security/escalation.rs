@@ -215,7 +215,8 @@ fn backfill_started_by_a_superuser_runs_as_the_owner() {
 /// Class 4, several readers (`tide.max_backfill_readers`): the probe that plans a backfill's key
 /// ranges ahead casts the last key to the key's type (a domain whose CHECK is mallory's function)
 /// and compares keys, as the chunks do: it runs as the pipeline's owner too, whoever started the
-/// backfill. Neither mallory (a `tide_admin` member) nor nobody can change the setting. The
+/// backfill. Neither mallory (a `tide_admin` member) nor nobody can change the setting (nor
+/// `tide.streaming_chunk_size`, the chunk cap while the stream is busy). The
 /// ranges were planned (two chunks of the backfill in memory at once), or the test proves
 /// nothing.
 #[test]
@@ -237,6 +238,10 @@ fn planned_key_ranges_run_as_the_owner() {
         for sql in [
             "SET tide.max_backfill_readers = 16",
             "ALTER SYSTEM SET tide.max_backfill_readers = 16",
+            // The chunk cap while the stream is busy: a server setting too.
+            "SET tide.streaming_chunk_size = 1",
+            "ALTER SYSTEM SET tide.streaming_chunk_size = 0",
+            "ALTER ROLE mallory SET tide.streaming_chunk_size = 1",
         ] {
             let e = exec_as(&c, role, sql).expect_err(sql);
             let code = e.code().map(|s| s.code().to_string());

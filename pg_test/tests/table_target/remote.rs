@@ -429,29 +429,15 @@ fn rows_in_add_tables_transaction_reach_the_target_when_added_mid_iteration() {
          CREATE TABLE b (id int PRIMARY KEY, s text);",
     );
     t.execute(
-        "CREATE TABLE public.tide_applied (pipeline text PRIMARY KEY, applied_lsn pg_lsn NOT NULL,
-                                           applied_at timestamptz NOT NULL DEFAULT now());
-         CREATE TABLE public.a (id int PRIMARY KEY, s text);
+        "CREATE TABLE public.a (id int PRIMARY KEY, s text);
          CREATE TABLE public.b (id int PRIMARY KEY, s text);",
     );
-    let mut lock = t.client();
-    lock.batch_execute("BEGIN; LOCK TABLE public.tide_applied IN ACCESS EXCLUSIVE MODE")
-        .expect("lock the target's tide_applied");
+    let mut lock = hold_applied(&t, "public");
     exec(
         &c,
         r#"SELECT tide.create_pipeline('addtx', 'postgres', '{"server": "tgt"}')"#,
     );
-    t.wait_until(
-        "the worker's first iteration waiting on the target's tide_applied",
-        Duration::from_secs(30),
-        Duration::from_millis(50),
-        || {
-            Ok(t.try_query_scalar::<i64>(
-                "SELECT count(*) FROM pg_locks
-                  WHERE relation = 'public.tide_applied'::regclass AND NOT granted",
-            )? > 0)
-        },
-    );
+    wait_worker_held(&t, "public");
     // One transaction: rows of a before and after, the tables added, rows of b after.
     exec(
         &c,
@@ -465,6 +451,7 @@ fn rows_in_add_tables_transaction_reach_the_target_when_added_mid_iteration() {
          COMMIT;",
     );
     exec(&c, "INSERT INTO b VALUES (11, 'next transaction')");
+    // The test's own session on the test's own cluster: a failure is the test's failure.
     lock.batch_execute("ROLLBACK").expect("release the lock");
     wait_pipeline(&c, "addtx", 60);
     assert_eq!(
@@ -508,15 +495,8 @@ fn rows_in_add_tables_transaction_reach_the_target_when_added_mid_iteration() {
 fn a_table_removed_and_added_again_mid_iteration_is_captured_again() {
     let (c, t) = setup_remote("tt_readd");
     c.execute("CREATE TABLE a (id int PRIMARY KEY, s text);");
-    t.execute(
-        "CREATE SCHEMA rem;
-         CREATE TABLE rem.tide_applied (pipeline text PRIMARY KEY, applied_lsn pg_lsn NOT NULL,
-                                        applied_at timestamptz NOT NULL DEFAULT now());
-         CREATE TABLE rem.a (id int PRIMARY KEY, s text);",
-    );
-    let mut lock = t.client();
-    lock.batch_execute("BEGIN; LOCK TABLE rem.tide_applied IN ACCESS EXCLUSIVE MODE")
-        .expect("lock the target's tide_applied");
+    let mut lock = hold_applied(&t, "rem");
+    t.execute("CREATE TABLE rem.a (id int PRIMARY KEY, s text);");
     exec(
         &c,
         r#"BEGIN;
@@ -524,17 +504,7 @@ fn a_table_removed_and_added_again_mid_iteration_is_captured_again() {
            SELECT tide.add_table('readd', 'a', backfill => false);
            COMMIT;"#,
     );
-    t.wait_until(
-        "the worker's first iteration waiting on the target's tide_applied",
-        Duration::from_secs(30),
-        Duration::from_millis(50),
-        || {
-            Ok(t.try_query_scalar::<i64>(
-                "SELECT count(*) FROM pg_locks
-                  WHERE relation = 'rem.tide_applied'::regclass AND NOT granted",
-            )? > 0)
-        },
-    );
+    wait_worker_held(&t, "rem");
     exec(
         &c,
         "INSERT INTO a VALUES (1, 'captured');
@@ -549,6 +519,7 @@ fn a_table_removed_and_added_again_mid_iteration_is_captured_again() {
          COMMIT;
          INSERT INTO a VALUES (4, 'after');",
     );
+    // The test's own session on the test's own cluster: a failure is the test's failure.
     lock.batch_execute("ROLLBACK").expect("release the lock");
     wait_pipeline(&c, "readd", 60);
     assert_eq!(

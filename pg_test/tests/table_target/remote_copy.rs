@@ -382,28 +382,12 @@ fn a_table_added_during_an_iteration_is_backfilled_by_copy() {
         "CREATE TABLE late (id int PRIMARY KEY, s text);
          INSERT INTO late SELECT g, 'row ' || g FROM generate_series(1, 3000) g;",
     );
-    t.execute(
-        "CREATE TABLE public.tide_applied (pipeline text PRIMARY KEY, applied_lsn pg_lsn NOT NULL,
-                                           applied_at timestamptz NOT NULL DEFAULT now())",
-    );
-    let mut lock = t.client();
-    lock.batch_execute("BEGIN; LOCK TABLE public.tide_applied IN ACCESS EXCLUSIVE MODE")
-        .expect("lock the target's tide_applied");
+    let mut lock = hold_applied(&t, "public");
     exec(
         &c,
         r#"SELECT tide.create_pipeline('late', 'postgres', '{"server": "tgt"}')"#,
     );
-    t.wait_until(
-        "the worker's first iteration waiting on the target's tide_applied",
-        Duration::from_secs(30),
-        POLL,
-        || {
-            Ok(t.try_query_scalar::<i64>(
-                "SELECT count(*) FROM pg_locks
-                  WHERE relation = 'public.tide_applied'::regclass AND NOT granted",
-            )? > 0)
-        },
-    );
+    wait_worker_held(&t, "public");
     exec(
         &c,
         "SELECT tide.add_table('late', 'late', backfill => false)",
