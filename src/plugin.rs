@@ -54,6 +54,7 @@ use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::ffi::CStr;
 use tide_core::lsn::Lsn;
+use tide_core::stream_blocks::StreamBlocks;
 use tide_core::wire;
 
 /// Per-decoding-session state, owned by `ctx->output_plugin_private`.
@@ -78,15 +79,11 @@ struct PluginState {
     rewritten: HashSet<pg_sys::Oid>,
     /// Replication origin → whether it is a pg_tide worker's (`pg_tide_*`), as looked up.
     origins: HashMap<pg_sys::RepOriginId, bool>,
-    /// The top-level transaction whose stream block is being decoded, if one is.
-    block: Option<u32>,
-    /// Whether the current block's StreamStart has been written (lazily, like Begin).
-    block_open: bool,
+    /// Streamed transactions: the block being decoded, whether its StreamStart was written
+    /// (lazily, like Begin), which transactions wrote a block, their rewrites reported.
+    stream: StreamBlocks,
     /// The (sub)transaction of the change being written in a block.
     sub: u32,
-    /// Streamed transactions that emitted something in this session (their first block was
-    /// written), with the relations whose rewrite each reported.
-    streams: HashMap<u32, HashSet<pg_sys::Oid>>,
     /// Row filters by emitted relation (`row_filter.<relid>` options), and the role whose right
     /// to execute their functions is checked (`row_filter_owner`).
     row_filters: HashMap<pg_sys::Oid, String>,
@@ -241,10 +238,23 @@ pub unsafe extern "C-unwind" fn _PG_output_plugin_init(cb: *mut pg_sys::OutputPl
     }
 }
 
+/// The plugin's state, at the entry of a callback (every callback but startup and shutdown
+/// calls this first, before it writes anything).
+///
+/// Discards what an interrupted callback left in the scratch buffer: every callback flushes each
+/// message it starts before it returns, so bytes found here are part of a message an ERROR cut
+/// short. Decoding goes on after one such ERROR: a streamed transaction that aborts while its
+/// block is decoded makes the next catalog lookup (a type's output function, an enum label)
+/// fail with ERRCODE_TRANSACTION_ROLLBACK, which `ReorderBufferProcessTXN` catches, and then
+/// calls `stream_stop`. Kept, the half-written change and the StreamStop went out as one
+/// message, which the reader could not decode ("expected a value kind ... found byte 0x45",
+/// issue 42).
 unsafe fn state<'a>(ctx: *mut pg_sys::LogicalDecodingContext) -> &'a mut PluginState {
     // SAFETY: startup stores a leaked Box<PluginState> here before any other callback runs, and
     // shutdown is the only place that frees it.
-    unsafe { &mut *((*ctx).output_plugin_private as *mut PluginState) }
+    let st = unsafe { &mut *((*ctx).output_plugin_private as *mut PluginState) };
+    st.buf.clear();
+    st
 }
 
 fn option_string(def: *mut pg_sys::DefElem) -> (String, String) {
@@ -491,10 +501,8 @@ unsafe extern "C-unwind" fn startup(
             reported_end: 0,
             rewritten: HashSet::new(),
             origins: HashMap::new(),
-            block: None,
-            block_open: false,
+            stream: StreamBlocks::default(),
             sub: 0,
-            streams: HashMap::new(),
             row_filters,
             filter_owner,
             compiled: HashMap::new(),
@@ -558,16 +566,13 @@ unsafe fn ensure_begun(
     st: &mut PluginState,
     txn: *mut pg_sys::ReorderBufferTXN,
 ) {
-    if let Some(top) = st.block {
-        if !st.block_open {
-            let first = !st.streams.contains_key(&top);
+    if st.stream.block().is_some() {
+        if let Some((top, first)) = st.stream.open() {
             wire::put_stream_start(&mut st.buf, top, first);
             unsafe { flush(ctx, st, false) };
-            st.streams.entry(top).or_default();
             STREAM_SENT.with(|s| {
                 s.borrow_mut().entry(top).or_default();
             });
-            st.block_open = true;
         }
         return;
     }
@@ -647,14 +652,14 @@ unsafe fn skipped_commit(
 
 /// In a stream block, the header that makes the next message a StreamChange of `xid`.
 fn lead(st: &mut PluginState, xid: u32) {
-    if st.block.is_some() {
+    if st.stream.block().is_some() {
         wire::put_stream_change_header(&mut st.buf, xid);
     }
 }
 
 /// The top-level transaction of the current stream block, or 0 outside one.
 fn block_top(st: &PluginState) -> u32 {
-    st.block.unwrap_or(0)
+    st.stream.block().unwrap_or(0)
 }
 
 /// The origin a change was made with: the transaction's (known at its commit), else the
@@ -774,7 +779,7 @@ unsafe fn send_relation_if_needed(
 ) {
     unsafe {
         let relid = (*rel).rd_id;
-        let top = st.block;
+        let top = st.stream.block();
         let sent = match top {
             Some(x) => STREAM_SENT.with(|s| s.borrow().get(&x).is_some_and(|r| r.contains(&relid))),
             None => SENT.with(|s| s.borrow().contains(&relid)),
@@ -1265,8 +1270,8 @@ unsafe fn report_rewrite(
 
 /// Whether this is the first rewrite of `relid` the current transaction reports (recording it).
 fn rewrite_first(st: &mut PluginState, relid: pg_sys::Oid) -> bool {
-    match st.block {
-        Some(top) => st.streams.entry(top).or_default().insert(relid),
+    match st.stream.rewrite_first(relid.to_u32()) {
+        Some(first) => first,
         None => st.rewritten.insert(relid),
     }
 }
@@ -1423,8 +1428,7 @@ unsafe extern "C-unwind" fn stream_start(
     unsafe {
         let st = state(ctx);
         // A block is written only once it has a change to send (`ensure_begun`).
-        st.block = Some(xid_of(txn));
-        st.block_open = false;
+        st.stream.start(xid_of(txn));
         st.sub = xid_of(txn);
     }
 }
@@ -1436,12 +1440,10 @@ unsafe extern "C-unwind" fn stream_stop(
 ) {
     unsafe {
         let st = state(ctx);
-        if st.block_open {
+        if st.stream.stop() {
             wire::put_stream_stop(&mut st.buf);
             flush(ctx, st, true);
         }
-        st.block = None;
-        st.block_open = false;
     }
 }
 
@@ -1485,8 +1487,7 @@ unsafe extern "C-unwind" fn stream_truncate(
 
 /// A streamed transaction ended: the relations it described are described again before their
 /// next change elsewhere (the reader's description may now be the one it carried).
-fn forget_stream(st: &mut PluginState, top: u32) {
-    st.streams.remove(&top);
+fn forget_stream(top: u32) {
     if let Some(rels) = STREAM_SENT.with(|s| s.borrow_mut().remove(&top)) {
         SENT.with(|s| {
             let mut s = s.borrow_mut();
@@ -1512,12 +1513,12 @@ unsafe extern "C-unwind" fn stream_abort(
             xid_of(toptxn)
         };
         let sub = xid_of(txn);
-        if st.streams.contains_key(&top) {
+        if st.stream.abort(top, sub) {
             wire::put_stream_abort(&mut st.buf, top, sub);
             flush(ctx, st, true);
         }
         if top == sub {
-            forget_stream(st, top);
+            forget_stream(top);
         }
     }
 }
@@ -1532,11 +1533,12 @@ unsafe extern "C-unwind" fn stream_commit(
         let st = state(ctx);
         let xid = xid_of(txn);
         let end = (*txn).end_lsn;
-        if !st.streams.contains_key(&xid) {
+        let written = st.stream.commit(xid);
+        forget_stream(xid);
+        if !written {
             skipped_commit(ctx, st, end);
             return;
         }
-        forget_stream(st, xid);
         st.skipped = 0;
         st.reported_end = end;
         wire::put_stream_commit(

@@ -180,6 +180,9 @@ fn use_decoding_work_mem() {
 struct Output {
     out: SpillBuffer,
     streams: Streams,
+    /// A streamed transaction's messages broke the protocol or could not be decoded (the read
+    /// raised an ERROR): see [`Decoder::stream_failed`].
+    stream_failed: bool,
 }
 
 /// The most of one streamed transaction a spool keeps in memory before its file: several may be
@@ -247,13 +250,16 @@ impl Decoder {
     /// Acquire `slot` and start decoding at its restart point, for changes committed after its
     /// confirmed position. `remote_streams`: how many streamed transactions the applier may
     /// write while they run (0: none, and the blocks are not handed out).
+    /// `streaming`: stream transactions in progress if `tide.stream_in_progress` allows (off
+    /// after a streamed transaction could not be read, see [`Decoder::stream_failed`]).
     pub fn open(
         slot: &str,
         filter: &str,
         extra: &[(String, String)],
         remote_streams: usize,
+        streaming: bool,
     ) -> TideResult<Decoder> {
-        let streaming_on = crate::gucs::STREAM_IN_PROGRESS.get();
+        let streaming_on = streaming && crate::gucs::STREAM_IN_PROGRESS.get();
         let remote_streams = if streaming_on { remote_streams } else { 0 };
         let slot_c = CString::new(slot).map_err(|_| TideError::internal("slot name with NUL"))?;
         let filter_c =
@@ -289,6 +295,7 @@ impl Decoder {
                         format!("pgsql_tmp_pg_tide.{}.stream", { pg_sys::MyProcPid }),
                         spill_threshold().min(STREAM_SPOOL_MEMORY),
                     ),
+                    stream_failed: false,
                 }),
                 filter: filter.to_string(),
                 extra: extra.to_vec(),
@@ -400,6 +407,7 @@ impl Decoder {
                     break;
                 }
             }
+            self.forget_orphan_streams();
             // Catalog entries built under the decoded transactions' historic snapshots must not
             // serve the ordinary queries that follow when the catalogs changed since (PostgreSQL's
             // SQL decoding functions always reset; after an ERROR, `release_after_error` does).
@@ -411,6 +419,27 @@ impl Decoder {
                 reached_end,
             })
         }
+    }
+
+    /// Forget the streamed transactions PostgreSQL will send nothing more of: when the reorder
+    /// buffer holds no transaction, none of those spooled can get another block, a commit or an
+    /// abort in this session. (PostgreSQL 15 sends no `stream_abort` for a transaction whose
+    /// block it cut short at a concurrent abort: without this its spool, and a remote
+    /// transaction written while it ran, would stay until the decoder is closed.)
+    fn forget_orphan_streams(&mut self) {
+        if self.out.streams.in_progress() == 0 || !self.idle() {
+            return;
+        }
+        let xids = self.out.streams.in_progress_xids();
+        for &xid in &xids {
+            self.streams.abort(xid);
+        }
+        self.out.streams.clear();
+        log!(
+            "pg_tide worker: slot \"{}\": forgot {} streamed transaction(s) that ended without a stream abort (aborted while decoded): {xids:?}",
+            self.slot,
+            xids.len()
+        );
     }
 
     /// The messages of the last read, in order; the buffer is emptied when this is dropped.
@@ -426,6 +455,21 @@ impl Decoder {
     /// Streamed transactions in progress (spooled, not committed yet).
     pub fn streams_in_progress(&self) -> usize {
         self.out.streams.in_progress()
+    }
+
+    /// Whether a read failed on a streamed transaction's messages (out of order, or
+    /// undecodable): the worker then decodes without streaming for a while (issue 42: a
+    /// pipeline never stays stuck on a transaction it cannot read as a stream).
+    pub fn stream_failed(&self) -> bool {
+        self.out.stream_failed
+    }
+
+    /// Whether the reorder buffer holds no transaction: a new decoding session would start at
+    /// the confirmed position, with nothing to read again.
+    pub fn idle(&self) -> bool {
+        // SAFETY: `ctx` is the live decoding context this decoder owns (freed only in drop);
+        // the call reads the reorder buffer's list head.
+        unsafe { pg_sys::ReorderBufferGetOldestTXN((*self.ctx).reorder).is_null() }
     }
 
     /// End of the last record read: every transaction committed before it has been handed out.
@@ -512,11 +556,20 @@ unsafe extern "C-unwind" fn do_write(
         }
         let s = (*ctx).out;
         let bytes = std::slice::from_raw_parts((*s).data as *const u8, (*s).len as usize);
-        let Output { out, streams } = &mut *out;
+        let Output {
+            out,
+            streams,
+            stream_failed,
+        } = &mut *out;
         match streams.route(bytes, out) {
             Ok(()) => {}
             Err(tide_core::stream_spool::StreamError::Io(e)) => io_err(e).raise(),
-            Err(e) => TideError::internal(format!("pg_tide worker: {e}")).raise(),
+            Err(e) => {
+                *stream_failed = true;
+                TideError::internal(format!("pg_tide worker: {e}"))
+                    .hint("The worker reads the stream again without streaming transactions in progress until it has passed this point, and retries; nothing is lost. If the same error comes back, report it with the server log.")
+                    .raise()
+            }
         }
     }
 }

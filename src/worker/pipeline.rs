@@ -159,6 +159,12 @@ struct Worker {
     /// `name_failed_transaction`) until the stream has passed the last transaction the failed
     /// iteration began.
     one_at_a_time_until: Option<Lsn>,
+    /// After a read failed on a streamed transaction's messages (`Decoder::stream_failed`): the
+    /// flush position then. Decoder sessions do not stream transactions in progress until one
+    /// has read past it and holds no transaction (then it is closed, and the next one streams
+    /// again): whatever broke the stream, the same transactions are read whole at their commit,
+    /// as without streaming (issue 42).
+    no_stream_until: Option<Lsn>,
     /// The `add_table` marker (table, commit LSN) that ended the last iteration to be done again
     /// (`apply::restart_for`): met again at once, the iteration fails as any other.
     restarted_for: Option<(u32, Lsn)>,
@@ -179,6 +185,7 @@ impl Worker {
             phase: Phase::Iterate,
             failures: 0,
             one_at_a_time_until: None,
+            no_stream_until: None,
             restarted_for: None,
             last_iteration: Instant::now(),
             last_snapshot_log: Instant::now(),
@@ -255,6 +262,15 @@ impl Worker {
         // The chunk in memory may have seen part of a stream that will be replayed, and the
         // decoder has read past what the target has.
         self.bf.failed(settings.max_retry_delay);
+        if self.dec.as_ref().is_some_and(|d| d.stream_failed()) {
+            // SAFETY: reads the WAL flush position (shared memory, under its spinlock).
+            let flushed = Lsn(unsafe { pg_sys::GetFlushRecPtr(std::ptr::null_mut()) });
+            self.no_stream_until = Some(self.no_stream_until.map_or(flushed, |u| u.max(flushed)));
+            log!(
+                "pg_tide worker \"{}\": a streamed transaction could not be read; reading without streaming transactions in progress until past {flushed}",
+                self.name
+            );
+        }
         crate::sql::forget_plans();
         if let Some(s) = self.sink.as_mut() {
             s.reset();
@@ -279,6 +295,28 @@ impl Worker {
         Iteration::Failed
     }
 
+    /// Past [`Worker::no_stream_until`] with no transaction in the reorder buffer: close the
+    /// decoder, so that the next session streams transactions in progress again (it starts at
+    /// the confirmed position, with nothing to read again).
+    fn stream_again_when_past(&mut self) {
+        let Some(until) = self.no_stream_until else {
+            return;
+        };
+        match self.dec.as_ref() {
+            Some(d) if d.position() > until && d.idle() => {
+                self.no_stream_until = None;
+                close_decoder(&self.name, &mut self.dec, &mut self.rels);
+                log!(
+                    "pg_tide worker \"{}\": past {until}; streaming transactions in progress again",
+                    self.name
+                );
+            }
+            // Closed meanwhile (a table added): the next session starts at the confirmed
+            // position, still without streaming until it is past.
+            _ => {}
+        }
+    }
+
     /// One iteration (see [`iterate`]) and what follows from its outcome.
     fn iterate(&mut self, settings: Settings) {
         self.last_iteration = Instant::now();
@@ -287,6 +325,10 @@ impl Worker {
         let chunk_was_waiting = self.bf.has_pending();
         crate::worker::apply::clear_last_begun();
         let one_at_a_time = self.one_at_a_time_until.is_some();
+        let mode = ReadMode {
+            one_at_a_time,
+            streaming: self.no_stream_until.is_none(),
+        };
         let result = tx::run(|| {
             iterate(
                 &self.name,
@@ -294,7 +336,7 @@ impl Worker {
                 &mut self.sink,
                 &mut self.dec,
                 &mut self.rels,
-                one_at_a_time,
+                mode,
             )
         });
         // Held only inside an iteration (see worker::origin).
@@ -361,6 +403,7 @@ impl Worker {
                     &mut self.rels,
                     &mut self.last_snapshot_log,
                 );
+                self.stream_again_when_past();
                 Iteration::Done { drained: o.drained }
             }
             Err(e) => self.failed(e, one_at_a_time, repeated, settings),
@@ -649,13 +692,22 @@ fn now_us() -> i64 {
 }
 
 /// One iteration, inside a transaction.
+/// How an iteration reads the stream.
+#[derive(Clone, Copy)]
+struct ReadMode {
+    /// One source transaction at most (after a failure, see `name_failed_transaction`).
+    one_at_a_time: bool,
+    /// A decoder opened now streams transactions in progress (see `Worker::no_stream_until`).
+    streaming: bool,
+}
+
 fn iterate(
     name: &str,
     bf: &mut Backfiller,
     sink: &mut Option<Box<dyn Target>>,
     dec: &mut Option<Decoder>,
     rels: &mut HashMap<u32, RelDesc>,
-    one_at_a_time: bool,
+    mode: ReadMode,
 ) -> TideResult<Outcome> {
     Spi::connect_mut(|c| {
         let Some(p) = catalog::pipelines::lock_pipeline(c, name)? else {
@@ -721,7 +773,7 @@ fn iterate(
         let Some(sink) = sink.as_mut() else {
             return Err(TideError::internal("no sink"));
         };
-        let mut out = stream(c, &p, bf, &mut **sink, dec, rels, one_at_a_time, resync_end)?;
+        let mut out = stream(c, &p, bf, &mut **sink, dec, rels, mode, resync_end)?;
         notes.append(&mut out.notes);
         out.notes = notes;
         Ok(out)
@@ -736,7 +788,7 @@ fn stream(
     sink: &mut dyn Target,
     dec: &mut Option<Decoder>,
     rels: &mut HashMap<u32, RelDesc>,
-    one_at_a_time: bool,
+    mode: ReadMode,
     resync_end: Vec<(u32, String, String)>,
 ) -> TideResult<Outcome> {
     let tables = catalog::tables::captured(c, &p.name)?;
@@ -756,10 +808,10 @@ fn stream(
     let (sets, filter) = table_sets(&tables, signal_relid, marker_relid);
     let (applied, recorded, confirmed) = positions(p, target_applied)?;
     let extra = plugin_options(c, &tables, p)?;
-    let decoder = open_decoder(dec, rels, p, &filter, &extra)?;
+    let decoder = open_decoder(dec, rels, p, &filter, &extra, mode.streaming)?;
     // One message: the decoder stops at the record boundary after it, which is the end of one
     // source transaction (a transaction's messages are handed out whole at its commit).
-    let batch_events = if one_at_a_time {
+    let batch_events = if mode.one_at_a_time {
         1
     } else {
         gucs::BATCH_EVENTS.get().max(1) as usize
@@ -991,6 +1043,7 @@ fn open_decoder<'d>(
     p: &PipelineRow,
     filter: &str,
     extra: &[(String, String)],
+    streaming: bool,
 ) -> TideResult<&'d mut Decoder> {
     if dec
         .as_ref()
@@ -1007,7 +1060,13 @@ fn open_decoder<'d>(
         } else {
             0
         };
-        *dec = Some(Decoder::open(&p.slot_name, filter, extra, remote_streams)?);
+        *dec = Some(Decoder::open(
+            &p.slot_name,
+            filter,
+            extra,
+            remote_streams,
+            streaming,
+        )?);
     }
     dec.as_mut()
         .ok_or_else(|| TideError::internal("no decoder"))

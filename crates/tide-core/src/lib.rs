@@ -49,6 +49,7 @@ pub mod remote_auth;
 pub mod row;
 pub mod snapshot;
 pub mod spill;
+pub mod stream_blocks;
 pub mod stream_spool;
 pub mod texts;
 pub mod wire;

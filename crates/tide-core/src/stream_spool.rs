@@ -114,6 +114,11 @@ impl Streams {
         self.txns.len()
     }
 
+    /// The transactions in progress.
+    pub fn in_progress_xids(&self) -> Vec<u32> {
+        self.txns.keys().copied().collect()
+    }
+
     /// Forget every transaction in progress and remove their files.
     pub fn clear(&mut self) {
         self.current = None;
