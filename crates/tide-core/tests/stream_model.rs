@@ -479,6 +479,16 @@ impl Worker {
     }
 }
 
+/// The plugin's state for a committed transaction replayed whole (unused in a stream block).
+#[derive(Default)]
+struct Replay {
+    /// Relations whose rewrite it reported.
+    rewritten: HashSet<u32>,
+    /// Its Begin was written.
+    begun: bool,
+    commit_lsn: usize,
+}
+
 /// The simulated PostgreSQL reorder buffer and pg_tide plugin of one decoding session.
 struct Decoding {
     /// Per top-level transaction: its changes in memory (subxact, record), whether it was
@@ -525,16 +535,14 @@ impl Decoding {
         top: u32,
         sub: u32,
         kind: &Kind,
-        rewritten: &mut HashSet<u32>,
-        begun: &mut bool,
-        commit_lsn: usize,
+        replay: &mut Replay,
     ) -> Result<(), String> {
         self.buf.clear();
         if matches!(kind, Kind::Rewrite) {
             let first = self
                 .blocks
                 .rewrite_first(CAPTURED)
-                .unwrap_or_else(|| rewritten.insert(top));
+                .unwrap_or_else(|| replay.rewritten.insert(top));
             if !first {
                 return Ok(());
             }
@@ -558,10 +566,10 @@ impl Decoding {
                 self.buf.extend_from_slice(&body[..body.len() / 2]);
                 return Err("concurrent abort".into());
             }
-        } else if !*begun {
-            wire::put_begin(&mut self.buf, top, Lsn(commit_lsn as u64), 0);
+        } else if !replay.begun {
+            wire::put_begin(&mut self.buf, top, Lsn(replay.commit_lsn as u64), 0);
             self.emit(w)?;
-            *begun = true;
+            replay.begun = true;
         }
         self.buf.extend_from_slice(&body);
         self.emit(w)
@@ -593,7 +601,7 @@ impl Decoding {
         self.blocks.start(top);
         let mut cut = false;
         for (sub, kind) in &changes {
-            match self.plugin_change(w, top, *sub, kind, &mut HashSet::new(), &mut false, 0) {
+            match self.plugin_change(w, top, *sub, kind, &mut Replay::default()) {
                 Ok(()) => {}
                 Err(e) if e == "concurrent abort" => {
                     cut = true;
@@ -677,11 +685,14 @@ impl Decoding {
                         self.emit(w)?;
                     }
                 } else {
-                    let (mut rewritten, mut begun) = (HashSet::new(), false);
+                    let mut replay = Replay {
+                        commit_lsn: lsn,
+                        ..Default::default()
+                    };
                     for (sub, kind) in &changes {
-                        self.plugin_change(w, *top, *sub, kind, &mut rewritten, &mut begun, lsn)?;
+                        self.plugin_change(w, *top, *sub, kind, &mut replay)?;
                     }
-                    if begun {
+                    if replay.begun {
                         self.buf.clear();
                         wire::put_commit(
                             &mut self.buf,
