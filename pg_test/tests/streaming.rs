@@ -1217,3 +1217,58 @@ COMMIT;
         "wallet_id, net",
     );
 }
+
+/// PostgreSQL's `023_twophase_stream` restart case, replayed through pg_tide 20 times (issue
+/// 42): a large transaction is streamed to the worker and prepared, the server stops with
+/// `-m immediate` and starts again, and the prepared transaction is committed or rolled back
+/// (alternately) as soon as the server is up, while the new worker streams it again (its
+/// rollback can meet the worker mid-block: a concurrent abort). The decoder never refuses a
+/// message, no error is left, and the target equals the source.
+#[test]
+fn twophase_stream_restart_20_times() {
+    let c = cluster("stream_2pc_restart");
+    create_pipeline(&c, "tt", "table", r#"{"schema": "tgt"}"#);
+    exec(&c, "SELECT tide.add_table('tt', 'big', backfill => false)");
+    for i in 0..20 {
+        let base = i * 10_000;
+        let mut a = c.client();
+        a.batch_execute(&format!(
+            "BEGIN;
+             {};
+             UPDATE big SET tag = 'u' WHERE id BETWEEN {} AND {};
+             DELETE FROM big WHERE id % 5 = 0 AND id BETWEEN {base} AND {};
+             PREPARE TRANSACTION 'p{i}';",
+            insert_sql(base + 1, base + 3334, "t"),
+            base + 1,
+            base + 100,
+            base + 3334
+        ))
+        .expect("prepare");
+        drop(a);
+        // Past the memory limit, so the worker has streamed part of it before the stop.
+        wait_spooled(&c, 1, 0);
+        c.stop(StopMode::Immediate);
+        c.start();
+        let end = if i % 2 == 0 { "COMMIT" } else { "ROLLBACK" };
+        c.execute(&format!("{end} PREPARED 'p{i}'"));
+    }
+    wait_pipeline(&c, "tt", 180);
+    for needle in [
+        "invalid message from the output plugin",
+        "streamed transaction out of order",
+    ] {
+        assert_eq!(
+            c.log_count(needle),
+            0,
+            "the decoder failed: {needle}\n{}",
+            diag(&c)
+        );
+    }
+    let err: Option<String> =
+        c.query_scalar("SELECT last_error FROM tide.pipelines WHERE name = 'tt'");
+    assert_eq!(err, None, "{}", diag(&c));
+    assert!(stream_txns(&c, "tide_tt") > 0, "nothing was streamed");
+    let rows: i64 = c.query_scalar("SELECT count(*) FROM big");
+    assert_eq!(rows, 10 * (3334 - 666), "the committed halves");
+    assert_target_equals_source(&c);
+}
