@@ -53,6 +53,10 @@ pub static STREAM_IN_PROGRESS: GucSetting<bool> = GucSetting::<bool>::new(true);
 /// writes at once, while they run, each into a remote transaction of its own on a connection
 /// of its own (see `worker::stream_apply`); 0: every one is applied at its commit.
 pub static REMOTE_STREAM_CONNECTIONS: GucSetting<i32> = GucSetting::<i32>::new(2);
+/// `tide.fail_stream_blocks` (fault injection, for tests; off): a worker's decoder refuses every
+/// streamed block it receives, as if it could not read it, so the way out of such a failure
+/// (`Worker::no_stream_until`: reading again without streaming) can be shown.
+pub static FAIL_STREAM_BLOCKS: GucSetting<bool> = GucSetting::<bool>::new(false);
 /// `tide.max_pipelines_per_role`: the most pipelines one role may own (superusers are not
 /// limited); -1 (the default) is a quarter of `max_replication_slots`, at least 1, so one role
 /// cannot take every slot. See [`max_pipelines_per_role`].
@@ -251,6 +255,14 @@ fn init_stream_settings() {
         &REMOTE_STREAM_CONNECTIONS,
         0,
         64,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"tide.fail_stream_blocks",
+        c"Fault injection, for tests: pipeline workers refuse every streamed block they receive.",
+        c"Each refusal fails the worker's iteration as an unreadable stream would; the worker then reads again without streaming transactions in progress until it is past that point. Leave off.",
+        &FAIL_STREAM_BLOCKS,
         GucContext::Sighup,
         GucFlags::default(),
     );

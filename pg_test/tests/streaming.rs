@@ -1272,3 +1272,68 @@ fn twophase_stream_restart_20_times() {
     assert_eq!(rows, 10 * (3334 - 666), "the committed halves");
     assert_target_equals_source(&c);
 }
+
+/// The way out of a stream the worker cannot read (issue 42), whatever the cause: with
+/// `tide.fail_stream_blocks` on, the worker refuses the first block of a large transaction; the
+/// failure is recorded, the worker reads the WAL again without streaming, applies the
+/// transaction at its commit and clears the error, and once past it streams again (a second
+/// large transaction, with the fault off, is streamed).
+#[test]
+fn unreadable_stream_is_read_again_without_streaming() {
+    let c = cluster("stream_way_out");
+    create_pipeline(&c, "tt", "table", r#"{"schema": "tgt"}"#);
+    exec(&c, "SELECT tide.add_table('tt', 'big', backfill => false)");
+    c.execute("ALTER SYSTEM SET tide.fail_stream_blocks = on");
+    c.execute("SELECT pg_reload_conf()");
+    let before = stream_txns(&c, "tide_tt");
+    let mut a = c.client();
+    a.batch_execute("BEGIN").expect("begin");
+    a.batch_execute(&insert_sql(1, 20000, "a")).expect("insert");
+    // The worker meets the first block and fails: recorded, with the refusal.
+    c.wait_until(
+        "the refused block to be recorded",
+        Duration::from_secs(60),
+        POLL,
+        || {
+            Ok(c.try_query_scalar::<Option<String>>(
+                "SELECT last_error FROM tide.pipelines WHERE name = 'tt'",
+            )?
+            .is_some_and(|e| e.contains("streamed block refused")))
+        },
+    );
+    a.batch_execute("COMMIT").expect("commit");
+    wait_pipeline(&c, "tt", 120);
+    assert_target_equals_source(&c);
+    let err: Option<String> =
+        c.query_scalar("SELECT last_error FROM tide.pipelines WHERE name = 'tt'");
+    assert_eq!(
+        err,
+        None,
+        "the error stays after the transaction applied\n{}",
+        diag(&c)
+    );
+    assert!(
+        c.log_count("reading without streaming transactions in progress") >= 1,
+        "{}",
+        c.log_tail(30)
+    );
+    // Past it, streaming again (the fault off).
+    c.execute("ALTER SYSTEM RESET tide.fail_stream_blocks");
+    c.execute("SELECT pg_reload_conf()");
+    c.wait_until(
+        "the worker to stream again",
+        Duration::from_secs(60),
+        POLL,
+        || Ok(c.log_count("streaming transactions in progress again") >= 1),
+    );
+    let streamed_once = stream_txns(&c, "tide_tt");
+    c.execute(&insert_sql(20001, 40000, "b"));
+    wait_pipeline(&c, "tt", 120);
+    assert!(
+        stream_txns(&c, "tide_tt") > streamed_once.max(before),
+        "the second large transaction was not streamed\n{}",
+        diag(&c)
+    );
+    assert_target_equals_source(&c);
+    assert_no_spool_left(&c);
+}

@@ -561,6 +561,14 @@ unsafe extern "C-unwind" fn do_write(
             streams,
             stream_failed,
         } = &mut *out;
+        if bytes.first() == Some(&b'S') && crate::gucs::FAIL_STREAM_BLOCKS.get() {
+            *stream_failed = true;
+            TideError::internal(
+                "pg_tide worker: a streamed block refused (tide.fail_stream_blocks is on)",
+            )
+            .hint("tide.fail_stream_blocks is fault injection for tests: turn it off.")
+            .raise()
+        }
         match streams.route(bytes, out) {
             Ok(()) => {}
             Err(tide_core::stream_spool::StreamError::Io(e)) => io_err(e).raise(),

@@ -322,3 +322,32 @@ fn verify_and_repair_by_a_superuser_run_as_the_owner() {
     let n: i64 = c.query_scalar("SELECT count(*) FROM mallory_rep.t");
     assert_eq!(n, 30, "the repair re-seeded the deleted rows\n{}", diag(&c));
 }
+
+/// `tide.fail_stream_blocks` (fault injection: every pipeline worker of the server refuses its
+/// streamed blocks and reads without streaming) is the server's: neither mallory (a `tide_admin`
+/// member) nor nobody can set it for a session, the server or a role. Setting it had to work
+/// for a superuser, or the refusals prove nothing.
+#[test]
+fn fault_injection_is_a_superusers_setting() {
+    let c = secured_with("sec_fault_injection", &[]);
+    for role in ["mallory", "nobody"] {
+        for sql in [
+            "SET tide.fail_stream_blocks = on",
+            "ALTER SYSTEM SET tide.fail_stream_blocks = on",
+            "ALTER ROLE mallory SET tide.fail_stream_blocks = on",
+            "SELECT set_config('tide.fail_stream_blocks', 'on', false)",
+        ] {
+            let e = exec_as(&c, role, sql).expect_err(sql);
+            let code = e.code().map(|s| s.code().to_string());
+            assert!(
+                matches!(code.as_deref(), Some("55P02") | Some("42501")),
+                "as {role}: {sql}: {}",
+                describe_error(&e)
+            );
+        }
+    }
+    c.execute("ALTER SYSTEM SET tide.fail_stream_blocks = on");
+    c.execute("ALTER SYSTEM RESET tide.fail_stream_blocks");
+    let on: String = c.query_scalar("SHOW tide.fail_stream_blocks");
+    assert_eq!(on, "off");
+}
