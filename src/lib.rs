@@ -283,7 +283,7 @@ mod tests {
         Spi::run("SELECT tide.drop_pipeline('nope')").unwrap();
     }
 
-    #[pg_test(error = "no pipeline captures public.uncaptured")]
+    #[pg_test(error = "no pipeline of yours captures public.uncaptured")]
     fn backfill_of_an_uncaptured_table_is_an_error() {
         Spi::run("CREATE TABLE public.uncaptured (id int PRIMARY KEY)").unwrap();
         Spi::run("SELECT tide.start_backfill('public.uncaptured')").unwrap();

@@ -96,15 +96,16 @@ pub(crate) fn resolve_pipeline(relid: pg_sys::Oid, pipeline: Option<&str>) -> Ti
             Ok(p.to_string())
         }
         None => {
-            let names = tables::pipelines_capturing(relid)?;
+            // Only the caller's own pipelines (those tide.pipelines shows it): an error never
+            // names another owner's pipeline, nor says whether one captures the table.
+            let names: Vec<String> = tables::pipelines_capturing(relid)?
+                .into_iter()
+                .filter(|n| require_pipeline(n).is_ok())
+                .collect();
             match names.len() {
-                0 => Err(TideError::prerequisite(format!("no pipeline captures {qualified}"))
-                    .hint(format!("Add it to a pipeline first: SELECT tide.add_table('<pipeline>', '{qualified}')."))),
-                1 => {
-                    let name = names.into_iter().next().unwrap_or_default();
-                    require_pipeline(&name)?;
-                    Ok(name)
-                }
+                0 => Err(TideError::prerequisite(format!("no pipeline of yours captures {qualified}"))
+                    .hint(format!("Add it to a pipeline first: SELECT tide.add_table('<pipeline>', '{qualified}'), or name the pipeline: pipeline => '<name>'."))),
+                1 => Ok(names.into_iter().next().unwrap_or_default()),
                 _ => Err(TideError::new(
                     pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_AMBIGUOUS_PARAMETER,
                     format!("{qualified} is captured by several pipelines ({})", names.join(", ")),

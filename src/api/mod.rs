@@ -127,18 +127,13 @@ pub(crate) fn require_pipeline(pipeline: &str) -> TideResult<String> {
         None => security::is_superuser(me),
     };
     if !ok {
+        // Names only what the caller gave: not the owner, which the caller may not see
+        // (tide.pipelines shows each role its own pipelines).
         return Err(TideError::privilege(format!(
-            "must be the owner of pipeline \"{}\" (or a member of role \"{owner}\")",
+            "must be the owner of pipeline \"{}\"",
             shown(pipeline)
         ))
-        .hint(match security::role_oid(&owner) {
-            // Never suggest handing out a superuser's membership.
-            Some(o) if !security::is_superuser(o) => format!(
-                "Ask its owner to run this, or to GRANT {} TO you.",
-                pgrx::spi::quote_identifier(&owner)
-            ),
-            _ => "Ask its owner to run this.".to_string(),
-        }));
+        .hint("Ask its owner to run this, or to grant you membership in the role that owns it."));
     }
     Ok(owner)
 }

@@ -32,7 +32,11 @@
 //!   `CREATE DATABASE ... TEMPLATE` lock the database in a mode that conflicts with a writer's
 //!   (what every session takes to connect), then wait 5 s at most for the other sessions of that
 //!   database to leave. Every tick the launcher asks for a writer's lock without waiting; when it
-//!   cannot have it, it stops its workers (SIGTERM) and leaves, so these commands succeed;
+//!   cannot have it, and a session that holds or waits for such a lock may run the command (a
+//!   superuser, a member of the database's owner, or a `CREATEDB` role copying a template: the
+//!   commands lock before they check rights, so a role without them must not make the
+//!   pipelines stop, issue 44), it stops its workers (SIGTERM) and leaves, so these commands
+//!   succeed;
 //! - handles SIGTERM (exit), SIGHUP (reload) and postmaster death (exit);
 //! - every tick reads the version of the extension's SQL objects: while it differs from the
 //!   library's (a new `pg_tide.so` loaded, `ALTER EXTENSION pg_tide UPDATE` not run yet, or the
@@ -316,7 +320,15 @@ fn database_wanted() -> Wanted {
             )
         };
         if got == pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL {
-            return Ok(Wanted::ByAnother);
+            // Yield only to a session that may have the database: those commands lock it
+            // before they check the caller's rights, so any role could hold or queue for the
+            // lock, fail, and try again (issue 44: a role with no rights stopped every pipeline
+            // of a database that way).
+            return Ok(if wanted_by_one_who_may()? {
+                Wanted::ByAnother
+            } else {
+                Wanted::Free
+            });
         }
         let open = crate::sql::one::<bool>(
             "SELECT datallowconn FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database()",
@@ -335,6 +347,32 @@ fn database_wanted() -> Wanted {
             Wanted::Free
         }
     }
+}
+
+/// Whether a session that holds or waits for a lock on this database that keeps others out
+/// (what `DROP DATABASE`, `ALTER DATABASE ... RENAME / SET TABLESPACE` take, and the share lock
+/// of `CREATE DATABASE ... TEMPLATE`) may run that command: a superuser, a member of the
+/// database's owner, or for the share lock a role with `CREATEDB` copying a template. A
+/// session that cannot be identified counts as one that may (the launcher yields, as before).
+fn wanted_by_one_who_may() -> crate::error::TideResult<bool> {
+    Ok(crate::sql::one::<bool>(
+        "SELECT EXISTS (
+           SELECT 1 FROM pg_catalog.pg_locks l
+             JOIN pg_catalog.pg_database d ON d.oid = l.objid
+             LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+             LEFT JOIN pg_catalog.pg_roles r ON r.oid = a.usesysid
+            WHERE l.locktype = 'object' AND l.database = 0
+              AND l.classid = 'pg_catalog.pg_database'::pg_catalog.regclass
+              AND l.objid = (SELECT oid FROM pg_catalog.pg_database
+                              WHERE datname = pg_catalog.current_database())
+              AND l.pid IS DISTINCT FROM pg_catalog.pg_backend_pid()
+              AND l.mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
+              AND (r.oid IS NULL OR r.rolsuper
+                   OR pg_catalog.pg_has_role(r.oid, d.datdba, 'MEMBER')
+                   OR (l.mode = 'ShareLock' AND d.datistemplate AND r.rolcreatedb)))",
+        &[],
+    )?
+    .unwrap_or(true))
 }
 
 /// Main function of a database launcher (see the module comment). The database's OID is the

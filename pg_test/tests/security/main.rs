@@ -15,6 +15,7 @@ mod kafka;
 mod operations;
 mod reads;
 mod remote;
+mod serverwide;
 mod shape;
 mod stalls;
 use std::time::{Duration, Instant};
