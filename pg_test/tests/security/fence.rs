@@ -22,10 +22,11 @@ fn only_the_owner_claims_a_target_and_nobody_sets_the_lease() {
     );
     c.execute("INSERT INTO public.prod VALUES (1, 1)");
     wait_for_pipeline(&c, "prod", 60, || diag(&c));
-    let owner = || -> (String, i64) {
-        let r =
-            t.query_one("SELECT writer, epoch FROM public.tide_applied WHERE pipeline = 'prod'");
-        (r.get(0), r.get(1))
+    // Read as a result: the attempts below are checked first.
+    let owner = || -> Result<(String, i64), String> {
+        t.try_query_one("SELECT writer, epoch FROM public.tide_applied WHERE pipeline = 'prod'")
+            .map(|r| (r.get(0), r.get(1)))
+            .map_err(|e| describe_error(&e))
     };
     let before = owner();
     for (role, code) in [
@@ -57,8 +58,9 @@ fn only_the_owner_claims_a_target_and_nobody_sets_the_lease() {
     ok_as(&c, "mallory", "SELECT tide.create_pipeline('m')");
     let e = exec_as(&c, "mallory", "SELECT tide.claim_target('m')").expect_err("an outbox");
     assert_db_error(&e, "42809", Some("remote PostgreSQL target"));
+    let before = before.expect("the target's owner before");
     assert_eq!(
-        owner(),
+        owner().expect("the target's owner after"),
         before,
         "the target's owner and epoch are unchanged"
     );
