@@ -9,6 +9,8 @@
 //!   itself once production's lease lapsed, resyncs, and ends with 0 rows differing, its writes
 //!   after the resync included (they commit at positions the old primary had already applied:
 //!   the old position must not be trusted across a takeover).
+//! - A paused production keeps its lease (its worker renews it): a copy started meanwhile is
+//!   fenced all the same, and production resumes into its own target.
 //! - `tide.claim_target` on a copy moves the target at once: the copy's rows win, and the old
 //!   writer's next write is refused (it pauses, fenced, with the reason and remedy).
 //!
@@ -267,4 +269,45 @@ fn claim_moves_the_target_and_fences_the_old_writer() {
     let late: i64 = t
         .query_scalar("SELECT count(*) FROM public.items WHERE pad = 'production after the claim'");
     assert_eq!(late, 0, "production wrote after the claim");
+}
+
+#[test]
+fn paused_production_keeps_its_target() {
+    let (c, t) = production("fence_paused");
+    exec(&c, &format!("SELECT tide.pause_pipeline('{P}')"));
+    c.wait_until(
+        "the pipeline to pause",
+        Duration::from_secs(30),
+        POLL,
+        || Ok(state(&c)?.0 == "paused"),
+    );
+    c.execute("UPDATE items SET v = v + 1000 WHERE id <= 100");
+    let copy = c.basebackup("fence_paused_b", false);
+    copy.start();
+    copy.execute(COPY_WRITES);
+    // The copy's catalog says paused too: someone resumes it there.
+    copy.execute(&format!("SELECT tide.resume_pipeline('{P}')"));
+    // Three leases and more: production's paused worker renews its lease all along.
+    std::thread::sleep(Duration::from_secs(20));
+    let (_, code, err, _) = state(&copy).expect("the copy's pipeline row");
+    assert_eq!(
+        code.as_deref(),
+        Some("55006"),
+        "the copy is fenced while production is paused: {err:?}\n{}",
+        diag(&copy)
+    );
+    let copy_rows: i64 = t.query_scalar(
+        "SELECT count(*) FROM public.items WHERE pad = 'copy' OR id BETWEEN 100001 AND 100050",
+    );
+    assert_eq!(copy_rows, 0, "rows of the copy reached production's target");
+    exec(&c, &format!("SELECT tide.resume_pipeline('{P}')"));
+    wait_pipeline(&c, P, 60);
+    assert_same_rows(
+        "production's target after the resume",
+        &c,
+        "items",
+        &t,
+        "public.items",
+        COLS,
+    );
 }
