@@ -5,6 +5,9 @@
 #   scripts/cluster.sh start NAME
 #   scripts/cluster.sh stop NAME [fast|immediate|smart]     (default fast; a stopped cluster is fine)
 #   scripts/cluster.sh restart NAME
+#   scripts/cluster.sh basebackup NAME SOURCE [--standby]   NAME: a copy of running SOURCE (pg_basebackup), own port, not started;
+#                                           --standby: a streaming standby of SOURCE (-R)
+#   scripts/cluster.sh promote NAME         promote a standby (waits until it accepts writes)
 #   scripts/cluster.sh status NAME          exit 0 running, 3 stopped, 4 no such cluster
 #   scripts/cluster.sh psql NAME [psql args...]
 #   scripts/cluster.sh port NAME            prints the TCP port
@@ -206,6 +209,55 @@ cmd_init() {
     log "initialized '$NAME': port $port, preload=$([[ $preload == 1 ]] && echo pg_tide || echo none), wal_level=$wal_level${confs[*]:+, conf: ${confs[*]}}"
 }
 
+# Reserve a port under the lock and make NAME's directory (parallel inits never pick the same).
+reserve_port() {
+    (
+        exec 9>>"$BASE/.lock"
+        flock 9
+        p="$(pick_port)"
+        pg mkdir -p "$DIR"
+        pg chmod 0755 "$DIR"
+        echo "$p" | pg tee "$PORTFILE" >/dev/null
+        echo "$p"
+    )
+}
+
+cmd_basebackup() {
+    local src="${1:-}" standby=0
+    [[ -n "$src" ]] || usage
+    check_name "$src"
+    [[ "${2:-}" == "--standby" ]] && standby=1
+    local src_port
+    src_port="$(cat "$BASE/$src/port")" || die "no cluster '$src'"
+    ensure_base
+    exists && die "cluster '$NAME' already exists"
+    [[ -e "$DIR" ]] && pg rm -rf "$DIR"
+    local port
+    port="$(reserve_port)"
+    [[ -n "$port" ]] || die "could not reserve a port"
+    local -a flags=(-h 127.0.0.1 -p "$src_port" -U postgres -D "$PGDATA_DIR" -X stream -c fast --no-sync)
+    ((standby)) && flags+=(-R)
+    log "pg_basebackup of '$src' (port $src_port) into '$NAME' (port $port)$( ((standby)) && echo ', as a standby')"
+    if ! pg "$TIDE_PG_BIN/pg_basebackup" "${flags[@]}"; then
+        pg rm -rf "$DIR"
+        die "pg_basebackup of '$src' failed"
+    fi
+    {
+        echo ""
+        echo "# ---- copy '$NAME' of '$src' (scripts/cluster.sh basebackup) ----"
+        echo "port = $port"
+        echo "unix_socket_directories = '$DIR'"
+    } | pg tee -a "$PGDATA_DIR/postgresql.conf" >/dev/null
+    pg touch "$LOGFILE"
+    pg chmod 0644 "$LOGFILE"
+}
+
+cmd_promote() {
+    require_exists
+    log "promoting '$NAME'"
+    pg "$PG_CTL" -D "$PGDATA_DIR" -w -t "$START_TIMEOUT" promote >/dev/null
+}
+
 cmd_start() {
     require_exists
     if running; then
@@ -329,6 +381,8 @@ case "$sub" in
     start) cmd_start ;;
     stop) cmd_stop "$@" ;;
     restart) cmd_stop fast; cmd_start ;;
+    basebackup) cmd_basebackup "$@" ;;
+    promote) cmd_promote ;;
     status) cmd_status ;;
     psql) cmd_psql "$@" ;;
     port) require_exists; port_of ;;

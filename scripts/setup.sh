@@ -24,6 +24,7 @@ PACKAGES=(
     libclang-dev clang pkg-config build-essential ca-certificates
     libssl-dev openssl dpkg-dev
     sudo python3 iproute2 util-linux
+    gdb
 )
 
 pkg_installed() {

@@ -1040,6 +1040,7 @@ BEGIN
             ('alter_pipeline', 'Renames a pipeline or changes the options that can change without a new slot (the keys given replace the stored ones; null resets one).'),
             ('pause_pipeline', 'Stops applying; the slot keeps the changes until tide.resume_pipeline. A paused pipeline is a NOTICE.'),
             ('resume_pipeline', 'Resumes a paused pipeline where it stopped. A pipeline not paused is a NOTICE.'),
+            ('claim_target', 'Makes this server the writer of the pipeline''s remote PostgreSQL target at once, whatever server owned it (the target''s epoch moves on, so that server''s pipeline writes nothing more there and pauses); returns the new epoch.'),
             ('skip_transaction', 'As ALTER SUBSCRIPTION ... SKIP: the source transaction committed at this LSN is not applied (pg_tide''s own rows in it are still followed).'),
             ('wait_for_pipeline', 'True once everything committed before the call has been applied (with the re-reads of tables rewritten before it); false on timeout.'),
             ('add_table', 'Starts capturing a table at this point of the stream and queues the backfill of its existing rows (unless backfill => false); optional row filter and column list.'),
@@ -1148,3 +1149,15 @@ AS 'MODULE_PATHNAME', 'alter_table_wrapper';
 REVOKE ALL ON FUNCTION tide.alter_table(text, regclass, text, text[], boolean, boolean, jsonb, boolean) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tide.alter_table(text, regclass, text, text[], boolean, boolean, jsonb, boolean) TO tide_admin;
 COMMENT ON FUNCTION tide.alter_table(text, regclass, text, text[], boolean, boolean, jsonb, boolean) IS 'Changes a captured table''s row filter, column list or column masks (NULL: unchanged; clear_row_filter, clear_columns, clear_masks: every row, every column, no mask) from the commit of the calling transaction on, announced there by a schema event; the table is then read again under it.';
+
+-- One writer per target (issue 43, README "Concepts > One writer per target"): a DBA moves a
+-- pipeline's remote target to this server at once. The worker adds the ownership columns to a
+-- remote tide_applied made by 0.1.0 itself (ALTER TABLE ... ADD COLUMN IF NOT EXISTS).
+CREATE FUNCTION tide."claim_target"(
+	"name" TEXT
+) RETURNS bigint
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'claim_target_wrapper';
+REVOKE ALL ON FUNCTION tide.claim_target(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tide.claim_target(text) TO tide_admin;
+COMMENT ON FUNCTION tide.claim_target(text) IS 'Makes this server the writer of the pipeline''s remote PostgreSQL target at once, whatever server owned it (the target''s epoch moves on, so that server''s pipeline writes nothing more there and pauses); returns the new epoch.';

@@ -65,6 +65,11 @@ pub static MAX_PIPELINES_PER_ROLE: GucSetting<i32> = GucSetting::<i32>::new(-1);
 /// slot is dropped and the pipeline fails with the remedy, instead of filling the disk. -1: no
 /// limit.
 pub static MAX_PAUSED_WAL_MB: GucSetting<i32> = GucSetting::<i32>::new(8192);
+/// `tide.target_lease`: how long (s) a remote target stays its writer's after the writer last
+/// renewed its lease there (every commit, and at least every third of this while idle, paused or
+/// failing); another server's pipeline of the same name takes the target over only once it
+/// lapsed, or by `tide.claim_target` (see `sink::table::fence`).
+pub static TARGET_LEASE_S: GucSetting<i32> = GucSetting::<i32>::new(30);
 
 /// What a pipeline worker does when its slot is lost (invalidated, missing, or not pg_tide's):
 /// see `catalog::slots` and README, Concepts > Lost slots.
@@ -135,6 +140,7 @@ fn init_backfill_settings() {
 
 pub fn init() {
     init_slot_settings();
+    init_target_settings();
     init_memory_settings();
     init_backfill_settings();
     init_stream_settings();
@@ -280,6 +286,25 @@ fn init_memory_settings() {
         GucContext::Sighup,
         GucFlags::UNIT_KB,
     );
+}
+
+/// The settings of remote targets' ownership (README, Concepts > One writer per target).
+fn init_target_settings() {
+    GucRegistry::define_int_guc(
+        c"tide.target_lease",
+        c"How long a remote PostgreSQL target stays its writer's after the writer last renewed its lease there.",
+        c"Every commit at the target renews the lease, and a running, idle, failing or paused worker renews it at least every third of this. A pipeline of the same name on another server (a copy of the source, a restored backup, a promoted standby) writes the target only once the lease lapsed, or after tide.claim_target; until then it stops with SQLSTATE 55006. A failover therefore takes over the target after at most this long.",
+        &TARGET_LEASE_S,
+        5,
+        3600,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
+}
+
+/// The lease [`TARGET_LEASE_S`] sets.
+pub fn target_lease() -> std::time::Duration {
+    std::time::Duration::from_secs(TARGET_LEASE_S.get().clamp(5, 3600) as u64)
 }
 
 /// The settings about lost slots (README, Concepts > Lost slots).

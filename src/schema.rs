@@ -843,6 +843,7 @@ BEGIN
             ('alter_pipeline', 'Renames a pipeline or changes the options that can change without a new slot (the keys given replace the stored ones; null resets one).'),
             ('pause_pipeline', 'Stops applying; the slot keeps the changes until tide.resume_pipeline. A paused pipeline is a NOTICE.'),
             ('resume_pipeline', 'Resumes a paused pipeline where it stopped. A pipeline not paused is a NOTICE.'),
+            ('claim_target', 'Makes this server the writer of the pipeline''s remote PostgreSQL target at once, whatever server owned it (the target''s epoch moves on, so that server''s pipeline writes nothing more there and pauses); returns the new epoch.'),
             ('skip_transaction', 'As ALTER SUBSCRIPTION ... SKIP: the source transaction committed at this LSN is not applied (pg_tide''s own rows in it are still followed).'),
             ('wait_for_pipeline', 'True once everything committed before the call has been applied (with the re-reads of tables rewritten before it); false on timeout.'),
             ('add_table', 'Starts capturing a table at this point of the stream and queues the backfill of its existing rows (unless backfill => false); optional row filter, column list and column masks.'),

@@ -426,6 +426,26 @@ pub fn worker_pid(name: &str) -> Option<i32> {
         .filter(|&p| p > 0 && alive(p))
 }
 
+/// Ask a backend or worker of this cluster to end (SIGTERM, as `pg_terminate_backend`), found
+/// by its pid among the PGPROCs; a pid that is no such process any more (the worker exited since
+/// its slot was read) is left alone, silently: `pg_terminate_backend` would warn "PID n is not a
+/// PostgreSQL backend process" to the caller of `tide.drop_pipeline`. Whether it was signalled.
+pub fn terminate(pid: i32) -> bool {
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: BackendPidGetProc takes ProcArrayLock and returns a PGPROC of shared memory, or
+    // NULL when no process of the cluster has that pid; only the pointer's nullness is used.
+    let found = unsafe { !pg_sys::BackendPidGetProc(pid).is_null() };
+    if !found {
+        return false;
+    }
+    // SAFETY: kill(2) with a pid just found among the cluster's processes and a valid signal
+    // number; a process that exited in between makes it fail with ESRCH, which is ignored (the
+    // same window PostgreSQL's own pg_terminate_backend has).
+    unsafe { libc::kill(pid, libc::SIGTERM) == 0 }
+}
+
 /// Whether a process exists (the slot of a worker killed with SIGKILL is only cleared by the
 /// crash restart that follows).
 pub fn alive(pid: i32) -> bool {

@@ -276,6 +276,34 @@ impl Cluster {
         cluster_script_ok(self.pg_bin.as_deref(), &["restart", &self.name]);
     }
 
+    /// A new cluster `name` made by `pg_basebackup` of this running one (its own port and
+    /// socket, the same configuration: pg_tide preloaded if this one preloads it), not started.
+    /// `standby`: a streaming standby of this one (`-R`), else a standalone copy.
+    pub fn basebackup(&self, name: &str, standby: bool) -> Cluster {
+        let name = unique_name(name);
+        let bin = self.pg_bin.as_deref();
+        let mut args = vec!["basebackup", name.as_str(), self.name.as_str()];
+        if standby {
+            args.push("--standby");
+        }
+        cluster_script_ok(bin, &args);
+        let port: u16 = cluster_script_ok(bin, &["port", &name])
+            .parse()
+            .expect("scripts/cluster.sh port printed a number");
+        let log_path = PathBuf::from(cluster_script_ok(bin, &["log", &name]));
+        Cluster {
+            name,
+            port,
+            log_path,
+            pg_bin: self.pg_bin.clone(),
+        }
+    }
+
+    /// Promote this standby (returns once it accepts writes).
+    pub fn promote(&self) {
+        cluster_script_ok(self.pg_bin.as_deref(), &["promote", &self.name]);
+    }
+
     /// Whether the postmaster is running.
     pub fn is_running(&self) -> bool {
         run_cluster_script(self.pg_bin.as_deref(), &["status", &self.name])

@@ -770,3 +770,86 @@ fn outbox_consumer_waits() {
     );
     let _ = alice.batch_execute("ROLLBACK");
 }
+
+/// Issue 43 item 7: `tide.drop_pipeline` reads the worker's pid and then signals it; a worker
+/// that exits in between (a backfill's end, an `alter_pipeline`, a server shutdown) must cost
+/// the caller nothing: no `WARNING: PID n is not a PostgreSQL backend process` (which also broke
+/// the upgrade suite's golden transcript). The interleaving is forced, not hoped for: gdb stops
+/// alice's backend where it looks the worker's process up (`BackendPidGetProc` with the worker's
+/// pid), the worker is ended and gone, and only then does the backend go on.
+#[test]
+fn drop_pipeline_is_silent_when_its_worker_exits_first() {
+    let c = cluster("drop_exited");
+    let (mut cl, notices) = connect_noticed(&c, "alice");
+    ok(&mut cl, &c, "SELECT tide.create_pipeline('gone')");
+    c.wait_until(
+        "the worker",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || Ok(worker_pid(&c, "gone").is_some()),
+    );
+    let worker = worker_pid(&c, "gone").expect("a worker");
+    let backend: i32 = scalar(&mut cl, &c, "SELECT pg_backend_pid()");
+    let ready = std::env::temp_dir().join(format!("pg_tide_gdb_ready_{}", std::process::id()));
+    let _ = std::fs::remove_file(&ready);
+    // The first argument's register at the function's entry.
+    let arg = if cfg!(target_arch = "aarch64") {
+        "$x0"
+    } else {
+        "$rdi"
+    };
+    let gdb = std::process::Command::new("gdb")
+        .args(["-p", &backend.to_string(), "-batch", "-nx"])
+        .args(["-ex", "set pagination off"])
+        .args(["-ex", &format!("break BackendPidGetProc if {arg} == {worker}")])
+        .args(["-ex", &format!("shell touch {}", ready.display())])
+        .args(["-ex", "continue"])
+        // Stopped with the worker's pid in hand: end the worker, wait until it is gone.
+        .args([
+            "-ex",
+            &format!("shell kill -TERM {worker}; while kill -0 {worker} 2>/dev/null; do sleep 0.05; done"),
+        ])
+        .args(["-ex", "delete", "-ex", "detach", "-ex", "quit"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("this test needs gdb (scripts/setup.sh installs it): {e}"));
+    c.wait_until(
+        "gdb to stop the backend",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || Ok(ready.exists()),
+    );
+    // Sent while gdb holds the backend: it reads it once gdb lets it go on.
+    ok(&mut cl, &c, "SELECT tide.drop_pipeline('gone')");
+    let out = gdb.wait_with_output().expect("gdb ran");
+    let gdb_out = String::from_utf8_lossy(&out.stdout);
+    let _ = std::fs::remove_file(&ready);
+    assert!(
+        gdb_out.contains("Breakpoint 1, "),
+        "gdb never stopped the backend at BackendPidGetProc({worker}): the interleaving was not forced\n{gdb_out}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !std::path::Path::new(&format!("/proc/{worker}")).exists(),
+        "the worker {worker} still runs"
+    );
+    let seen = notices.lock().expect("notices").clone();
+    assert!(
+        seen.iter()
+            .all(|n| !n.contains("is not a PostgreSQL backend process")),
+        "tide.drop_pipeline warned about the worker that had exited: {seen:?}"
+    );
+    assert_eq!(
+        c.log_count("is not a PostgreSQL backend process"),
+        0,
+        "the server log has the warning\n{}",
+        c.log_tail(30)
+    );
+    let left: i64 = c.query_scalar(
+        "SELECT (SELECT count(*) FROM tide.pipeline WHERE name = 'gone')
+              + (SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'tide_gone')",
+    );
+    assert_eq!(left, 0, "the pipeline and its slot are gone");
+}

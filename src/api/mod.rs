@@ -20,6 +20,7 @@ mod alter;
 mod alter_table;
 pub mod args;
 pub mod backfill;
+mod claim;
 mod consumers;
 mod follow;
 pub mod kafka;

@@ -205,8 +205,10 @@ pub(super) fn drop_pipeline_as_tide(name: &str, slot: &str) -> TideResult<()> {
         "DELETE FROM tide.outbox WHERE pipeline = $1",
         &[name.into()],
     )?;
+    // Through the worker's shared-memory slot, never pg_terminate_backend: a worker that exited
+    // since the slot was read is no error (and no WARNING for the caller), see shmem::terminate.
     if let Some(pid) = shmem::worker_pid(name) {
-        sql::exec("SELECT pg_terminate_backend($1)", &[pid.into()])?;
+        shmem::terminate(pid);
         if !stopped.contains(&pid) {
             stopped.push(pid);
         }
@@ -264,7 +266,7 @@ pub(super) fn stop_worker(name: &str, what: &str) -> TideResult<Vec<i32>> {
     let mut stopped: Vec<i32> = Vec::new();
     loop {
         if let Some(pid) = shmem::worker_pid(name) {
-            sql::exec("SELECT pg_terminate_backend($1)", &[pid.into()])?;
+            shmem::terminate(pid);
             if !stopped.contains(&pid) {
                 stopped.push(pid);
             }

@@ -298,6 +298,18 @@ pub trait Target {
 
     /// Forget cached state after a failed iteration.
     fn reset(&mut self) {}
+
+    /// While the pipeline is paused: keep this server's hold on the target (a remote table
+    /// target renews its lease, see `table::fence`). Nothing for the other targets.
+    fn keep_lease(&mut self, _p: &PipelineRow) -> TideResult<()> {
+        Ok(())
+    }
+
+    /// How often the worker must reach the target to keep its lease, whatever it is doing
+    /// (remote table target: a third of `tide.target_lease`); `None`: no lease.
+    fn renew_every(&self) -> Option<std::time::Duration> {
+        None
+    }
 }
 
 /// One table's `resync` event (see [`Target::resync`]).

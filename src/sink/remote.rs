@@ -144,6 +144,10 @@ pub enum RemoteStep {
         staged: Vec<RemoteStep>,
         data: Vec<u8>,
     },
+    /// A statement that must return a row, or the transaction is rolled back with the error
+    /// [`FENCED`] (non-transient): the check that the writer still owns the target, in the same
+    /// remote transaction as the data it guards (`sink::table::fence`). Its rows are returned.
+    Fence(RemoteStatement),
 }
 
 #[cfg(test)]

@@ -117,9 +117,16 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
             decoder_open: position.is_some(),
             wal_ahead: position.is_none_or(|p| flush > p.0),
         };
+        // A remote target's lease is renewed by the worker's iterations: failing or paused, it
+        // still looks at least that often (see sink::table::fence).
+        let renew_every = w.sink.as_ref().and_then(|s| s.renew_every());
+        let bound = |d: Duration| renew_every.map_or(d, |r| d.min(r));
         let settings = Settings {
             poll: Duration::from_millis(gucs::POLL_INTERVAL_MS.get().max(1) as u64),
-            max_retry_delay: Duration::from_secs(gucs::MAX_RETRY_DELAY_S.get().max(0) as u64),
+            max_retry_delay: bound(Duration::from_secs(
+                gucs::MAX_RETRY_DELAY_S.get().max(0) as u64
+            )),
+            paused_recheck: bound(tide_core::worker_loop::PAUSED_RECHECK),
         };
         match decide(w.phase, facts, settings) {
             Action::Exit => break,
@@ -691,6 +698,35 @@ fn now_us() -> i64 {
     unsafe { pg_sys::GetCurrentTimestamp() }
 }
 
+/// A paused pipeline's worker keeps this server's hold on a remote target (its lease): a copy of
+/// the source started meanwhile must not take it (see `sink::table::fence`). A failure is left
+/// for the resume to report (the pause's reason stays what it is).
+fn keep_lease(p: &PipelineRow, sink: &mut Option<Box<dyn Target>>) {
+    if p.target != tide_core::model::TargetKind::Postgres {
+        return;
+    }
+    if sink.is_none() {
+        match crate::sink::for_pipeline(p) {
+            Ok(s) => *sink = Some(s),
+            Err(e) => {
+                debug1!(
+                    "pg_tide worker \"{}\": paused, cannot reach its target to keep its lease: {e}",
+                    p.name
+                );
+                return;
+            }
+        }
+    }
+    if let Some(s) = sink.as_mut() {
+        if let Err(e) = s.keep_lease(p) {
+            debug1!(
+                "pg_tide worker \"{}\": paused, could not renew its lease on the target: {e}",
+                p.name
+            );
+        }
+    }
+}
+
 /// One iteration, inside a transaction.
 /// How an iteration reads the stream.
 #[derive(Clone, Copy)]
@@ -726,6 +762,7 @@ fn iterate(
                 catalog::slots::mark_lost_in(c, name, &problem.reason(&p.slot_name))?;
             }
             catalog::slots::note_paused(c, &p)?;
+            keep_lease(&p, sink);
             return Ok(Outcome {
                 paused: true,
                 ..Default::default()

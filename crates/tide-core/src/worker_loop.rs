@@ -42,7 +42,9 @@
 //!   chunk even when nothing writes WAL). Otherwise read a due chunk once per poll, and sleep
 //!   while nothing is new: no chunk waits and the server's flush position is not past the
 //!   decoder's. A quiet server costs a comparison per poll, not a transaction.
-//! - **Paused**: sleep [`PAUSED_RECHECK`], then iterate (which sees whether it was resumed).
+//! - **Paused**: sleep `Settings::paused_recheck` (at most [`PAUSED_RECHECK`]; shorter for a
+//!   remote target, whose paused worker renews its lease on the target), then iterate (which
+//!   sees whether it was resumed).
 //! - **Failing**: sleep `250 ms × 2^n` (n failures in a row, at most 10 doublings), capped by
 //!   `tide.max_retry_delay`, then iterate. A success resets n.
 //! - **Gone**: the pipeline was dropped: exit.
@@ -103,8 +105,12 @@ pub struct Facts {
 pub struct Settings {
     /// `tide.poll_interval`.
     pub poll: Duration,
-    /// `tide.max_retry_delay`.
+    /// `tide.max_retry_delay` (for a remote target at most a third of `tide.target_lease`, so a
+    /// failing worker still renews its lease on the target).
     pub max_retry_delay: Duration,
+    /// How long a paused pipeline's worker sleeps between looks: [`PAUSED_RECHECK`], or less
+    /// for a remote target (a third of `tide.target_lease`).
+    pub paused_recheck: Duration,
 }
 
 /// What the loop does next.
@@ -143,7 +149,7 @@ pub fn decide(phase: Phase, f: Facts, s: Settings) -> Action {
         Phase::Iterate => Action::Iterate,
         Phase::Gone => Action::Exit,
         Phase::Paused => Action::Sleep {
-            wait: PAUSED_RECHECK,
+            wait: s.paused_recheck,
             wake_on_commit: false,
         },
         Phase::Failing { failures } => Action::Sleep {

@@ -6,6 +6,7 @@ use super::*;
 const S: Settings = Settings {
     poll: Duration::from_millis(200),
     max_retry_delay: Duration::from_secs(60),
+    paused_recheck: PAUSED_RECHECK,
 };
 
 fn facts() -> Facts {
@@ -135,6 +136,18 @@ fn paused_failing_and_gone() {
         }
     );
     assert_eq!(Phase::Paused.after_sleep(false), Phase::Iterate);
+    // A remote target's paused worker looks (and renews its lease) as often as it is told.
+    let lease_bound = Settings {
+        paused_recheck: Duration::from_secs(3),
+        ..S
+    };
+    assert_eq!(
+        decide(Phase::Paused, facts(), lease_bound),
+        Action::Sleep {
+            wait: Duration::from_secs(3),
+            wake_on_commit: false
+        }
+    );
     assert_eq!(decide(Phase::Gone, facts(), S), Action::Exit);
     let mut failures = 0;
     let mut waits = Vec::new();

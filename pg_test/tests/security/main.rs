@@ -10,6 +10,7 @@ use pg_test::*;
 
 mod alter_table;
 mod escalation;
+mod fence;
 mod follow;
 mod kafka;
 mod operations;

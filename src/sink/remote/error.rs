@@ -35,6 +35,10 @@ pub struct OwnCode {
 /// its password in without asking for it.
 pub const PASSWORD_REQUIRED: &str = "2F003";
 
+/// SQLSTATE of "the target belongs to another writer" (object_in_use, `55006`), raised when a
+/// [`RemoteStep::Fence`] statement found no row: the transaction was rolled back.
+pub const FENCED: &str = "55006";
+
 impl RemoteError {
     /// An error raised by this module that a retry may cure.
     pub(super) fn transient(message: impl Into<String>) -> Self {
@@ -56,6 +60,25 @@ impl RemoteError {
             transient: false,
             own: None,
         }
+    }
+
+    /// A [`RemoteStep::Fence`] that found no row (see [`FENCED`]).
+    pub(super) fn fenced() -> Self {
+        RemoteError {
+            message: "the target's owner changed: this writer no longer owns it".to_string(),
+            sqlstate: None,
+            hint: None,
+            transient: false,
+            own: Some(Box::new(OwnCode {
+                sqlstate: FENCED,
+                detail: "the fencing check found another owner or epoch; the remote transaction was rolled back".to_string(),
+            })),
+        }
+    }
+
+    /// Whether this is [`RemoteError::fenced`].
+    pub fn is_fenced(&self) -> bool {
+        self.own.as_ref().is_some_and(|o| o.sqlstate == FENCED)
     }
 
     /// Attach a hint.

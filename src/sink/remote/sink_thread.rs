@@ -95,6 +95,17 @@ pub(super) fn run_step(conn: &mut Conn, step: &RemoteStep) -> Result<Rows, State
     };
     match step {
         RemoteStep::Statement(stmt) => run_statement(conn, stmt),
+        RemoteStep::Fence(stmt) => {
+            let rows = run_statement(conn, stmt)?;
+            if rows.is_empty() {
+                // The transaction is rolled back by the caller of the step, as after any error.
+                return Err(StatementError {
+                    error: RemoteError::fenced(),
+                    connection_ok: true,
+                });
+            }
+            Ok(rows)
+        }
         RemoteStep::Simple(sql) => {
             conn.client.batch_execute(sql).map_err(pg_error)?;
             Ok(Vec::new())

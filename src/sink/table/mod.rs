@@ -70,6 +70,7 @@ use tide_core::plan::{
     SourceColumn, Staged, Statement, TableRef, TypedColumn,
 };
 
+pub mod fence;
 pub mod local;
 pub mod remote;
 
@@ -103,6 +104,16 @@ pub trait Backend {
     /// Send what is buffered into the open transaction without committing it.
     fn flush(&mut self) -> TideResult<()> {
         Ok(())
+    }
+    /// While the pipeline is paused: renew the lease on a target this server holds (remote,
+    /// see [`fence`]); nothing for a target in this database.
+    fn keep_lease(&mut self, _p: &PipelineRow) -> TideResult<()> {
+        Ok(())
+    }
+    /// How often the worker must look at the target to keep its lease (remote: a third of
+    /// `tide.target_lease`); `None`: no lease.
+    fn renew_every(&self) -> Option<std::time::Duration> {
+        None
     }
     /// Whether the target tables live in this database, so a chunk's rows can reach them as
     /// row values ([`Backend::exec_rows`]).
@@ -152,6 +163,30 @@ pub trait Backend {
             "COPY text can only be written to tables in another PostgreSQL",
         ))
     }
+}
+
+/// A remote failure as the pipeline's error: transient ones (the target unreachable) are
+/// retried by the worker with back-off, the others wait for the user.
+pub fn remote_err(e: crate::sink::remote::RemoteError) -> TideError {
+    if let Some(refused) = crate::sink::remote::refusal_error(&e) {
+        return refused;
+    }
+    let code = if e.transient {
+        pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE
+    } else {
+        pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_FDW_ERROR
+    };
+    let mut err = TideError::new(code, format!("remote target: {}", e.message));
+    if let Some(s) = &e.sqlstate {
+        err = err.detail(format!("remote SQLSTATE {s}"));
+    }
+    err.hint(e.hint.unwrap_or_else(|| {
+        if e.transient {
+            "The target is unreachable or restarting; the worker retries with back-off and nothing is lost meanwhile (the slot keeps the WAL).".to_string()
+        } else {
+            "Fix the target table (see the message), then the worker retries by itself.".to_string()
+        }
+    }))
 }
 
 /// A target table's identifier as messages show it (quoted only where needed).
@@ -724,6 +759,14 @@ impl<B: Backend + 'static> Target for TableTarget<B> {
         self.checked.clear();
         self.planner.clear();
         self.backend.reset();
+    }
+
+    fn keep_lease(&mut self, p: &PipelineRow) -> TideResult<()> {
+        self.backend.keep_lease(p)
+    }
+
+    fn renew_every(&self) -> Option<std::time::Duration> {
+        self.backend.renew_every()
     }
 }
 

@@ -7,16 +7,19 @@
 //! staging table and one upsert from it.
 //!
 //! Guarantees: a batch's statements (and COPY loads) and the applied position (`<schema>.tide_applied`, one row
-//! per pipeline, only ever raised with `greatest`) commit in the same remote transaction, so a
+//! per pipeline, only ever raised with `greatest`) commit in the same remote transaction, fenced
+//! by the row's owner and epoch (`super::fence`: a server that does not own the target never
+//! commits a write there), so a
 //! reader of the target never sees half of a source transaction and a replay after a crash is
 //! skipped; every wait for the remote is bounded by [`REMOTE_TIMEOUT`] and checks interrupts
 //! (see `sink::remote`); a failed commit forgets the cached applied position, so it is read
 //! again before anything is replayed.
 
-use super::Backend;
+use super::fence::Fence;
+use super::{remote_err, Backend};
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
-use crate::sink::remote::{Part, RemoteError, RemoteSink, RemoteStatement, RemoteStep};
+use crate::sink::remote::{Part, RemoteSink, RemoteStatement, RemoteStep};
 use pgrx::spi::SpiClient;
 use std::time::Duration;
 use tide_core::lsn::Lsn;
@@ -34,30 +37,6 @@ pub const FLUSH_BYTES: usize = 4 << 20;
 /// (and the transaction is applied at its commit instead): what it waits for is another
 /// connection of the same worker, which cannot go on while it waits.
 pub const STREAM_LOCK_TIMEOUT_MS: u32 = 2000;
-
-/// A remote failure as the pipeline's error: transient ones (the target unreachable) are
-/// retried by the worker with back-off, the others wait for the user.
-pub fn remote_err(e: RemoteError) -> TideError {
-    if let Some(refused) = crate::sink::remote::refusal_error(&e) {
-        return refused;
-    }
-    let code = if e.transient {
-        pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE
-    } else {
-        pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_FDW_ERROR
-    };
-    let mut err = TideError::new(code, format!("remote target: {}", e.message));
-    if let Some(s) = &e.sqlstate {
-        err = err.detail(format!("remote SQLSTATE {s}"));
-    }
-    err.hint(e.hint.unwrap_or_else(|| {
-        if e.transient {
-            "The target is unreachable or restarting; the worker retries with back-off and nothing is lost meanwhile (the slot keeps the WAL).".to_string()
-        } else {
-            "Fix the target table (see the message), then the worker retries by itself.".to_string()
-        }
-    }))
-}
 
 /// Writes a table target's statements to a remote PostgreSQL.
 pub struct Remote {
@@ -92,6 +71,8 @@ pub struct Remote {
     /// A streamed transaction's backend ([`Backend::fork`]): its remote transaction begins with
     /// `SET LOCAL lock_timeout` ([`STREAM_LOCK_TIMEOUT_MS`]).
     stream: bool,
+    /// This server's hold on the target (`super::fence`).
+    fence: Fence,
 }
 
 impl Remote {
@@ -110,15 +91,13 @@ impl Remote {
             has_direct: false,
             direct_refused: false,
             stream: false,
+            fence: Fence::new(),
         }
     }
 
     /// The connection, or why there is none.
     fn sink(&mut self) -> TideResult<&mut RemoteSink> {
-        self.sink.as_mut().ok_or_else(|| {
-            TideError::prerequisite("the remote target's connection settings were refused")
-                .hint("See the error before this one; the worker checks the settings again at each attempt.")
-        })
+        self.sink.as_mut().ok_or_else(no_connection)
     }
 
     /// After a foreign server, user mapping or role changed (watched from when the connection
@@ -155,6 +134,48 @@ impl Remote {
 
     fn applied_table(&self) -> String {
         format!("{}.tide_applied", quote_ident(&self.schema))
+    }
+
+    /// The schema and `tide_applied` on the remote, with the ownership columns (added to a table
+    /// an older version made: `super::fence`).
+    fn make_applied_table(&mut self) -> TideResult<()> {
+        let table = self.applied_table();
+        let schema = quote_ident(&self.schema);
+        let sink = self.sink()?;
+        sink.query(
+            &format!("CREATE SCHEMA IF NOT EXISTS {schema}"),
+            vec![],
+            REMOTE_TIMEOUT,
+        )
+        .map_err(remote_err)?;
+        sink.query(
+                &format!(
+                    "CREATE TABLE IF NOT EXISTS {table} (pipeline text PRIMARY KEY, applied_lsn pg_lsn NOT NULL, applied_at timestamptz NOT NULL DEFAULT now(), writer text, epoch bigint NOT NULL DEFAULT 0, renewed_at timestamptz, lease interval)"
+                ),
+                vec![],
+                REMOTE_TIMEOUT,
+            )
+            .map_err(remote_err)?;
+        let have = sink
+            .query(
+                super::fence::COUNT_COLUMNS_SQL,
+                vec![Some(table.clone())],
+                REMOTE_TIMEOUT,
+            )
+            .map_err(remote_err)?
+            .first()
+            .and_then(|r| r.first().cloned().flatten())
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(0);
+        if have < super::fence::COLUMNS.len() {
+            sink.query(
+                &super::fence::add_columns_sql(&table),
+                vec![],
+                REMOTE_TIMEOUT,
+            )
+            .map_err(remote_err)?;
+        }
+        Ok(())
     }
 
     /// Buffer a step; past [`FLUSH_BYTES`], send what is buffered into the batch's remote
@@ -207,6 +228,13 @@ impl Remote {
     }
 }
 
+/// Why a [`Remote`] has no connection.
+fn no_connection() -> TideError {
+    TideError::prerequisite("the remote target's connection settings were refused").hint(
+        "See the error before this one; the worker checks the settings again at each attempt.",
+    )
+}
+
 /// Bytes a step holds (what buffering it costs).
 fn step_size(step: &RemoteStep) -> usize {
     let stmt = |s: &RemoteStatement| {
@@ -217,7 +245,7 @@ fn step_size(step: &RemoteStep) -> usize {
                 .sum::<usize>()
     };
     match step {
-        RemoteStep::Statement(s) => stmt(s),
+        RemoteStep::Statement(s) | RemoteStep::Fence(s) => stmt(s),
         RemoteStep::Simple(sql) => sql.len(),
         RemoteStep::CopyIn { sql, data } => sql.len() + data.len(),
         RemoteStep::LoadChunk {
@@ -232,28 +260,34 @@ fn step_size(step: &RemoteStep) -> usize {
 impl Backend for Remote {
     fn prepare(&mut self, p: &PipelineRow) -> TideResult<bool> {
         let reconnected = self.check_access(p)?;
-        if self.ready {
-            return Ok(reconnected);
+        if !self.ready {
+            self.make_applied_table()?;
+            self.ready = true;
+        }
+        // Take the target, or renew the lease, before anything of this iteration is written
+        // (every commit is fenced as well).
+        if self.fence.due() || self.applied.is_none() {
+            let table = self.applied_table();
+            let sink = self.sink.as_ref().ok_or_else(no_connection)?;
+            let held = self.fence.acquire(sink, &table, p, REMOTE_TIMEOUT)?;
+            self.applied = Some(held.applied);
+        }
+        Ok(reconnected)
+    }
+
+    fn keep_lease(&mut self, p: &PipelineRow) -> TideResult<()> {
+        self.check_access(p)?;
+        if !self.ready {
+            self.make_applied_table()?;
+            self.ready = true;
         }
         let table = self.applied_table();
-        let schema = quote_ident(&self.schema);
-        let sink = self.sink()?;
-        sink.query(
-            &format!("CREATE SCHEMA IF NOT EXISTS {schema}"),
-            vec![],
-            REMOTE_TIMEOUT,
-        )
-        .map_err(remote_err)?;
-        sink.query(
-                &format!(
-                    "CREATE TABLE IF NOT EXISTS {table} (pipeline text PRIMARY KEY, applied_lsn pg_lsn NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
-                ),
-                vec![],
-                REMOTE_TIMEOUT,
-            )
-            .map_err(remote_err)?;
-        self.ready = true;
-        Ok(reconnected)
+        let sink = self.sink.as_ref().ok_or_else(no_connection)?;
+        self.fence.keep(sink, &table, p, REMOTE_TIMEOUT)
+    }
+
+    fn renew_every(&self) -> Option<Duration> {
+        Some(super::fence::renew_every())
     }
 
     fn query(&mut self, sql: &str, params: &[&str]) -> TideResult<Vec<Vec<Option<String>>>> {
@@ -320,18 +354,13 @@ impl Backend for Remote {
         if self.stmts.is_empty() && applied.is_none() && self.open.is_none() {
             return Ok(());
         }
+        // The fence last: this writer still owns the target at its epoch, or nothing commits.
+        let fence = self
+            .fence
+            .commit_step(&self.applied_table(), pipeline, applied)?;
         let mut stmts = std::mem::take(&mut self.stmts);
         self.buffered = 0;
-        if let Some(a) = applied {
-            stmts.push(RemoteStep::Statement(RemoteStatement {
-                sql: format!(
-                    "INSERT INTO {} AS a (pipeline, applied_lsn) VALUES ($1, $2::text::pg_lsn)
-                     ON CONFLICT (pipeline) DO UPDATE SET applied_lsn = greatest(a.applied_lsn, excluded.applied_lsn), applied_at = now()",
-                    self.applied_table()
-                ),
-                params: vec![Some(pipeline.to_string()), Some(a.to_string())],
-            }));
-        }
+        stmts.push(fence);
         let direct = std::mem::take(&mut self.has_direct);
         let sent = match self.open.take() {
             Some(id) => self.sink()?.transaction_part(
@@ -347,10 +376,18 @@ impl Backend for Remote {
         };
         match sent {
             Ok(_) => {
+                self.fence.committed();
                 if let Some(a) = applied {
                     self.applied = Some(Some(a));
                 }
                 Ok(())
+            }
+            Err(e) if e.is_fenced() => {
+                self.applied = None;
+                let table = self.applied_table();
+                let pipeline = self.pipeline.clone();
+                let sink = self.sink.as_ref().ok_or_else(no_connection)?;
+                Err(self.fence.lost(sink, &table, &pipeline, REMOTE_TIMEOUT))
             }
             Err(e) => {
                 self.applied = None;
@@ -401,9 +438,11 @@ impl Backend for Remote {
             &self.schema,
             RemoteSink::start_with(sink.access(), &format!("pg_tide {} stream", self.pipeline)),
         );
-        // The main connection made the schema and `tide_applied`; a chunk never comes here.
+        // The main connection made the schema and `tide_applied`, and holds the target; a chunk
+        // never comes here.
         r.ready = true;
         r.stream = true;
+        r.fence = self.fence.clone();
         Some(r)
     }
 
