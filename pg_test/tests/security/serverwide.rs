@@ -77,7 +77,8 @@ fn worker_in(c: &Cluster, db: &str) -> Option<i32> {
 /// superuser's open `COMMENT ON DATABASE app` holds a lock it conflicts with), so it stays
 /// queued: alice's pipeline in `app` keeps its worker all along (on main it lost it within a
 /// second), and once the comment commits nobody's drop fails with 42501. A superuser's drop
-/// queued the same way still makes the launcher yield (the database can then be dropped).
+/// queued the same way still makes the launcher yield (its worker stops, and the database is
+/// dropped).
 #[test]
 fn a_drop_database_that_cannot_succeed_does_not_stop_pipelines() {
     let c = secured("sec_dropdb");
@@ -137,6 +138,12 @@ fn a_drop_database_that_cannot_succeed_does_not_stop_pipelines() {
     assert_eq!(worker_in(&c, "app"), pid, "alice's worker stopped");
     // A superuser's drop, queued the same way, is yielded to: it succeeds.
     let (mut holder, dropping) = queue_drop("postgres");
+    c.wait_until(
+        "the launcher of app to yield to the superuser's DROP DATABASE",
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        || Ok(worker_in(&c, "app").is_none()),
+    );
     holder.batch_execute("COMMIT").expect("commit");
     dropping.join().expect("thread").unwrap_or_else(|e| {
         panic!(
