@@ -38,7 +38,10 @@ CREATE TABLE tide.pipeline (
     -- Written by the worker: its slot's confirmed position when it found the pipeline paused
     -- (NULL again once it runs). A slot further on at resume was consumed, advanced or
     -- re-created by someone else meanwhile: it is lost.
-    paused_lsn   pg_lsn
+    paused_lsn   pg_lsn,
+    -- Written by the worker with the error: the iterations that failed in a row (0 again after
+    -- one succeeds).
+    attempts     integer NOT NULL DEFAULT 0
 );
 COMMENT ON TABLE tide.pipeline IS 'pg_tide pipelines (one slot, one worker, one target). Use tide.create_pipeline/tide.drop_pipeline; read tide.pipelines.';
 
@@ -193,7 +196,14 @@ CREATE TABLE tide.backfill (
     -- Queued by the worker when the pipeline's slot was lost (tide.pipeline.resync): the whole
     -- table is read again, and at each high watermark a table target (local, or remote:
     -- 'postgres') also loses the rows of the chunk's key range that the source no longer has.
-    resync          boolean NOT NULL DEFAULT false
+    resync          boolean NOT NULL DEFAULT false,
+    -- Set by the worker with error: the SQLSTATE of a failure (NULL for a reason to wait) and
+    -- when it happened; attempts: the writes of the backfill's next chunk that failed (a chunk
+    -- the target refuses fails the backfill; one that fails for a passing reason, such as the
+    -- target being unreachable, is tried again). Cleared when a chunk is written.
+    error_sqlstate  text,
+    error_at        timestamptz,
+    attempts        integer NOT NULL DEFAULT 0
 );
 CREATE UNIQUE INDEX backfill_one_active ON tide.backfill (pipeline, relid)
     WHERE state IN ('queued', 'running', 'paused');
@@ -455,7 +465,15 @@ SELECT p.name,
             END                                                       AS slot_warning,
        p.resync,
        p.slot_lost_at,
-       p.slot_lost_reason
+       p.slot_lost_reason,
+       p.attempts,
+       -- backfills that failed (a chunk the target refused, say) and were not resumed,
+       -- cancelled or started again since: tide.backfills has their error and remedy
+       (SELECT count(*) FROM tide.backfill b
+         WHERE b.pipeline = p.name AND b.state = 'failed'
+           AND EXISTS (SELECT 1 FROM tide.pipeline_table t WHERE t.pipeline = p.name AND t.relid = b.relid)
+           AND NOT EXISTS (SELECT 1 FROM tide.backfill l
+                            WHERE l.pipeline = p.name AND l.relid = b.relid AND l.id > b.id)) AS failed_backfills
   FROM tide.pipeline p
   LEFT JOIN pg_replication_slots s ON s.slot_name = p.slot_name
   LEFT JOIN tide._worker_status() w ON w.pipeline = p.name
@@ -493,7 +511,10 @@ SELECT b.id, b.pipeline, b.relation, b.relid::regclass AS source, b.state, b.gen
        b.created_at, b.started_at, b.finished_at, b.finished_lsn,
        CASE WHEN b.error IS NULL OR coalesce(has_table_privilege(b.relid, 'SELECT'), false) THEN b.error
             ELSE 'hidden: the error may show values of a table you cannot SELECT' END AS error,
-       b.remedy
+       b.remedy,
+       b.error_sqlstate,
+       b.error_at,
+       b.attempts
   FROM tide.backfill b
   LEFT JOIN LATERAL (
        SELECT CASE WHEN count(*) >= 2 AND extract(epoch FROM max(c.emitted_at) - min(c.read_at)) > 0

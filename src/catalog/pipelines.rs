@@ -205,7 +205,7 @@ pub(crate) fn record_applied(
         "UPDATE tide.pipeline
             SET applied_lsn = $2::pg_lsn,
                 applied_commit_time = coalesce('2000-01-01 00:00:00+00'::timestamptz + make_interval(secs => $3::float8 / 1000000), applied_commit_time),
-                last_error = NULL, last_error_sqlstate = NULL, last_error_at = NULL, remedy = NULL
+                last_error = NULL, last_error_sqlstate = NULL, last_error_at = NULL, remedy = NULL, attempts = 0
           WHERE name = $1",
         None,
         &[pipeline.into(), end_lsn.into(), commit_time_us.map(|t| t as f64).into()],
@@ -218,8 +218,8 @@ pub(crate) fn record_applied(
 pub(crate) fn clear_error(c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<()> {
     crate::sql::update(
         c,
-        "UPDATE tide.pipeline SET last_error = NULL, last_error_sqlstate = NULL, last_error_at = NULL, remedy = NULL
-          WHERE name = $1 AND last_error IS NOT NULL",
+        "UPDATE tide.pipeline SET last_error = NULL, last_error_sqlstate = NULL, last_error_at = NULL, remedy = NULL, attempts = 0
+          WHERE name = $1 AND (last_error IS NOT NULL OR attempts <> 0)",
         None,
         &[pipeline.into()],
     )?;
@@ -236,8 +236,9 @@ pub(crate) fn pause_for(pipeline: &str) -> TideResult<()> {
 }
 
 /// Record a failed iteration (in its own transaction, after the failed one was aborted): the
-/// message (with its detail), SQLSTATE, time and remedy (the hint, else a default one). Called by
-/// the worker.
+/// message (with its detail), SQLSTATE, time, remedy (the hint, else a default one) and the
+/// iterations failed in a row (`attempts`, counted here; a success sets it to 0). Called by the
+/// worker.
 pub(crate) fn record_error(pipeline: &str, e: &TideError) -> TideResult<()> {
     let remedy = e.hint.clone().unwrap_or_else(|| default_remedy(e));
     let message = match &e.detail {
@@ -245,7 +246,8 @@ pub(crate) fn record_error(pipeline: &str, e: &TideError) -> TideResult<()> {
         None => e.message.clone(),
     };
     Spi::run_with_args(
-        "UPDATE tide.pipeline SET last_error = $2, last_error_sqlstate = $3, last_error_at = now(), remedy = $4 WHERE name = $1",
+        "UPDATE tide.pipeline SET last_error = $2, last_error_sqlstate = $3, last_error_at = now(), remedy = $4, attempts = attempts + 1
+          WHERE name = $1",
         &[pipeline.into(), message.into(), e.sqlstate().into(), remedy.into()],
     )?;
     Ok(())

@@ -39,13 +39,14 @@
 //! after the marker in that transaction must not be taken as applied. A changed list (whatever
 //! changed it) always reopens the decoder.
 
+use crate::catalog::backfills;
 use crate::catalog::{self, pipelines::PipelineRow, pipelines::Resync};
 use crate::error::{TideError, TideResult};
 use crate::gucs;
 use crate::shmem::{self, WorkerState};
 use crate::sink::Target;
 use crate::worker::apply::{Applier, Outcome, TableSets};
-use crate::worker::backfill::Backfiller;
+use crate::worker::backfill::{Backfiller, Written};
 use crate::worker::decoder::{self, Decoder};
 use crate::worker::tx;
 use pgrx::bgworkers::*;
@@ -286,7 +287,10 @@ impl Worker {
         let started_at = now_us();
         let chunk_was_waiting = self.bf.has_pending();
         crate::worker::apply::clear_last_begun();
-        let one_at_a_time = self.one_at_a_time_until.is_some();
+        self.bf.begin_iteration();
+        // While a chunk of a backfill suspected of a failure waits, its high watermark is an
+        // iteration of its own (see `blame_chunks`).
+        let one_at_a_time = self.one_at_a_time_until.is_some() || self.bf.isolating();
         let result = tx::run(|| {
             iterate(
                 &self.name,
@@ -299,6 +303,12 @@ impl Worker {
         });
         // Held only inside an iteration (see worker::origin).
         super::origin::release();
+        let written = self.bf.take_written();
+        if result.is_ok() {
+            for w in &written {
+                self.bf.acquit(w.backfill_id);
+            }
+        }
         let met = crate::worker::apply::restart_for().filter(|_| result.is_err());
         let restart = met.filter(|r| self.restarted_for != Some(*r));
         // The same marker right after the iteration was done again for it: a real failure.
@@ -363,11 +373,88 @@ impl Worker {
                 );
                 Iteration::Done { drained: o.drained }
             }
+            Err(e) if self.blame_chunks(&e, &written, one_at_a_time) => {
+                // The target refused a chunk, and its backfill failed: the stream goes on at
+                // once, without it.
+                self.bf.forget();
+                crate::sql::forget_plans();
+                if let Some(s) = self.sink.as_mut() {
+                    s.reset();
+                }
+                close_decoder(&self.name, &mut self.dec, &mut self.rels);
+                self.phase = Phase::Iterate;
+                return;
+            }
             Err(e) => self.failed(e, one_at_a_time, repeated, settings),
         };
         self.phase =
             Phase::after_iteration(it, chunk_was_waiting, self.bf.has_pending(), self.failures);
         self.failures = self.phase.failures();
+    }
+}
+
+impl Worker {
+    /// After a failed iteration that wrote backfill chunks (`written`): count the failed write
+    /// on each one's backfill, with the error, in `tide.backfills`. When the iteration applied
+    /// nothing but the high watermark of one backfill's chunks (`one_at_a_time`: one source
+    /// transaction, and it is the watermark's), the failure is theirs: the target refusing
+    /// them (`tide_core::worker_loop::chunk_refused`) fails the backfill, with the remedy, and
+    /// `true` is returned: the stream goes on. Otherwise the backfill is suspected: its next
+    /// chunk is written in an iteration of its own (`Backfiller::isolating`), and a chunk that
+    /// fails for a passing reason is written again with back-off.
+    fn blame_chunks(&mut self, e: &TideError, written: &[Written], one_at_a_time: bool) -> bool {
+        if written.is_empty() || e.pause_pipeline {
+            return false;
+        }
+        let last = crate::worker::apply::last_begun();
+        let alone = one_at_a_time && written.iter().all(|w| Some(w.high_lsn) == last);
+        let sqlstate = e.sqlstate();
+        let refused = alone && !e.retry && tide_core::worker_loop::chunk_refused(&sqlstate);
+        let message = match &e.detail {
+            Some(d) => format!("{} ({d})", e.message),
+            None => e.message.clone(),
+        };
+        let mut seen = HashSet::new();
+        for w in written.iter().filter(|w| seen.insert(w.backfill_id)) {
+            let remedy = chunk_remedy(&self.name, w, alone, refused);
+            let id = w.backfill_id;
+            match tx::run(|| backfills::chunk_failed(id, &message, &sqlstate, &remedy, refused)) {
+                Ok(attempts) => log!(
+                    "pg_tide worker \"{}\": {} chunk {} of backfill {id} ({}) failed (SQLSTATE {sqlstate}, attempt {}): {message}. Hint: {remedy}",
+                    self.name,
+                    if refused { "the target refused" } else { "writing" },
+                    w.chunk_no,
+                    w.relation,
+                    attempts.unwrap_or(0)
+                ),
+                Err(e2) => log!(
+                    "pg_tide worker \"{}\": could not record the failed chunk of backfill {id}: {e2}",
+                    self.name
+                ),
+            }
+            if refused {
+                self.bf.acquit(id);
+            } else {
+                self.bf.suspect(id);
+            }
+        }
+        refused
+    }
+}
+
+/// The remedy of a failed write of chunk `w` (see [`Worker::blame_chunks`]).
+fn chunk_remedy(pipeline: &str, w: &Written, alone: bool, refused: bool) -> String {
+    let literal = |s: &str| format!("'{}'", s.replace('\'', "''"));
+    let (rel, p) = (literal(&w.relation), literal(pipeline));
+    if refused {
+        format!(
+            "The target refused a row of chunk {} of this backfill, and the backfill stopped there; the stream goes on. Fix the row at the target or at the source (the error names it), then SELECT tide.resume_backfill({rel}, {p}); reads the chunk again and goes on; or give the rest of the backfill up: SELECT tide.cancel_backfill({rel}, {p});",
+            w.chunk_no
+        )
+    } else if alone {
+        "Writing the chunk failed for a passing reason (see the SQLSTATE); the worker writes it again with back-off.".to_string()
+    } else {
+        "The iteration that wrote this chunk failed (tide.pipelines has its error); the worker writes the chunk again in an iteration of its own: if the target refuses it then, the backfill fails with the error.".to_string()
     }
 }
 
