@@ -5,6 +5,7 @@
 use super::corrupt;
 use crate::error::{TideError, TideResult};
 use crate::sql_as_tide;
+use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use pgrx::JsonB;
@@ -261,6 +262,51 @@ fn default_remedy(e: &TideError) -> String {
 }
 
 // --- the SQL API ---------------------------------------------------------------------------------
+
+/// `DROP EXTENSION pg_tide` (the `ProcessUtility_hook` in `lib.rs`, before anything is dropped)
+/// is refused while a pipeline exists, or a pg_tide slot of this database: each holds WAL until
+/// its slot is dropped, which `tide.drop_pipeline` does (with its replication origin), and
+/// nothing of pg_tide would be left to do it after the extension is gone. Runs as pg_tide; a
+/// database without the extension passes (`DROP EXTENSION IF EXISTS`).
+pub(crate) fn refuse_drop_extension() -> TideResult<()> {
+    let installed = sql_as_tide::one::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_tide')
+            AND pg_catalog.to_regclass('tide.pipeline') IS NOT NULL",
+        &[],
+    )?
+    .unwrap_or(false);
+    let pipelines = if installed {
+        sql_as_tide::one::<String>(
+            "SELECT pg_catalog.string_agg(pg_catalog.quote_literal(name), ', ' ORDER BY name) FROM tide.pipeline",
+            &[],
+        )?
+    } else {
+        None
+    };
+    let slots = sql_as_tide::one::<String>(
+        "SELECT pg_catalog.string_agg(pg_catalog.quote_ident(slot_name), ', ' ORDER BY slot_name)
+           FROM pg_catalog.pg_replication_slots
+          WHERE plugin OPERATOR(pg_catalog.=) 'pg_tide' AND database OPERATOR(pg_catalog.=) pg_catalog.current_database()",
+        &[],
+    )?;
+    if let Some(names) = pipelines {
+        return Err(TideError::new(
+            PgSqlErrorCode::ERRCODE_DEPENDENT_OBJECTS_STILL_EXIST,
+            format!("cannot drop extension pg_tide while pipelines exist: {names}"),
+        )
+        .detail("Each pipeline's replication slot holds WAL until it is dropped, and nothing would drop it once the extension is gone.")
+        .hint("Drop the pipelines first (each with its slot and replication origin): SELECT tide.drop_pipeline(name) FROM tide.pipeline; then DROP EXTENSION pg_tide."));
+    }
+    if let Some(slots) = slots {
+        return Err(TideError::new(
+            PgSqlErrorCode::ERRCODE_DEPENDENT_OBJECTS_STILL_EXIST,
+            format!("cannot drop extension pg_tide while its replication slots exist in this database: {slots}"),
+        )
+        .detail("No pipeline owns them (a pipeline whose creation did not finish, or a dropped pipeline whose slot was in use); they hold WAL until they are dropped.")
+        .hint("The pg_tide launcher drops such slots within seconds; or drop them with SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE plugin = 'pg_tide' AND database = current_database(); then DROP EXTENSION pg_tide."));
+    }
+    Ok(())
+}
 
 /// Whether a pipeline of that name exists. Called by the SQL API; runs as pg_tide.
 pub(crate) fn exists(name: &str) -> TideResult<bool> {
