@@ -53,6 +53,7 @@ use pgrx::bgworkers::*;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tide_core::lsn::Lsn;
 use tide_core::model::RelDesc;
@@ -65,11 +66,13 @@ use tide_core::worker_loop::{decide, Action, Facts, Iteration, Phase, Settings};
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
-    // SIGTERM (pg_terminate_backend, drop_pipeline, server shutdown) ends the worker at the next
-    // CHECK_FOR_INTERRUPTS, even inside a lock wait or a long decoding call: PostgreSQL's die().
-    // Whatever the worker was doing is rolled back; the slot was not advanced past it.
+    // SIGTERM (pg_terminate_backend, drop_pipeline, alter_pipeline, the launcher, server
+    // shutdown) ends the worker at the next CHECK_FOR_INTERRUPTS, even inside a lock wait or a
+    // long decoding call: PostgreSQL's die(); whatever the worker was doing is rolled back, the
+    // slot was not advanced past it. Between iterations it only asks the worker to leave, which
+    // it does at once and normally (see `on_sigterm`).
     unsafe {
-        pg_sys::pqsignal(pg_sys::SIGTERM as i32, Some(postgres_die));
+        pg_sys::pqsignal(pg_sys::SIGTERM as i32, Some(on_sigterm));
     }
     let name = BackgroundWorker::get_extra().to_string();
     let dboid = unsafe { pg_sys::Oid::from_datum(arg, false) }.unwrap_or(pg_sys::InvalidOid);
@@ -141,8 +144,50 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
             Action::Iterate => w.iterate(settings),
         }
     }
+    if STOP.load(Ordering::SeqCst) {
+        log!(
+            "pg_tide worker for pipeline \"{}\" stopping, as asked (SIGTERM)",
+            w.name
+        );
+    }
     close_decoder(&w.name, &mut w.dec, &mut w.rels);
     shmem::release(w.slot_idx, w.pid);
+}
+
+/// Set while the main loop waits between iterations ([`Worker::sleep`]: no transaction open,
+/// nothing to roll back).
+static IDLE: AtomicBool = AtomicBool::new(false);
+/// A SIGTERM arrived while [`IDLE`]: the main loop leaves.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+/// The worker's SIGTERM handler. Between iterations ([`IDLE`]) it only asks the main loop to
+/// leave ([`STOP`], and the latch), so a worker stopped while idle (by `tide.alter_pipeline`, a
+/// settings change, `tide.drop_pipeline`, a shutdown: the usual case) exits normally with a LOG
+/// line instead of PostgreSQL's FATAL "terminating background worker ... due to administrator
+/// command"; at any other time it is PostgreSQL's `die`.
+unsafe extern "C-unwind" fn on_sigterm(signal: std::ffi::c_int) {
+    if IDLE.load(Ordering::SeqCst) {
+        // SAFETY: in a signal handler: atomics and SetLatch (async-signal-safe, as PostgreSQL's
+        // own handlers use it) only, errno kept for the interrupted code.
+        unsafe {
+            let errno = *libc::__errno_location();
+            STOP.store(true, Ordering::SeqCst);
+            pg_sys::SetLatch(pg_sys::MyLatch);
+            *libc::__errno_location() = errno;
+        }
+    } else {
+        // SAFETY: PostgreSQL's own SIGTERM handler, called as a signal handler.
+        unsafe { postgres_die(signal) };
+    }
+}
+
+/// [`BackgroundWorker::wait_latch`] as an idle wait: a SIGTERM meanwhile ends it, and `false`
+/// (the worker is to exit), as postmaster death does.
+fn idle_wait(timeout: Duration) -> bool {
+    IDLE.store(true, Ordering::SeqCst);
+    let alive = !STOP.load(Ordering::SeqCst) && BackgroundWorker::wait_latch(Some(timeout));
+    IDLE.store(false, Ordering::SeqCst);
+    alive && !STOP.load(Ordering::SeqCst)
 }
 
 /// A pipeline worker's state across iterations (its main loop's; only the main thread).
@@ -211,7 +256,7 @@ impl Worker {
             shmem::sleeping(self.slot_idx, self.pid);
         }
         let deadline = Instant::now() + wait;
-        let mut alive = BackgroundWorker::wait_latch(Some(wait));
+        let mut alive = idle_wait(wait);
         // A back-off lasts its whole time: the latch set meanwhile (the reader's queue, a
         // reload) does not end it early.
         while alive && matches!(self.phase, Phase::Failing { .. }) {
@@ -220,7 +265,7 @@ impl Worker {
                 break;
             }
             pg_sys::check_for_interrupts!();
-            alive = BackgroundWorker::wait_latch(Some(left));
+            alive = idle_wait(left);
         }
         shmem::awake(self.slot_idx);
         if alive {

@@ -1,6 +1,6 @@
 //! A pipeline's life: pause, resume and drop (two pipelines on one table); drop racing its
 //! worker; a failing target, visible in `tide.pipelines`, recovering by itself; `DROP EXTENSION`
-//! refused while pipelines exist.
+//! refused while pipelines exist; a worker stopped while idle leaves without a FATAL.
 
 use crate::common::*;
 use std::time::{Duration, Instant};
@@ -288,4 +288,62 @@ fn drop_extension_refused_while_pipelines_exist() {
     assert_eq!(c.query_scalar::<i64>(origins), 0, "pg_tide origins left");
     // A database without the extension: DROP EXTENSION IF EXISTS passes quietly.
     c.execute("DROP EXTENSION IF EXISTS pg_tide");
+}
+
+/// A worker stopped between iterations (SIGTERM, as `tide.alter_pipeline`, the launcher,
+/// `tide.drop_pipeline` and a shutdown stop it) leaves normally with a LOG line, not with
+/// PostgreSQL's FATAL "terminating background worker ... due to administrator command"; the
+/// launcher starts it again and nothing is lost. Each stop is sent while the worker waits
+/// between iterations (its wait event `Extension`), three times.
+#[test]
+fn idle_worker_stops_without_fatal() {
+    let c = setup("idle_stop");
+    c.execute("CREATE TABLE t (id int PRIMARY KEY, v text)");
+    capture_table(&c, "is", "t");
+    for i in 1..=3 {
+        c.execute(&format!("INSERT INTO t VALUES ({i}, 'a')"));
+        wait_pipeline(&c, "is", 60);
+        let mut pid = 0;
+        c.wait_until(
+            "the worker waiting between iterations",
+            Duration::from_secs(30),
+            Duration::from_millis(20),
+            || {
+                let r = c.try_query_one(
+                    "SELECT coalesce((SELECT a.pid FROM pg_stat_activity a JOIN tide.pipelines p ON p.worker_pid = a.pid
+                                       WHERE p.name = 'is' AND a.wait_event = 'Extension'), 0)",
+                )?;
+                pid = r.get(0);
+                Ok(pid != 0)
+            },
+        );
+        c.execute(&format!("SELECT pg_terminate_backend({pid})"));
+        c.wait_until(
+            "a new worker streaming",
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            || {
+                Ok(c.try_query_scalar::<bool>(&format!(
+                    "SELECT coalesce((SELECT state = 'streaming' AND worker_pid <> {pid} FROM tide.pipelines WHERE name = 'is'), false)"
+                ))?)
+            },
+        );
+    }
+    c.execute("INSERT INTO t VALUES (4, 'a')");
+    wait_pipeline(&c, "is", 60);
+    assert_eq!(events(&c, "is", "public.t"), inserts(1..=4));
+    let log = c.log();
+    assert_eq!(
+        log.matches("terminating background worker \"pg_tide worker")
+            .count(),
+        0,
+        "a FATAL for a worker stopped while idle:\n{}",
+        c.log_tail(40)
+    );
+    assert_eq!(
+        log.matches("stopping, as asked (SIGTERM)").count(),
+        3,
+        "{}",
+        c.log_tail(40)
+    );
 }
