@@ -359,6 +359,10 @@ impl Worker {
         // The same marker right after the iteration was done again for it: a real failure.
         let repeated = met.is_some() && restart.is_none();
         self.restarted_for = restart;
+        let blame = match &result {
+            Err(e) if restart.is_none() => self.blame_chunks(e, &written, one_at_a_time),
+            _ => Blame::None,
+        };
         let it = match result {
             Err(e) if restart.is_some() => {
                 self.restart(&e);
@@ -418,7 +422,7 @@ impl Worker {
                 );
                 Iteration::Done { drained: o.drained }
             }
-            Err(e) if self.blame_chunks(&e, &written, one_at_a_time) => {
+            Err(_) if blame == Blame::Refused => {
                 // The target refused a chunk, and its backfill failed: the stream goes on at
                 // once, without it.
                 self.bf.forget();
@@ -430,7 +434,13 @@ impl Worker {
                 self.phase = Phase::Iterate;
                 return;
             }
-            Err(e) => self.failed(e, one_at_a_time, repeated, settings),
+            // (A chunk's own failure names no source transaction to skip.)
+            Err(e) => self.failed(
+                e,
+                one_at_a_time && blame != Blame::Chunk,
+                repeated,
+                settings,
+            ),
         };
         self.phase =
             Phase::after_iteration(it, chunk_was_waiting, self.bf.has_pending(), self.failures);
@@ -444,12 +454,12 @@ impl Worker {
     /// nothing but the high watermark of one backfill's chunks (`one_at_a_time`: one source
     /// transaction, and it is the watermark's), the failure is theirs: the target refusing
     /// them (`tide_core::worker_loop::chunk_refused`) fails the backfill, with the remedy, and
-    /// `true` is returned: the stream goes on. Otherwise the backfill is suspected: its next
-    /// chunk is written in an iteration of its own (`Backfiller::isolating`), and a chunk that
-    /// fails for a passing reason is written again with back-off.
-    fn blame_chunks(&mut self, e: &TideError, written: &[Written], one_at_a_time: bool) -> bool {
+    /// [`Blame::Refused`] is returned: the stream goes on. Otherwise the backfill is suspected:
+    /// its next chunk is written in an iteration of its own (`Backfiller::isolating`), and a
+    /// chunk that fails for a passing reason is written again with back-off.
+    fn blame_chunks(&mut self, e: &TideError, written: &[Written], one_at_a_time: bool) -> Blame {
         if written.is_empty() || e.pause_pipeline {
-            return false;
+            return Blame::None;
         }
         let last = crate::worker::apply::last_begun();
         let alone = one_at_a_time && written.iter().all(|w| Some(w.high_lsn) == last);
@@ -483,8 +493,25 @@ impl Worker {
                 self.bf.suspect(id);
             }
         }
-        refused
+        match (refused, alone) {
+            (true, _) => Blame::Refused,
+            (false, true) => Blame::Chunk,
+            (false, false) => Blame::Suspected,
+        }
     }
+}
+
+/// Whose a failed iteration is, as far as backfill chunks go ([`Worker::blame_chunks`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Blame {
+    /// No chunk was written in it (or it paused the pipeline).
+    None,
+    /// A chunk was written among other transactions: suspected.
+    Suspected,
+    /// Only a chunk was written in it, and it failed for a passing reason.
+    Chunk,
+    /// Only a chunk was written in it, and the target refused it: its backfill failed.
+    Refused,
 }
 
 /// The remedy of a failed write of chunk `w` (see [`Worker::blame_chunks`]).
