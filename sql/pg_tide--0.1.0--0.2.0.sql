@@ -1161,3 +1161,254 @@ AS 'MODULE_PATHNAME', 'claim_target_wrapper';
 REVOKE ALL ON FUNCTION tide.claim_target(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tide.claim_target(text) TO tide_admin;
 COMMENT ON FUNCTION tide.claim_target(text) IS 'Makes this server the writer of the pipeline''s remote PostgreSQL target at once, whatever server owned it (the target''s epoch moves on, so that server''s pipeline writes nothing more there and pauses); returns the new epoch.';
+
+-- Every failure is visible (issue 43): a backfill's error has its SQLSTATE, its time and the
+-- failed writes of its next chunk (attempts; a chunk the target refuses fails the backfill);
+-- a pipeline's, the iterations failed in a row; tide.pipelines counts the failed backfills.
+ALTER TABLE tide.pipeline ADD COLUMN attempts integer NOT NULL DEFAULT 0;
+ALTER TABLE tide.backfill ADD COLUMN error_sqlstate text,
+                          ADD COLUMN error_at timestamptz,
+                          ADD COLUMN attempts integer NOT NULL DEFAULT 0;
+CREATE OR REPLACE VIEW tide.pipelines WITH (security_barrier) AS
+SELECT p.name,
+       p.target,
+       CASE WHEN NOT p.enabled AND w.pid IS NOT NULL THEN 'paused'
+            WHEN w.pid IS NULL THEN 'stopped'
+            WHEN p.resync = 'slot lost' THEN 'slot lost'
+            WHEN p.resync = 'resyncing' AND w.state = 'streaming' THEN 'resyncing'
+            ELSE w.state END                                          AS state,
+       p.enabled,
+       w.pid                                                          AS worker_pid,
+       p.slot_name,
+       s.confirmed_flush_lsn                                          AS confirmed_lsn,
+       p.applied_lsn,
+       pg_current_wal_lsn()                                           AS current_lsn,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint AS lag_bytes,
+       -- How stale the target may be, in every state (paused, error, stopped, catching up):
+       -- 0 when the slot or the worker has passed every WAL byte written, else the time since
+       -- the latest moment the target is known to reflect: the worker's last look that found
+       -- nothing left to apply, the commit of the last transaction applied, or the creation.
+       CASE WHEN greatest(s.confirmed_flush_lsn, w.caught_up_lsn::pg_lsn) >= pg_current_wal_lsn() THEN 0
+            ELSE greatest(0, extract(epoch FROM now() - greatest(w.caught_up_at, p.applied_commit_time, p.created_at))) END::float8
+                                                                      AS apply_lag_seconds,
+       p.applied_commit_time                                          AS last_commit_time,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint   AS wal_retained_bytes,
+       s.wal_status,
+       coalesce(w.events, 0)                                          AS events_applied,
+       coalesce(w.txns, 0)                                            AS transactions_applied,
+       w.started_at                                                   AS worker_started_at,
+       (SELECT count(*) FROM tide.pipeline_table t WHERE t.pipeline = p.name) AS tables,
+       -- (the error can show row values: only for viewers who may SELECT every captured table)
+       CASE WHEN p.last_error IS NULL
+              OR NOT EXISTS (SELECT 1 FROM tide.pipeline_table t
+                              WHERE t.pipeline = p.name
+                                AND NOT coalesce(has_table_privilege(t.relid, 'SELECT'), true))
+            THEN p.last_error
+            ELSE 'hidden: the error may show values of a table you cannot SELECT' END AS last_error,
+       p.last_error_sqlstate,
+       p.last_error_at,
+       p.remedy,
+       p.created_at,
+       s.safe_wal_size,
+       -- (see README, Concepts > Lost slots; the margin is tide.slot_warning_size)
+       CASE WHEN s.slot_name IS NULL
+            THEN 'the slot does not exist: the worker creates a new one and reads every table again, unless tide.on_slot_lost = ''error'''
+            WHEN s.wal_status = 'lost'
+            THEN 'the slot was invalidated (max_slot_wal_keep_size): the worker creates a new one and reads every table again, unless tide.on_slot_lost = ''error'''
+            WHEN s.wal_status = 'unreserved'
+            THEN format('the slot retains more WAL than max_wal_size: the next checkpoint invalidates it once it is past max_slot_wal_keep_size (%s left)',
+                        pg_size_pretty(s.safe_wal_size))
+            WHEN s.safe_wal_size < pg_size_bytes(coalesce(current_setting('tide.slot_warning_size', true), '1GB'))
+            THEN format('the slot is %s of WAL from being invalidated by max_slot_wal_keep_size (tide.slot_warning_size)',
+                        pg_size_pretty(s.safe_wal_size))
+            WHEN NOT p.enabled AND pg_size_bytes(coalesce(current_setting('tide.max_paused_wal_size', true), '-1')) >= 0
+                 AND pg_size_bytes(coalesce(current_setting('tide.max_paused_wal_size', true), '-1'))
+                     - pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)
+                     < pg_size_bytes(coalesce(current_setting('tide.slot_warning_size', true), '1GB'))
+            THEN format('the paused pipeline''s slot is %s of WAL from being dropped by tide.max_paused_wal_size (tide.slot_warning_size)',
+                        pg_size_pretty(greatest(0, pg_size_bytes(current_setting('tide.max_paused_wal_size', true))
+                                                   - pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn))))
+            END                                                       AS slot_warning,
+       p.resync,
+       p.slot_lost_at,
+       p.slot_lost_reason,
+       p.attempts,
+       -- backfills that failed (a chunk the target refused, say) and were not resumed,
+       -- cancelled or started again since: tide.backfills has their error and remedy
+       (SELECT count(*) FROM tide.backfill b
+         WHERE b.pipeline = p.name AND b.state = 'failed'
+           AND EXISTS (SELECT 1 FROM tide.pipeline_table t WHERE t.pipeline = p.name AND t.relid = b.relid)
+           AND NOT EXISTS (SELECT 1 FROM tide.backfill l
+                            WHERE l.pipeline = p.name AND l.relid = b.relid AND l.id > b.id)) AS failed_backfills
+  FROM tide.pipeline p
+  LEFT JOIN pg_replication_slots s ON s.slot_name = p.slot_name
+  LEFT JOIN tide._worker_status() w ON w.pipeline = p.name
+ WHERE tide._visible(p.owner);
+CREATE OR REPLACE VIEW tide.backfills WITH (security_barrier) AS
+SELECT b.id, b.pipeline, b.relation, b.relid::regclass AS source, b.state, b.generation, b.chunk_size,
+       b.rows_per_second, b.condition, b.chunks_done, b.rows_read, b.rows_dropped, b.rows_emitted,
+       CASE WHEN coalesce(has_table_privilege(b.relid, 'SELECT'), false) THEN b.last_key END AS last_key,
+       b.estimated_rows,
+       CASE WHEN b.state = 'done' THEN 1.0
+            WHEN coalesce(b.estimated_rows, 0) <= 0
+            THEN CASE WHEN b.state IN ('queued', 'running', 'paused') THEN 0.0 END
+            ELSE least(1.0, b.rows_read::float8 / b.estimated_rows) END          AS fraction_done,
+       r.rows_per_second_now,
+       -- the speed of the last chunks, or (before there are two) of the backfill so far
+       CASE WHEN b.state IN ('running', 'queued') AND b.estimated_rows IS NOT NULL
+             AND coalesce(r.rows_per_second_now, o.rows_per_second_so_far) > 0
+            THEN make_interval(secs => greatest(0, b.estimated_rows - b.rows_read)
+                                       / coalesce(r.rows_per_second_now, o.rows_per_second_so_far)) END
+                                                                                   AS estimated_time_left,
+       b.created_at, b.started_at, b.finished_at, b.finished_lsn,
+       CASE WHEN b.error IS NULL OR coalesce(has_table_privilege(b.relid, 'SELECT'), false) THEN b.error
+            ELSE 'hidden: the error may show values of a table you cannot SELECT' END AS error,
+       b.remedy,
+       b.error_sqlstate,
+       b.error_at,
+       b.attempts
+  FROM tide.backfill b
+  LEFT JOIN LATERAL (
+       SELECT CASE WHEN count(*) >= 2 AND extract(epoch FROM max(c.emitted_at) - min(c.read_at)) > 0
+                   THEN sum(c.rows_read) / extract(epoch FROM max(c.emitted_at) - min(c.read_at)) END::float8
+                   AS rows_per_second_now
+         FROM (SELECT * FROM tide.chunk c WHERE c.backfill_id = b.id ORDER BY c.chunk DESC LIMIT 10) c
+  ) r ON true
+  LEFT JOIN LATERAL (
+       SELECT CASE WHEN b.rows_read > 0 AND extract(epoch FROM now() - b.started_at) > 0
+                   THEN b.rows_read / extract(epoch FROM now() - b.started_at) END::float8
+                   AS rows_per_second_so_far
+  ) o ON true
+ WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = b.pipeline));
+-- (tide.readiness again: its SELECT * of tide.backfill takes the new columns.)
+CREATE OR REPLACE VIEW tide.readiness WITH (security_barrier) AS
+SELECT t.pipeline, t.relation, t.relid::regclass AS source, b.id AS backfill_id, b.state AS backfill_state,
+       coalesce(b.state = 'done' OR b.read_complete, false)                     AS snapshot_read_complete,
+       coalesce(b.state = 'done', false)                                       AS snapshot_emitted,
+       coalesce(b.state = 'done' AND w.caught_up_lsn::pg_lsn >= b.finished_lsn, false)  AS target_caught_up,
+       CASE WHEN b.id IS NULL THEN 'no backfill'
+            WHEN b.state IN ('queued', 'running', 'paused') THEN 'backfilling'
+            WHEN b.state <> 'done' THEN 'backfill ' || b.state
+            WHEN NOT coalesce(w.caught_up_lsn::pg_lsn >= b.finished_lsn, false) THEN 'catching up'
+            -- a backfill into a target that already held rows: ready once a verification
+            -- since found no difference, or its repair is done
+            WHEN h.held_since IS NOT NULL AND NOT EXISTS (
+                     SELECT 1 FROM tide.verification v LEFT JOIN tide.backfill r ON r.id = v.repair_backfill_id
+                      WHERE v.pipeline = t.pipeline AND v.relid = t.relid AND v.started_at > h.held_since
+                        AND v.finished_at IS NOT NULL
+                        AND (coalesce(v.missing, 0) + coalesce(v.extra, 0) + coalesce(v.changed, 0) = 0
+                             OR r.state = 'done'))
+            THEN 'target not verified'
+            ELSE 'ready' END                                                    AS readiness
+  FROM tide.pipeline_table t
+  LEFT JOIN LATERAL (SELECT * FROM tide.backfill b WHERE b.pipeline = t.pipeline AND b.relid = t.relid
+                      ORDER BY b.id DESC LIMIT 1) b ON true
+  LEFT JOIN LATERAL (SELECT max(f.created_at) AS held_since FROM tide.backfill f
+                      WHERE f.pipeline = t.pipeline AND f.relid = t.relid AND f.target_held_rows
+                        AND f.created_at >= t.added_at) h ON true
+  LEFT JOIN tide._worker_status() w ON w.pipeline = t.pipeline
+ WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = t.pipeline));
+
+-- tide.pipelines answers on a hot standby (current_lsn is the replay position there), says why
+-- a pipeline without a worker is stopped, warns in the remedy when the slot it counts on is
+-- about to be lost, counts the time since a lost slot in apply_lag_seconds until the resync is
+-- done, and shows the pipeline's options to those who may see it (issue 43).
+CREATE OR REPLACE VIEW tide.pipelines WITH (security_barrier) AS
+SELECT p.name,
+       p.target,
+       CASE WHEN NOT p.enabled AND w.pid IS NOT NULL THEN 'paused'
+            WHEN w.pid IS NULL THEN 'stopped'
+            WHEN p.resync = 'slot lost' THEN 'slot lost'
+            WHEN p.resync = 'resyncing' AND w.state = 'streaming' THEN 'resyncing'
+            ELSE w.state END                                          AS state,
+       p.enabled,
+       w.pid                                                          AS worker_pid,
+       p.slot_name,
+       s.confirmed_flush_lsn                                          AS confirmed_lsn,
+       p.applied_lsn,
+       cur.lsn                                                        AS current_lsn,
+       pg_wal_lsn_diff(cur.lsn, s.confirmed_flush_lsn)::bigint        AS lag_bytes,
+       -- How stale the target may be, in every state (paused, error, stopped, catching up):
+       -- while a lost slot is recovered, the time since the loss (the changes made meanwhile
+       -- reach the target only once its tables have been read again); else 0 when the slot or
+       -- the worker has passed every WAL byte written, else the time since the latest moment
+       -- the target is known to reflect: the worker's last look that found nothing left to
+       -- apply, the commit of the last transaction applied, or the creation.
+       CASE WHEN p.resync IS NOT NULL
+            THEN greatest(0, extract(epoch FROM now() - coalesce(p.slot_lost_at, p.created_at)))
+            WHEN greatest(s.confirmed_flush_lsn, w.caught_up_lsn::pg_lsn) >= cur.lsn THEN 0
+            ELSE greatest(0, extract(epoch FROM now() - greatest(w.caught_up_at, p.applied_commit_time, p.created_at))) END::float8
+                                                                      AS apply_lag_seconds,
+       p.applied_commit_time                                          AS last_commit_time,
+       pg_wal_lsn_diff(cur.lsn, s.restart_lsn)::bigint                AS wal_retained_bytes,
+       s.wal_status,
+       coalesce(w.events, 0)                                          AS events_applied,
+       coalesce(w.txns, 0)                                            AS transactions_applied,
+       w.started_at                                                   AS worker_started_at,
+       (SELECT count(*) FROM tide.pipeline_table t WHERE t.pipeline = p.name) AS tables,
+       -- (the error can show row values: only for viewers who may SELECT every captured table)
+       CASE WHEN p.last_error IS NULL AND w.pid IS NULL THEN stopped.reason
+            WHEN p.last_error IS NULL
+              OR NOT EXISTS (SELECT 1 FROM tide.pipeline_table t
+                              WHERE t.pipeline = p.name
+                                AND NOT coalesce(has_table_privilege(t.relid, 'SELECT'), true))
+            THEN p.last_error
+            ELSE 'hidden: the error may show values of a table you cannot SELECT' END AS last_error,
+       p.last_error_sqlstate,
+       p.last_error_at,
+       CASE WHEN p.last_error IS NULL AND w.pid IS NULL THEN stopped.remedy
+            -- a remedy that counts on the slot keeping the WAL, while the slot is about to go
+            WHEN sw.warning IS NOT NULL AND p.remedy IS NOT NULL
+            THEN p.remedy || ' But the slot may not keep it: ' || sw.warning || '.'
+            ELSE p.remedy END                                         AS remedy,
+       p.created_at,
+       s.safe_wal_size,
+       sw.warning                                                     AS slot_warning,
+       p.resync,
+       p.slot_lost_at,
+       p.slot_lost_reason,
+       p.attempts,
+       -- backfills that failed (a chunk the target refused, say) and were not resumed,
+       -- cancelled or started again since: tide.backfills has their error and remedy
+       (SELECT count(*) FROM tide.backfill b
+         WHERE b.pipeline = p.name AND b.state = 'failed'
+           AND EXISTS (SELECT 1 FROM tide.pipeline_table t WHERE t.pipeline = p.name AND t.relid = b.relid)
+           AND NOT EXISTS (SELECT 1 FROM tide.backfill l
+                            WHERE l.pipeline = p.name AND l.relid = b.relid AND l.id > b.id)) AS failed_backfills,
+       p.options
+  FROM tide.pipeline p
+  LEFT JOIN pg_replication_slots s ON s.slot_name = p.slot_name
+  LEFT JOIN tide._worker_status() w ON w.pipeline = p.name
+  -- where the WAL ends: written on a primary, replayed on a standby (pg_current_wal_lsn()
+  -- fails during recovery)
+  CROSS JOIN LATERAL (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+                                  ELSE pg_current_wal_lsn() END AS lsn) cur
+  -- (see README, Concepts > Lost slots; the margin is tide.slot_warning_size)
+  CROSS JOIN LATERAL (SELECT CASE
+            WHEN s.slot_name IS NULL
+            THEN 'the slot does not exist: the worker creates a new one and reads every table again, unless tide.on_slot_lost = ''error'''
+            WHEN s.wal_status = 'lost'
+            THEN 'the slot was invalidated (max_slot_wal_keep_size): the worker creates a new one and reads every table again, unless tide.on_slot_lost = ''error'''
+            WHEN s.wal_status = 'unreserved'
+            THEN format('the slot retains more WAL than max_wal_size: the next checkpoint invalidates it once it is past max_slot_wal_keep_size (%s left)',
+                        pg_size_pretty(s.safe_wal_size))
+            WHEN s.safe_wal_size < pg_size_bytes(coalesce(current_setting('tide.slot_warning_size', true), '1GB'))
+            THEN format('the slot is %s of WAL from being invalidated by max_slot_wal_keep_size (tide.slot_warning_size)',
+                        pg_size_pretty(s.safe_wal_size))
+            WHEN NOT p.enabled AND pg_size_bytes(coalesce(current_setting('tide.max_paused_wal_size', true), '-1')) >= 0
+                 AND pg_size_bytes(coalesce(current_setting('tide.max_paused_wal_size', true), '-1'))
+                     - pg_wal_lsn_diff(cur.lsn, s.restart_lsn)
+                     < pg_size_bytes(coalesce(current_setting('tide.slot_warning_size', true), '1GB'))
+            THEN format('the paused pipeline''s slot is %s of WAL from being dropped by tide.max_paused_wal_size (tide.slot_warning_size)',
+                        pg_size_pretty(greatest(0, pg_size_bytes(current_setting('tide.max_paused_wal_size', true))
+                                                   - pg_wal_lsn_diff(cur.lsn, s.restart_lsn))))
+            END AS warning) sw
+  -- why no worker runs, when the pipeline has no error of its own
+  CROSS JOIN LATERAL (SELECT
+            CASE WHEN pg_is_in_recovery()
+                 THEN 'no worker runs: this server is a standby (in recovery); pipelines run on the primary'
+                 ELSE 'no worker runs for this pipeline' END AS reason,
+            CASE WHEN pg_is_in_recovery()
+                 THEN 'Nothing to do on a standby: once it is promoted, its launcher starts the workers by itself (see docs/high-availability.md).'
+                 ELSE 'The pg_tide launcher starts one within seconds of the pipeline''s creation, a restart or a worker''s exit. If it stays stopped: SELECT tide.check() says whether the launcher runs in this database (pg_tide preloaded, tide.database, wal_level, the extension''s version), and the server log says why a worker could not start (each pipeline needs a background worker: max_worker_processes).' END AS remedy) stopped
+ WHERE tide._visible(p.owner);

@@ -87,6 +87,13 @@ unsafe extern "C-unwind" fn note_create_extension(
     dest: *mut pg_sys::DestReceiver,
     qc: *mut pg_sys::QueryCompletion,
 ) {
+    // SAFETY: as below; a DropStmt's objects are a List of String nodes for an extension.
+    if unsafe { drops_pg_tide((*pstmt).utilityStmt) } {
+        // Before anything is dropped: pg_tide's tables still say which pipelines exist.
+        if let Err(e) = catalog::pipelines::refuse_drop_extension() {
+            e.raise();
+        }
+    }
     // SAFETY: the executor passes a valid PlannedStmt whose utilityStmt is a Node; a
     // CreateExtensionStmt's extname is a NUL-terminated string.
     let ours = unsafe {
@@ -123,6 +130,31 @@ unsafe extern "C-unwind" fn note_create_extension(
         if ours {
             CREATED_EXTENSION = true;
         }
+    }
+}
+
+/// Whether `stmt` is a `DROP EXTENSION` naming pg_tide.
+///
+/// # Safety
+/// `stmt` is null or a valid parse node (a utility statement of a PlannedStmt).
+unsafe fn drops_pg_tide(stmt: *mut pg_sys::Node) -> bool {
+    // SAFETY: the caller's; a DropStmt of OBJECT_EXTENSION has a List of String nodes (one per
+    // extension name, NUL-terminated).
+    unsafe {
+        if stmt.is_null() || (*stmt).type_ != pg_sys::NodeTag::T_DropStmt {
+            return false;
+        }
+        let d = stmt as *mut pg_sys::DropStmt;
+        if (*d).removeType != pg_sys::ObjectType::OBJECT_EXTENSION {
+            return false;
+        }
+        let names = pgrx::PgList::<pg_sys::String>::from_pg((*d).objects);
+        let found = names.iter_ptr().any(|n| {
+            !n.is_null()
+                && !(*n).sval.is_null()
+                && std::ffi::CStr::from_ptr((*n).sval).to_bytes() == b"pg_tide"
+        });
+        found
     }
 }
 

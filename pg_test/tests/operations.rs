@@ -13,6 +13,9 @@
 //!   `truncate_target` ([`readd_into_a_nonempty_target`]).
 //! - A worker that leaves during its wait leaves no wake-up behind that could signal another
 //!   process that reused its pid ([`stale_wakeup_signals_no_reused_pid`]).
+//! - `tide.pipelines` shows the owner the options, says why a pipeline has no worker, counts
+//!   the time since a lost slot in the lag while the resync is not done, warns in a remedy when
+//!   the slot is about to be lost, and answers on a hot standby ([`pipelines_view_says_why`]).
 //!
 //! Everything a user does runs as `alice`, a member of `tide_admin` (the documented grant).
 
@@ -645,4 +648,211 @@ fn stale_wakeup_signals_no_reused_pid() {
     // The pipeline goes on with its next worker.
     c.execute("INSERT INTO t VALUES (3)");
     wait_for_pipeline(&c, "p", 60, || diag(&c));
+}
+
+/// A physical standby of `primary`: a cluster initialized, its data directory replaced by a
+/// `pg_basebackup -R` of the primary (with its own port), started in recovery.
+fn standby_of(primary: &Cluster, name: &str) -> Cluster {
+    let s = Cluster::builder(name).init();
+    let base = std::env::var("TIDE_CLUSTERS").unwrap_or_else(|_| "/tmp/pg_tide_clusters".into());
+    let data = format!("{base}/{}/data", s.name());
+    let run = |cmd: &mut Command, what: &str| {
+        let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(
+            out.status.success(),
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(
+        command_as_postgres("rm").args(["-rf", &data]),
+        "remove the standby's data directory",
+    );
+    run(
+        command_as_postgres(pg_bin().join("pg_basebackup"))
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-X",
+                "stream",
+                "-R",
+                "-D",
+                &data,
+            ])
+            .arg("-p")
+            .arg(primary.port().to_string()),
+        "pg_basebackup",
+    );
+    run(
+        command_as_postgres("sh").args([
+            "-c",
+            &format!("echo 'port = {}' >> {data}/postgresql.auto.conf", s.port()),
+        ]),
+        "give the standby its port",
+    );
+    s.start();
+    s
+}
+
+/// Issue 43, item 8: `tide.pipelines` shows the owner the pipeline's options; says why a pipeline
+/// has no worker; counts the time since a lost slot in `apply_lag_seconds` while the resync is not
+/// done (the target lacks what changed meanwhile); adds the slot's warning to a remedy while the
+/// slot is about to be lost; and answers on a hot standby, where every pipeline is `stopped`,
+/// saying why.
+#[test]
+fn pipelines_view_says_why() {
+    // max_slot_wal_keep_size well under tide.slot_warning_size: the slot always has a warning.
+    let c = start_cluster(Cluster::builder("ops_why").conf("max_slot_wal_keep_size = '256MB'"));
+    init_extension(&c);
+    c.execute(
+        "CREATE ROLE alice LOGIN; GRANT tide_admin TO alice;
+         CREATE SCHEMA alice AUTHORIZATION alice;
+         CREATE SCHEMA alice_rep AUTHORIZATION alice;",
+    );
+    ok_as(
+        &c,
+        "alice",
+        "CREATE TABLE alice.t (id int PRIMARY KEY, v int NOT NULL);
+         INSERT INTO alice.t SELECT g, g FROM generate_series(1, 2000) g;
+         CREATE TABLE alice_rep.t (id int PRIMARY KEY, v int NOT NULL CHECK (v >= 0));",
+    );
+    ok_as(
+        &c,
+        "alice",
+        r#"SELECT tide.create_pipeline('w', 'table', '{"schema": "alice_rep"}')"#,
+    );
+    ok_as(
+        &c,
+        "alice",
+        "SELECT tide.add_table('w', 'alice.t', backfill => false)",
+    );
+    wait_for_pipeline(&c, "w", 60, || diag(&c));
+    // The owner sees the options.
+    let schema: String = connect_as(&c, "alice")
+        .query_one(
+            "SELECT options->>'schema' FROM tide.pipelines WHERE name = 'w'",
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("alice reads her options: {}", describe_error(&e)))
+        .get(0);
+    assert_eq!(schema, "alice_rep");
+
+    // A remedy while the slot is about to be lost says so.
+    ok_as(&c, "alice", "INSERT INTO alice.t VALUES (5000, -1)");
+    c.wait_until(
+        "the CHECK failure",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || {
+            Ok(c.try_query_scalar::<Option<String>>(
+                "SELECT last_error_sqlstate FROM tide.pipelines WHERE name = 'w'",
+            )?
+            .as_deref()
+                == Some("23514"))
+        },
+    );
+    let remedy: String = c.query_scalar("SELECT remedy FROM tide.pipelines WHERE name = 'w'");
+    assert!(
+        remedy.contains("But the slot may not keep it: the slot is")
+            && remedy.contains("max_slot_wal_keep_size"),
+        "remedy: {remedy}"
+    );
+    ok_as(&c, "alice", "DELETE FROM alice.t WHERE id = 5000");
+    c.execute("ALTER TABLE alice_rep.t DROP CONSTRAINT t_v_check");
+    wait_for_pipeline(&c, "w", 60, || diag(&c));
+
+    // No worker: why, and what to check.
+    c.execute("ALTER SYSTEM SET tide.database = 'nowhere'");
+    c.execute("SELECT pg_reload_conf()");
+    c.wait_until(
+        "the worker to stop",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || {
+            Ok(
+                c.try_query_scalar::<String>("SELECT state FROM tide.pipelines WHERE name = 'w'")?
+                    == "stopped",
+            )
+        },
+    );
+    let r = c.query_one("SELECT last_error, remedy FROM tide.pipelines WHERE name = 'w'");
+    let (why, what): (Option<String>, Option<String>) = (r.get(0), r.get(1));
+    assert_eq!(why.as_deref(), Some("no worker runs for this pipeline"));
+    assert!(
+        what.as_deref()
+            .is_some_and(|w| w.contains("SELECT tide.check()")),
+        "{what:?}"
+    );
+    c.execute("ALTER SYSTEM RESET tide.database");
+    c.execute("SELECT pg_reload_conf()");
+    wait_streaming(&c, "w", Duration::from_secs(60));
+
+    // A lost slot: until its tables are read again, the lag counts from the loss. The resync
+    // is held by a lock on the table (its backfill cannot read it).
+    ok_as(&c, "alice", "SELECT tide.pause_pipeline('w')");
+    c.wait_until(
+        "paused",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || {
+            Ok(
+                c.try_query_scalar::<String>("SELECT state FROM tide.pipelines WHERE name = 'w'")?
+                    == "paused",
+            )
+        },
+    );
+    c.execute("SELECT pg_drop_replication_slot('tide_w')");
+    let mut lock = c.client();
+    lock.batch_execute("BEGIN; LOCK TABLE alice.t IN ACCESS EXCLUSIVE MODE")
+        .expect("lock alice.t");
+    ok_as(&c, "alice", "SELECT tide.resume_pipeline('w')");
+    c.wait_until("the slot's loss to be seen", Duration::from_secs(60), Duration::from_millis(100), || {
+        Ok(c.try_query_scalar::<bool>("SELECT resync IS NOT NULL AND slot_lost_at IS NOT NULL FROM tide.pipelines WHERE name = 'w'")?)
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let r = c.query_one(
+        "SELECT apply_lag_seconds, extract(epoch FROM now() - slot_lost_at)::float8, resync FROM tide.pipelines WHERE name = 'w'",
+    );
+    let (lag, since, resync): (f64, f64, Option<String>) = (r.get(0), r.get(1), r.get(2));
+    assert!(resync.is_some(), "still recovering");
+    assert!(
+        lag >= 3.0 && lag >= since - 0.5,
+        "apply_lag_seconds {lag} while the resync is not done ({since:.1} s since the loss)"
+    );
+    lock.batch_execute("ROLLBACK").expect("unlock");
+    c.wait_until(
+        "the resync to finish",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT resync IS NULL FROM tide.pipelines WHERE name = 'w'",
+            )?)
+        },
+    );
+    wait_for_pipeline(&c, "w", 60, || diag(&c));
+    let lag: f64 = c.query_scalar("SELECT apply_lag_seconds FROM tide.pipelines WHERE name = 'w'");
+    assert!(lag < 3.0, "apply_lag_seconds {lag} once the resync is done");
+
+    // A hot standby answers, every pipeline stopped there, saying why.
+    let s = standby_of(&c, "ops_why_standby");
+    assert!(s.query_scalar::<bool>("SELECT pg_is_in_recovery()"));
+    let r = s.query_one(
+        "SELECT state, last_error, remedy, current_lsn IS NOT NULL FROM tide.pipelines WHERE name = 'w'",
+    );
+    assert_eq!(r.get::<_, String>(0), "stopped");
+    assert!(
+        r.get::<_, String>(1).contains("standby"),
+        "{}",
+        r.get::<_, String>(1)
+    );
+    assert!(
+        r.get::<_, String>(2).contains("promoted"),
+        "{}",
+        r.get::<_, String>(2)
+    );
+    assert!(r.get::<_, bool>(3), "current_lsn is the replay position");
+    s.query("SELECT * FROM tide.pipelines");
 }

@@ -9,7 +9,10 @@
 //! - `done`: set by the worker in the transaction that emits the last chunk;
 //! - `cancelled`: set here;
 //! - `failed`: set by the worker when the table cannot be read as it was added (key changed,
-//!   table dropped), with an error and a remedy.
+//!   table dropped), or when the target refused a chunk's rows (a constraint only the target
+//!   has, say), with an error, its SQLSTATE and a remedy; `tide.resume_backfill` queues the
+//!   table's latest backfill again when it failed (from the chunk that failed), and
+//!   `tide.cancel_backfill` gives it up (`cancelled`).
 //!
 //! All states are persisted in `tide.backfill`.
 
@@ -304,6 +307,15 @@ fn set_state(
     let pipeline = resolve_pipeline(relid, pipeline)?;
     let qualified = relation_name(relid)?;
     let Some((id, state)) = backfills::active(&pipeline, relid)? else {
+        // A backfill that failed (a chunk the target refused) is resumed from the chunk that
+        // failed, or given up.
+        if let (Some(id), BackfillState::Queued | BackfillState::Cancelled) =
+            (backfills::failed_latest(&pipeline, relid)?, to)
+        {
+            backfills::set_state(id, to)?;
+            super::wake_on_commit(shmem::worker_pid(&pipeline));
+            return Ok(());
+        }
         return Err(TideError::prerequisite(format!(
             "no backfill of {qualified} is active for pipeline \"{pipeline}\", nothing to {verb}"
         ))
@@ -337,14 +349,16 @@ fn pause_backfill(source: Option<Regclass>, pipeline: default!(Option<&str>, "NU
     set_state(source, pipeline, &[Queued, Running], Paused, "pause").or_raise()
 }
 
-/// Resume a paused backfill from the chunk after the last one emitted.
+/// Resume a paused backfill, or a failed one (the table's latest), from the chunk after the last
+/// one emitted.
 #[pg_extern]
 fn resume_backfill(source: Option<Regclass>, pipeline: default!(Option<&str>, "NULL")) {
     use BackfillState::*;
     set_state(source, pipeline, &[Paused], Queued, "resume").or_raise()
 }
 
-/// Cancel a queued, running or paused backfill. Rows already emitted stay at the target.
+/// Cancel a queued, running or paused backfill, or give up a failed one (the table's latest).
+/// Rows already emitted stay at the target.
 #[pg_extern]
 fn cancel_backfill(source: Option<Regclass>, pipeline: default!(Option<&str>, "NULL")) {
     use BackfillState::*;
@@ -452,7 +466,7 @@ fn wait_for_backfill_impl(
                     latest.error.unwrap_or_default()
                 ))
                 .hint(
-                    "See tide.backfills for the remedy; start a new one with tide.start_backfill.",
+                    "See tide.backfills for the error and its remedy (after a chunk the target refused: fix the row, then tide.resume_backfill); or start a new one with tide.start_backfill.",
                 ))
             }
             BackfillState::Cancelled => {

@@ -287,7 +287,7 @@ pub(crate) fn record_progress(
                 state = CASE WHEN $6 THEN $11 ELSE state END,
                 finished_at = CASE WHEN $6 THEN now() END,
                 finished_lsn = CASE WHEN $6 THEN $7::pg_lsn END,
-                error = NULL, remedy = NULL
+                error = NULL, remedy = NULL, error_sqlstate = NULL, error_at = NULL, attempts = 0
           WHERE id = $1 AND state = ANY($10) AND last_key IS NOT DISTINCT FROM $12::text[]
           RETURNING state, rows_per_second",
         None,
@@ -363,22 +363,56 @@ pub(crate) fn trim_chunks(
 /// clears them). Called by the worker, in a transaction of its own.
 pub(crate) fn note_waiting(id: i64, error: &str, remedy: &str) -> TideResult<()> {
     sql::exec(
-        "UPDATE tide.backfill SET error = $2, remedy = $3 WHERE id = $1",
+        "UPDATE tide.backfill SET error = $2, remedy = $3, error_sqlstate = NULL, error_at = now() WHERE id = $1",
         &[id.into(), error.into(), remedy.into()],
     )
 }
 
-/// Fail a queued or running backfill, with the error and its remedy. Called by the worker, in a
-/// transaction of its own.
-pub(crate) fn fail(id: i64, error: &str, remedy: &str) -> TideResult<()> {
+/// Fail a queued or running backfill, with the error, its SQLSTATE and its remedy. Called by the
+/// worker, in a transaction of its own.
+pub(crate) fn fail(id: i64, error: &str, sqlstate: &str, remedy: &str) -> TideResult<()> {
     sql::exec(
-        "UPDATE tide.backfill SET state = $4, error = $2, remedy = $3, finished_at = now() WHERE id = $1 AND state = ANY($5)",
+        "UPDATE tide.backfill SET state = $4, error = $2, remedy = $3, error_sqlstate = $6, error_at = now(),
+                finished_at = now()
+          WHERE id = $1 AND state = ANY($5)",
         &[
             id.into(),
             error.into(),
             remedy.into(),
             BackfillState::Failed.as_str().into(),
             texts(&[BackfillState::Queued, BackfillState::Running]).into(),
+            sqlstate.into(),
+        ],
+    )
+}
+
+/// A write of the backfill's next chunk failed (the iteration that wrote it was rolled back):
+/// count the attempt and record the error, its SQLSTATE and the remedy; with `fail` (the target
+/// refused the chunk) the backfill fails, unless it is no longer queued or running. Returns the
+/// attempts so far (`None`: the backfill is gone). Called by the worker, in a transaction of its
+/// own.
+pub(crate) fn chunk_failed(
+    id: i64,
+    error: &str,
+    sqlstate: &str,
+    remedy: &str,
+    fail: bool,
+) -> TideResult<Option<i32>> {
+    sql::write_one::<i32>(
+        "UPDATE tide.backfill
+            SET attempts = attempts + 1, error = $2, error_sqlstate = $3, remedy = $4, error_at = now(),
+                state = CASE WHEN $5 AND state = ANY($6) THEN $7 ELSE state END,
+                finished_at = CASE WHEN $5 AND state = ANY($6) THEN now() ELSE finished_at END
+          WHERE id = $1
+          RETURNING attempts",
+        &[
+            id.into(),
+            error.into(),
+            sqlstate.into(),
+            remedy.into(),
+            fail.into(),
+            texts(&[BackfillState::Queued, BackfillState::Running]).into(),
+            BackfillState::Failed.as_str().into(),
         ],
     )
 }
@@ -621,6 +655,18 @@ pub(crate) fn active(
         Some(id) => Ok(Some((id, state(s.as_deref(), pipeline)?))),
         None => Ok(None),
     }
+}
+
+/// The id of the table's latest backfill for the pipeline when it failed and the table is still
+/// captured (not being removed). Called by the SQL API; runs as pg_tide.
+pub(crate) fn failed_latest(pipeline: &str, relid: pg_sys::Oid) -> TideResult<Option<i64>> {
+    sql_as_tide::one::<i64>(
+        "SELECT b.id FROM tide.backfill b
+           JOIN tide.pipeline_table t ON t.pipeline = b.pipeline AND t.relid = b.relid AND NOT t.removing
+          WHERE b.pipeline = $1 AND b.relid = $2 AND b.state = $3
+            AND NOT EXISTS (SELECT 1 FROM tide.backfill l WHERE l.pipeline = $1 AND l.relid = $2 AND l.id > b.id)",
+        &[pipeline.into(), relid.into(), BackfillState::Failed.as_str().into()],
+    )
 }
 
 /// Queue a backfill of a captured table (state queued, the next generation, the planner's

@@ -5,6 +5,7 @@
 use super::corrupt;
 use crate::error::{TideError, TideResult};
 use crate::sql_as_tide;
+use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use pgrx::JsonB;
@@ -205,7 +206,7 @@ pub(crate) fn record_applied(
         "UPDATE tide.pipeline
             SET applied_lsn = $2::pg_lsn,
                 applied_commit_time = coalesce('2000-01-01 00:00:00+00'::timestamptz + make_interval(secs => $3::float8 / 1000000), applied_commit_time),
-                last_error = NULL, last_error_sqlstate = NULL, last_error_at = NULL, remedy = NULL
+                last_error = NULL, last_error_sqlstate = NULL, last_error_at = NULL, remedy = NULL, attempts = 0
           WHERE name = $1",
         None,
         &[pipeline.into(), end_lsn.into(), commit_time_us.map(|t| t as f64).into()],
@@ -218,8 +219,8 @@ pub(crate) fn record_applied(
 pub(crate) fn clear_error(c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<()> {
     crate::sql::update(
         c,
-        "UPDATE tide.pipeline SET last_error = NULL, last_error_sqlstate = NULL, last_error_at = NULL, remedy = NULL
-          WHERE name = $1 AND last_error IS NOT NULL",
+        "UPDATE tide.pipeline SET last_error = NULL, last_error_sqlstate = NULL, last_error_at = NULL, remedy = NULL, attempts = 0
+          WHERE name = $1 AND (last_error IS NOT NULL OR attempts <> 0)",
         None,
         &[pipeline.into()],
     )?;
@@ -236,8 +237,9 @@ pub(crate) fn pause_for(pipeline: &str) -> TideResult<()> {
 }
 
 /// Record a failed iteration (in its own transaction, after the failed one was aborted): the
-/// message (with its detail), SQLSTATE, time and remedy (the hint, else a default one). Called by
-/// the worker.
+/// message (with its detail), SQLSTATE, time, remedy (the hint, else a default one) and the
+/// iterations failed in a row (`attempts`, counted here; a success sets it to 0). Called by the
+/// worker.
 pub(crate) fn record_error(pipeline: &str, e: &TideError) -> TideResult<()> {
     let remedy = e.hint.clone().unwrap_or_else(|| default_remedy(e));
     let message = match &e.detail {
@@ -245,7 +247,8 @@ pub(crate) fn record_error(pipeline: &str, e: &TideError) -> TideResult<()> {
         None => e.message.clone(),
     };
     Spi::run_with_args(
-        "UPDATE tide.pipeline SET last_error = $2, last_error_sqlstate = $3, last_error_at = now(), remedy = $4 WHERE name = $1",
+        "UPDATE tide.pipeline SET last_error = $2, last_error_sqlstate = $3, last_error_at = now(), remedy = $4, attempts = attempts + 1
+          WHERE name = $1",
         &[pipeline.into(), message.into(), e.sqlstate().into(), remedy.into()],
     )?;
     Ok(())
@@ -259,6 +262,51 @@ fn default_remedy(e: &TideError) -> String {
 }
 
 // --- the SQL API ---------------------------------------------------------------------------------
+
+/// `DROP EXTENSION pg_tide` (the `ProcessUtility_hook` in `lib.rs`, before anything is dropped)
+/// is refused while a pipeline exists, or a pg_tide slot of this database: each holds WAL until
+/// its slot is dropped, which `tide.drop_pipeline` does (with its replication origin), and
+/// nothing of pg_tide would be left to do it after the extension is gone. Runs as pg_tide; a
+/// database without the extension passes (`DROP EXTENSION IF EXISTS`).
+pub(crate) fn refuse_drop_extension() -> TideResult<()> {
+    let installed = sql_as_tide::one::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_tide')
+            AND pg_catalog.to_regclass('tide.pipeline') IS NOT NULL",
+        &[],
+    )?
+    .unwrap_or(false);
+    let pipelines = if installed {
+        sql_as_tide::one::<String>(
+            "SELECT pg_catalog.string_agg(pg_catalog.quote_literal(name), ', ' ORDER BY name) FROM tide.pipeline",
+            &[],
+        )?
+    } else {
+        None
+    };
+    let slots = sql_as_tide::one::<String>(
+        "SELECT pg_catalog.string_agg(pg_catalog.quote_ident(slot_name), ', ' ORDER BY slot_name)
+           FROM pg_catalog.pg_replication_slots
+          WHERE plugin OPERATOR(pg_catalog.=) 'pg_tide' AND database OPERATOR(pg_catalog.=) pg_catalog.current_database()",
+        &[],
+    )?;
+    if let Some(names) = pipelines {
+        return Err(TideError::new(
+            PgSqlErrorCode::ERRCODE_DEPENDENT_OBJECTS_STILL_EXIST,
+            format!("cannot drop extension pg_tide while pipelines exist: {names}"),
+        )
+        .detail("Each pipeline's replication slot holds WAL until it is dropped, and nothing would drop it once the extension is gone.")
+        .hint("Drop the pipelines first (each with its slot and replication origin): SELECT tide.drop_pipeline(name) FROM tide.pipeline; then DROP EXTENSION pg_tide."));
+    }
+    if let Some(slots) = slots {
+        return Err(TideError::new(
+            PgSqlErrorCode::ERRCODE_DEPENDENT_OBJECTS_STILL_EXIST,
+            format!("cannot drop extension pg_tide while its replication slots exist in this database: {slots}"),
+        )
+        .detail("No pipeline owns them (a pipeline whose creation did not finish, or a dropped pipeline whose slot was in use); they hold WAL until they are dropped.")
+        .hint("The pg_tide launcher drops such slots within seconds; or drop them with SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE plugin = 'pg_tide' AND database = current_database(); then DROP EXTENSION pg_tide."));
+    }
+    Ok(())
+}
 
 /// Whether a pipeline of that name exists. Called by the SQL API; runs as pg_tide.
 pub(crate) fn exists(name: &str) -> TideResult<bool> {

@@ -168,6 +168,24 @@ pub struct Backfiller {
     /// next chunk is read only after a back-off, so a chunk that cannot be written (a
     /// constraint of the target, say) is not read again and again at full speed.
     chunk_failures: u32,
+    /// The chunks whose rows were handed to the target in the current iteration
+    /// ([`Self::begin_iteration`]): what a failure of the iteration may be due to.
+    written: Vec<Written>,
+    /// Backfills a chunk of which was written in an iteration that failed, among other
+    /// transactions: until one of their chunks is written, the stream is applied one source
+    /// transaction per iteration while one of their chunks is in memory ([`Self::isolating`]), so
+    /// that a failure at its high watermark is the chunk's alone (`pipeline::Worker::failed`).
+    suspects: HashSet<i64>,
+}
+
+/// A chunk handed to the target in the current iteration.
+#[derive(Clone, Debug)]
+pub struct Written {
+    pub backfill_id: i64,
+    pub chunk_no: i64,
+    pub relation: String,
+    /// Its high watermark's commit LSN: the source transaction it was written at.
+    pub high_lsn: Lsn,
 }
 
 impl Default for Backfiller {
@@ -185,6 +203,8 @@ impl Default for Backfiller {
             reader_retry: Instant::now(),
             delivered: DeliveredXids::default(),
             chunk_failures: 0,
+            written: Vec::new(),
+            suspects: HashSet::new(),
         }
     }
 }
@@ -212,6 +232,36 @@ impl Backfiller {
             .stream_at
             .is_some_and(|at| at.elapsed() < Duration::from_secs(1));
         (cap > 0 && busy).then_some(cap)
+    }
+
+    /// The start of an iteration: no chunk written in it yet.
+    pub fn begin_iteration(&mut self) {
+        self.written.clear();
+    }
+
+    /// The chunks written in the iteration that just ended (taking them forgets them).
+    pub fn take_written(&mut self) -> Vec<Written> {
+        std::mem::take(&mut self.written)
+    }
+
+    /// Backfill `id` had a chunk written in an iteration that failed: its next chunk is written
+    /// in an iteration of its own ([`Self::isolating`]).
+    pub fn suspect(&mut self, id: i64) {
+        self.suspects.insert(id);
+    }
+
+    /// Backfill `id` failed or was written: no longer suspected.
+    pub fn acquit(&mut self, id: i64) {
+        self.suspects.remove(&id);
+    }
+
+    /// Whether a chunk of a suspected backfill ([`Self::suspect`]) is in memory: the stream is
+    /// then applied one source transaction per iteration, so the chunk's high watermark is an
+    /// iteration's only transaction.
+    pub fn isolating(&self) -> bool {
+        self.pending
+            .iter()
+            .any(|p| self.suspects.contains(&p.backfill_id))
     }
 
     /// Forget the chunk in memory (after a failed iteration): it will be read again, and so will
@@ -459,6 +509,12 @@ impl Backfiller {
             backfills::trim_chunks(c, p.backfill_id, p.chunk_no)?;
         }
         let n = rows.len() as u64;
+        self.written.push(Written {
+            backfill_id: p.backfill_id,
+            chunk_no: p.chunk_no,
+            relation: p.relation.clone(),
+            high_lsn: t.lsn,
+        });
         write_rows(c, sink, t, p, rows, &mut done)?;
         backfills::record_chunk(c, &done)?;
         self.chunk_failures = 0;
@@ -989,7 +1045,7 @@ fn fail_backfill(id: i64, e: &TideError) -> TideResult<()> {
     let remedy = e.hint.clone().unwrap_or_else(|| {
         "Fix the cause, then start the backfill again with tide.start_backfill.".to_string()
     });
-    backfills::fail(id, &e.message, &remedy)
+    backfills::fail(id, &e.message, &e.sqlstate(), &remedy)
 }
 
 /// Whether a chunk held in a batch form can still be written so: row values are read with the

@@ -39,19 +39,21 @@
 //! after the marker in that transaction must not be taken as applied. A changed list (whatever
 //! changed it) always reopens the decoder.
 
+use crate::catalog::backfills;
 use crate::catalog::{self, pipelines::PipelineRow, pipelines::Resync};
 use crate::error::{TideError, TideResult};
 use crate::gucs;
 use crate::shmem::{self, WorkerState};
 use crate::sink::Target;
 use crate::worker::apply::{Applier, Outcome, TableSets};
-use crate::worker::backfill::Backfiller;
+use crate::worker::backfill::{Backfiller, Written};
 use crate::worker::decoder::{self, Decoder};
 use crate::worker::tx;
 use pgrx::bgworkers::*;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tide_core::lsn::Lsn;
 use tide_core::model::RelDesc;
@@ -64,11 +66,13 @@ use tide_core::worker_loop::{decide, Action, Facts, Iteration, Phase, Settings};
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
-    // SIGTERM (pg_terminate_backend, drop_pipeline, server shutdown) ends the worker at the next
-    // CHECK_FOR_INTERRUPTS, even inside a lock wait or a long decoding call: PostgreSQL's die().
-    // Whatever the worker was doing is rolled back; the slot was not advanced past it.
+    // SIGTERM (pg_terminate_backend, drop_pipeline, alter_pipeline, the launcher, server
+    // shutdown) ends the worker at the next CHECK_FOR_INTERRUPTS, even inside a lock wait or a
+    // long decoding call: PostgreSQL's die(); whatever the worker was doing is rolled back, the
+    // slot was not advanced past it. Between iterations it only asks the worker to leave, which
+    // it does at once and normally (see `on_sigterm`).
     unsafe {
-        pg_sys::pqsignal(pg_sys::SIGTERM as i32, Some(postgres_die));
+        pg_sys::pqsignal(pg_sys::SIGTERM as i32, Some(on_sigterm));
     }
     let name = BackgroundWorker::get_extra().to_string();
     let dboid = unsafe { pg_sys::Oid::from_datum(arg, false) }.unwrap_or(pg_sys::InvalidOid);
@@ -147,8 +151,50 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
             Action::Iterate => w.iterate(settings),
         }
     }
+    if STOP.load(Ordering::SeqCst) {
+        log!(
+            "pg_tide worker for pipeline \"{}\" stopping, as asked (SIGTERM)",
+            w.name
+        );
+    }
     close_decoder(&w.name, &mut w.dec, &mut w.rels);
     shmem::release(w.slot_idx, w.pid);
+}
+
+/// Set while the main loop waits between iterations ([`Worker::sleep`]: no transaction open,
+/// nothing to roll back).
+static IDLE: AtomicBool = AtomicBool::new(false);
+/// A SIGTERM arrived while [`IDLE`]: the main loop leaves.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+/// The worker's SIGTERM handler. Between iterations ([`IDLE`]) it only asks the main loop to
+/// leave ([`STOP`], and the latch), so a worker stopped while idle (by `tide.alter_pipeline`, a
+/// settings change, `tide.drop_pipeline`, a shutdown: the usual case) exits normally with a LOG
+/// line instead of PostgreSQL's FATAL "terminating background worker ... due to administrator
+/// command"; at any other time it is PostgreSQL's `die`.
+unsafe extern "C-unwind" fn on_sigterm(signal: std::ffi::c_int) {
+    if IDLE.load(Ordering::SeqCst) {
+        // SAFETY: in a signal handler: atomics and SetLatch (async-signal-safe, as PostgreSQL's
+        // own handlers use it) only, errno kept for the interrupted code.
+        unsafe {
+            let errno = *libc::__errno_location();
+            STOP.store(true, Ordering::SeqCst);
+            pg_sys::SetLatch(pg_sys::MyLatch);
+            *libc::__errno_location() = errno;
+        }
+    } else {
+        // SAFETY: PostgreSQL's own SIGTERM handler, called as a signal handler.
+        unsafe { postgres_die(signal) };
+    }
+}
+
+/// [`BackgroundWorker::wait_latch`] as an idle wait: a SIGTERM meanwhile ends it, and `false`
+/// (the worker is to exit), as postmaster death does.
+fn idle_wait(timeout: Duration) -> bool {
+    IDLE.store(true, Ordering::SeqCst);
+    let alive = !STOP.load(Ordering::SeqCst) && BackgroundWorker::wait_latch(Some(timeout));
+    IDLE.store(false, Ordering::SeqCst);
+    alive && !STOP.load(Ordering::SeqCst)
 }
 
 /// A pipeline worker's state across iterations (its main loop's; only the main thread).
@@ -224,7 +270,7 @@ impl Worker {
             shmem::sleeping(self.slot_idx, self.pid);
         }
         let deadline = Instant::now() + wait;
-        let mut alive = BackgroundWorker::wait_latch(Some(wait));
+        let mut alive = idle_wait(wait);
         // A back-off lasts its whole time: the latch set meanwhile (the reader's queue, a
         // reload) does not end it early.
         while alive && matches!(self.phase, Phase::Failing { .. }) {
@@ -233,7 +279,7 @@ impl Worker {
                 break;
             }
             pg_sys::check_for_interrupts!();
-            alive = BackgroundWorker::wait_latch(Some(left));
+            alive = idle_wait(left);
         }
         shmem::awake(self.slot_idx);
         if alive {
@@ -331,7 +377,10 @@ impl Worker {
         let started_at = now_us();
         let chunk_was_waiting = self.bf.has_pending();
         crate::worker::apply::clear_last_begun();
-        let one_at_a_time = self.one_at_a_time_until.is_some();
+        self.bf.begin_iteration();
+        // While a chunk of a backfill suspected of a failure waits, its high watermark is an
+        // iteration of its own (see `blame_chunks`).
+        let one_at_a_time = self.one_at_a_time_until.is_some() || self.bf.isolating();
         let mode = ReadMode {
             one_at_a_time,
             streaming: self.no_stream_until.is_none(),
@@ -348,11 +397,21 @@ impl Worker {
         });
         // Held only inside an iteration (see worker::origin).
         super::origin::release();
+        let written = self.bf.take_written();
+        if result.is_ok() {
+            for w in &written {
+                self.bf.acquit(w.backfill_id);
+            }
+        }
         let met = crate::worker::apply::restart_for().filter(|_| result.is_err());
         let restart = met.filter(|r| self.restarted_for != Some(*r));
         // The same marker right after the iteration was done again for it: a real failure.
         let repeated = met.is_some() && restart.is_none();
         self.restarted_for = restart;
+        let blame = match &result {
+            Err(e) if restart.is_none() => self.blame_chunks(e, &written, one_at_a_time),
+            _ => Blame::None,
+        };
         let it = match result {
             Err(e) if restart.is_some() => {
                 self.restart(&e);
@@ -413,11 +472,111 @@ impl Worker {
                 self.stream_again_when_past();
                 Iteration::Done { drained: o.drained }
             }
-            Err(e) => self.failed(e, one_at_a_time, repeated, settings),
+            Err(_) if blame == Blame::Refused => {
+                // The target refused a chunk, and its backfill failed: the stream goes on at
+                // once, without it.
+                self.bf.forget();
+                crate::sql::forget_plans();
+                if let Some(s) = self.sink.as_mut() {
+                    s.reset();
+                }
+                close_decoder(&self.name, &mut self.dec, &mut self.rels);
+                self.phase = Phase::Iterate;
+                return;
+            }
+            // (A chunk's own failure names no source transaction to skip.)
+            Err(e) => self.failed(
+                e,
+                one_at_a_time && blame != Blame::Chunk,
+                repeated,
+                settings,
+            ),
         };
         self.phase =
             Phase::after_iteration(it, chunk_was_waiting, self.bf.has_pending(), self.failures);
         self.failures = self.phase.failures();
+    }
+}
+
+impl Worker {
+    /// After a failed iteration that wrote backfill chunks (`written`): count the failed write
+    /// on each one's backfill, with the error, in `tide.backfills`. When the iteration applied
+    /// nothing but the high watermark of one backfill's chunks (`one_at_a_time`: one source
+    /// transaction, and it is the watermark's), the failure is theirs: the target refusing
+    /// them (`tide_core::worker_loop::chunk_refused`) fails the backfill, with the remedy, and
+    /// [`Blame::Refused`] is returned: the stream goes on. Otherwise the backfill is suspected:
+    /// its next chunk is written in an iteration of its own (`Backfiller::isolating`), and a
+    /// chunk that fails for a passing reason is written again with back-off.
+    fn blame_chunks(&mut self, e: &TideError, written: &[Written], one_at_a_time: bool) -> Blame {
+        if written.is_empty() || e.pause_pipeline {
+            return Blame::None;
+        }
+        let last = crate::worker::apply::last_begun();
+        let alone = one_at_a_time && written.iter().all(|w| Some(w.high_lsn) == last);
+        let sqlstate = e.sqlstate();
+        let refused = alone && !e.retry && tide_core::worker_loop::chunk_refused(&sqlstate);
+        let message = match &e.detail {
+            Some(d) => format!("{} ({d})", e.message),
+            None => e.message.clone(),
+        };
+        let mut seen = HashSet::new();
+        for w in written.iter().filter(|w| seen.insert(w.backfill_id)) {
+            let remedy = chunk_remedy(&self.name, w, alone, refused);
+            let id = w.backfill_id;
+            match tx::run(|| backfills::chunk_failed(id, &message, &sqlstate, &remedy, refused)) {
+                Ok(attempts) => log!(
+                    "pg_tide worker \"{}\": {} chunk {} of backfill {id} ({}) failed (SQLSTATE {sqlstate}, attempt {}): {message}. Hint: {remedy}",
+                    self.name,
+                    if refused { "the target refused" } else { "writing" },
+                    w.chunk_no,
+                    w.relation,
+                    attempts.unwrap_or(0)
+                ),
+                Err(e2) => log!(
+                    "pg_tide worker \"{}\": could not record the failed chunk of backfill {id}: {e2}",
+                    self.name
+                ),
+            }
+            if refused {
+                self.bf.acquit(id);
+            } else {
+                self.bf.suspect(id);
+            }
+        }
+        match (refused, alone) {
+            (true, _) => Blame::Refused,
+            (false, true) => Blame::Chunk,
+            (false, false) => Blame::Suspected,
+        }
+    }
+}
+
+/// Whose a failed iteration is, as far as backfill chunks go ([`Worker::blame_chunks`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Blame {
+    /// No chunk was written in it (or it paused the pipeline).
+    None,
+    /// A chunk was written among other transactions: suspected.
+    Suspected,
+    /// Only a chunk was written in it, and it failed for a passing reason.
+    Chunk,
+    /// Only a chunk was written in it, and the target refused it: its backfill failed.
+    Refused,
+}
+
+/// The remedy of a failed write of chunk `w` (see [`Worker::blame_chunks`]).
+fn chunk_remedy(pipeline: &str, w: &Written, alone: bool, refused: bool) -> String {
+    let literal = |s: &str| format!("'{}'", s.replace('\'', "''"));
+    let (rel, p) = (literal(&w.relation), literal(pipeline));
+    if refused {
+        format!(
+            "The target refused a row of chunk {} of this backfill, and the backfill stopped there; the stream goes on. Fix the row at the target or at the source (the error names it), then SELECT tide.resume_backfill({rel}, {p}); reads the chunk again and goes on; or give the rest of the backfill up: SELECT tide.cancel_backfill({rel}, {p});",
+            w.chunk_no
+        )
+    } else if alone {
+        "Writing the chunk failed for a passing reason (see the SQLSTATE); the worker writes it again with back-off.".to_string()
+    } else {
+        "The iteration that wrote this chunk failed (tide.pipelines has its error); the worker writes the chunk again in an iteration of its own: if the target refuses it then, the backfill fails with the error.".to_string()
     }
 }
 

@@ -135,6 +135,23 @@ pub fn backoff(failures: u32, max: Duration) -> Duration {
     Duration::from_millis(250u64 << failures.min(10)).min(max)
 }
 
+/// Whether a write of a backfill chunk that failed with `sqlstate` (in an iteration that wrote
+/// nothing else) is the target refusing the chunk's rows — a constraint or trigger of the
+/// target, a value it cannot store, a permission it does not give: the backfill fails with the
+/// error until someone fixes the row or the target — rather than a passing condition the same
+/// write may get past when tried again: class 08 (connection), 40 (serialization failure,
+/// deadlock), 53 (insufficient resources), 57 (operator intervention: a shutdown, a cancel), 58
+/// (system error), 55P03 (lock not available), 55006 (object in use), 25P03 (idle in
+/// transaction timeout). A remote target's refusal arrives as HV000 (its own SQLSTATE in the
+/// detail), its passing failures as 08006.
+pub fn chunk_refused(sqlstate: &str) -> bool {
+    let passing = ["08", "40", "53", "57", "58"]
+        .iter()
+        .any(|class| sqlstate.starts_with(class))
+        || matches!(sqlstate, "55P03" | "55006" | "25P03");
+    !passing
+}
+
 /// The next action. Pure: the same phase and facts always give the same action.
 pub fn decide(phase: Phase, f: Facts, s: Settings) -> Action {
     if f.chunk_in_flight

@@ -291,3 +291,19 @@ fn quiet_sleeps_only_when_nothing_waits() {
         }
     }
 }
+
+/// A chunk the target refuses fails its backfill; a passing failure is tried again.
+#[test]
+fn chunk_refusals_and_passing_failures() {
+    for refused in [
+        "23514", "23505", "23502", "22003", "22P02", "42501", "42703", "P0001", "HV000", "XX000",
+    ] {
+        assert!(chunk_refused(refused), "{refused}");
+    }
+    for passing in [
+        "08006", "08000", "40001", "40P01", "53100", "53300", "57014", "57P01", "58030", "55P03",
+        "55006", "25P03",
+    ] {
+        assert!(!chunk_refused(passing), "{passing}");
+    }
+}

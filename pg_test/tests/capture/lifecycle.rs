@@ -1,5 +1,6 @@
 //! A pipeline's life: pause, resume and drop (two pipelines on one table); drop racing its
-//! worker; a failing target, visible in `tide.pipelines`, recovering by itself.
+//! worker; a failing target, visible in `tide.pipelines`, recovering by itself; `DROP EXTENSION`
+//! refused while pipelines exist; a worker stopped while idle leaves without a FATAL.
 
 use crate::common::*;
 use std::time::{Duration, Instant};
@@ -235,4 +236,114 @@ fn worker_error_is_visible_and_recovers() {
     want.push("update:1".into());
     assert_eq!(events(&c, "e", "public.t"), want, "{}", diag(&c));
     assert_stream_invariants(&c, "e");
+}
+
+/// `DROP EXTENSION pg_tide` while pipelines exist is refused (2BP01), with or without CASCADE,
+/// and leaves them running; following its hint as printed (drop the pipelines, then the
+/// extension) leaves no pg_tide slot and no pg_tide replication origin: nothing holds WAL.
+#[test]
+fn drop_extension_refused_while_pipelines_exist() {
+    let c = setup("drop_ext");
+    c.execute("CREATE TABLE t (id int PRIMARY KEY, v text)");
+    capture_table(&c, "dx1", "t");
+    capture_table(&c, "dx2", "t");
+    c.execute("INSERT INTO t VALUES (1, 'a')");
+    wait_pipeline(&c, "dx1", 60);
+    wait_pipeline(&c, "dx2", 60);
+    let slots = "SELECT count(*) FROM pg_replication_slots WHERE plugin = 'pg_tide'";
+    let origins = "SELECT count(*) FROM pg_replication_origin WHERE roname LIKE 'pg\\_tide\\_%'";
+    assert_eq!(c.query_scalar::<i64>(slots), 2);
+    assert_eq!(c.query_scalar::<i64>(origins), 2);
+
+    let mut hint = String::new();
+    for stmt in ["DROP EXTENSION pg_tide", "DROP EXTENSION pg_tide CASCADE"] {
+        let e = expect_fail(&c, stmt, "2BP01", Some("tide.drop_pipeline"));
+        assert!(
+            e.message().contains("'dx1', 'dx2'"),
+            "{stmt}: the message names the pipelines: {}",
+            e.message()
+        );
+        hint = e.hint().unwrap_or_default().to_string();
+    }
+    // Still there, still streaming.
+    c.execute("INSERT INTO t VALUES (2, 'b')");
+    wait_pipeline(&c, "dx1", 60);
+    wait_pipeline(&c, "dx2", 60);
+    assert_eq!(events(&c, "dx1", "public.t"), inserts(1..=2));
+    assert_eq!(c.query_scalar::<i64>(slots), 2);
+
+    // The hint, as printed: "Drop the pipelines first (...): <statement>; then DROP EXTENSION pg_tide."
+    let drop_all = hint
+        .split(": ")
+        .nth(1)
+        .and_then(|s| s.split(';').next())
+        .unwrap_or_else(|| panic!("no statement in the hint: {hint}"));
+    assert_eq!(
+        drop_all,
+        "SELECT tide.drop_pipeline(name) FROM tide.pipeline"
+    );
+    c.execute(drop_all);
+    c.execute("DROP EXTENSION pg_tide");
+    assert_eq!(c.query_scalar::<i64>(slots), 0, "pg_tide slots left");
+    assert_eq!(c.query_scalar::<i64>(origins), 0, "pg_tide origins left");
+    // A database without the extension: DROP EXTENSION IF EXISTS passes quietly.
+    c.execute("DROP EXTENSION IF EXISTS pg_tide");
+}
+
+/// A worker stopped between iterations (SIGTERM, as `tide.alter_pipeline`, the launcher,
+/// `tide.drop_pipeline` and a shutdown stop it) leaves normally with a LOG line, not with
+/// PostgreSQL's FATAL "terminating background worker ... due to administrator command"; the
+/// launcher starts it again and nothing is lost. Each stop is sent while the worker waits
+/// between iterations (its wait event `Extension`), three times.
+#[test]
+fn idle_worker_stops_without_fatal() {
+    let c = setup("idle_stop");
+    c.execute("CREATE TABLE t (id int PRIMARY KEY, v text)");
+    capture_table(&c, "is", "t");
+    for i in 1..=3 {
+        c.execute(&format!("INSERT INTO t VALUES ({i}, 'a')"));
+        wait_pipeline(&c, "is", 60);
+        let mut pid = 0;
+        c.wait_until(
+            "the worker waiting between iterations",
+            Duration::from_secs(30),
+            Duration::from_millis(20),
+            || {
+                let r = c.try_query_one(
+                    "SELECT coalesce((SELECT a.pid FROM pg_stat_activity a JOIN tide.pipelines p ON p.worker_pid = a.pid
+                                       WHERE p.name = 'is' AND a.wait_event = 'Extension'), 0)",
+                )?;
+                pid = r.get(0);
+                Ok(pid != 0)
+            },
+        );
+        c.execute(&format!("SELECT pg_terminate_backend({pid})"));
+        c.wait_until(
+            "a new worker streaming",
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            || {
+                Ok(c.try_query_scalar::<bool>(&format!(
+                    "SELECT coalesce((SELECT state = 'streaming' AND worker_pid <> {pid} FROM tide.pipelines WHERE name = 'is'), false)"
+                ))?)
+            },
+        );
+    }
+    c.execute("INSERT INTO t VALUES (4, 'a')");
+    wait_pipeline(&c, "is", 60);
+    assert_eq!(events(&c, "is", "public.t"), inserts(1..=4));
+    let log = c.log();
+    assert_eq!(
+        log.matches("terminating background worker \"pg_tide worker")
+            .count(),
+        0,
+        "a FATAL for a worker stopped while idle:\n{}",
+        c.log_tail(40)
+    );
+    assert_eq!(
+        log.matches("stopping, as asked (SIGTERM)").count(),
+        3,
+        "{}",
+        c.log_tail(40)
+    );
 }

@@ -4,7 +4,7 @@
 //! someone else's pipeline: a `tide_admin` member who does not own it and a role with no pg_tide
 //! rights get 42501 for every call, before any
 //! argument is looked at (a bound or a NOTICE would tell them the pipeline's state) and before
-//! any wait, and nothing changes.
+//! any wait, and nothing changes. Also resume and cancel of a failed backfill (issue 43).
 
 use super::*;
 
@@ -174,4 +174,53 @@ fn truncate_target_and_remove_by_name_of_anothers() {
         1,
         "another role removed a table from alice's pipeline"
     );
+}
+
+/// Issue 43: `tide.resume_backfill` and `tide.cancel_backfill` now also act on a table's latest
+/// backfill when it `failed`. On alice's failed backfill, a `tide_admin` member who does not own
+/// the pipeline and a role with no pg_tide rights get 42501 and change nothing; alice resumes it
+/// and gives it up.
+#[test]
+fn failed_backfill_of_anothers_pipeline() {
+    let c = secured("sec_failed_backfill");
+    alice_pipeline(&c);
+    // A chunk that cannot be read (division by zero at id 50) fails its backfill.
+    ok_as(
+        &c,
+        "alice",
+        "SELECT tide.start_backfill('alice.t', 'p', chunk_size => 10, condition => '10 / (id - 50) IS NOT NULL')",
+    );
+    let state = || -> String {
+        c.query_scalar("SELECT state || ' ' || coalesce(error_sqlstate, '-') FROM tide.backfills WHERE source = 'alice.t'::regclass")
+    };
+    c.wait_until(
+        "alice's backfill to fail",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || Ok(state() == "failed 22012"),
+    );
+    for role in ["mallory", "nobody"] {
+        for call in [
+            "SELECT tide.resume_backfill('alice.t', 'p')",
+            "SELECT tide.cancel_backfill('alice.t', 'p')",
+        ] {
+            assert_sql_fails(exec_as(&c, role, call), "42501", None);
+        }
+    }
+    assert_eq!(
+        state(),
+        "failed 22012",
+        "changed by another role\n{}",
+        diag(&c)
+    );
+    ok_as(&c, "alice", "SELECT tide.resume_backfill('alice.t', 'p')");
+    assert!(!state().starts_with("failed"), "resumed: {}", state());
+    c.wait_until(
+        "alice's resumed backfill to fail again",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || Ok(state() == "failed 22012"),
+    );
+    ok_as(&c, "alice", "SELECT tide.cancel_backfill('alice.t', 'p')");
+    assert!(state().starts_with("cancelled"), "{}", state());
 }

@@ -139,11 +139,11 @@ fn bulk_where_the_range_is_empty_upsert_elsewhere() {
         .batch_execute("SELECT tide.add_table('ba', 'alice.sec', backfill => false); SELECT tide.start_backfill('alice.sec', 'ba', chunk_size => 500)")
         .unwrap_or_else(|e| panic!("as alice: {}", describe_error(&e)));
     // The policy refuses row 700: its chunk (the second) fails with the policy's error, as an
-    // INSERT would (a bulk load would have bypassed the check).
+    // INSERT would (a bulk load would have bypassed the check), and so does its backfill.
     if let Err(msg) = poll_every(Duration::from_secs(60), Duration::from_millis(100), || {
         Ok(c.try_query_scalar::<bool>(
-            "SELECT coalesce((SELECT state = 'error' AND last_error LIKE '%row-level security%'
-                                FROM tide.pipelines WHERE name = 'ba'), false)",
+            "SELECT coalesce((SELECT state = 'failed' AND error LIKE '%row-level security%'
+                                FROM tide.backfills WHERE source = 'alice.sec'::regclass), false)",
         )?)
     }) {
         panic!(
@@ -152,7 +152,9 @@ fn bulk_where_the_range_is_empty_upsert_elsewhere() {
         );
     }
     alice
-        .batch_execute("UPDATE alice.sec SET v = 'fixed' WHERE id = 700")
+        .batch_execute(
+            "UPDATE alice.sec SET v = 'fixed' WHERE id = 700; SELECT tide.resume_backfill('alice.sec', 'ba')",
+        )
         .unwrap_or_else(|e| panic!("as alice: {}", describe_error(&e)));
     wait_backfill(&c, "alice.sec", "ba", 120);
     wait_pipeline(&c, "ba", 60);

@@ -44,12 +44,17 @@
 //!   text events when the target's types differ; JSON nulls exact either way;
 //! - `convergence`: backfill convergence on a table target, with kill -9 of the worker
 //!   mid-backfill;
-//! - `checks`: target tables created and checked; option errors.
+//! - `checks`: target tables created and checked; option errors;
+//! - `refused`: a chunk the target refuses (a CHECK only the target has) fails its backfill with
+//!   the error, its SQLSTATE, the attempts and a remedy while the stream goes on, is not tried
+//!   again, and the remedy as printed (fix the row, `tide.resume_backfill`) converges; local and
+//!   remote.
 
 mod bulk;
 mod checks;
 mod common;
 mod convergence;
+mod refused;
 mod remote;
 mod remote_copy;
 mod row_values;

@@ -290,7 +290,8 @@ fn statements_are_grouped_per_table() {
 /// rows. When the chunk then fails at the target, the retried iteration must neither apply
 /// those events again nor lose any: here every `ev` row must reach the target exactly once (a
 /// trigger at the target logs each write; a second apply of an insert would be an update),
-/// while a chunk of `big` fails at the target for a while.
+/// while a chunk of `big` fails at the target (its backfill fails, and is resumed once the
+/// target takes the row).
 #[test]
 fn chunk_failure_after_early_commit_is_exactly_once() {
     let (c, t) = setup_remote("tt_early");
@@ -333,15 +334,18 @@ fn chunk_failure_after_early_commit_is_exactly_once() {
          CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON public.big FOR EACH ROW EXECUTE FUNCTION refuse();
          ALTER TABLE public.big ENABLE ALWAYS TRIGGER refuse;",
     );
-    // The chunk holding 15000 fails, and is retried, while ev keeps streaming.
+    // The chunk holding 15000 fails (its backfill with it: the target refuses it) while ev
+    // keeps streaming.
     let failed = poll_every(Duration::from_secs(60), POLL, || {
         Ok(c.try_query_scalar::<bool>(
-            "SELECT coalesce((SELECT last_error LIKE '%refusing row 15000%' FROM tide.pipelines WHERE name = 'e'), false)",
+            "SELECT coalesce((SELECT state = 'failed' AND error LIKE '%refusing row 15000%'
+                                FROM tide.backfills WHERE source = 'big'::regclass), false)",
         )?)
     });
     assert!(failed.is_ok(), "the chunk never failed\n{}", diag(&c));
     std::thread::sleep(Duration::from_secs(3));
     t.execute("UPDATE boom SET on_ = false");
+    exec(&c, "SELECT tide.resume_backfill('big', 'e')");
     let (n, ok, summary) = bench.finish_summary();
     assert!(ok && n > 0, "pgbench failed: {summary}");
     wait_backfill(&c, "big", "e", 120);

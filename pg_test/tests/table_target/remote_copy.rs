@@ -321,12 +321,12 @@ fn ordinary_roles_and_the_staging_tables_temporary_privilege() {
     as_alice("SELECT tide.start_backfill('alice.d', 'ap')");
     if let Err(msg) = poll_every(Duration::from_secs(60), Duration::from_millis(100), || {
         Ok(c.try_query_scalar::<bool>(
-            "SELECT coalesce((SELECT state = 'error' AND last_error LIKE '%permission denied%'
-                                FROM tide.pipelines WHERE name = 'ap'), false)",
+            "SELECT coalesce((SELECT state = 'failed' AND error LIKE '%permission denied%'
+                                FROM tide.backfills WHERE source = 'alice.d'::regclass), false)",
         )?)
     }) {
         panic!(
-            "the pipeline did not show the remote's permission error: {msg}\n{}",
+            "the backfill did not fail with the remote's permission error: {msg}\n{}",
             diag(&c)
         );
     }
@@ -341,6 +341,7 @@ fn ordinary_roles_and_the_staging_tables_temporary_privilege() {
     );
     assert_eq!(who, vec!["rem".to_string()], "the target is reached as rem");
     t.execute("GRANT TEMPORARY ON DATABASE postgres TO rem");
+    as_alice("SELECT tide.resume_backfill('alice.d', 'ap')");
     wait_backfill(&c, "alice.d", "ap", 120);
     wait_pipeline(&c, "ap", 60);
     assert_same_rows(

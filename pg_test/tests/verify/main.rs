@@ -23,6 +23,8 @@
 //! - `sample`: `sample => N` names the differing columns;
 //! - `race`: a repair never deletes a key inserted at the source meanwhile;
 //! - `collation`: a text key whose target database sorts differently;
+//! - `keys`: every key type the capture supports (timestamptz, date, time, numeric, uuid, text
+//!   under a collation, a composite key mixing them) verified and repaired, local and remote;
 //! - `errors`: bad inputs.
 
 mod collation;
@@ -30,5 +32,6 @@ mod common;
 mod corruption;
 mod errors;
 mod heavy;
+mod keys;
 mod race;
 mod sample;

@@ -40,10 +40,13 @@ pub(super) fn read_target(
     to: Option<&[String]>,
 ) -> TideResult<Side> {
     let (clause, params) = ctx.range_clause(from, to, 1);
+    // Each key value as the source's type renders it, as text (the source's are read as text
+    // too): a remote target returns text only, whatever the key's type (timestamptz, date,
+    // numeric, ...), and the fixed output settings make both sides render it alike.
     let keys_cast = ctx
         .key
         .iter()
-        .map(|k| format!("{}::{}", quote(k), ctx.key_type(k)))
+        .map(|k| format!("({}::{})::text", quote(k), ctx.key_type(k)))
         .collect::<Vec<_>>()
         .join(", ");
     let q = format!(

@@ -182,7 +182,7 @@ pub fn remote_err(e: crate::sink::remote::RemoteError) -> TideError {
     }
     err.hint(e.hint.unwrap_or_else(|| {
         if e.transient {
-            "The target is unreachable or restarting; the worker retries with back-off and nothing is lost meanwhile (the slot keeps the WAL).".to_string()
+            "The target is unreachable or restarting; the worker retries with back-off, and the slot keeps the WAL meanwhile (unless max_slot_wal_keep_size invalidates it first: see slot_warning and safe_wal_size in tide.pipelines).".to_string()
         } else {
             "Fix the target table (see the message), then the worker retries by itself.".to_string()
         }
