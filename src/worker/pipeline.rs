@@ -293,8 +293,13 @@ impl Worker {
     /// applied, nothing failed.
     fn restart(&mut self, e: &TideError) {
         log!("pg_tide worker \"{}\": {e}", self.name);
-        // As after a failure: the chunks in memory saw a stream that will be decoded again, a
-        // kept plan may refer to what was rolled back.
+        self.forget_iteration();
+    }
+
+    /// Forget what an iteration that is done again saw (as after a failure): the chunks in
+    /// memory saw a stream that will be decoded again, a kept plan may refer to what was rolled
+    /// back, the target's and the decoder's state are past what the target has.
+    fn forget_iteration(&mut self) {
         self.bf.forget();
         crate::sql::forget_plans();
         if let Some(s) = self.sink.as_mut() {
@@ -475,12 +480,7 @@ impl Worker {
             Err(_) if blame == Blame::Refused => {
                 // The target refused a chunk, and its backfill failed: the stream goes on at
                 // once, without it.
-                self.bf.forget();
-                crate::sql::forget_plans();
-                if let Some(s) = self.sink.as_mut() {
-                    s.reset();
-                }
-                close_decoder(&self.name, &mut self.dec, &mut self.rels);
+                self.forget_iteration();
                 self.phase = Phase::Iterate;
                 return;
             }
