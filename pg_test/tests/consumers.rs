@@ -644,7 +644,7 @@ fn consumers_follow_pipeline_ownership() {
             &sql,
             mallory.batch_execute(&sql),
             "42501",
-            Some("GRANT alice"),
+            Some("grant you membership"),
         );
     }
     let seen: i64 = mallory
