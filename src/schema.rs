@@ -694,7 +694,7 @@ LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
                                 AND a.attgenerated = ''), '[]'::jsonb),
         'key', to_jsonb(ARRAY(SELECT a.attname::text
                  FROM pg_index i
-                 JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
+                 JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON k.ord <= i.indnkeyatts
                  JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
                 WHERE i.indrelid = c.oid
                   AND CASE WHEN c.relreplident = 'i' THEN i.indisreplident ELSE i.indisprimary END

@@ -94,7 +94,7 @@ fn source_columns(relid: pg_sys::Oid) -> TideResult<Vec<SourceCol>> {
 }
 
 const TARGET_SHAPE: &str = "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod),
-        coalesce((SELECT true FROM pg_index i WHERE i.indrelid = a.attrelid AND i.indisprimary AND a.attnum = ANY (i.indkey)), false)::text
+        coalesce((SELECT true FROM pg_index i WHERE i.indrelid = a.attrelid AND i.indisprimary AND a.attnum = ANY ((i.indkey::int2[])[0:i.indnkeyatts - 1])), false)::text
    FROM pg_attribute a WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum";
 
 /// A target table as `add_table` found it: where it is, and whether it already held rows that

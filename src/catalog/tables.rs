@@ -88,7 +88,7 @@ macro_rules! key_of_pg_class_c {
     () => {
         "ARRAY(SELECT a.attname::text
                  FROM pg_index i
-                 JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
+                 JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON k.ord <= i.indnkeyatts
                  JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
                 WHERE i.indrelid = c.oid
                   AND CASE WHEN c.relreplident = 'i' THEN i.indisreplident ELSE i.indisprimary END
@@ -321,7 +321,7 @@ pub(crate) fn partition_problems(
                                    WHEN 'n' THEN '{}'::text[]
                                    ELSE ARRAY(SELECT a.attname::text
                                                 FROM pg_index i
-                                                JOIN LATERAL unnest(i.indkey) AS k(attnum) ON true
+                                                JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON k.ord <= i.indnkeyatts
                                                 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
                                                WHERE i.indrelid = c.oid
                                                  AND CASE WHEN c.relreplident = 'i' THEN i.indisreplident ELSE i.indisprimary END)

@@ -49,6 +49,8 @@
 //!   the error, its SQLSTATE, the attempts and a remedy while the stream goes on, is not tried
 //!   again, and the remedy as printed (fix the row, `tide.resume_backfill`) converges; local and
 //!   remote.
+//! - `subscription`: scenarios of PostgreSQL's own subscription tests (`src/test/subscription`)
+//!   that pg_tide failed (issue 45): a primary key with INCLUDE columns.
 
 mod bulk;
 mod checks;
@@ -59,6 +61,7 @@ mod remote;
 mod remote_copy;
 mod row_values;
 mod schema;
+mod subscription;
 mod types;
 mod values;
 mod wallets;

@@ -67,7 +67,7 @@ SELECT a.attname::pg_catalog.text,
                  WHERE i.indrelid OPERATOR(pg_catalog.=) c.oid
                    AND (CASE WHEN c.relreplident OPERATOR(pg_catalog.=) 'i' THEN i.indisreplident
                              ELSE i.indisprimary END)
-                   AND a.attnum OPERATOR(pg_catalog.=) ANY (i.indkey::pg_catalog.int2[])))::pg_catalog.text,
+                   AND a.attnum OPERATOR(pg_catalog.=) ANY ((i.indkey::pg_catalog.int2[])[0:i.indnkeyatts OPERATOR(pg_catalog.-) 1])))::pg_catalog.text,
        a.atttypid::pg_catalog.int8::pg_catalog.text
   FROM pg_catalog.pg_attribute a
   JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) a.attrelid
