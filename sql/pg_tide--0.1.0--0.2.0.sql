@@ -133,7 +133,7 @@ LANGUAGE sql STABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
                                 AND a.attgenerated = ''), '[]'::jsonb),
         'key', to_jsonb(ARRAY(SELECT a.attname::text
                  FROM pg_index i
-                 JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
+                 JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON k.ord <= i.indnkeyatts
                  JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
                 WHERE i.indrelid = c.oid
                   AND CASE WHEN c.relreplident = 'i' THEN i.indisreplident ELSE i.indisprimary END
@@ -911,8 +911,12 @@ CREATE TABLE tide.follow_skip (
     sqlstate   text,
     by_role    name NOT NULL,
     at         timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (pipeline, relid),
-    FOREIGN KEY (pipeline, nspid) REFERENCES tide.followed_schema (pipeline, nspid) ON DELETE CASCADE
+    PRIMARY KEY (pipeline, relid)
+    -- No foreign key to tide.followed_schema (or tide.pipeline): its check would make a DDL
+    -- that records a skip wait for any transaction holding the followed schema's row (a
+    -- tide.stop_following_schema left open: issue 44). The rows go with their schema's row
+    -- (tide.stop_following_schema, DROP SCHEMA) and their pipeline (tide.drop_pipeline), and
+    -- the views show only those of schemas still followed.
 );
 COMMENT ON TABLE tide.follow_skip IS 'Tables of followed schemas a pipeline does not capture (skipped, with the reason; or removed with tide.remove_table). Read tide.skipped_tables.';
 REVOKE ALL ON TABLE tide.followed_schema, tide.follow_skip FROM PUBLIC;
@@ -931,6 +935,7 @@ CREATE VIEW tide.skipped_tables WITH (security_barrier) AS
 SELECT s.pipeline, n.nspname AS schema, s.relation, s.relid AS source, s.kind, s.reason, s.hint,
        s.sqlstate, s.by_role, s.at
   FROM tide.follow_skip s
+  JOIN tide.followed_schema f ON f.pipeline = s.pipeline AND f.nspid = s.nspid
   JOIN pg_namespace n ON n.oid = s.nspid
  WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = s.pipeline));
 COMMENT ON VIEW tide.skipped_tables IS 'Tables of followed schemas a pipeline does not capture: skipped (why, with the SQLSTATE and hint, and whose DDL met it; an ALTER TABLE of it tries again) or removed with tide.remove_table.';
@@ -970,7 +975,9 @@ BEGIN
                           WHERE d.classid = 'pg_catalog.pg_namespace'::regclass);
         DELETE FROM tide.follow_skip
          WHERE relid IN (SELECT d.objid FROM pg_event_trigger_dropped_objects() d
-                          WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0);
+                          WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0)
+            OR nspid IN (SELECT d.objid FROM pg_event_trigger_dropped_objects() d
+                          WHERE d.classid = 'pg_catalog.pg_namespace'::regclass);
     END IF;
 END
 $$;

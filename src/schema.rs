@@ -336,8 +336,12 @@ CREATE TABLE tide.follow_skip (
     sqlstate   text,
     by_role    name NOT NULL,
     at         timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (pipeline, relid),
-    FOREIGN KEY (pipeline, nspid) REFERENCES tide.followed_schema (pipeline, nspid) ON DELETE CASCADE
+    PRIMARY KEY (pipeline, relid)
+    -- No foreign key to tide.followed_schema (or tide.pipeline): its check would make a DDL
+    -- that records a skip wait for any transaction holding the followed schema's row (a
+    -- tide.stop_following_schema left open: issue 44). The rows go with their schema's row
+    -- (tide.stop_following_schema, DROP SCHEMA) and their pipeline (tide.drop_pipeline), and
+    -- the views show only those of schemas still followed.
 );
 COMMENT ON TABLE tide.follow_skip IS 'Tables of followed schemas a pipeline does not capture (skipped, with the reason; or removed with tide.remove_table). Read tide.skipped_tables.';
 "#,
@@ -658,6 +662,7 @@ CREATE VIEW tide.skipped_tables WITH (security_barrier) AS
 SELECT s.pipeline, n.nspname AS schema, s.relation, s.relid AS source, s.kind, s.reason, s.hint,
        s.sqlstate, s.by_role, s.at
   FROM tide.follow_skip s
+  JOIN tide.followed_schema f ON f.pipeline = s.pipeline AND f.nspid = s.nspid
   JOIN pg_namespace n ON n.oid = s.nspid
  WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = s.pipeline));
 COMMENT ON VIEW tide.skipped_tables IS 'Tables of followed schemas a pipeline does not capture: skipped (why, with the SQLSTATE and hint, and whose DDL met it; an ALTER TABLE of it tries again) or removed with tide.remove_table.';
@@ -822,7 +827,9 @@ BEGIN
                           WHERE d.classid = 'pg_catalog.pg_namespace'::regclass);
         DELETE FROM tide.follow_skip
          WHERE relid IN (SELECT d.objid FROM pg_event_trigger_dropped_objects() d
-                          WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0);
+                          WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0)
+            OR nspid IN (SELECT d.objid FROM pg_event_trigger_dropped_objects() d
+                          WHERE d.classid = 'pg_catalog.pg_namespace'::regclass);
     END IF;
 END
 $$;

@@ -15,17 +15,27 @@ pub(crate) fn follow(
     backfill: bool,
     by: &str,
 ) -> TideResult<()> {
+    // A schema followed anew starts with no skip records (one recorded by a DDL racing an
+    // earlier tide.stop_following_schema may be left: tide.follow_skip has no foreign key).
     sql_as_tide::exec(
-        "INSERT INTO tide.followed_schema (pipeline, nspid, backfill, requested_by)
-         VALUES ($1, $2, $3, $4::text::name)
-         ON CONFLICT (pipeline, nspid) DO UPDATE
-            SET backfill = EXCLUDED.backfill, requested_by = EXCLUDED.requested_by, requested_at = now()",
+        "WITH f AS (
+           INSERT INTO tide.followed_schema (pipeline, nspid, backfill, requested_by)
+           VALUES ($1, $2, $3, $4::text::name)
+           ON CONFLICT (pipeline, nspid) DO UPDATE
+              SET backfill = EXCLUDED.backfill, requested_by = EXCLUDED.requested_by, requested_at = now()
+           RETURNING (xmax = 0) AS fresh)
+         DELETE FROM tide.follow_skip s USING f
+          WHERE f.fresh AND s.pipeline = $1 AND s.nspid = $2",
         &[pipeline.into(), nspid.into(), backfill.into(), by.into()],
     )
 }
 
 /// Stop following schema `nspid` (its skip records go with it); whether it was followed.
 pub(crate) fn unfollow(pipeline: &str, nspid: pg_sys::Oid) -> TideResult<bool> {
+    sql_as_tide::exec(
+        "DELETE FROM tide.follow_skip WHERE pipeline = $1 AND nspid = $2",
+        &[pipeline.into(), nspid.into()],
+    )?;
     Ok(sql_as_tide::exec_count(
         "DELETE FROM tide.followed_schema WHERE pipeline = $1 AND nspid = $2",
         &[pipeline.into(), nspid.into()],

@@ -386,6 +386,11 @@ pub(crate) fn insert(
 /// CASCADE`) and its watermark row in `tide.signal` (two statements). Called by
 /// `tide.drop_pipeline` once the worker is stopped; runs as pg_tide.
 pub(crate) fn delete(name: &str) -> TideResult<()> {
+    // (tide.follow_skip has no foreign key: see its definition.)
+    sql_as_tide::exec(
+        "DELETE FROM tide.follow_skip WHERE pipeline = $1",
+        &[name.into()],
+    )?;
     sql_as_tide::exec("DELETE FROM tide.pipeline WHERE name = $1", &[name.into()])?;
     sql_as_tide::exec(
         "DELETE FROM tide.signal WHERE pipeline = $1",

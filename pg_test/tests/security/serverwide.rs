@@ -152,3 +152,60 @@ fn a_drop_database_that_cannot_succeed_does_not_stop_pipelines() {
         )
     });
 }
+
+/// 2. Following a schema stalls no other role's DDL. The superuser's schema `victim2` is
+/// followed by alice (USAGE granted to her); alice keeps a `tide.stop_following_schema` open in
+/// a transaction; the schema owner's `CREATE TABLE victim2.n2` (a table alice may not read: a
+/// skip is recorded) completes at once. On main it waited for alice's transaction (the skip
+/// record's foreign key to her followed-schema row), here cut by a 5 s `lock_timeout`. Once
+/// alice commits, the skip is not shown (the schema is no longer followed); following it again
+/// starts with no stale skip.
+#[test]
+fn following_a_schema_stalls_no_ones_ddl() {
+    let c = secured("sec_follow_stall");
+    c.execute("CREATE SCHEMA victim2; GRANT USAGE ON SCHEMA victim2 TO alice");
+    ok_as(&c, "alice", "SELECT tide.create_pipeline('pf')");
+    ok_as(
+        &c,
+        "alice",
+        "SELECT tide.add_tables_in_schema('pf', 'victim2', follow => true)",
+    );
+    let mut alice = connect_as(&c, "alice");
+    alice
+        .batch_execute("BEGIN; SELECT tide.stop_following_schema('pf', 'victim2')")
+        .expect("stop_following_schema");
+    let t = Instant::now();
+    c.execute("SET lock_timeout = '5s'; CREATE TABLE victim2.n2 (id int PRIMARY KEY)");
+    assert!(
+        t.elapsed() < Duration::from_secs(4),
+        "the CREATE TABLE waited {:?} for alice's transaction",
+        t.elapsed()
+    );
+    alice.batch_execute("COMMIT").expect("commit");
+    let shown: i64 = scalar_as(
+        &c,
+        "alice",
+        "SELECT count(*) FROM tide.skipped_tables WHERE pipeline = 'pf'",
+    );
+    assert_eq!(shown, 0, "a skip shown for a schema no longer followed");
+    ok_as(
+        &c,
+        "alice",
+        "SELECT tide.add_tables_in_schema('pf', 'victim2', follow => true)",
+    );
+    // The skip the racing CREATE TABLE recorded (by the superuser) is gone; the follow's own
+    // attempt recorded one of its own (by alice).
+    let by: Vec<String> = c
+        .query(
+            "SELECT by_role::text FROM tide.follow_skip
+              WHERE pipeline = 'pf' AND relid = 'victim2.n2'::regclass",
+        )
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        by,
+        ["alice"],
+        "the skip records of victim2.n2 after following again"
+    );
+}
