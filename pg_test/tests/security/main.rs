@@ -47,6 +47,23 @@ fn secured_with(name: &str, conf: &[&str]) -> Cluster {
     c
 }
 
+/// Each of `sqls` (setting a server setting, one way or another) fails as mallory (a
+/// `tide_admin` member) and as nobody, with 55P02 (cannot be changed now) or 42501.
+#[track_caller]
+fn settings_refused(c: &Cluster, sqls: &[&str]) {
+    for role in ["mallory", "nobody"] {
+        for sql in sqls {
+            let e = exec_as(c, role, sql).expect_err(sql);
+            let code = e.code().map(|s| s.code().to_string());
+            assert!(
+                matches!(code.as_deref(), Some("55P02") | Some("42501")),
+                "as {role}: {sql}: {}",
+                describe_error(&e)
+            );
+        }
+    }
+}
+
 fn exec_as(c: &Cluster, role: &str, sql: &str) -> Result<(), postgres::Error> {
     connect_as(c, role).batch_execute(sql)
 }
