@@ -69,8 +69,11 @@ fn writer(c: &Cluster, stop: Arc<AtomicBool>) -> JoinHandle<u64> {
     })
 }
 
+/// A pipeline's state, SQLSTATE, error and remedy.
+type StateRow = (String, Option<String>, Option<String>, Option<String>);
+
 /// The pipeline's state, SQLSTATE, error and remedy on `c`.
-fn state(c: &Cluster) -> TestResult<(String, Option<String>, Option<String>, Option<String>)> {
+fn state(c: &Cluster) -> TestResult<StateRow> {
     let r = c.try_query_one(&format!(
         "SELECT state, last_error_sqlstate, last_error, remedy FROM tide.pipelines WHERE name = '{P}'"
     ))?;

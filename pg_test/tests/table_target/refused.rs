@@ -22,7 +22,7 @@ fn refused_chunk(c: &Cluster, tgt: &Cluster, p: &str, target: &str) {
         ),
     );
     exec(
-        &c,
+        c,
         &format!("SELECT tide.add_table('{p}', 'ev', backfill => false)"),
     );
     wait_pipeline(c, p, 60);
