@@ -155,17 +155,8 @@ cmd_init() {
         pg rm -rf "$DIR"
     fi
 
-    # Reserve a port under the lock, so parallel inits never pick the same one.
     local port
-    port="$(
-        exec 9>>"$BASE/.lock"
-        flock 9
-        p="$(pick_port)"
-        pg mkdir -p "$DIR"
-        pg chmod 0755 "$DIR"
-        echo "$p" | pg tee "$PORTFILE" >/dev/null
-        echo "$p"
-    )"
+    port="$(reserve_port)"
     [[ -n "$port" ]] || die "could not reserve a port"
 
     local loc

@@ -182,16 +182,7 @@ impl ClusterBuilder {
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
         let bin = self.pg_bin.as_deref();
         cluster_script_ok(bin, &argv);
-        let port: u16 = cluster_script_ok(bin, &["port", &name])
-            .parse()
-            .expect("scripts/cluster.sh port printed a number");
-        let log_path = PathBuf::from(cluster_script_ok(bin, &["log", &name]));
-        Cluster {
-            name,
-            port,
-            log_path,
-            pg_bin: self.pg_bin,
-        }
+        Cluster::made(name, self.pg_bin)
     }
 
     /// Initialize and start the cluster (waits until it accepts connections).
@@ -213,6 +204,23 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// The cluster `name` that `scripts/cluster.sh` just made (its port and log as the script
+    /// reports them), run with the binaries of `pg_bin` (None: [`pg_bin`]).
+    fn made(name: String, pg_bin: Option<PathBuf>) -> Cluster {
+        let bin = pg_bin.as_deref();
+        // The script prints the port it recorded: a failure is the harness's, not the test's.
+        let port: u16 = cluster_script_ok(bin, &["port", &name])
+            .parse()
+            .expect("scripts/cluster.sh port printed a number");
+        let log_path = PathBuf::from(cluster_script_ok(bin, &["log", &name]));
+        Cluster {
+            name,
+            port,
+            log_path,
+            pg_bin,
+        }
+    }
+
     /// A started cluster with pg_tide preloaded and `wal_level=logical`.
     pub fn new(name: &str) -> Cluster {
         Cluster::builder(name).start()
@@ -287,16 +295,7 @@ impl Cluster {
             args.push("--standby");
         }
         cluster_script_ok(bin, &args);
-        let port: u16 = cluster_script_ok(bin, &["port", &name])
-            .parse()
-            .expect("scripts/cluster.sh port printed a number");
-        let log_path = PathBuf::from(cluster_script_ok(bin, &["log", &name]));
-        Cluster {
-            name,
-            port,
-            log_path,
-            pg_bin: self.pg_bin.clone(),
-        }
+        Cluster::made(name, self.pg_bin.clone())
     }
 
     /// Promote this standby (returns once it accepts writes).
