@@ -15,8 +15,9 @@
 #         side by side, kafka alone after them
 #         (end-to-end suites against scratch clusters of the system PostgreSQL 15;
 #         TIDE_SKIP_INSTALL=1 skips the install when the current build is installed);
-#         among them the upgrade test (pg_test/tests/upgrade.rs: the oldest release of
-#         sql/releases.txt, built once by scripts/release.sh, upgraded to this build)
+#         among them the upgrade test (pg_test/tests/upgrade.rs: the release of
+#         sql/releases.txt before this build, built once by scripts/release.sh, upgraded to
+#         this build; the regress `upgrade` transcript runs from the oldest one)
 #   package scripts/test-package.sh: builds the .deb (scripts/deb.sh), installs it with dpkg -i,
 #         runs CREATE EXTENSION and a pipeline from it, then puts the machine back as it was
 # TIDE_TEST_LOAD=N runs the stages with N CPU-bound and N I/O-bound processes beside them

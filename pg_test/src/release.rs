@@ -24,6 +24,22 @@ pub fn oldest_release() -> String {
         .to_string()
 }
 
+/// The newest release named in `sql/releases.txt` other than the version under test: the one a
+/// DBA upgrades from today (the upgrade test installs it).
+pub fn previous_release() -> String {
+    let list =
+        std::fs::read_to_string(repo_root().join("sql/releases.txt")).expect("sql/releases.txt");
+    let current = current_version();
+    list.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|v| *v != current)
+        .last()
+        .expect("sql/releases.txt names a release before the version under test")
+        .to_string()
+}
+
 /// The version of the build under test (the extension crate's).
 pub fn current_version() -> String {
     let toml = std::fs::read_to_string(repo_root().join("Cargo.toml")).expect("Cargo.toml");

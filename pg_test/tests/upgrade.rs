@@ -1,7 +1,7 @@
 //! Upgrading pg_tide in place, as a DBA would, with pipelines of every target kind running.
 //!
-//! The oldest release of `sql/releases.txt` (built from its commit by `scripts/release.sh`, once
-//! per machine) is installed into a private PostgreSQL copy of its own; a cluster runs from it
+//! The newest release of `sql/releases.txt` before the build under test (built from its commit by
+//! `scripts/release.sh`, once per machine) is installed into a private PostgreSQL copy of its own; a cluster runs from it
 //! with an outbox, a local table and a remote table pipeline, each with a throttled backfill in
 //! progress and writers running. Then the build under test (the pg_tide files of `TIDE_PG_BIN`'s
 //! installation, which `scripts/test.sh` installs) is installed over it by rename while the server
@@ -104,11 +104,11 @@ fn digest(c: &Cluster, table: &str) -> (i64, String) {
 
 #[test]
 fn upgrade_in_place_with_pipelines_running() {
-    let from = oldest_release();
+    let from = previous_release();
     let to = current_version();
     assert_ne!(
         from, to,
-        "sql/releases.txt's oldest release is the version under test: nothing to upgrade from"
+        "sql/releases.txt names no release before the version under test: nothing to upgrade from"
     );
     assert!(
         repo_root()
