@@ -59,6 +59,14 @@ use tide_core::wire;
 
 /// Per-decoding-session state, owned by `ctx->output_plugin_private`.
 struct PluginState {
+    /// The slot is being created (`pg_create_logical_replication_slot`: startup's `is_init`).
+    /// Decoding then looks for its starting point and replays the transactions that begin and
+    /// commit while it waits for older ones to end, with no writer to write to (the callbacks
+    /// may not write, and no catalog lookup of theirs may run there: a lookup of a worker's
+    /// replication origin failed with "snapshot reference ... is not owned by resource owner
+    /// TopTransaction"). Every callback does nothing meanwhile, and `filter_by_origin` drops
+    /// every change: nothing before the slot's consistent point is ever delivered anyway.
+    creating: bool,
     /// `None`: emit every user table outside the `tide` schema.
     tables: Option<HashSet<pg_sys::Oid>>,
     /// Whether the current transaction's Begin has been written.
@@ -453,7 +461,7 @@ unsafe fn parse_options(list: *mut pg_sys::List) -> Options {
 unsafe extern "C-unwind" fn startup(
     ctx: *mut pg_sys::LogicalDecodingContext,
     opt: *mut pg_sys::OutputPluginOptions,
-    _is_init: bool,
+    is_init: bool,
 ) {
     unsafe {
         (*opt).output_type = pg_sys::OutputPluginOutputType::OUTPUT_PLUGIN_BINARY_OUTPUT;
@@ -491,6 +499,7 @@ unsafe extern "C-unwind" fn startup(
         };
 
         let state = Box::new(PluginState {
+            creating: is_init,
             tables,
             begun: false,
             buf: Vec::with_capacity(8192),
@@ -598,6 +607,9 @@ unsafe extern "C-unwind" fn begin(
 ) {
     unsafe {
         let st = state(ctx);
+        if st.creating {
+            return;
+        }
         st.begun = false;
         st.rewritten.clear();
         // Learn the transaction's origin here, where the catalog can be read: from then on
@@ -614,6 +626,9 @@ unsafe extern "C-unwind" fn commit(
 ) {
     unsafe {
         let st = state(ctx);
+        if st.creating {
+            return;
+        }
         let end = (*txn).end_lsn;
         if !st.begun {
             skipped_commit(ctx, st, end);
@@ -702,7 +717,8 @@ unsafe fn from_tide_origin(st: &mut PluginState, origin: pg_sys::RepOriginId) ->
 }
 
 /// Called by decoding for every change record before it is queued: true drops it, and the
-/// whole transaction at its commit, unread. True only for an origin already known to be a pg_tide
+/// whole transaction at its commit, unread. True for every change while the slot is created
+/// (`PluginState::creating`), and otherwise only for an origin already known to be a pg_tide
 /// worker's (`begin` looked it up for an earlier transaction), so from a pipeline's second
 /// iteration on, its own writes to its table targets (a backfill chunk's rows among them) are not
 /// even queued for decoding. The lookup itself needs the catalog, which decoding may not read
@@ -717,7 +733,7 @@ unsafe extern "C-unwind" fn filter_by_origin(
 ) -> bool {
     // SAFETY: called by decoding with the context startup prepared.
     let st = unsafe { state(ctx) };
-    st.origins.get(&origin_id).copied().unwrap_or(false)
+    st.creating || st.origins.get(&origin_id).copied().unwrap_or(false)
 }
 
 fn wanted(st: &PluginState, rel: pg_sys::Relation) -> bool {

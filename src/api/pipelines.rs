@@ -79,10 +79,7 @@ pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> 
             crate::locks::Lock::Slot(&slot),
             crate::locks::Mode::Exclusive,
         )?;
-        sql::one::<bool>(
-            "SELECT true FROM pg_create_logical_replication_slot($1::name, 'pg_tide')",
-            &[slot.clone().into()],
-        )?;
+        catalog::slots::create_logical_slot(&slot)?;
         catalog::pipelines::insert(name, kind, options, &slot, &owner)
     })?;
     wake_on_commit(shmem::launcher_pid());

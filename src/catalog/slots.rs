@@ -375,14 +375,7 @@ pub(crate) fn create_new_slot(pipeline: &str) -> TideResult<NewSlot> {
             )?;
             return Ok(NewSlot::Dropped);
         }
-        // A read-only statement, as `tide.create_pipeline` runs it: run through a read-write
-        // one, PostgreSQL refuses ("cannot create logical replication slot in transaction that
-        // has performed writes", measured in the worker).
-        let lsn = crate::sql::one::<String>(
-            "SELECT lsn::text FROM pg_catalog.pg_create_logical_replication_slot($1::name, 'pg_tide')",
-            &[p.slot_name.clone().into()],
-        )?
-        .ok_or_else(|| TideError::internal("pg_create_logical_replication_slot returned no position"))?;
+        let lsn = create_logical_slot(&p.slot_name)?;
         Ok(NewSlot::Created(lsn))
     })
 }
@@ -635,4 +628,45 @@ pub(crate) fn recreate_remedy(
         "Re-create the pipeline as it was (its owner, target, options and tables; each table is backfilled again), each statement on its own (tide.drop_pipeline refuses a transaction block): {}. To pause for longer, raise tide.max_paused_wal_size.",
         stmts.join("; ")
     ))
+}
+
+/// Create the logical replication slot `name` for pg_tide's output plugin; its consistent point
+/// (the LSN as text). In a transaction that has not written: run through a read-write statement,
+/// PostgreSQL refuses ("cannot create logical replication slot in transaction that has performed
+/// writes", measured in the worker), so this is a read-only one.
+///
+/// The call runs with `CurrentResourceOwner` set to the current (sub)transaction's own, and the
+/// caller's is put back after (an ERROR included). While it looks for its consistent point, PostgreSQL 15's
+/// `pg_create_logical_replication_slot` replays the transactions that begin and commit while it
+/// waits; one that changed the catalog (any DDL) is replayed in an internal subtransaction whose
+/// end leaves `CurrentResourceOwner` at the (sub)transaction's own, not at the caller's: its
+/// `logicalfuncs.c` puts it back after decoding, `slotfuncs.c` does not. Called from a portal
+/// (`SELECT tide.create_pipeline(...)`), the statement's snapshot was then released under the
+/// wrong owner: "snapshot reference ... is not owned by resource owner TopTransaction" (XX000;
+/// forced by `capture::lifecycle::create_pipeline_while_a_worker_commits_during_slot_creation`).
+/// Under that owner from the start, nothing is released under another (a plpgsql block with an
+/// EXCEPTION clause, as `tide.restore_pipelines` runs it, is a subtransaction: its owner, not the
+/// top transaction's).
+pub(crate) fn create_logical_slot(name: &str) -> TideResult<String> {
+    struct Restore(pg_sys::ResourceOwner);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // SAFETY: puts back the owner that was current when this guard was made, in the
+            // same transaction (an ERROR unwinding through here aborts that transaction next,
+            // which resets it anyway).
+            unsafe { pg_sys::CurrentResourceOwner = self.0 };
+        }
+    }
+    // SAFETY: in a transaction, so CurTransactionResourceOwner is set; the guard restores the
+    // caller's owner whichever way this returns.
+    let _restore = unsafe {
+        let saved = pg_sys::CurrentResourceOwner;
+        pg_sys::CurrentResourceOwner = pg_sys::CurTransactionResourceOwner;
+        Restore(saved)
+    };
+    crate::sql::one::<String>(
+        "SELECT lsn::text FROM pg_catalog.pg_create_logical_replication_slot($1::name, 'pg_tide')",
+        &[name.into()],
+    )?
+    .ok_or_else(|| TideError::internal("pg_create_logical_replication_slot returned no position"))
 }
