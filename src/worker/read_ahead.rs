@@ -32,8 +32,9 @@
 //!
 //! Fallbacks: with `tide.read_ahead = off`, for a throttled backfill, when no background worker
 //! slot is free (`max_worker_processes`), or after the reader died, the worker reads each chunk
-//! itself, as before. The reader exits when the worker detaches (the worker drops it when no
-//! backfill is due, or exits), and with the postmaster.
+//! itself, as before. The reader exits, normally, when the worker detaches (the worker drops it
+//! when no backfill is due, or exits); one dropped while it reads a chunk is terminated; all
+//! exit with the postmaster.
 
 use super::chunk::Job;
 use super::chunk::{read_chunk_locked, ChunkRead};
@@ -329,6 +330,11 @@ fn gone() -> TideError {
 
 impl Drop for Reader {
     fn drop(&mut self) {
+        // An idle reader (no request in flight) leaves by itself, normally, once it sees the
+        // request queue detached: terminating it would make PostgreSQL log a FATAL ("terminating
+        // background worker ... due to administrator command") for every backfill that ends.
+        // One reading a chunk is terminated: what it reads is no longer wanted.
+        let terminate = self.in_flight.is_some();
         // SAFETY: detaching our own queue handles and segment once; terminating the worker we
         // registered (a no-op when it already exited).
         unsafe {
@@ -339,7 +345,9 @@ impl Drop for Reader {
                 pg_sys::shm_mq_detach(self.from_reader);
             }
             if !self.worker.is_null() {
-                pg_sys::TerminateBackgroundWorker(self.worker);
+                if terminate {
+                    pg_sys::TerminateBackgroundWorker(self.worker);
+                }
                 pg_sys::pfree(self.worker as *mut std::ffi::c_void);
             }
             pg_sys::dsm_detach(self.seg);

@@ -34,7 +34,8 @@ fn write_round(c: &Cluster, round: i64) {
 }
 
 /// The reader shows up while the backfill runs, the writes during it converge, every chunk is
-/// counted once in order (invariants), and the reader is gone once no backfill is due.
+/// counted once in order (invariants), and the reader is gone once no backfill is due, having
+/// left without a FATAL.
 #[test]
 fn the_reader_reads_ahead_while_a_backfill_runs() {
     let c = setup("bf_readahead");
@@ -60,6 +61,14 @@ fn the_reader_reads_ahead_while_a_backfill_runs() {
     if let Err(msg) = poll_every(Duration::from_secs(10), POLL, || Ok(readers(&c) == 0)) {
         panic!("the reader stayed after the backfill: {msg}\n{}", diag(&c));
     }
+    // It left normally (issue 43, item 8): no FATAL "terminating background worker ... due to
+    // administrator command" for a reader whose backfill ended.
+    assert_eq!(
+        c.log_count("terminating background worker \"pg_tide reader"),
+        0,
+        "the reader was terminated at the end of its backfill:\n{}",
+        c.log_tail(30)
+    );
 }
 
 /// kill -9 of the reader while it reads: PostgreSQL restarts every process (as for any backend
