@@ -25,6 +25,10 @@ pub struct TideError {
     /// Set by the worker's target code: retrying cannot help until the user acts, so the
     /// pipeline is paused (disabled) with this error as its reason.
     pub pause_pipeline: bool,
+    /// With `pause_pipeline`: source tables (relids) whose rows must be read again once the
+    /// pipeline is resumed (the worker queues a backfill of each with the pause), because the
+    /// user's fix cannot bring what the stream never carries (see `ShapePlan::adds_existing_values`).
+    pub reread_after_resume: Vec<u32>,
     /// A transient condition: try the same thing again shortly (not a failure to record).
     pub retry: bool,
 }
@@ -39,6 +43,7 @@ impl TideError {
             detail: None,
             hint: None,
             pause_pipeline: false,
+            reread_after_resume: Vec::new(),
             retry: false,
         }
     }

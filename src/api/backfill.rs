@@ -231,6 +231,31 @@ pub(crate) fn start_backfill_internal(
     )
 }
 
+/// Called by the worker as it pauses pipeline `pipeline` on a shape change (with the pause, in
+/// one transaction): queue a backfill of every row of `relid`, which runs once the pipeline is
+/// resumed (see `TideError::reread_after_resume`). One already queued or running is left to do
+/// it (logged).
+pub(crate) fn reread_after_resume(pipeline: &str, relid: u32) -> TideResult<()> {
+    match start_backfill_core(
+        pg_sys::Oid::from(relid),
+        Some(pipeline),
+        None,
+        None,
+        false,
+        None,
+    ) {
+        Ok(id) => {
+            log!("pg_tide worker \"{pipeline}\": backfill {id} of relation {relid} queued; it runs once the pipeline is resumed");
+            Ok(())
+        }
+        Err(e) if e.code == pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_OBJECT_IN_USE => {
+            log!("pg_tide worker \"{pipeline}\": relation {relid} is read again by its backfill already queued or running: {e}");
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
 fn start_backfill_core(
     relid: pg_sys::Oid,
     pipeline: Option<&str>,

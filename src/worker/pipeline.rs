@@ -798,7 +798,13 @@ fn name_failed_transaction(name: &str, mut e: TideError, one_at_a_time: bool) ->
 fn after_failure(name: &str, slot_idx: usize, e: &TideError, failures: u32, s: Settings) {
     if e.pause_pipeline {
         // Retrying cannot help until the user acts: pause, keep the reason.
-        if let Err(e2) = tx::run(|| catalog::pipelines::pause_for(name)) {
+        if let Err(e2) = tx::run(|| {
+            catalog::pipelines::pause_for(name)?;
+            for &relid in &e.reread_after_resume {
+                crate::api::backfill::reread_after_resume(name, relid)?;
+            }
+            Ok(())
+        }) {
             log!("pg_tide worker \"{name}\": could not pause the pipeline: {e2}");
         }
     }

@@ -693,6 +693,11 @@ pub struct ShapePlan {
     pub shape: Vec<(String, String)>,
     /// The source's key changed ([`plan_schema_change`]), which pg_tide cannot follow.
     pub key_changed: bool,
+    /// A column `ddl` adds has a value for the rows that existed before it (its `missing`):
+    /// those rows carry it only at the source, never in the stream. Whoever adds the column
+    /// instead of this plan (a user following a paused pipeline's remedy) may leave them
+    /// without it, so the table is read again after such a pause.
+    pub adds_existing_values: bool,
 }
 
 /// Compare the source's columns with the target's (`(name, format_type)` each) and plan the
@@ -712,6 +717,7 @@ pub fn plan_shape(table: &str, source: &[SourceColumn], target: &[(String, Strin
         let (name, ty) = (&col.name, &col.ty);
         match target.iter().find(|(n, _)| n == name) {
             None => {
+                plan.adds_existing_values |= col.missing.is_some();
                 let ddl = match &col.missing {
                     Some(v) => format!(
                         "ALTER TABLE {table} ADD COLUMN {} {ty} DEFAULT {}::{ty}",

@@ -300,3 +300,116 @@ fn schema_change_propagate_and_pause() {
         diag(&c)
     );
 }
+
+/// The text of the remedy after `Run at the target: ` up to the `Then` that follows: the
+/// statements the user is told to run at the target, as printed.
+fn printed_ddl(remedy: &str) -> String {
+    let (_, rest) = remedy
+        .split_once("Run at the target: ")
+        .unwrap_or_else(|| panic!("the remedy prints no statement to run at the target: {remedy}"));
+    let (ddl, _) = rest
+        .split_once(" Then SELECT tide.resume_pipeline(")
+        .unwrap_or_else(|| panic!("the remedy prints no resume after its statements: {remedy}"));
+    ddl.to_string()
+}
+
+/// Wait for pipeline `p` to pause; its (last_error, remedy).
+fn wait_paused(c: &Cluster, p: &str) -> (String, String) {
+    c.wait_until(
+        &format!("pipeline {p} to pause"),
+        Duration::from_secs(60),
+        POLL,
+        || {
+            Ok(c.try_query_scalar::<String>(&format!(
+                "SELECT state FROM tide.pipelines WHERE name = '{p}'"
+            ))? == "paused")
+        },
+    );
+    let r = c.query_one(&format!(
+        "SELECT last_error, remedy FROM tide.pipelines WHERE name = '{p}'"
+    ));
+    (r.get(0), r.get(1))
+}
+
+/// Issue 43, item 5: a column added at the source with a default, at a remote target under
+/// `schema_changes = 'pause'`, while writers run. The rows that existed before the column have
+/// its value only at the source (the stream never carries them). First the remedy exactly as
+/// printed (its DDL, run at the target); then the way the trial did it when the remedy only
+/// said "change the target to match the source" (the column added without its default). Both
+/// must end with 0 rows different: the resume reads the table again. Before the fix the first
+/// finds no statement in the remedy and the second leaves every old row without its value.
+#[test]
+fn remedy_as_printed_leaves_no_difference_remote() {
+    let (c, t) = setup_remote("tt_schema_remedy");
+    c.execute(
+        "CREATE TABLE tenant_tags (id int PRIMARY KEY, v int NOT NULL);
+         INSERT INTO tenant_tags SELECT g, g FROM generate_series(1, 3000) g;",
+    );
+    create_pipeline(
+        &c,
+        "rz",
+        "postgres",
+        r#"{"server": "tgt", "schema": "mirror", "schema_changes": "pause"}"#,
+    );
+    exec(&c, "SELECT tide.add_table('rz', 'tenant_tags')");
+    wait_backfill(&c, "tenant_tags", "rz", 120);
+    let script = write_script(
+        "tt_schema_remedy",
+        "\\set id random(1, 3000)\nUPDATE tenant_tags SET v = v + 1 WHERE id = :id;\n",
+    );
+    let bench = spawn_pgbench(&c, &script, 1, 40, Some(100));
+    let cols = "id, v, region, tier";
+    for (round, col, fix) in [
+        (1, "region", None),
+        (
+            2,
+            "tier",
+            Some("ALTER TABLE mirror.tenant_tags ADD COLUMN tier text"),
+        ),
+    ] {
+        exec(
+            &c,
+            &format!("ALTER TABLE tenant_tags ADD COLUMN {col} text DEFAULT 'eu'"),
+        );
+        exec(
+            &c,
+            &format!("INSERT INTO tenant_tags (id, v) VALUES (10000 + {round}, 0)"),
+        );
+        let (error, remedy) = wait_paused(&c, "rz");
+        eprintln!("round {round}: paused: {error}; remedy: {remedy}");
+        assert!(error.contains(&format!("add column {col} text")), "{error}");
+        let ddl = printed_ddl(&remedy);
+        assert!(
+            ddl.contains(&format!("ADD COLUMN \"{col}\" text DEFAULT 'eu'::text"))
+                || ddl.contains(&format!("ADD COLUMN {col} text DEFAULT 'eu'::text")),
+            "the printed DDL gives existing rows the source's value: {ddl}"
+        );
+        assert!(
+            remedy.contains("reads the source table again"),
+            "the remedy says the table is read again: {remedy}"
+        );
+        // The fix: as printed, or (round 2) the column without its default.
+        t.execute(fix.unwrap_or(&ddl));
+        let resume = "SELECT tide.resume_pipeline('rz');";
+        assert!(remedy.contains(resume), "{remedy}");
+        exec(&c, resume);
+        wait_backfill(&c, "tenant_tags", "rz", 120);
+        wait_pipeline(&c, "rz", 60);
+    }
+    let (n, ok, summary) = bench.finish_summary();
+    assert!(ok && n > 0, "pgbench failed: {summary}");
+    wait_pipeline(&c, "rz", 60);
+    assert_same_rows(
+        "tenant_tags",
+        &c,
+        "public.tenant_tags",
+        &t,
+        "mirror.tenant_tags",
+        cols,
+    );
+    let reported: i64 = c.query_scalar(
+        "SELECT count(*) FROM tide.verify('tenant_tags', 'rz', sample => 100)
+          WHERE kind NOT LIKE 'summary: % ranges checked, 0 differ%'",
+    );
+    assert_eq!(reported, 0, "tide.verify after both rounds\n{}", diag(&c));
+}

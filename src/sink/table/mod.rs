@@ -460,6 +460,50 @@ impl<B: Backend + 'static> TableTarget<B> {
         self.apply_plan(c, relid, &t, plan)
     }
 
+    /// The error that pauses the pipeline before a shape change of target `t` (source `relid`)
+    /// it will not or may not make: what changed, and a remedy to run as printed (the planned
+    /// DDL itself, with the value existing rows have for an added column). When an added column
+    /// has such a value, the table is also read again after the resume
+    /// (`reread_after_resume`): rows that existed before the column carry its value only at the
+    /// source, and a target fixed any other way (the column added without its default) would
+    /// otherwise differ from it silently.
+    fn paused_for_shape(&self, relid: u32, t: &TableRef, plan: ShapePlan) -> TideError {
+        let mut all: Vec<String> = plan.ddl.iter().map(|(_, d)| d.clone()).collect();
+        all.extend(plan.refused.iter().cloned());
+        let mut steps = Vec::new();
+        if !plan.ddl.is_empty() {
+            let ddl: Vec<&str> = plan.ddl.iter().map(|(sql, _)| sql.as_str()).collect();
+            steps.push(format!("Run at the target: {};", ddl.join("; ")));
+        }
+        if !plan.refused.is_empty() {
+            steps.push(format!(
+                "Change {} by hand so that it holds the source's values ({}).",
+                shown(t),
+                plan.refused.join("; ")
+            ));
+        }
+        let reread = if plan.adds_existing_values {
+            " Once it resumes, pg_tide reads the source table again (a backfill, shown in tide.backfills), so the rows that existed before the new column hold its value at the target whichever way the column was added."
+        } else {
+            ""
+        };
+        let mut e = TideError::prerequisite(format!(
+            "the source of target {} changed shape: {}",
+            shown(t),
+            all.join("; ")
+        ))
+        .hint(format!(
+            "The pipeline is paused before the first change that needs the new shape. {} Then SELECT tide.resume_pipeline('{}'); it resumes from the same place.{reread}",
+            steps.join(" "),
+            self.pipeline.replace('\'', "''")
+        ));
+        e.pause_pipeline = true;
+        if plan.adds_existing_values {
+            e.reread_after_resume.push(relid);
+        }
+        e
+    }
+
     /// Apply a planned shape change to target `t` of source `relid`, or pause the pipeline
     /// when it refuses something or the policy is `pause`.
     fn apply_plan(
@@ -471,20 +515,7 @@ impl<B: Backend + 'static> TableTarget<B> {
     ) -> TideResult<()> {
         if !plan.refused.is_empty() || (self.policy == SchemaPolicy::Pause && !plan.ddl.is_empty())
         {
-            let mut all: Vec<String> = plan.ddl.iter().map(|(_, d)| d.clone()).collect();
-            all.extend(plan.refused);
-            let mut e = TideError::prerequisite(format!(
-                "the source of target {} changed shape: {}",
-                shown(t),
-                all.join("; ")
-            ))
-            .hint(format!(
-                "The pipeline is paused before the first change that needs the new shape. Change {} to match the source, then SELECT tide.resume_pipeline('{}'); it resumes from the same place.",
-                shown(t),
-                self.pipeline
-            ));
-            e.pause_pipeline = true;
-            return Err(e);
+            return Err(self.paused_for_shape(relid, t, plan));
         }
         if self.streamed && !plan.ddl.is_empty() {
             return Err(TideError::prerequisite(format!(
