@@ -1,7 +1,7 @@
 //! The SQL surface: validate arguments, call into `catalog`, map failures to ERRORs with a
 //! specific SQLSTATE and a hint. Nothing here runs in a worker.
 //!
-//! [`server`]: readiness checks; [`pipelines`]: the pipeline functions; [`alter`]: alter_pipeline; [`tables`]: add and
+//! [`server`]: readiness checks; [`pipelines`]: the pipeline functions; [`alter`]: alter_pipeline; [`restore`]: pipelines re-created from a restored dump; [`tables`]: add and
 //! remove tables, add a schema's; [`alter_table`]: a captured table's row filter and column list; [`follow`]: followed schemas and their event trigger; [`consumers`]: outbox consumers; [`backfill`], [`verify`]: those functions; [`targets`]: table targets' checks; [`kafka`]: the kafka target's checks and its wrapper's validator;
 //! [`args`]: argument types. This file holds what they share.
 
@@ -26,6 +26,7 @@ mod follow;
 pub mod kafka;
 pub mod masks;
 mod pipelines;
+mod restore;
 mod server;
 mod tables;
 pub mod targets;

@@ -383,7 +383,8 @@ pub(crate) fn insert(
 }
 
 /// Delete a pipeline's row (its tables, backfills and verifications go with it: `ON DELETE
-/// CASCADE`) and its watermark row in `tide.signal` (two statements). Called by
+/// CASCADE`), its definition (`tide.pipeline_definition`) and its watermark row in
+/// `tide.signal`. Called by
 /// `tide.drop_pipeline` once the worker is stopped; runs as pg_tide.
 pub(crate) fn delete(name: &str) -> TideResult<()> {
     // (tide.follow_skip has no foreign key: see its definition.)
@@ -392,6 +393,12 @@ pub(crate) fn delete(name: &str) -> TideResult<()> {
         &[name.into()],
     )?;
     sql_as_tide::exec("DELETE FROM tide.pipeline WHERE name = $1", &[name.into()])?;
+    // Its definition for pg_dump goes with it (a restored definition of the name included:
+    // dropping the pipeline restored from it means it is not wanted).
+    sql_as_tide::exec(
+        "DELETE FROM tide.pipeline_definition WHERE name = $1",
+        &[name.into()],
+    )?;
     sql_as_tide::exec(
         "DELETE FROM tide.signal WHERE pipeline = $1",
         &[name.into()],

@@ -466,6 +466,7 @@ pub extern "C-unwind" fn tide_database_launcher_main(arg: pg_sys::Datum) {
         if crate::worker::retention::prune() {
             wait = Duration::from_millis(50);
         }
+        crate::worker::definitions::save();
     }
     log!("pg_tide launcher exiting");
 }

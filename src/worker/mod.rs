@@ -1,10 +1,11 @@
-//! Background workers: the launcher (and the outbox retention it runs), the per-pipeline worker,
-//! and the one transaction helper both use.
+//! Background workers: the launcher (and the outbox retention and the pipeline definitions for
+//! pg_dump it keeps), the per-pipeline worker, and the one transaction helper both use.
 
 pub mod apply;
 pub mod backfill;
 mod chunk;
 pub mod decoder;
+mod definitions;
 pub mod estimate;
 pub mod launcher;
 pub mod origin;

@@ -16,6 +16,7 @@ mod kafka;
 mod operations;
 mod reads;
 mod remote;
+mod restore;
 mod serverwide;
 mod shape;
 mod stalls;

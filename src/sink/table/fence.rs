@@ -8,10 +8,11 @@
 //! and the pipeline's name: nothing copied tells them apart. What differs is that each server
 //! process started at its own time, and that production is alive. So:
 //!
-//! - **The writer** is the server: `<system identifier>:<postmaster start, µs since 2000>`
-//!   ([`writer_token`]). A worker restarted, the server's crash restart (the postmaster stays)
-//!   and a lost slot's resync keep it; a server started again, a copy, a restore and a promoted
-//!   standby each have a new one.
+//! - **The writer** is the server's database: `<system identifier>:<postmaster start, µs since
+//!   2000>:<database OID>` ([`writer_token`]). A worker restarted, the server's crash restart (the
+//!   postmaster stays) and a lost slot's resync keep it; a server started again, a copy, a
+//!   restore (into another server, or by `pg_restore` into another database of the same one)
+//!   and a promoted standby each have a new one.
 //! - **The row** `<schema>.tide_applied` (one per pipeline name) records, besides the applied
 //!   position, the owning `writer`, its `epoch`, and its lease: `renewed_at` (the target's clock)
 //!   and `lease` (the owner's `tide.target_lease`). A row without a writer (written before this
@@ -59,14 +60,24 @@ pub const COLUMNS: &[(&str, &str)] = &[
     ("lease", "interval"),
 ];
 
-/// This server's writer token: its system identifier and its postmaster's start time (µs since
-/// 2000-01-01), the same in every process of the server until it is started again.
+/// This server's writer token for this database: its system identifier, its postmaster's start
+/// time (µs since 2000-01-01) and the database's OID, the same in every process of the server
+/// connected to the database until the server is started again. The database is part of it
+/// because a `pg_dump` of the database restored into another database of the same server (a new
+/// OID) is a copy too, and must not write where the original does.
 pub fn writer_token() -> String {
     // SAFETY: GetSystemIdentifier reads the control file's copy in shared memory, set before
     // any backend starts; PgStartTime is set once by the postmaster before it forks any child
-    // and never written again (a crash restart keeps it).
-    let (sysid, started) = unsafe { (pg_sys::GetSystemIdentifier(), pg_sys::PgStartTime) };
-    format!("{sysid}:{started}")
+    // and never written again (a crash restart keeps it); MyDatabaseId is set once this process
+    // connected to its database, before any pipeline code runs.
+    let (sysid, started, db) = unsafe {
+        (
+            pg_sys::GetSystemIdentifier(),
+            pg_sys::PgStartTime,
+            pg_sys::MyDatabaseId.to_u32(),
+        )
+    };
+    format!("{sysid}:{started}:{db}")
 }
 
 /// The lease as an interval's text.
@@ -78,7 +89,8 @@ fn lease_text(lease: Duration) -> String {
 fn shown_writer_sql(column: &str) -> String {
     format!(
         "CASE WHEN {column} IS NULL THEN 'no writer' ELSE 'the server with system identifier ' OPERATOR(pg_catalog.||) pg_catalog.split_part({column}, ':', 1)
-              OPERATOR(pg_catalog.||) ' started at ' OPERATOR(pg_catalog.||) (pg_catalog.to_timestamp(pg_catalog.split_part({column}, ':', 2)::pg_catalog.float8 OPERATOR(pg_catalog./) 1000000 OPERATOR(pg_catalog.+) 946684800))::pg_catalog.text END"
+              OPERATOR(pg_catalog.||) ' started at ' OPERATOR(pg_catalog.||) (pg_catalog.to_timestamp(pg_catalog.split_part({column}, ':', 2)::pg_catalog.float8 OPERATOR(pg_catalog./) 1000000 OPERATOR(pg_catalog.+) 946684800))::pg_catalog.text
+              OPERATOR(pg_catalog.||) CASE WHEN pg_catalog.split_part({column}, ':', 3) OPERATOR(pg_catalog.<>) '' THEN ', database OID ' OPERATOR(pg_catalog.||) pg_catalog.split_part({column}, ':', 3) ELSE '' END END"
     )
 }
 

@@ -1,0 +1,37 @@
+//! Pipeline definitions for `pg_dump` (README, Upgrading > Dump and restore): the launcher
+//! keeps `tide.pipeline_definition` equal to its database's pipelines (`tide._save_definitions`,
+//! `schema.rs`), once per round.
+//!
+//! Guarantees: each round writes only the rows that changed, in a transaction of its own that
+//! waits at most [`LOCK_TIMEOUT`] for a row lock (a `tide.drop_pipeline` still open holds its
+//! row): no role's open transaction can stall the launcher, and the launcher holds no lock a
+//! role's statement waits for beyond one short transaction. A round that fails is logged and
+//! tried again on the next.
+
+use super::tx;
+use crate::sql;
+use pgrx::prelude::*;
+
+/// How long a round waits for a row lock before leaving the rest to the next round.
+pub const LOCK_TIMEOUT: &str = "100ms";
+
+/// One round: save the definitions that changed.
+pub fn save() {
+    let r = tx::run(|| {
+        sql::exec(
+            "SELECT pg_catalog.set_config('lock_timeout', $1, true)",
+            &[LOCK_TIMEOUT.into()],
+        )?;
+        sql::write_one::<i64>("SELECT tide._save_definitions()", &[])
+    });
+    match r {
+        Ok(Some(n)) if n > 0 => {
+            debug1!("pg_tide launcher: saved {n} pipeline definition(s) for pg_dump")
+        }
+        Ok(_) => {}
+        Err(e) if e.sqlstate() == "55P03" => {
+            debug1!("pg_tide launcher: a pipeline definition is locked; saved on a later round")
+        }
+        Err(e) => log!("pg_tide launcher: could not save the pipeline definitions (tried again on the next round): {e}"),
+    }
+}
