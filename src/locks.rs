@@ -35,6 +35,9 @@ pub enum Lock<'a> {
     Backfill(&'a str, pg_sys::Oid),
     /// A role's `create_pipeline`s (the per-role limit counts its pipelines under it).
     Role(pg_sys::Oid),
+    /// The launchers' release of what dropped databases left (`worker::leaks`): one launcher
+    /// of the server at a time. The only server-wide tag (no database in it).
+    Leaks,
 }
 
 /// The fourth field of pg_tide's tags: `0x74` (pg_tide), then the kind. Never 1 or 2.
@@ -68,6 +71,7 @@ impl Lock<'_> {
                 h.write_u32(oid.to_u32());
                 5
             }
+            Lock::Leaks => 6,
         };
         (h.finish(), TAG_BASE + kind)
     }
@@ -83,7 +87,10 @@ pub enum Mode {
 fn acquire(lock: Lock<'_>, mode: Mode, wait: bool) -> TideResult<bool> {
     let (key, kind) = lock.tag_parts();
     let tag = pg_sys::LOCKTAG {
-        locktag_field1: unsafe { pg_sys::MyDatabaseId }.to_u32(),
+        locktag_field1: match lock {
+            Lock::Leaks => 0,
+            _ => unsafe { pg_sys::MyDatabaseId }.to_u32(),
+        },
         locktag_field2: (key >> 32) as u32,
         locktag_field3: key as u32,
         locktag_field4: kind,
@@ -131,6 +138,7 @@ mod tests {
             Lock::Retention("x"),
             Lock::Backfill("x", pg_sys::Oid::from(1)),
             Lock::Role(pg_sys::Oid::from(10)),
+            Lock::Leaks,
         ] {
             // pg_advisory_lock(bigint) makes 1, pg_advisory_lock(int4, int4) makes 2.
             assert!(l.tag_parts().1 > 2);

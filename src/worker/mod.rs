@@ -7,6 +7,7 @@ mod chunk;
 pub mod decoder;
 pub mod estimate;
 pub mod launcher;
+pub mod leaks;
 pub mod origin;
 mod partitions;
 pub mod pipeline;
