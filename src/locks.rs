@@ -1,7 +1,8 @@
 //! pg_tide's own heavyweight locks: the ones that serialise a pipeline's worker against
 //! `drop_pipeline`, a slot's creation against the launcher's orphan sweep, a pipeline's outbox
-//! retention against its consumers, concurrent backfill starts of one table, and one role's
-//! concurrent `create_pipeline`s (its pipeline count).
+//! retention against its consumers, concurrent backfill starts of one table, one role's
+//! concurrent `create_pipeline`s (its pipeline count), and the launchers' release of what
+//! dropped databases left.
 //!
 //! Owns: the lock tags and the only way pg_tide takes them.
 //!
@@ -15,7 +16,8 @@
 //! that picks a name of its own (a pipeline, say) to collide with another's would need about
 //! 2^64 tries, where the 32-bit hash of the first version of this module took minutes. Every
 //! lock is held until the end of the current transaction (or subtransaction abort), like
-//! `pg_advisory_xact_lock`; `pg_locks` shows them as `locktype = 'advisory'`.
+//! `pg_advisory_xact_lock`; `pg_locks` shows them as `locktype = 'advisory'`. Each is the
+//! current database's (its OID in the first field), except [`Lock::Leaks`], the server's (0).
 
 use crate::error::TideResult;
 use pgrx::pg_sys;
