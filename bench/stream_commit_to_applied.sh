@@ -72,7 +72,7 @@ for target in $TARGETS; do
         q "SELECT tide.wait_for_pipeline('$p', '30 minutes')" >/dev/null
         t2=$(now)
         streamed=$(q "SELECT stream_txns || ' streamed, ' || pg_size_pretty(stream_bytes) || '; ' || spill_txns || ' spilled, ' || pg_size_pretty(spill_bytes)
-                        FROM pg_stat_replication_slots WHERE slot_name = 'tide_$p'")
+                        FROM pg_stat_replication_slots WHERE slot_name = (SELECT slot_name FROM tide.pipeline WHERE name = '$p')")
         printf '%-7s streaming=%-5s insert(+pause) %6.1f s   commit-to-applied %6.1f s   (slot: %s)\n' \
             "$target" "$mode" "$(echo "$t1 - $t0" | bc)" "$(echo "$t2 - $t1" | bc)" "$streamed"
         q "SELECT tide.drop_pipeline('$p')" >/dev/null

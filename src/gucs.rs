@@ -94,6 +94,36 @@ pub static SLOT_WARNING_MB: GucSetting<i32> = GucSetting::<i32>::new(1024);
 /// for the worker's own decoding; -1: `logical_decoding_work_mem` itself. See
 /// `worker::decoder`.
 pub static DECODING_WORK_MEM_KB: GucSetting<i32> = GucSetting::<i32>::new(32 * 1024);
+/// `tide.spool_file_limit` (kB): the most a pipeline worker's temporary files (its decoded
+/// output past 8 MB, its streamed transactions' spools) may hold at once; -1 (the default): the
+/// same as `temp_file_limit` (which does not count them: they are not PostgreSQL's temporary
+/// files), itself -1 (no limit) by default. See [`spool_file_limit`] and `worker::decoder`.
+pub static SPOOL_FILE_LIMIT_KB: GucSetting<i32> = GucSetting::<i32>::new(-1);
+
+/// The limit in bytes of a worker's temporary files now ([`SPOOL_FILE_LIMIT_KB`], or
+/// `temp_file_limit` for -1), with the setting that set it; `None`: no limit.
+pub fn spool_file_limit() -> Option<(u64, &'static str)> {
+    let own = SPOOL_FILE_LIMIT_KB.get();
+    if own >= 0 {
+        return Some((own as u64 * 1024, "tide.spool_file_limit"));
+    }
+    // SAFETY: a lookup by a static name of a setting every server has (an integer in kB, as
+    // text); the string is read at once.
+    let kb = unsafe {
+        let v = pgrx::pg_sys::GetConfigOption(c"temp_file_limit".as_ptr(), true, false);
+        if v.is_null() {
+            return None;
+        }
+        std::ffi::CStr::from_ptr(v)
+            .to_str()
+            .ok()
+            .and_then(|t| t.parse::<i64>().ok())
+    };
+    match kb {
+        Some(kb) if kb >= 0 => Some((kb as u64 * 1024, "temp_file_limit")),
+        _ => None,
+    }
+}
 
 /// The settings of backfills: `tide.read_ahead`, `tide.max_parallel_backfills`,
 /// `tide.max_backfill_readers`, `tide.streaming_chunk_size`.
@@ -283,6 +313,16 @@ fn init_memory_settings() {
         &DECODING_WORK_MEM_KB,
         -1,
         i32::MAX / 1024,
+        GucContext::Sighup,
+        GucFlags::UNIT_KB,
+    );
+    GucRegistry::define_int_guc(
+        c"tide.spool_file_limit",
+        c"Most disk space a pipeline worker's temporary files may hold at once; -1 uses temp_file_limit.",
+        c"A pipeline worker keeps decoded output past 8MB, and each streamed transaction in progress past 8MB, in files under base/pgsql_tmp, which temp_file_limit does not count. Past this limit the worker's iteration fails with SQLSTATE 53400 (shown in tide.pipelines, nothing is lost: the slot keeps the changes) and is retried; raise the setting and reload to let it through. A streamed transaction needs about twice its decoded size at its commit (its spool, copied into the output). -1: temp_file_limit's value (no limit when that is -1).",
+        &SPOOL_FILE_LIMIT_KB,
+        -1,
+        i32::MAX,
         GucContext::Sighup,
         GucFlags::UNIT_KB,
     );

@@ -1,7 +1,8 @@
 //! pg_tide's own heavyweight locks: the ones that serialise a pipeline's worker against
 //! `drop_pipeline`, a slot's creation against the launcher's orphan sweep, a pipeline's outbox
-//! retention against its consumers, concurrent backfill starts of one table, and one role's
-//! concurrent `create_pipeline`s (its pipeline count).
+//! retention against its consumers, concurrent backfill starts of one table, one role's
+//! concurrent `create_pipeline`s (its pipeline count), and the launchers' release of what
+//! dropped databases left.
 //!
 //! Owns: the lock tags and the only way pg_tide takes them.
 //!
@@ -15,7 +16,8 @@
 //! that picks a name of its own (a pipeline, say) to collide with another's would need about
 //! 2^64 tries, where the 32-bit hash of the first version of this module took minutes. Every
 //! lock is held until the end of the current transaction (or subtransaction abort), like
-//! `pg_advisory_xact_lock`; `pg_locks` shows them as `locktype = 'advisory'`.
+//! `pg_advisory_xact_lock`; `pg_locks` shows them as `locktype = 'advisory'`. Each is the
+//! current database's (its OID in the first field), except [`Lock::Leaks`], the server's (0).
 
 use crate::error::TideResult;
 use pgrx::pg_sys;
@@ -35,6 +37,9 @@ pub enum Lock<'a> {
     Backfill(&'a str, pg_sys::Oid),
     /// A role's `create_pipeline`s (the per-role limit counts its pipelines under it).
     Role(pg_sys::Oid),
+    /// The launchers' release of what dropped databases left (`worker::leaks`): one launcher
+    /// of the server at a time. The only server-wide tag (no database in it).
+    Leaks,
 }
 
 /// The fourth field of pg_tide's tags: `0x74` (pg_tide), then the kind. Never 1 or 2.
@@ -68,6 +73,7 @@ impl Lock<'_> {
                 h.write_u32(oid.to_u32());
                 5
             }
+            Lock::Leaks => 6,
         };
         (h.finish(), TAG_BASE + kind)
     }
@@ -83,7 +89,10 @@ pub enum Mode {
 fn acquire(lock: Lock<'_>, mode: Mode, wait: bool) -> TideResult<bool> {
     let (key, kind) = lock.tag_parts();
     let tag = pg_sys::LOCKTAG {
-        locktag_field1: unsafe { pg_sys::MyDatabaseId }.to_u32(),
+        locktag_field1: match lock {
+            Lock::Leaks => 0,
+            _ => unsafe { pg_sys::MyDatabaseId }.to_u32(),
+        },
         locktag_field2: (key >> 32) as u32,
         locktag_field3: key as u32,
         locktag_field4: kind,
@@ -131,6 +140,7 @@ mod tests {
             Lock::Retention("x"),
             Lock::Backfill("x", pg_sys::Oid::from(1)),
             Lock::Role(pg_sys::Oid::from(10)),
+            Lock::Leaks,
         ] {
             // pg_advisory_lock(bigint) makes 1, pg_advisory_lock(int4, int4) makes 2.
             assert!(l.tag_parts().1 > 2);

@@ -472,7 +472,8 @@ def wait_backfill(src, pipeline, relation, t0, timeout, stall=120, poll=0.25, sa
             """SELECT b.id, b.state, b.rows_read, b.rows_emitted, b.chunks_done, b.error, b.remedy,
                       b.started_at, b.finished_at, b.chunk_size,
                       (SELECT pg_wal_lsn_diff(s.confirmed_flush_lsn, s.restart_lsn)::float8
-                         FROM pg_replication_slots s WHERE s.slot_name = 'tide_' || %s)
+                         FROM pg_replication_slots s
+                        WHERE s.slot_name = (SELECT p.slot_name FROM tide.pipeline p WHERE p.name = %s))
                  FROM tide.backfills b
                 WHERE b.pipeline = %s AND b.source = %s::regclass
                 ORDER BY b.id DESC LIMIT 1""",

@@ -725,11 +725,11 @@ fn alter_pending_when_the_slot_is_lost() {
         Duration::from_millis(50),
         || {
             Ok(c.try_query_scalar::<bool>(
-                "SELECT NOT active FROM pg_replication_slots WHERE slot_name = 'tide_po'",
+                "SELECT NOT active FROM pg_replication_slots WHERE slot_name = 'tide_5_po'",
             )?)
         },
     );
-    c.execute("SELECT pg_drop_replication_slot('tide_po')");
+    c.execute("SELECT pg_drop_replication_slot('tide_5_po')");
     ok(&mut alice, &c, "SELECT tide.resume_pipeline('po')");
     c.wait_until(
         "the resync to be over",

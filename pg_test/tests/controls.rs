@@ -849,7 +849,7 @@ fn drop_pipeline_is_silent_when_its_worker_exits_first() {
     );
     let left: i64 = c.query_scalar(
         "SELECT (SELECT count(*) FROM tide.pipeline WHERE name = 'gone')
-              + (SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'tide_gone')",
+              + (SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'tide_5_gone')",
     );
     assert_eq!(left, 0, "the pipeline and its slot are gone");
 }

@@ -166,11 +166,35 @@ fn two_databases_stream_through_kill9_and_drop_database() {
         .map(|r| r.get(0))
         .collect();
     assert_eq!(names, ["orders_a"]);
-    // A slot name is the server's: the same pipeline name in the other database is refused.
-    let err = b
-        .batch_execute("SELECT tide.create_pipeline('orders_a', 'outbox')")
-        .expect_err("a second orders_a");
-    assert_db_error(&err, "42710", Some("tide_orders_a"));
+    // A slot name is the server's, so it carries the database's OID: the same pipeline name in
+    // the other database has a slot (and an origin) of its own.
+    b.batch_execute("SELECT tide.create_pipeline('orders_a', 'outbox')")
+        .expect("orders_a in app_b too");
+    let slots: Vec<String> = c
+        .client()
+        .query(
+            "SELECT s.slot_name::text || ' in ' || s.database FROM pg_replication_slots s
+              WHERE s.slot_name::text = pg_catalog.format('tide_%s_orders_a', (SELECT oid FROM pg_database d WHERE d.datname = s.database))
+              ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(slots.len(), 2, "the slots of both orders_a: {slots:?}");
+    b.batch_execute("SELECT tide.drop_pipeline('orders_a')")
+        .expect("drop orders_a of app_b");
+    assert!(
+        a.query_one(
+            "SELECT count(*) FROM pg_replication_slots s JOIN tide.pipeline p ON p.slot_name = s.slot_name",
+            &[]
+        )
+        .unwrap()
+        .get::<_, i64>(0)
+            == 1,
+        "the drop in app_b took app_a's slot"
+    );
 
     writes(&mut a, 1);
     writes(&mut b, 1);
@@ -225,7 +249,7 @@ fn two_databases_stream_through_kill9_and_drop_database() {
         )
     });
     let slots: i64 = c.query_scalar(
-        "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'tide_orders_b'",
+        "SELECT count(*) FROM pg_replication_slots WHERE slot_name::text LIKE 'tide\\_%\\_orders\\_b'",
     );
     assert_eq!(slots, 0, "the slot of the dropped database's pipeline");
     writes(&mut a, 4);

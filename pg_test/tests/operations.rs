@@ -310,7 +310,7 @@ fn drop_pipeline_and_the_recreate_remedy() {
     let err = expect_db_error(a.batch_execute("SELECT 1; SELECT tide.drop_pipeline('p')"));
     assert_eq!(err.code().code(), "25001", "{err:?}");
     let slots: i64 =
-        c.query_scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'tide_p'");
+        c.query_scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'tide_5_p'");
     assert_eq!(slots, 1, "the refused drop_pipeline dropped the slot");
     ok_as(&c, "alice", "INSERT INTO alice.t VALUES (1000, 1000)");
     wait_for_pipeline(&c, "p", 30, || diag(&c));
@@ -333,7 +333,7 @@ fn drop_pipeline_and_the_recreate_remedy() {
         Duration::from_millis(200),
         || {
             Ok(c.try_query_scalar::<i64>(
-                "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'tide_p'",
+                "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'tide_5_p'",
             )? == 0)
         },
     );
@@ -803,7 +803,7 @@ fn pipelines_view_says_why() {
             )
         },
     );
-    c.execute("SELECT pg_drop_replication_slot('tide_w')");
+    c.execute("SELECT pg_drop_replication_slot('tide_5_w')");
     let mut lock = c.client();
     lock.batch_execute("BEGIN; LOCK TABLE alice.t IN ACCESS EXCLUSIVE MODE")
         .expect("lock alice.t");

@@ -169,7 +169,7 @@ fn invalidated_slot_resyncs() {
         || {
             c.execute("SELECT pg_switch_wal(); CHECKPOINT");
             Ok(c.try_query_scalar::<bool>(
-                "SELECT coalesce((SELECT wal_status = 'lost' FROM pg_replication_slots WHERE slot_name = 'tide_p'), false)",
+                "SELECT coalesce((SELECT wal_status = 'lost' FROM pg_replication_slots WHERE slot_name = 'tide_5_p'), false)",
             )?)
         },
     );
@@ -227,7 +227,7 @@ fn dropped_slot_resyncs() {
     table_pipeline(&c, 10000);
     as_alice(&c, "SELECT tide.pause_pipeline('p')");
     change_12000(&c);
-    c.execute("SELECT pg_drop_replication_slot('tide_p')");
+    c.execute("SELECT pg_drop_replication_slot('tide_5_p')");
     as_alice(&c, "SELECT tide.resume_pipeline('p')");
     wait_resynced(&c, 180);
     let reason: String =
@@ -245,8 +245,8 @@ fn foreign_or_moved_slot_resyncs() {
     table_pipeline(&c, 3000);
     as_alice(&c, "SELECT tide.pause_pipeline('p')");
     c.execute("DELETE FROM alice.t WHERE id <= 100");
-    c.execute("SELECT pg_drop_replication_slot('tide_p')");
-    c.execute("SELECT pg_create_physical_replication_slot('tide_p', true)");
+    c.execute("SELECT pg_drop_replication_slot('tide_5_p')");
+    c.execute("SELECT pg_create_physical_replication_slot('tide_5_p', true)");
     as_alice(&c, "SELECT tide.resume_pipeline('p')");
     c.wait_until(
         "the pipeline to report a slot it will not replace",
@@ -257,18 +257,18 @@ fn foreign_or_moved_slot_resyncs() {
                 "SELECT coalesce((SELECT state = 'slot lost'
                                          AND slot_lost_reason LIKE '%is not pg_tide''s (a physical slot%'
                                          AND last_error LIKE '%that pg_tide did not make exists%'
-                                         AND remedy LIKE '%pg_drop_replication_slot(''tide_p'')%'
+                                         AND remedy LIKE '%pg_drop_replication_slot(''tide_5_p'')%'
                                     FROM tide.pipelines WHERE name = 'p'), false)",
             )?)
         },
     );
     assert_eq!(
         c.query_scalar::<String>(
-            "SELECT slot_type FROM pg_replication_slots WHERE slot_name = 'tide_p'"
+            "SELECT slot_type FROM pg_replication_slots WHERE slot_name = 'tide_5_p'"
         ),
         "physical"
     );
-    c.execute("SELECT pg_drop_replication_slot('tide_p')");
+    c.execute("SELECT pg_drop_replication_slot('tide_5_p')");
     wait_resynced(&c, 120);
     // Paused (the worker has seen it: paused_lsn is kept), then its slot consumed by hand.
     as_alice(&c, "SELECT tide.pause_pipeline('p')");
@@ -283,7 +283,7 @@ fn foreign_or_moved_slot_resyncs() {
         },
     );
     c.execute("DELETE FROM alice.t WHERE id <= 200; UPDATE alice.t SET v = 7 WHERE id > 2900");
-    c.execute("SELECT pg_replication_slot_advance('tide_p', pg_current_wal_lsn())");
+    c.execute("SELECT pg_replication_slot_advance('tide_5_p', pg_current_wal_lsn())");
     as_alice(&c, "SELECT tide.resume_pipeline('p')");
     c.wait_until(
         "the moved slot to be noticed",
@@ -317,7 +317,7 @@ fn paused_wal_bound_resyncs() {
                 "SELECT coalesce((SELECT state = 'paused' AND resync = 'slot lost'
                                          AND slot_lost_reason LIKE '%tide.max_paused_wal_size%'
                                     FROM tide.pipelines WHERE name = 'p'), false)
-                    AND NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = 'tide_p')",
+                    AND NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = 'tide_5_p')",
             )?)
         },
     );
@@ -333,7 +333,7 @@ fn on_slot_lost_error_waits() {
     table_pipeline(&c, 2000);
     as_alice(&c, "SELECT tide.pause_pipeline('p')");
     c.execute("DELETE FROM alice.t WHERE id <= 500");
-    c.execute("SELECT pg_drop_replication_slot('tide_p')");
+    c.execute("SELECT pg_drop_replication_slot('tide_5_p')");
     as_alice(&c, "SELECT tide.resume_pipeline('p')");
     c.wait_until(
         "the pipeline to report its lost slot",
@@ -348,7 +348,7 @@ fn on_slot_lost_error_waits() {
     );
     assert_eq!(
         c.query_scalar::<i64>(
-            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'tide_p'"
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'tide_5_p'"
         ),
         0
     );
@@ -367,7 +367,7 @@ fn killed_during_recovery() {
     table_pipeline(&c, 10000);
     as_alice(&c, "SELECT tide.pause_pipeline('p')");
     change_12000(&c);
-    c.execute("SELECT pg_drop_replication_slot('tide_p')");
+    c.execute("SELECT pg_drop_replication_slot('tide_5_p')");
     // A writing transaction left open: creating a logical slot waits for it.
     let mut open = c.client();
     open.batch_execute("BEGIN; INSERT INTO alice.t VALUES (50000, 5, 'open')")
@@ -445,7 +445,7 @@ fn outbox_resync_events() {
     wait_for_pipeline(&c, "p", 60, || diag(&c));
     as_alice(&c, "SELECT tide.pause_pipeline('p')");
     c.execute("DELETE FROM alice.o WHERE id <= 300; UPDATE alice.o SET v = -v WHERE id > 900");
-    c.execute("SELECT pg_drop_replication_slot('tide_p')");
+    c.execute("SELECT pg_drop_replication_slot('tide_5_p')");
     as_alice(&c, "SELECT tide.resume_pipeline('p')");
     c.wait_until(
         "the resync to end",
@@ -640,7 +640,7 @@ fn remote_invalidated_slot_resyncs() {
         || {
             c.execute("SELECT pg_switch_wal(); CHECKPOINT");
             Ok(c.try_query_scalar::<bool>(
-                "SELECT coalesce((SELECT wal_status = 'lost' FROM pg_replication_slots WHERE slot_name = 'tide_p'), false)",
+                "SELECT coalesce((SELECT wal_status = 'lost' FROM pg_replication_slots WHERE slot_name = 'tide_5_p'), false)",
             )?)
         },
     );
@@ -698,11 +698,11 @@ fn remote_killed_during_resync() {
         Duration::from_millis(50),
         || {
             Ok(c.try_query_scalar::<bool>(
-                "SELECT NOT active FROM pg_replication_slots WHERE slot_name = 'tide_p'",
+                "SELECT NOT active FROM pg_replication_slots WHERE slot_name = 'tide_5_p'",
             )?)
         },
     );
-    c.execute("SELECT pg_drop_replication_slot('tide_p')");
+    c.execute("SELECT pg_drop_replication_slot('tide_5_p')");
     c.execute("UPDATE tide.backfill SET rows_per_second = 2000 WHERE pipeline = 'p'");
     c.execute("SELECT tide.resume_pipeline('p')");
     c.wait_until(

@@ -173,11 +173,11 @@ fn large_transaction_is_streamed_and_arrives_whole() {
     wait_pipeline(&c, "o", 120);
     wait_pipeline(&c, "tt", 120);
     assert!(
-        stream_txns(&c, "tide_o") > 0,
+        stream_txns(&c, "tide_5_o") > 0,
         "slot tide_o streamed nothing"
     );
     assert!(
-        stream_txns(&c, "tide_tt") > 0,
+        stream_txns(&c, "tide_5_tt") > 0,
         "slot tide_tt streamed nothing"
     );
     let mut want = inserts(1..=20000);
@@ -217,7 +217,7 @@ fn rolled_back_large_transactions_leave_nothing() {
     a.batch_execute("COMMIT").unwrap();
     wait_pipeline(&c, "o", 120);
     wait_pipeline(&c, "tt", 120);
-    assert!(stream_txns(&c, "tide_o") >= 2, "both transactions streamed");
+    assert!(stream_txns(&c, "tide_5_o") >= 2, "both transactions streamed");
     assert_events(
         &outbox(&c),
         &inserts(1..=10000),
@@ -322,7 +322,7 @@ fn backfill_with_streamed_key_changes_converges() {
         "the backfill had finished before the commit"
     );
     assert!(
-        stream_txns(&c, "tide_tt") > 0,
+        stream_txns(&c, "tide_5_tt") > 0,
         "the transaction was streamed"
     );
     assert_target_equals_source(&c);
@@ -351,7 +351,7 @@ fn kill9_mid_stream_loses_and_duplicates_nothing() {
     wait_pipeline(&c, "tt", 60);
     let past: bool = c.query_scalar(&format!(
         "SELECT bool_and(confirmed_flush_lsn > '{before}') FROM pg_replication_slots
-          WHERE slot_name IN ('tide_o', 'tide_tt')"
+          WHERE slot_name IN ('tide_5_o', 'tide_5_tt')"
     ));
     assert!(
         past,
@@ -499,7 +499,7 @@ fn filtered_table_in_a_streamed_transaction() {
     t.commit().expect("commit");
     wait_pipeline(&c, "tt", 120);
     assert!(
-        stream_txns(&c, "tide_tt") > 0,
+        stream_txns(&c, "tide_5_tt") > 0,
         "the transaction was not streamed"
     );
     assert_same_rows(
@@ -622,7 +622,7 @@ fn remote_target_writes_a_streamed_transaction_while_it_runs() {
     a.batch_execute("COMMIT").unwrap();
     wait_pipeline(&c, "rm", 120);
     assert!(
-        stream_txns(&c, "tide_rm") > 0,
+        stream_txns(&c, "tide_5_rm") > 0,
         "the transaction was streamed"
     );
     assert_remote_equals_source(&c, &t);
@@ -891,7 +891,7 @@ fn masked_columns_in_a_streamed_transaction_at_a_remote() {
     a.batch_execute("COMMIT").unwrap();
     wait_pipeline(&c, "rm", 120);
     assert!(
-        stream_txns(&c, "tide_rm") > 0,
+        stream_txns(&c, "tide_5_rm") > 0,
         "the transaction was streamed"
     );
     let salt: String = c.query_scalar("SELECT encode(tide.mask_salt('rm'), 'hex')");
@@ -936,7 +936,7 @@ fn streamed_table_rewrite_goes_on() {
     create_pipeline(&c, "tt", "table", r#"{"schema": "tgt"}"#);
     exec(&c, "SELECT tide.add_table('tt', 'orders')");
     wait_pipeline(&c, "tt", 120);
-    let before = stream_txns(&c, "tide_tt");
+    let before = stream_txns(&c, "tide_5_tt");
     c.execute("UPDATE orders SET total = total + 1 WHERE id <= 100");
     // 6000 rewritten rows of ~110 bytes: far past the 64kB the worker decodes with.
     c.execute("ALTER TABLE orders ALTER COLUMN total TYPE numeric(12,2)");
@@ -953,7 +953,7 @@ fn streamed_table_rewrite_goes_on() {
     );
     wait_pipeline(&c, "tt", 120);
     assert!(
-        stream_txns(&c, "tide_tt") > before,
+        stream_txns(&c, "tide_5_tt") > before,
         "the rewrite was not streamed: the test did not make the case\n{}",
         diag(&c)
     );
@@ -1183,7 +1183,7 @@ COMMIT;
     let err: Option<String> =
         c.query_scalar("SELECT last_error FROM tide.pipelines WHERE name = 'q'");
     assert_eq!(err, None, "{}", diag(&c));
-    assert!(stream_txns(&c, "tide_q") > 0, "nothing was streamed");
+    assert!(stream_txns(&c, "tide_5_q") > 0, "nothing was streamed");
     assert_same_rows(
         "wh.orders = orders",
         &c,
@@ -1267,7 +1267,7 @@ fn twophase_stream_restart_20_times() {
     let err: Option<String> =
         c.query_scalar("SELECT last_error FROM tide.pipelines WHERE name = 'tt'");
     assert_eq!(err, None, "{}", diag(&c));
-    assert!(stream_txns(&c, "tide_tt") > 0, "nothing was streamed");
+    assert!(stream_txns(&c, "tide_5_tt") > 0, "nothing was streamed");
     let rows: i64 = c.query_scalar("SELECT count(*) FROM big");
     assert_eq!(rows, 10 * (3334 - 666), "the committed halves");
     assert_target_equals_source(&c);
@@ -1285,7 +1285,7 @@ fn unreadable_stream_is_read_again_without_streaming() {
     exec(&c, "SELECT tide.add_table('tt', 'big', backfill => false)");
     c.execute("ALTER SYSTEM SET tide.fail_stream_blocks = on");
     c.execute("SELECT pg_reload_conf()");
-    let before = stream_txns(&c, "tide_tt");
+    let before = stream_txns(&c, "tide_5_tt");
     let mut a = c.client();
     a.batch_execute("BEGIN").expect("begin");
     a.batch_execute(&insert_sql(1, 20000, "a")).expect("insert");
@@ -1326,11 +1326,11 @@ fn unreadable_stream_is_read_again_without_streaming() {
         POLL,
         || Ok(c.log_count("streaming transactions in progress again") >= 1),
     );
-    let streamed_once = stream_txns(&c, "tide_tt");
+    let streamed_once = stream_txns(&c, "tide_5_tt");
     c.execute(&insert_sql(20001, 40000, "b"));
     wait_pipeline(&c, "tt", 120);
     assert!(
-        stream_txns(&c, "tide_tt") > streamed_once.max(before),
+        stream_txns(&c, "tide_5_tt") > streamed_once.max(before),
         "the second large transaction was not streamed\n{}",
         diag(&c)
     );

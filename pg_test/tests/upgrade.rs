@@ -11,9 +11,10 @@
 //! - between the restart and the update, the new library runs no worker and its functions refuse
 //!   to act (SQLSTATE 55000, the hint names `ALTER EXTENSION pg_tide UPDATE`); writes meanwhile
 //!   are not lost;
-//! - after the update the workers resume by themselves, the backfills finish, the outbox replays
-//!   to the source with no event written twice, both table targets equal their source both ways,
-//!   and `tide.verify` reports no difference;
+//! - after the update the workers resume by themselves, with the slots and replication origins
+//!   the release made (no resync), the backfills finish, the outbox replays to the source with
+//!   no event written twice, both table targets equal their source both ways, and `tide.verify`
+//!   reports no difference;
 //! - the catalog of the upgraded database equals that of a fresh `CREATE EXTENSION` of the new
 //!   version (functions, views, tables, columns, indexes, constraints, policies, privileges and
 //!   comments: `CATALOG_SNAPSHOT`), and that comparison does catch a difference: the database
@@ -285,6 +286,39 @@ fn upgrade_in_place_with_pipelines_running() {
                                 HAVING count(*) > 1) d",
     );
     assert_eq!(twice, 0, "outbox events written twice\n{}", diag(&c));
+    // The pipelines keep the slots and origins the release made (tide_<name>, pg_tide_<name>;
+    // this version names new ones with the database's OID): nothing was read again, and the
+    // launchers' release of what dropped databases left does not take them.
+    let kept: Vec<String> = c
+        .query(
+            "SELECT p.name || ' ' || p.slot_name || ' ' || coalesce(p.resync, '-') || ' '
+                    || (p.slot_lost_at IS NULL)::text || ' '
+                    || (SELECT count(*) FROM pg_replication_slots s WHERE s.slot_name = p.slot_name)
+               FROM tide.pipeline p ORDER BY p.name",
+        )
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        kept,
+        [
+            "lt tide_lt - true 1",
+            "ob tide_ob - true 1",
+            "rt tide_rt - true 1"
+        ],
+        "the pipelines' slots after the update\n{}",
+        diag(&c)
+    );
+    let origins: Vec<String> = c
+        .query("SELECT roname FROM pg_replication_origin ORDER BY roname")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        origins,
+        ["pg_tide_lt", "pg_tide_ob", "pg_tide_rt"],
+        "the pipelines' origins after the update"
+    );
     outbox_copy(&c, "o_src", "public.o_src", "o_copy");
     let events: i64 = c.query_scalar("SELECT o_copy_replay('ob')");
     assert!(events >= ROWS, "only {events} outbox events");
@@ -344,4 +378,63 @@ fn upgrade_in_place_with_pipelines_running() {
             "the catalog snapshot did not see: {change}"
         );
     }
+
+    // --- a slot lost after the update is made anew under this version's name ----------------
+    // lt's slot is dropped while it is paused: at its resume the worker makes its new slot
+    // tide_<oid>_lt (the row takes the name), marks its writes with pg_tide_<oid>_lt, and the
+    // launcher releases the origin of the release's time, pg_tide_lt, once no slot tide_lt is
+    // left and every slot has read past its last use.
+    c.execute("SELECT tide.pause_pipeline('lt')");
+    c.wait_until(
+        "lt's slot to be free",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT NOT active FROM pg_replication_slots WHERE slot_name = 'tide_lt'",
+            )?)
+        },
+    );
+    c.execute("SELECT pg_drop_replication_slot('tide_lt')");
+    c.execute("SELECT tide.resume_pipeline('lt')");
+    c.wait_until(
+        "lt to resync under a slot of the new name",
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT coalesce((SELECT resync IS NULL AND slot_lost_at IS NOT NULL
+                                         AND slot_name = 'tide_' || (SELECT oid FROM pg_database
+                                                                      WHERE datname = 'postgres') || '_lt'
+                                    FROM tide.pipelines WHERE name = 'lt'), false)",
+            )?)
+        },
+    );
+    for (_, t) in PIPELINES {
+        c.execute(&churn_sql(t, ROWS));
+    }
+    for (p, _) in PIPELINES {
+        wait_for_pipeline(&c, p, 120, || diag(&c));
+    }
+    assert_eq!(
+        digest(&c, "l_src"),
+        digest(&c, "replica.l_src"),
+        "local table target differs from the source after its resync\n{}",
+        diag(&c)
+    );
+    c.wait_until(
+        "the launcher to release the origin pg_tide_lt",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || {
+            Ok(c.try_query_scalar::<String>(
+                "SELECT string_agg(roname, ' ' ORDER BY roname) FROM pg_replication_origin",
+            )? == "pg_tide_5_lt pg_tide_ob pg_tide_rt")
+        },
+    );
+    assert!(
+        c.log_count("released replication origin \"pg_tide_lt\"") == 1,
+        "no LOG line for the release of pg_tide_lt\n{}",
+        c.log_tail(40)
+    );
 }

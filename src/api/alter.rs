@@ -58,7 +58,7 @@ fn alter_pipeline_impl(
             pg_sys::errcodes::PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
             format!("pipeline \"{}\" cannot be renamed", shown(name)),
         )
-        .hint("Rename is not supported: the name is in the pipeline's replication slot (tide_<name>), which PostgreSQL cannot rename, and in its origin, outbox events and consumers. Drop it and create a pipeline of the new name (tide.drop_pipeline, tide.create_pipeline, tide.add_table, tide.start_backfill)."));
+        .hint("Rename is not supported: the name is in the pipeline's replication slot (tide_<database oid>_<name>), which PostgreSQL cannot rename, and in its origin, outbox events and consumers. Drop it and create a pipeline of the new name (tide.drop_pipeline, tide.create_pipeline, tide.add_table, tide.start_backfill)."));
     }
     let Some(given) = options else {
         pgrx::notice!("nothing to change in pipeline \"{}\"", shown(name));

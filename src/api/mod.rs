@@ -35,8 +35,9 @@ pub use server::check_server;
 use server::*;
 
 /// Target kinds this version can write.
-/// Longest pipeline name (the slot name `tide_<name>` must fit in 63 bytes).
-const MAX_NAME: usize = 48;
+/// Longest pipeline name (the slot name `tide_<database oid>_<name>` must fit in 63 bytes, with
+/// an OID of up to 10 digits).
+const MAX_NAME: usize = 47;
 
 /// pg_tide's version: the loaded library's, which a library upgrade changes without a change
 /// to the catalog (so STABLE, not IMMUTABLE: no plan or index may keep an old value).
@@ -71,7 +72,7 @@ fn validate_name(name: &str) -> TideResult<()> {
         Ok(())
     } else {
         Err(TideError::invalid(format!("invalid pipeline name \"{}\"", shown(name)))
-            .hint(format!("Use 1 to {MAX_NAME} lower-case letters, digits and underscores, starting with a letter or underscore (the slot is named tide_<name>).")))
+            .hint(format!("Use 1 to {MAX_NAME} lower-case letters, digits and underscores, starting with a letter or underscore (the slot is named tide_<database oid>_<name>).")))
     }
 }
 

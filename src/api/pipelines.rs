@@ -57,7 +57,8 @@ pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> 
         ))
         .hint(format!("They belong to that pipeline, not to its name: pick another name, or have a superuser read and delete them (DELETE FROM tide.outbox WHERE pipeline = '{name}').")));
     }
-    let slot = catalog::slots::slot_name(name);
+    // Unique on the server: it carries this database's OID (catalog::slots).
+    let slot = catalog::slots::own_slot_name(name);
     check_room_for(&slot)?;
     if sql::one::<bool>("SELECT pg_current_xact_id_if_assigned() IS NOT NULL", &[])?
         .unwrap_or(false)
@@ -179,7 +180,8 @@ pub(super) fn drop_pipeline_impl(name: &str) -> TideResult<()> {
         )));
     }
     require_pipeline(name)?;
-    let slot = catalog::slots::slot_name(name);
+    let slot = catalog::pipelines::slot_name(name)?
+        .unwrap_or_else(|| catalog::slots::own_slot_name(name));
     // The worker and the slot are pg_tide's: stopping and dropping them is done as pg_tide,
     // for the owner who asked (a non-superuser may not signal the worker's superuser process).
     crate::security::as_tide(|| drop_pipeline_as_tide(name, &slot))
@@ -243,9 +245,16 @@ pub(super) fn drop_pipeline_as_tide(name: &str, slot: &str) -> TideResult<()> {
     }
     // The workers stopped above have exited, and a worker started since holds the origin only
     // inside an iteration, which needs the lock held here (worker::origin): the origin is free.
+    // A pipeline made before 0.3.0 has the origin of that time (no database in its name): it is
+    // dropped only when no slot of that time's name is left on the server (a database copied
+    // from this one holds this pipeline's row, and the original's slot, maybe in use).
+    let origin = crate::worker::origin::name(name, &slot);
+    let legacy = origin == crate::worker::origin::legacy_name(name);
     sql::exec(
-        "SELECT pg_replication_origin_drop(roname) FROM pg_replication_origin WHERE roname = $1",
-        &[crate::worker::origin::name(name).into()],
+        "SELECT pg_replication_origin_drop(roname) FROM pg_replication_origin
+          WHERE roname = $1
+            AND NOT ($2 AND EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $3::name))",
+        &[origin.into(), legacy.into(), slot.clone().into()],
     )?;
     Ok(())
 }

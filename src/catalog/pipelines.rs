@@ -326,6 +326,15 @@ pub(crate) fn owner(name: &str) -> TideResult<Option<String>> {
     )
 }
 
+/// The pipeline's slot name (`tide.pipeline.slot_name`: given when its slot was made, see
+/// `catalog::slots`). Called by the SQL API; runs as pg_tide.
+pub(crate) fn slot_name(name: &str) -> TideResult<Option<String>> {
+    sql_as_tide::one::<String>(
+        "SELECT slot_name::text FROM tide.pipeline WHERE name = $1",
+        &[name.into()],
+    )
+}
+
 /// Every pipeline with its owner: (name, owner). Called by the SQL API (`tide._owned_pipelines`,
 /// the outbox's row security); runs as pg_tide.
 pub(crate) fn owners() -> TideResult<Vec<(String, String)>> {

@@ -1,6 +1,15 @@
-//! pg_tide's replication slots (`tide_<pipeline>`, plugin `pg_tide`): their names and the
-//! lock a transaction creating one holds ([`crate::locks::Lock::Slot`]), orphaned slots, the
-//! `output_plugin_libraries` setting creating one may need, and lost slots.
+//! pg_tide's replication slots (`tide_<database oid>_<pipeline>`, plugin `pg_tide`): their names
+//! and the lock a transaction creating one holds ([`crate::locks::Lock::Slot`]), orphaned slots,
+//! the `output_plugin_libraries` setting creating one may need, and lost slots.
+//!
+//! ## Names (README, Concepts > Slots and origins)
+//!
+//! Slot names are the server's, pipeline names a database's: a slot carries its database's OID
+//! ([`slot_name`]), so no pipeline of another database can ever take a pipeline's slot name (a
+//! lost slot's above all: issue 44). The name is kept in `tide.pipeline.slot_name` when the slot
+//! is made. Pipelines made before 0.3.0 keep the slot they have (`tide_<pipeline>`, see
+//! [`legacy_slot_name`]) until it is lost: a new slot is always made under this database's name
+//! ([`create_new_slot`]).
 //!
 //! ## Lost slots (README, Concepts > Lost slots)
 //!
@@ -53,8 +62,23 @@ use super::pipelines::Resync;
 use crate::error::{TideError, TideResult};
 use pgrx::prelude::*;
 
-/// The slot name of a pipeline.
-pub(crate) fn slot_name(pipeline: &str) -> String {
+/// The slot name of pipeline `pipeline` of database `dboid`: unique on the server, since a
+/// pipeline name is unique in its database (at most 5 + 10 + 1 + 47 = 63 bytes, `NAMEDATALEN`
+/// less one, for the names `tide.create_pipeline` takes).
+pub(crate) fn slot_name(dboid: pgrx::pg_sys::Oid, pipeline: &str) -> String {
+    format!("tide_{}_{pipeline}", dboid.to_u32())
+}
+
+/// [`slot_name`] in this database.
+pub(crate) fn own_slot_name(pipeline: &str) -> String {
+    // SAFETY: reads a process global set at connection.
+    slot_name(unsafe { pgrx::pg_sys::MyDatabaseId }, pipeline)
+}
+
+/// The slot name pg_tide gave before 0.3.0 (`tide_<pipeline>`, with no database): kept by the
+/// pipelines made then until their slot is lost. A pipeline whose slot has this name also marks
+/// its writes with the origin of that time (`worker::origin`).
+pub(crate) fn legacy_slot_name(pipeline: &str) -> String {
     format!("tide_{pipeline}")
 }
 
@@ -305,8 +329,9 @@ pub(crate) fn lost_error(
 pub(crate) enum NewSlot {
     /// The pipeline is gone, or no longer `'slot lost'`: nothing.
     NotNeeded,
-    /// What was left of the old slot was dropped: call again, in a new transaction (a logical
-    /// slot is created only in a transaction that has written nothing, and the drop counts).
+    /// What was left of the old slot was dropped, or the pipeline's slot name changed to this
+    /// database's ([`own_slot_name`]): call again, in a new transaction (a logical slot is
+    /// created only in a transaction that has written nothing, and the drop counts).
     Dropped,
     /// The new slot exists, starting at this position (its confirmed position: every change
     /// committed after it is decoded).
@@ -315,7 +340,8 @@ pub(crate) enum NewSlot {
 
 /// Drop what is left of the pipeline's slot (only a logical pg_tide slot of this database: any
 /// other slot of that name is someone else's, and an error says so), or (when there is none)
-/// create it again. Creating
+/// create it again, under this database's name for it ([`own_slot_name`]; the row takes that
+/// name first). Creating
 /// waits for every transaction that is writing to end (PostgreSQL's rule for a logical slot).
 /// Called by the worker, in a transaction of its own that has written nothing, while
 /// `resync = 'slot lost'`; the pipeline's lock (shared) keeps `drop_pipeline` out meanwhile.
@@ -349,9 +375,34 @@ pub(crate) fn create_new_slot(pipeline: &str) -> TideResult<NewSlot> {
             Some(1),
             &[p.slot_name.clone().into()],
         )?;
-        if let Some(r) = found.into_iter().next() {
+        // A slot named otherwise than this database's name for the pipeline (made before 0.3.0,
+        // or the original's in a database copied from another) is replaced by one under this
+        // database's name, once nothing of that name is left (what is left of ours is dropped
+        // below first; the row is renamed in the next call, each in a transaction of its own).
+        // A slot of that name that is someone else's stays the DBA's: a copied database's
+        // pipeline must not start writing its original's targets on its own.
+        let wanted = own_slot_name(pipeline);
+        let rename = wanted != p.slot_name && wanted.len() < pgrx::pg_sys::NAMEDATALEN as usize;
+        let found = found.into_iter().next();
+        let ours = match &found {
+            Some(r) => r.get::<bool>(2)?.unwrap_or(false),
+            None => false,
+        };
+        if rename && found.is_none() {
+            crate::sql::update(
+                c,
+                "UPDATE tide.pipeline SET slot_name = $2::name WHERE name = $1",
+                None,
+                &[pipeline.into(), wanted.clone().into()],
+            )?;
+            log!(
+                "pg_tide worker \"{pipeline}\": its new slot is \"{wanted}\" (was \"{}\")",
+                p.slot_name
+            );
+            return Ok(NewSlot::Dropped);
+        }
+        if let Some(r) = found {
             let pid = r.get::<i32>(1)?.unwrap_or(0);
-            let ours = r.get::<bool>(2)?.unwrap_or(false);
             let what = r.get::<String>(3)?.unwrap_or_default();
             if !ours {
                 return Err(TideError::new(

@@ -32,6 +32,12 @@
 //!   ([`Decoder::streams`], `worker::stream_apply`); the committed transaction still comes whole
 //!   from the spool at its commit. That state belongs to the decoding session too: closing the
 //!   decoder rolls back every such remote transaction.
+//! - The files of the buffer and of the spools together never hold more than
+//!   `tide.spool_file_limit` (-1: `temp_file_limit`, which does not count files written outside
+//!   PostgreSQL's own temporary file layer): a write past it fails the read with SQLSTATE 53400,
+//!   naming the pipeline and the setting; the iteration fails (shown in `tide.pipelines`), the
+//!   slot keeps every change, and the worker retries from its confirmed position, through once
+//!   the limit is raised.
 //! - The confirmed position needs nothing more: a transaction in progress, streamed or not, has
 //!   not committed before [`Decoder::position`], so confirming that position does not skip it
 //!   (decoding skips only transactions that committed before the confirmed position, and
@@ -64,6 +70,7 @@ use pgrx::prelude::*;
 use std::ffi::CString;
 use tide_core::lsn::Lsn;
 use tide_core::spill::{Drain, SpillBuffer};
+use tide_core::spill::FileBudget;
 use tide_core::stream_spool::Streams;
 
 /// PostgreSQL functions pgrx does not bind (`replication/decode.h`), or binds only as Rust
@@ -119,11 +126,52 @@ unsafe fn process_record(
 }
 
 fn io_err(e: std::io::Error) -> TideError {
+    if let Some(reached) = tide_core::spill::limit_reached(&e) {
+        return limit_err(reached);
+    }
     TideError::new(
         pgrx::PgSqlErrorCode::ERRCODE_IO_ERROR,
         format!("pg_tide worker: cannot use its temporary file under base/pgsql_tmp: {e}"),
     )
     .hint("Check free space and permissions in the data directory.")
+}
+
+/// The error of a write refused by the worker's [`FileBudget`] (`tide.spool_file_limit`):
+/// 53400, as `temp_file_limit`'s own, naming the pipeline and the setting.
+fn limit_err(reached: tide_core::spill::FileLimitReached) -> TideError {
+    let setting = crate::gucs::spool_file_limit()
+        .map(|(_, s)| s)
+        .unwrap_or("tide.spool_file_limit");
+    TideError::new(
+        pgrx::PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+        format!(
+            "pg_tide worker of pipeline \"{}\": its temporary files would exceed {setting} ({} kB; {} kB in use)",
+            this_pipeline(),
+            reached.limit / 1024,
+            reached.used / 1024
+        ),
+    )
+    .hint("A source transaction larger than the limit is being decoded (with a streamed one, about twice its size is needed at its commit). Nothing is lost: the slot keeps the changes and the worker retries. Raise tide.spool_file_limit (or temp_file_limit, which it follows at -1) with ALTER SYSTEM and SELECT pg_reload_conf().")
+}
+
+/// The pipeline this worker runs (its background worker's extra argument).
+fn this_pipeline() -> String {
+    // SAFETY: MyBgworkerEntry is this process's own entry, set before its main function runs
+    // (NULL in a backend that is no background worker); bgw_extra holds the NUL-terminated
+    // name the launcher gave.
+    unsafe {
+        let entry = pg_sys::MyBgworkerEntry;
+        if entry.is_null() {
+            return String::new();
+        }
+        let extra = &(*entry).bgw_extra;
+        let bytes: Vec<u8> = extra
+            .iter()
+            .take_while(|c| **c != 0)
+            .map(|c| *c as u8)
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
 }
 
 /// Most bytes of decoded output kept in memory before the buffer moves to a temporary file: a
@@ -234,6 +282,8 @@ pub struct Decoder {
     /// The streamed transactions written to a remote target while they run (the applier takes
     /// it for each batch and puts it back).
     pub streams: crate::worker::stream_apply::StreamApply,
+    /// What the files of `out` count against (`tide.spool_file_limit`, set at every read).
+    budget: FileBudget,
 }
 
 /// Whether this server allows prepared transactions (set at server start).
@@ -272,6 +322,8 @@ impl Decoder {
                 TideError::invalid("a row filter contains a NUL byte")
                     .hint("Remove the table and add it again with a row filter without one.")
             })?;
+        let budget = FileBudget::unlimited();
+        budget.set_limit(crate::gucs::spool_file_limit().map(|(b, _)| b));
         unsafe {
             pg_sys::CheckLogicalDecodingRequirements();
             let cx = pg_sys::AllocSetContextCreateInternal(
@@ -289,12 +341,14 @@ impl Decoder {
                         "base/pgsql_tmp",
                         format!("pgsql_tmp_pg_tide.{}", { pg_sys::MyProcPid }),
                         spill_threshold(),
-                    ),
+                    )
+                    .with_budget(budget.clone()),
                     streams: Streams::new(
                         "base/pgsql_tmp",
                         format!("pgsql_tmp_pg_tide.{}.stream", { pg_sys::MyProcPid }),
                         spill_threshold().min(STREAM_SPOOL_MEMORY),
-                    ),
+                    )
+                    .with_budget(budget.clone()),
                     stream_failed: false,
                 }),
                 filter: filter.to_string(),
@@ -302,6 +356,7 @@ impl Decoder {
                 slot: slot.to_string(),
                 fresh: true,
                 streams: crate::worker::stream_apply::StreamApply::new(remote_streams),
+                budget,
             };
             dec.out.streams.pass_through = remote_streams > 0;
             // An ERROR from here on drops `_restore` (back to the caller's memory context), then
@@ -376,6 +431,8 @@ impl Decoder {
             }
             use_decoding_work_mem();
             self.out.out.set_threshold(spill_threshold());
+            self.budget
+                .set_limit(crate::gucs::spool_file_limit().map(|(b, _)| b));
             let reader = (*self.ctx).reader;
             let mut reached_end = true;
             // The WAL reader allocates its buffers lazily in the current memory context and keeps

@@ -48,6 +48,9 @@
 //!   replication slots of its database named `tide_*` that no pipeline owns (a slot left by a
 //!   `create_pipeline` whose transaction rolled back), skipping slots whose creating transaction
 //!   is still open;
+//! - every tick, before starting workers, releases the replication origins (and slots) pg_tide
+//!   made for a database that no longer exists (`worker::leaks`, logged; one launcher of the
+//!   server at a time);
 //! - after that, every tick runs the outbox retention of its database (`worker::retention`:
 //!   batches of deletes, at most 0.5 s per tick; the next tick comes after 50 ms instead of 1 s
 //!   while work is left).
@@ -411,6 +414,7 @@ pub extern "C-unwind" fn tide_database_launcher_main(arg: pg_sys::Datum) {
     let mut workers = Workers::default();
     let mut announced = false;
     let mut warned_version: Option<String> = None;
+    let mut leaks = crate::worker::leaks::Sweeper::default();
 
     // The next wait: none before the first tick; then a tick, or sooner while the outbox
     // retention has work left.
@@ -460,6 +464,9 @@ pub extern "C-unwind" fn tide_database_launcher_main(arg: pg_sys::Datum) {
             log!("pg_tide launcher: the SQL objects in database \"{db}\" are at the library's version {} now; starting the pipelines", crate::catalog::LIBRARY_VERSION);
         }
 
+        // Origins (and slots) of dropped databases first: each holds a state a new worker's
+        // origin may need.
+        leaks.sweep();
         workers.reap(&pipelines);
         workers.start_missing(pipelines, dboid);
 

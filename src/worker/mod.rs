@@ -8,6 +8,7 @@ pub mod decoder;
 mod definitions;
 pub mod estimate;
 pub mod launcher;
+pub mod leaks;
 pub mod origin;
 mod partitions;
 pub mod pipeline;

@@ -962,7 +962,7 @@ fn iterate(
         }
         catalog::slots::allow_output_plugin()?;
         // Mark this iteration's transaction (its target writes above all) as pg_tide's.
-        super::origin::acquire(name)?;
+        super::origin::acquire(name, &p.slot_name)?;
         // Opening a decoder logs "starting logical decoding for slot" and the snapshot builder
         // logs its progress, at LOG. Quiet them for this transaction only (the worker's own
         // messages are logged after the transaction ends).

@@ -9,11 +9,103 @@
 //! Guarantees: [`SpillBuffer::drain`] yields every pushed message exactly once, in push order,
 //! whether it went to the file or stayed in memory; the file is removed when the buffer is
 //! cleared, drained or dropped; memory holds at most about `threshold` bytes of messages (plus
-//! one message).
+//! one message). The bytes in the files of every buffer sharing one [`FileBudget`] never exceed
+//! its limit: a write that would go past it fails with [`FileLimitReached`] (see
+//! [`limit_reached`]) and writes nothing.
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// The most bytes the files of a set of buffers may hold at once (pg_tide's
+/// `tide.spool_file_limit`, for the buffers of one pipeline worker's decoder), and what they
+/// hold now. Clones share it.
+#[derive(Clone, Debug)]
+pub struct FileBudget(Arc<BudgetState>);
+
+#[derive(Debug)]
+struct BudgetState {
+    /// `u64::MAX`: no limit.
+    limit: AtomicU64,
+    used: AtomicU64,
+}
+
+impl Default for FileBudget {
+    fn default() -> Self {
+        FileBudget(Arc::new(BudgetState {
+            limit: AtomicU64::new(u64::MAX),
+            used: AtomicU64::new(0),
+        }))
+    }
+}
+
+impl FileBudget {
+    /// No limit (until [`FileBudget::set_limit`]).
+    pub fn unlimited() -> Self {
+        Self::default()
+    }
+
+    /// The limit in bytes (`None`: none). Applies to the next write; what the files hold stays.
+    pub fn set_limit(&self, bytes: Option<u64>) {
+        self.0
+            .limit
+            .store(bytes.unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// Bytes the files hold now.
+    pub fn used(&self) -> u64 {
+        self.0.used.load(Ordering::Relaxed)
+    }
+
+    fn take(&self, n: u64) -> std::io::Result<()> {
+        let limit = self.0.limit.load(Ordering::Relaxed);
+        let used = self.0.used.load(Ordering::Relaxed);
+        if used.saturating_add(n) > limit {
+            return Err(std::io::Error::other(FileLimitReached { limit, used }));
+        }
+        self.0.used.fetch_add(n, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn give_back(&self, n: u64) {
+        let _ = self
+            .0
+            .used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                Some(u.saturating_sub(n))
+            });
+    }
+}
+
+/// A write refused by a [`FileBudget`]: the files held `used` bytes, and the write would have
+/// taken them past `limit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileLimitReached {
+    pub limit: u64,
+    pub used: u64,
+}
+
+impl std::fmt::Display for FileLimitReached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "temporary files would exceed their limit of {} kB ({} kB in use)",
+            self.limit / 1024,
+            self.used / 1024
+        )
+    }
+}
+
+impl std::error::Error for FileLimitReached {}
+
+/// The [`FileLimitReached`] an I/O error of a buffer carries, if that is what it is.
+pub fn limit_reached(e: &std::io::Error) -> Option<FileLimitReached> {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<FileLimitReached>())
+        .copied()
+}
 
 pub struct SpillBuffer {
     mem: Vec<u8>,
@@ -25,12 +117,16 @@ pub struct SpillBuffer {
     /// Bytes written to files since the buffer was created.
     spilled_total: u64,
     files_created: u64,
+    budget: FileBudget,
 }
 
 struct SpillFile {
     path: PathBuf,
     writer: Option<BufWriter<File>>,
     reader: Option<BufReader<File>>,
+    /// Bytes written to it, taken from `budget` and given back when it is removed.
+    bytes: u64,
+    budget: FileBudget,
 }
 
 impl Drop for SpillFile {
@@ -38,6 +134,7 @@ impl Drop for SpillFile {
         self.writer = None;
         self.reader = None;
         let _ = std::fs::remove_file(&self.path);
+        self.budget.give_back(self.bytes);
     }
 }
 
@@ -53,7 +150,14 @@ impl SpillBuffer {
             file: None,
             spilled_total: 0,
             files_created: 0,
+            budget: FileBudget::unlimited(),
         }
+    }
+
+    /// The same buffer, its files counted against `budget` (shared with other buffers).
+    pub fn with_budget(mut self, budget: FileBudget) -> Self {
+        self.budget = budget;
+        self
     }
 
     /// Bytes kept in memory before they move to the file (applies from the next push).
@@ -94,6 +198,19 @@ impl SpillBuffer {
     }
 
     fn spill(&mut self) -> std::io::Result<()> {
+        let n = self.mem.len() as u64;
+        self.budget.take(n)?;
+        if let Err(e) = self.write_out() {
+            self.budget.give_back(n);
+            return Err(e);
+        }
+        if let Some(f) = self.file.as_mut() {
+            f.bytes += n;
+        }
+        Ok(())
+    }
+
+    fn write_out(&mut self) -> std::io::Result<()> {
         if self.file.is_none() {
             std::fs::create_dir_all(&self.dir)?;
             self.files_created += 1;
@@ -110,6 +227,8 @@ impl SpillBuffer {
                 path,
                 writer: Some(BufWriter::with_capacity(1 << 20, file)),
                 reader: None,
+                bytes: 0,
+                budget: self.budget.clone(),
             });
         }
         if let Some(w) = self.file.as_mut().and_then(|f| f.writer.as_mut()) {
@@ -294,6 +413,43 @@ mod tests {
             b.push(m).unwrap();
         }
         assert_eq!(drain_all(&mut b), msgs);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_shared_budget_bounds_the_files_and_is_given_back() {
+        let d = dir("budget");
+        let budget = FileBudget::unlimited();
+        budget.set_limit(Some(4096));
+        let mut a = SpillBuffer::new(&d, "a", 256).with_budget(budget.clone());
+        let mut b = SpillBuffer::new(&d, "b", 256).with_budget(budget.clone());
+        let msg = vec![7u8; 300];
+        // Each push spills 304 bytes: 13 fit in 4096, shared by both buffers.
+        let mut pushed = 0;
+        let err = loop {
+            let r = if pushed % 2 == 0 {
+                a.push(&msg)
+            } else {
+                b.push(&msg)
+            };
+            match r {
+                Ok(()) => pushed += 1,
+                Err(e) => break e,
+            }
+            assert!(pushed < 100, "the limit was never reached");
+        };
+        assert_eq!(pushed, 13);
+        let reached = limit_reached(&err).expect("a limit error");
+        assert_eq!(reached.limit, 4096);
+        assert!(budget.used() <= 4096, "{}", budget.used());
+        assert!(limit_reached(&std::io::Error::other("x")).is_none());
+        // Raising the limit lets the write through; removing the files gives it all back.
+        budget.set_limit(None);
+        b.push(&msg).unwrap();
+        assert!(budget.used() > 4096);
+        let n = drain_all(&mut a).len() + drain_all(&mut b).len();
+        assert!(n >= 13, "{n}");
+        assert_eq!(budget.used(), 0);
         let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -25,7 +25,7 @@
 //!   or applied out of place.
 
 use crate::lsn::Lsn;
-use crate::spill::SpillBuffer;
+use crate::spill::{FileBudget, SpillBuffer};
 use crate::wire::{self, Message};
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -56,6 +56,8 @@ pub struct Streams {
     /// Also push the stream messages (all but the commit) to the output (see the module
     /// header).
     pub pass_through: bool,
+    /// What every spool's file counts against.
+    budget: FileBudget,
 }
 
 /// Why a message could not be routed.
@@ -106,7 +108,14 @@ impl Streams {
             aborted: 0,
             spooled: 0,
             pass_through: false,
+            budget: FileBudget::unlimited(),
         }
+    }
+
+    /// The same spools, their files counted against `budget` (shared with other buffers).
+    pub fn with_budget(mut self, budget: FileBudget) -> Self {
+        self.budget = budget;
+        self
     }
 
     /// Streamed transactions in progress.
@@ -220,7 +229,8 @@ impl Streams {
             self.txns.insert(
                 xid,
                 Spooled {
-                    buf: SpillBuffer::new(&self.dir, prefix, self.threshold),
+                    buf: SpillBuffer::new(&self.dir, prefix, self.threshold)
+                        .with_budget(self.budget.clone()),
                     aborted: HashSet::new(),
                 },
             );

@@ -34,7 +34,7 @@ fn decoder_reads_wal_once() {
     let pid = worker_pid(&c, "p").expect("worker pid");
     // The slot is held by the worker for as long as it streams.
     let active: Option<i32> =
-        c.query_scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'tide_p'");
+        c.query_scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'tide_5_p'");
     assert_eq!(active, Some(pid), "the worker holds its slot");
 
     // ~40 MB of WAL the pipeline does not capture, in one transaction.
@@ -158,7 +158,7 @@ fn own_writes_are_not_decoded() {
     wait_pipeline(&c, "l", 60);
     let target_bytes: i64 = c.query_scalar("SELECT pg_total_relation_size('rep.t')::int8");
     let decoded: i64 = c.query_scalar(
-        "SELECT total_bytes::int8 FROM pg_stat_replication_slots WHERE slot_name = 'tide_l'",
+        "SELECT total_bytes::int8 FROM pg_stat_replication_slots WHERE slot_name = 'tide_5_l'",
     );
     eprintln!("the target holds {target_bytes} bytes; the slot decoded {decoded} bytes");
     let rows: i64 = c.query_scalar("SELECT count(*) FROM rep.t");
@@ -202,7 +202,7 @@ fn records_read_after_a_replay_outlive_the_iteration() {
                 Ok(c.try_query_scalar::<bool>(
                     "SELECT (SELECT state = 'paused' FROM tide.pipelines WHERE name = 'p')
                         AND (SELECT active_pid IS NULL FROM pg_replication_slots
-                              WHERE slot_name = 'tide_p')",
+                              WHERE slot_name = 'tide_5_p')",
                 )?)
             },
         );

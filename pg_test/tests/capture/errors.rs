@@ -77,10 +77,10 @@ fn bad_inputs_have_sqlstates() {
         "SELECT key_columns FROM tide.tables WHERE pipeline = 'p' AND source = 'uidx'::regclass",
     );
     assert_eq!(key, ["id"]);
-    let long48 = "b".repeat(48);
+    let long47 = "b".repeat(47);
     // (drop_pipeline refuses a transaction block, which a multi-statement string is)
-    c.execute(&format!("SELECT tide.create_pipeline('{long48}')"));
-    c.execute(&format!("SELECT tide.drop_pipeline('{long48}')"));
+    c.execute(&format!("SELECT tide.create_pipeline('{long47}')"));
+    c.execute(&format!("SELECT tide.drop_pipeline('{long47}')"));
     let n: i64 = c.query_scalar("SELECT count(*) FROM tide.pipeline WHERE name NOT IN ('p')");
     assert_eq!(n, 0, "a failed create_pipeline left a pipeline behind");
     let slots = texts(
@@ -89,7 +89,7 @@ fn bad_inputs_have_sqlstates() {
     );
     assert_eq!(
         slots,
-        ["tide_p"],
+        ["tide_5_p"],
         "failed calls must not leave slots behind"
     );
 

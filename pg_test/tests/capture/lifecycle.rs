@@ -63,11 +63,11 @@ fn pause_resume_and_drop() {
 
     // drop_pipeline: its slot is gone at once, its worker within a few seconds; p2 goes on.
     let p1_pid = worker_pid(&c, "p1").expect("p1 has a worker");
-    assert!(slot_exists(&c, "tide_p1"));
+    assert!(slot_exists(&c, "tide_5_p1"));
     c.execute("SELECT tide.drop_pipeline('p1')");
     assert!(
-        !slot_exists(&c, "tide_p1"),
-        "slot tide_p1 still exists after drop_pipeline"
+        !slot_exists(&c, "tide_5_p1"),
+        "slot tide_5_p1 still exists after drop_pipeline"
     );
     c.wait_until(
         "the dropped pipeline's worker to exit",

@@ -107,11 +107,11 @@ fn kafka_resync_events_frame_the_reread() {
         Duration::from_millis(50),
         || {
             Ok(c.try_query_scalar::<bool>(
-                "SELECT NOT active FROM pg_replication_slots WHERE slot_name = 'tide_k'",
+                "SELECT NOT active FROM pg_replication_slots WHERE slot_name = 'tide_5_k'",
             )?)
         },
     );
-    c.execute("SELECT pg_drop_replication_slot('tide_k')");
+    c.execute("SELECT pg_drop_replication_slot('tide_5_k')");
     c.execute("SELECT tide.resume_pipeline('k')");
     c.wait_until(
         "the resync to be over",

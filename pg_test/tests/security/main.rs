@@ -13,12 +13,14 @@ mod escalation;
 mod fence;
 mod follow;
 mod kafka;
+mod names;
 mod operations;
 mod reads;
 mod remote;
 mod restore;
 mod serverwide;
 mod shape;
+mod spool;
 mod stalls;
 use std::time::{Duration, Instant};
 

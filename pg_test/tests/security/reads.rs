@@ -188,7 +188,7 @@ fn plugin_options_do_not_open_the_slot() {
     for role in ["alice", "nobody"] {
         for opts in ["'streaming', 'on'", "'streaming', 'off'", "'tables', '1'"] {
             let sql = format!(
-                "SELECT count(*) FROM pg_logical_slot_peek_binary_changes('tide_p', NULL, NULL, \
+                "SELECT count(*) FROM pg_logical_slot_peek_binary_changes('tide_5_p', NULL, NULL, \
                  'proto_version', '4', {opts})"
             );
             let e = expect_fail_with(&sql, exec_as(&c, role, &sql), "42501", None);
@@ -201,7 +201,7 @@ fn plugin_options_do_not_open_the_slot() {
     }
     let active: bool = c.query_scalar(
         "SELECT active_pid = (SELECT worker_pid FROM tide.pipelines WHERE name = 'p')
-           FROM pg_replication_slots WHERE slot_name = 'tide_p'",
+           FROM pg_replication_slots WHERE slot_name = 'tide_5_p'",
     );
     assert!(active, "the worker still holds its slot");
 }

@@ -229,7 +229,7 @@ fn paused_pipeline_wal_is_bounded() {
         Duration::from_millis(200),
         || {
             Ok(c.try_query_scalar::<i64>(
-                "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'tide_p'",
+                "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'tide_5_p'",
             )? == 0)
         },
     );
