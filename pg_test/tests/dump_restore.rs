@@ -4,7 +4,8 @@
 //! A database with three pipelines (a local table target with a row filter, a column list and a
 //! mask, owned by a `tide_admin` member; a remote target; a paused outbox pipeline following a
 //! schema, one of whose tables was removed) is dumped with `pg_dump` while writers run, and
-//! restored with `pg_restore` into a new database of the same server. What must hold:
+//! restored with `pg_restore` into a new database of the same server, and of another server.
+//! What must hold:
 //! - the dump carries each pipeline's definition, and no runtime state: the restored database
 //!   has no pipeline, no slot, no outbox event until `CALL tide.restore_pipelines()`;
 //! - that call re-creates each pipeline as it was defined (target, options, tables by name,
@@ -49,6 +50,14 @@ where
     cl.query_one(sql, &[])
         .unwrap_or_else(|e| panic!("{sql}: {}", describe_error(&e)))
         .get(0)
+}
+
+/// Into a new database of the same server (production's slot and origin names are taken there:
+/// the restored pipelines must not need them).
+#[test]
+fn pipelines_survive_dump_and_restore_into_the_same_server() {
+    let (c, t) = setup_remote("dump");
+    dump_and_restore(&c, &t, None);
 }
 
 /// Into another server (a copy of the roles first, as `pg_dumpall --globals-only` would).
