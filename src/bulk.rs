@@ -134,8 +134,8 @@ unsafe fn why_not_columns(
     tdesc: pg_sys::TupleDesc,
     chunk: &Chunk<'_>,
 ) -> TideResult<Option<String>> {
-    let src_attrs = (*src).attrs.as_slice((*src).natts as usize);
-    let tgt_attrs = (*tdesc).attrs.as_slice((*tdesc).natts as usize);
+    let src_attrs = crate::pgver::tupdesc_attrs(src);
+    let tgt_attrs = crate::pgver::tupdesc_attrs(tdesc);
     for name in chunk.columns {
         let find = |attrs: &[pg_sys::FormData_pg_attribute]| {
             attrs
@@ -201,7 +201,7 @@ pub fn load(target: pg_sys::Oid, chunk: &Chunk<'_>, rows: &[pg_sys::Datum]) -> T
     unsafe {
         let src = pg_sys::lookup_rowtype_tupdesc_copy(chunk.row_type, -1);
         let src_natts = (*src).natts as usize;
-        let src_attrs = (*src).attrs.as_slice(src_natts);
+        let src_attrs = crate::pgver::tupdesc_attrs(src);
         let mut from = Vec::with_capacity(chunk.columns.len());
         for c in chunk.columns {
             let j = src_attrs
@@ -268,7 +268,7 @@ pub fn insert(
         // Everything the load sets up lives in the executor state's memory, freed with it.
         let estate = pg_sys::CreateExecutorState();
         let caller_cxt = pg_sys::MemoryContextSwitchTo((*estate).es_query_cxt);
-        let tgt_attrs = (*tdesc).attrs.as_slice(natts);
+        let tgt_attrs = crate::pgver::tupdesc_attrs(tdesc);
 
         let rri = pg_sys::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>())
             as *mut pg_sys::ResultRelInfo;
@@ -383,15 +383,7 @@ unsafe fn flush(
     pg_sys::table_multi_insert(rel, slots.as_mut_ptr(), slots.len() as i32, cid, 0, bistate);
     for &slot in slots.iter() {
         if (*rri).ri_NumIndices > 0 {
-            let recheck = pg_sys::ExecInsertIndexTuples(
-                rri,
-                slot,
-                estate,
-                false,
-                false,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            );
+            let recheck = crate::pgver::insert_index_tuples(rri, slot, estate);
             pg_sys::list_free(recheck);
         }
         pg_sys::ExecClearTuple(slot);

@@ -23,6 +23,7 @@ pub mod catalog;
 pub mod error;
 pub mod gucs;
 pub mod locks;
+pub mod pgver;
 pub mod plugin;
 pub mod row_filter;
 pub mod schema;

@@ -769,7 +769,7 @@ unsafe fn key_bitmap(rel: pg_sys::Relation) -> *mut pg_sys::Bitmapset {
 }
 
 unsafe fn attr(desc: pg_sys::TupleDesc, i: usize) -> *mut pg_sys::FormData_pg_attribute {
-    unsafe { (*desc).attrs.as_mut_ptr().add(i) }
+    unsafe { crate::pgver::tupdesc_attr(desc, i) }
 }
 
 /// Whether a column is sent at all: dropped and generated columns are not.
@@ -1043,8 +1043,8 @@ unsafe fn emit_change(
             Some(_) => pg_sys::convert_tuples_by_name((*rel).rd_att, desc),
             None => std::ptr::null_mut(),
         };
-        let conv = |t: *mut pg_sys::ReorderBufferTupleBuf| -> pg_sys::HeapTuple {
-            let h: pg_sys::HeapTuple = &mut (*t).tuple;
+        let conv = |t: crate::pgver::ChangeTuple| -> pg_sys::HeapTuple {
+            let h = crate::pgver::change_heap_tuple(t);
             if map.is_null() {
                 h
             } else {
@@ -1066,7 +1066,7 @@ unsafe fn emit_change(
         } else {
             st.masks.get(&relid).cloned()
         };
-        let tuple = |t: *mut pg_sys::ReorderBufferTupleBuf| (!t.is_null()).then(|| conv(t));
+        let tuple = |t: crate::pgver::ChangeTuple| (!t.is_null()).then(|| conv(t));
         match (*change).action {
             REORDER_BUFFER_CHANGE_INSERT
             | REORDER_BUFFER_CHANGE_UPDATE

@@ -140,7 +140,7 @@ unsafe extern "C-unwind" fn function_bad(funcid: pg_sys::Oid, cx: *mut c_void) -
     }
     if let Some(owner) = w.owner {
         let acl = unsafe {
-            pg_sys::pg_proc_aclcheck(funcid, owner, pg_sys::ACL_EXECUTE as pg_sys::AclMode)
+            crate::pgver::proc_aclcheck(funcid, owner, pg_sys::ACL_EXECUTE as pg_sys::AclMode)
         };
         if acl != pg_sys::AclResult::ACLCHECK_OK {
             w.problem = Some((
@@ -280,7 +280,7 @@ unsafe fn column_names(rel: pg_sys::Relation, cols: &[i16]) -> Vec<String> {
         cols.iter()
             .filter(|&&a| a > 0 && (a as i32) <= (*desc).natts)
             .map(|&a| {
-                let att = (*desc).attrs.as_ptr().add(a as usize - 1);
+                let att = crate::pgver::tupdesc_attr(desc, a as usize - 1);
                 CStr::from_ptr((*att).attname.data.as_ptr())
                     .to_string_lossy()
                     .into_owned()

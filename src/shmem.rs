@@ -218,8 +218,7 @@ pub fn sleeping(slot: usize, pid: i32) {
     if slot >= MAX_PIPELINES {
         return;
     }
-    // SAFETY: MyProc is this process's PGPROC, set for every backend and connected worker.
-    let procno = unsafe { pg_sys::MyProc.as_ref().map_or(-1, |p| p.pgprocno) };
+    let procno = crate::pgver::my_procno();
     let w = WAKEUPS.get();
     w.procnos[slot].store(procno, Ordering::SeqCst);
     w.pids[slot].store(pid, Ordering::SeqCst);

@@ -361,7 +361,7 @@ impl Decoder {
             dec.out.streams.pass_through = remote_streams > 0;
             // An ERROR from here on drops `_restore` (back to the caller's memory context), then
             // `dec` (which releases the slot and deletes `cx`) while unwinding.
-            pg_sys::ReplicationSlotAcquire(slot_c.as_ptr(), true);
+            crate::pgver::slot_acquire(&slot_c, true);
             let old = pg_sys::MemoryContextSwitchTo(cx);
             let _restore = RestoreContext(old);
             let mut options = std::ptr::null_mut::<pg_sys::List>();

@@ -260,7 +260,7 @@ fn start_db_launcher(d: &Database) -> Result<DynamicBackgroundWorker, ()> {
 /// Leave, telling the supervisor why.
 fn leave(why: shmem::DbExit) -> ! {
     shmem::db_launcher_exiting(why);
-    unsafe { pg_sys::proc_exit(0) }
+    crate::pgver::exit_process(0)
 }
 
 /// Ask every pipeline worker of this database to stop (SIGTERM: it ends at its next
@@ -395,7 +395,7 @@ pub extern "C-unwind" fn tide_database_launcher_main(arg: pg_sys::Datum) {
     }
     if let Err(e) = tx::run(crate::security::pin_search_path) {
         log!("pg_tide launcher: could not pin its search_path ({e}); exiting to start again");
-        unsafe { pg_sys::proc_exit(1) };
+        crate::pgver::exit_process(1);
     }
     let db = match tx::run(|| {
         crate::sql::one::<String>("SELECT pg_catalog.current_database()::text", &[])
@@ -403,7 +403,7 @@ pub extern "C-unwind" fn tide_database_launcher_main(arg: pg_sys::Datum) {
         Ok(d) => d.unwrap_or_default(),
         Err(e) => {
             log!("pg_tide launcher: could not read its database's name ({e}); exiting to start again");
-            unsafe { pg_sys::proc_exit(1) }
+            crate::pgver::exit_process(1)
         }
     };
     if !gucs::database_allowed(&db) {

@@ -38,7 +38,7 @@ pub fn wait_check(abandon: &mut dyn FnMut(), defer_termination: bool) -> bool {
     };
     if events & pg_sys::WL_POSTMASTER_DEATH as i32 != 0 {
         abandon();
-        unsafe { pg_sys::proc_exit(1) };
+        crate::pgver::exit_process(1);
     }
     if unsafe { pg_sys::InterruptPending } != 0 {
         if defer_termination && unsafe { pg_sys::ProcDiePending } != 0 {

@@ -64,7 +64,7 @@ pub fn acquire(pipeline: &str, slot: &str) -> TideResult<()> {
         if id == pg_sys::InvalidRepOriginId as pg_sys::RepOriginId {
             id = pg_sys::replorigin_create(n.as_ptr());
         }
-        pg_sys::replorigin_session_setup(id);
+        crate::pgver::replorigin_session_setup(id);
         pg_sys::replorigin_session_origin = id;
     }
     Ok(())

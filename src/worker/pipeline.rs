@@ -72,7 +72,7 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
     // slot was not advanced past it. Between iterations it only asks the worker to leave, which
     // it does at once and normally (see `on_sigterm`).
     unsafe {
-        pg_sys::pqsignal(pg_sys::SIGTERM as i32, Some(on_sigterm));
+        crate::pgver::set_signal_handler(pg_sys::SIGTERM as i32, Some(on_sigterm));
     }
     let name = BackgroundWorker::get_extra().to_string();
     let dboid = unsafe { pg_sys::Oid::from_datum(arg, false) }.unwrap_or(pg_sys::InvalidOid);

@@ -365,7 +365,7 @@ pub extern "C-unwind" fn tide_reader_main(arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
     // SIGTERM (the worker dropping its reader, shutdown) ends the reader at once.
     unsafe {
-        pg_sys::pqsignal(pg_sys::SIGTERM as i32, Some(postgres_die));
+        crate::pgver::set_signal_handler(pg_sys::SIGTERM as i32, Some(postgres_die));
     }
     let extra = BackgroundWorker::get_extra().to_string();
     let Some((db, pipeline)) = extra.split_once(' ') else {
