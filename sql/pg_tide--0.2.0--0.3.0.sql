@@ -6,3 +6,7 @@
 -- install of 0.3.0 makes (pg_test/tests/upgrade.rs compares the two catalogs; the `upgrade`
 -- golden file runs 0.1.0 -> 0.2.0 -> 0.3.0).
 \echo Use "ALTER EXTENSION pg_tide UPDATE" to load this file. \quit
+
+-- Issue 45: a table captured through a schema's follow leaves the pipeline when it leaves the
+-- schema (tide.pipeline_table.followed_nspid; NULL for the tables captured before, which stay).
+ALTER TABLE tide.pipeline_table ADD COLUMN followed_nspid oid;
