@@ -1,10 +1,14 @@
 //! The local backend of a table target: statements run through SPI in the worker's
 //! transaction, as the pipeline's owner in a security-restricted operation.
 //!
-//! Guarantees: every statement runs as the owner (`security::as_owner`), so a target is only
-//! ever written as its owner could by hand, and a right revoked after `add_table` fails the
-//! pipeline with the permission error; the applied position is the pipeline row's, written by
-//! the worker in the same transaction, so this backend keeps none of its own.
+//! Guarantees: every statement runs as the owner (`security::as_owner_writing`, or
+//! `security::as_owner` for a bulk load, which fires no trigger), so a target is only ever
+//! written as its owner could by hand, and a right revoked after `add_table` fails the pipeline
+//! with the permission error; the applied position is the pipeline row's, written by the
+//! worker in the same transaction, so this backend keeps none of its own. A deferrable
+//! constraint between target tables (a `DEFERRABLE INITIALLY DEFERRED` foreign key) is checked
+//! at the target transaction's commit ([`Backend::commit`]: `security::fire_deferred`), its
+//! triggers fired as the owner, as PostgreSQL's apply worker checks it at its commit.
 
 use super::Backend;
 use crate::bulk;
@@ -22,6 +26,54 @@ use tide_core::plan::{range_has_rows, Statement, TableRef};
 pub struct Local {
     /// The pipeline's owner.
     pub owner: pgrx::pg_sys::Oid,
+    /// The pipeline's name.
+    pub pipeline: String,
+    /// The option `session_replication_role` is `replica`: statements run with it (see
+    /// [`Local::check_replica`]).
+    pub replica: bool,
+}
+
+impl Local {
+    /// With `session_replication_role = replica`, a foreign key's triggers do not fire: the
+    /// owner's writes would skip a foreign key it could not drop or disable by hand, one that
+    /// links a target table with a table of a role whose privileges the owner does not have
+    /// (that role's rows could be left referencing nothing, or its rows could reference rows
+    /// that are not there). Refused (42501) after each statement, while the statement's locks
+    /// on its tables are held (a foreign key added later waits for this transaction), so the
+    /// transaction rolls back with whatever the statement did.
+    fn check_replica(&self) -> TideResult<()> {
+        if !self.replica {
+            return Ok(());
+        }
+        let found = crate::sql::one::<String>(
+            "SELECT pg_catalog.format('%I of %s (to %s)', c.conname, c.conrelid::pg_catalog.regclass, c.confrelid::pg_catalog.regclass)
+               FROM tide.pipeline_table t
+               JOIN pg_catalog.pg_namespace n ON n.nspname OPERATOR(pg_catalog.=) t.target_schema
+               JOIN pg_catalog.pg_class r ON r.relnamespace OPERATOR(pg_catalog.=) n.oid
+                                         AND r.relname OPERATOR(pg_catalog.=) t.target_name
+               JOIN pg_catalog.pg_constraint c ON c.contype OPERATOR(pg_catalog.=) 'f'
+                                              AND (c.conrelid OPERATOR(pg_catalog.=) r.oid
+                                                   OR c.confrelid OPERATOR(pg_catalog.=) r.oid)
+               JOIN pg_catalog.pg_class a ON a.oid OPERATOR(pg_catalog.=) c.conrelid
+               JOIN pg_catalog.pg_class b ON b.oid OPERATOR(pg_catalog.=) c.confrelid
+              WHERE t.pipeline OPERATOR(pg_catalog.=) $1
+                AND NOT (pg_catalog.pg_has_role($2, a.relowner, 'USAGE')
+                         AND pg_catalog.pg_has_role($2, b.relowner, 'USAGE'))
+              LIMIT 1",
+            &[self.pipeline.as_str().into(), self.owner.into()],
+        )?;
+        match found {
+            None => Ok(()),
+            Some(fk) => Err(crate::error::TideError::privilege(format!(
+                "pipeline \"{}\" writes with session_replication_role 'replica', which skips the foreign key {fk}: a table of it belongs to a role whose privileges the pipeline's owner does not have",
+                self.pipeline
+            ))
+            .hint(format!(
+                "Under 'replica' foreign keys are not checked, and the owner may not skip another role's: drop that foreign key, or SELECT tide.alter_pipeline('{}', options => '{{\"session_replication_role\": \"origin\"}}'). The worker retries.",
+                self.pipeline.replace('\'', "''")
+            ))),
+        }
+    }
 }
 
 impl Backend for Local {
@@ -42,16 +94,19 @@ impl Backend for Local {
         // freed after each statement (see `sql::scratch`): memory stays flat however many
         // statements one source transaction takes.
         crate::sql::scratch(|| {
-            crate::security::as_owner(self.owner, || {
+            crate::security::as_owner_writing(self.owner, self.replica, || {
                 let args: Vec<DatumWithOid> = st.params.into_iter().map(Into::into).collect();
                 crate::sql::update(c, st.sql.as_str(), None, &args)?;
                 Ok(())
             })
-        })
+        })?;
+        self.check_replica()
     }
 
+    /// The deferred constraints of what this batch wrote are checked now, as the owner (the
+    /// worker's transaction commits next).
     fn commit(&mut self, _pipeline: &str, _applied: Option<Lsn>) -> TideResult<()> {
-        Ok(())
+        crate::security::fire_deferred()
     }
 
     fn applied(&mut self) -> TideResult<Option<Lsn>> {
@@ -78,10 +133,11 @@ impl Backend for Local {
         // SAFETY: `rows` is an array datum of type `array_type`, alive in the current memory
         // context for the statement's duration.
         let arg = unsafe { DatumWithOid::new(rows, array_type) };
-        crate::security::as_owner(self.owner, || {
+        crate::security::as_owner_writing(self.owner, self.replica, || {
             crate::sql::update(c, sql_text, None, &[arg])?;
             Ok(())
-        })
+        })?;
+        self.check_replica()
     }
 
     fn load_rows(
