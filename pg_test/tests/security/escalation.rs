@@ -378,6 +378,56 @@ fn replica_role_cannot_skip_another_roles_foreign_key() {
     settings_refused(&c, &["SET session_replication_role = replica"]);
 }
 
+/// The same through a trigger: under `'replica'` mallory's `ENABLE ALWAYS` trigger on her own
+/// target still fires, and writes into alice's `alice.refs` (mallory may INSERT there) a row
+/// whose parent alice's foreign key would refuse: with the key's triggers silenced, nothing
+/// would. Refused (42501, naming alice's key): alice's table never holds the orphan.
+#[test]
+fn replica_role_cannot_skip_a_foreign_key_through_a_trigger() {
+    let c = secured("sec_replica_trigger");
+    ok_as(
+        &c,
+        "alice",
+        "CREATE TABLE alice.parent (id int PRIMARY KEY);
+         CREATE TABLE alice.refs (id int PRIMARY KEY, parent int NOT NULL REFERENCES alice.parent);
+         GRANT USAGE ON SCHEMA alice TO mallory;
+         GRANT INSERT ON alice.refs TO mallory;",
+    );
+    mallory_target(
+        &c,
+        "CREATE FUNCTION mallory.orphan() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN INSERT INTO alice.refs VALUES (NEW.id, 999); RETURN NEW; END $$;
+         CREATE TRIGGER orphan AFTER INSERT ON mallory_rep.t
+           FOR EACH ROW EXECUTE FUNCTION mallory.orphan();
+         ALTER TABLE mallory_rep.t ENABLE ALWAYS TRIGGER orphan;",
+    );
+    ok_as(
+        &c,
+        "mallory",
+        r#"SELECT tide.alter_pipeline('mt', options => '{"session_replication_role": "replica"}')"#,
+    );
+    ok_as(&c, "mallory", "INSERT INTO mallory.t VALUES (1, 1)");
+    let refused = poll_every(Duration::from_secs(30), Duration::from_millis(100), || {
+        Ok(c.try_query_scalar::<Option<String>>(
+            "SELECT last_error FROM tide.pipelines WHERE name = 'mt' AND last_error_sqlstate = '42501'",
+        )?
+        .is_some_and(|e| e.contains("refs_parent_fkey")))
+    });
+    assert!(refused.is_ok(), "the write is refused\n{}", diag(&c));
+    assert_eq!(
+        c.query_scalar::<i64>("SELECT count(*) FROM alice.refs"),
+        0,
+        "no orphan in alice's table\n{}",
+        diag(&c)
+    );
+    assert_eq!(
+        c.query_scalar::<i64>("SELECT count(*) FROM mallory_rep.t"),
+        0,
+        "nothing of the refused batch is written\n{}",
+        diag(&c)
+    );
+}
+
 /// Class 4: a superuser who starts a backfill (or a repair) of a member's pipeline does not lend
 /// it superuser rights: the table's owner-controlled code (here a domain CHECK on the key, run
 /// by every chunk's key comparison, and a condition function) runs as the pipeline's owner.

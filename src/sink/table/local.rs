@@ -35,37 +35,44 @@ pub struct Local {
 
 impl Local {
     /// With `session_replication_role = replica`, a foreign key's triggers do not fire: the
-    /// owner's writes would skip a foreign key it could not drop or disable by hand, one that
-    /// links a target table with a table of a role whose privileges the owner does not have
-    /// (that role's rows could be left referencing nothing, or its rows could reference rows
-    /// that are not there). Refused (42501) after each statement, while the statement's locks
-    /// on its tables are held (a foreign key added later waits for this transaction), so the
-    /// transaction rolls back with whatever the statement did.
+    /// owner's writes — pg_tide's statement and whatever the target's `ENABLE ALWAYS` or
+    /// `ENABLE REPLICA` triggers write in turn — would skip a foreign key the owner could not
+    /// drop or disable by hand, one that links a table with a table of a role whose privileges
+    /// the owner does not have (that role's rows could be left referencing nothing, or could
+    /// reference rows that are not there). So after each statement, every table this
+    /// transaction has written (it holds their `ROW EXCLUSIVE` locks: `pg_locks`), pg_tide's
+    /// own aside, is looked at: such a foreign key on one of them is refused (42501), while the
+    /// statement's locks are held (a foreign key added later waits for this transaction), and
+    /// the transaction rolls back with whatever the statement did.
     fn check_replica(&self) -> TideResult<()> {
         if !self.replica {
             return Ok(());
         }
         let found = crate::sql::one::<String>(
             "SELECT pg_catalog.format('%I of %s (to %s)', c.conname, c.conrelid::pg_catalog.regclass, c.confrelid::pg_catalog.regclass)
-               FROM tide.pipeline_table t
-               JOIN pg_catalog.pg_namespace n ON n.nspname OPERATOR(pg_catalog.=) t.target_schema
-               JOIN pg_catalog.pg_class r ON r.relnamespace OPERATOR(pg_catalog.=) n.oid
-                                         AND r.relname OPERATOR(pg_catalog.=) t.target_name
+               FROM pg_catalog.pg_locks l
                JOIN pg_catalog.pg_constraint c ON c.contype OPERATOR(pg_catalog.=) 'f'
-                                              AND (c.conrelid OPERATOR(pg_catalog.=) r.oid
-                                                   OR c.confrelid OPERATOR(pg_catalog.=) r.oid)
+                                              AND (c.conrelid OPERATOR(pg_catalog.=) l.relation
+                                                   OR c.confrelid OPERATOR(pg_catalog.=) l.relation)
+               JOIN pg_catalog.pg_class w ON w.oid OPERATOR(pg_catalog.=) l.relation
+               JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) w.relnamespace
                JOIN pg_catalog.pg_class a ON a.oid OPERATOR(pg_catalog.=) c.conrelid
                JOIN pg_catalog.pg_class b ON b.oid OPERATOR(pg_catalog.=) c.confrelid
-              WHERE t.pipeline OPERATOR(pg_catalog.=) $1
-                AND NOT (pg_catalog.pg_has_role($2, a.relowner, 'USAGE')
-                         AND pg_catalog.pg_has_role($2, b.relowner, 'USAGE'))
+              WHERE l.locktype OPERATOR(pg_catalog.=) 'relation'
+                AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
+                AND l.mode OPERATOR(pg_catalog.=) 'RowExclusiveLock' AND l.granted
+                AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                                      WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+                AND n.nspname OPERATOR(pg_catalog.<>) 'tide'
+                AND NOT (pg_catalog.pg_has_role($1, a.relowner, 'USAGE')
+                         AND pg_catalog.pg_has_role($1, b.relowner, 'USAGE'))
               LIMIT 1",
-            &[self.pipeline.as_str().into(), self.owner.into()],
+            &[self.owner.into()],
         )?;
         match found {
             None => Ok(()),
             Some(fk) => Err(crate::error::TideError::privilege(format!(
-                "pipeline \"{}\" writes with session_replication_role 'replica', which skips the foreign key {fk}: a table of it belongs to a role whose privileges the pipeline's owner does not have",
+                "pipeline \"{}\" writes with session_replication_role 'replica', which would skip the foreign key {fk}: a table of it belongs to a role whose privileges the pipeline's owner does not have",
                 self.pipeline
             ))
             .hint(format!(
