@@ -299,6 +299,77 @@ fn target_trigger_leaves_nothing_for_later() {
     assert!(!is_superuser(&c, "mallory"), "{}", diag(&c));
 }
 
+/// A local target's writes are no longer a security-restricted operation (see above), but the
+/// owner's identity is still fixed there: a trigger on mallory's target that tries to climb
+/// back to the worker's superuser (`RESET ROLE`, `SET ROLE postgres`, `SET SESSION
+/// AUTHORIZATION postgres`, each then `ALTER ROLE mallory SUPERUSER`) fails the write, and
+/// mallory stays what she is.
+#[test]
+fn target_trigger_cannot_switch_role() {
+    let c = secured("sec_trigger_role");
+    mallory_target(
+        &c,
+        "CREATE FUNCTION mallory.climb() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF NEW.v = 1 THEN RESET ROLE;
+           ELSIF NEW.v = 2 THEN SET ROLE postgres;
+           ELSIF NEW.v = 3 THEN SET SESSION AUTHORIZATION postgres;
+           END IF;
+           ALTER ROLE mallory SUPERUSER;
+           RETURN NEW;
+         END $$;
+         CREATE TRIGGER climb BEFORE INSERT ON mallory_rep.t
+           FOR EACH ROW EXECUTE FUNCTION mallory.climb();",
+    );
+    for v in 1..=3 {
+        ok_as(
+            &c,
+            "mallory",
+            &format!("INSERT INTO mallory.t VALUES ({v}, {v})"),
+        );
+        let failed = poll_every(Duration::from_secs(30), Duration::from_millis(100), || {
+            Ok(c.try_query_scalar::<Option<String>>(
+                "SELECT last_error_sqlstate FROM tide.pipelines WHERE name = 'mt'",
+            )?
+            .as_deref()
+                == Some("42501"))
+        });
+        assert!(failed.is_ok(), "case {v} is refused\n{}", diag(&c));
+        assert!(
+            !is_superuser(&c, "mallory"),
+            "case {v}: mallory's trigger climbed to the worker's superuser\n{}",
+            diag(&c)
+        );
+        // Given up (as a DBA would skip it): the next case starts clean.
+        ok_as(
+            &c,
+            "mallory",
+            &format!("DELETE FROM mallory.t WHERE id = {v}"),
+        );
+        ok_as(
+            &c,
+            "mallory",
+            "CREATE OR REPLACE FUNCTION mallory.climb() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN RETURN NEW; END $$",
+        );
+        wait_for_pipeline(&c, "mt", 30, || diag(&c));
+        ok_as(
+            &c,
+            "mallory",
+            "CREATE OR REPLACE FUNCTION mallory.climb() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               IF NEW.v = 1 THEN RESET ROLE;
+               ELSIF NEW.v = 2 THEN SET ROLE postgres;
+               ELSIF NEW.v = 3 THEN SET SESSION AUTHORIZATION postgres;
+               END IF;
+               ALTER ROLE mallory SUPERUSER;
+               RETURN NEW;
+             END $$",
+        );
+    }
+    assert!(!is_superuser(&c, "mallory"), "{}", diag(&c));
+}
+
 /// Issue 45: `session_replication_role => 'replica'` writes the target as PostgreSQL's apply
 /// worker does, with foreign keys unchecked (their triggers are ordinary ones). Setting it is a
 /// superuser's right, and skipping a foreign key is one mallory does not have on a key that
