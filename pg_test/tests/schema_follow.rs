@@ -598,4 +598,25 @@ fn tables_leave_and_enter_with_their_schema() {
         diag(&c)
     );
     assert_eq!(summary(&c, "loc.tab3"), "14|1|14", "{}", diag(&c));
+    // Out and back in before the worker reaches the move: captured again (and read again).
+    ok(
+        &mut alice,
+        &c,
+        "BEGIN;
+         ALTER TABLE sch1.tab5 SET SCHEMA public;
+         INSERT INTO public.tab5 VALUES (7);
+         ALTER TABLE public.tab5 SET SCHEMA sch1;
+         INSERT INTO sch1.tab5 VALUES (8);
+         COMMIT;",
+    );
+    wait_for_backfill(&c, "sch1.tab5", Some("p"), 60, || diag(&c));
+    wait_for_pipeline(&c, "p", 30, || diag(&c));
+    ok(&mut alice, &c, "INSERT INTO sch1.tab5 VALUES (9)");
+    wait_for_pipeline(&c, "p", 30, || diag(&c));
+    assert_eq!(summary(&c, "loc.tab5"), "9|1|9", "{}", diag(&c));
+    assert!(
+        captured(&c, "p").contains("tab5"),
+        "tab5 is captured\n{}",
+        diag(&c)
+    );
 }

@@ -100,7 +100,9 @@ pub(crate) struct Candidate {
 /// The tables of the DDL command whose `ddl_command_end` event trigger is running (read from
 /// `pg_event_trigger_ddl_commands()`) that lie in a schema some pipeline follows: ordinary and
 /// partitioned tables, not partitions (captured through their partitioned table), not captured
-/// by that pipeline already (in any state), not removed from it with `tide.remove_table`, and
+/// by that pipeline already (one it is removing is: a table moved out of the schema and back
+/// before the worker reached the move is captured again, as `tide.add_table` re-adds one), not
+/// removed from it with `tide.remove_table`, and
 /// not a table target of any pipeline (pg_tide's own writes are never captured). In table OID
 /// order, then pipeline name. Empty (and cheap) when no schema is followed.
 pub(crate) fn candidates() -> TideResult<Vec<Candidate>> {
@@ -114,7 +116,8 @@ pub(crate) fn candidates() -> TideResult<Vec<Candidate>> {
            JOIN tide.followed_schema f ON f.nspid = c.relnamespace
            JOIN tide.pipeline p ON p.name = f.pipeline
           WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
-            AND NOT EXISTS (SELECT 1 FROM tide.pipeline_table t WHERE t.pipeline = f.pipeline AND t.relid = c.oid)
+            AND NOT EXISTS (SELECT 1 FROM tide.pipeline_table t
+                             WHERE t.pipeline = f.pipeline AND t.relid = c.oid AND NOT t.removing)
             AND NOT EXISTS (SELECT 1 FROM tide.follow_skip s
                              WHERE s.pipeline = f.pipeline AND s.relid = c.oid AND s.kind = 'removed')
             AND NOT EXISTS (SELECT 1 FROM tide.pipeline_table t
