@@ -146,3 +146,7 @@ COMMENT ON FUNCTION tide.restorable_pipelines() IS 'The pipeline definitions a r
 
 -- The definitions of the pipelines there are now (the launcher keeps them up to date after).
 SELECT tide._save_definitions();
+
+-- Issue 45: a table captured through a schema's follow leaves the pipeline when it leaves the
+-- schema (tide.pipeline_table.followed_nspid; NULL for the tables captured before, which stay).
+ALTER TABLE tide.pipeline_table ADD COLUMN followed_nspid oid;

@@ -84,6 +84,12 @@ CREATE TABLE tide.pipeline_table (
     -- {"truncate": N}, {"constant": "text"}); NULL: no column is masked. By number, so a rename
     -- follows. Applied by the output plugin and the chunk reader (tide_core::mask).
     masks        jsonb,
+    -- The schema through whose follow (tide.add_tables_in_schema(..., follow => true), or the
+    -- event trigger tide_followed_schemas) the table is captured; NULL for a table added with
+    -- tide.add_table. While the pipeline follows that schema, a table moved out of it (ALTER
+    -- TABLE ... SET SCHEMA) into a schema it does not follow leaves the pipeline there, as a
+    -- publication's FOR TABLES IN SCHEMA lets it go.
+    followed_nspid oid,
     PRIMARY KEY (pipeline, relid)
 );
 COMMENT ON TABLE tide.pipeline_table IS 'Tables captured by each pipeline. Use tide.add_table/tide.remove_table.';

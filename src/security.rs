@@ -14,7 +14,11 @@
 //!   the way PostgreSQL runs maintenance commands and (PG16) its apply worker: `SET ROLE`,
 //!   `RESET ROLE` and `SET SESSION AUTHORIZATION` fail inside it, so user code cannot climb back
 //!   to the worker's superuser identity, and the owner's privileges are checked as for any of
-//!   its own statements. [`as_owner_pinned`] is the same with pg_tide's pinned `search_path`,
+//!   its own statements. [`as_owner_writing`] is how a local table target is written: as the
+//!   owner, its identity fixed, but not security-restricted (a deferred foreign key could not be
+//!   queued), with what that restriction protects taken care of otherwise (deferred triggers
+//!   fired as the owner before commit, cursors WITH HOLD and temporary tables refused, LISTEN
+//!   undone). [`as_owner_pinned`] is the same as `as_owner` with pg_tide's pinned `search_path`,
 //!   for what pg_tide does for the owner from another role's session (a followed schema's
 //!   tables, captured in the session of whoever creates them).
 //!
@@ -88,19 +92,30 @@ fn with_search_path<R>(
     search_path: &std::ffi::CStr,
     f: impl FnOnce() -> TideResult<R>,
 ) -> TideResult<R> {
+    with_settings(&[(c"search_path", search_path)], f)
+}
+
+/// [`with_search_path`] with any settings: each `(name, value)` set in the scope (as pg_tide,
+/// whatever the current user: `session_replication_role` is a superuser's setting).
+fn with_settings<R>(
+    settings: &[(&std::ffi::CStr, &std::ffi::CStr)],
+    f: impl FnOnce() -> TideResult<R>,
+) -> TideResult<R> {
     // SAFETY: a GUC nest level opened and closed around `f` on this (the main) thread.
     let nest = unsafe {
         let nest = pg_sys::NewGUCNestLevel();
-        pg_sys::set_config_option(
-            c"search_path".as_ptr(),
-            search_path.as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_SAVE,
-            true,
-            0,
-            false,
-        );
+        for (name, value) in settings {
+            pg_sys::set_config_option(
+                name.as_ptr(),
+                value.as_ptr(),
+                pg_sys::GucContext::PGC_SUSET,
+                pg_sys::GucSource::PGC_S_SESSION,
+                pg_sys::GucAction::GUC_ACTION_SAVE,
+                true,
+                0,
+                false,
+            );
+        }
         nest
     };
     let out = f();
@@ -158,6 +173,133 @@ pub fn as_tide<R>(f: impl FnOnce() -> TideResult<R>) -> TideResult<R> {
 /// user code resolve as `"$user", public` would for that role.
 pub fn as_owner<R>(owner: pg_sys::Oid, f: impl FnOnce() -> TideResult<R>) -> TideResult<R> {
     switched(owner, c"\"$user\", public", f)
+}
+
+// commands/async.h, which pgrx does not bind.
+unsafe extern "C-unwind" {
+    fn Async_UnlistenAll();
+}
+
+thread_local! {
+    /// The owner whose writes to a local table target ([`as_owner_writing`]) may have queued
+    /// deferred trigger events in the current transaction, fired by [`fire_deferred`].
+    static DEFERRED_OWNER: std::cell::Cell<Option<pg_sys::Oid>> = const { std::cell::Cell::new(None) };
+}
+
+/// Run `f` — pg_tide's own statement writing a local table target — as `owner`, with the
+/// owner's identity fixed for its duration (`SECURITY_LOCAL_USERID_CHANGE`: `SET ROLE`, `RESET
+/// ROLE` and `SET SESSION AUTHORIZATION` fail, as in a `SECURITY DEFINER` function) and a
+/// settings scope thrown away afterwards, but **not** security-restricted: PostgreSQL refuses
+/// to queue a deferred trigger event (a `DEFERRABLE INITIALLY DEFERRED` foreign key between two
+/// target tables) inside a security-restricted operation (42501 "cannot fire deferred trigger
+/// within security-restricted operation"), because it would fire at commit as whoever commits.
+///
+/// What a security-restricted operation keeps user code from leaving behind for later, when the
+/// worker is pg_tide (a superuser) again, is refused or undone here instead, before `f`'s result
+/// is returned:
+/// - deferred trigger events: fired by [`fire_deferred`] as `owner`, security-restricted, before
+///   the transaction commits (the local target's commit and, as a safety net, `worker::tx`);
+/// - a cursor `WITH HOLD` (its query would run on at commit, as pg_tide) and a temporary table
+///   (it would outlive the statement in pg_tide's session): either fails the statement with
+///   42501, so the transaction rolls back with them;
+/// - a `LISTEN` (pg_tide's worker never reads notifications, so the server's notification queue
+///   would fill): undone (`UNLISTEN *`) in the same transaction.
+///
+/// `CLOSE`, `DISCARD` (only `TEMP`, `PLANS` and `SEQUENCES` can run from a statement) and
+/// `UNLISTEN` have nothing of pg_tide's to act on in a worker. Everything else runs as under
+/// [`as_owner`]: as the owner, with the owner's privileges.
+///
+/// With `replica`, `session_replication_role` is `replica` for `f`'s duration (the pipeline's
+/// option of that name: only `ENABLE REPLICA` and `ENABLE ALWAYS` triggers fire), and nothing
+/// else: the setting goes with the scope.
+pub fn as_owner_writing<R>(
+    owner: pg_sys::Oid,
+    replica: bool,
+    f: impl FnOnce() -> TideResult<R>,
+) -> TideResult<R> {
+    let mut save_user = pg_sys::InvalidOid;
+    let mut save_ctx: std::ffi::c_int = 0;
+    let temp_before = temp_namespace();
+    DEFERRED_OWNER.with(|d| d.set(Some(owner)));
+    unsafe {
+        pg_sys::GetUserIdAndSecContext(&mut save_user, &mut save_ctx);
+        pg_sys::SetUserIdAndSecContext(
+            owner,
+            save_ctx | pg_sys::SECURITY_LOCAL_USERID_CHANGE as std::ffi::c_int,
+        );
+    }
+    let mut settings = vec![(c"search_path", c"\"$user\", public")];
+    if replica {
+        settings.push((c"session_replication_role", c"replica"));
+    }
+    let out = with_settings(&settings, f);
+    // SAFETY: in a transaction; queues an UNLISTEN * after whatever the statement queued.
+    unsafe { Async_UnlistenAll() };
+    unsafe { pg_sys::SetUserIdAndSecContext(save_user, save_ctx) };
+    let out = out?;
+    left_behind(temp_before)?;
+    Ok(out)
+}
+
+/// The OID of this session's temporary schema (`InvalidOid`: it has none).
+fn temp_namespace() -> pg_sys::Oid {
+    let (mut nsp, mut toast) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
+    // SAFETY: reads two backend-local variables.
+    unsafe { pg_sys::GetTempNamespaceState(&mut nsp, &mut toast) };
+    nsp
+}
+
+/// What an owner's write left that would outlive it in pg_tide's session (see
+/// [`as_owner_writing`]): an ERROR (42501), so the transaction rolls it back.
+fn left_behind(temp_before: pg_sys::Oid) -> TideResult<()> {
+    let refuse = |what: &str| {
+        TideError::privilege(format!(
+            "code run by a write to a table target ({what}) would outlive it in pg_tide's worker"
+        ))
+        .hint("A trigger (or a function it calls) on a table target may not create temporary tables or cursors WITH HOLD, as in a security-restricted operation. Change the trigger; the worker retries.")
+    };
+    if temp_before == pg_sys::InvalidOid && temp_namespace() != pg_sys::InvalidOid {
+        return Err(refuse("a temporary table"));
+    }
+    // SAFETY: reads the portal table. No cursor left open at all: none held either (a worker
+    // has no open portal of its own between statements).
+    if unsafe { pg_sys::ThereAreNoReadyPortals() } {
+        return Ok(());
+    }
+    let held = crate::sql::one::<bool>(
+        "SELECT EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable)",
+        &[],
+    )?
+    .unwrap_or(false);
+    if held {
+        return Err(refuse("a cursor WITH HOLD"));
+    }
+    Ok(())
+}
+
+/// Fire the deferred trigger events that writes to a local table target ([`as_owner_writing`])
+/// queued in the current transaction, as that target's owner in a security-restricted
+/// operation: a deferrable foreign key is checked here (an ERROR, 23503, when it does not
+/// hold), and a deferred constraint trigger runs as the owner, never as pg_tide. Called at the
+/// local target's commit, and by `worker::tx` before every commit; nothing when no such write
+/// ran (events queued by pg_tide's own statements: none, its tables have no deferrable
+/// constraint). At the top level (no statement running), in a transaction.
+pub fn fire_deferred() -> TideResult<()> {
+    let Some(owner) = DEFERRED_OWNER.with(|d| d.take()) else {
+        return Ok(());
+    };
+    as_owner(owner, || {
+        // SAFETY: at the top level of a transaction (no query running), as at commit; it
+        // pushes a snapshot itself when there are events to fire.
+        unsafe { pg_sys::AfterTriggerFireDeferred() };
+        Ok(())
+    })
+}
+
+/// Forget [`as_owner_writing`]'s owner after the transaction rolled back (its events went with
+/// it).
+pub fn forget_deferred() {
+    DEFERRED_OWNER.with(|d| d.set(None));
 }
 
 /// Run `f` as `owner` in a security-restricted operation, with pg_tide's pinned `search_path`

@@ -87,12 +87,12 @@ fn alter_pipeline_schema_changes() {
         (
             r#"SELECT tide.alter_pipeline('p', options => '{"schema": "alice"}')"#,
             "22023",
-            "only schema_changes can change",
+            "only schema_changes, session_replication_role can change",
         ),
         (
             r#"SELECT tide.alter_pipeline('p', options => '{"scheme": "x"}')"#,
             "22023",
-            "only schema_changes can change",
+            "only schema_changes, session_replication_role can change",
         ),
         (
             r#"SELECT tide.alter_pipeline('p', options => '{"schema_changes": "later"}')"#,

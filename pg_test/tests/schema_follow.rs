@@ -471,3 +471,152 @@ fn skip_stop_remove_and_drop() {
         "CREATE TABLE app.after_drop (id int PRIMARY KEY)",
     );
 }
+
+/// `min|max|count` of column `a` of `table` (empty values when it has no rows).
+fn summary(c: &Cluster, table: &str) -> String {
+    c.query_scalar(&format!(
+        "SELECT count(*) || '|' || coalesce(min(a)::text, '') || '|' || coalesce(max(a)::text, '') FROM {table}"
+    ))
+}
+
+/// Issue 45: a table that leaves a followed schema leaves the pipeline at that position, as a
+/// publication's `FOR TABLES IN SCHEMA` stops publishing it (PostgreSQL's scenario: `sch1.tab3`
+/// moved to `public`, then `INSERT INTO public.tab3 VALUES (12)`: the subscriber keeps
+/// `11|1|11`; pg_tide kept capturing it and showed `12|1|12`). Also: in the transaction of the
+/// move, the changes before it are delivered and those after it are not; a table that enters
+/// the schema (back, or for the first time) is captured from there with its rows; a table
+/// added with `tide.add_table` stays captured wherever it moves (a publication's `FOR TABLE`);
+/// a move between two followed schemas keeps the table.
+#[test]
+fn tables_leave_and_enter_with_their_schema() {
+    let c = setup("schema_follow_leave");
+    c.execute(
+        "CREATE ROLE alice LOGIN; GRANT tide_admin TO alice;
+         CREATE SCHEMA sch1 AUTHORIZATION alice;
+         CREATE SCHEMA sch2 AUTHORIZATION alice;
+         CREATE SCHEMA loc AUTHORIZATION alice;
+         GRANT CREATE ON SCHEMA public TO alice;",
+    );
+    let (mut alice, _) = connect_collecting(&c, "alice");
+    ok(
+        &mut alice,
+        &c,
+        r#"SELECT tide.create_pipeline('p', 'table', '{"schema": "loc"}')"#,
+    );
+    ok(
+        &mut alice,
+        &c,
+        r#"CREATE TABLE sch1.tab3 (a int PRIMARY KEY);
+           CREATE TABLE sch1.kept (a int PRIMARY KEY);
+           CREATE TABLE sch1.hop (a int PRIMARY KEY);
+           SELECT tide.add_table('p', 'sch1.kept', backfill => false);
+           SELECT tide.add_tables_in_schema('p', 'sch1', follow => true);
+           SELECT tide.add_tables_in_schema('p', 'sch2', backfill => false, follow => true);"#,
+    );
+    wait_streaming(&c, "p", Duration::from_secs(30));
+    assert_eq!(
+        captured(&c, "p"),
+        "sch1.hop,sch1.kept,sch1.tab3",
+        "{}",
+        diag(&c)
+    );
+    ok(
+        &mut alice,
+        &c,
+        "INSERT INTO sch1.tab3 SELECT generate_series(1, 10);
+         INSERT INTO sch1.kept VALUES (1);
+         INSERT INTO sch1.hop VALUES (1);",
+    );
+    wait_for_pipeline(&c, "p", 30, || diag(&c));
+    assert_eq!(summary(&c, "loc.tab3"), "10|1|10", "{}", diag(&c));
+
+    // PostgreSQL's scenario, with the move inside a transaction that writes before and after.
+    ok(
+        &mut alice,
+        &c,
+        "BEGIN;
+         INSERT INTO sch1.tab3 VALUES (11);
+         ALTER TABLE sch1.tab3 SET SCHEMA public;
+         INSERT INTO public.tab3 VALUES (12);
+         COMMIT;
+         INSERT INTO public.tab3 VALUES (13);
+         ALTER TABLE sch1.kept SET SCHEMA public;
+         INSERT INTO public.kept VALUES (2);
+         ALTER TABLE sch1.hop SET SCHEMA sch2;
+         INSERT INTO sch2.hop VALUES (2);",
+    );
+    wait_for_pipeline(&c, "p", 30, || diag(&c));
+    assert_eq!(summary(&c, "public.tab3"), "13|1|13", "the source");
+    assert_eq!(
+        summary(&c, "loc.tab3"),
+        "11|1|11",
+        "the target keeps what was committed before the move\n{}",
+        diag(&c)
+    );
+    assert_eq!(
+        summary(&c, "loc.kept"),
+        "2|1|2",
+        "add_table's table stays\n{}",
+        diag(&c)
+    );
+    assert_eq!(
+        summary(&c, "loc.hop"),
+        "2|1|2",
+        "a move between followed schemas keeps the table\n{}",
+        diag(&c)
+    );
+    assert_eq!(
+        captured(&c, "p"),
+        "sch1.hop,sch1.kept",
+        "tab3 left the pipeline (the others keep the name they were added under)\n{}",
+        diag(&c)
+    );
+    // Gone for good: later changes are not delivered either.
+    ok(&mut alice, &c, "DELETE FROM public.tab3 WHERE a <= 5");
+    // Entering: tab3 moved back, and a table new to the schema, each with its rows.
+    ok(
+        &mut alice,
+        &c,
+        "CREATE TABLE public.tab5 (a int PRIMARY KEY);
+         INSERT INTO public.tab5 SELECT generate_series(1, 5);
+         ALTER TABLE public.tab5 SET SCHEMA sch1;
+         INSERT INTO sch1.tab5 VALUES (6);
+         ALTER TABLE public.tab3 SET SCHEMA sch1;
+         INSERT INTO sch1.tab3 VALUES (14);",
+    );
+    for t in ["sch1.tab5", "sch1.tab3"] {
+        wait_for_backfill(&c, t, Some("p"), 60, || diag(&c));
+    }
+    wait_for_pipeline(&c, "p", 30, || diag(&c));
+    assert_eq!(summary(&c, "loc.tab5"), "6|1|6", "{}", diag(&c));
+    assert_eq!(
+        c.query_scalar::<i64>(
+            "SELECT count(*) FROM sch1.tab3 s FULL JOIN loc.tab3 t USING (a) WHERE s.a IS NULL OR t.a IS NULL"
+        ),
+        5,
+        "tab3 is captured again and backfilled; only the rows deleted while it was out stay at the target\n{}",
+        diag(&c)
+    );
+    assert_eq!(summary(&c, "loc.tab3"), "14|1|14", "{}", diag(&c));
+    // Out and back in before the worker reaches the move: captured again (and read again).
+    ok(
+        &mut alice,
+        &c,
+        "BEGIN;
+         ALTER TABLE sch1.tab5 SET SCHEMA public;
+         INSERT INTO public.tab5 VALUES (7);
+         ALTER TABLE public.tab5 SET SCHEMA sch1;
+         INSERT INTO sch1.tab5 VALUES (8);
+         COMMIT;",
+    );
+    wait_for_backfill(&c, "sch1.tab5", Some("p"), 60, || diag(&c));
+    wait_for_pipeline(&c, "p", 30, || diag(&c));
+    ok(&mut alice, &c, "INSERT INTO sch1.tab5 VALUES (9)");
+    wait_for_pipeline(&c, "p", 30, || diag(&c));
+    assert_eq!(summary(&c, "loc.tab5"), "9|1|9", "{}", diag(&c));
+    assert!(
+        captured(&c, "p").contains("tab5"),
+        "tab5 is captured\n{}",
+        diag(&c)
+    );
+}

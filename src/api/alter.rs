@@ -2,7 +2,9 @@
 //! and without breaking what its target already holds.
 //!
 //! What may change, per target kind ([`alterable`]):
-//! - `table`, `postgres`: `schema_changes` (what the next schema change does). Not `schema`
+//! - `table`, `postgres`: `schema_changes` (what the next schema change does) and
+//!   `session_replication_role` (which of the target's triggers fire: checked at the remote as
+//!   `create_pipeline` checks it, with the owner's user mapping). Not `schema`
 //!   (the target tables made so far stay where they are) nor `server` (the remote target keeps
 //!   its tables and its applied position on that server; its connection settings change with
 //!   `ALTER SERVER` / `ALTER USER MAPPING`, which the worker picks up on its own).
@@ -42,7 +44,7 @@ pub(super) fn alter_pipeline(
 fn alterable(kind: TargetKind) -> &'static [&'static str] {
     match kind {
         TargetKind::Outbox => &[],
-        TargetKind::Table | TargetKind::Postgres => &["schema_changes"],
+        TargetKind::Table | TargetKind::Postgres => &["schema_changes", "session_replication_role"],
         TargetKind::Kafka => &["producer", "tombstones"],
     }
 }
@@ -111,6 +113,12 @@ fn alter_pipeline_impl(
         // As create_pipeline: the settings together with the server's and the owner's mapping,
         // and a broker that answers (the worker connects as the owner).
         kafka::check_kafka(name, o, &owner)?;
+    }
+    if let (Some(server), crate::sink::options::ReplicationRole::Replica) =
+        (parsed.server(), parsed.replication_role())
+    {
+        // As create_pipeline: the owner's remote user must be allowed to set it.
+        super::targets::check_remote(server, &owner, true)?;
     }
     let options = parsed.to_json()?;
     if options == stored {

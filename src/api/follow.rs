@@ -122,8 +122,36 @@ fn in_tide_worker() -> bool {
     }
 }
 
+/// The tables of the current DDL command that left a schema through whose follow a pipeline
+/// captures them leave that pipeline (`follows::leavers`), in the DDL's transaction. A failure
+/// here fails the DDL (as `tide._drop_marker` does for a DROP): a table must not stay captured
+/// once it left, nor leave half-way.
+fn leave_moved_tables() {
+    let result = (|| -> TideResult<()> {
+        if !follows::installed()? || !follows::tracked()? {
+            return Ok(());
+        }
+        for l in follows::leavers()? {
+            follows::leave(&l)?;
+            if !l.still_followed {
+                pgrx::log!(
+                    "pg_tide: {} left the schema pipeline \"{}\" follows, and leaves the pipeline",
+                    l.relation,
+                    l.pipeline
+                );
+                wake_on_commit(shmem::worker_pid(&l.pipeline));
+            }
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        e.raise();
+    }
+}
+
 /// Capture every candidate of the current DDL command (see `follows::candidates`).
 fn follow_new_tables() {
+    leave_moved_tables();
     let found = in_subtransaction(|| {
         // (DROP EXTENSION pg_tide ... or an upgrade in progress: pg_tide's tables are not there.)
         if !follows::installed()? {
@@ -168,7 +196,8 @@ fn capture(c: &Candidate, by: &str) {
                 None,
                 false,
                 &tables::Shaping::default(),
-            )
+            )?;
+            follows::mark_followed(&c.pipeline, c.relid)
         })
     });
     CAPTURING.store(false, Ordering::Relaxed);

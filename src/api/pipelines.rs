@@ -32,7 +32,11 @@ pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> 
     if let crate::sink::options::Options::Kafka(o) = &parsed {
         kafka::check_kafka(name, o, &crate::security::caller_name()?)?;
     } else if let Some(server) = parsed.server() {
-        targets::check_remote(server)?;
+        targets::check_remote(
+            server,
+            &crate::security::caller_name()?,
+            parsed.replication_role() == crate::sink::options::ReplicationRole::Replica,
+        )?;
     }
     let options = JsonB(parsed.to_json()?);
     if catalog::pipelines::exists(name)? {

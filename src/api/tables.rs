@@ -480,6 +480,10 @@ fn add_tables_in_schema_impl(
             continue;
         }
         add_table_impl(pipeline, relid, backfill, None, false, &Shaping::default())?;
+        if follow {
+            // Captured through the follow: it leaves the pipeline when it leaves the schema.
+            catalog::follows::mark_followed(pipeline, relid)?;
+        }
         added += 1;
     }
     Ok(added)

@@ -15,8 +15,10 @@ fn quote(ident: &str) -> String {
     pgrx::spi::quote_identifier(ident)
 }
 
-/// Check the foreign server and user mapping, and that the server answers.
-pub fn check_remote(server: &str) -> TideResult<()> {
+/// Check the foreign server and the user mapping of `role` (the pipeline's owner), and that the
+/// server answers; with `replica`, also that the remote user may set `session_replication_role`
+/// (the option of that name: PostgreSQL lets superusers set it, and roles granted `SET` on it).
+pub fn check_remote(server: &str, role: &str, replica: bool) -> TideResult<()> {
     let fdw = sql::one::<String>(
         "SELECT w.fdwname::text FROM pg_foreign_server s JOIN pg_foreign_data_wrapper w ON w.oid = s.srvfdw WHERE s.srvname = $1",
         &[server.into()],
@@ -32,7 +34,7 @@ pub fn check_remote(server: &str) -> TideResult<()> {
                 .hint("pg_tide reads connection details from a postgres_fdw server and its user mapping."))
         }
     }
-    let role = sql::one::<String>("SELECT current_user::text", &[])?.unwrap_or_default();
+    let role = role.to_string();
     let mapped = sql::one::<bool>(
         "SELECT EXISTS (SELECT 1 FROM pg_user_mappings WHERE srvname = $1 AND (usename = $2 OR usename = 'public'))",
         &[server.into(), role.clone().into()],
@@ -64,6 +66,21 @@ pub fn check_remote(server: &str) -> TideResult<()> {
         TideError::new(PgSqlErrorCode::ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, format!("cannot reach server \"{server}\": {}", e.message))
             .hint(hint)
     })?;
+    if replica {
+        remote
+            .query(
+                "SELECT pg_catalog.set_config('session_replication_role', 'replica', true)",
+                vec![],
+                CHECK_TIMEOUT,
+            )
+            .map_err(|e| {
+                crate::sink::table::replica_refused(
+                    &format!("server \"{server}\""),
+                    &e.message,
+                    e.sqlstate.as_deref(),
+                )
+            })?;
+    }
     Ok(())
 }
 

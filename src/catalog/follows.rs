@@ -100,7 +100,9 @@ pub(crate) struct Candidate {
 /// The tables of the DDL command whose `ddl_command_end` event trigger is running (read from
 /// `pg_event_trigger_ddl_commands()`) that lie in a schema some pipeline follows: ordinary and
 /// partitioned tables, not partitions (captured through their partitioned table), not captured
-/// by that pipeline already (in any state), not removed from it with `tide.remove_table`, and
+/// by that pipeline already (one it is removing is: a table moved out of the schema and back
+/// before the worker reached the move is captured again, as `tide.add_table` re-adds one), not
+/// removed from it with `tide.remove_table`, and
 /// not a table target of any pipeline (pg_tide's own writes are never captured). In table OID
 /// order, then pipeline name. Empty (and cheap) when no schema is followed.
 pub(crate) fn candidates() -> TideResult<Vec<Candidate>> {
@@ -114,7 +116,8 @@ pub(crate) fn candidates() -> TideResult<Vec<Candidate>> {
            JOIN tide.followed_schema f ON f.nspid = c.relnamespace
            JOIN tide.pipeline p ON p.name = f.pipeline
           WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
-            AND NOT EXISTS (SELECT 1 FROM tide.pipeline_table t WHERE t.pipeline = f.pipeline AND t.relid = c.oid)
+            AND NOT EXISTS (SELECT 1 FROM tide.pipeline_table t
+                             WHERE t.pipeline = f.pipeline AND t.relid = c.oid AND NOT t.removing)
             AND NOT EXISTS (SELECT 1 FROM tide.follow_skip s
                              WHERE s.pipeline = f.pipeline AND s.relid = c.oid AND s.kind = 'removed')
             AND NOT EXISTS (SELECT 1 FROM tide.pipeline_table t
@@ -145,6 +148,18 @@ pub(crate) fn candidates() -> TideResult<Vec<Candidate>> {
             })
         })
         .collect()
+}
+
+/// Whether `tide.pipeline_table` has the column `followed_nspid` (0.3.0; not while an upgrade
+/// from 0.2.0 has yet to add it).
+pub(crate) fn tracked() -> TideResult<bool> {
+    Ok(sql_as_tide::one::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute
+                         WHERE attrelid = pg_catalog.to_regclass('tide.pipeline_table')
+                           AND attname = 'followed_nspid' AND NOT attisdropped)",
+        &[],
+    )?
+    .unwrap_or(false))
 }
 
 /// Whether pg_tide's followed-schema table exists (not during `DROP EXTENSION` or an upgrade).
@@ -205,4 +220,95 @@ pub(crate) fn foreign_type(
             r.get(1).cloned().flatten().unwrap_or_default(),
         )
     }))
+}
+
+/// Table `relid`, just captured by `pipeline` because it lies in a schema the pipeline follows,
+/// is captured through that follow: it leaves the pipeline when it leaves the schema
+/// ([`leavers`]). Runs as pg_tide.
+pub(crate) fn mark_followed(pipeline: &str, relid: pg_sys::Oid) -> TideResult<()> {
+    sql_as_tide::exec(
+        "UPDATE tide.pipeline_table t SET followed_nspid = c.relnamespace
+           FROM pg_catalog.pg_class c
+          WHERE t.pipeline = $1 AND t.relid = $2 AND c.oid = t.relid",
+        &[pipeline.into(), relid.into()],
+    )
+}
+
+/// A table of the current DDL command that a pipeline captures through its follow of a schema
+/// the table is no longer in (`ALTER TABLE ... SET SCHEMA`).
+pub(crate) struct Leaver {
+    pub pipeline: String,
+    pub relid: pg_sys::Oid,
+    pub relation: String,
+    /// The pipeline follows the table's new schema too: it stays, captured through that follow.
+    pub still_followed: bool,
+}
+
+/// The tables of the DDL command whose `ddl_command_end` event trigger is running that a
+/// pipeline captures through a follow it still has (`followed_nspid`, see [`mark_followed`])
+/// of a schema they are no longer in, in table OID order, then pipeline name. Tables added with
+/// `tide.add_table` (and those captured before 0.3.0) have no such follow: they stay where
+/// they are captured, as a publication's `FOR TABLE` does. Empty (and cheap) when no table is
+/// captured through a follow.
+pub(crate) fn leavers() -> TideResult<Vec<Leaver>> {
+    let rows = sql_as_tide::text_rows(
+        "SELECT t.pipeline, c.oid::text, format('%I.%I', n.nspname, c.relname),
+                EXISTS (SELECT 1 FROM tide.followed_schema f2
+                         WHERE f2.pipeline = t.pipeline AND f2.nspid = c.relnamespace)::text
+           FROM (SELECT DISTINCT d.objid FROM pg_catalog.pg_event_trigger_ddl_commands() d
+                  WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objsubid = 0
+                    AND EXISTS (SELECT 1 FROM tide.pipeline_table x WHERE x.followed_nspid IS NOT NULL)) d
+           JOIN pg_catalog.pg_class c ON c.oid = d.objid
+           JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+           JOIN tide.pipeline_table t ON t.relid = c.oid
+          WHERE NOT t.removing AND t.followed_nspid IS NOT NULL AND t.followed_nspid <> c.relnamespace
+            AND EXISTS (SELECT 1 FROM tide.followed_schema f
+                         WHERE f.pipeline = t.pipeline AND f.nspid = t.followed_nspid)
+          ORDER BY c.oid, t.pipeline",
+        &[],
+        0,
+        false,
+    )?;
+    rows.into_iter()
+        .map(|r| {
+            let get = |i: usize| {
+                r.get(i)
+                    .cloned()
+                    .flatten()
+                    .ok_or_else(|| TideError::internal("a leaving table's row has a NULL column"))
+            };
+            Ok(Leaver {
+                pipeline: get(0)?,
+                relid: pg_sys::Oid::from(
+                    get(1)?
+                        .parse::<u32>()
+                        .map_err(|_| TideError::internal("a table OID that is not a number"))?,
+                ),
+                relation: get(2)?,
+                still_followed: get(3)? == "true",
+            })
+        })
+        .collect()
+}
+
+/// `l` left the schema through whose follow its pipeline captured it: when the pipeline follows
+/// the new schema too, the table stays, captured through that follow; otherwise it leaves the
+/// pipeline here, in the DDL's transaction, as `tide.remove_table` takes a table out (a remove
+/// marker: its changes committed after this point are not delivered; its active backfills are
+/// cancelled). No skip record: it is in no followed schema, and a move back captures it again.
+/// Runs as pg_tide.
+pub(crate) fn leave(l: &Leaver) -> TideResult<()> {
+    if l.still_followed {
+        return mark_followed(&l.pipeline, l.relid);
+    }
+    if crate::catalog::tables::mark_removing(&l.pipeline, l.relid)? == 0 {
+        return Ok(());
+    }
+    crate::catalog::tables::write_marker(
+        tide_core::model::MarkerOp::RemoveTable,
+        &l.pipeline,
+        l.relid,
+    )?;
+    crate::catalog::backfills::cancel_for_removed_table(&l.pipeline, l.relid)?;
+    forget(&l.pipeline, l.relid)
 }

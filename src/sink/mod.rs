@@ -219,6 +219,25 @@ pub trait Target {
     /// One event of the source transaction `t`, in stream order.
     fn push(&mut self, c: &mut SpiClient<'_>, t: &Txn, ev: Event) -> TideResult<()>;
 
+    /// The truncate events of one source `TRUNCATE` statement (one per captured table it
+    /// emptied, in the statement's order; `restart_identity`: it said `RESTART IDENTITY`). The
+    /// outbox and Kafka take them as events, one after the other (the default); table targets
+    /// empty their target tables in one `TRUNCATE`, so a foreign key between two of them at
+    /// the target does not refuse it (see `table`). Each event takes the next position of `t`.
+    fn truncate(
+        &mut self,
+        c: &mut SpiClient<'_>,
+        t: &mut Txn,
+        events: Vec<Event>,
+        _restart_identity: bool,
+    ) -> TideResult<()> {
+        for ev in events {
+            t.position += 1;
+            self.push(c, t, ev)?;
+        }
+        Ok(())
+    }
+
     /// A schema change of a captured table, at its position in the stream (between the events
     /// of `t` before and after the `ALTER TABLE`): the outbox writes it as an event; table
     /// targets apply it or pause (see `table`).

@@ -24,6 +24,20 @@ pub enum SchemaPolicy {
     Pause,
 }
 
+/// How a table target is written, as to triggers and rules (the option
+/// `session_replication_role`, set while pg_tide writes the target).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReplicationRole {
+    /// pg_tide's behaviour (the default, as before 0.3.0): the target's ordinary triggers and
+    /// rules fire (`ENABLE REPLICA` ones do not), and its foreign keys are checked.
+    #[default]
+    Origin,
+    /// PostgreSQL's apply worker's: only `ENABLE REPLICA` and `ENABLE ALWAYS` triggers and
+    /// rules fire; ordinary ones, foreign keys included, do not.
+    Replica,
+}
+
 /// Options of the outbox target: none.
 #[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -37,6 +51,9 @@ pub struct TableOptions {
     pub schema: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema_changes: Option<SchemaPolicy>,
+    /// `session_replication_role` while writing the target (default `origin`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_replication_role: Option<ReplicationRole>,
 }
 
 /// Options of the `postgres` target (tables in another PostgreSQL).
@@ -49,6 +66,9 @@ pub struct PostgresOptions {
     pub schema: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema_changes: Option<SchemaPolicy>,
+    /// `session_replication_role` while writing the target (default `origin`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_replication_role: Option<ReplicationRole>,
 }
 
 /// Options of the `kafka` target (topics of a Kafka cluster; README "Kafka target").
@@ -291,8 +311,8 @@ pub enum Options {
 fn names(kind: TargetKind) -> &'static str {
     match kind {
         TargetKind::Outbox => "none",
-        TargetKind::Table => "schema (required), schema_changes",
-        TargetKind::Postgres => "server (required), schema, schema_changes",
+        TargetKind::Table => "schema (required), schema_changes, session_replication_role",
+        TargetKind::Postgres => "server (required), schema, schema_changes, session_replication_role",
         TargetKind::Kafka => "server (required), topic_prefix, topic, transaction_topic, position_topic, tombstones, key_format, value_format, partitions, replication_factor, producer",
     }
 }
@@ -320,7 +340,7 @@ impl Options {
                 TargetKind::Outbox => "The outbox target takes no options: pass '{}'.".to_string(),
                 TargetKind::Kafka => format!("Options of target \"kafka\": {}.", names(kind)),
                 _ => format!(
-                    "Options of target \"{}\": {}. schema_changes is 'propagate' (the default: new columns and safe type widenings are applied to the target) or 'pause' (the pipeline stops with the reason).",
+                    "Options of target \"{}\": {}. schema_changes is 'propagate' (the default: new columns and safe type widenings are applied to the target) or 'pause' (the pipeline stops with the reason). session_replication_role is 'origin' (the default: the target's ordinary triggers fire) or 'replica' (as PostgreSQL's apply worker: only ENABLE REPLICA and ENABLE ALWAYS triggers fire).",
                     kind.as_str(),
                     names(kind)
                 ),
@@ -406,6 +426,15 @@ impl Options {
             Options::Outbox(_) | Options::Kafka(_) => SchemaPolicy::default(),
             Options::Table(o) => o.schema_changes.unwrap_or_default(),
             Options::Postgres(o) => o.schema_changes.unwrap_or_default(),
+        }
+    }
+
+    /// `session_replication_role` of a table target (`origin` for the other kinds).
+    pub fn replication_role(&self) -> ReplicationRole {
+        match self {
+            Options::Outbox(_) | Options::Kafka(_) => ReplicationRole::default(),
+            Options::Table(o) => o.session_replication_role.unwrap_or_default(),
+            Options::Postgres(o) => o.session_replication_role.unwrap_or_default(),
         }
     }
 }

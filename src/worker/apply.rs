@@ -251,7 +251,7 @@ impl Applier<'_, '_> {
                 new,
             } => self.on_update(relid, old_key.as_ref(), &new)?,
             Message::Delete { relid, old_key } => self.on_delete(relid, &old_key)?,
-            Message::Truncate { relids, .. } => self.on_truncate(&relids)?,
+            Message::Truncate { relids, flags } => self.on_truncate(&relids, flags)?,
             Message::Commit {
                 end_lsn,
                 commit_time,
@@ -630,8 +630,12 @@ impl Applier<'_, '_> {
         self.sink.push(self.c, t, ev)
     }
 
-    fn on_truncate(&mut self, relids: &[u32]) -> TideResult<()> {
+    /// One source `TRUNCATE` statement: a truncate event per captured table it emptied, handed
+    /// to the target together ([`Target::truncate`]: a table target empties them in one
+    /// statement, as the source did).
+    fn on_truncate(&mut self, relids: &[u32], flags: u8) -> TideResult<()> {
         self.not_elsewhere("a truncate")?;
+        let mut events = Vec::new();
         for &relid in relids {
             if self.sets.capturing.contains(&relid) {
                 self.check_read(relid)?;
@@ -640,12 +644,21 @@ impl Applier<'_, '_> {
                 };
                 self.bf.on_truncate(relid, t.xid);
                 let rel = rel_desc(self.rels, relid)?;
-                t.position += 1;
-                self.sink
-                    .push(self.c, t, key_event(relid, rel, Op::Truncate, None))?;
+                events.push(key_event(relid, rel, Op::Truncate, None));
             }
         }
-        Ok(())
+        let Some(t) = self.txn.as_mut().filter(|t| !t.skip) else {
+            return Ok(());
+        };
+        if events.is_empty() {
+            return Ok(());
+        }
+        self.sink.truncate(
+            self.c,
+            t,
+            events,
+            flags & wire::TRUNCATE_RESTART_IDENTITY != 0,
+        )
     }
 
     /// A TRUNCATE of one partition of a captured partitioned table: a truncate event of the

@@ -105,6 +105,13 @@ pub fn run_locked<R>(
 }
 
 fn finish<R>(body: impl FnOnce() -> Result<R, TideError>) -> Result<R, TideError> {
+    // Deferred trigger events an owner's writes queued fire as that owner before the commit,
+    // never as the worker (see `security::as_owner_writing`).
+    let body = || {
+        let v = body()?;
+        crate::security::fire_deferred()?;
+        Ok(v)
+    };
     let outcome = PgTryBuilder::new(std::panic::AssertUnwindSafe(body))
         .catch_others(|caught| Err(from_caught(caught)))
         .catch_rust_panic(|caught| Err(from_caught(caught)))
@@ -125,6 +132,7 @@ fn finish<R>(body: impl FnOnce() -> Result<R, TideError>) -> Result<R, TideError
                 Ok(v)
             }
             Err(e) => {
+                crate::security::forget_deferred();
                 // A chunk's statement timeout must not outlive the statement it guarded.
                 disarm_timeout();
                 pg_sys::MemoryContextSwitchTo(pg_sys::TopMemoryContext);

@@ -399,6 +399,48 @@ impl Planner {
         out
     }
 
+    /// Plan one `TRUNCATE` of several source tables (one source `TRUNCATE` statement), each
+    /// going to its table: the open runs of those tables first (in the order given), then one
+    /// `TRUNCATE` of every target table together, so foreign keys between them (at the target)
+    /// do not refuse it as they refuse truncating one at a time. `RESTART IDENTITY` when
+    /// `restart_identity` (as the source said); never `CASCADE`: a table the source truncated
+    /// is in `tables` when it is captured, and a target table pg_tide does not write is not
+    /// emptied behind the user's back (PostgreSQL's apply worker replays a TRUNCATE with
+    /// `DROP_RESTRICT` too). Nothing when `tables` is empty.
+    pub fn truncate(
+        &mut self,
+        tables: &[(u32, TableRef)],
+        restart_identity: bool,
+    ) -> Vec<Statement> {
+        if tables.is_empty() {
+            return Vec::new();
+        }
+        let mut out: Vec<Statement> = tables
+            .iter()
+            .filter_map(|(relid, _)| self.close(*relid))
+            .collect();
+        let mut names: Vec<String> = Vec::with_capacity(tables.len());
+        for (_, t) in tables {
+            let q = t.qualified();
+            if !names.contains(&q) {
+                names.push(q);
+            }
+        }
+        out.push(Statement {
+            sql: format!(
+                "TRUNCATE {}{}",
+                names.join(", "),
+                if restart_identity {
+                    " RESTART IDENTITY"
+                } else {
+                    ""
+                }
+            ),
+            params: Vec::new(),
+        });
+        out
+    }
+
     /// Close every open run, in the order they were opened.
     pub fn finish(&mut self) -> Vec<Statement> {
         let runs = std::mem::take(&mut self.runs);

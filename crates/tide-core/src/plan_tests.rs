@@ -272,6 +272,25 @@ fn truncate_runs_after_the_tables_open_run() {
 }
 
 #[test]
+fn a_truncate_of_several_tables_is_one_statement_after_their_open_runs() {
+    let mut p = Planner::new();
+    p.push(1, &table("a"), upsert(1, 1));
+    p.push(2, &table("b"), upsert(1, 1));
+    p.push(3, &table("c"), upsert(1, 1));
+    let out = p.truncate(&[(1, table("a")), (2, table("b"))], false);
+    assert_eq!(out.len(), 3);
+    assert!(out[0].sql.starts_with("INSERT INTO rep.a"));
+    assert!(out[1].sql.starts_with("INSERT INTO rep.b"));
+    assert_eq!(out[2].sql, "TRUNCATE rep.a, rep.b");
+    assert!(out[2].params.is_empty());
+    assert_eq!(p.finish().len(), 1, "c's run is still open");
+    let out = p.truncate(&[(2, table("b")), (1, table("a"))], true);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].sql, "TRUNCATE rep.b, rep.a RESTART IDENTITY");
+    assert!(p.truncate(&[], true).is_empty());
+}
+
+#[test]
 fn a_partition_truncate_deletes_what_its_predicate_says_after_the_open_run() {
     let mut p = Planner::new();
     p.push(1, &table("a"), upsert(1, 1));

@@ -236,6 +236,33 @@ impl fmt::Debug for RemoteAccess {
     }
 }
 
+/// `access` with the server setting `name = value` added to its connection's `options` (after
+/// the server's own, so it wins), as `options='-c name=value'` sets it for the remote session.
+/// A conninfo that is not `key=value` pairs (a URI, which [`remote_access`] never makes) is
+/// left as it is.
+pub fn with_session_setting(mut access: RemoteAccess, name: &str, value: &str) -> RemoteAccess {
+    let Ok(pairs) = parse_conninfo(access.conninfo.trim()) else {
+        return access;
+    };
+    let setting = format!("-c {name}={value}");
+    let mut out: Vec<String> = Vec::new();
+    let mut options: Option<String> = None;
+    for (k, v) in pairs {
+        if k == "options" {
+            options = Some(v);
+        } else {
+            out.push(format!("{k}={}", quote_value(&v)));
+        }
+    }
+    let options = match options {
+        Some(o) if !o.trim().is_empty() => format!("{o} {setting}"),
+        _ => setting,
+    };
+    out.push(format!("options={}", quote_value(&options)));
+    access.conninfo = out.join(" ");
+    access
+}
+
 /// Turn the caller's conninfo into a client configuration and TLS options: keep what the
 /// `postgres` crate understands, take the TLS options (see [`tls`]), ignore libpq keywords
 /// without effect here (GSS, client_encoding, ...), refuse what cannot be honoured

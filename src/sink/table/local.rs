@@ -1,10 +1,14 @@
 //! The local backend of a table target: statements run through SPI in the worker's
 //! transaction, as the pipeline's owner in a security-restricted operation.
 //!
-//! Guarantees: every statement runs as the owner (`security::as_owner`), so a target is only
-//! ever written as its owner could by hand, and a right revoked after `add_table` fails the
-//! pipeline with the permission error; the applied position is the pipeline row's, written by
-//! the worker in the same transaction, so this backend keeps none of its own.
+//! Guarantees: every statement runs as the owner (`security::as_owner_writing`, or
+//! `security::as_owner` for a bulk load, which fires no trigger), so a target is only ever
+//! written as its owner could by hand, and a right revoked after `add_table` fails the pipeline
+//! with the permission error; the applied position is the pipeline row's, written by the
+//! worker in the same transaction, so this backend keeps none of its own. A deferrable
+//! constraint between target tables (a `DEFERRABLE INITIALLY DEFERRED` foreign key) is checked
+//! at the target transaction's commit ([`Backend::commit`]: `security::fire_deferred`), its
+//! triggers fired as the owner, as PostgreSQL's apply worker checks it at its commit.
 
 use super::Backend;
 use crate::bulk;
@@ -22,6 +26,61 @@ use tide_core::plan::{range_has_rows, Statement, TableRef};
 pub struct Local {
     /// The pipeline's owner.
     pub owner: pgrx::pg_sys::Oid,
+    /// The pipeline's name.
+    pub pipeline: String,
+    /// The option `session_replication_role` is `replica`: statements run with it (see
+    /// [`Local::check_replica`]).
+    pub replica: bool,
+}
+
+impl Local {
+    /// With `session_replication_role = replica`, a foreign key's triggers do not fire: the
+    /// owner's writes — pg_tide's statement and whatever the target's `ENABLE ALWAYS` or
+    /// `ENABLE REPLICA` triggers write in turn — would skip a foreign key the owner could not
+    /// drop or disable by hand, one that links a table with a table of a role whose privileges
+    /// the owner does not have (that role's rows could be left referencing nothing, or could
+    /// reference rows that are not there). So after each statement, every table this
+    /// transaction has written (it holds their `ROW EXCLUSIVE` locks: `pg_locks`), pg_tide's
+    /// own aside, is looked at: such a foreign key on one of them is refused (42501), while the
+    /// statement's locks are held (a foreign key added later waits for this transaction), and
+    /// the transaction rolls back with whatever the statement did.
+    fn check_replica(&self) -> TideResult<()> {
+        if !self.replica {
+            return Ok(());
+        }
+        let found = crate::sql::one::<String>(
+            "SELECT pg_catalog.format('%I of %s (to %s)', c.conname, c.conrelid::pg_catalog.regclass, c.confrelid::pg_catalog.regclass)
+               FROM pg_catalog.pg_locks l
+               JOIN pg_catalog.pg_constraint c ON c.contype OPERATOR(pg_catalog.=) 'f'
+                                              AND (c.conrelid OPERATOR(pg_catalog.=) l.relation
+                                                   OR c.confrelid OPERATOR(pg_catalog.=) l.relation)
+               JOIN pg_catalog.pg_class w ON w.oid OPERATOR(pg_catalog.=) l.relation
+               JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) w.relnamespace
+               JOIN pg_catalog.pg_class a ON a.oid OPERATOR(pg_catalog.=) c.conrelid
+               JOIN pg_catalog.pg_class b ON b.oid OPERATOR(pg_catalog.=) c.confrelid
+              WHERE l.locktype OPERATOR(pg_catalog.=) 'relation'
+                AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
+                AND l.mode OPERATOR(pg_catalog.=) 'RowExclusiveLock' AND l.granted
+                AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                                      WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+                AND n.nspname OPERATOR(pg_catalog.<>) 'tide'
+                AND NOT (pg_catalog.pg_has_role($1, a.relowner, 'USAGE')
+                         AND pg_catalog.pg_has_role($1, b.relowner, 'USAGE'))
+              LIMIT 1",
+            &[self.owner.into()],
+        )?;
+        match found {
+            None => Ok(()),
+            Some(fk) => Err(crate::error::TideError::privilege(format!(
+                "pipeline \"{}\" writes with session_replication_role 'replica', which would skip the foreign key {fk}: a table of it belongs to a role whose privileges the pipeline's owner does not have",
+                self.pipeline
+            ))
+            .hint(format!(
+                "Under 'replica' foreign keys are not checked, and the owner may not skip another role's: drop that foreign key, or SELECT tide.alter_pipeline('{}', options => '{{\"session_replication_role\": \"origin\"}}'). The worker retries.",
+                self.pipeline.replace('\'', "''")
+            ))),
+        }
+    }
 }
 
 impl Backend for Local {
@@ -42,16 +101,19 @@ impl Backend for Local {
         // freed after each statement (see `sql::scratch`): memory stays flat however many
         // statements one source transaction takes.
         crate::sql::scratch(|| {
-            crate::security::as_owner(self.owner, || {
+            crate::security::as_owner_writing(self.owner, self.replica, || {
                 let args: Vec<DatumWithOid> = st.params.into_iter().map(Into::into).collect();
                 crate::sql::update(c, st.sql.as_str(), None, &args)?;
                 Ok(())
             })
-        })
+        })?;
+        self.check_replica()
     }
 
+    /// The deferred constraints of what this batch wrote are checked now, as the owner (the
+    /// worker's transaction commits next).
     fn commit(&mut self, _pipeline: &str, _applied: Option<Lsn>) -> TideResult<()> {
-        Ok(())
+        crate::security::fire_deferred()
     }
 
     fn applied(&mut self) -> TideResult<Option<Lsn>> {
@@ -78,10 +140,11 @@ impl Backend for Local {
         // SAFETY: `rows` is an array datum of type `array_type`, alive in the current memory
         // context for the statement's duration.
         let arg = unsafe { DatumWithOid::new(rows, array_type) };
-        crate::security::as_owner(self.owner, || {
+        crate::security::as_owner_writing(self.owner, self.replica, || {
             crate::sql::update(c, sql_text, None, &[arg])?;
             Ok(())
-        })
+        })?;
+        self.check_replica()
     }
 
     fn load_rows(

@@ -34,6 +34,15 @@
 //!   `COPY ... FROM STDIN` straight into the table when none of the chunk's keys is there, else
 //!   into a temporary staging table and one `INSERT ... SELECT FROM` it `ON CONFLICT`
 //!   ([`tide_core::plan::staged_upsert`]).
+//! - A source `TRUNCATE` of several captured tables empties their target tables in one
+//!   `TRUNCATE` ([`Target::truncate`]), never one at a time: a foreign key between two of them
+//!   at the target would refuse that (0A000). Never `CASCADE` (a target table pg_tide does not
+//!   write is not emptied because the source cascaded); `RESTART IDENTITY` as the source said.
+//! - Triggers: with the option `session_replication_role = 'replica'` a local target's
+//!   statements run with that setting (only `ENABLE REPLICA` / `ALWAYS` triggers fire, as under
+//!   PostgreSQL's apply worker; refused where it would skip another role's foreign key, see
+//!   `local::Local`), a remote one's session is started with it; `'origin'` (the default) writes
+//!   as any session.
 //! - Unchanged TOAST columns are left out of the statement: the target keeps its value.
 //! - Least privilege: a local target's statements (writes and schema changes) run as the
 //!   pipeline's owner in a security-restricted operation: a right revoked after `add_table`
@@ -57,7 +66,7 @@
 
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
-use crate::sink::options::{Options, SchemaPolicy};
+use crate::sink::options::{Options, ReplicationRole, SchemaPolicy};
 use crate::sink::remote::{remote_access, watch_remote_options, RemoteAccess, RemoteSink};
 use crate::sink::{Batch, CommitPoint, Event, Row, RowBatch, RowForm, SchemaEvent, Target};
 use crate::sql;
@@ -171,6 +180,9 @@ pub fn remote_err(e: crate::sink::remote::RemoteError) -> TideError {
     if let Some(refused) = crate::sink::remote::refusal_error(&e) {
         return refused;
     }
+    if e.sqlstate.as_deref() == Some("42501") && e.message.contains("session_replication_role") {
+        return replica_refused("the pipeline's server", &e.message, Some("42501"));
+    }
     let code = if e.transient {
         pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE
     } else {
@@ -187,6 +199,16 @@ pub fn remote_err(e: crate::sink::remote::RemoteError) -> TideError {
             "Fix the target table (see the message), then the worker retries by itself.".to_string()
         }
     }))
+}
+
+/// The remote user of `server` (as messages name it) may not set `session_replication_role`
+/// (`message`, with the remote's SQLSTATE): 42501 with what to do.
+pub fn replica_refused(server: &str, message: &str, sqlstate: Option<&str>) -> TideError {
+    TideError::privilege(format!(
+        "the remote user of {server} may not set session_replication_role: {message}{}",
+        sqlstate.map(|s| format!(" (remote SQLSTATE {s})")).unwrap_or_default()
+    ))
+    .hint("The option session_replication_role = 'replica' sets it in the remote session, which PostgreSQL allows a superuser and, from PostgreSQL 15 on, a role granted it: at the target, GRANT SET ON PARAMETER session_replication_role TO <the user mapping's user>. Or leave the option out ('origin', the default).")
 }
 
 /// A target table's identifier as messages show it (quoted only where needed).
@@ -235,7 +257,11 @@ pub fn for_pipeline(p: &PipelineRow) -> TideResult<Box<dyn Target>> {
     Ok(Box::new(TableTarget::new(
         &p.name,
         policy,
-        local::Local { owner },
+        local::Local {
+            owner,
+            pipeline: p.name.clone(),
+            replica: opts.replication_role() == ReplicationRole::Replica,
+        },
     )))
 }
 
@@ -248,7 +274,15 @@ fn pipeline_access(p: &PipelineRow, opts: &Options) -> TideResult<RemoteAccess> 
         TideError::invalid(format!("pipeline \"{}\" has no server option", p.name))
     })?;
     watch_remote_options();
-    remote_access(server, &p.owner)
+    let access = remote_access(server, &p.owner)?;
+    Ok(match opts.replication_role() {
+        // Set for the remote session when it starts: a remote user that may not set it cannot
+        // connect (42501, see `remote_err`).
+        ReplicationRole::Replica => {
+            crate::sink::remote::with_session_setting(access, "session_replication_role", "replica")
+        }
+        ReplicationRole::Origin => access,
+    })
 }
 
 /// How a `postgres` pipeline's target connects now (after a foreign server, user mapping or
@@ -647,6 +681,39 @@ impl<B: Backend + 'static> Target for TableTarget<B> {
             },
         };
         let stmts = self.planner.push(relid, &target, change);
+        self.run(c, stmts)
+    }
+
+    /// One source `TRUNCATE` of several tables: their target tables are emptied by one
+    /// `TRUNCATE` (RESTRICT, `RESTART IDENTITY` as the source said; see
+    /// `tide_core::plan::Planner::truncate`), so a foreign key between two of them at the
+    /// target holds, as PostgreSQL's apply worker truncates a TRUNCATE message's relations
+    /// together. A partition truncated alone (`only_where`) is a `DELETE` of its own.
+    fn truncate(
+        &mut self,
+        c: &mut SpiClient<'_>,
+        t: &mut Txn,
+        events: Vec<Event>,
+        restart_identity: bool,
+    ) -> TideResult<()> {
+        let mut tables: Vec<(u32, TableRef)> = Vec::new();
+        for ev in events {
+            t.position += 1;
+            if ev.only_where.is_some() {
+                self.push(c, t, ev)?;
+                continue;
+            }
+            if !self.targets.contains_key(&ev.relid) {
+                continue;
+            }
+            if !self.checked.contains(&ev.relid) {
+                self.ensure_shape(c, ev.relid)?;
+            }
+            if let Some(target) = self.targets.get(&ev.relid) {
+                tables.push((ev.relid, target.clone()));
+            }
+        }
+        let stmts = self.planner.truncate(&tables, restart_identity);
         self.run(c, stmts)
     }
 
