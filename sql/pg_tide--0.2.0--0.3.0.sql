@@ -7,6 +7,10 @@
 -- golden file runs 0.1.0 -> 0.2.0 -> 0.3.0).
 \echo Use "ALTER EXTENSION pg_tide UPDATE" to load this file. \quit
 
+-- Issue 45: a table captured through a schema's follow leaves the pipeline when it leaves the
+-- schema (tide.pipeline_table.followed_nspid; NULL for the tables captured before, which stay).
+ALTER TABLE tide.pipeline_table ADD COLUMN followed_nspid oid;
+
 -- Pipeline definitions for pg_dump (README, Upgrading > Dump and restore): one row per pipeline,
 -- by name, with what tide.restore_pipeline needs to make it again in a restored database: the
 -- target and options, whether it was paused, its tables (by name, with their target table, row
@@ -41,6 +45,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
                        'target_table', CASE WHEN t.target_name IS NOT NULL
                                             THEN pg_catalog.format('%I.%I', t.target_schema, t.target_name) END,
                        'row_filter', t.row_filter,
+                       'followed', t.followed_nspid IS NOT NULL,
                        'columns', (SELECT pg_catalog.jsonb_agg(a.attname ORDER BY a.attnum)
                                      FROM pg_catalog.pg_attribute a
                                     WHERE a.attrelid = t.relid AND a.attnum = ANY (t.columns)),
@@ -146,7 +151,3 @@ COMMENT ON FUNCTION tide.restorable_pipelines() IS 'The pipeline definitions a r
 
 -- The definitions of the pipelines there are now (the launcher keeps them up to date after).
 SELECT tide._save_definitions();
-
--- Issue 45: a table captured through a schema's follow leaves the pipeline when it leaves the
--- schema (tide.pipeline_table.followed_nspid; NULL for the tables captured before, which stay).
-ALTER TABLE tide.pipeline_table ADD COLUMN followed_nspid oid;

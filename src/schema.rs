@@ -901,6 +901,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
                        'target_table', CASE WHEN t.target_name IS NOT NULL
                                             THEN pg_catalog.format('%I.%I', t.target_schema, t.target_name) END,
                        'row_filter', t.row_filter,
+                       'followed', t.followed_nspid IS NOT NULL,
                        'columns', (SELECT pg_catalog.jsonb_agg(a.attname ORDER BY a.attnum)
                                      FROM pg_catalog.pg_attribute a
                                     WHERE a.attrelid = t.relid AND a.attnum = ANY (t.columns)),

@@ -270,6 +270,15 @@ fn dump_and_restore(c: &Cluster, t: &Cluster, into: Option<&Cluster>) {
         scalar::<String>(&mut r, "SELECT string_agg(pipeline || ' ' || relation || ' ' || kind, ',') FROM tide.follow_skip"),
         "ob sch.b removed"
     );
+    // sch.a is captured through the follow (it leaves the pipeline if it leaves the schema),
+    // the others by name.
+    assert_eq!(
+        scalar::<String>(
+            &mut r,
+            "SELECT string_agg(relid::regclass || ' ' || (followed_nspid IS NOT NULL), ',' ORDER BY relid::regclass::text) FROM tide.pipeline_table"
+        ),
+        "items false,orders false,sch.a true"
+    );
 
     // The local target is backfilled anew from the restored source (the dump's copy replaced).
     r.batch_execute("UPDATE orders SET total = -1 WHERE id = 4; DELETE FROM orders WHERE id = 6")

@@ -149,6 +149,10 @@ fn recreate(name: &str, def: &Value) -> TideResult<()> {
                 masks,
             },
         )?;
+        if t.get("followed").and_then(Value::as_bool) == Some(true) {
+            // Captured through a follow: it leaves the pipeline when it leaves the schema.
+            catalog::follows::mark_followed(name, relid)?;
+        }
     }
     for f in def
         .get("follows")
