@@ -133,6 +133,8 @@ pub struct Reader {
     worker: *mut pg_sys::BackgroundWorkerHandle,
     pipeline: String,
     in_flight: Option<InFlight>,
+    /// Counted against the pipeline's owner (`crate::quota::reserve_reader`) until dropped.
+    counted: bool,
 }
 
 impl Reader {
@@ -144,7 +146,26 @@ impl Reader {
         // as the error unwinds (detaching what it attached). What dsm_create allocated before
         // failing (its segment descriptor, a few dozen bytes in TopMemoryContext) stays: once
         // per attempt, and attempts are a minute apart.
-        tx::guard(|| Self::start_unguarded(pipeline))
+        // Counted against the owner's tide.max_workers_per_role first (issue 44: readers took
+        // the server's background worker slots, counted against no one).
+        if let Err((now, limit)) =
+            crate::quota::reserve_reader(pipeline, crate::gucs::max_workers_per_role())
+        {
+            return Err(TideError::limit(format!(
+                "the owner's pipelines run {now} background processes, the most tide.max_workers_per_role allows ({limit})"
+            ))
+            .hint("The worker reads each chunk itself; a superuser may raise tide.max_workers_per_role."));
+        }
+        match tx::guard(|| Self::start_unguarded(pipeline)) {
+            Ok(mut r) => {
+                r.counted = true;
+                Ok(r)
+            }
+            Err(e) => {
+                crate::quota::reader_gone(pipeline);
+                Err(e)
+            }
+        }
     }
 
     fn start_unguarded(pipeline: &str) -> TideResult<Reader> {
@@ -176,6 +197,7 @@ impl Reader {
                 worker: std::ptr::null_mut(),
                 pipeline: pipeline.to_string(),
                 in_flight: None,
+                counted: false,
             };
             let mut w: pg_sys::BackgroundWorker = std::mem::zeroed();
             // NUL-terminated, cut to fit (the arrays are zeroed).
@@ -329,6 +351,9 @@ fn gone() -> TideError {
 
 impl Drop for Reader {
     fn drop(&mut self) {
+        if self.counted {
+            crate::quota::reader_gone(&self.pipeline);
+        }
         // SAFETY: detaching our own queue handles and segment once; terminating the worker we
         // registered (a no-op when it already exited).
         unsafe {

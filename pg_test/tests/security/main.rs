@@ -18,6 +18,7 @@ mod reads;
 mod remote;
 mod serverwide;
 mod shape;
+mod shares;
 mod stalls;
 use std::time::{Duration, Instant};
 
