@@ -36,7 +36,8 @@
 //! - started by the supervisor (never restarted by the postmaster), connects to its database by
 //!   OID and fills its slot in shared memory;
 //! - exits when its database has no pipelines and no slot of pg_tide's (after a round that
-//!   dropped the orphans it may), forgetting its database's per-role counts;
+//!   dropped the orphans it may; while the SQL objects are of another version, when it has no
+//!   slot of pg_tide's), forgetting its database's per-role counts;
 //! - every round publishes its database's pipelines and their owners in `crate::quota` (the
 //!   per-role limits are counted server-wide from there);
 //! - exits, stopping the pipeline workers of its database first, when: the extension is not
@@ -494,6 +495,9 @@ pub extern "C-unwind" fn tide_database_launcher_main(arg: pg_sys::Datum) {
                 leave(shmem::DbExit::NotInstalled);
             }
             Listing::OtherVersion(e) => {
+                // Without a slot of pg_tide's here, no pipeline of this database runs: no
+                // launcher waits for the versions to match.
+                leave_if_no_pipelines(&db, dboid);
                 // Workers of this library must not run against another version's catalog:
                 // stop those that run (they resume from their slot later) and start none.
                 workers.running.clear();
@@ -622,7 +626,7 @@ fn leave_if_no_pipelines(db: &str, dboid: pg_sys::Oid) {
     if quota::databases_with_slots().contains(&dboid.to_u32()) {
         return;
     }
-    log!("pg_tide launcher: database \"{db}\" has no pipelines; the launcher leaves (tide.create_pipeline starts it again)");
+    log!("pg_tide launcher: database \"{db}\" has no pipelines (and no slot of pg_tide's); the launcher leaves (tide.create_pipeline starts it again)");
     quota::forget_my_database();
     leave(shmem::DbExit::NoPipelines);
 }
