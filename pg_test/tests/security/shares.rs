@@ -156,6 +156,14 @@ fn readers_count_against_their_owner_and_the_free_workers() {
             "tide.max_workers_per_role = 3",
         ],
     );
+    // The limit is the DBA's: no member (nor a role without rights) changes it.
+    settings_refused(
+        &c,
+        &[
+            "SET tide.max_workers_per_role = 100",
+            "ALTER SYSTEM SET tide.max_workers_per_role = 100",
+        ],
+    );
     ok_as(
         &c,
         "mallory",
