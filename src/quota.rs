@@ -19,10 +19,13 @@
 //! Guarantees: two `create_pipeline`s of one role, in any two databases, count each other (the
 //! second waits for the role's lock, then sees the first's entry, pending or settled); a
 //! reader is started only when the role's processes (its live workers and readers, server-wide)
-//! stay within `tide.max_workers_per_role`. A count may be high for about a second (a pipeline
-//! dropped in another database whose launcher has not run its round since), never low once the
-//! launchers of the databases with pipelines have run a round (within a few seconds of a server
-//! start). Nothing here is persisted.
+//! stay within `tide.max_workers_per_role`. A count may be high until a database's launcher
+//! runs its next round (a `create_pipeline` rolled back to a savepoint settles at the commit),
+//! and is never low once the launchers of the databases with pipelines have run a round (within
+//! seconds of a server start: each such database holds a slot of pg_tide's and gets its
+//! launcher at once). The pipelines of a database pg_tide does not run in (`tide.database`
+//! leaves it out, or it accepts no connections) count only as its launcher last published them
+//! since the server started. Nothing here is persisted.
 
 use pgrx::{pg_sys, PGRXSharedMemory, PgLwLock};
 
@@ -322,14 +325,22 @@ pub fn worker_exits() {
     }
 }
 
+/// Why [`reserve_reader`] counted no reader.
+pub enum NoReader {
+    /// The owner's processes, server-wide, are `now`: one more would pass `limit`.
+    AtLimit { now: i64, limit: i64 },
+    /// The pipeline is not in the table (its launcher has not published it, or the table is
+    /// full): nothing to count it against.
+    NotCounted,
+}
+
 /// The calling worker (of pipeline `name`) wants one more reader: counted when its owner's
-/// processes, server-wide, stay within `limit` (`Err((now, limit))` otherwise, or when the
-/// pipeline is not in the table).
-pub fn reserve_reader(name: &str, limit: i64) -> Result<(), (i64, i64)> {
+/// processes, server-wide, stay within `limit`.
+pub fn reserve_reader(name: &str, limit: i64) -> Result<(), NoReader> {
     let (db, pid) = (my_db(), my_pid());
     let mut q = QUOTA.exclusive();
     let Some(i) = q.owned.iter().position(|o| o.is(db, name)) else {
-        return Err((0, limit));
+        return Err(NoReader::NotCounted);
     };
     if q.owned[i].worker != pid {
         q.owned[i].worker = pid;
@@ -347,7 +358,7 @@ pub fn reserve_reader(name: &str, limit: i64) -> Result<(), (i64, i64)> {
         .map(Owned::processes)
         .sum();
     if now + 1 > limit {
-        return Err((now, limit));
+        return Err(NoReader::AtLimit { now, limit });
     }
     q.owned[i].readers += 1;
     Ok(())

@@ -148,13 +148,20 @@ impl Reader {
         // per attempt, and attempts are a minute apart.
         // Counted against the owner's tide.max_workers_per_role first (issue 44: readers took
         // the server's background worker slots, counted against no one).
-        if let Err((now, limit)) =
-            crate::quota::reserve_reader(pipeline, crate::gucs::max_workers_per_role())
-        {
-            return Err(TideError::limit(format!(
-                "the owner's pipelines run {now} background processes, the most tide.max_workers_per_role allows ({limit})"
-            ))
-            .hint("The worker reads each chunk itself; a superuser may raise tide.max_workers_per_role."));
+        match crate::quota::reserve_reader(pipeline, crate::gucs::max_workers_per_role()) {
+            Ok(()) => {}
+            Err(crate::quota::NoReader::AtLimit { now, limit }) => {
+                return Err(TideError::limit(format!(
+                    "the owner's pipelines run {now} background processes, the most tide.max_workers_per_role allows ({limit})"
+                ))
+                .hint("The worker reads each chunk itself; a superuser may raise tide.max_workers_per_role."));
+            }
+            Err(crate::quota::NoReader::NotCounted) => {
+                return Err(TideError::limit(
+                    "the pipeline is not counted against its owner yet (its launcher counts it)",
+                )
+                .hint("The worker reads each chunk itself and tries again a minute later."));
+            }
         }
         match tx::guard(|| Self::start_unguarded(pipeline)) {
             Ok(mut r) => {
