@@ -57,10 +57,14 @@ pub static REMOTE_STREAM_CONNECTIONS: GucSetting<i32> = GucSetting::<i32>::new(2
 /// streamed block it receives, as if it could not read it, so the way out of such a failure
 /// (`Worker::no_stream_until`: reading again without streaming) can be shown.
 pub static FAIL_STREAM_BLOCKS: GucSetting<bool> = GucSetting::<bool>::new(false);
-/// `tide.max_pipelines_per_role`: the most pipelines one role may own (superusers are not
+/// `tide.max_pipelines_per_role`: the most pipelines one role may own in all databases together (superusers are not
 /// limited); -1 (the default) is a quarter of `max_replication_slots`, at least 1, so one role
 /// cannot take every slot. See [`max_pipelines_per_role`].
 pub static MAX_PIPELINES_PER_ROLE: GucSetting<i32> = GucSetting::<i32>::new(-1);
+/// `tide.max_workers_per_role`: the most background processes pg_tide runs at once for one
+/// role's pipelines, in all databases together (pipeline workers and backfill readers;
+/// superusers are not limited); -1 (the default): see [`max_workers_per_role`].
+pub static MAX_WORKERS_PER_ROLE: GucSetting<i32> = GucSetting::<i32>::new(-1);
 /// `tide.max_paused_wal_size`: the most WAL (MB) a paused pipeline's slot may retain; past it the
 /// slot is dropped and the pipeline fails with the remedy, instead of filling the disk. -1: no
 /// limit.
@@ -244,9 +248,19 @@ pub fn init() {
     );
     GucRegistry::define_int_guc(
         c"tide.max_pipelines_per_role",
-        c"The most pipelines one role may own; -1 is a quarter of max_replication_slots.",
-        c"Each pipeline takes a replication slot and a worker. The limit keeps one role from taking them all; superusers are not limited. -1 (the default): max_replication_slots / 4, at least 1.",
+        c"The most pipelines one role may own, in all databases together; -1 is a quarter of max_replication_slots.",
+        c"Each pipeline takes a replication slot, an origin and a worker, all server-wide. The limit keeps one role from taking them all; superusers are not limited. -1 (the default): max_replication_slots / 4, at least 1.",
         &MAX_PIPELINES_PER_ROLE,
+        -1,
+        10_000,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"tide.max_workers_per_role",
+        c"The most background processes pg_tide runs at once for one role's pipelines; -1 is a quarter of max_worker_processes.",
+        c"Counted in all databases together: each pipeline's worker and its backfill readers. create_pipeline refuses a pipeline past it; a worker reads its chunks itself rather than start a reader past it. Superusers are not limited. -1 (the default): max_worker_processes / 4, but at least one more than the role's tide.max_pipelines_per_role.",
+        &MAX_WORKERS_PER_ROLE,
         -1,
         10_000,
         GucContext::Sighup,
@@ -390,8 +404,28 @@ pub fn database_allowed(name: &str) -> bool {
     list.is_empty() || list.iter().any(|d| d == name)
 }
 
+/// The limit of `tide.max_workers_per_role`: its value, or for -1 a quarter of
+/// `max_worker_processes`, at least one more than [`max_pipelines_per_role`] (each pipeline's
+/// worker and one reader).
+pub fn max_workers_per_role() -> i64 {
+    match MAX_WORKERS_PER_ROLE.get() {
+        n if n >= 0 => i64::from(n),
+        _ => {
+            // SAFETY: server settings fixed at start (PGC_POSTMASTER), read-only after.
+            let (workers, slots) = unsafe {
+                (
+                    i64::from(pgrx::pg_sys::max_worker_processes),
+                    i64::from(pgrx::pg_sys::max_replication_slots),
+                )
+            };
+            (workers / 4).max(max_pipelines_per_role(slots) + 1)
+        }
+    }
+}
+
 /// The most pipelines one role may own now: `tide.max_pipelines_per_role`, or for -1 a quarter
 /// of `max_replication_slots` (at least 1).
+/// Counted in all databases together (`crate::quota`).
 pub fn max_pipelines_per_role(max_replication_slots: i64) -> i64 {
     match MAX_PIPELINES_PER_ROLE.get() {
         n if n >= 0 => i64::from(n),

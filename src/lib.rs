@@ -25,6 +25,7 @@ pub mod gucs;
 pub mod locks;
 pub mod pgver;
 pub mod plugin;
+pub mod quota;
 pub mod row_filter;
 pub mod schema;
 pub mod security;
@@ -55,14 +56,16 @@ pub extern "C-unwind" fn _PG_init() {
     use shmem::{REGISTRY, WAKEUPS};
     pgrx::pg_shmem_init!(REGISTRY);
     pgrx::pg_shmem_init!(WAKEUPS);
+    use quota::QUOTA;
+    pgrx::pg_shmem_init!(QUOTA);
     // Every backend forks from here with this callback: a commit that wrote WAL wakes the
     // pipeline workers that wait for WAL (no polling delay).
     unsafe { pg_sys::RegisterXactCallback(Some(wake_after_commit), std::ptr::null_mut()) };
-    // Every backend forks from here with this hook too: a CREATE EXTENSION pg_tide that commits
-    // wakes the supervisor, which starts that database's launcher (worker::launcher).
+    // Every backend forks from here with this hook too: a DROP EXTENSION pg_tide is refused
+    // while pipelines exist.
     unsafe {
         PREV_PROCESS_UTILITY = pg_sys::ProcessUtility_hook;
-        pg_sys::ProcessUtility_hook = Some(note_create_extension);
+        pg_sys::ProcessUtility_hook = Some(tide_process_utility);
     }
     worker::launcher::register();
 }
@@ -70,15 +73,13 @@ pub extern "C-unwind" fn _PG_init() {
 /// The `ProcessUtility_hook` installed before pg_tide's, called in its place.
 static mut PREV_PROCESS_UTILITY: pg_sys::ProcessUtility_hook_type = None;
 
-/// Whether this backend's transaction ran `CREATE EXTENSION pg_tide` (reported at commit).
-static mut CREATED_EXTENSION: bool = false;
-
-/// `ProcessUtility_hook`: run the statement as usual; after a `CREATE EXTENSION pg_tide` that
-/// succeeded, remember to wake the supervisor when the transaction commits (see
-/// [`wake_after_commit`]). Costs one tag comparison for any other statement.
+/// `ProcessUtility_hook`: run the statement as usual, but refuse a `DROP EXTENSION pg_tide`
+/// while pipelines exist. (`CREATE EXTENSION pg_tide` starts no launcher: a database has one
+/// only while it has pipelines, see `worker::launcher`.) Costs one tag comparison for any
+/// other statement.
 #[pg_guard]
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C-unwind" fn note_create_extension(
+unsafe extern "C-unwind" fn tide_process_utility(
     pstmt: *mut pg_sys::PlannedStmt,
     query_string: *const std::ffi::c_char,
     read_only_tree: bool,
@@ -95,16 +96,7 @@ unsafe extern "C-unwind" fn note_create_extension(
             e.raise();
         }
     }
-    // SAFETY: the executor passes a valid PlannedStmt whose utilityStmt is a Node; a
-    // CreateExtensionStmt's extname is a NUL-terminated string.
-    let ours = unsafe {
-        let stmt = (*pstmt).utilityStmt;
-        !stmt.is_null() && (*stmt).type_ == pg_sys::NodeTag::T_CreateExtensionStmt && {
-            let c = stmt as *mut pg_sys::CreateExtensionStmt;
-            !(*c).extname.is_null()
-                && std::ffi::CStr::from_ptr((*c).extname).to_bytes() == b"pg_tide"
-        }
-    };
+    // SAFETY: the executor passes a valid PlannedStmt and the arguments it was called with.
     unsafe {
         match PREV_PROCESS_UTILITY {
             Some(prev) => prev(
@@ -127,9 +119,6 @@ unsafe extern "C-unwind" fn note_create_extension(
                 dest,
                 qc,
             ),
-        }
-        if ours {
-            CREATED_EXTENSION = true;
         }
     }
 }
@@ -178,8 +167,7 @@ fn changes_catalogs() -> bool {
 ///   otherwise it finds it at its next poll, as before;
 /// - report transactions that changed the system catalogs (see `shmem::catalog_changed_after`):
 ///   at pre-commit (before the commit becomes visible) and at commit, with the commit record's
-///   end; an abort after pre-commit withdraws the report;
-/// - after a commit that created the extension, wake the supervisor (`shmem::request_probe`).
+///   end; an abort after pre-commit withdraws the report.
 #[pg_guard]
 unsafe extern "C-unwind" fn wake_after_commit(
     event: pg_sys::XactEvent::Type,
@@ -202,17 +190,10 @@ unsafe extern "C-unwind" fn wake_after_commit(
             if unsafe { pg_sys::GetTopTransactionIdIfAny() } != pg_sys::InvalidTransactionId {
                 shmem::wake_sleepers();
             }
-            if unsafe { CREATED_EXTENSION } {
-                unsafe { CREATED_EXTENSION = false };
-                shmem::request_probe();
-            }
         }
-        XACT_EVENT_ABORT => {
-            unsafe { CREATED_EXTENSION = false };
-            if unsafe { CATALOG_COMMIT } {
-                unsafe { CATALOG_COMMIT = false };
-                shmem::catalog_commit_ends(None);
-            }
+        XACT_EVENT_ABORT if unsafe { CATALOG_COMMIT } => {
+            unsafe { CATALOG_COMMIT = false };
+            shmem::catalog_commit_ends(None);
         }
         _ => {}
     }

@@ -1,8 +1,8 @@
 //! pg_tide's own heavyweight locks: the ones that serialise a pipeline's worker against
 //! `drop_pipeline`, a slot's creation against the launcher's orphan sweep, a pipeline's outbox
 //! retention against its consumers, concurrent backfill starts of one table, one role's
-//! concurrent `create_pipeline`s (its pipeline count), and the launchers' release of what
-//! dropped databases left.
+//! concurrent `create_pipeline`s in every database (its pipeline count, server-wide), and the
+//! launchers' release of what dropped databases left.
 //!
 //! Owns: the lock tags and the only way pg_tide takes them.
 //!
@@ -35,10 +35,12 @@ pub enum Lock<'a> {
     Retention(&'a str),
     /// Backfill starts of one table for one pipeline.
     Backfill(&'a str, pg_sys::Oid),
-    /// A role's `create_pipeline`s (the per-role limit counts its pipelines under it).
+    /// A role's `create_pipeline`s (the per-role limits count its pipelines under it). A lock of
+    /// no database: roles are server-wide, so creates in two databases wait for each
+    /// other (`crate::quota`).
     Role(pg_sys::Oid),
     /// The launchers' release of what dropped databases left (`worker::leaks`): one launcher
-    /// of the server at a time. The only server-wide tag (no database in it).
+    /// of the server at a time. Server-wide too (no database in its tag).
     Leaks,
 }
 
@@ -88,11 +90,12 @@ pub enum Mode {
 
 fn acquire(lock: Lock<'_>, mode: Mode, wait: bool) -> TideResult<bool> {
     let (key, kind) = lock.tag_parts();
+    let db = match lock {
+        Lock::Role(_) | Lock::Leaks => 0,
+        _ => unsafe { pg_sys::MyDatabaseId }.to_u32(),
+    };
     let tag = pg_sys::LOCKTAG {
-        locktag_field1: match lock {
-            Lock::Leaks => 0,
-            _ => unsafe { pg_sys::MyDatabaseId }.to_u32(),
-        },
+        locktag_field1: db,
         locktag_field2: (key >> 32) as u32,
         locktag_field3: key as u32,
         locktag_field4: kind,

@@ -122,7 +122,7 @@ pub enum DbExit {
     #[default]
     Unknown = 0,
     /// The extension is not installed in the database (or was dropped): start it again only when
-    /// a `CREATE EXTENSION pg_tide` commits somewhere ([`probe_gen`]).
+    /// a launcher is asked for there (`crate::quota::want_launcher`).
     NotInstalled = 1,
     /// Another session wanted the database to itself (`DROP DATABASE`, `ALTER DATABASE ...
     /// RENAME` or `SET TABLESPACE`, `CREATE DATABASE ... TEMPLATE` it): it stopped its workers
@@ -131,6 +131,9 @@ pub enum DbExit {
     /// `tide.database` does not list the database (any more), or it does not allow connections
     /// any more.
     NotListed = 3,
+    /// The database has no pipelines (and no slot of pg_tide's): start it again when a
+    /// `create_pipeline` there asks for it (`crate::quota::want_launcher`), issue 44.
+    NoPipelines = 4,
 }
 
 /// The launcher of one database.
@@ -190,10 +193,6 @@ pub struct Wakeups {
     /// Transactions that changed the catalogs and are between their pre-commit callback and
     /// their commit or abort (visible to others, perhaps, with their end LSN not yet reported).
     catalog_committing: AtomicU32,
-    /// Counts the commits of a `CREATE EXTENSION pg_tide` (in any database; see
-    /// [`request_probe`]): the supervisor starts the launcher again of every database whose
-    /// launcher found no extension before the count last moved.
-    probe_gen: AtomicU64,
 }
 
 impl Default for Wakeups {
@@ -204,7 +203,6 @@ impl Default for Wakeups {
             procnos: std::array::from_fn(|_| AtomicI32::new(-1)),
             catalog_commit_end: AtomicU64::new(0),
             catalog_committing: AtomicU32::new(0),
-            probe_gen: AtomicU64::new(0),
         }
     }
 }
@@ -547,23 +545,6 @@ pub fn take_db_exit(dboid: u32) -> DbExit {
         }
         None => DbExit::Unknown,
     }
-}
-
-/// A `CREATE EXTENSION pg_tide` committed (called from the committing backend's commit
-/// callback): count it and wake the supervisor, which starts that database's launcher.
-pub fn request_probe() {
-    if !preloaded() {
-        return;
-    }
-    WAKEUPS.get().probe_gen.fetch_add(1, Ordering::SeqCst);
-    if let Some(pid) = supervisor_pid() {
-        wake(pid);
-    }
-}
-
-/// How many `CREATE EXTENSION pg_tide` have committed since the server started.
-pub fn probe_gen() -> u64 {
-    WAKEUPS.get().probe_gen.load(Ordering::SeqCst)
 }
 
 /// Set the latch of a live backend or worker of this cluster, found by its pid among the

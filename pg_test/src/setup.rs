@@ -1,4 +1,4 @@
-//! The clusters a suite starts from: a source with pg_tide created and its launcher running, a
+//! The clusters a suite starts from: a source with pg_tide created and its supervisor running, a
 //! plain remote target, and the postgres_fdw server that points the one at the other.
 
 use crate::{Cluster, ClusterBuilder};
@@ -25,23 +25,25 @@ pub fn start_cluster(b: ClusterBuilder) -> Cluster {
 }
 
 /// A started cluster (pg_tide preloaded, `wal_level = logical`) with the extension created and
-/// its launcher running.
+/// its supervisor running (a database's launcher starts with its first pipeline).
 pub fn setup(name: &str) -> Cluster {
     let c = start_cluster(Cluster::builder(name));
     init_extension(&c);
     c
 }
 
-/// `CREATE EXTENSION pg_tide` on a started cluster, then wait (30 s at most) for its launcher.
+/// `CREATE EXTENSION pg_tide` on a started cluster, then wait (30 s at most) for its supervisor
+/// (no launcher: a database has one only while it has pipelines, and `create_pipeline` asks for
+/// it).
 pub fn init_extension(c: &Cluster) {
     c.execute("CREATE EXTENSION pg_tide");
     c.wait_until(
-        "the pg_tide launcher",
+        "the pg_tide supervisor",
         Duration::from_secs(30),
         Duration::from_millis(100),
         || {
             Ok(c.try_query_scalar::<i64>(
-                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_tide launcher'",
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_tide supervisor'",
             )? == 1)
         },
     );

@@ -38,10 +38,15 @@ fn wait_for_launcher(c: &Cluster, db: &str, timeout: Duration) {
     );
 }
 
+/// A database gets its launcher with its first pipeline (none before: issue 44).
 #[test]
 fn launcher_runs() {
     let c = Cluster::new("launcher_runs");
     c.execute("CREATE EXTENSION pg_tide");
+    let check: String = c.query_scalar("SELECT tide.check()");
+    assert!(check.contains("no launcher: no pipelines yet"), "{check}");
+    assert_eq!(launcher_count(&c, "postgres").unwrap(), 0);
+    c.execute("SELECT tide.create_pipeline('p')");
     wait_for_launcher(&c, "postgres", Duration::from_secs(30));
 
     let version: String = c.query_scalar("SELECT tide.version()::text");
@@ -110,6 +115,7 @@ fn launcher_survives_missing_database() {
 
     c.execute("CREATE DATABASE nosuchdb");
     c.execute_in("nosuchdb", "CREATE EXTENSION pg_tide");
+    c.execute_in("nosuchdb", "SELECT tide.create_pipeline('p')");
     wait_for_launcher(&c, "nosuchdb", Duration::from_secs(90));
 }
 
@@ -117,6 +123,7 @@ fn launcher_survives_missing_database() {
 fn sighup_reload_keeps_launcher() {
     let c = Cluster::new("sighup_reload");
     c.execute("CREATE EXTENSION pg_tide");
+    c.execute("SELECT tide.create_pipeline('p')");
     wait_for_launcher(&c, "postgres", Duration::from_secs(30));
     let before = launcher_pids(&c);
     assert_eq!(

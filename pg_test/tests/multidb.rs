@@ -1,5 +1,6 @@
 //! Several databases (issue 33 part 2): pipelines run in every database where the extension is
-//! installed, each database's own; a `CREATE EXTENSION` starts them without a restart, a plain
+//! installed, each database's own; a database's first pipeline starts its launcher without a
+//! restart (and its last pipeline's drop stops it: no pipelines, no launcher), a plain
 //! `DROP DATABASE` of one succeeds while the other keeps streaming, and a kill -9 of a worker
 //! (a crash restart of the server) loses and doubles nothing in either.
 //!
@@ -142,7 +143,7 @@ fn two_databases_stream_through_kill9_and_drop_database() {
     let mut a = app(&c, "app_a", "orders_a");
     let mut b = app(&c, "app_b", "orders_b");
 
-    // One supervisor (no database), one launcher per database with the extension, none in
+    // One supervisor (no database), one launcher per database with pipelines, none in
     // postgres (no extension there).
     c.wait_until(
         "the supervisor",
@@ -262,8 +263,11 @@ fn two_databases_stream_through_kill9_and_drop_database() {
     assert_eq!(count_in(&c, LAUNCHER, "app_a").unwrap(), 1);
 }
 
+/// A database has a launcher only while it has pipelines (issue 44): none after `CREATE
+/// EXTENSION` (tide.check() says so), one within seconds of the first `create_pipeline`'s
+/// commit, none again once the last pipeline is dropped.
 #[test]
-fn create_and_drop_extension_start_and_stop_a_launcher_without_restart() {
+fn the_first_pipeline_starts_a_launcher_and_the_last_drop_stops_it() {
     let c = start_cluster(Cluster::builder("multidb_ext"));
     c.execute("CREATE DATABASE app_c");
     let mut cl = c.connect_db("app_c");
@@ -272,21 +276,18 @@ fn create_and_drop_extension_start_and_stop_a_launcher_without_restart() {
     assert_eq!(count_in(&c, LAUNCHER, "app_c").unwrap(), 0);
     assert_eq!(count_in(&c, LAUNCHER, "postgres").unwrap(), 0);
 
-    // CREATE EXTENSION in a transaction: the launcher comes once it commits.
-    cl.batch_execute("BEGIN; CREATE EXTENSION pg_tide;")
-        .unwrap();
+    // CREATE EXTENSION: still no launcher (no pipelines), and tide.check() says so.
+    cl.batch_execute("CREATE EXTENSION pg_tide").unwrap();
+    let check: String = cl.query_one("SELECT tide.check()", &[]).unwrap().get(0);
+    assert!(
+        check.contains("database \"app_c\", no launcher: no pipelines yet"),
+        "{check}"
+    );
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(
         count_in(&c, LAUNCHER, "app_c").unwrap(),
         0,
-        "a launcher before the commit"
-    );
-    cl.batch_execute("COMMIT").unwrap();
-    wait_for_count(&c, LAUNCHER, "app_c", 1);
-    let check: String = cl.query_one("SELECT tide.check()", &[]).unwrap().get(0);
-    assert!(
-        check.contains("database \"app_c\", launcher running"),
-        "{check}"
+        "a launcher without pipelines"
     );
 
     cl.batch_execute("CREATE TABLE public.src (id int PRIMARY KEY, v text, n bigint)")
@@ -295,6 +296,12 @@ fn create_and_drop_extension_start_and_stop_a_launcher_without_restart() {
         .unwrap();
     cl.batch_execute("SELECT tide.add_table('orders_c', 'public.src')")
         .unwrap();
+    wait_for_count(&c, LAUNCHER, "app_c", 1);
+    let check: String = cl.query_one("SELECT tide.check()", &[]).unwrap().get(0);
+    assert!(
+        check.contains("database \"app_c\", launcher running"),
+        "{check}"
+    );
     writes(&mut cl, 1);
     assert_target_equals_source(&c, "app_c", "orders_c");
 
@@ -314,12 +321,19 @@ fn create_and_drop_extension_start_and_stop_a_launcher_without_restart() {
     writes(&mut cl, 2);
     assert_target_equals_source(&c, "app_c", "orders_c");
 
-    // DROP EXTENSION (after its pipeline): the launcher leaves.
+    // The last pipeline dropped: the launcher leaves.
     cl.batch_execute("SELECT tide.drop_pipeline('orders_c')")
         .unwrap();
-    cl.batch_execute("DROP EXTENSION pg_tide CASCADE").unwrap();
     wait_for_count(&c, LAUNCHER, "app_c", 0);
-    // And CREATE EXTENSION again brings it back.
-    cl.batch_execute("CREATE EXTENSION pg_tide").unwrap();
+    let check: String = cl.query_one("SELECT tide.check()", &[]).unwrap().get(0);
+    assert!(check.contains("no launcher: no pipelines yet"), "{check}");
+    // DROP and CREATE EXTENSION again: still none.
+    cl.batch_execute("DROP EXTENSION pg_tide CASCADE; CREATE EXTENSION pg_tide")
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(count_in(&c, LAUNCHER, "app_c").unwrap(), 0);
+    // A pipeline brings it back.
+    cl.batch_execute("SELECT tide.create_pipeline('again')")
+        .unwrap();
     wait_for_count(&c, LAUNCHER, "app_c", 1);
 }

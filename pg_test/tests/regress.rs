@@ -13,8 +13,8 @@
 //! Before each file, `pg_test/regress/setup.sql` runs in the same database (its output is not
 //! compared): the helpers the transcripts share, such as `regress_wait(condition)`.
 //!
-//! Every file runs against a cluster made by `setup()` (pg_tide created, its launcher running),
-//! except `upgrade`: its cluster runs the build under test from a private copy that also holds
+//! Every file runs against a cluster made by `setup()` (pg_tide created, its supervisor
+//! running; a database's launcher starts with its first pipeline), except `upgrade`: its cluster runs the build under test from a private copy that also holds
 //! the oldest release's install script, without the extension, and psql gets the variable
 //! `catalog_snapshot` (`pg_test::CATALOG_SNAPSHOT`, the upgrade test's catalog listing).
 //!

@@ -149,7 +149,7 @@ fn alter_pipeline_impl(
         for pid in stopped {
             pipelines::wait_for_exit(pid, 30, "tide.alter_pipeline")?;
         }
-        wake_on_commit(shmem::launcher_pid());
+        crate::quota::want_launcher_at_end();
         Ok(())
     })
 }

@@ -63,7 +63,7 @@ pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> 
     }
     // Unique on the server: it carries this database's OID (catalog::slots).
     let slot = catalog::slots::own_slot_name(name);
-    check_room_for(&slot)?;
+    check_room_for(name, &slot)?;
     if sql::one::<bool>("SELECT pg_current_xact_id_if_assigned() IS NOT NULL", &[])?
         .unwrap_or(false)
     {
@@ -87,15 +87,15 @@ pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> 
         catalog::slots::create_logical_slot(&slot)?;
         catalog::pipelines::insert(name, kind, options, &slot, &owner)
     })?;
-    wake_on_commit(shmem::launcher_pid());
+    // Its launcher, or one for its database: a database has one only while it has pipelines.
+    crate::quota::want_launcher_at_end();
     Ok(())
 }
 
-/// Room for a new pipeline whose slot is `slot`: the slot name is free, a replication slot is
-/// free, the calling role is below `tide.max_pipelines_per_role` (superusers are not limited; the
-/// role's lock, held until commit, makes two concurrent creates count each other), pg_tide's
-/// registry has room, and a background worker slot is free.
-fn check_room_for(slot: &str) -> TideResult<()> {
+/// Room for a new pipeline `name` whose slot is `slot`: the slot name is free, a replication
+/// slot is free, the calling role's share of the server has room ([`check_role_share`]),
+/// pg_tide's registry has room, and background worker slots are free ([`check_free_workers`]).
+fn check_room_for(name: &str, slot: &str) -> TideResult<()> {
     if sql::one::<bool>(
         "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1::name)",
         &[slot.into()],
@@ -114,29 +114,9 @@ fn check_room_for(slot: &str) -> TideResult<()> {
         return Err(TideError::limit(format!("all replication slots are in use ({used} of max_replication_slots = {max})"))
             .hint("Drop unused slots (SELECT * FROM pg_replication_slots) or raise max_replication_slots and restart."));
     }
-    // One role may not take every slot (superusers are not limited).
+    // One role may not take every slot, origin or worker (superusers are not limited).
     if !crate::security::is_superuser(crate::security::caller()) {
-        // One create at a time per role, so two concurrent ones cannot both see room for one.
-        crate::locks::lock(
-            crate::locks::Lock::Role(crate::security::caller()),
-            crate::locks::Mode::Exclusive,
-        )?;
-        let me = crate::security::caller_name()?;
-        // tide.pipeline is pg_tide's: counted as pg_tide.
-        let owned = crate::security::as_tide(|| {
-            sql::one::<i64>(
-                "SELECT count(*) FROM tide.pipeline WHERE owner = $1::name",
-                &[me.clone().into()],
-            )
-        })?
-        .unwrap_or(0);
-        let limit = crate::gucs::max_pipelines_per_role(max);
-        if owned >= limit {
-            return Err(TideError::limit(format!(
-                "role \"{me}\" already owns {owned} pipelines, the most tide.max_pipelines_per_role allows ({limit})"
-            ))
-            .hint("Drop a pipeline you no longer need, or ask a superuser to raise tide.max_pipelines_per_role (-1: a quarter of max_replication_slots)."));
-        }
+        check_role_share(name, max)?;
     }
     let pipelines = catalog::pipelines::count()?;
     if pipelines as usize >= shmem::MAX_PIPELINES {
@@ -146,16 +126,78 @@ fn check_room_for(slot: &str) -> TideResult<()> {
         ))
         .hint("Drop a pipeline you no longer need."));
     }
-    let (workers, max_workers) = sql::two::<i64, i64>(&format!(
-        "SELECT (SELECT count(*) FROM pg_stat_activity WHERE backend_type IN ('{SUPERVISOR_TYPE}', '{LAUNCHER_TYPE}', '{WORKER_TYPE}', 'logical replication launcher', 'logical replication worker', 'parallel worker')),
+    check_free_workers()
+}
+
+/// A background worker slot is free for what the new pipeline really takes: its worker, and
+/// this database's launcher when none runs (a database has one only while it has pipelines).
+/// Every process that holds a slot now counts, backfill readers included.
+fn check_free_workers() -> TideResult<()> {
+    // As pg_tide: another role's processes have no backend_type for the caller.
+    let (workers, max_workers) = crate::security::as_tide(|| {
+        sql::two::<i64, i64>(&format!(
+        "SELECT (SELECT count(*) FROM pg_stat_activity WHERE backend_type IN ('{SUPERVISOR_TYPE}', '{LAUNCHER_TYPE}', '{WORKER_TYPE}', 'pg_tide reader', 'logical replication launcher', 'logical replication worker', 'parallel worker')),
                 current_setting('max_worker_processes')::int8"
-    ), &[])?;
-    if workers.unwrap_or(0) + 1 > max_workers.unwrap_or(0) {
+    ), &[])
+    })?;
+    let (workers, max_workers) = (workers.unwrap_or(0), max_workers.unwrap_or(0));
+    let launcher = i64::from(shmem::launcher_pid().is_none());
+    if workers + 1 + launcher > max_workers {
+        let what = if launcher == 1 {
+            "the pipeline's worker and its database's launcher"
+        } else {
+            "the pipeline's worker"
+        };
         return Err(TideError::limit(format!(
-            "no background worker slot is free for the pipeline's worker (max_worker_processes = {})",
-            max_workers.unwrap_or(0)
+            "no background worker slot is free for {what} ({workers} of max_worker_processes = {max_workers} in use)"
         ))
-        .hint("Raise max_worker_processes (one per pipeline, plus one for the supervisor and one per database that runs pg_tide) and restart."));
+        .hint("Raise max_worker_processes (one per pipeline and per backfill reader, plus one for the supervisor and one per database with pipelines) and restart, or wait for backfills to end (their readers leave with them)."));
+    }
+    Ok(())
+}
+
+/// The calling role (no superuser) may own one more pipeline: counted in every database, its
+/// pipelines stay within `tide.max_pipelines_per_role`, and its pipelines' workers with the
+/// readers it runs now within `tide.max_workers_per_role`. Under the role's server-wide lock,
+/// held until commit, the new pipeline is then counted (`crate::quota::creating`), so two
+/// concurrent creates, in any two databases, count each other.
+fn check_role_share(name: &str, max_slots: i64) -> TideResult<()> {
+    let me_oid = crate::security::caller();
+    crate::locks::lock(
+        crate::locks::Lock::Role(me_oid),
+        crate::locks::Mode::Exclusive,
+    )?;
+    let me = crate::security::caller_name()?;
+    // tide.pipeline is pg_tide's: counted as pg_tide. Other databases: their launchers'.
+    let here = crate::security::as_tide(|| {
+        sql::one::<i64>(
+            "SELECT count(*) FROM tide.pipeline WHERE owner = $1::name",
+            &[me.clone().into()],
+        )
+    })?
+    .unwrap_or(0);
+    let owned = here + crate::quota::pipelines_elsewhere(me_oid);
+    let limit = crate::gucs::max_pipelines_per_role(max_slots);
+    if owned >= limit {
+        return Err(TideError::limit(format!(
+            "role \"{me}\" already owns {owned} pipelines in all databases, the most tide.max_pipelines_per_role allows ({limit})"
+        ))
+        .hint("Drop a pipeline you no longer need (in any database), or ask a superuser to raise tide.max_pipelines_per_role (-1: a quarter of max_replication_slots)."));
+    }
+    let (_, readers) = crate::quota::processes_of(me_oid);
+    let workers = crate::gucs::max_workers_per_role();
+    if owned + readers + 1 > workers {
+        return Err(TideError::limit(format!(
+            "role \"{me}\" has {owned} pipelines and {readers} backfill readers in all databases; one more pipeline's worker would pass tide.max_workers_per_role ({workers})"
+        ))
+        .hint("Wait for backfills to end (their readers leave with them), drop a pipeline, or ask a superuser to raise tide.max_workers_per_role."));
+    }
+    if !crate::quota::creating(name, me_oid) {
+        return Err(TideError::limit(format!(
+            "pg_tide counts at most {} pipelines on this server",
+            crate::quota::MAX_OWNED
+        ))
+        .hint("Drop a pipeline you no longer need."));
     }
     Ok(())
 }
@@ -202,6 +244,8 @@ pub(super) fn drop_pipeline_as_tide(name: &str, slot: &str) -> TideResult<()> {
     // this transaction ends.
     catalog::consumers::lock_retention(name)?;
     catalog::pipelines::delete(name)?;
+    // No longer counted against its owner, server-wide, once this commits.
+    crate::quota::dropping(name);
     // Its outbox events go with it: they belong to this pipeline, and a later pipeline of the
     // same name (another role's, maybe) must never read them.
     sql::exec(

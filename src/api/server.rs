@@ -57,8 +57,12 @@ pub fn check_server() -> TideResult<String> {
         ))
         .hint("Create the database with ENCODING 'UTF8'."));
     }
+    // A database has a launcher only while it has pipelines (worker::launcher).
     let launcher = match shmem::launcher_pid() {
         Some(pid) => format!("launcher running (pid {pid})"),
+        None if catalog::pipelines::count()? == 0 => {
+            "no launcher: no pipelines yet (tide.create_pipeline starts one)".to_string()
+        }
         None => "launcher not running yet".to_string(),
     };
     Ok(format!(

@@ -1,5 +1,5 @@
 //! The supervisor and the database launchers: who starts a worker per pipeline, in every
-//! database where pg_tide is installed.
+//! database that has pipelines.
 //!
 //! A backend connects to one database for its life, so no one process can read the catalogs of
 //! every database. As PostgreSQL's logical replication launcher does, pg_tide splits the job:
@@ -9,15 +9,25 @@
 //! Lifecycle of the supervisor (`backend_type = 'pg_tide supervisor'`; who sets what):
 //! - registered in `_PG_init` only when pg_tide is preloaded; the postmaster restarts it 5 s after
 //!   it exits with a non-zero code; it connects to no database;
-//! - every tick (2 s, or sooner when woken) it scans `pg_database` and starts a database launcher
-//!   for every database that accepts connections, is not a template, is listed by
-//!   `tide.database` (empty: every database) and has none: at its start, when a database
-//!   appears, and after a `CREATE EXTENSION pg_tide` commits anywhere (the committing backend
-//!   counts it in `shmem::request_probe` and sets the supervisor's latch; see `lib.rs`);
-//! - a database launcher tells why it left (`shmem::DbExit`): without the extension it is not
-//!   started again until the next `CREATE EXTENSION pg_tide`; after it yielded the database
-//!   (below) it is started again 5 s later; after it died it is started again with back-off
-//!   (0.5 s doubling up to about 2 min while it keeps dying young);
+//! - every tick (2 s, or sooner when woken) it scans `pg_database`; a database may have a
+//!   launcher when it accepts connections, is not a template and is listed by `tide.database`
+//!   (empty: every database). Such a database gets one only while it has pipelines (issue 44:
+//!   `CREATE DATABASE` from a template with the extension must not take a background worker
+//!   slot), that is when: it holds a logical slot of pg_tide's output plugin (read from the
+//!   server's slot array: every pipeline has one; so at the supervisor's start, and when a
+//!   database is listed again or opens again); a `create_pipeline` (or `alter_pipeline`) there
+//!   asked for one (`quota::want_launcher`, at its commit or abort, which sets the
+//!   supervisor's latch: the first pipeline's worker starts within about a second); or, once
+//!   after the supervisor starts, one database per tick in turn that has no slot of pg_tide's
+//!   (a probe: a pipeline whose slot was lost while the server was down still runs). So at
+//!   most one launcher runs in a database without pipelines, for less than a second, except
+//!   where a slot of pg_tide's lives;
+//! - a database launcher tells why it left (`shmem::DbExit`): with no pipelines (and no slot
+//!   of pg_tide's), without the extension, or when not listed, it is not started again until
+//!   one is asked for there; after it yielded the database (below) it is started again 5 s
+//!   later; after it died it is started again with back-off (0.5 s doubling up to about 2 min
+//!   while it keeps dying young);
+//! - it forgets the per-role counts (`crate::quota`) of databases that are gone;
 //! - a name in `tide.database` that no database has is logged once (again if it comes back and
 //!   goes again);
 //! - handles SIGTERM (exit), SIGHUP (reload) and postmaster death (exit).
@@ -25,6 +35,11 @@
 //! Lifecycle of a database launcher (`backend_type = 'pg_tide launcher'`, one per database):
 //! - started by the supervisor (never restarted by the postmaster), connects to its database by
 //!   OID and fills its slot in shared memory;
+//! - exits when its database has no pipelines and no slot of pg_tide's (after a round that
+//!   dropped the orphans it may; while the SQL objects are of another version, when it has no
+//!   slot of pg_tide's), forgetting its database's per-role counts;
+//! - every round publishes its database's pipelines and their owners in `crate::quota` (the
+//!   per-role limits are counted server-wide from there);
 //! - exits, stopping the pipeline workers of its database first, when: the extension is not
 //!   installed (or was dropped); `tide.database` does not list its database (checked at start and
 //!   on every reload); another session asks for the database to itself. That last one is seen
@@ -56,6 +71,7 @@
 //!   while work is left).
 
 use crate::gucs;
+use crate::quota;
 use crate::shmem;
 use crate::worker::tx;
 use pgrx::bgworkers::*;
@@ -98,15 +114,14 @@ struct Backoff {
 
 /// What the supervisor knows of one database.
 enum DbState {
-    /// Its launcher runs (or is being started). `gen`: [`shmem::probe_gen`] before it started.
+    /// Its launcher runs (or is being started).
     Running {
         handle: DynamicBackgroundWorker,
         started: Instant,
-        gen: u64,
     },
-    /// Its launcher found no extension (or a `tide.database` that does not list it) when the
-    /// count of `CREATE EXTENSION pg_tide` commits was `gen`: started again when that moves.
-    Idle { gen: u64 },
+    /// Its launcher found no pipelines (or no extension, or a `tide.database` that does not list
+    /// it): started again when one is asked for there (`quota::want_launcher`).
+    Idle,
     /// Start its launcher again at `not_before`.
     Waiting { not_before: Instant },
 }
@@ -119,9 +134,24 @@ struct Database {
     connectable: bool,
 }
 
-/// Whether a database launcher should run in `d`.
+/// Whether a database launcher may run in `d`.
 fn wanted(d: &Database, listed: &[String]) -> bool {
     d.connectable && (listed.is_empty() || listed.contains(&d.name))
+}
+
+/// The supervisor's memory between ticks.
+#[derive(Default)]
+struct Supervisor {
+    dbs: HashMap<u32, DbState>,
+    /// Databases whose launcher died young, how many times in a row.
+    failures: HashMap<u32, u32>,
+    missing_logged: HashSet<String>,
+    no_slot_logged: HashSet<u32>,
+    /// Databases seen at the first scan, without a slot of pg_tide's, not looked into yet: each
+    /// gets one launcher in turn, one per tick, which stays only if it finds pipelines (those
+    /// of a pipeline whose slot was lost while the server was down).
+    probes: std::collections::VecDeque<u32>,
+    scanned: bool,
 }
 
 /// Main function of the supervisor (see the module comment).
@@ -135,36 +165,73 @@ pub extern "C-unwind" fn tide_launcher_main(_arg: pg_sys::Datum) {
     shmem::REGISTRY.exclusive().supervisor_pid = unsafe { pg_sys::MyProcPid };
     log!("pg_tide supervisor started");
 
-    let mut dbs: HashMap<u32, DbState> = HashMap::new();
-    // Databases whose launcher died young, how many times in a row.
-    let mut failures: HashMap<u32, u32> = HashMap::new();
-    let mut missing_logged: HashSet<String> = HashSet::new();
-    let mut no_slot_logged: HashSet<u32> = HashSet::new();
+    let mut sup = Supervisor::default();
     let mut wait = Duration::ZERO;
     while BackgroundWorker::wait_latch(Some(wait)) {
         wait = Duration::from_secs(2);
         if BackgroundWorker::sighup_received() {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
+        sup.tick();
+    }
+    log!("pg_tide supervisor exiting");
+}
+
+impl Supervisor {
+    /// One round: see the module comment.
+    fn tick(&mut self) {
         let listed = gucs::databases();
-        // Read before the scan: a CREATE EXTENSION that commits after this is seen next tick.
-        let gen = shmem::probe_gen();
+        // Taken before the scan: a request made after it is seen next tick (it wakes us).
+        let requested = quota::take_requests();
         let all = databases();
+        let slots = quota::databases_with_slots();
+        quota::forget_databases_except(&all.iter().map(|d| d.oid).collect::<Vec<_>>());
         for name in &listed {
-            if !all.iter().any(|d| d.name == *name) && missing_logged.insert(name.clone()) {
-                log!("pg_tide supervisor: database \"{name}\" named in tide.database does not exist; its pipelines start once it is created and has the extension");
+            if !all.iter().any(|d| d.name == *name) && self.missing_logged.insert(name.clone()) {
+                log!("pg_tide supervisor: database \"{name}\" named in tide.database does not exist; its pipelines start once it is created and has them");
             }
         }
-        missing_logged.retain(|n| listed.contains(n) && !all.iter().any(|d| d.name == *n));
+        self.missing_logged
+            .retain(|n| listed.contains(n) && !all.iter().any(|d| d.name == *n));
+        self.reap(&slots);
+        // Forget databases that are gone or not wanted (the launcher of one no longer listed
+        // leaves by itself at the reload).
+        self.dbs.retain(|oid, st| {
+            matches!(st, DbState::Running { .. })
+                || all.iter().any(|d| d.oid == *oid && wanted(d, &listed))
+        });
+        let dbs = &self.dbs;
+        self.failures.retain(|oid, _| dbs.contains_key(oid));
+        if !self.scanned {
+            self.scanned = true;
+            self.probes = all
+                .iter()
+                .filter(|d| wanted(d, &listed) && !slots.contains(&d.oid))
+                .map(|d| d.oid)
+                .collect();
+        }
+        let mut probe = self.probes.pop_front();
+        for d in all.iter().filter(|d| wanted(d, &listed)) {
+            let asked = requested.contains(&d.oid);
+            let start = match self.dbs.get(&d.oid) {
+                None => asked || slots.contains(&d.oid) || probe == Some(d.oid),
+                Some(DbState::Running { .. }) => false,
+                Some(DbState::Idle) => asked,
+                Some(DbState::Waiting { not_before }) => Instant::now() >= *not_before,
+            };
+            if probe == Some(d.oid) {
+                probe = None;
+            }
+            if start {
+                self.start(d);
+            }
+        }
+    }
 
-        // Launchers that stopped: why.
-        for (oid, st) in dbs.iter_mut() {
-            let DbState::Running {
-                handle,
-                started,
-                gen: started_gen,
-            } = st
-            else {
+    /// Launchers that stopped: why, and when to start them again.
+    fn reap(&mut self, slots: &[u32]) {
+        for (oid, st) in self.dbs.iter_mut() {
+            let DbState::Running { handle, started } = st else {
                 continue;
             };
             match handle.pid() {
@@ -174,17 +241,25 @@ pub extern "C-unwind" fn tide_launcher_main(_arg: pg_sys::Datum) {
             let now = Instant::now();
             *st = match shmem::take_db_exit(*oid) {
                 shmem::DbExit::NotInstalled | shmem::DbExit::NotListed => {
-                    failures.remove(oid);
-                    DbState::Idle { gen: *started_gen }
+                    self.failures.remove(oid);
+                    DbState::Idle
+                }
+                // A create_pipeline made its slot after the launcher looked: at once again.
+                shmem::DbExit::NoPipelines if slots.contains(oid) => {
+                    DbState::Waiting { not_before: now }
+                }
+                shmem::DbExit::NoPipelines => {
+                    self.failures.remove(oid);
+                    DbState::Idle
                 }
                 shmem::DbExit::Yielded => {
-                    failures.remove(oid);
+                    self.failures.remove(oid);
                     DbState::Waiting {
                         not_before: now + Duration::from_secs(5),
                     }
                 }
                 shmem::DbExit::Unknown => {
-                    let f = failures.entry(*oid).or_insert(0);
+                    let f = self.failures.entry(*oid).or_insert(0);
                     *f = if started.elapsed() < Duration::from_secs(30) {
                         (*f + 1).min(8)
                     } else {
@@ -196,51 +271,34 @@ pub extern "C-unwind" fn tide_launcher_main(_arg: pg_sys::Datum) {
                 }
             };
         }
-        // Forget databases that are gone or not wanted (the launcher of one no longer listed
-        // leaves by itself at the reload).
-        dbs.retain(|oid, st| {
-            matches!(st, DbState::Running { .. })
-                || all.iter().any(|d| d.oid == *oid && wanted(d, &listed))
-        });
-        failures.retain(|oid, _| dbs.contains_key(oid));
+    }
 
-        for d in all.iter().filter(|d| wanted(d, &listed)) {
-            let start = match dbs.get(&d.oid) {
-                None => true,
-                Some(DbState::Running { .. }) => false,
-                Some(DbState::Idle { gen: g }) => *g != gen,
-                Some(DbState::Waiting { not_before }) => Instant::now() >= *not_before,
-            };
-            if !start {
-                continue;
+    /// Start the launcher of `d`.
+    fn start(&mut self, d: &Database) {
+        match start_db_launcher(d) {
+            Ok(handle) => {
+                self.no_slot_logged.remove(&d.oid);
+                self.dbs.insert(
+                    d.oid,
+                    DbState::Running {
+                        handle,
+                        started: Instant::now(),
+                    },
+                );
             }
-            match start_db_launcher(d) {
-                Ok(handle) => {
-                    no_slot_logged.remove(&d.oid);
-                    dbs.insert(
-                        d.oid,
-                        DbState::Running {
-                            handle,
-                            started: Instant::now(),
-                            gen,
-                        },
-                    );
+            Err(()) => {
+                if self.no_slot_logged.insert(d.oid) {
+                    log!("pg_tide supervisor: could not start the launcher of database \"{}\": no background worker slot free (raise max_worker_processes)", d.name);
                 }
-                Err(()) => {
-                    if no_slot_logged.insert(d.oid) {
-                        log!("pg_tide supervisor: could not start the launcher of database \"{}\": no background worker slot free (raise max_worker_processes)", d.name);
-                    }
-                    dbs.insert(
-                        d.oid,
-                        DbState::Waiting {
-                            not_before: Instant::now() + Duration::from_secs(10),
-                        },
-                    );
-                }
+                self.dbs.insert(
+                    d.oid,
+                    DbState::Waiting {
+                        not_before: Instant::now() + Duration::from_secs(10),
+                    },
+                );
             }
         }
     }
-    log!("pg_tide supervisor exiting");
 }
 
 fn start_db_launcher(d: &Database) -> Result<DynamicBackgroundWorker, ()> {
@@ -441,6 +499,9 @@ pub extern "C-unwind" fn tide_database_launcher_main(arg: pg_sys::Datum) {
                 leave(shmem::DbExit::NotInstalled);
             }
             Listing::OtherVersion(e) => {
+                // Without a slot of pg_tide's here, no pipeline of this database runs: no
+                // launcher waits for the versions to match.
+                leave_if_no_pipelines(&db, dboid);
                 // Workers of this library must not run against another version's catalog:
                 // stop those that run (they resume from their slot later) and start none.
                 workers.running.clear();
@@ -456,6 +517,9 @@ pub extern "C-unwind" fn tide_database_launcher_main(arg: pg_sys::Datum) {
                 continue;
             }
         };
+        if pipelines.is_empty() {
+            leave_if_no_pipelines(&db, dboid);
+        }
         if !announced {
             log!("pg_tide launcher started in database \"{db}\"");
             announced = true;
@@ -562,6 +626,19 @@ impl Workers {
     }
 }
 
+/// Leave when the database has no pipelines and no slot of pg_tide's (one whose creating
+/// transaction is still open, or an orphan not dropped yet): a database has a launcher only
+/// while it has pipelines (issue 44: every database copied from a template with the extension
+/// took a background worker slot). A `create_pipeline` asks the supervisor for it again.
+fn leave_if_no_pipelines(db: &str, dboid: pg_sys::Oid) {
+    if quota::databases_with_slots().contains(&dboid.to_u32()) {
+        return;
+    }
+    log!("pg_tide launcher: database \"{db}\" has no pipelines (and no slot of pg_tide's); the launcher leaves (tide.create_pipeline starts it again)");
+    quota::forget_my_database();
+    leave(shmem::DbExit::NoPipelines);
+}
+
 /// Leave (stopping this database's workers) when the database is no longer this launcher's:
 /// `tide.database` stops listing it (checked after a reload), it stops allowing connections,
 /// or another session wants it to itself (DROP DATABASE, ALTER DATABASE, a template copy).
@@ -622,8 +699,36 @@ fn list_pipelines_and_collect_slots() -> Result<Listing, crate::error::TideError
         Some(_) => {}
     }
     let names = Spi::connect(crate::catalog::pipelines::list)?;
+    publish_pipelines()?;
     crate::catalog::slots::drop_orphan_slots()?;
     Ok(Listing::Pipelines(names))
+}
+
+/// Publish this database's pipelines and their owners for the per-role, server-wide counts
+/// (`crate::quota`). In the launcher's transaction.
+fn publish_pipelines() -> Result<(), crate::error::TideError> {
+    let rows = crate::sql::text_rows(
+        "SELECT p.name::text, coalesce(r.oid, 0)::text, coalesce(r.rolsuper, false)::text
+           FROM tide.pipeline p LEFT JOIN pg_catalog.pg_roles r ON r.rolname = p.owner",
+        &[],
+        0,
+        false,
+    )?;
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        let mut r = r.into_iter().map(Option::unwrap_or_default);
+        let (name, owner, sup) = (r.next(), r.next(), r.next());
+        out.push(quota::Published {
+            name: name.unwrap_or_default(),
+            owner: owner.and_then(|o| o.parse().ok()).unwrap_or(0),
+            superuser: sup.as_deref() == Some("true"),
+        });
+    }
+    let unlisted = quota::publish(&out);
+    if unlisted > 0 {
+        log!("pg_tide launcher: {unlisted} pipelines not counted against their owners: pg_tide counts at most {} on the server", quota::MAX_OWNED);
+    }
+    Ok(())
 }
 
 /// Every database in `pg_database` (a shared catalog), read straight from the heap: without a

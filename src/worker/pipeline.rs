@@ -86,7 +86,10 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
     // Free the shared-memory slot however the process ends (FATAL on SIGTERM included).
     unsafe {
         pg_sys::before_shmem_exit(Some(release_slot), pg_sys::Datum::from(slot_idx));
+        pg_sys::before_shmem_exit(Some(uncount_worker), pg_sys::Datum::from(0));
     }
+    // Counted against its owner, server-wide (crate::quota).
+    crate::quota::worker_starts(&name);
     log!("pg_tide worker for pipeline \"{name}\" started");
     // The launcher starts no worker while the SQL objects are of another version; this covers an
     // `ALTER EXTENSION` between its check and this start. The slot keeps the worker's place.
@@ -857,6 +860,13 @@ extern "C-unwind" {
 #[pg_guard]
 unsafe extern "C-unwind" fn release_slot(_code: std::ffi::c_int, arg: pg_sys::Datum) {
     shmem::release(arg.value(), unsafe { pg_sys::MyProcPid });
+}
+
+/// `before_shmem_exit` callback: this worker and its readers no longer count against its
+/// pipeline's owner (`crate::quota`).
+#[pg_guard]
+unsafe extern "C-unwind" fn uncount_worker(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
+    crate::quota::worker_exits();
 }
 
 fn now_us() -> i64 {

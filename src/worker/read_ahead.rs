@@ -134,6 +134,8 @@ pub struct Reader {
     worker: *mut pg_sys::BackgroundWorkerHandle,
     pipeline: String,
     in_flight: Option<InFlight>,
+    /// Counted against the pipeline's owner (`crate::quota::reserve_reader`) until dropped.
+    counted: bool,
 }
 
 impl Reader {
@@ -145,7 +147,33 @@ impl Reader {
         // as the error unwinds (detaching what it attached). What dsm_create allocated before
         // failing (its segment descriptor, a few dozen bytes in TopMemoryContext) stays: once
         // per attempt, and attempts are a minute apart.
-        tx::guard(|| Self::start_unguarded(pipeline))
+        // Counted against the owner's tide.max_workers_per_role first (issue 44: readers took
+        // the server's background worker slots, counted against no one).
+        match crate::quota::reserve_reader(pipeline, crate::gucs::max_workers_per_role()) {
+            Ok(()) => {}
+            Err(crate::quota::NoReader::AtLimit { now, limit }) => {
+                return Err(TideError::limit(format!(
+                    "the owner's pipelines run {now} background processes, the most tide.max_workers_per_role allows ({limit})"
+                ))
+                .hint("The worker reads each chunk itself; a superuser may raise tide.max_workers_per_role."));
+            }
+            Err(crate::quota::NoReader::NotCounted) => {
+                return Err(TideError::limit(
+                    "the pipeline is not counted against its owner yet (its launcher counts it)",
+                )
+                .hint("The worker reads each chunk itself and tries again a minute later."));
+            }
+        }
+        match tx::guard(|| Self::start_unguarded(pipeline)) {
+            Ok(mut r) => {
+                r.counted = true;
+                Ok(r)
+            }
+            Err(e) => {
+                crate::quota::reader_gone(pipeline);
+                Err(e)
+            }
+        }
     }
 
     fn start_unguarded(pipeline: &str) -> TideResult<Reader> {
@@ -177,6 +205,7 @@ impl Reader {
                 worker: std::ptr::null_mut(),
                 pipeline: pipeline.to_string(),
                 in_flight: None,
+                counted: false,
             };
             let mut w: pg_sys::BackgroundWorker = std::mem::zeroed();
             // NUL-terminated, cut to fit (the arrays are zeroed).
@@ -330,6 +359,9 @@ fn gone() -> TideError {
 
 impl Drop for Reader {
     fn drop(&mut self) {
+        if self.counted {
+            crate::quota::reader_gone(&self.pipeline);
+        }
         // An idle reader (no request in flight) leaves by itself, normally, once it sees the
         // request queue detached: terminating it would make PostgreSQL log a FATAL ("terminating
         // background worker ... due to administrator command") for every backfill that ends.

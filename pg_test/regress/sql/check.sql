@@ -1,6 +1,6 @@
--- tide.check() on the test cluster (pg_tide preloaded, wal_level = logical, the launcher's
--- database): the readiness report, the version, and what CREATE EXTENSION made. The
--- launcher's pid is masked ("pid N").
+-- tide.check() on the test cluster (pg_tide preloaded, wal_level = logical, no pipelines yet,
+-- so no launcher): the readiness report, the version, and what CREATE EXTENSION made. A
+-- launcher's pid would be masked ("pid N").
 -- Run by pg_test/tests/regress.rs; compared verbatim with ../expected/check.out.
 \set VERBOSITY verbose
 \set SHOW_CONTEXT never
@@ -12,7 +12,7 @@ SELECT current_setting('shared_preload_libraries') AS preload, current_setting('
 -- The role the API is granted through (README, Security): NOLOGIN, no special attribute.
 SELECT rolname, rolcanlogin, rolsuper, rolreplication, rolbypassrls, rolinherit
   FROM pg_roles WHERE rolname = 'tide_admin';
--- One launcher, no pipeline worker yet.
+-- The supervisor only: a database has a launcher only while it has pipelines.
 SELECT backend_type, count(*) FROM pg_stat_activity
  WHERE backend_type LIKE 'pg_tide%' GROUP BY backend_type ORDER BY backend_type;
 -- tide.check() from a role with EXECUTE but no superuser: the same report.

@@ -20,6 +20,7 @@ mod remote;
 mod restore;
 mod serverwide;
 mod shape;
+mod shares;
 mod spool;
 mod stalls;
 use std::time::{Duration, Instant};
