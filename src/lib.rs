@@ -96,6 +96,8 @@ unsafe extern "C-unwind" fn tide_process_utility(
             e.raise();
         }
     }
+    // SAFETY: as below; a DropdbStmt names its database (NUL-terminated).
+    let dropped_db = unsafe { dropped_database((*pstmt).utilityStmt) };
     // SAFETY: the executor passes a valid PlannedStmt and the arguments it was called with.
     unsafe {
         match PREV_PROCESS_UTILITY {
@@ -120,6 +122,31 @@ unsafe extern "C-unwind" fn tide_process_utility(
                 qc,
             ),
         }
+    }
+    // DROP DATABASE returned: the database is gone (it cannot run in a transaction block), and
+    // its pipelines with it.
+    if let Some(oid) = dropped_db {
+        quota::forget_database(oid);
+    }
+}
+
+/// The OID of the database a `DROP DATABASE` names, when it exists.
+///
+/// # Safety
+/// `stmt` is null or a valid parse node (a utility statement of a PlannedStmt).
+unsafe fn dropped_database(stmt: *mut pg_sys::Node) -> Option<u32> {
+    // SAFETY: the caller's; a DropdbStmt's dbname is a NUL-terminated string; get_database_oid
+    // reads the shared catalog pg_database (missing_ok: no ERROR for an unknown name).
+    unsafe {
+        if stmt.is_null() || (*stmt).type_ != pg_sys::NodeTag::T_DropdbStmt {
+            return None;
+        }
+        let d = stmt as *mut pg_sys::DropdbStmt;
+        if (*d).dbname.is_null() {
+            return None;
+        }
+        let oid = pg_sys::get_database_oid((*d).dbname, true);
+        (oid != pg_sys::InvalidOid).then(|| oid.to_u32())
     }
 }
 

@@ -290,6 +290,19 @@ pub fn forget_my_database() {
     }
 }
 
+/// Forget the entries of database `dboid`, which a `DROP DATABASE` of this backend has just
+/// dropped (its pipelines went with it: they stop counting at once, as a dropped pipeline does
+/// at its commit, not only at the supervisor's next scan).
+pub fn forget_database(dboid: u32) {
+    if dboid == 0 {
+        return;
+    }
+    let mut q = QUOTA.exclusive();
+    for o in q.owned.iter_mut().filter(|o| o.dboid == dboid) {
+        *o = Owned::default();
+    }
+}
+
 /// Forget the entries of every database not in `alive` (the supervisor, after a scan of
 /// `pg_database`: those databases were dropped).
 pub fn forget_databases_except(alive: &[u32]) {
