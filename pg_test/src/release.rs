@@ -34,8 +34,7 @@ pub fn previous_release() -> String {
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .filter_map(|l| l.split_whitespace().next())
-        .filter(|v| *v != current)
-        .last()
+        .rfind(|v| *v != current)
         .expect("sql/releases.txt names a release before the version under test")
         .to_string()
 }
