@@ -176,6 +176,8 @@ unsafe fn drops_pg_tide(stmt: *mut pg_sys::Node) -> bool {
 }
 
 /// Whether this backend's transaction changed the system catalogs and said so at pre-commit.
+/// Every `unsafe` access to it below is sound for one reason: it is read and written only by the
+/// transaction callback, on the backend's main thread, never from a signal handler.
 static mut CATALOG_COMMIT: bool = false;
 
 /// Whether the current transaction has invalidation messages to send at commit, i.e. changed

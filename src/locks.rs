@@ -92,6 +92,7 @@ fn acquire(lock: Lock<'_>, mode: Mode, wait: bool) -> TideResult<bool> {
     let (key, kind) = lock.tag_parts();
     let db = match lock {
         Lock::Role(_) | Lock::Leaks => 0,
+        // SAFETY: set once at connection, read-only afterwards.
         _ => unsafe { pg_sys::MyDatabaseId }.to_u32(),
     };
     let tag = pg_sys::LOCKTAG {

@@ -769,6 +769,7 @@ unsafe fn key_bitmap(rel: pg_sys::Relation) -> *mut pg_sys::Bitmapset {
 }
 
 unsafe fn attr(desc: pg_sys::TupleDesc, i: usize) -> *mut pg_sys::FormData_pg_attribute {
+    // SAFETY: the caller's: `desc` is a relation's descriptor and `i` below its natts.
     unsafe { crate::pgver::tupdesc_attr(desc, i) }
 }
 

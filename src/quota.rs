@@ -115,6 +115,8 @@ impl Default for Quota {
 
 unsafe impl PGRXSharedMemory for Quota {}
 
+// SAFETY: a named lock of shared memory, registered once by `_PG_init` (pg_shmem_init!) before
+// any process reads it, as pgrx requires of a `PgLwLock` static.
 pub static QUOTA: PgLwLock<Quota> = unsafe { PgLwLock::new(c"pg_tide_quota") };
 
 fn my_db() -> u32 {
@@ -123,6 +125,7 @@ fn my_db() -> u32 {
 }
 
 fn my_pid() -> i32 {
+    // SAFETY: set once when the process starts, read-only afterwards.
     unsafe { pg_sys::MyProcPid }
 }
 

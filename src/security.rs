@@ -221,6 +221,8 @@ pub fn as_owner_writing<R>(
     let mut save_ctx: std::ffi::c_int = 0;
     let temp_before = temp_namespace();
     DEFERRED_OWNER.with(|d| d.set(Some(owner)));
+    // SAFETY: in a transaction; saves the current user and context, restored below whichever
+    // way `f` returns (an ERROR aborts the transaction, which restores them itself).
     unsafe {
         pg_sys::GetUserIdAndSecContext(&mut save_user, &mut save_ctx);
         pg_sys::SetUserIdAndSecContext(
@@ -235,6 +237,7 @@ pub fn as_owner_writing<R>(
     let out = with_settings(&settings, f);
     // SAFETY: in a transaction; queues an UNLISTEN * after whatever the statement queued.
     unsafe { Async_UnlistenAll() };
+    // SAFETY: puts back the user and context saved above, in the same transaction.
     unsafe { pg_sys::SetUserIdAndSecContext(save_user, save_ctx) };
     let out = out?;
     left_behind(temp_before)?;

@@ -217,7 +217,10 @@ fn rolled_back_large_transactions_leave_nothing() {
     a.batch_execute("COMMIT").unwrap();
     wait_pipeline(&c, "o", 120);
     wait_pipeline(&c, "tt", 120);
-    assert!(stream_txns(&c, "tide_5_o") >= 2, "both transactions streamed");
+    assert!(
+        stream_txns(&c, "tide_5_o") >= 2,
+        "both transactions streamed"
+    );
     assert_events(
         &outbox(&c),
         &inserts(1..=10000),

@@ -226,8 +226,8 @@ pub(super) fn drop_pipeline_impl(name: &str) -> TideResult<()> {
         )));
     }
     require_pipeline(name)?;
-    let slot = catalog::pipelines::slot_name(name)?
-        .unwrap_or_else(|| catalog::slots::own_slot_name(name));
+    let slot =
+        catalog::pipelines::slot_name(name)?.unwrap_or_else(|| catalog::slots::own_slot_name(name));
     // The worker and the slot are pg_tide's: stopping and dropping them is done as pg_tide,
     // for the owner who asked (a non-superuser may not signal the worker's superuser process).
     crate::security::as_tide(|| drop_pipeline_as_tide(name, &slot))

@@ -69,8 +69,8 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::ffi::CString;
 use tide_core::lsn::Lsn;
-use tide_core::spill::{Drain, SpillBuffer};
 use tide_core::spill::FileBudget;
+use tide_core::spill::{Drain, SpillBuffer};
 use tide_core::stream_spool::Streams;
 
 /// PostgreSQL functions pgrx does not bind (`replication/decode.h`), or binds only as Rust

@@ -1,6 +1,7 @@
 //! Pipeline definitions for `pg_dump` (README, Upgrading > Dump and restore): the launcher
 //! keeps `tide.pipeline_definition` equal to its database's pipelines (`tide._save_definitions`,
-//! `schema.rs`), once per round.
+//! `schema.rs`), at most every [`EVERY`] (a change is in the next `pg_dump` about that long after
+//! its commit).
 //!
 //! Guarantees: each round writes only the rows that changed, in a transaction of its own that
 //! waits at most [`LOCK_TIMEOUT`] for a row lock (a `tide.drop_pipeline` still open holds its
@@ -11,12 +12,28 @@
 use super::tx;
 use crate::sql;
 use pgrx::prelude::*;
+use std::cell::Cell;
+use std::time::{Duration, Instant};
 
 /// How long a round waits for a row lock before leaving the rest to the next round.
 pub const LOCK_TIMEOUT: &str = "100ms";
 
-/// One round: save the definitions that changed.
+/// How often a launcher saves the definitions: each save builds every pipeline's definition
+/// from the catalogs, work not worth doing on every one-second round.
+pub const EVERY: Duration = Duration::from_secs(5);
+
+thread_local! {
+    /// When this launcher last saved (`None`: not yet).
+    static LAST: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// One round: save the definitions that changed, at most every [`EVERY`].
 pub fn save() {
+    let due = LAST.with(|l| l.get().is_none_or(|t| t.elapsed() >= EVERY));
+    if !due {
+        return;
+    }
+    LAST.with(|l| l.set(Some(Instant::now())));
     let r = tx::run(|| {
         sql::exec(
             "SELECT pg_catalog.set_config('lock_timeout', $1, true)",

@@ -97,10 +97,7 @@ impl Sweeper {
                 Ok(false) => {}
                 Err(e) => {
                     if self.failed.insert(leak.name.clone()) {
-                        log!(
-                            "pg_tide launcher: could not release {}: {e}",
-                            what(&leak)
-                        );
+                        log!("pg_tide launcher: could not release {}: {e}", what(&leak));
                     }
                 }
             }

@@ -41,7 +41,10 @@ pub fn name(pipeline: &str, slot: &str) -> String {
         legacy_name(pipeline)
     } else {
         // SAFETY: reads a process global set at connection.
-        format!("{PREFIX}{}_{pipeline}", unsafe { pg_sys::MyDatabaseId }.to_u32())
+        format!(
+            "{PREFIX}{}_{pipeline}",
+            unsafe { pg_sys::MyDatabaseId }.to_u32()
+        )
     }
 }
 

@@ -801,14 +801,15 @@ fn name_failed_transaction(name: &str, mut e: TideError, one_at_a_time: bool) ->
 fn after_failure(name: &str, slot_idx: usize, e: &TideError, failures: u32, s: Settings) {
     if e.pause_pipeline {
         // Retrying cannot help until the user acts: pause, keep the reason.
-        if let Err(e2) = tx::run(|| {
-            catalog::pipelines::pause_for(name)?;
-            for &relid in &e.reread_after_resume {
-                crate::api::backfill::reread_after_resume(name, relid)?;
-            }
-            Ok(())
-        }) {
+        if let Err(e2) = tx::run(|| catalog::pipelines::pause_for(name)) {
             log!("pg_tide worker \"{name}\": could not pause the pipeline: {e2}");
+        }
+        // Each re-read on its own: one that cannot be queued (the table dropped meanwhile)
+        // neither undoes the pause nor keeps the others from being queued.
+        for &relid in &e.reread_after_resume {
+            if let Err(e2) = tx::run(|| crate::api::backfill::reread_after_resume(name, relid)) {
+                log!("pg_tide worker \"{name}\": could not queue the re-read of relation {relid}: {e2}");
+            }
         }
     }
     let delay = tide_core::worker_loop::backoff(failures.min(16), s.max_retry_delay);

@@ -168,7 +168,10 @@ fn a_lost_slots_name_cannot_be_squatted_from_another_database() {
 fn origins_of_a_dropped_database_are_released() {
     let c = secured_with(
         "sec_leaks",
-        &["max_replication_slots = 4", "tide.max_pipelines_per_role = 3"],
+        &[
+            "max_replication_slots = 4",
+            "tide.max_pipelines_per_role = 3",
+        ],
     );
     c.execute("CREATE ROLE creator LOGIN CREATEDB; GRANT tide_admin TO creator");
     c.execute_in("template1", "CREATE EXTENSION pg_tide");
@@ -178,8 +181,9 @@ fn origins_of_a_dropped_database_are_released() {
     for round in 1..=4 {
         let db = format!("leak{round}");
         ok_as(&c, "creator", &format!("CREATE DATABASE {db}"));
-        let oid: postgres::types::Oid =
-            c.query_scalar(&format!("SELECT oid FROM pg_database WHERE datname = '{db}'"));
+        let oid: postgres::types::Oid = c.query_scalar(&format!(
+            "SELECT oid FROM pg_database WHERE datname = '{db}'"
+        ));
         let names: Vec<String> = (1..=3).map(|i| format!("r{round}p{i}")).collect();
         for p in &names {
             ok_in_as(

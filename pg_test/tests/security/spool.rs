@@ -54,9 +54,8 @@ fn spool_files_count_against_temp_file_limit() {
         "SELECT count(*) FROM tide.outbox WHERE pipeline = 'p' AND (key->>'id')::int > 1000",
     );
     assert_eq!(applied, 0, "rows of the transaction applied past the limit");
-    let hint: String = c.query_scalar(
-        "SELECT coalesce(remedy, '') FROM tide.pipelines WHERE name = 'p'",
-    );
+    let hint: String =
+        c.query_scalar("SELECT coalesce(remedy, '') FROM tide.pipelines WHERE name = 'p'");
     assert!(
         hint.contains("tide.spool_file_limit"),
         "the remedy does not name the setting: {hint}"
