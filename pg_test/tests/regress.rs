@@ -178,7 +178,7 @@ const CHECKED_ELSEWHERE: &[&str] = &["upgrade"];
 /// created (the file creates the old version, updates it and compares with a fresh install).
 #[test]
 fn upgrade() {
-    let bin = private_pg_with_oldest_script("pg15-regress-upgrade");
+    let bin = private_pg_with_oldest_script(&format!("pg{}-regress-upgrade", pg_major()));
     let c = start_cluster(Cluster::builder("regress_upgrade").pg_bin(&bin));
     check_on(
         "upgrade",

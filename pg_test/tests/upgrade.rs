@@ -120,7 +120,9 @@ fn upgrade_in_place_with_pipelines_running() {
     let old_tree = run_repo_script(&["scripts/release.sh", &from]);
     let bin = PathBuf::from(run_repo_script(&[
         "scripts/private-pg.sh",
-        &repo_root().join("target/pg15-upgrade").to_string_lossy(),
+        &repo_root()
+            .join(format!("target/pg{}-upgrade", pg_major()))
+            .to_string_lossy(),
     ]));
     remove_pg_tide_files(&bin);
     run_repo_script(&["scripts/install-tree.sh", &bin.to_string_lossy(), &old_tree]);
