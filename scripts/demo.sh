@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A guided tour of pg_tide on a scratch cluster named `demo`.
 #
-#   scripts/demo.sh
+#   [TIDE_PG=NN] scripts/demo.sh      NN: 15 (default), 16, 17 or 18
 #
 # Builds and installs the extension (scripts/install.sh; TIDE_SKIP_INSTALL=1 skips it),
 # creates the cluster `demo` afresh (scripts/cluster.sh), and runs one section per
@@ -71,7 +71,7 @@ finish() {
 
 main() {
     if [[ "${TIDE_SKIP_INSTALL:-0}" != 1 ]]; then
-        section "Build and install pg_tide into the system PostgreSQL 15"
+        section "Build and install pg_tide into PostgreSQL $TIDE_PG ($TIDE_PG_BIN/..)"
         bash "$TIDE_REPO/scripts/install.sh"
     fi
 

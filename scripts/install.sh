@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build pg_tide (release) and install it into the system PostgreSQL 15 (or the one of TIDE_PG_BIN).
+# Build pg_tide (release) and install it into the PostgreSQL of TIDE_PG (default 15: the system's;
+# 16-18: the tree scripts/setup.sh unpacks), or the one of TIDE_PG_BIN.
 #
 #   scripts/install.sh
 #

@@ -3,6 +3,9 @@
 #
 #   scripts/release.sh VERSION     prints the directory of that release's package tree
 #   scripts/release.sh --oldest    the same for the oldest release in sql/releases.txt
+#   scripts/release.sh --previous  prints (builds nothing) the newest release other than the
+#                                  version under test that supports TIDE_PG (sql/releases.txt's
+#                                  third field); nothing when there is none
 #
 # sql/releases.txt names each release's commit. The tree is what `cargo pgrx package` makes of
 # that commit for the system installation of TIDE_PG (default 15: usr/lib/.../pg_tide.so,
@@ -20,8 +23,18 @@ set -euo pipefail
 die() { tide_die release "$@"; }
 log() { tide_log release "$@"; }
 
-[[ $# -eq 1 ]] || die "usage: $0 VERSION | --oldest"
+[[ $# -eq 1 ]] || die "usage: $0 VERSION | --oldest | --previous"
 list="$TIDE_REPO/sql/releases.txt"
+if [[ "$1" == --previous ]]; then
+    current="$(sed -nE '0,/^version *= *"([^"]+)"/s//\1/p' "$TIDE_REPO/Cargo.toml")"
+    awk -v cur="$current" -v pg="$TIDE_PG" '
+        !/^#/ && NF >= 2 && $1 != cur {
+            n = split(NF >= 3 ? $3 : "15", v, ",")
+            for (i = 1; i <= n; i++) if (v[i] == pg) last = $1
+        }
+        END { if (last != "") print last }' "$list"
+    exit 0
+fi
 if [[ "$1" == --oldest ]]; then
     version="$(awk '!/^#/ && NF >= 2 { print $1; exit }' "$list")"
 else

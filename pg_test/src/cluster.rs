@@ -135,6 +135,7 @@ pub struct ClusterBuilder {
     preload: bool,
     wal_level: Option<String>,
     conf: Vec<String>,
+    initdb: Vec<String>,
     pg_bin: Option<PathBuf>,
 }
 
@@ -164,6 +165,12 @@ impl ClusterBuilder {
         self
     }
 
+    /// One extra `initdb` argument, e.g. `initdb_arg("--no-data-checksums")`.
+    pub fn initdb_arg(mut self, arg: &str) -> Self {
+        self.initdb.push(arg.to_string());
+        self
+    }
+
     /// Initialize the cluster without starting it.
     pub fn init(self) -> Cluster {
         let name = unique_name(&self.base_name);
@@ -178,6 +185,10 @@ impl ClusterBuilder {
         for c in &self.conf {
             args.push("--conf".into());
             args.push(c.clone());
+        }
+        for a in &self.initdb {
+            args.push("--initdb".into());
+            args.push(a.clone());
         }
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
         let bin = self.pg_bin.as_deref();
@@ -232,6 +243,7 @@ impl Cluster {
             preload: true,
             wal_level: None,
             conf: Vec::new(),
+            initdb: Vec::new(),
             pg_bin: None,
         }
     }

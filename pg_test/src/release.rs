@@ -38,19 +38,23 @@ pub fn pg_major() -> u32 {
         .unwrap_or_else(|| panic!("cannot read a major version from pg_config --version: {text}"))
 }
 
-/// The newest release named in `sql/releases.txt` other than the version under test: the one a
-/// DBA upgrades from today (the upgrade test installs it).
+/// The newest release named in `sql/releases.txt` other than the version under test that
+/// supports the PostgreSQL version under test (`scripts/release.sh --previous`): the one a DBA
+/// upgrades from today (the upgrade test installs it). Panics when there is none
+/// (`scripts/e2e-lanes.sh` does not run the upgrade suite then).
 pub fn previous_release() -> String {
-    let list =
-        std::fs::read_to_string(repo_root().join("sql/releases.txt")).expect("sql/releases.txt");
-    let current = current_version();
-    list.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .filter_map(|l| l.split_whitespace().next())
-        .rfind(|v| *v != current)
-        .expect("sql/releases.txt names a release before the version under test")
-        .to_string()
+    let v = run_ok(
+        Command::new("bash")
+            .args(["scripts/release.sh", "--previous"])
+            .current_dir(repo_root())
+            .env("TIDE_PG", pg_major().to_string()),
+    );
+    assert!(
+        !v.is_empty(),
+        "sql/releases.txt names no release before the version under test that supports PostgreSQL {}",
+        pg_major()
+    );
+    v
 }
 
 /// The version of the build under test (the extension crate's).

@@ -102,7 +102,10 @@ pub fn outbox_copy(c: &Cluster, source: &str, relation: &str, copy: &str) {
 /// `<copy>_replay(pipeline, skip_deletes DEFAULT false)` that replays the outbox events of
 /// `relation` onto it in id order (upsert by the key columns `keys`, delete unless
 /// `skip_deletes`, truncate — of one partition: its `where`; schema events are skipped, the
-/// copy having the source's shape; unchanged TOAST columns are refused) and returns how many. Static
+/// copy having the source's shape; unchanged TOAST columns are refused; between a `resync`
+/// event's `start` and `end` phases the keys of read, inserted and updated rows are noted, and at
+/// the `end` the copy drops every row not noted: the rows the source no longer had, as
+/// README's Outbox format tells consumers) and returns how many. Static
 /// SQL, so plans are cached: ~tens of thousands of events per second.
 pub fn outbox_copy_keyed(c: &Cluster, source: &str, relation: &str, copy: &str, keys: &[&str]) {
     let matches = keys
@@ -119,7 +122,9 @@ RETURNS bigint LANGUAGE plpgsql AS $f$
 DECLARE
     e record;
     n bigint := 0;
+    resyncing boolean := false;
 BEGIN
+    CREATE TEMP TABLE IF NOT EXISTS {copy}_seen (k jsonb PRIMARY KEY);
     FOR e IN SELECT o.id, o.op, o.key, o."row", o.unchanged FROM tide.outbox o
               WHERE o.pipeline = p_pipeline AND o.relation = '{rel}' ORDER BY o.id
     LOOP
@@ -131,6 +136,9 @@ BEGIN
             -- upsert by key
             DELETE FROM {copy} c USING jsonb_populate_record(NULL::{copy}, e.key) k WHERE {matches};
             INSERT INTO {copy} SELECT * FROM jsonb_populate_record(NULL::{copy}, e."row");
+            IF resyncing THEN
+                INSERT INTO {copy}_seen VALUES (e.key) ON CONFLICT DO NOTHING;
+            END IF;
         ELSIF e.op = 'delete' THEN
             IF NOT p_skip_deletes THEN
                 DELETE FROM {copy} c USING jsonb_populate_record(NULL::{copy}, e.key) k WHERE {matches};
@@ -142,6 +150,16 @@ BEGIN
             ELSE
                 DELETE FROM {copy};
             END IF;
+        ELSIF e.op = 'resync' AND e."row"->>'phase' = 'start' THEN
+            resyncing := true;
+            TRUNCATE {copy}_seen;
+        ELSIF e.op = 'resync' AND e."row"->>'phase' = 'end' THEN
+            IF NOT resyncing THEN
+                RAISE EXCEPTION 'event % ends a resync that no event started', e.id;
+            END IF;
+            DELETE FROM {copy} c WHERE NOT EXISTS (
+                SELECT 1 FROM {copy}_seen s, jsonb_populate_record(NULL::{copy}, s.k) k WHERE {matches});
+            resyncing := false;
         ELSIF e.op = 'schema' THEN
             -- The copy was made with the source's shape when it was created, and a test compares
             -- it after the last change: schema events are for consumers whose copy follows the

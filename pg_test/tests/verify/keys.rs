@@ -21,13 +21,13 @@ const TABLES: &[(&str, &str, &str, &str)] = &[
     ("k_uuid", "k uuid", "k", "md5(g::text)::uuid"),
     (
         "k_coll",
-        "k text COLLATE \"en-US-x-icu\"",
+        "k text COLLATE \"{coll}\"",
         "k",
         "chr(65 + (g % 2) * 32 + (g / 2) % 26) || g",
     ),
     (
         "k_mix",
-        "a date, b timestamptz, c numeric, d text COLLATE \"en-US-x-icu\", e uuid, f time",
+        "a date, b timestamptz, c numeric, d text COLLATE \"{coll}\", e uuid, f time",
         "a, b, c, d, e, f",
         "date '2020-01-01' + g / 50, timestamptz '2024-01-01 00:00+00' + (g % 7) * interval '1 hour', \
          (g % 3) * 0.5, chr(97 + g % 3) || chr(65 + g % 2), md5(g::text)::uuid, time '12:00' + (g % 5) * interval '1 minute'",
@@ -37,7 +37,9 @@ const TABLES: &[(&str, &str, &str, &str)] = &[
 /// Verify (ranges of about 50 keys), corrupt, verify, repair, verify, on pipeline `p` whose
 /// targets are on `tc` in schema `schema`.
 fn keys_scenario(c: &Cluster, tc: &Cluster, p: &str, schema: &str) {
+    let coll = interleaving_collation(c);
     for (t, cols, key, expr) in TABLES {
+        let cols = cols.replace("{coll}", &coll);
         exec(
             c,
             &format!(
