@@ -701,9 +701,12 @@ fn outbox_consumer_waits() {
                 );
                 std::thread::sleep(Duration::from_millis(20));
             }
+            // Taken before the write: its commit can wake the read, and the read return, before
+            // this thread gets the INSERT's reply.
+            let writing = Instant::now();
             c2.batch_execute("INSERT INTO alice.t VALUES (42, 42)")
                 .expect("the write");
-            Instant::now()
+            writing
         })
     };
     let t = Instant::now();
