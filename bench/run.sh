@@ -81,7 +81,7 @@ if ! pg_tide_installed; then
     log "pg_tide is not installed in $TIDE_PG_BIN: scripts/install.sh (release build)"
     TIDE_SKIP_SETUP=1 bash "$TIDE_REPO/scripts/install.sh"
 fi
-[[ -x "$TIDE_PG_BIN/pgbench" ]] || die "$TIDE_PG_BIN/pgbench not found (package postgresql-15)"
+[[ -x "$TIDE_PG_BIN/pgbench" ]] || die "$TIDE_PG_BIN/pgbench not found (TIDE_PG=$TIDE_PG scripts/setup.sh installs it)"
 [[ -f "$("$TIDE_PG_CONFIG" --sharedir)/extension/postgres_fdw.control" ]] \
     || die "postgres_fdw is not installed (PostgreSQL contrib modules)"
 

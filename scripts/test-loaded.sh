@@ -29,8 +29,9 @@ shift $((OPTIND - 1))
 cd "$TIDE_REPO"
 logdir="${TIDE_TEST_LOGS:-/tmp/pg_tide_test_logs}/loaded"
 mkdir -p "$logdir"
-TIDE_PG_BIN="$(bash scripts/private-pg.sh "$TIDE_REPO/target/pg15-private")"
+TIDE_PG_BIN="$(bash scripts/private-pg.sh "$TIDE_REPO/target/pg$TIDE_PG-private")"
 export TIDE_PG_BIN TIDE_PG_CONFIG="$TIDE_PG_BIN/pg_config"
+tide_pg_libpath
 if [[ "${TIDE_SKIP_INSTALL:-0}" != 1 ]]; then
     TIDE_SKIP_SETUP=1 bash scripts/install.sh
 fi

@@ -65,46 +65,57 @@ if [[ $# -eq 0 && -z "$TIDE_PG_FROM_CALLER" && -z "$TIDE_PG_BIN_FROM_CALLER" ]];
     m_p=0
     m_f=0
     m_start=$SECONDS
-    # matrix_run NN WHAT STAGES...: one version's run, as its own scripts/test.sh
-    matrix_run() {
-        local v="$1" what="$2" rc=0 last p f start=$SECONDS
-        shift 2
-        printf '
-######################################################################
-'
-        printf '## PostgreSQL %s: %s
-' "$v" "$what"
-        printf '######################################################################
-'
-        mkdir -p "$matrix_logs/pg$v"
-        TIDE_PG="$v" TIDE_TEST_LOGS="$matrix_logs/pg$v" TIDE_E2E_SUITES="$m_suites" bash "$0" "$@" 2>&1 | tee "$matrix_logs/pg$v.log" || rc=$?
-        last="$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$matrix_logs/pg$v.log" | tail -1)"
+    m_banner() {
+        printf '\n######################################################################\n'
+        printf '## %s\n' "$*"
+        printf '######################################################################\n'
+    }
+    # matrix_tally NN WHAT RC SECONDS: adds one version's "N passed, M failed" (its log's last
+    # such line) to the totals and the summary.
+    matrix_tally() {
+        local v="$1" what="$2" rc="$3" secs="$4" last p=0 f=1
+        last="$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$matrix_logs/pg$v.log" | tail -1 || true)"
         if [[ "$last" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
             p="${BASH_REMATCH[1]}"
             f="${BASH_REMATCH[2]}"
-        else
-            p=0
-            f=1
         fi
         ((rc != 0 && f == 0)) && f=1
         m_p=$((m_p + p))
         m_f=$((m_f + f))
-        m_rows+=("$(printf '  PostgreSQL %-3s %-44s %4d passed, %4d failed  %5ds' "$v" "$what" "$p" "$f" $((SECONDS - start)))")
+        m_rows+=("$(printf '  PostgreSQL %-3s %-40s %4d passed, %4d failed  %5ds' "$v" "$what" "$p" "$f" "$secs")")
     }
-    m_suites=""
+    # matrix_run NN WHAT STAGES...: one version's run, as its own scripts/test.sh
+    matrix_run() {
+        local v="$1" what="$2" rc=0 start=$SECONDS
+        shift 2
+        m_banner "PostgreSQL $v: $what"
+        mkdir -p "$matrix_logs/pg$v"
+        TIDE_PG="$v" TIDE_TEST_LOGS="$matrix_logs/pg$v" bash "$0" "$@" 2>&1 | tee "$matrix_logs/pg$v.log" || rc=$?
+        matrix_tally "$v" "$what" "$rc" $((SECONDS - start))
+    }
     matrix_run 15 "all stages" core pgrx e2e package
     matrix_run 18 "pgrx, e2e, package" pgrx e2e package
-    m_suites="$TIDE_E2E_SUBSET"
+    # 16 and 17 side by side, one lane each (their suites mostly wait on workers), each with
+    # its own clusters and ports; their outputs are printed whole when both are done.
+    start=$SECONDS
+    declare -A m_pid=() m_rc=()
     for v in 16 17; do
-        matrix_run "$v" "e2e: $TIDE_E2E_SUBSET" e2e
+        mkdir -p "$matrix_logs/pg$v"
+        TIDE_PG="$v" TIDE_TEST_LOGS="$matrix_logs/pg$v" TIDE_E2E_SUITES="$TIDE_E2E_SUBSET" TIDE_E2E_LANES=1 \
+            TIDE_CLUSTERS="${TIDE_CLUSTERS:-/tmp/pg_tide_clusters}_pg$v" TIDE_PORT_BASE=$((${TIDE_PORT_BASE:-25432} + (v - 14) * 1000)) \
+            bash "$0" e2e >"$matrix_logs/pg$v.log" 2>&1 &
+        m_pid[$v]=$!
     done
-    printf '
-======================================================================
-'
-    printf '== pg_tide version matrix summary (%d s)
-' $((SECONDS - m_start))
-    printf '======================================================================
-'
+    for v in 16 17; do
+        m_rc[$v]=0
+        wait "${m_pid[$v]}" || m_rc[$v]=$?
+        m_banner "PostgreSQL $v: e2e of TIDE_E2E_SUBSET ($TIDE_E2E_SUBSET)"
+        cat "$matrix_logs/pg$v.log"
+        matrix_tally "$v" "e2e (subset)" "${m_rc[$v]}" $((SECONDS - start))
+    done
+    printf '\n======================================================================\n'
+    printf '== pg_tide version matrix summary (%d s)\n' $((SECONDS - m_start))
+    printf '======================================================================\n'
     printf '%s\n' "${m_rows[@]}"
     echo "$m_p passed, $m_f failed"
     ((m_f == 0))
