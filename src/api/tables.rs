@@ -140,14 +140,9 @@ pub(super) fn validate_source(relid: pg_sys::Oid, owner: &str) -> TideResult<Sou
 
 /// What a table captured without a key (`REPLICA IDENTITY FULL`, see README "Tables without a
 /// key") may not combine with, each refused with 0A000 and what to do instead: a backfill (pg_tide
-/// reads a table again chunk by key), a column list (an update or delete matches the target's row
-/// by every column, so every column must be there), a Kafka target (its messages are keyed).
-fn check_keyless(
-    q: &str,
-    target: tide_core::model::TargetKind,
-    backfill: bool,
-    listed: bool,
-) -> TideResult<()> {
+/// reads a table again chunk by key), a Kafka target (its messages are keyed). A column list is
+/// refused by [`column_list`].
+fn check_keyless(q: &str, target: tide_core::model::TargetKind, backfill: bool) -> TideResult<()> {
     let refuse = |what: &str, hint: String| {
         Err(TideError::unsupported(format!(
             "\"{q}\" has no key (it is captured by REPLICA IDENTITY FULL), {what}"
@@ -158,12 +153,6 @@ fn check_keyless(
         return refuse(
             "and pg_tide backfills a table chunk by chunk of its key",
             format!("Pass backfill => false: every change committed after tide.add_table commits is delivered. To start from the rows that exist, copy them in the same transaction while writers wait (README, Tables without a key): BEGIN; LOCK TABLE {q} IN SHARE MODE; SELECT tide.add_table(..., backfill => false); INSERT INTO <target> SELECT * FROM {q}; COMMIT;"),
-        );
-    }
-    if listed {
-        return refuse(
-            "and its updates and deletes find the target's row by every column, so it is delivered whole",
-            "Omit columns (every column is delivered), or give the table a key.".to_string(),
         );
     }
     if target == tide_core::model::TargetKind::Kafka {
@@ -187,13 +176,20 @@ pub(super) struct Shaping<'a> {
 
 /// `columns => ...` of `add_table`: (attribute numbers, names) in attribute order. Every name a
 /// column of the table (42703), no NULL, repeat or generated column, not empty, and every key
-/// column among them (22023).
+/// column among them (22023). None for a table without a key (0A000): its updates and deletes
+/// find the target's row by every column, so it is delivered whole.
 pub(super) fn column_list(
     relid: pg_sys::Oid,
     s: &SourceInfo,
     names: &[Option<String>],
 ) -> TideResult<(Vec<i16>, Vec<String>)> {
     let q = &s.qualified;
+    if s.key_columns.is_empty() {
+        return Err(TideError::unsupported(format!(
+            "\"{q}\" has no key (it is captured by REPLICA IDENTITY FULL), and its updates and deletes find the target's row by every column, so it is delivered whole"
+        ))
+        .hint("Omit columns (every column is delivered), or give the table a key."));
+    }
     let hint_key = || {
         format!(
             "List the columns to deliver, the key ({}) among them, e.g. columns => ARRAY['{}', ...]; omit columns (NULL) for every column.",
@@ -338,7 +334,7 @@ pub(super) fn add_table_impl(
     };
     let (target_kind, options) = catalog::pipelines::target(pipeline)?;
     if s.key_columns.is_empty() {
-        check_keyless(&s.qualified, target_kind, backfill, listed.is_some())?;
+        check_keyless(&s.qualified, target_kind, backfill)?;
     }
     if truncate_target {
         check_truncate_target(pipeline, &s.qualified, target_kind, existing, backfill)?;

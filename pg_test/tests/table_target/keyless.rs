@@ -219,6 +219,10 @@ fn keyless_duplicates_change_one_row_and_refusals() {
     exec(&c, "SELECT tide.add_table('p', 'hist', backfill => false)");
     wait_pipeline(&c, "p", 60);
     let e = c
+        .try_execute("SELECT tide.alter_table('p', 'hist', columns => ARRAY['aid'])")
+        .unwrap_err();
+    assert_db_error(&e, "0A000", None);
+    let e = c
         .try_execute("SELECT tide.start_backfill('hist', 'p')")
         .unwrap_err();
     assert_db_error(&e, "0A000", None);
