@@ -1,6 +1,7 @@
 //! The SQL objects of the extension that are not Rust functions: catalog tables, the outbox,
 //! views, privileges, and the event triggers: `tide_schema_changes` (with its SQL functions
-//! `tide._shape`, `tide._schema_change`, `tide._schema_marker`) and `tide_dropped_tables`
+//! `tide._shape`, `tide._schema_change`, `tide._schema_marker`, which also refuses a replica
+//! identity other than FULL for a table captured without a key) and `tide_dropped_tables`
 //! (`tide._drop_marker`), the places outside `catalog` that write pg_tide's tables, in the DDL's
 //! own transaction, because they must run in SQL there; `tide_followed_schemas` runs the C
 //! function `tide._follow_tables` of `api::follow`. The Rust code that reads and writes these
@@ -767,6 +768,22 @@ DECLARE
     now_shape jsonb;
     marker_id bigint;
 BEGIN
+    -- A table captured without a key keeps REPLICA IDENTITY FULL while it is captured: with any
+    -- other identity its updates and deletes would carry no old row, and the row they change
+    -- could not be found at a table target (README, Tables without a key).
+    FOR r IN
+        SELECT t.pipeline, t.relation
+          FROM tide.pipeline_table t JOIN pg_class c ON c.oid = t.relid
+         WHERE t.relid IN (SELECT d.objid FROM pg_event_trigger_ddl_commands() d
+                            WHERE d.classid = 'pg_catalog.pg_class'::regclass)
+           AND cardinality(t.key_columns) = 0 AND NOT t.removing AND c.relreplident <> 'f'
+         ORDER BY t.relid, t.pipeline
+         LIMIT 1
+    LOOP
+        RAISE EXCEPTION '% is captured by pipeline "%" without a key, so its replica identity must stay FULL', r.relation, r.pipeline
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = format('Keep REPLICA IDENTITY FULL while it is captured, or remove it from the pipeline first: SELECT tide.remove_table(%L, %L);', r.pipeline, r.relation);
+    END LOOP;
     FOR r IN
         WITH RECURSIVE rels(relid) AS (
             SELECT d.objid FROM pg_event_trigger_ddl_commands() d
@@ -789,7 +806,7 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION tide._schema_marker() IS 'pg_tide internal: the event trigger that writes a schema marker when an ALTER TABLE changes a captured table''s columns or key.';
+COMMENT ON FUNCTION tide._schema_marker() IS 'pg_tide internal: the event trigger that writes a schema marker when an ALTER TABLE changes a captured table''s columns or key, and refuses a replica identity other than FULL for a table captured without a key.';
 CREATE EVENT TRIGGER tide_schema_changes ON ddl_command_end WHEN TAG IN ('ALTER TABLE')
     EXECUTE FUNCTION tide._schema_marker();
 COMMENT ON EVENT TRIGGER tide_schema_changes IS 'pg_tide: schema events for captured tables (tide._schema_marker).';

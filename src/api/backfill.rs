@@ -296,6 +296,12 @@ fn start_backfill_core(
         ))
         .hint(format!("Remove and re-add the table so pg_tide learns the new key: SELECT tide.remove_table('{pipeline}', '{qualified}'); SELECT tide.add_table('{pipeline}', '{qualified}').")));
     }
+    if stored.is_empty() {
+        return Err(TideError::unsupported(format!(
+            "{qualified} has no key (it is captured by REPLICA IDENTITY FULL), and pg_tide backfills a table chunk by chunk of its key"
+        ))
+        .hint("Compare and copy it yourself (README, Tables without a key), or give the table a key and add it again."));
+    }
     // Serialise concurrent starts for one table, then look with a snapshot taken after the lock.
     crate::locks::lock(
         crate::locks::Lock::Backfill(&pipeline, relid),

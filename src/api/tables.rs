@@ -95,9 +95,15 @@ pub(super) fn validate_source(relid: pg_sys::Oid, owner: &str) -> TideResult<Sou
         return Err(TideError::prerequisite(format!("\"{q}\" has REPLICA IDENTITY NOTHING, so its updates and deletes carry no key"))
             .hint(format!("ALTER TABLE {q} REPLICA IDENTITY DEFAULT (with a primary key) or REPLICA IDENTITY USING INDEX ...")));
     }
-    if s.key_columns.is_empty() {
-        return Err(TideError::prerequisite(format!("\"{q}\" has no primary key"))
-            .hint(format!("Add one (ALTER TABLE {q} ADD PRIMARY KEY (...)) or name a unique index on NOT NULL columns: ALTER TABLE {q} REPLICA IDENTITY USING INDEX ...")));
+    if s.key_columns.is_empty() && s.replident != "f" {
+        return Err(TideError::prerequisite(format!("\"{q}\" has no primary key and its replica identity is not FULL, so its updates and deletes carry neither a key nor the old row"))
+            .hint(format!("Capture it without a key: ALTER TABLE {q} REPLICA IDENTITY FULL (its updates and deletes then carry the whole old row; see README, Tables without a key). Or add a key (ALTER TABLE {q} ADD PRIMARY KEY (...)), or name a unique index on NOT NULL columns: ALTER TABLE {q} REPLICA IDENTITY USING INDEX ...")));
+    }
+    if s.key_columns.is_empty() && s.relkind == "p" {
+        return Err(TideError::unsupported(format!(
+            "\"{q}\" is a partitioned table without a key, which pg_tide does not capture"
+        ))
+        .hint(format!("Give it a primary key (ALTER TABLE {q} ADD PRIMARY KEY (...)), or capture its partitions one by one (each with REPLICA IDENTITY FULL).")));
     }
     if s.relkind == "p" {
         if let Some(pr) =
@@ -132,6 +138,32 @@ pub(super) fn validate_source(relid: pg_sys::Oid, owner: &str) -> TideResult<Sou
     Ok(s)
 }
 
+/// What a table captured without a key (`REPLICA IDENTITY FULL`, see README "Tables without a
+/// key") may not combine with, each refused with 0A000 and what to do instead: a backfill (pg_tide
+/// reads a table again chunk by key), a Kafka target (its messages are keyed). A column list is
+/// refused by [`column_list`].
+fn check_keyless(q: &str, target: tide_core::model::TargetKind, backfill: bool) -> TideResult<()> {
+    let refuse = |what: &str, hint: String| {
+        Err(TideError::unsupported(format!(
+            "\"{q}\" has no key (it is captured by REPLICA IDENTITY FULL), {what}"
+        ))
+        .hint(hint))
+    };
+    if backfill {
+        return refuse(
+            "and pg_tide backfills a table chunk by chunk of its key",
+            format!("Pass backfill => false: every change committed after tide.add_table commits is delivered. To start from the rows that exist, copy them in the same transaction while writers wait (README, Tables without a key): BEGIN; LOCK TABLE {q} IN SHARE MODE; SELECT tide.add_table(..., backfill => false); INSERT INTO <target> SELECT * FROM {q}; COMMIT;"),
+        );
+    }
+    if target == tide_core::model::TargetKind::Kafka {
+        return refuse(
+            "and a Kafka target keys every message by the row's key",
+            "Capture it into the outbox or a table target, or give the table a key.".to_string(),
+        );
+    }
+    Ok(())
+}
+
 /// What `tide.add_table` delivers of a table: the rows its row filter passes, the columns of its
 /// column list (`None`: every row, every column).
 #[derive(Default)]
@@ -144,13 +176,20 @@ pub(super) struct Shaping<'a> {
 
 /// `columns => ...` of `add_table`: (attribute numbers, names) in attribute order. Every name a
 /// column of the table (42703), no NULL, repeat or generated column, not empty, and every key
-/// column among them (22023).
+/// column among them (22023). None for a table without a key (0A000): its updates and deletes
+/// find the target's row by every column, so it is delivered whole.
 pub(super) fn column_list(
     relid: pg_sys::Oid,
     s: &SourceInfo,
     names: &[Option<String>],
 ) -> TideResult<(Vec<i16>, Vec<String>)> {
     let q = &s.qualified;
+    if s.key_columns.is_empty() {
+        return Err(TideError::unsupported(format!(
+            "\"{q}\" has no key (it is captured by REPLICA IDENTITY FULL), and its updates and deletes find the target's row by every column, so it is delivered whole"
+        ))
+        .hint("Omit columns (every column is delivered), or give the table a key."));
+    }
     let hint_key = || {
         format!(
             "List the columns to deliver, the key ({}) among them, e.g. columns => ARRAY['{}', ...]; omit columns (NULL) for every column.",
@@ -294,6 +333,9 @@ pub(super) fn add_table_impl(
         None => None,
     };
     let (target_kind, options) = catalog::pipelines::target(pipeline)?;
+    if s.key_columns.is_empty() {
+        check_keyless(&s.qualified, target_kind, backfill)?;
+    }
     if truncate_target {
         check_truncate_target(pipeline, &s.qualified, target_kind, existing, backfill)?;
     }

@@ -351,10 +351,14 @@ fn create_target(
             )
         })
         .collect();
-    defs.push(format!(
-        "PRIMARY KEY ({})",
-        key.iter().map(|k| quote(k)).collect::<Vec<_>>().join(", ")
-    ));
+    // A source without a key (REPLICA IDENTITY FULL) gets a target without one: its rows are a
+    // multiset, duplicates included.
+    if !key.is_empty() {
+        defs.push(format!(
+            "PRIMARY KEY ({})",
+            key.iter().map(|k| quote(k)).collect::<Vec<_>>().join(", ")
+        ));
+    }
     let create_schema = format!("CREATE SCHEMA IF NOT EXISTS {}", quote(schema));
     let create = format!("CREATE TABLE {qualified} ({})", defs.join(", "));
     match remote {
@@ -462,7 +466,12 @@ fn differences(cols: &[SourceCol], key: &[String], shape: &[Vec<Option<String>>]
     let mut skey = key.to_vec();
     tkey.sort();
     skey.sort();
-    if tkey != skey {
+    if tkey != skey && skey.is_empty() {
+        diffs.push(format!(
+            "its primary key is ({}), and the source has no key (its duplicate rows could not be written)",
+            tkey.join(", ")
+        ));
+    } else if tkey != skey {
         diffs.push(format!(
             "its primary key is ({}), the source's key is ({})",
             tkey.join(", "),

@@ -62,6 +62,7 @@ pub use tide_core::read_ahead::Due;
 /// chunk's first transaction (a read).
 pub(crate) fn due(pipeline: &str, parallel: i32) -> TideResult<Vec<Due>> {
     let picked = comma_list(&texts(&[BackfillState::Queued, BackfillState::Running]));
+    fail_keyless(pipeline)?;
     let parallel = parallel.max(1).to_string();
     let rows = sql::text_rows(
         "SELECT b.id, b.relid::int8, b.chunk_size, b.rows_per_second, b.condition, p.owner::text,
@@ -85,6 +86,25 @@ pub(crate) fn due(pipeline: &str, parallel: i32) -> TideResult<Vec<Due>> {
         false,
     )?;
     rows.into_iter().map(|r| due_row(pipeline, r)).collect()
+}
+
+/// Fail the queued or running backfills of tables captured without a key (`REPLICA IDENTITY
+/// FULL`): pg_tide reads a table again chunk by chunk of its key, so those queued by the
+/// worker itself (a resync after a lost slot, a re-read after a table rewrite or a changed row
+/// filter) cannot run; they fail at once, visibly, with what to do (the SQL API refuses to
+/// start one).
+fn fail_keyless(pipeline: &str) -> TideResult<()> {
+    sql::exec(
+        "UPDATE tide.backfill SET state = $2, error_at = now(), finished_at = now(), error_sqlstate = '0A000',
+                error = relation || ' has no key (it is captured by REPLICA IDENTITY FULL), and pg_tide reads a table again chunk by chunk of its key: ' || coalesce(error, 'a re-read was needed'),
+                remedy = 'Compare the target with the source and copy what differs yourself (README, Tables without a key), or give the table a key, remove it and add it again.'
+          WHERE pipeline = $1 AND state = ANY($3) AND cardinality(key_columns) = 0",
+        &[
+            pipeline.into(),
+            BackfillState::Failed.as_str().into(),
+            texts(&[BackfillState::Queued, BackfillState::Running]).into(),
+        ],
+    )
 }
 
 /// One row of [`due`]'s query as a [`Due`].

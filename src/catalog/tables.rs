@@ -65,7 +65,8 @@ impl NewTable<'_> {
     }
 }
 
-/// A target table: schema, name, key columns in key order; a NULL or empty one is [`corrupt`].
+/// A target table: schema, name, key columns in key order (empty for a table captured without a
+/// key, `REPLICA IDENTITY FULL`); a NULL one is [`corrupt`].
 fn table_ref(
     schema: Option<String>,
     name: Option<String>,
@@ -75,9 +76,7 @@ fn table_ref(
     Ok(TableRef {
         schema: schema.ok_or_else(|| corrupt("target_schema", pipeline))?,
         name: name.ok_or_else(|| corrupt("target_name", pipeline))?,
-        key: key
-            .filter(|k| !k.is_empty())
-            .ok_or_else(|| corrupt("key_columns", pipeline))?,
+        key: key.ok_or_else(|| corrupt("key_columns", pipeline))?,
     })
 }
 

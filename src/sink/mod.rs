@@ -48,6 +48,11 @@ pub struct Event {
     pub unchanged: Vec<String>,
     /// Names of the columns present in `row`, in order.
     pub columns: Vec<String>,
+    /// The old row of an update or a delete of a table captured without a key (`REPLICA
+    /// IDENTITY FULL`), every column, for a target that takes text (`Row::Key`: each column's
+    /// name and text, in column order): a table target matches the row to change by it. `Row::None` otherwise (the outbox
+    /// gets the old row as `key` instead, see `worker::apply`).
+    pub old: Row,
     /// (backfill id, chunk) of a `read` event.
     pub backfill: Option<(i64, i64)>,
     /// A truncate that emptied one partition of a partitioned table only: the partition's
@@ -68,6 +73,7 @@ impl Event {
             row: Row::None,
             unchanged: Vec::new(),
             columns: Vec::new(),
+            old: Row::None,
             backfill: None,
             only_where: None,
         }

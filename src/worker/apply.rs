@@ -1033,6 +1033,19 @@ fn push_update(
     new_key: String,
     new: &Tuple<'_>,
 ) -> TideResult<()> {
+    if keyless(rel) {
+        let old_row = old_key.ok_or_else(|| no_old_row(rel))?;
+        return emit(
+            sink,
+            c,
+            t,
+            (relid, rel),
+            Op::Update,
+            new_key,
+            Some(old_row),
+            new,
+        );
+    }
     match old {
         Some(old) if old != new_key => {
             let Some(old_tuple) = old_key else {
@@ -1113,6 +1126,66 @@ fn emit_row(
     key: String,
     new: &Tuple<'_>,
 ) -> TideResult<()> {
+    emit(sink, c, t, (relid, rel), op, key, None, new)
+}
+
+/// Whether `rel` was captured without a key (`REPLICA IDENTITY FULL`): no column is a key
+/// column. Its events carry the old row instead of a key: as `key` (JSON) for a target that
+/// takes JSON, as [`Event::old`] for one that takes text.
+fn keyless(rel: &RelDesc) -> bool {
+    !rel.columns.iter().any(|c| c.key)
+}
+
+/// The whole old row of a keyless table's update or delete, for the target's row form: `(key,
+/// old)` of its event.
+fn old_row(
+    sink: &mut dyn Target,
+    relid: u32,
+    rel: &RelDesc,
+    old: &Tuple<'_>,
+) -> TideResult<(Option<String>, Row)> {
+    if sink.row_form(relid, None)?.per_row() == RowForm::Text {
+        let (values, unchanged) = texts::row(&rel.columns, old).map_err(render_err)?;
+        if !unchanged.is_empty() {
+            return Err(TideError::internal(format!(
+                "the old row of a change of {} lacks a column",
+                rel.qualified
+            )));
+        }
+        let named = rel.columns.iter().map(|c| c.name.clone()).zip(values);
+        Ok((None, Row::Key(named.collect())))
+    } else {
+        let mut k = String::new();
+        json::render_row(&rel.columns, old, &mut k).map_err(render_err)?;
+        Ok((Some(k), Row::None))
+    }
+}
+
+/// A change of a keyless table that PostgreSQL logged without the old row: its replica
+/// identity is no longer FULL (the event trigger refuses that change while the table is
+/// captured, so only a change made with the trigger disabled gets here).
+fn no_old_row(rel: &RelDesc) -> TideError {
+    TideError::prerequisite(format!(
+        "a change of {} carries no old row: the table has no key and its replica identity is no longer FULL, so the row to change cannot be found",
+        rel.qualified
+    ))
+    .hint(format!(
+        "ALTER TABLE {} REPLICA IDENTITY FULL; then skip the transaction (tide.skip_transaction) and repair the target, or remove the table and add it again.",
+        rel.qualified
+    ))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn emit(
+    sink: &mut dyn Target,
+    c: &mut SpiClient<'_>,
+    t: &mut Txn,
+    (relid, rel): (u32, &RelDesc),
+    op: Op,
+    key: String,
+    old: Option<&Tuple<'_>>,
+    new: &Tuple<'_>,
+) -> TideResult<()> {
     let (row, unchanged) = match sink.row_form(relid, None)?.per_row() {
         RowForm::Text => {
             let (values, unchanged) = texts::row(&rel.columns, new).map_err(render_err)?;
@@ -1135,6 +1208,11 @@ fn emit_row(
         .iter()
         .filter_map(|&i| rel.columns.get(i).map(|c| c.name.clone()))
         .collect();
+    let (key, old) = match old {
+        Some(o) => old_row(sink, relid, rel, o)?,
+        None if keyless(rel) => (None, Row::None),
+        None => (Some(key), Row::None),
+    };
     t.position += 1;
     sink.push(
         c,
@@ -1143,10 +1221,11 @@ fn emit_row(
             relid,
             relation: rel.qualified.clone(),
             op,
-            key: Some(key),
+            key,
             row,
             unchanged,
             columns,
+            old,
             backfill: None,
             only_where: None,
         },
@@ -1166,6 +1245,12 @@ fn delete_event(
     key: String,
     old: &Tuple<'_>,
 ) -> TideResult<Event> {
+    if keyless(rel) {
+        let (key, row) = old_row(sink, relid, rel, old)?;
+        let mut ev = key_event(relid, rel, Op::Delete, key);
+        ev.old = row;
+        return Ok(ev);
+    }
     let mut ev = key_event(relid, rel, Op::Delete, Some(key));
     if sink.row_form(relid, None)?.per_row() == RowForm::Text {
         ev.row = Row::Key(texts::key(&rel.columns, old).map_err(render_err)?);

@@ -1126,6 +1126,7 @@ fn write_rows(
                 },
                 row,
                 unchanged: Vec::new(),
+                old: Row::None,
                 backfill: Some((p.backfill_id, p.chunk_no)),
                 only_where: None,
             },

@@ -16,6 +16,15 @@
 //! - Nothing is merged away: every upsert of a run is applied in its own row of the statement;
 //!   a key deleted twice in one run is deleted once (the same effect).
 //! - A run holds at most [`RUN_ROWS`] rows; the event that fills it closes it.
+//! - Tables without a key (captured with `REPLICA IDENTITY FULL`, [`TableRef::key`] empty) have
+//!   multiset semantics, as PostgreSQL's apply worker gives them: an insert is a plain `INSERT`
+//!   (runs of them, like upserts; a duplicate row stays a duplicate), an update or a delete
+//!   ([`Change::RowMatch`]) changes or removes exactly one row equal to the old row in every
+//!   column (`IS NOT DISTINCT FROM`; the text output for types with no equality operator, see
+//!   [`no_equality`]), found by `(tableoid, ctid) = (SELECT ... LIMIT 1)`: one statement per
+//!   change, which closes the table's open run. Of two identical rows, one is changed. No row
+//!   equal to the old row: nothing happens (as PostgreSQL's apply worker, which logs it;
+//!   `tide.verify` finds the difference).
 //! - Every identifier in planned text is quoted with [`quote_ident`], every literal with
 //!   [`quote_literal`]; row data never appears in statement text: each column of a run travels
 //!   as one parameter, a `text[]` of the values' text output ([`text_array`]), read with
@@ -250,7 +259,9 @@ pub fn quote_literal(v: &str) -> String {
 pub struct TableRef {
     pub schema: String,
     pub name: String,
-    /// The key columns (the source's replica identity), in key order; never empty.
+    /// The key columns (the source's replica identity), in key order; empty for a table
+    /// captured without a key (`REPLICA IDENTITY FULL`, see [`Change::Insert`] and
+    /// [`Change::RowMatch`]).
     pub key: Vec<String>,
 }
 
@@ -291,6 +302,18 @@ pub enum Change {
         values: Vec<Option<String>>,
         types: Vec<String>,
     },
+    /// Insert the row into a table without a key: `values` the text output of each of `cols`.
+    Insert {
+        values: Vec<Option<String>>,
+        cols: Vec<TypedColumn>,
+    },
+    /// Of a table without a key: find one row equal to `old` (values of `old_cols`, every
+    /// column of the row) and delete it (`new` is `None`) or set `new`'s columns in it.
+    RowMatch {
+        old: Vec<Option<String>>,
+        old_cols: Vec<TypedColumn>,
+        new: Option<(Vec<Option<String>>, Vec<TypedColumn>)>,
+    },
     /// Empty the table.
     Truncate,
     /// Remove the rows `predicate` is true for (a TRUNCATE of one partition of a partitioned
@@ -302,6 +325,7 @@ pub enum Change {
 #[derive(Debug, PartialEq, Eq)]
 enum RunKind {
     Upsert { cols: Vec<TypedColumn> },
+    Insert { cols: Vec<TypedColumn> },
     Delete { types: Vec<String> },
 }
 
@@ -363,6 +387,21 @@ impl Planner {
                     params: Vec::new(),
                 });
                 return out;
+            }
+            Change::RowMatch { old, old_cols, new } => {
+                out.extend(self.close(relid));
+                out.push(row_match(table, &old, &old_cols, new.as_ref()));
+                return out;
+            }
+            Change::Insert { values, cols } => {
+                let kind = RunKind::Insert { cols };
+                let fits = self
+                    .open(relid)
+                    .is_none_or(|r| r.kind == kind && r.table == *table);
+                if !fits {
+                    out.extend(self.close(relid));
+                }
+                self.run_for(relid, table, kind).items.push(values);
             }
             Change::Delete { key, values, types } => {
                 let kind = RunKind::Delete { types };
@@ -564,6 +603,22 @@ fn statement(run: Run) -> Option<Statement> {
                 params: columns_of(&run.items, names.len()),
             })
         }
+        RunKind::Insert { cols } => {
+            let names: Vec<&String> = cols.iter().map(|(n, _)| n).collect();
+            let select = cols
+                .iter()
+                .map(|(n, ty)| format!("r.{}::{ty}", quote_ident(n)))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let list = join(names.iter().copied(), quote_ident, ", ");
+            Some(Statement {
+                sql: format!(
+                    "INSERT INTO {tq} ({list}) SELECT {select} FROM {}",
+                    unnest_columns("r", &names)
+                ),
+                params: columns_of(&run.items, names.len()),
+            })
+        }
         RunKind::Upsert { cols } => {
             let names: Vec<&String> = cols.iter().map(|(n, _)| n).collect();
             let select = cols
@@ -578,6 +633,71 @@ fn statement(run: Run) -> Option<Statement> {
             })
         }
     }
+}
+
+/// Whether values of type `ty` (`format_type`) are compared by their text output in a row match:
+/// the types with no default equality operator (`json`, `xml`, the geometric types but `box`'s
+/// area equality, which is not equality, and arrays of them). Their text output is what the
+/// source sent and what the target's input function kept (`json` keeps its text as it is).
+pub fn no_equality(ty: &str) -> bool {
+    let base = ty.trim_end_matches("[]");
+    matches!(
+        base,
+        "json" | "xml" | "point" | "line" | "lseg" | "box" | "path" | "polygon" | "circle"
+    )
+}
+
+/// The statement of a [`Change::RowMatch`]: parameters `$1..` the old row's values, then the new
+/// values, each a one-element [`text_array`] (a parameter is never NULL; the element may be).
+fn row_match(
+    t: &TableRef,
+    old: &[Option<String>],
+    old_cols: &[TypedColumn],
+    new: Option<&(Vec<Option<String>>, Vec<TypedColumn>)>,
+) -> Statement {
+    let tq = t.qualified();
+    let mut params = Vec::new();
+    let mut param = |v: &Option<String>| {
+        params.push(text_array([v.as_deref()]));
+        params.len()
+    };
+    let mut pred = Vec::with_capacity(old_cols.len());
+    for ((name, ty), v) in old_cols.iter().zip(old) {
+        let i = param(v);
+        let c = quote_ident(name);
+        pred.push(if no_equality(ty) {
+            format!("s.{c}::text IS NOT DISTINCT FROM (${i}::text[])[1]::{ty}::text")
+        } else {
+            format!("s.{c} IS NOT DISTINCT FROM (${i}::text[])[1]::{ty}")
+        });
+    }
+    let pred = if pred.is_empty() {
+        "true".to_string()
+    } else {
+        pred.join(" AND ")
+    };
+    let one = format!(
+        "(t.tableoid, t.ctid) = (SELECT s.tableoid, s.ctid FROM {tq} s WHERE {pred} LIMIT 1)"
+    );
+    let sql = match new {
+        None => format!("DELETE FROM {tq} t WHERE {one}"),
+        Some((values, cols)) => {
+            let mut set = Vec::with_capacity(cols.len());
+            for ((name, ty), v) in cols.iter().zip(values) {
+                let i = param(v);
+                set.push(format!("{} = (${i}::text[])[1]::{ty}", quote_ident(name)));
+            }
+            if set.is_empty() {
+                // Nothing sent changed (every column unchanged TOAST): the row stays as it is.
+                return Statement {
+                    sql: "SELECT".to_string(),
+                    params: Vec::new(),
+                };
+            }
+            format!("UPDATE {tq} t SET {} WHERE {one}", set.join(", "))
+        }
+    };
+    Statement { sql, params }
 }
 
 /// `INSERT INTO table (cols) SELECT r.cols FROM <rows> r ON CONFLICT (key) DO UPDATE ...`: every

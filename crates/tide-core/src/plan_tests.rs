@@ -416,6 +416,9 @@ fn apply_event(s: &mut State, t: &str, ch: &Change) {
         }
         Change::Truncate => rows.clear(),
         Change::TruncateWhere { .. } => panic!("the model does not generate partition truncates"),
+        Change::Insert { .. } | Change::RowMatch { .. } => {
+            panic!("the model does not generate keyless changes")
+        }
     }
 }
 
@@ -611,4 +614,72 @@ fn schema_change_refuses_a_key_change_a_dropped_key_column_and_a_narrowing() {
         ]
     );
     assert!(plan.refused.is_empty(), "{plan:?}");
+}
+
+#[test]
+fn keyless_tables_insert_plainly_and_match_one_row_by_every_column() {
+    let t = TableRef {
+        schema: "rep".into(),
+        name: "h".into(),
+        key: Vec::new(),
+    };
+    let cols = vec![
+        ("a".to_string(), "integer".to_string()),
+        ("doc".to_string(), "json".to_string()),
+    ];
+    let mut p = Planner::new();
+    let row = |a: &str| vec![Some(a.to_string()), None];
+    // Two identical inserts stay two rows of one plain INSERT (no ON CONFLICT).
+    for _ in 0..2 {
+        let out = p.push(
+            1,
+            &t,
+            Change::Insert {
+                values: row("1"),
+                cols: cols.clone(),
+            },
+        );
+        assert!(out.is_empty());
+    }
+    // A delete closes the run first, then matches one row by every column.
+    let out = p.push(
+        1,
+        &t,
+        Change::RowMatch {
+            old: row("1"),
+            old_cols: cols.clone(),
+            new: None,
+        },
+    );
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert_eq!(
+        out[0].sql,
+        "INSERT INTO rep.h (a, doc) SELECT r.a::integer, r.doc::json FROM unnest($1::text[], $2::text[]) AS r(a, doc)"
+    );
+    assert_eq!(out[0].params, ["{\"1\",\"1\"}", "{NULL,NULL}"]);
+    assert_eq!(
+        out[1].sql,
+        "DELETE FROM rep.h t WHERE (t.tableoid, t.ctid) = (SELECT s.tableoid, s.ctid FROM rep.h s WHERE s.a IS NOT DISTINCT FROM ($1::text[])[1]::integer AND s.doc::text IS NOT DISTINCT FROM ($2::text[])[1]::json::text LIMIT 1)"
+    );
+    assert_eq!(out[1].params, ["{\"1\"}", "{NULL}"]);
+    // An update sets the sent columns of one matching row; its parameters follow the old row's.
+    let out = p.push(
+        1,
+        &t,
+        Change::RowMatch {
+            old: row("1"),
+            old_cols: cols.clone(),
+            new: Some((vec![Some("2".into())], vec![cols[0].clone()])),
+        },
+    );
+    assert_eq!(out.len(), 1);
+    assert!(
+        out[0].sql.starts_with(
+            "UPDATE rep.h t SET a = ($3::text[])[1]::integer WHERE (t.tableoid, t.ctid) = (SELECT"
+        ),
+        "{}",
+        out[0].sql
+    );
+    assert_eq!(out[0].params, ["{\"1\"}", "{NULL}", "{\"2\"}"]);
+    assert!(p.finish().is_empty());
 }

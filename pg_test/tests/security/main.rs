@@ -13,6 +13,7 @@ mod escalation;
 mod fence;
 mod follow;
 mod kafka;
+mod keyless;
 mod names;
 mod operations;
 mod reads;

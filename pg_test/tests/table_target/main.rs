@@ -49,6 +49,9 @@
 //!   the error, its SQLSTATE, the attempts and a remedy while the stream goes on, is not tried
 //!   again, and the remedy as printed (fix the row, `tide.resume_backfill`) converges; local and
 //!   remote.
+//! - `keyless`: tables without a key (REPLICA IDENTITY FULL): an audit table with duplicates
+//!   under pgbench at a local, a remote and an outbox target (replayed), equal as multisets;
+//!   one of two equal rows updated or deleted; the refusals.
 //! - `subscription`: scenarios of PostgreSQL's own subscription tests (`src/test/subscription`)
 //!   that pg_tide failed (issue 45): a primary key with INCLUDE columns.
 
@@ -56,6 +59,7 @@ mod bulk;
 mod checks;
 mod common;
 mod convergence;
+mod keyless;
 mod refused;
 mod remote;
 mod remote_copy;

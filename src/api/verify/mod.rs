@@ -12,6 +12,11 @@
 //! not a false alarm: to be reported wrongly, the same key would have to change inside every one
 //! of the short windows between a source read and the matching target read.
 //!
+//! A table without a key (`REPLICA IDENTITY FULL`) is one range, compared as a multiset: each
+//! row's md5 numbered by its copies (`<md5> #2` is the second copy of a row), so a row the
+//! target holds once too few is *missing*, once too many *extra*; never *changed*. `repair`
+//! refuses it (the backfill reads by key).
+//!
 //! Results are kept in `tide.verification` (one row per run) and `tide.verification_range`
 //! (the differing ranges, with the extra keys `tide.repair` needs).
 //!
@@ -193,6 +198,13 @@ fn verify_impl(
         );
     }
     let ctx = setup(relid, pipeline, false)?;
+    if ctx.key.is_empty() && sample > 0 {
+        return Err(TideError::unsupported(format!(
+            "{} has no key (it is captured by REPLICA IDENTITY FULL): a sample compares rows by key",
+            ctx.source
+        ))
+        .hint("Omit sample: the verification compares the whole table as a multiset (every column of every row)."));
+    }
     let s = as_pipeline_owner(&ctx, || run_verify(&ctx, ranges))?;
     let mut out: Vec<_> = s
         .differing
@@ -288,6 +300,13 @@ fn repair(
 
 fn repair_impl(relid: pg_sys::Oid, pipeline: Option<&str>) -> TideResult<Vec<RepairRow>> {
     let ctx = setup(relid, pipeline, false)?;
+    if ctx.key.is_empty() {
+        return Err(TideError::unsupported(format!(
+            "{} has no key (it is captured by REPLICA IDENTITY FULL), and tide.repair re-reads what differs through the backfill, chunk by chunk of the key",
+            ctx.source
+        ))
+        .hint("Copy it again while writers wait (README, Tables without a key): BEGIN; LOCK TABLE ... IN SHARE MODE; SELECT tide.wait_for_pipeline(...); DELETE FROM <target>; INSERT INTO <target> SELECT * FROM ...; COMMIT;"));
+    }
     let s = as_pipeline_owner(&ctx, || run_verify(&ctx, None))?;
     if s.differing.is_empty() {
         return Ok(vec![(

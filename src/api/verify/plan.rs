@@ -70,6 +70,27 @@ impl Ctx {
         (sql, params)
     }
 
+    /// For a table without a key (`REPLICA IDENTITY FULL`): every row of `from` as a multiset
+    /// element, `<md5 of the row> #<n>` for its n-th copy, and the md5. Two sides hold the same
+    /// multiset exactly when they have the same elements.
+    pub(super) fn multiset_select(&self, from: &str, cast: bool) -> String {
+        let all: Vec<String> = self
+            .cols
+            .iter()
+            .map(|(n, t)| {
+                if cast {
+                    format!("{}::{t}", quote(n))
+                } else {
+                    quote(n)
+                }
+            })
+            .collect();
+        format!(
+            "SELECT h || ' #' || row_number() OVER (PARTITION BY h), h FROM (SELECT md5(ROW({})::text) AS h FROM {from}) s",
+            all.join(", ")
+        )
+    }
+
     pub(super) fn hash_select(&self, cast: bool) -> String {
         let c = |name: &str, ty: &str| {
             if cast {

@@ -10,6 +10,16 @@ pub(super) fn read_source(
     to: Option<&[String]>,
     limit: i64,
 ) -> TideResult<Vec<(String, Vec<String>, String)>> {
+    if ctx.key.is_empty() {
+        let rows = sql::text_rows(&ctx.multiset_select(&ctx.scan, false), &[], 0, true)?;
+        return Ok(rows
+            .into_iter()
+            .map(|r| {
+                let key = r[0].clone().unwrap_or_default();
+                (key.clone(), vec![key], r[1].clone().unwrap_or_default())
+            })
+            .collect());
+    }
     let (clause, params) = ctx.range_clause(from, to, 1);
     let keys_plain = ctx.key_names();
     let order = ctx.key_list("");
@@ -49,11 +59,15 @@ pub(super) fn read_target(
         .map(|k| format!("({}::{})::text", quote(k), ctx.key_type(k)))
         .collect::<Vec<_>>()
         .join(", ");
-    let q = format!(
-        "SELECT {}, {keys_cast} FROM {} WHERE {clause}",
-        ctx.hash_select(true),
-        ctx.target
-    );
+    let q = if ctx.key.is_empty() {
+        ctx.multiset_select(&ctx.target, true)
+    } else {
+        format!(
+            "SELECT {}, {keys_cast} FROM {} WHERE {clause}",
+            ctx.hash_select(true),
+            ctx.target
+        )
+    };
     let rows = match &ctx.remote {
         Some(r) => remote_read(r, &ctx.target, q, params)?,
         None => {
@@ -71,9 +85,14 @@ pub(super) fn read_target(
             rows?
         }
     };
+    let keyless = ctx.key.is_empty();
     Ok(rows
         .into_iter()
         .map(|r| {
+            if keyless {
+                let key = r[0].clone().unwrap_or_default();
+                return (key.clone(), (vec![key], r[1].clone().unwrap_or_default()));
+            }
             let vals = r[2..]
                 .iter()
                 .map(|v| v.clone().unwrap_or_default())
@@ -208,7 +227,8 @@ pub(super) fn run_verify(ctx: &Ctx, ranges: Option<i32>) -> TideResult<Summary> 
     loop {
         pg_sys::check_for_interrupts!();
         let first = read_source(ctx, from.as_deref(), None, range_rows)?;
-        let last_range = (first.len() as i64) < range_rows;
+        // A table without a key is one range: the whole table, as a multiset.
+        let last_range = ctx.key.is_empty() || (first.len() as i64) < range_rows;
         let to: Option<Vec<String>> = if last_range {
             None
         } else {

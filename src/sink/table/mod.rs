@@ -632,6 +632,7 @@ impl<B: Backend + 'static> Target for TableTarget<B> {
             row,
             columns,
             only_where,
+            old,
             ..
         } = ev;
         let Some(target) = self.targets.get(&relid).cloned() else {
@@ -651,6 +652,29 @@ impl<B: Backend + 'static> Target for TableTarget<B> {
             // Schema changes arrive through `schema`, never as an event; resync events are the
             // outbox's only.
             Op::Schema | Op::Resync => return Ok(()),
+            Op::Insert | Op::Read if target.key.is_empty() => Change::Insert {
+                values: match row {
+                    Row::Text(values) => values,
+                    _ => return Err(missing("row as text")),
+                },
+                cols: self.typed(&target, &columns)?,
+            },
+            Op::Update | Op::Delete if target.key.is_empty() => {
+                let Row::Key(old) = old else {
+                    return Err(missing("old row"));
+                };
+                let names: Vec<String> = old.iter().map(|(n, _)| n.clone()).collect();
+                let new = match (op, row) {
+                    (Op::Delete, _) => None,
+                    (_, Row::Text(values)) => Some((values, self.typed(&target, &columns)?)),
+                    _ => return Err(missing("row as text")),
+                };
+                Change::RowMatch {
+                    old: old.into_iter().map(|(_, v)| v).collect(),
+                    old_cols: self.typed(&target, &names)?,
+                    new,
+                }
+            }
             Op::Delete => {
                 let Row::Key(mut key_values) = row else {
                     return Err(missing("key values"));

@@ -1,0 +1,336 @@
+//! Tables without a key (`REPLICA IDENTITY FULL`, README "Tables without a key"): an audit table
+//! with duplicate rows, NULLs and a `json` column, captured while pgbench inserts, updates and
+//! deletes duplicate rows, at a local and a remote table target and into the outbox (replayed
+//! by a consumer written in SQL from `key` and `row`), its existing rows copied in the
+//! transaction of `tide.add_table` as the README says (writers wait on the lock). Each target
+//! ends equal to the source as a multiset (count per distinct row). Then: one of two identical
+//! rows updated and deleted changes exactly one at the target; the refusals (no identity, a
+//! backfill, a column list, `verify`, a change of the replica identity while captured).
+
+use crate::common::*;
+
+/// The audit table; `doc` is `json` (no equality operator: matched by its text).
+const TABLE: &str =
+    "CREATE TABLE hist (tid int, aid int, delta int, note text, doc json, mtime timestamp);
+     ALTER TABLE hist REPLICA IDENTITY FULL;";
+
+/// Inserts of few distinct rows (duplicates), updates and deletes of one of several equal rows.
+fn script() -> String {
+    let mut s = String::from("BEGIN;\n");
+    for i in 0..3 {
+        s.push_str(&format!(
+            r#"\set a{i} random(1, 40)
+\set d{i} random(1, 3)
+\set r{i} random(1, 10)
+\if :r{i} <= 6
+INSERT INTO hist VALUES (:a{i} % 10, :a{i}, :d{i}, CASE WHEN :d{i} = 1 THEN NULL ELSE 'n' || :d{i} END, ('{{"a":  ' || :d{i} || '}}')::json, '2026-01-01'::timestamp + :d{i} * interval '1 day');
+\elif :r{i} <= 8
+UPDATE hist SET delta = delta + 1, doc = NULL WHERE ctid = (SELECT ctid FROM hist WHERE aid = :a{i} LIMIT 1);
+\else
+DELETE FROM hist WHERE ctid = (SELECT ctid FROM hist WHERE aid = :a{i} AND delta = :d{i} LIMIT 1);
+\endif
+"#
+        ));
+    }
+    s.push_str("COMMIT;\n");
+    s
+}
+
+const COLS: &str = "tid, aid, delta, note, doc::text, mtime";
+/// The same, `doc` as `jsonb` (the outbox's `row` is jsonb, which normalizes a json's text).
+const COLS_JSONB: &str = "tid, aid, delta, note, doc::jsonb, mtime";
+
+/// Wait until pgbench's transactions on `hist` are committing (the source's xact counter moves
+/// by 100).
+fn writes_go_on(c: &Cluster) {
+    let then: i64 = c.query_scalar("SELECT n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables WHERE relid = 'hist'::regclass");
+    c.wait_until(
+        "pgbench writing hist",
+        std::time::Duration::from_secs(60),
+        POLL,
+        || {
+            Ok(c.try_query_scalar::<i64>(
+                "SELECT n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables WHERE relid = 'hist'::regclass",
+            )? > then + 100)
+        },
+    );
+}
+
+/// Rows that appear more than once at `table` of `c` (the point of the test: duplicates).
+fn duplicated(c: &Cluster, table: &str) -> i64 {
+    c.query_scalar(&format!(
+        "SELECT count(*) FROM (SELECT row({COLS})::text FROM {table} GROUP BY 1 HAVING count(*) > 1) d"
+    ))
+}
+
+/// Replay the outbox pipeline `p`'s events of `hist` onto `replay` (which starts as
+/// `replay_seed`, the rows copied when the table was added, its `json` normalized as the
+/// outbox's jsonb normalizes it) as a consumer would: an
+/// update or a delete removes one row equal to `key` (the old row), an insert or an update adds
+/// `row`.
+fn replay_outbox(c: &Cluster, p: &str) {
+    exec(
+        c,
+        &format!(
+            "CREATE TABLE IF NOT EXISTS replay (LIKE hist);
+             TRUNCATE replay;
+             INSERT INTO replay SELECT tid, aid, delta, note, doc::jsonb::json, mtime FROM replay_seed;
+             DO $$
+             DECLARE e record;
+             BEGIN
+               FOR e IN SELECT op, key, \"row\" FROM tide.outbox
+                         WHERE pipeline = '{p}' AND relation = 'public.hist' ORDER BY id LOOP
+                 IF e.op IN ('update', 'delete') THEN
+                   DELETE FROM replay r WHERE r.ctid = (SELECT x.ctid FROM replay x
+                     WHERE row(x.*)::text = jsonb_populate_record(NULL::replay, e.key)::text LIMIT 1);
+                 END IF;
+                 IF e.op IN ('insert', 'update') THEN
+                   INSERT INTO replay SELECT * FROM jsonb_populate_record(NULL::replay, e.\"row\");
+                 END IF;
+               END LOOP;
+             END $$;"
+        ),
+    );
+}
+
+#[test]
+fn keyless_audit_table_converges_under_writes_at_every_target() {
+    let (c, t) = setup_remote("tt_keyless");
+    exec(&c, TABLE);
+    exec(
+        &c,
+        "INSERT INTO hist SELECT g % 10, g % 40, 1, NULL, '{\"a\": 1}', '2026-01-01' FROM generate_series(1, 2000) g",
+    );
+    create_pipeline(&c, "loc", "table", r#"{"schema": "rep"}"#);
+    create_pipeline(&c, "rem", "postgres", r#"{"server": "tgt"}"#);
+    create_pipeline(&c, "ob", "outbox", "{}");
+    let script = write_script("table_target_keyless", &script());
+    let bench = spawn_pgbench(&c, &script, 2, 20, Some(150));
+    // Under writes: each target starts from the rows that exist, copied in the transaction that
+    // adds the table, writers waiting on the lock (README, Tables without a key).
+    writes_go_on(&c);
+    exec(
+        &c,
+        "BEGIN;
+         LOCK TABLE hist IN SHARE MODE;
+         SELECT tide.add_table('loc', 'hist', backfill => false);
+         INSERT INTO rep.hist SELECT * FROM hist;
+         COMMIT;",
+    );
+    writes_go_on(&c);
+    exec(
+        &c,
+        "BEGIN;
+         LOCK TABLE hist IN SHARE MODE;
+         SELECT tide.add_table('rem', 'hist', backfill => false, target_table => 'mirror.hist');
+         CREATE FOREIGN TABLE hist_at_tgt (tid int, aid int, delta int, note text, doc json, mtime timestamp)
+           SERVER tgt OPTIONS (schema_name 'mirror', table_name 'hist');
+         INSERT INTO hist_at_tgt SELECT * FROM hist;
+         COMMIT;",
+    );
+    writes_go_on(&c);
+    exec(
+        &c,
+        "BEGIN;
+         LOCK TABLE hist IN SHARE MODE;
+         SELECT tide.add_table('ob', 'hist', backfill => false);
+         CREATE TABLE replay_seed AS SELECT * FROM hist;
+         COMMIT;",
+    );
+    let (txns, ok, summary) = bench.finish_summary();
+    assert!(ok, "pgbench failed: {summary}\n{}", diag(&c));
+    for p in ["loc", "rem", "ob"] {
+        wait_pipeline(&c, p, 120);
+    }
+    let dups = duplicated(&c, "hist");
+    let updates: i64 = c.query_scalar(
+        "SELECT count(*) FROM tide.outbox WHERE pipeline = 'ob' AND op IN ('update', 'delete')",
+    );
+    eprintln!("keyless: {txns} write txns ({summary}); {dups} distinct rows duplicated at the source; {updates} updates and deletes in the outbox");
+    assert!(dups > 10, "the source holds duplicates ({dups})");
+    assert!(
+        updates > 50,
+        "updates and deletes were captured ({updates})"
+    );
+    assert_same_rows("local", &c, "public.hist", &c, "rep.hist", COLS);
+    assert_same_rows("remote", &c, "public.hist", &t, "mirror.hist", COLS);
+    for p in ["loc", "rem"] {
+        let r = c.query_one(&format!(
+            "SELECT missing, extra, changed, source_rows FROM tide.verify('hist', '{p}') WHERE kind LIKE 'summary%'"
+        ));
+        let found: (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
+        assert_eq!(found, (0, 0, 0), "tide.verify at {p}");
+        assert!(r.get::<_, i64>(3) > 1000, "every row compared at {p}");
+    }
+    // The outbox: inserts carry no key; updates and deletes the whole old row as key.
+    let keyed_inserts: i64 = c.query_scalar(
+        "SELECT count(*) FROM tide.outbox WHERE pipeline = 'ob' AND op = 'insert' AND key IS NOT NULL",
+    );
+    assert_eq!(keyed_inserts, 0, "an insert of a keyless table has no key");
+    let old_rows: i64 = c.query_scalar(
+        "SELECT count(*) FROM tide.outbox WHERE pipeline = 'ob' AND op IN ('update', 'delete')
+            AND NOT (key ?& ARRAY['tid', 'aid', 'delta', 'note', 'doc', 'mtime'])",
+    );
+    assert_eq!(old_rows, 0, "every update and delete carries the old row");
+    replay_outbox(&c, "ob");
+    assert_same_rows(
+        "outbox replayed",
+        &c,
+        "public.hist",
+        &c,
+        "replay",
+        COLS_JSONB,
+    );
+}
+
+#[test]
+fn keyless_duplicates_change_one_row_and_refusals() {
+    let c = setup("tt_keyless_dups");
+    exec(
+        &c,
+        &format!(
+            "{TABLE}
+             CREATE TABLE nokey (a int, b text);
+             CREATE TABLE other (a int, b text);
+             ALTER TABLE other REPLICA IDENTITY FULL;"
+        ),
+    );
+    create_pipeline(&c, "p", "table", r#"{"schema": "rep"}"#);
+    // No key and not FULL: refused, the hint says how to capture it.
+    let e = c
+        .try_execute("SELECT tide.add_table('p', 'nokey')")
+        .unwrap_err();
+    assert_db_error(
+        &e,
+        "55000",
+        Some("ALTER TABLE public.nokey REPLICA IDENTITY FULL"),
+    );
+    // Keyless: a backfill and a column list are refused (0A000), with what to do instead.
+    let e = c
+        .try_execute("SELECT tide.add_table('p', 'hist')")
+        .unwrap_err();
+    assert_db_error(&e, "0A000", Some("backfill => false"));
+    let e = c
+        .try_execute(
+            "SELECT tide.add_table('p', 'other', backfill => false, columns => ARRAY['a'])",
+        )
+        .unwrap_err();
+    assert_db_error(&e, "0A000", Some("Omit columns"));
+    exec(&c, "SELECT tide.add_table('p', 'hist', backfill => false)");
+    wait_pipeline(&c, "p", 60);
+    let e = c
+        .try_execute("SELECT tide.alter_table('p', 'hist', columns => ARRAY['aid'])")
+        .unwrap_err();
+    assert_db_error(&e, "0A000", None);
+    let e = c
+        .try_execute("SELECT tide.start_backfill('hist', 'p')")
+        .unwrap_err();
+    assert_db_error(&e, "0A000", None);
+    // Three identical rows (NULLs and json included); one updated, one deleted.
+    exec(
+        &c,
+        "INSERT INTO hist SELECT 1, 2, 3, NULL, '{\"x\":  [1]}', NULL FROM generate_series(1, 3);
+         INSERT INTO hist VALUES (9, 9, 9, 'other', NULL, '2026-01-01');",
+    );
+    exec(
+        &c,
+        "UPDATE hist SET delta = 4 WHERE ctid = (SELECT ctid FROM hist WHERE delta = 3 LIMIT 1)",
+    );
+    exec(
+        &c,
+        "DELETE FROM hist WHERE ctid = (SELECT ctid FROM hist WHERE delta = 3 LIMIT 1)",
+    );
+    wait_pipeline(&c, "p", 60);
+    let counts = |table: &str| -> String {
+        texts(
+            &c,
+            &format!("SELECT delta || ':' || count(*) FROM {table} GROUP BY delta ORDER BY delta"),
+        )
+        .join(" ")
+    };
+    assert_eq!(counts("hist"), "3:1 4:1 9:1");
+    assert_eq!(
+        counts("rep.hist"),
+        "3:1 4:1 9:1",
+        "one of the equal rows each"
+    );
+    assert_same_rows("hist", &c, "public.hist", &c, "rep.hist", COLS);
+    // A value stored out of line (TOAST) that an update leaves unchanged is not in the new row:
+    // the old row (logged whole under FULL) finds the target's row, which keeps its value.
+    exec(
+        &c,
+        "INSERT INTO hist SELECT 6, 6, 6, string_agg(md5(g::text), ''), NULL, NULL FROM generate_series(1, 400) g;
+         INSERT INTO hist SELECT * FROM hist WHERE delta = 6;",
+    );
+    exec(
+        &c,
+        "UPDATE hist SET delta = 60 WHERE ctid = (SELECT ctid FROM hist WHERE delta = 6 LIMIT 1)",
+    );
+    wait_pipeline(&c, "p", 60);
+    assert_eq!(
+        counts("rep.hist"),
+        "3:1 4:1 6:1 9:1 60:1",
+        "the toasted row updated once"
+    );
+    assert_same_rows("hist (TOAST)", &c, "public.hist", &c, "rep.hist", COLS);
+    // verify compares the table as a multiset: equal now; one copy too few and one too many
+    // at the target are found, and the copy the README prescribes fixes them.
+    let summary = |c: &Cluster| -> (i64, i64, i64) {
+        let r = c.query_one(
+            "SELECT missing, extra, changed FROM tide.verify('hist', 'p') WHERE kind LIKE 'summary%'",
+        );
+        (r.get(0), r.get(1), r.get(2))
+    };
+    assert_eq!(summary(&c), (0, 0, 0));
+    exec(
+        &c,
+        "INSERT INTO hist SELECT 7, 7, 7, NULL, NULL, NULL FROM generate_series(1, 2)",
+    );
+    wait_pipeline(&c, "p", 60);
+    exec(
+        &c,
+        "DELETE FROM rep.hist WHERE ctid = (SELECT ctid FROM rep.hist WHERE delta = 7 LIMIT 1);
+         INSERT INTO rep.hist VALUES (9, 9, 9, 'other', NULL, '2026-01-01');",
+    );
+    assert_eq!(summary(&c), (1, 1, 0), "one copy missing, one extra");
+    let e = c
+        .try_execute("SELECT * FROM tide.repair('hist', 'p')")
+        .unwrap_err();
+    assert_db_error(&e, "0A000", Some("LOCK TABLE"));
+    let e = c
+        .try_execute("SELECT * FROM tide.verify('hist', 'p', sample => 5)")
+        .unwrap_err();
+    assert_db_error(&e, "0A000", Some("Omit sample"));
+    exec(
+        &c,
+        "BEGIN;
+         LOCK TABLE hist IN SHARE MODE;
+         SELECT tide.wait_for_pipeline('p');
+         DELETE FROM rep.hist;
+         INSERT INTO rep.hist SELECT * FROM hist;
+         COMMIT;",
+    );
+    assert_eq!(summary(&c), (0, 0, 0), "repaired");
+    assert_same_rows("hist repaired", &c, "public.hist", &c, "rep.hist", COLS);
+    // The replica identity stays FULL while the table is captured.
+    let e = c
+        .try_execute("ALTER TABLE hist REPLICA IDENTITY DEFAULT")
+        .unwrap_err();
+    assert_db_error(&e, "55000", Some("tide.remove_table('p', 'public.hist')"));
+    let ident: String =
+        c.query_scalar("SELECT relreplident::text FROM pg_class WHERE oid = 'hist'::regclass");
+    assert_eq!(ident, "f");
+    // Other ALTER TABLEs of it are not refused; a table with a key is not concerned.
+    exec(&c, "ALTER TABLE hist ADD COLUMN extra int");
+    exec(&c, "ALTER TABLE other REPLICA IDENTITY DEFAULT");
+    exec(&c, "INSERT INTO hist VALUES (5, 5, 5, NULL, NULL, NULL, 5)");
+    wait_pipeline(&c, "p", 60);
+    assert_same_rows(
+        "hist after ADD COLUMN",
+        &c,
+        "public.hist",
+        &c,
+        "rep.hist",
+        &format!("{COLS}, extra"),
+    );
+}
