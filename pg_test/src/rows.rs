@@ -114,6 +114,8 @@ pub fn outbox_copy_keyed(c: &Cluster, source: &str, relation: &str, copy: &str, 
         .collect::<Vec<_>>()
         .join(" AND ");
     let rel = relation.replace('\'', "''");
+    // The replay's note of the keys a resync read again: a temporary table, so unqualified.
+    let seen = format!("{}_seen", copy.replace('.', "_"));
     c.execute(&format!(
         r#"
 CREATE TABLE {copy} (LIKE {source} INCLUDING ALL);
@@ -124,7 +126,7 @@ DECLARE
     n bigint := 0;
     resyncing boolean := false;
 BEGIN
-    CREATE TEMP TABLE IF NOT EXISTS {copy}_seen (k jsonb PRIMARY KEY);
+    CREATE TEMP TABLE IF NOT EXISTS {seen} (k jsonb PRIMARY KEY);
     FOR e IN SELECT o.id, o.op, o.key, o."row", o.unchanged FROM tide.outbox o
               WHERE o.pipeline = p_pipeline AND o.relation = '{rel}' ORDER BY o.id
     LOOP
@@ -137,7 +139,7 @@ BEGIN
             DELETE FROM {copy} c USING jsonb_populate_record(NULL::{copy}, e.key) k WHERE {matches};
             INSERT INTO {copy} SELECT * FROM jsonb_populate_record(NULL::{copy}, e."row");
             IF resyncing THEN
-                INSERT INTO {copy}_seen VALUES (e.key) ON CONFLICT DO NOTHING;
+                INSERT INTO {seen} VALUES (e.key) ON CONFLICT DO NOTHING;
             END IF;
         ELSIF e.op = 'delete' THEN
             IF NOT p_skip_deletes THEN
@@ -152,13 +154,13 @@ BEGIN
             END IF;
         ELSIF e.op = 'resync' AND e."row"->>'phase' = 'start' THEN
             resyncing := true;
-            TRUNCATE {copy}_seen;
+            TRUNCATE {seen};
         ELSIF e.op = 'resync' AND e."row"->>'phase' = 'end' THEN
             IF NOT resyncing THEN
                 RAISE EXCEPTION 'event % ends a resync that no event started', e.id;
             END IF;
             DELETE FROM {copy} c WHERE NOT EXISTS (
-                SELECT 1 FROM {copy}_seen s, jsonb_populate_record(NULL::{copy}, s.k) k WHERE {matches});
+                SELECT 1 FROM {seen} s, jsonb_populate_record(NULL::{copy}, s.k) k WHERE {matches});
             resyncing := false;
         ELSIF e.op = 'schema' THEN
             -- The copy was made with the source's shape when it was created, and a test compares
