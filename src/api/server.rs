@@ -66,18 +66,17 @@ pub fn check_server() -> TideResult<String> {
         None => "launcher not running yet".to_string(),
     };
     Ok(format!(
-        "pg_tide {} ready: preloaded, wal_level = logical, database \"{db}\", {launcher}{}",
-        env!("CARGO_PKG_VERSION"),
-        failover_report()?
+        "pg_tide {} ready: preloaded, wal_level = logical, database \"{db}\", {launcher}",
+        env!("CARGO_PKG_VERSION")
     ))
 }
 
 /// What a failover does to this database's pipelines (docs/high-availability.md), for
-/// `tide.check()`: nothing when there is no pipeline and the server is a primary; on a standby,
+/// `tide.check()` (after [`check_server`]'s report; its queries run as pg_tide): nothing when there is no pipeline and the server is a primary; on a standby,
 /// that it is one and how many slots it has synchronised; on a primary, whether the slots are
 /// failover slots and whether `synchronized_standby_slots` keeps targets outside the database
 /// from getting WAL a standby lacks.
-fn failover_report() -> TideResult<String> {
+pub(crate) fn failover_report() -> TideResult<String> {
     let recovery = sql::one::<bool>("SELECT pg_catalog.pg_is_in_recovery()", &[])?.unwrap_or(false);
     let pipelines = catalog::pipelines::count()?;
     if !recovery && pipelines == 0 {
@@ -94,7 +93,7 @@ fn failover_report() -> TideResult<String> {
         });
     }
     // (to_jsonb: the columns exist from 17 on; this code runs only there)
-    let counts = sql::one::<String>(
+    let counts = crate::sql_as_tide::one::<String>(
         "SELECT format('%s/%s/%s', count(s.slot_name),
                        count(*) FILTER (WHERE (to_jsonb(s) ->> 'failover')::boolean),
                        count(*) FILTER (WHERE (to_jsonb(s) ->> 'synced')::boolean))
