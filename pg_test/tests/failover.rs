@@ -189,7 +189,10 @@ fn check_standby_views(s: &Cluster, synced_expected: bool) {
             .unwrap_or_else(|e| panic!("tide.{v} on the standby: {}", describe_error(&e)));
     }
     let check: String = s.query_scalar("SELECT tide.check()");
-    assert!(check.contains("this server is a standby"), "tide.check(): {check}");
+    assert!(
+        check.contains("this server is a standby"),
+        "tide.check(): {check}"
+    );
     for r in s.query(
         "SELECT name, state, last_error, slot_synced, confirmed_lsn::text FROM tide.pipelines ORDER BY name",
     ) {
@@ -258,18 +261,18 @@ fn kill_primary_under_load_and_promote() {
             }
             std::thread::sleep(POLL);
         }
-        eprintln!("the standby synchronised the 3 slots: {synced} ({:.1?})", t0.elapsed());
+        eprintln!(
+            "the standby synchronised the 3 slots: {synced} ({:.1?})",
+            t0.elapsed()
+        );
     }
     // (With tide.failover_slots off the standby has nothing to show: what fails is the outcome.)
     check_standby_views(&s, from_slot && !failover_slots_off());
     // More load after the last synchronisation seen, then the primary dies.
     let events_at_sync: i64 = c.query_scalar("SELECT count(*) FROM events");
-    c.wait_until(
-        "more load",
-        Duration::from_secs(60),
-        POLL,
-        || Ok(c.try_query_scalar::<i64>("SELECT count(*) FROM events")? > events_at_sync + 300),
-    );
+    c.wait_until("more load", Duration::from_secs(60), POLL, || {
+        Ok(c.try_query_scalar::<i64>("SELECT count(*) FROM events")? > events_at_sync + 300)
+    });
     let workers: Vec<i32> = c
         .query("SELECT worker_pid FROM tide.pipelines WHERE worker_pid IS NOT NULL")
         .iter()
@@ -277,18 +280,19 @@ fn kill_primary_under_load_and_promote() {
         .collect();
     let pm = postmaster_pid(&c);
     kill9(pm);
-    c.wait_until("the old primary's processes to end", Duration::from_secs(60), POLL, || {
-        Ok(!alive(pm) && workers.iter().all(|&w| !alive(w)))
-    });
+    c.wait_until(
+        "the old primary's processes to end",
+        Duration::from_secs(60),
+        POLL,
+        || Ok(!alive(pm) && workers.iter().all(|&w| !alive(w))),
+    );
     let load = load.finish();
     eprintln!("load: {} transactions before the kill", load.txns);
     // What the remote target had applied when the primary died, and what the standby received.
-    let applied_at_kill: String = t.query_scalar(
-        "SELECT applied_lsn::text FROM public.tide_applied WHERE pipeline = 'rem'",
-    );
-    let received: String = s.query_scalar(
-        "SELECT greatest(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn())::text",
-    );
+    let applied_at_kill: String =
+        t.query_scalar("SELECT applied_lsn::text FROM public.tide_applied WHERE pipeline = 'rem'");
+    let received: String = s
+        .query_scalar("SELECT greatest(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn())::text");
     let within: bool = s.query_scalar(&format!(
         "SELECT '{applied_at_kill}'::pg_lsn <= '{received}'::pg_lsn"
     ));
@@ -307,7 +311,10 @@ fn kill_primary_under_load_and_promote() {
     for p in PIPELINES {
         wait_pipeline(&s, p, 240);
     }
-    eprintln!("all pipelines caught up on the promoted standby in {:.1?}", t0.elapsed());
+    eprintln!(
+        "all pipelines caught up on the promoted standby in {:.1?}",
+        t0.elapsed()
+    );
     let after = resyncs(&s);
     let backfills_after: i64 = s.query_scalar("SELECT count(*) FROM tide.backfills");
 
@@ -317,7 +324,10 @@ fn kill_primary_under_load_and_promote() {
     let differing: i64 = s.query_scalar(
         "SELECT count(*) FROM tide.verify('items', 'loc') WHERE kind NOT LIKE 'summary%'",
     );
-    assert_eq!(differing, 0, "tide.verify: ranges differing at the local target");
+    assert_eq!(
+        differing, 0,
+        "tide.verify: ranges differing at the local target"
+    );
 
     // The outbox, replayed by a consumer on the promoted server: every row of events, once
     // per change (no gap), and nothing the new primary does not have.
@@ -339,7 +349,10 @@ fn kill_primary_under_load_and_promote() {
         "outbox: {gaps} rows of events missing, {foreign} events of rows the new primary lacks, {duplicates} rows delivered twice; pipelines after: {after:?}; backfills {backfills_before} -> {backfills_after}"
     );
     assert_eq!(gaps, 0, "outbox: rows of events never delivered");
-    assert_eq!(foreign, 0, "outbox: events of rows the promoted server never had");
+    assert_eq!(
+        foreign, 0,
+        "outbox: events of rows the promoted server never had"
+    );
 
     if from_slot {
         // No resync, no re-read: each pipeline went on from its synchronised slot.
@@ -372,7 +385,10 @@ fn kill_primary_under_load_and_promote() {
     } else {
         // 15 and 16: no slot survives a failover; every pipeline resyncs by itself.
         for (name, _, lost) in &after {
-            assert!(lost, "pipeline {name}: its slot was lost and recovered by a resync");
+            assert!(
+                lost,
+                "pipeline {name}: its slot was lost and recovered by a resync"
+            );
         }
         assert!(
             backfills_after >= backfills_before + 3,
@@ -420,9 +436,12 @@ fn remote_target_waits_for_the_standby() {
     wait_backfill(&c, "items", "loc", 120);
     let s = standby(&c);
     c.execute("INSERT INTO items VALUES (1001, 1, 'with the standby')");
-    c.wait_until("the first row at the remote target", Duration::from_secs(60), POLL, || {
-        remote_has(&t, 1001)
-    });
+    c.wait_until(
+        "the first row at the remote target",
+        Duration::from_secs(60),
+        POLL,
+        || remote_has(&t, 1001),
+    );
 
     s.stop(StopMode::Fast);
     c.execute("INSERT INTO items VALUES (1002, 1, 'without the standby')");
@@ -433,9 +452,16 @@ fn remote_target_waits_for_the_standby() {
             POLL,
             || Ok(state_of(&c, "rem")? == "waiting for standby"),
         );
-        c.wait_until("the local target to have the row", Duration::from_secs(60), POLL, || {
-            Ok(c.try_query_scalar::<bool>("SELECT EXISTS (SELECT 1 FROM rep.items WHERE id = 1002)")?)
-        });
+        c.wait_until(
+            "the local target to have the row",
+            Duration::from_secs(60),
+            POLL,
+            || {
+                Ok(c.try_query_scalar::<bool>(
+                    "SELECT EXISTS (SELECT 1 FROM rep.items WHERE id = 1002)",
+                )?)
+            },
+        );
         // Long enough for several iterations: still not delivered.
         let t0 = Instant::now();
         while t0.elapsed() < Duration::from_secs(3) {
@@ -449,9 +475,12 @@ fn remote_target_waits_for_the_standby() {
         assert_eq!(state_of(&c, "rem").expect("state"), "waiting for standby");
         s.start();
     }
-    c.wait_until("the row at the remote target", Duration::from_secs(60), POLL, || {
-        remote_has(&t, 1002)
-    });
+    c.wait_until(
+        "the row at the remote target",
+        Duration::from_secs(60),
+        POLL,
+        || remote_has(&t, 1002),
+    );
     wait_pipeline(&c, "rem", 60);
     assert_eq!(state_of(&c, "rem").expect("state"), "streaming");
     assert_same_rows("the remote target", &c, "items", &t, "public.items", COLS);
@@ -505,9 +534,8 @@ fn takeover_past_the_new_history_resyncs() {
         )?)
     });
     wait_pipeline(&s, "rem", 180);
-    let reason: String = s.query_scalar(
-        "SELECT slot_lost_reason FROM tide.pipelines WHERE name = 'rem'",
-    );
+    let reason: String =
+        s.query_scalar("SELECT slot_lost_reason FROM tide.pipelines WHERE name = 'rem'");
     eprintln!("the promoted standby resynced: {reason}");
     if pg_major() >= 17 {
         assert!(

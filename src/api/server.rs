@@ -102,7 +102,11 @@ pub(crate) fn failover_report() -> TideResult<String> {
     )?
     .unwrap_or_default();
     let n: Vec<i64> = counts.split('/').map(|x| x.parse().unwrap_or(0)).collect();
-    let (slots, failover, synced) = (n[0], n.get(1).copied().unwrap_or(0), n.get(2).copied().unwrap_or(0));
+    let (slots, failover, synced) = (
+        n[0],
+        n.get(1).copied().unwrap_or(0),
+        n.get(2).copied().unwrap_or(0),
+    );
     if recovery {
         return Ok(format!(
             "; this server is a standby (in recovery): no pipeline runs here; {synced} of {pipelines} pipeline slot(s) are synchronised from the primary (tide.pipelines: slot_synced, confirmed_lsn): a promotion resumes those from their slot and resyncs the others"

@@ -729,6 +729,7 @@ pub(crate) fn create_logical_slot(name: &str) -> TideResult<String> {
     } else {
         "SELECT lsn::text FROM pg_catalog.pg_create_logical_replication_slot($1::name, 'pg_tide')"
     };
-    crate::sql::one::<String>(sql, &[name.into()])?
-    .ok_or_else(|| TideError::internal("pg_create_logical_replication_slot returned no position"))
+    crate::sql::one::<String>(sql, &[name.into()])?.ok_or_else(|| {
+        TideError::internal("pg_create_logical_replication_slot returned no position")
+    })
 }

@@ -122,9 +122,12 @@ fn timeline_end(tli: u32) -> Option<u64> {
     // SAFETY: reads the timeline history files of pg_wal into a list in the current memory
     // context (an ERROR becomes a Rust panic at the boundary); the entries are read at once.
     unsafe {
-        let history =
-            pg_sys::ffi::pg_guard_ffi_boundary(move || c::readTimeLineHistory(current));
-        let len = if history.is_null() { 0 } else { (*history).length };
+        let history = pg_sys::ffi::pg_guard_ffi_boundary(move || c::readTimeLineHistory(current));
+        let len = if history.is_null() {
+            0
+        } else {
+            (*history).length
+        };
         for i in 0..len {
             let e = pg_sys::list_nth(history, i) as *const c::TimeLineHistoryEntry;
             if !e.is_null() && (*e).tli == tli {
