@@ -33,8 +33,9 @@ pub struct TideError {
     pub retry: bool,
     /// Set by the worker's target code: the pipeline's slot can no longer be trusted (a remote
     /// target applied WAL this server never had, `sink::table::fence`): the worker records it
-    /// as lost with this reason, and the pipeline resyncs (README, Concepts > Lost slots).
-    pub slot_lost: Option<String>,
+    /// as lost, with the error's detail as the reason, and the pipeline resyncs (README,
+    /// Concepts > Lost slots).
+    pub slot_lost: bool,
 }
 
 pub type TideResult<T> = Result<T, TideError>;
@@ -49,7 +50,7 @@ impl TideError {
             pause_pipeline: false,
             reread_after_resume: Vec::new(),
             retry: false,
-            slot_lost: None,
+            slot_lost: false,
         }
     }
     pub fn hint(mut self, hint: impl Into<String>) -> Self {

@@ -804,8 +804,9 @@ fn name_failed_transaction(name: &str, mut e: TideError, one_at_a_time: bool) ->
 /// After a failed iteration (the `failures`-th in a row): pause the pipeline if retrying cannot
 /// help, log with the back-off, record the error for `tide.pipelines`.
 fn after_failure(name: &str, slot_idx: usize, e: &TideError, failures: u32, s: Settings) {
-    if let Some(reason) = &e.slot_lost {
+    if e.slot_lost {
         // The next iteration recovers the slot: a new one, every table read again.
+        let reason = e.detail.as_deref().unwrap_or(&e.message);
         if let Err(e2) = tx::run(|| catalog::slots::mark_lost(name, reason)) {
             log!("pg_tide worker \"{name}\": could not record the lost slot: {e2}");
         }

@@ -330,8 +330,9 @@ impl Fence {
                 PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
                 format!("pipeline \"{}\" took its remote target over, and {reason}", p.name),
             )
+            .detail(reason)
             .hint("Nothing to do: the pipeline marks its slot lost and reads every table again (a resync). To resume failovers without one, set synchronized_standby_slots on the primary (docs/high-availability.md).");
-            e.slot_lost = Some(reason);
+            e.slot_lost = true;
             return Err(e);
         }
         Ok(Held { applied })
