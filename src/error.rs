@@ -31,6 +31,11 @@ pub struct TideError {
     pub reread_after_resume: Vec<u32>,
     /// A transient condition: try the same thing again shortly (not a failure to record).
     pub retry: bool,
+    /// Set by the worker's target code: the pipeline's slot can no longer be trusted (a remote
+    /// target applied WAL this server never had, `sink::table::fence`): the worker records it
+    /// as lost, with the error's detail as the reason, and the pipeline resyncs (README,
+    /// Concepts > Lost slots).
+    pub slot_lost: bool,
 }
 
 pub type TideResult<T> = Result<T, TideError>;
@@ -45,6 +50,7 @@ impl TideError {
             pause_pipeline: false,
             reread_after_resume: Vec::new(),
             retry: false,
+            slot_lost: false,
         }
     }
     pub fn hint(mut self, hint: impl Into<String>) -> Self {

@@ -88,6 +88,11 @@ pub enum OnSlotLost {
 }
 /// `tide.on_slot_lost`: `resync` (the default) or `error`.
 pub static ON_SLOT_LOST: GucSetting<OnSlotLost> = GucSetting::<OnSlotLost>::new(OnSlotLost::Resync);
+/// `tide.failover_slots`: whether pg_tide creates its slots as failover slots (PostgreSQL 17 and
+/// later: `pg_create_logical_replication_slot(..., failover => true)`, so that a physical standby
+/// with `sync_replication_slots = on` keeps them; no effect before 17). Read when a slot is
+/// created; a slot keeps what it was created with (docs/high-availability.md).
+pub static FAILOVER_SLOTS: GucSetting<bool> = GucSetting::<bool>::new(true);
 /// `tide.slot_warning_size`: `tide.pipelines.slot_warning` warns when a slot is within this much
 /// WAL (MB) of being invalidated (`max_slot_wal_keep_size`) or dropped
 /// (`tide.max_paused_wal_size`). Read by the view through `current_setting`.
@@ -368,6 +373,14 @@ fn init_slot_settings() {
         c"What a pipeline does when its replication slot is lost: resync or error.",
         c"resync: the worker creates a new slot, then reads every table of the pipeline again through the watermark backfill (a table target loses the rows that no longer exist at the source; an outbox gets resync events around the re-read). error: the pipeline stops with the reason and the remedy in tide.pipelines until this setting allows a resync.",
         &ON_SLOT_LOST,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"tide.failover_slots",
+        c"Whether pg_tide creates its replication slots as failover slots (PostgreSQL 17 and later).",
+        c"On (the default), a slot pg_tide creates on PostgreSQL 17 or later is a failover slot: a physical standby with sync_replication_slots = on keeps it, and the pipeline resumes from it on the promoted standby with no resync. Read when a slot is created (a pipeline's creation, a lost slot's resync): an existing slot stays what it was created as. No effect on PostgreSQL 15 and 16, which have no failover slots.",
+        &FAILOVER_SLOTS,
         GucContext::Sighup,
         GucFlags::default(),
     );

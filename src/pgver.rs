@@ -215,3 +215,79 @@ pub fn exit_process(code: i32) -> ! {
     #[cfg(feature = "pg18")]
     unreachable!("proc_exit returned")
 }
+
+/// Whether this server has failover slots (`pg_create_logical_replication_slot`'s `failover`,
+/// `pg_replication_slots.failover` and `synced`, slot synchronisation to standbys): 17 and later.
+pub const HAS_FAILOVER_SLOTS: bool = cfg!(any(feature = "pg17", feature = "pg18"));
+
+/// Whether the slot this process has acquired (`MyReplicationSlot`) is a failover slot; false
+/// before 17, and when none is acquired.
+pub fn acquired_slot_is_failover() -> bool {
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    {
+        // SAFETY: MyReplicationSlot is this process's acquired slot (or NULL); its `data` is
+        // written only by its holder, this process.
+        unsafe {
+            pg_sys::MyReplicationSlot
+                .as_ref()
+                .is_some_and(|s| s.data.failover)
+        }
+    }
+    #[cfg(any(feature = "pg15", feature = "pg16"))]
+    {
+        false
+    }
+}
+
+/// Whether every physical slot `synchronized_standby_slots` names (17 and later) has confirmed
+/// WAL up to `lsn` (PostgreSQL's `StandbySlotsHaveCaughtup`, what a walsender and
+/// `pg_logical_slot_get_changes` wait for before handing out a failover slot's changes); true
+/// when the setting is empty, on a standby, and before 17. A named slot that is missing,
+/// logical or invalidated counts as not caught up (logged at DEBUG1).
+pub fn standbys_caught_up(lsn: u64) -> bool {
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    {
+        // SAFETY: reads slot state under PostgreSQL's own locks; elevel DEBUG1 never raises.
+        unsafe { pg_sys::StandbySlotsHaveCaughtup(lsn, pg_sys::DEBUG1 as i32) }
+    }
+    #[cfg(any(feature = "pg15", feature = "pg16"))]
+    {
+        let _ = lsn;
+        true
+    }
+}
+
+/// `synchronized_standby_slots` (17 and later; empty before).
+pub fn synchronized_standby_slots() -> String {
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    {
+        // SAFETY: a GUC string variable of this process (NULL or a valid C string).
+        unsafe {
+            let p = pg_sys::synchronized_standby_slots;
+            if p.is_null() {
+                String::new()
+            } else {
+                std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+            }
+        }
+    }
+    #[cfg(any(feature = "pg15", feature = "pg16"))]
+    {
+        String::new()
+    }
+}
+
+/// Wait until the standbys of `synchronized_standby_slots` confirmed WAL up to `lsn`
+/// (`WaitForStandbyConfirmation`, 17 and later: only for the acquired slot when it is a
+/// failover slot; interruptible); nothing before 17.
+pub fn wait_for_standbys(lsn: u64) {
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    {
+        // SAFETY: a slot is acquired (the decoder's); the wait checks for interrupts.
+        unsafe { pg_sys::WaitForStandbyConfirmation(lsn) }
+    }
+    #[cfg(any(feature = "pg15", feature = "pg16"))]
+    {
+        let _ = lsn;
+    }
+}

@@ -476,7 +476,12 @@ SELECT p.name,
            AND EXISTS (SELECT 1 FROM tide.pipeline_table t WHERE t.pipeline = p.name AND t.relid = b.relid)
            AND NOT EXISTS (SELECT 1 FROM tide.backfill l
                             WHERE l.pipeline = p.name AND l.relid = b.relid AND l.id > b.id)) AS failed_backfills,
-       p.options
+       p.options,
+       -- PostgreSQL 17 and later (NULL before): whether the slot is a failover slot, and
+       -- whether it was synchronised from a primary (on a standby: the position a promotion
+       -- resumes from); see docs/high-availability.md
+       (to_jsonb(s) ->> 'failover')::boolean                          AS slot_failover,
+       (to_jsonb(s) ->> 'synced')::boolean                            AS slot_synced
   FROM tide.pipeline p
   LEFT JOIN pg_replication_slots s ON s.slot_name = p.slot_name
   LEFT JOIN tide._worker_status() w ON w.pipeline = p.name
@@ -508,6 +513,9 @@ SELECT p.name,
   CROSS JOIN LATERAL (SELECT
             CASE WHEN pg_is_in_recovery()
                  THEN 'no worker runs: this server is a standby (in recovery); pipelines run on the primary'
+                      || CASE WHEN coalesce((to_jsonb(s) ->> 'synced')::boolean, false)
+                              THEN format('; the slot is synchronised from the primary (confirmed at %s): once promoted, the pipeline resumes from it', s.confirmed_flush_lsn)
+                              ELSE '; no slot synchronised from the primary here: once promoted, the pipeline resyncs' END
                  ELSE 'no worker runs for this pipeline' END AS reason,
             CASE WHEN pg_is_in_recovery()
                  THEN 'Nothing to do on a standby: once it is promoted, its launcher starts the workers by itself (see docs/high-availability.md).'

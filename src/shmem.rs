@@ -40,6 +40,10 @@ pub enum WorkerState {
     Paused = 3,
     /// The last iteration failed; the worker is backing off before retrying.
     Error = 4,
+    /// The last iteration delivered nothing new: the standbys of `synchronized_standby_slots`
+    /// have not confirmed the WAL it is to hand to a target outside the source database
+    /// (`worker::decoder`, failover slots).
+    WaitingForStandby = 5,
 }
 
 impl WorkerState {
@@ -50,6 +54,7 @@ impl WorkerState {
             WorkerState::Streaming => "streaming",
             WorkerState::Paused => "paused",
             WorkerState::Error => "error",
+            WorkerState::WaitingForStandby => "waiting for standby",
         }
     }
 }

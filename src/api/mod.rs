@@ -49,7 +49,7 @@ fn version() -> &'static str {
 /// Check that the server can run pipelines; ERROR with the fix in the hint otherwise.
 #[pg_extern]
 fn check() -> String {
-    check_server().or_raise()
+    (|| -> TideResult<String> { Ok(check_server()? + &server::failover_report()?) })().or_raise()
 }
 
 /// A name as shown back in a message: at most 64 characters.

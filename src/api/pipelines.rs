@@ -420,6 +420,7 @@ pub(super) fn wait_for_pipeline_impl(
     loop {
         if shmem::caught_up_lsn(name).is_some_and(|l| l >= target.0)
             && rewrites_applied(name, target)?
+            && !slot_lost(name)?
         {
             return Ok(true);
         }
@@ -428,6 +429,25 @@ pub(super) fn wait_for_pipeline_impl(
         }
         sleep_ms(20);
     }
+}
+
+/// Whether the pipeline's slot is lost and its resync not over (`resync` set: `'slot lost'`,
+/// then `'resyncing'`): the worker may be caught up with the stream (an earlier one, or the new
+/// slot's), but what the slot lost reaches the target only through the resync's backfills,
+/// whose required position may be past the one waited for (the loss was found after the call).
+fn slot_lost(name: &str) -> TideResult<bool> {
+    let rows = crate::sql_as_tide::text_rows(
+        "SELECT (resync IS NOT NULL)::text FROM tide.pipeline WHERE name = $1",
+        &[Some(name)],
+        0,
+        // (a new snapshot each call: the caller polls while the worker commits)
+        true,
+    )?;
+    Ok(rows
+        .into_iter()
+        .next()
+        .and_then(|r| r.into_iter().next().flatten())
+        .is_some_and(|v| v == "true"))
 }
 
 /// Whether the backfills that carry changes of the stream up to `target` (a table rewritten

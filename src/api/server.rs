@@ -71,6 +71,65 @@ pub fn check_server() -> TideResult<String> {
     ))
 }
 
+/// What a failover does to this database's pipelines (docs/high-availability.md), for
+/// `tide.check()` (after [`check_server`]'s report; its queries run as pg_tide): nothing when there is no pipeline and the server is a primary; on a standby,
+/// that it is one and how many slots it has synchronised; on a primary, whether the slots are
+/// failover slots and whether `synchronized_standby_slots` keeps targets outside the database
+/// from getting WAL a standby lacks.
+pub(crate) fn failover_report() -> TideResult<String> {
+    let recovery = sql::one::<bool>("SELECT pg_catalog.pg_is_in_recovery()", &[])?.unwrap_or(false);
+    let pipelines = catalog::pipelines::count()?;
+    if !recovery && pipelines == 0 {
+        return Ok(String::new());
+    }
+    let version = sql::one::<String>("SELECT current_setting('server_version_num')", &[])?
+        .unwrap_or_default();
+    if !crate::pgver::HAS_FAILOVER_SLOTS {
+        let major = version.get(..2).unwrap_or("");
+        return Ok(if recovery {
+            format!("; this server is a standby (in recovery): no pipeline runs here, and PostgreSQL {major} synchronises no logical slot to it, so a promotion resyncs every pipeline")
+        } else {
+            format!("; failover: PostgreSQL {major} has no failover slots (tide.failover_slots has no effect), so a failover to a standby resyncs every pipeline")
+        });
+    }
+    // (to_jsonb: the columns exist from 17 on; this code runs only there)
+    let counts = crate::sql_as_tide::one::<String>(
+        "SELECT format('%s/%s/%s', count(s.slot_name),
+                       count(*) FILTER (WHERE (to_jsonb(s) ->> 'failover')::boolean),
+                       count(*) FILTER (WHERE (to_jsonb(s) ->> 'synced')::boolean))
+           FROM tide.pipeline p LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = p.slot_name",
+        &[],
+    )?
+    .unwrap_or_default();
+    let n: Vec<i64> = counts.split('/').map(|x| x.parse().unwrap_or(0)).collect();
+    let (slots, failover, synced) = (
+        n[0],
+        n.get(1).copied().unwrap_or(0),
+        n.get(2).copied().unwrap_or(0),
+    );
+    if recovery {
+        return Ok(format!(
+            "; this server is a standby (in recovery): no pipeline runs here; {synced} of {pipelines} pipeline slot(s) are synchronised from the primary (tide.pipelines: slot_synced, confirmed_lsn): a promotion resumes those from their slot and resyncs the others"
+        ));
+    }
+    let standbys = crate::pgver::synchronized_standby_slots();
+    let mut out = format!(
+        "; failover: {failover} of {slots} pipeline slot(s) are failover slots (tide.failover_slots = {})",
+        if crate::gucs::FAILOVER_SLOTS.get() { "on" } else { "off" }
+    );
+    if failover < slots {
+        out.push_str(", the others were created without failover and stay so until re-created (a lost slot's resync, or the pipeline dropped and created again): a failover resyncs them");
+    }
+    if failover > 0 {
+        if standbys.trim().is_empty() {
+            out.push_str(", synchronized_standby_slots is empty: a remote or kafka target may get WAL a standby has not received, and after a failover such a pipeline resyncs (set it to the standbys' physical slots)");
+        } else {
+            out.push_str(&format!(", synchronized_standby_slots = '{standbys}'"));
+        }
+    }
+    Ok(out)
+}
+
 /// Live state of the pipeline workers (used by the `tide.pipelines` view).
 #[pg_extern]
 #[allow(clippy::type_complexity)]

@@ -681,7 +681,14 @@ pub(crate) fn recreate_remedy(
     ))
 }
 
-/// Create the logical replication slot `name` for pg_tide's output plugin; its consistent point
+/// Whether a slot created now is a failover slot: the server has them (17 and later) and
+/// `tide.failover_slots` is on.
+pub(crate) fn failover_slots() -> bool {
+    crate::pgver::HAS_FAILOVER_SLOTS && crate::gucs::FAILOVER_SLOTS.get()
+}
+
+/// Create the logical replication slot `name` for pg_tide's output plugin (a failover slot when
+/// [`failover_slots`]); its consistent point
 /// (the LSN as text). In a transaction that has not written: run through a read-write statement,
 /// PostgreSQL refuses ("cannot create logical replication slot in transaction that has performed
 /// writes", measured in the worker), so this is a read-only one.
@@ -715,9 +722,14 @@ pub(crate) fn create_logical_slot(name: &str) -> TideResult<String> {
         pg_sys::CurrentResourceOwner = pg_sys::CurTransactionResourceOwner;
         Restore(saved)
     };
-    crate::sql::one::<String>(
-        "SELECT lsn::text FROM pg_catalog.pg_create_logical_replication_slot($1::name, 'pg_tide')",
-        &[name.into()],
-    )?
-    .ok_or_else(|| TideError::internal("pg_create_logical_replication_slot returned no position"))
+    // A failover slot where the server has them (17 and later) and tide.failover_slots is on:
+    // a standby with sync_replication_slots keeps it (docs/high-availability.md).
+    let sql = if failover_slots() {
+        "SELECT lsn::text FROM pg_catalog.pg_create_logical_replication_slot($1::name, 'pg_tide', false, false, true)"
+    } else {
+        "SELECT lsn::text FROM pg_catalog.pg_create_logical_replication_slot($1::name, 'pg_tide')"
+    };
+    crate::sql::one::<String>(sql, &[name.into()])?.ok_or_else(|| {
+        TideError::internal("pg_create_logical_replication_slot returned no position")
+    })
 }

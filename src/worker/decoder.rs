@@ -44,6 +44,13 @@
 //!   PostgreSQL starts streaming a transaction again only past that position).
 //! - The slot moves only through [`Decoder::confirm`], which the worker calls after the target
 //!   committed up to that position.
+//! - On a failover slot (PostgreSQL 17 and later) with `synchronized_standby_slots` set, what
+//!   PostgreSQL's walsender guarantees for it holds here too (docs/high-availability.md): for a
+//!   target outside the source database (remote, kafka) a read decodes only WAL those standbys
+//!   confirmed ([`Decoder::standby_wait`] says while it waits), and for every target a position
+//!   is confirmed only once they have the WAL written up to it (the target's own writes in the
+//!   database included), so the slot a standby synchronises never runs ahead of its copy of
+//!   the target.
 //! - The worker closes the decoder after any failed iteration (the buffer and the context's
 //!   position then disagree with what the target has) and whenever the set of captured tables
 //!   changes; the next open starts again from the slot's confirmed position.
@@ -284,6 +291,17 @@ pub struct Decoder {
     pub streams: crate::worker::stream_apply::StreamApply,
     /// What the files of `out` count against (`tide.spool_file_limit`, set at every read).
     budget: FileBudget,
+    /// Reads hand out only WAL that the standbys of `synchronized_standby_slots` confirmed (a
+    /// target outside the source database, on a failover slot: see [`Decoder::gated_end`]).
+    gate_reads: bool,
+    /// The end of WAL a read is waiting for the standbys to confirm before it decodes up to it.
+    gate_pending: Option<u64>,
+    /// A confirmed position held back until the standbys have the WAL up to the second value
+    /// (the target's writes for it): see [`Decoder::confirm`].
+    confirm_pending: Option<(Lsn, u64)>,
+    /// Set by the last read: it decoded nothing new because the standbys of
+    /// `synchronized_standby_slots` have not confirmed the WAL up to this position yet.
+    pub standby_wait: Option<u64>,
 }
 
 /// Whether this server allows prepared transactions (set at server start).
@@ -308,6 +326,7 @@ impl Decoder {
         extra: &[(String, String)],
         remote_streams: usize,
         streaming: bool,
+        gate_reads: bool,
     ) -> TideResult<Decoder> {
         let streaming_on = streaming && crate::gucs::STREAM_IN_PROGRESS.get();
         let remote_streams = if streaming_on { remote_streams } else { 0 };
@@ -357,6 +376,10 @@ impl Decoder {
                 fresh: true,
                 streams: crate::worker::stream_apply::StreamApply::new(remote_streams),
                 budget,
+                gate_reads,
+                gate_pending: None,
+                confirm_pending: None,
+                standby_wait: None,
             };
             dec.out.streams.pass_through = remote_streams > 0;
             // An ERROR from here on drops `_restore` (back to the caller's memory context), then
@@ -417,7 +440,7 @@ impl Decoder {
     /// transactions). Hand the messages out with [`Decoder::messages`].
     pub fn read(&mut self, max_messages: usize) -> TideResult<ReadOutcome> {
         unsafe {
-            let end_of_wal = pg_sys::GetFlushRecPtr(std::ptr::null_mut());
+            let end_of_wal = self.gated_end(pg_sys::GetFlushRecPtr(std::ptr::null_mut()));
             // The oldest position whose catalog state this read can use (see the header).
             let oldest = pg_sys::ReorderBufferGetOldestTXN((*self.ctx).reorder);
             let mut from = (*(*self.ctx).reader).EndRecPtr;
@@ -463,6 +486,11 @@ impl Decoder {
                     reached_end = false;
                     break;
                 }
+            }
+            // A record that began before the end and ends after it (read whole: the page reader
+            // waits for its WAL) is handed out only once the standbys have it too.
+            if self.gate_reads && (*reader).EndRecPtr > end_of_wal {
+                crate::pgver::wait_for_standbys((*reader).EndRecPtr);
             }
             self.forget_orphan_streams();
             // Catalog entries built under the decoded transactions' historic snapshots must not
@@ -536,13 +564,71 @@ impl Decoder {
 
     /// The target has everything committed before `lsn`: let the slot move there (and release
     /// WAL and catalog rows up to the restart point that implies).
+    ///
+    /// On a failover slot with `synchronized_standby_slots` set (17 and later), a position is
+    /// confirmed only once those standbys have the WAL written up to now (the target's own
+    /// writes for it, when the target is in the source database): the slot a standby
+    /// synchronises never runs ahead of what the standby has of the target, so after a
+    /// promotion the target holds everything before the synchronised slot's position. Until
+    /// then the position waits (the oldest one waiting is kept, so a standby that keeps up
+    /// always lets one through).
     pub fn confirm(&mut self, lsn: Lsn) {
+        if !crate::pgver::acquired_slot_is_failover()
+            || crate::pgver::synchronized_standby_slots().is_empty()
+        {
+            self.confirm_pending = None;
+            Self::confirm_now(lsn);
+            return;
+        }
+        // SAFETY: reads the WAL insert position (shared memory, under its own lock).
+        let written = unsafe { pg_sys::GetXLogInsertRecPtr() };
+        if let Some((held, needed)) = self.confirm_pending {
+            if crate::pgver::standbys_caught_up(needed) {
+                Self::confirm_now(held);
+                self.confirm_pending = None;
+            }
+        }
+        if crate::pgver::standbys_caught_up(written) {
+            Self::confirm_now(lsn);
+            self.confirm_pending = None;
+        } else if self.confirm_pending.is_none() {
+            self.confirm_pending = Some((lsn, written));
+        }
+    }
+
+    fn confirm_now(lsn: Lsn) {
         unsafe {
             pg_sys::LogicalConfirmReceivedLocation(lsn.0);
             // Written at the next checkpoint (a crash before that replays, and the applied
             // position makes the replay a no-op).
             pg_sys::ReplicationSlotMarkDirty();
         }
+    }
+
+    /// Where a read may decode up to, given the flush position `flush`: `flush`, unless the
+    /// decoder gates its reads (a remote or kafka target) on a failover slot and the standbys
+    /// of `synchronized_standby_slots` have not confirmed it yet, as PostgreSQL's walsender
+    /// and `pg_logical_slot_get_changes` wait before handing out a failover slot's changes
+    /// (`WaitForStandbyConfirmation`): then where the last read stopped (nothing new), and the
+    /// next reads wait for that same position (not a newer one, which a standby under load
+    /// would never have caught up with) before decoding up to it. pg_tide decodes in its own
+    /// process, where PostgreSQL's check does not run. [`Decoder::standby_wait`] says which
+    /// position it waits for.
+    fn gated_end(&mut self, flush: u64) -> u64 {
+        self.standby_wait = None;
+        if !self.gate_reads || !crate::pgver::acquired_slot_is_failover() {
+            self.gate_pending = None;
+            return flush;
+        }
+        let want = self.gate_pending.unwrap_or(flush);
+        if crate::pgver::standbys_caught_up(want) {
+            self.gate_pending = None;
+            return want;
+        }
+        self.gate_pending = Some(want);
+        self.standby_wait = Some(want);
+        // SAFETY: the decoding context and its reader live as long as the decoder.
+        unsafe { (*(*self.ctx).reader).EndRecPtr }
     }
 
     /// Free the decoding context and release the slot (what dropping the decoder does).

@@ -755,8 +755,13 @@ fn after_success(
     if o.reopen {
         close_decoder(name, dec, rels);
     }
+    let standby_wait = dec.as_ref().and_then(|d| d.standby_wait);
     shmem::update(slot_idx, |w| {
-        w.state = WorkerState::Streaming;
+        w.state = if standby_wait.is_some() {
+            WorkerState::WaitingForStandby
+        } else {
+            WorkerState::Streaming
+        };
         w.events += o.events;
         w.txns += o.txns;
         if let Some(t) = o.last_commit_time {
@@ -799,6 +804,13 @@ fn name_failed_transaction(name: &str, mut e: TideError, one_at_a_time: bool) ->
 /// After a failed iteration (the `failures`-th in a row): pause the pipeline if retrying cannot
 /// help, log with the back-off, record the error for `tide.pipelines`.
 fn after_failure(name: &str, slot_idx: usize, e: &TideError, failures: u32, s: Settings) {
+    if e.slot_lost {
+        // The next iteration recovers the slot: a new one, every table read again.
+        let reason = e.detail.as_deref().unwrap_or(&e.message);
+        if let Err(e2) = tx::run(|| catalog::slots::mark_lost(name, reason)) {
+            log!("pg_tide worker \"{name}\": could not record the lost slot: {e2}");
+        }
+    }
     if e.pause_pipeline {
         // Retrying cannot help until the user acts: pause, keep the reason.
         if let Err(e2) = tx::run(|| catalog::pipelines::pause_for(name)) {
@@ -1279,6 +1291,11 @@ fn open_decoder<'d>(
             extra,
             remote_streams,
             streaming,
+            // A target outside the source database gets only WAL the standbys have.
+            matches!(
+                p.target,
+                tide_core::model::TargetKind::Postgres | tide_core::model::TargetKind::Kafka
+            ),
         )?);
     }
     dec.as_mut()

@@ -9,7 +9,7 @@
 //! process started at its own time, and that production is alive. So:
 //!
 //! - **The writer** is the server's database: `<system identifier>:<postmaster start, µs since
-//!   2000>:<database OID>` ([`writer_token`]). A worker restarted, the server's crash restart (the
+//!   2000>:<database OID>:<timeline>` ([`writer_token`]). A worker restarted, the server's crash restart (the
 //!   postmaster stays) and a lost slot's resync keep it; a server started again, a copy, a
 //!   restore (into another server, or by `pg_restore` into another database of the same one)
 //!   and a promoted standby each have a new one.
@@ -25,7 +25,13 @@
 //!   after at most the lease, with no manual step; a copy beside a running production never does.
 //!   A takeover by a pipeline that is resyncing (its slot was lost: a failover, a restore) sets
 //!   the row's applied position to 0/0: the old owner's position is in another WAL history, and
-//!   the resync reads every table again anyway.
+//!   the resync reads every table again anyway. A takeover by a pipeline whose slot came with it
+//!   (a failover slot synchronised to a promoted standby, PostgreSQL 17 and later) keeps the
+//!   position when this server's history holds it: the writer token names the timeline it
+//!   wrote on, and the position is at or before the point where this server's timeline left
+//!   that one (`diverged`; with `synchronized_standby_slots` on the old primary, nothing
+//!   reached the target before the standby had it, so it always is). Otherwise the position is
+//!   reset and the pipeline marks its slot lost and resyncs.
 //! - **Every write is fenced** ([`Fence::commit_step`]): the last statement of every remote
 //!   transaction is `UPDATE ... WHERE writer = me AND epoch = mine RETURNING`, which also raises
 //!   the applied position and renews the lease; no row back rolls the transaction back
@@ -77,7 +83,89 @@ pub fn writer_token() -> String {
             pg_sys::MyDatabaseId.to_u32(),
         )
     };
-    format!("{sysid}:{started}:{db}")
+    format!("{sysid}:{started}:{db}:{}", timeline())
+}
+
+/// The timeline this server writes WAL on (0 while in recovery).
+fn timeline() -> u32 {
+    // SAFETY: reads shared state set at the end of recovery; not called before it is over.
+    unsafe {
+        if pg_sys::RecoveryInProgress() {
+            0
+        } else {
+            pg_sys::GetWALInsertionTimeLine()
+        }
+    }
+}
+
+/// PostgreSQL's timeline history (`access/timeline.h`), which pgrx does not bind.
+mod c {
+    use pgrx::pg_sys;
+    #[repr(C)]
+    pub struct TimeLineHistoryEntry {
+        pub tli: pg_sys::TimeLineID,
+        pub begin: pg_sys::XLogRecPtr,
+        pub end: pg_sys::XLogRecPtr,
+    }
+    unsafe extern "C-unwind" {
+        pub fn readTimeLineHistory(target: pg_sys::TimeLineID) -> *mut pg_sys::List;
+    }
+}
+
+/// Where this server's history (its current timeline's) left timeline `tli`: the position up to
+/// which its WAL and timeline `tli`'s are the same; None when `tli` is not in its history.
+fn timeline_end(tli: u32) -> Option<u64> {
+    let current = timeline();
+    if current == 0 {
+        return None;
+    }
+    // SAFETY: reads the timeline history files of pg_wal into a list in the current memory
+    // context (an ERROR becomes a Rust panic at the boundary); the entries are read at once.
+    unsafe {
+        let history = pg_sys::ffi::pg_guard_ffi_boundary(move || c::readTimeLineHistory(current));
+        let len = if history.is_null() {
+            0
+        } else {
+            (*history).length
+        };
+        for i in 0..len {
+            let e = pg_sys::list_nth(history, i) as *const c::TimeLineHistoryEntry;
+            if !e.is_null() && (*e).tli == tli {
+                // The current timeline's entry ends at "infinity" (0).
+                return Some(if (*e).end == 0 { u64::MAX } else { (*e).end });
+            }
+        }
+        None
+    }
+}
+
+/// Whether the target's applied position, written by `old` (another writer of this system),
+/// may count WAL this server never had: `old` wrote on a timeline this server left (a
+/// failover) and the position is past the point where this server's history left it, or on a
+/// timeline outside this server's history. The reason, if so. A writer of another system, or
+/// of a token without a timeline (before 0.4.0), or of this same timeline (the server started
+/// again), is left as before (README, Concepts > One writer per target).
+fn diverged(mine: &str, old: &str, applied: Lsn) -> Option<String> {
+    let old_parts: Vec<&str> = old.split(':').collect();
+    let my_parts: Vec<&str> = mine.split(':').collect();
+    if old_parts.len() < 4 || my_parts.len() < 4 || old_parts[0] != my_parts[0] {
+        return None;
+    }
+    let old_tli = old_parts[3].parse::<u32>().ok()?;
+    let my_tli = my_parts[3].parse::<u32>().ok()?;
+    if old_tli == 0 || my_tli == 0 || old_tli >= my_tli || applied.0 == 0 {
+        return None;
+    }
+    match timeline_end(old_tli) {
+        Some(end) if applied.0 <= end => None,
+        Some(end) => Some(format!(
+            "the remote target's applied position {applied} (written on timeline {old_tli}) is past {}, where this server's history left timeline {old_tli}: the target may hold changes this server never had (a failover to a standby that had not received them)",
+            Lsn(end)
+        )),
+        None => Some(format!(
+            "the remote target's applied position {applied} was written on timeline {old_tli}, which is not in this server's history (timeline {my_tli})"
+        )),
+    }
 }
 
 /// The lease as an interval's text.
@@ -174,6 +262,31 @@ impl Fence {
         let remote = |e| super::remote_err(e);
         sink.query(&insert_sql(table), vec![Some(p.name.clone())], timeout)
             .map_err(remote)?;
+        // A takeover after a failover keeps the target's applied position only when this
+        // server's history holds it (see `diverged`); else the position is reset and the
+        // pipeline resyncs, as after a lost slot.
+        let divergence = if p.resync.is_some() || self.epoch.is_some() {
+            None
+        } else {
+            let rows = sink
+                .query(
+                    &format!(
+                        "SELECT writer, applied_lsn::pg_catalog.text FROM {table} WHERE pipeline OPERATOR(pg_catalog.=) $1"
+                    ),
+                    vec![Some(p.name.clone())],
+                    timeout,
+                )
+                .map_err(remote)?;
+            rows.into_iter().next().and_then(|r| {
+                let mut r = r.into_iter();
+                let old = r.next().flatten()?;
+                let applied = r.next().flatten()?.parse::<Lsn>().ok()?;
+                if old == self.writer {
+                    return None;
+                }
+                diverged(&self.writer, &old, applied)
+            })
+        };
         let sql = format!(
             "UPDATE {table} AS a SET writer = $2,
                     epoch = CASE WHEN a.writer IS NOT DISTINCT FROM $2 THEN a.epoch ELSE a.epoch + 1 END,
@@ -193,7 +306,7 @@ impl Fence {
                     Some(self.writer.clone()),
                     Some(lease_text(crate::gucs::target_lease())),
                     self.epoch.map(|e| e.to_string()),
-                    Some(p.resync.is_some().to_string()),
+                    Some((p.resync.is_some() || divergence.is_some()).to_string()),
                 ],
                 timeout,
             )
@@ -211,6 +324,17 @@ impl Fence {
         let applied = row.next().flatten().and_then(|a| a.parse::<Lsn>().ok());
         self.epoch = Some(epoch);
         self.renewed = Some(Instant::now());
+        if let Some(reason) = divergence {
+            // Taken, with the applied position reset: every table is read again.
+            let mut e = TideError::new(
+                PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+                format!("pipeline \"{}\" took its remote target over, and {reason}", p.name),
+            )
+            .detail(reason)
+            .hint("Nothing to do: the pipeline marks its slot lost and reads every table again (a resync). To resume failovers without one, set synchronized_standby_slots on the primary (docs/high-availability.md).");
+            e.slot_lost = true;
+            return Err(e);
+        }
         Ok(Held { applied })
     }
 
