@@ -434,10 +434,20 @@ fn plugin_streams_only_when_asked() {
         1,
         "one stream commit: {streamed:?}"
     );
+    // PostgreSQL 18 no longer streams a transaction already known to have aborted when the
+    // reorder buffer would stream it (ReorderBufferCheckAndTruncateAbortedTXN): the rolled-back
+    // one, whose ROLLBACK is in the WAL before this read, is dropped unsent there. Up to 17 it is
+    // streamed and then aborted.
+    let aborted_unsent = pg_major() >= 18;
     assert_eq!(
         kinds.last(),
-        Some(&"A"),
-        "the rolled-back one is aborted: {streamed:?}"
+        Some(if aborted_unsent { &"F" } else { &"A" }),
+        "the rolled-back one is {}: {streamed:?}",
+        if aborted_unsent {
+            "not streamed (18)"
+        } else {
+            "aborted"
+        }
     );
     assert!(
         kinds.iter().all(|t| ["S", "X", "E", "F", "A"].contains(t)),
@@ -448,9 +458,13 @@ fn plugin_streams_only_when_asked() {
         .filter(|(t, _)| t == "X")
         .map(|(_, n)| n)
         .sum();
-    // All of the committed one (5000 changes and its Relation), part of the rolled-back one
-    // (what was still in memory at its abort was dropped unsent).
-    assert!(wrapped > 5001, "both transactions streamed: {wrapped}");
+    // All of the committed one (5000 changes and its Relation), and up to 17 part of the
+    // rolled-back one (what was still in memory at its abort was dropped unsent).
+    if aborted_unsent {
+        assert_eq!(wrapped, 5001, "the committed one only: {streamed:?}");
+    } else {
+        assert!(wrapped > 5001, "both transactions streamed: {wrapped}");
+    }
 
     for (opts, what) in [
         (
@@ -1044,7 +1058,15 @@ fn change_cut_short_by_a_concurrent_abort_is_not_sent() {
             .unwrap_or_else(|e| panic!("message {i}: the worker would refuse it: {e}"));
     }
     assert!(!in_block, "the last block was not closed");
-    assert!(blocks >= 1, "the rolled-back transaction was not streamed");
+    // PostgreSQL 18 drops a transaction it knows aborted before streaming any of it
+    // (ReorderBufferCheckAndTruncateAbortedTXN), so a block cut short by the abort cannot be
+    // made this way there: the case of this test is 15-17's. On 18 it checks what 18 does: the
+    // rolled-back transaction is not streamed at all, and the committed row arrives.
+    if pg_major() >= 18 {
+        assert_eq!(blocks, 0, "PostgreSQL 18 streamed an aborted transaction");
+    } else {
+        assert!(blocks >= 1, "the rolled-back transaction was not streamed");
+    }
     assert_eq!(
         inserts_in_blocks, 0,
         "a change of the aborted transaction was streamed: the concurrent abort did not happen \
