@@ -7,10 +7,11 @@
 #
 # The version matrix (no TIDE_PG, no stage named): every stage on the oldest and the newest
 # supported version (15: core, pgrx, e2e, package; 18: pgrx, e2e, package: core is
-# server-independent), and on the others (16, 17) the e2e suites of TIDE_E2E_SUBSET: those whose
-# code differs between versions (src/pgver.rs: the output plugin's tuples, the worker's origin and
-# signals, the local target's index inserts, row filters' permission checks), plus the schema's
-# transcripts. Each version's output goes to TIDE_TEST_LOGS/pgNN/; the last line sums them.
+# server-independent), and on the others (16, 17, side by side) the e2e suites of
+# TIDE_E2E_SUBSET: those whose code differs between versions (src/pgver.rs: the output plugin's
+# tuples, the worker's origin and signals, the bulk inserts' index maintenance of the outbox and
+# local targets, row filters' permission checks), what a failover does (failover slots from 17),
+# plus the schema's transcripts. Each version's output goes to TIDE_TEST_LOGS/pgNN/; the last line sums them.
 #
 # Stages (each runs even if an earlier one failed):
 #   core  cargo test -p tide-core                        (server-independent logic), and
@@ -58,7 +59,7 @@ usage() {
 
 # --- the version matrix -------------------------------------------------------------
 # The suites run on the versions in the middle: those whose code path differs by version.
-TIDE_E2E_SUBSET="${TIDE_E2E_SUBSET:-foundation capture streaming large_tx shape table_target regress}"
+TIDE_E2E_SUBSET="${TIDE_E2E_SUBSET:-foundation capture streaming large_tx shape failover regress}"
 if [[ $# -eq 0 && -z "$TIDE_PG_FROM_CALLER" && -z "$TIDE_PG_BIN_FROM_CALLER" ]]; then
     matrix_logs="${TIDE_TEST_LOGS:-/tmp/pg_tide_test_logs}"
     declare -a m_rows=()
