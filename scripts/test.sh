@@ -94,6 +94,14 @@ if [[ $# -eq 0 && -z "$TIDE_PG_FROM_CALLER" && -z "$TIDE_PG_BIN_FROM_CALLER" ]];
         TIDE_PG="$v" TIDE_TEST_LOGS="$matrix_logs/pg$v" bash "$0" "$@" 2>&1 | tee "$matrix_logs/pg$v.log" || rc=$?
         matrix_tally "$v" "$what" "$rc" $((SECONDS - start))
     }
+    # Every version's set-up first, one after another (16 and 17 then run side by side, and
+    # two setup.sh must not edit pgrx's config.toml at once).
+    m_banner "set-up of PostgreSQL ${TIDE_PG_VERSIONS[*]}"
+    if ! TIDE_SETUP_PG="${TIDE_PG_VERSIONS[*]}" TIDE_SETUP_TANSU=1 bash "$TIDE_REPO/scripts/setup.sh"; then
+        echo "scripts/setup.sh failed"
+        echo "0 passed, 1 failed"
+        exit 1
+    fi
     matrix_run 15 "all stages" core pgrx e2e package
     matrix_run 18 "pgrx, e2e, package" pgrx e2e package
     # 16 and 17 side by side, one lane each (their suites mostly wait on workers), each with
