@@ -20,8 +20,11 @@ fi
 cd "$TIDE_REPO"
 # Package, then put each file in place by rename: a running server that has the old library
 # mapped keeps its copy (overwriting the file in place would crash it).
-out="$TIDE_REPO/target/pg_tide-package"
+# An output directory of this run's own: two installs at once (of two versions) must not take
+# each other's files.
+out="$TIDE_REPO/target/pg_tide-package-pg$TIDE_PG-$$"
 rm -rf "$out"
+trap 'rm -rf "$out"' EXIT
 args=(pgrx package --pg-config "$TIDE_PG_CONFIG" --out-dir "$out")
 [[ "${TIDE_DEBUG_BUILD:-0}" == 1 ]] && args+=(--debug)
 log "cargo ${args[*]}"

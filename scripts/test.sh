@@ -102,20 +102,39 @@ if [[ $# -eq 0 && -z "$TIDE_PG_FROM_CALLER" && -z "$TIDE_PG_BIN_FROM_CALLER" ]];
         echo "0 passed, 1 failed"
         exit 1
     fi
-    matrix_run 15 "all stages" core pgrx e2e package
-    matrix_run 18 "pgrx, e2e, package" pgrx e2e package
+    # (TIDE_MATRIX_OLDEST / TIDE_MATRIX_NEWEST: other stages for 15 / 18, e.g. "core" to try the
+    # matrix itself quickly.)
+    read -r -a m_oldest <<<"${TIDE_MATRIX_OLDEST:-core pgrx e2e package}"
+    read -r -a m_newest <<<"${TIDE_MATRIX_NEWEST:-pgrx e2e package}"
+    matrix_run 15 "${m_oldest[*]}" "${m_oldest[@]}"
+    matrix_run 18 "${m_newest[*]}" "${m_newest[@]}"
     # 16 and 17 side by side, one lane each (their suites mostly wait on workers), each with
     # its own clusters and ports; their outputs are printed whole when both are done.
     start=$SECONDS
-    declare -A m_pid=() m_rc=()
+    declare -A m_pid=() m_rc=() m_built=()
+    # Built and installed one after the other first: `cargo pgrx package` copies the library
+    # out of target/release after its build, where another version's build would overwrite it.
     for v in 16 17; do
+        m_banner "PostgreSQL $v: build and install"
+        if ! (export TIDE_PG="$v" && unset TIDE_PG_BIN &&
+            TIDE_PG_BIN="$(bash "$TIDE_REPO/scripts/private-pg.sh" "$TIDE_REPO/target/pg$v-private")" &&
+            export TIDE_PG_BIN && TIDE_SKIP_SETUP=1 bash "$TIDE_REPO/scripts/install.sh"); then
+            mkdir -p "$matrix_logs"
+            echo "the build of PostgreSQL $v failed" >"$matrix_logs/pg$v.log"
+            matrix_tally "$v" "build" 1 $((SECONDS - start))
+            continue
+        fi
+        m_built[$v]=1
+    done
+    for v in "${!m_built[@]}"; do
         mkdir -p "$matrix_logs/pg$v"
-        TIDE_PG="$v" TIDE_TEST_LOGS="$matrix_logs/pg$v" TIDE_E2E_SUITES="$TIDE_E2E_SUBSET" TIDE_E2E_LANES=1 \
+        TIDE_PG="$v" TIDE_TEST_LOGS="$matrix_logs/pg$v" TIDE_E2E_SUITES="$TIDE_E2E_SUBSET" TIDE_E2E_LANES=1 TIDE_SKIP_INSTALL=1 \
             TIDE_CLUSTERS="${TIDE_CLUSTERS:-/tmp/pg_tide_clusters}_pg$v" TIDE_PORT_BASE=$((${TIDE_PORT_BASE:-25432} + (v - 14) * 1000)) \
             bash "$0" e2e >"$matrix_logs/pg$v.log" 2>&1 &
         m_pid[$v]=$!
     done
     for v in 16 17; do
+        [[ -n "${m_built[$v]:-}" ]] || continue
         m_rc[$v]=0
         wait "${m_pid[$v]}" || m_rc[$v]=$?
         m_banner "PostgreSQL $v: e2e of TIDE_E2E_SUBSET ($TIDE_E2E_SUBSET)"
