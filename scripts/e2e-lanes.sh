@@ -31,7 +31,8 @@ declare -A WEIGHT=(
     [table_target]=226 [security]=131 [capture]=76 [backfill]=72 [slot_lost]=62
     [rewrite]=52 [consumers]=44 [verify]=36 [regress]=34 [partitions]=26 [upgrade]=25
     [schema_events]=23 [large_tx]=23 [operations]=22 [controls]=20 [streaming]=19 [shape]=16
-    [foundation]=15 [multidb]=11 [harness]=10 [progress]=8 [fencing]=110
+    [foundation]=15 [multidb]=11 [harness]=10 [progress]=8 [fencing]=110 [failover]=60
+    [pg_upgrade]=240 [dump_restore]=54
 )
 
 suites=()
