@@ -70,6 +70,8 @@ pub extern "C-unwind" fn _PG_init() {
     // pg_upgrade starts both the old and the new server in binary-upgrade mode (`-b`) to read
     // and restore the schema: no pipeline may run there (it would decode, write to targets and
     // move its slot while the upgrade reads the catalogs and checks the slots).
+    // SAFETY: a bool of the postmaster, set from its command line before shared libraries are
+    // preloaded, and never written after.
     if unsafe { pg_sys::IsBinaryUpgrade } {
         pgrx::log!("pg_tide: the server runs in binary-upgrade mode (pg_upgrade): no pg_tide worker starts");
         return;

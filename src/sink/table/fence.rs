@@ -107,6 +107,8 @@ mod c {
         pub begin: pg_sys::XLogRecPtr,
         pub end: pg_sys::XLogRecPtr,
     }
+    // SAFETY: the signature of `readTimeLineHistory` in access/timeline.h, the same in 15-18;
+    // it may raise an ERROR, so it is only called through `pg_guard_ffi_boundary`.
     unsafe extern "C-unwind" {
         pub fn readTimeLineHistory(target: pg_sys::TimeLineID) -> *mut pg_sys::List;
     }
