@@ -32,7 +32,7 @@ declare -A WEIGHT=(
     [rewrite]=52 [consumers]=44 [verify]=36 [regress]=34 [partitions]=26 [upgrade]=25
     [schema_events]=23 [large_tx]=23 [operations]=22 [controls]=20 [streaming]=19 [shape]=16
     [foundation]=15 [multidb]=11 [harness]=10 [progress]=8 [fencing]=110 [failover]=60
-    [pg_upgrade]=240 [dump_restore]=54
+    [pg_upgrade]=240 [pg_upgrade_slots]=200 [dump_restore]=54
 )
 
 suites=()
@@ -44,7 +44,7 @@ done
 
 # Suites that exist for some versions only (their file's head says why); elsewhere they are not
 # run, and the stage says so (it never counts them as passed).
-declare -A FROM_VERSION=([pg_upgrade]=16)
+declare -A FROM_VERSION=([pg_upgrade]=16 [pg_upgrade_slots]=18)
 major="$("${TIDE_PG_BIN:-/usr/lib/postgresql/15/bin}/pg_config" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')"
 kept=()
 for s in "${suites[@]}"; do

@@ -126,6 +126,10 @@ if [[ -n "$TIDE_PG_BIN_GIVEN" && -x "$TIDE_PG_BIN_GIVEN/pg_config" ]] &&
     log "PostgreSQL $TIDE_PG: TIDE_PG_BIN=$TIDE_PG_BIN_GIVEN (given): ok"
     unset "want_pg[$TIDE_PG]"
 fi
+# The pg_upgrade_slots suite's old server (17, whose slots pg_upgrade carries), on 18 and later.
+if ((TIDE_PG >= 18)); then
+    want_pg[17]=1
+fi
 for v in "${!want_pg[@]}"; do
     install_pg_binaries "$v"
 done

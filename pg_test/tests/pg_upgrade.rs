@@ -22,7 +22,7 @@
 //!   outbox replays to the source, and `tide.verify` reports no difference.
 
 use pg_test::*;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -90,49 +90,6 @@ fn pg15_with_this_build() -> PathBuf {
         &ext.to_string_lossy(),
     ]);
     bin
-}
-
-/// A cluster's data directory (`scripts/cluster.sh`: NAME/data beside NAME/server.log).
-fn data_dir(c: &Cluster) -> PathBuf {
-    c.log_path()
-        .parent()
-        .expect("a cluster directory")
-        .join("data")
-}
-
-fn run_pg_upgrade(old_bin: &Path, old: &Cluster, new: &Cluster) -> String {
-    // pg_upgrade writes its logs and sockets in its working directory: one the postgres user owns.
-    let work = old.log_path().parent().unwrap().join("pg_upgrade_work");
-    run_ok(command_as_postgres("mkdir").arg("-p").arg(&work));
-    let out = command_as_postgres(pg_bin().join("pg_upgrade"))
-        .arg("-b")
-        .arg(old_bin)
-        .arg("-B")
-        .arg(pg_bin())
-        .arg("-d")
-        .arg(data_dir(old))
-        .arg("-D")
-        .arg(data_dir(new))
-        .arg("-p")
-        .arg(old.port().to_string())
-        .arg("-P")
-        .arg(new.port().to_string())
-        .arg("-s")
-        .arg(&work)
-        .current_dir(&work)
-        .output()
-        .expect("run pg_upgrade");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "pg_upgrade failed ({}):\n{text}",
-        out.status
-    );
-    text
 }
 
 #[test]
