@@ -81,7 +81,11 @@ pub fn older_pg_with_this_build(major: u32) -> PathBuf {
             .current_dir(repo_root())
             .env("TIDE_PG", major.to_string())
             .env("TIDE_PG_BIN", &bin)
-            .env("TIDE_SKIP_SETUP", "1"),
+            .env("TIDE_SKIP_SETUP", "1")
+            // scripts/test.sh's PGRX_HOME knows the version under test only; cargo-pgrx's
+            // default (~/.pgrx), where scripts/setup.sh registers every version it installs,
+            // knows this one too.
+            .env_remove("PGRX_HOME"),
     );
     bin
 }

@@ -55,7 +55,11 @@ fn pg15_with_this_build() -> PathBuf {
             .current_dir(repo_root())
             .env("TIDE_PG", "15")
             .env("TIDE_PG_BIN", &debian)
-            .env("TIDE_SKIP_SETUP", "1"),
+            .env("TIDE_SKIP_SETUP", "1")
+            // scripts/test.sh's PGRX_HOME knows the version under test only; cargo-pgrx's
+            // default (~/.pgrx), where scripts/setup.sh registers every version it installs,
+            // knows this one too.
+            .env_remove("PGRX_HOME"),
     );
     let tree = PathBuf::from(run_ok(
         Command::new("bash")
