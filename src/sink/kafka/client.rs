@@ -635,6 +635,18 @@ impl State {
             }
             Err(e) => {
                 let mut f = self.txn_failure("cannot commit the Kafka transaction", &e);
+                // The broker's reason for a message it refused (size, authorization) first.
+                let refused = self.producer.as_ref().and_then(|(_, r)| {
+                    r.first_failure
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .clone()
+                });
+                if let Some(m) = refused.filter(|_| !f.fenced) {
+                    let why = KafkaFailure::from_kafka("the broker did not take a message", &m);
+                    f.message = format!("{} ({})", why.message, f.message);
+                    f.transient = why.transient;
+                }
                 if let Some(last) = self.last_error().filter(|_| !f.fenced) {
                     f.message.push_str(&format!(" (last client error: {last})"));
                 }
