@@ -5,8 +5,9 @@
 //! - `convergence`: every topic replayed onto a copy (duplicate identities dropped) equals the
 //!   source, by set difference both ways, after writes, a backfill, a kill -9 of the worker and a
 //!   broker outage (the pipeline shows `error` with the reason, then catches up by itself); per
-//!   key, one partition and increasing identities; duplicates after the kill -9 at most one batch,
-//!   none after a clean restart; the pipeline's owner is an ordinary role (`GRANT tide_admin`);
+//!   key, one partition and increasing identities; no duplicate identity (exactly-once) after
+//!   the kill -9, the outage and clean restarts; the pipeline's owner is an ordinary role
+//!   (`GRANT tide_admin`);
 //! - `exactly_once`: under a writer's load, three kill -9s of the worker, an immediate restart of
 //!   PostgreSQL, a broker restart, a broker crash and a broker outage; a `read_committed`
 //!   consumer then reads every change exactly once (per-key versions 1..=v in order, one insert
