@@ -1,12 +1,21 @@
-//! Kafka-target e2e tests, against a real Kafka-protocol broker (tansu, installed by
-//! `scripts/setup.sh`) on loopback.
+//! Kafka-target e2e tests, against Apache Kafka 4.4 (KRaft, one node on loopback; its jars
+//! fetched once by `scripts/kafka.sh fetch`, which `scripts/setup.sh` runs).
 //!
 //! What is checked, against README "Kafka target":
 //! - `convergence`: every topic replayed onto a copy (duplicate identities dropped) equals the
 //!   source, by set difference both ways, after writes, a backfill, a kill -9 of the worker and a
 //!   broker outage (the pipeline shows `error` with the reason, then catches up by itself); per
-//!   key, one partition and increasing identities; duplicates after the kill -9 at most one batch,
-//!   none after a clean restart; the pipeline's owner is an ordinary role (`GRANT tide_admin`);
+//!   key, one partition and increasing identities; no duplicate identity (exactly-once) after
+//!   the kill -9, the outage and clean restarts; the pipeline's owner is an ordinary role
+//!   (`GRANT tide_admin`);
+//! - `exactly_once`: under a writer's load, three kill -9s of the worker, an immediate restart of
+//!   PostgreSQL, a broker restart, a broker crash and a broker outage; a `read_committed`
+//!   consumer then reads every change exactly once (per-key versions 1..=v in order, one insert
+//!   message per source row) and the transaction topic's `BEGIN`/`END` records intact
+//!   (`TIDE_TEST_DELIVERY=at-least-once` shows the same test failing without transactions);
+//! - `fenced`: another producer that initialises the pipeline's transactional id fences it: the
+//!   pipeline pauses with 55006 and the remedy, its batch stays invisible to `read_committed`;
+//!   a resume fences the other producer and every change arrives once;
 //! - `wallets`: a consumer that buffers by source transaction (the transaction topic's `END`
 //!   records and the `transaction` block of each message) never sees a partial transfer, while a
 //!   consumer that applies message by message does (the check can fail);
@@ -22,12 +31,14 @@
 //! - `alter_table`: a row filter changed mid-stream: the altered schema message between the rows
 //!   of either filter, and a consumer applying the new filter there ends with the source's rows.
 //!
-//! Modules: `broker` (tansu started and stopped on a free port, and a consumer that reads whole
-//! topics), `replay` (messages back into rows).
+//! Modules: `broker` (the suite's shared broker, a test's own that it stops and starts, and a
+//! consumer that reads whole topics), `replay` (messages back into rows).
 
 mod alter_table;
 mod broker;
 mod convergence;
+mod exactly_once;
+mod fenced;
 mod large;
 mod masks;
 mod refusals;
