@@ -15,9 +15,10 @@
 #
 # Does its own set-up: scripts/setup.sh (system packages), pg_tide itself only when it is not
 # installed yet (scripts/install.sh), a Python venv in bench/.venv with psycopg 3 and
-# matplotlib (and confluent-kafka for B5's consumer); B5 starts a tansu broker per kafka run
-# (when scripts/setup.sh installed it). Then destroys and re-creates the scratch clusters bench_src and bench_tgt, runs
-# bench/bench.py and destroys the clusters again on exit, whatever happens.
+# matplotlib (and confluent-kafka for B5's consumer); B5 starts an Apache Kafka broker per kafka
+# run (scripts/kafka.sh, whose jars scripts/setup.sh fetched). Then destroys and re-creates the
+# scratch clusters bench_src and bench_tgt, runs bench/bench.py and destroys the clusters again
+# on exit, whatever happens.
 #
 # Output: bench/results/results.json, bench/results/RESULTS.md, bench/results/*.png,
 #         bench/results/bench.log (the progress lines); BENCH_RESULTS=DIR writes them to DIR
@@ -67,7 +68,7 @@ pg_tide_installed() {
 
 if ((SETUP)); then
     log "scripts/setup.sh"
-    if ! TIDE_SETUP_TANSU=1 bash "$TIDE_REPO/scripts/setup.sh"; then
+    if ! TIDE_SETUP_KAFKA=1 bash "$TIDE_REPO/scripts/setup.sh"; then
         # setup.sh also checks the Rust toolchain; the benchmarks only need PostgreSQL and an
         # installed pg_tide.
         if pg_tide_installed && [[ -x "$TIDE_PG_BIN/pgbench" ]]; then
@@ -152,18 +153,16 @@ for c in "${CLUSTERS[@]}"; do
     "$CLUSTER" start "$c"
 done
 
-# --- 3b. a Kafka broker for B5 (tansu, loopback only, sqlite storage) ---------------------
-# b5.py starts a fresh broker (new storage, free port) for each kafka run and stops it after
-# (tansu's sqlite storage slows down as its topics grow). TIDE_BENCH_KAFKA=host:port set by the
-# caller uses that broker instead.
-TANSU="${TIDE_TANSU:-${TIDE_TANSU_ROOT:-$HOME/.cache/pg_tide/tansu-0.6.0}/bin/tansu}"
+# --- 3b. a Kafka broker for B5 and B6 (Apache Kafka, KRaft, one node, loopback only) ----------
+# b5.py starts a fresh broker (new storage, free port) for each kafka run with scripts/kafka.sh and
+# stops it after. TIDE_BENCH_KAFKA=host:port set by the caller uses that broker instead.
 if [[ -n "${TIDE_BENCH_KAFKA:-}" ]]; then
     log "B5 uses the Kafka broker at $TIDE_BENCH_KAFKA"
-elif [[ -x "$TANSU" ]]; then
-    export TIDE_BENCH_TANSU="$TANSU"
-    log "B5 starts a tansu broker ($TANSU) for each kafka run"
+elif bash "$TIDE_REPO/scripts/kafka.sh" fetched; then
+    export TIDE_BENCH_KAFKA_SCRIPT="$TIDE_REPO/scripts/kafka.sh"
+    log "B5 starts an Apache Kafka broker (scripts/kafka.sh) for each kafka run"
 else
-    log "no tansu at $TANSU: B5 (kafka) will record that it could not run"
+    log "Apache Kafka is not fetched (TIDE_SETUP_KAFKA=1 scripts/setup.sh): B5 (kafka) will record that it could not run"
 fi
 
 # --- 4. the benchmarks ---------------------------------------------------------------------

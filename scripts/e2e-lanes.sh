@@ -8,8 +8,9 @@
 # two suites side by side take little more than the longer of the two, and the whole stage about
 # half the time of one lane. Every suite runs its own scratch clusters on ports reserved under
 # scripts/cluster.sh's lock, and every test is written to pass on a busy machine (the bar), so
-# lanes change nothing a test may rely on. `kafka` runs alone after the lanes: its broker
-# (tansu with sqlite storage) slows down badly when the CPUs are shared.
+# lanes change nothing a test may rely on. `kafka` runs alone after the lanes (its former broker,
+# tansu with sqlite storage, slowed down badly when the CPUs were shared; Apache Kafka in a lane
+# is not measured yet).
 #
 # Each lane's output goes to a file and is printed whole when the lanes are done (so the stage's
 # log keeps every suite's output in one piece, with its `test result:` lines, which

@@ -221,23 +221,24 @@ if [[ -d "$target_dir" ]] && ! { pg_can -r "$target_dir" && pg_can -x "$target_d
 fi
 ((fixed)) || log "'$TIDE_PG_USER' can reach $TIDE_REPO: ok"
 
-# --- 5. tansu: the Kafka-protocol broker the kafka suite runs on loopback --------------------
-# (pg_test/tests/kafka, bench B5). Only with TIDE_SETUP_TANSU=1 (scripts/test.sh and bench/run.sh
-# set it; building, installing and the demo do not need it). Built from crates.io once per
-# version (about 15 minutes on 2 cores) into a cache that later runs reuse; the suite finds it
-# there (or at TIDE_TANSU).
-TANSU_VERSION=0.6.0
-TANSU_ROOT="${TIDE_TANSU_ROOT:-$HOME/.cache/pg_tide/tansu-$TANSU_VERSION}"
-if [[ "${TIDE_SETUP_TANSU:-0}" != 1 ]]; then
-    :
-elif [[ -x "$TANSU_ROOT/bin/tansu" ]] && "$TANSU_ROOT/bin/tansu" --version 2>/dev/null | grep -q "$TANSU_VERSION"; then
-    log "tansu $TANSU_VERSION: ok ($TANSU_ROOT/bin/tansu)"
-else
-    log "cargo install tansu --version $TANSU_VERSION --locked --features libsql --root $TANSU_ROOT (once; about 15 minutes)"
-    mkdir -p "$TANSU_ROOT"
-    nice -n 10 cargo install tansu --version "$TANSU_VERSION" --locked --features libsql --root "$TANSU_ROOT"
-    "$TANSU_ROOT/bin/tansu" --version 2>/dev/null | grep -q "$TANSU_VERSION" \
-        || tide_die setup "tansu --version does not report $TANSU_VERSION after install"
+# --- 5. Apache Kafka: the broker the kafka suite runs on loopback ---------------------------
+# (pg_test/tests/kafka, bench B5). Only with TIDE_SETUP_KAFKA=1 (scripts/test.sh and bench/run.sh
+# set it; building, installing and the demo do not need it). Java 17 and Maven from Debian, then
+# scripts/kafka.sh fetch: the broker's jars (org.apache.kafka:kafka_2.13, KRaft) from Maven
+# Central, once, into /var/cache/pg_tide/kafka-VERSION (TIDE_KAFKA_HOME moves it); about 10 s on
+# a fresh machine.
+if [[ "${TIDE_SETUP_KAFKA:-0}" == 1 ]]; then
+    kafka_missing=()
+    for p in openjdk-17-jre-headless maven; do
+        pkg_installed "$p" || kafka_missing+=("$p")
+    done
+    if ((${#kafka_missing[@]} > 0)); then
+        log "apt-get install ${kafka_missing[*]} (the kafka suite's broker)"
+        as_root apt-get update -qq
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${kafka_missing[@]}"
+    fi
+    as_root mkdir -p /var/cache/pg_tide
+    as_root bash "$TIDE_REPO/scripts/kafka.sh" fetch
 fi
 
 log "done"

@@ -97,7 +97,7 @@ if [[ $# -eq 0 && -z "$TIDE_PG_FROM_CALLER" && -z "$TIDE_PG_BIN_FROM_CALLER" ]];
     # Every version's set-up first, one after another (16 and 17 then run side by side, and
     # two setup.sh must not edit pgrx's config.toml at once).
     m_banner "set-up of PostgreSQL ${TIDE_PG_VERSIONS[*]}"
-    if ! TIDE_SETUP_PG="${TIDE_PG_VERSIONS[*]}" TIDE_SETUP_TANSU=1 bash "$TIDE_REPO/scripts/setup.sh"; then
+    if ! TIDE_SETUP_PG="${TIDE_PG_VERSIONS[*]}" TIDE_SETUP_KAFKA=1 bash "$TIDE_REPO/scripts/setup.sh"; then
         echo "scripts/setup.sh failed"
         echo "0 passed, 1 failed"
         exit 1
@@ -239,8 +239,8 @@ watched_files() {
 
 # --- stages ---------------------------------------------------------------------
 stage_setup() {
-    # With tansu, the broker of the kafka suite (built once, cached).
-    TIDE_SETUP_TANSU=1 bash "$TIDE_REPO/scripts/setup.sh"
+    # With Apache Kafka, the broker of the kafka suite (its jars fetched once, cached).
+    TIDE_SETUP_KAFKA=1 bash "$TIDE_REPO/scripts/setup.sh"
     # The guard around each stage must be able to fail.
     bash "$TIDE_REPO/scripts/installed-files.sh" selftest
 }

@@ -4,11 +4,11 @@ rows/s and commit-to-consumer latency (p50/p99); then the broker's own produce c
 pg_tide's Kafka rates as a ratio of it. Debezium's published engine figure (50–67k events/s) is
 cited, not run.
 
-`run(suite, b)` is called by Suite.b5. The broker: with TIDE_BENCH_TANSU (the tansu binary;
-run.sh exports it), a tansu broker of this module's own on loopback, started afresh (new sqlite
-storage, new port) for each kafka run: tansu's sqlite storage slows down as its topics grow, and a
-broker that took the 1M-row backfill stopped answering metadata requests in the next run. With
-TIDE_BENCH_KAFKA (host:port) instead, that broker for every run."""
+`run(suite, b)` is called by Suite.b5. The broker: with TIDE_BENCH_KAFKA_SCRIPT (scripts/kafka.sh;
+run.sh exports it once scripts/setup.sh fetched the jars), an Apache Kafka broker (KRaft, one
+node) of this module's own on loopback, started afresh (new storage, new port) for each kafka run,
+so no run reads or writes topics an earlier one left. With TIDE_BENCH_KAFKA (host:port) instead,
+that broker for every run."""
 
 import re
 import socket
@@ -35,6 +35,8 @@ TIDE_PRODUCER = {
     "queue.buffering.max.kbytes": 8 * 1024,
     "message.timeout.ms": 30000,
 }
+NO_BROKER = ("no Kafka broker: neither TIDE_BENCH_KAFKA_SCRIPT nor TIDE_BENCH_KAFKA is set (run.sh sets "
+             "the first when scripts/setup.sh fetched Apache Kafka)")
 SAMPLE_N = 500  # messages read back from a pg_tide topic to copy their size and key shape
 
 DEBEZIUM = (
@@ -87,7 +89,7 @@ class Collector:
 
 
 class Broker:
-    """The broker of one kafka run: an external one (TIDE_BENCH_KAFKA), or a fresh tansu."""
+    """The broker of one kafka run: an external one (TIDE_BENCH_KAFKA), or a fresh Apache Kafka."""
 
     def __init__(self, src):
         self.src = src
@@ -106,51 +108,32 @@ class Broker:
             raise
 
     def _start(self):
-        tansu = os.environ.get("TIDE_BENCH_TANSU")
-        if not tansu:
+        script = os.environ.get("TIDE_BENCH_KAFKA_SCRIPT")
+        if not script:
             self.address = os.environ.get("TIDE_BENCH_KAFKA")
             if not self.address:
-                raise BenchError("no Kafka broker: neither TIDE_BENCH_TANSU nor TIDE_BENCH_KAFKA is set (run.sh sets the first when scripts/setup.sh installed tansu)")
+                raise BenchError(NO_BROKER)
         else:
-            self.dir = tempfile.mkdtemp(prefix="pg_tide_bench_tansu.")
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            url = f"tcp://127.0.0.1:{port}"
-            log_file = open(os.path.join(self.dir, "broker.log"), "w")
-            # (a path after sqlite:// is relative: the broker runs in its directory)
-            self.proc = subprocess.Popen(
-                [tansu, "broker", "--listener-url", url, "--advertised-listener-url", url, "--storage-engine", "sqlite://tansu.db"],
-                cwd=self.dir, stdout=log_file, stderr=subprocess.STDOUT,
-            )
-            log_file.close()
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                except OSError:
-                    pass
-                else:
-                    # (something else may have taken the port meanwhile: tansu must be alive)
-                    if self.proc.poll() is None:
-                        break
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    tail = open(os.path.join(self.dir, "broker.log"), errors="replace").read()[-500:]
-                    raise BenchError(f"tansu did not start on port {port}: {tail}")
-                time.sleep(0.1)
-            self.address = f"127.0.0.1:{port}"
+            self.dir = tempfile.mkdtemp(prefix="pg_tide_bench_kafka.")
+            ports = []
+            for _ in range(2):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    ports.append(s.getsockname()[1])
+            r = subprocess.run(["bash", script, "start", self.dir, str(ports[0]), str(ports[1])],
+                               capture_output=True, text=True, timeout=180)
+            self.proc = True
+            if r.returncode != 0:
+                raise BenchError(f"the Kafka broker did not start on port {ports[0]}: {r.stderr[-500:]}")
+            self.address = f"127.0.0.1:{ports[0]}"
         self.src.x("DROP SERVER IF EXISTS bench_kafka CASCADE")
         self.src.x(f"CREATE SERVER bench_kafka FOREIGN DATA WRAPPER tide_kafka OPTIONS (brokers '{self.address}')")
         return self.address
 
     def stop(self):
-        if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        if self.proc is not None and self.dir:
+            subprocess.run(["bash", os.environ["TIDE_BENCH_KAFKA_SCRIPT"], "stop", self.dir],
+                           capture_output=True, timeout=120)
             self.proc = None
         if self.dir:
             shutil.rmtree(self.dir, ignore_errors=True)
@@ -159,8 +142,7 @@ class Broker:
 
 def sample_topic(brokers, topic, n=SAMPLE_N):
     """Up to `n` messages (key, value, headers) from the end of `topic`'s partitions: what
-    pg_tide wrote, to replay messages of the same size and key shape. (From the end: a tansu
-    fetch costs time in proportion to what lies after its offset.)"""
+    pg_tide wrote, to replay messages of the same size and key shape (from the end)."""
     c = Consumer({"bootstrap.servers": brokers, "group.id": "b5_sample", "enable.auto.commit": False})
     try:
         md = c.list_topics(topic, timeout=30)
@@ -183,8 +165,8 @@ def sample_topic(brokers, topic, n=SAMPLE_N):
 
 class Sample:
     """Reads messages of a pg_tide topic once, in a thread, early in the run (when `maybe(True)`
-    is first called): a tansu broker that has taken a large topic answers fetches slowly or
-    not at all (1M messages: none within 30 s), so they are read while the topic is small."""
+    is first called), while the topic is small (a broker that lags the producer still answers
+    the sample's fetches quickly)."""
 
     def __init__(self, out, phase, brokers, topic):
         self.out, self.phase, self.brokers, self.topic = out, phase, brokers, topic
@@ -318,8 +300,8 @@ def ack_sampler(node, pipeline, stop, out):
 def run(self, b):
     src, P = self.src, self.P
     b["reference"] = DEBEZIUM
-    if not (os.environ.get("TIDE_BENCH_TANSU") or os.environ.get("TIDE_BENCH_KAFKA")):
-        raise BenchError("no Kafka broker: neither TIDE_BENCH_TANSU nor TIDE_BENCH_KAFKA is set (run.sh sets the first when scripts/setup.sh installed tansu)")
+    if not (os.environ.get("TIDE_BENCH_KAFKA_SCRIPT") or os.environ.get("TIDE_BENCH_KAFKA")):
+        raise BenchError(NO_BROKER)
     if Consumer is None:
         raise BenchError("confluent_kafka is not importable from the venv (run.sh installs it)")
     broker = Broker(src)
@@ -332,7 +314,7 @@ def run(self, b):
         "tide.wait_for_backfill is true (kafka: every message acknowledged by the broker, acks=all). Streaming: "
         "pgbench INSERTs into public.ev at a fixed rate and at full speed; a consumer (confluent-kafka for Kafka, "
         "tide.read_outbox + tide.commit_consumer in a loop for the outbox) stamps each row on receipt: latency = "
-        "receipt - committed_at. Kafka topics: 3 partitions, tansu 0.6.0 (sqlite storage) on the same host, "
+        "receipt - committed_at. Kafka topics: 3 partitions, Apache Kafka 4.4.0 (KRaft, one node, 512 MiB heap) on the same host, "
         "a fresh broker (new storage) for each kafka run."
     )
     opts = {
@@ -388,8 +370,6 @@ def run(self, b):
     dur, warm = P["b2_duration"], P["b2_warmup"]
     for rate in (2000, None):
         for kind, consume in (("outbox", True), ("kafka", True), ("kafka", False)):
-            if kind == "kafka" and consume and rate is None:
-                continue  # tansu's read path collapses already at 2000 tx/s (bench/README.md)
 
             def stream(kind=kind, rate=rate, consume=consume):
                 brokers = broker.start() if kind == "kafka" else None
@@ -442,8 +422,8 @@ def run(self, b):
                             "applied_rows_per_s": round(n / (dur + drain), 1), "drain_s": round(drain, 2),
                         "ack_p50_ms": pct(acks[1:], 0.5), "ack_p99_ms": pct(acks[1:], 0.99), "ack_samples": len(acks),
                         }
-                    # tansu's reads slow down as a partition grows: a consumer that falls behind
-                    # does not catch up, so its wait is capped (what it received is reported).
+                    # A consumer that falls behind gets 30 s to catch up (what it received is
+                    # reported).
                     t_end = time.monotonic() + (30 if kind == "kafka" else P["b2_drain_timeout"])
                     while len(col.got) < n and time.monotonic() < t_end and not col.error:
                         time.sleep(0.05)

@@ -217,7 +217,7 @@ def write_report(res):
         ceil = [r for r in b["runs"] if str(r.get("phase", "")).startswith("ceiling")]
         if ceil:
             out.append(
-                "\n**The broker's own produce ceiling** (same run, a fresh tansu broker each): librdkafka's producer alone "
+                "\n**The broker's own produce ceiling** (same run, a fresh broker each): librdkafka's producer alone "
                 "(confluent-kafka, pg_tide's producer settings: idempotent, acks=all, 5 in flight, murmur2_random, 8 MiB "
                 "queue) writes as many messages as pg_tide wrote, of the size, key shape and headers of pg_tide's own "
                 "(read back from its topic, values cycled, the key's number made distinct), to a fresh topic of 3 partitions; "

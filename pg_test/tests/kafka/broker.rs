@@ -1,35 +1,32 @@
-//! A tansu broker on 127.0.0.1 (a free port, sqlite storage in a temporary directory), stopped
-//! when dropped (also when the test fails), and a consumer that reads whole topics.
+//! Apache Kafka (KRaft, one node, `scripts/kafka.sh`) on 127.0.0.1 for the kafka suite, and a
+//! consumer that reads whole topics.
+//!
+//! Two kinds of [`Broker`]: [`Broker::start`] hands out the suite's shared broker (one JVM for
+//! every test that never stops its broker; each test gets it with no topic left by an earlier
+//! one, and tests take it one at a time), [`Broker::own`] starts a broker of the test's own (a
+//! free port, a temporary directory) that the test may stop, kill and start again. Every JVM is
+//! started from one long-lived thread with `PR_SET_PDEATHSIG`, so it dies with the test process
+//! whatever happens to it; an own broker is also stopped when its `Broker` is dropped (also when
+//! the test fails).
 
 use pg_test::*;
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
 use rdkafka::message::Headers;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-/// The tansu binary: `TIDE_TANSU`, else where `scripts/setup.sh` installs it.
-pub fn tansu_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("TIDE_TANSU") {
-        return PathBuf::from(p);
-    }
-    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
-    let cached = PathBuf::from(home).join(".cache/pg_tide/tansu-0.6.0/bin/tansu");
-    assert!(
-        cached.exists(),
-        "tansu is not installed at {} (TIDE_SETUP_TANSU=1 scripts/setup.sh installs it, as scripts/test.sh does; or set TIDE_TANSU)",
-        cached.display()
-    );
-    cached
-}
-
-pub struct Broker {
-    pub port: u16,
-    dir: PathBuf,
-    child: Option<Child>,
+fn kafka_script() -> PathBuf {
+    repo_root().join("scripts").join("kafka.sh")
 }
 
 fn free_port() -> u16 {
@@ -37,64 +34,106 @@ fn free_port() -> u16 {
     l.local_addr().expect("local addr").port()
 }
 
-impl Broker {
-    pub fn start(tag: &str) -> Broker {
+/// Spawns every broker JVM from one thread that lives as long as the test process: a child's
+/// `PR_SET_PDEATHSIG` fires when the thread that spawned it ends, and a test's thread ends with
+/// the test.
+fn spawn_kept(mut cmd: Command) -> std::io::Result<Child> {
+    type Job = (Command, mpsc::Sender<std::io::Result<Child>>);
+    static KEEPER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
+    let keeper = KEEPER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("kafka-keeper".into())
+            .spawn(move || {
+                while let Ok((mut cmd, reply)) = rx.recv() {
+                    let _ = reply.send(cmd.spawn());
+                }
+                // The senders live in a static: this thread never gets here before exit.
+                loop {
+                    std::thread::park();
+                }
+            })
+            .expect("the broker keeper thread");
+        Mutex::new(tx)
+    });
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let (tx, rx) = mpsc::channel();
+    keeper
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .send((cmd, tx))
+        .expect("the broker keeper thread runs");
+    rx.recv().expect("the broker keeper thread answers")
+}
+
+/// One broker JVM: its directory (storage, config, `broker.log`) and ports.
+struct Jvm {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Jvm {
+    fn new(tag: &str) -> Jvm {
         let dir = std::env::temp_dir().join(format!("tide_kafka_{tag}_{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("broker dir");
-        let mut b = Broker {
+        let mut j = Jvm {
             port: free_port(),
             dir,
             child: None,
         };
-        b.resume();
-        b
+        j.start();
+        j
     }
 
-    pub fn addr(&self) -> String {
+    fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
-    /// Start (again) on the same port and storage.
-    pub fn resume(&mut self) {
+    fn alive(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
+    /// Start (again: same ports, same storage) and wait until it takes connections.
+    fn start(&mut self) {
         assert!(self.child.is_none(), "the broker runs already");
-        let url = format!("tcp://127.0.0.1:{}", self.port);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("broker.log"))
-            .expect("broker log");
-        let child = Command::new(tansu_bin())
-            .args([
-                "broker",
-                "--listener-url",
-                &url,
-                "--advertised-listener-url",
-                &url,
-            ])
-            // A path after sqlite:// is relative (tansu strips the leading slash): run in the
-            // broker's directory.
-            .args(["--storage-engine", "sqlite://tansu.db"])
-            .current_dir(&self.dir)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start tansu: {e}"));
+        let mut cmd = Command::new("bash");
+        cmd.arg(kafka_script()).arg("run").arg(&self.dir);
+        if !self.dir.join("server.properties").exists() {
+            cmd.arg(self.port.to_string()).arg(free_port().to_string());
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let child =
+            spawn_kept(cmd).unwrap_or_else(|e| panic!("cannot start scripts/kafka.sh: {e}"));
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(120);
         while TcpStream::connect(self.addr()).is_err() {
-            if let Some(st) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                panic!("tansu exited ({st}):\n{}", self.log());
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    let mut err = String::new();
+                    if let Some(mut e) = c.stderr.take() {
+                        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+                    }
+                    self.child = None;
+                    panic!("the Kafka broker exited ({st}): {err}\n{}", self.log());
+                }
             }
             assert!(
                 Instant::now() < deadline,
-                "tansu did not listen on {} within 30 s:\n{}",
+                "the Kafka broker did not listen on {} within 120 s:\n{}",
                 self.addr(),
                 self.log()
             );
@@ -102,38 +141,154 @@ impl Broker {
         }
     }
 
-    /// Kill the broker (its storage stays).
-    pub fn stop(&mut self) {
+    /// SIGTERM (a clean shutdown) or SIGKILL, and wait for the JVM to exit.
+    fn stop(&mut self, signal: i32) {
         if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe {
+                libc::kill(c.id() as i32, signal);
+            }
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while c.try_wait().ok().flatten().is_none() {
+                if Instant::now() >= deadline {
+                    let _ = c.kill();
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
             let _ = c.wait();
         }
     }
 
-    pub fn log(&self) -> String {
+    fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("broker.log"))
             .map(|s| {
-                s.lines()
-                    .rev()
-                    .take(40)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect::<Vec<_>>()
-                    .join("\n")
+                let lines: Vec<&str> = s.lines().collect();
+                lines[lines.len().saturating_sub(40)..].join("\n")
             })
             .unwrap_or_default()
     }
 }
 
-impl Drop for Broker {
+impl Drop for Jvm {
     fn drop(&mut self) {
-        self.stop();
+        self.stop(libc::SIGKILL);
         if std::thread::panicking() {
             eprintln!("kafka broker log kept in {}", self.dir.display());
         } else {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+/// The suite's shared broker (none until a test asks for it).
+fn shared() -> &'static Mutex<Option<Jvm>> {
+    static SHARED: OnceLock<Mutex<Option<Jvm>>> = OnceLock::new();
+    SHARED.get_or_init(|| Mutex::new(None))
+}
+
+/// A broker for one test: the shared one (held for the test) or one of its own.
+pub struct Broker {
+    pub port: u16,
+    own: Option<Jvm>,
+    shared: Option<MutexGuard<'static, Option<Jvm>>>,
+}
+
+impl Broker {
+    /// The suite's shared broker, started on first use, with no topic of an earlier test
+    /// (deleted here, and gone from the metadata before this returns). Held until dropped: tests
+    /// that share it run one at a time whatever `--test-threads` says.
+    pub fn start(_tag: &str) -> Broker {
+        let mut g = shared().lock().unwrap_or_else(PoisonError::into_inner);
+        if !g.as_mut().is_some_and(Jvm::alive) {
+            *g = Some(Jvm::new("shared"));
+        }
+        let port = g.as_ref().map(|j| j.port).expect("the shared broker");
+        let b = Broker {
+            port,
+            own: None,
+            shared: Some(g),
+        };
+        delete_topics(&b.addr());
+        b
+    }
+
+    /// A broker of the test's own, which it may stop and start again.
+    pub fn own(tag: &str) -> Broker {
+        let j = Jvm::new(tag);
+        Broker {
+            port: j.port,
+            own: Some(j),
+            shared: None,
+        }
+    }
+
+    fn jvm(&mut self) -> &mut Jvm {
+        assert!(
+            self.shared.is_none(),
+            "the shared broker is never stopped: use Broker::own"
+        );
+        self.own.as_mut().expect("an own broker")
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Start again on the same port and storage.
+    pub fn resume(&mut self) {
+        self.jvm().start();
+    }
+
+    /// A clean shutdown (SIGTERM; the storage stays).
+    pub fn stop(&mut self) {
+        self.jvm().stop(libc::SIGTERM);
+    }
+
+    /// kill -9 (the storage stays; the next start recovers its logs).
+    #[allow(dead_code)]
+    pub fn kill(&mut self) {
+        self.jvm().stop(libc::SIGKILL);
+    }
+
+    /// The last lines of the broker's log.
+    pub fn log(&self) -> String {
+        match (&self.own, &self.shared) {
+            (Some(j), _) => j.log(),
+            (None, Some(g)) => g.as_ref().map(Jvm::log).unwrap_or_default(),
+            _ => String::new(),
+        }
+    }
+}
+
+/// Delete every topic but Kafka's own, and wait until the metadata lists none of them.
+fn delete_topics(brokers: &str) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .expect("admin client");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let md = admin
+            .inner()
+            .fetch_metadata(None, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("metadata of the shared broker: {e}"));
+        let names: Vec<String> = md
+            .topics()
+            .iter()
+            .map(|t| t.name().to_string())
+            .filter(|n| !n.starts_with("__"))
+            .collect();
+        if names.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "topics {names:?} still there 60 s after their deletion"
+        );
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+        let _ = futures_executor::block_on(admin.delete_topics(&refs, &opts));
+        std::thread::sleep(Duration::from_millis(200));
     }
 }
 
@@ -162,33 +317,52 @@ impl Rec {
     }
 }
 
-/// Every message of `topics` from their first offset to their end now, per partition in order.
+/// Every message of `topics` from their first offset to their end now, per partition in order,
+/// as a `read_committed` consumer sees them (what a transaction aborted or still open holds is
+/// left out).
 pub fn consume(brokers: &str, topics: &[&str]) -> Vec<Rec> {
+    consume_as(brokers, topics, "read_committed")
+}
+
+/// [`consume`] with the consumer's `isolation.level` (`read_committed`, `read_uncommitted`).
+/// A partition is read until the consumer reaches its end (EOF: the high watermark, or for
+/// `read_committed` the last stable offset, which an open transaction holds back); offsets may
+/// have gaps (each commit or abort marker of a transaction takes one).
+pub fn consume_as(brokers: &str, topics: &[&str], isolation: &str) -> Vec<Rec> {
+    let mut out = Vec::new();
+    for t in topics {
+        out.extend(consume_topic(brokers, t, isolation));
+    }
+    out
+}
+
+/// One topic's messages (one consumer per topic: an EOF names its partition, not its topic).
+fn consume_topic(brokers: &str, topic: &str, isolation: &str) -> Vec<Rec> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", "pg_test_reader")
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", isolation)
         .create()
         .expect("consumer");
     let mut tpl = TopicPartitionList::new();
-    let mut ends: HashMap<(String, i32), i64> = HashMap::new();
-    for t in topics {
-        let md = consumer
-            .fetch_metadata(Some(t), Duration::from_secs(10))
-            .unwrap_or_else(|e| panic!("metadata of {t}: {e}"));
-        let Some(mt) = md.topics().iter().find(|x| x.name() == *t) else {
-            continue;
-        };
-        for p in mt.partitions() {
-            let (lo, hi) = consumer
-                .fetch_watermarks(t, p.id(), Duration::from_secs(10))
-                .unwrap_or_else(|e| panic!("watermarks of {t}/{}: {e}", p.id()));
-            if hi > lo {
-                ends.insert((t.to_string(), p.id()), hi);
-                tpl.add_partition_offset(t, p.id(), Offset::Offset(lo))
-                    .expect("add partition");
-            }
+    let mut ends: HashMap<i32, i64> = HashMap::new();
+    let md = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("metadata of {topic}: {e}"));
+    let Some(mt) = md.topics().iter().find(|x| x.name() == topic) else {
+        return Vec::new();
+    };
+    for p in mt.partitions() {
+        let (lo, hi) = consumer
+            .fetch_watermarks(topic, p.id(), Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("watermarks of {topic}/{}: {e}", p.id()));
+        if hi > lo {
+            ends.insert(p.id(), hi);
+            tpl.add_partition_offset(topic, p.id(), Offset::Offset(lo))
+                .expect("add partition");
         }
     }
     let mut out = Vec::new();
@@ -197,16 +371,19 @@ pub fn consume(brokers: &str, topics: &[&str]) -> Vec<Rec> {
     }
     consumer.assign(&tpl).expect("assign");
     let deadline = Instant::now() + Duration::from_secs(120);
-    let mut left = ends.len();
-    let mut last: HashMap<(String, i32), i64> = HashMap::new();
-    while left > 0 {
+    let mut done: HashSet<i32> = HashSet::new();
+    let mut last: HashMap<i32, i64> = HashMap::new();
+    while done.len() < ends.len() {
         assert!(
             Instant::now() < deadline,
-            "reading {topics:?} took over 120 s: (topic, partition) -> end offset {ends:?}, last offset read {last:?}"
+            "reading {topic} took over 120 s: partition -> end offset {ends:?}, last offset read {last:?}"
         );
         match consumer.poll(Duration::from_millis(200)) {
             None => {}
-            Some(Err(e)) => panic!("consume {topics:?}: {e}"),
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                done.insert(p);
+            }
+            Some(Err(e)) => panic!("consume {topic}: {e}"),
             Some(Ok(m)) => {
                 let mut headers = HashMap::new();
                 if let Some(h) = m.headers() {
@@ -219,9 +396,8 @@ pub fn consume(brokers: &str, topics: &[&str]) -> Vec<Rec> {
                         );
                     }
                 }
-                let k = (m.topic().to_string(), m.partition());
-                last.insert(k.clone(), m.offset());
-                let end = ends.get(&k).copied().unwrap_or(0);
+                last.insert(m.partition(), m.offset());
+                let end = ends.get(&m.partition()).copied().unwrap_or(0);
                 if m.offset() < end {
                     out.push(Rec {
                         topic: m.topic().to_string(),
@@ -236,8 +412,8 @@ pub fn consume(brokers: &str, topics: &[&str]) -> Vec<Rec> {
                         headers,
                     });
                 }
-                if m.offset() == end - 1 {
-                    left -= 1;
+                if m.offset() >= end - 1 {
+                    done.insert(m.partition());
                 }
             }
         }

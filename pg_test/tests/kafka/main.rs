@@ -1,5 +1,5 @@
-//! Kafka-target e2e tests, against a real Kafka-protocol broker (tansu, installed by
-//! `scripts/setup.sh`) on loopback.
+//! Kafka-target e2e tests, against Apache Kafka 4.4 (KRaft, one node on loopback; its jars
+//! fetched once by `scripts/kafka.sh fetch`, which `scripts/setup.sh` runs).
 //!
 //! What is checked, against README "Kafka target":
 //! - `convergence`: every topic replayed onto a copy (duplicate identities dropped) equals the
@@ -22,8 +22,8 @@
 //! - `alter_table`: a row filter changed mid-stream: the altered schema message between the rows
 //!   of either filter, and a consumer applying the new filter there ends with the source's rows.
 //!
-//! Modules: `broker` (tansu started and stopped on a free port, and a consumer that reads whole
-//! topics), `replay` (messages back into rows).
+//! Modules: `broker` (the suite's shared broker, a test's own that it stops and starts, and a
+//! consumer that reads whole topics), `replay` (messages back into rows).
 
 mod alter_table;
 mod broker;
