@@ -45,7 +45,10 @@ declare -A PARTS=([runtime]=runtime [postgres]=plugins/debezium-connector-postgr
 # against Kafka 4.3, whose org.apache.kafka.common.utils.Sanitizer (its metrics' names) Kafka 4.4
 # moved to ...utils.internals; a plugin's class loader asks the worker's first and falls back to
 # the plugin's own kafka-clients 4.3.0 only for what 4.4.0 lacks.
-PROVIDED=connect-api,connect-runtime,connect-json,connect-transforms,slf4j-api
+# Nor Jackson's core: the worker's own (2.21.7, with its Blackbird module registered as a
+# service) must be the only one, else the JDBC sink's Hibernate finds that module through the
+# worker and fails on it ("BlackbirdModule not a subtype").
+PROVIDED=connect-api,connect-runtime,connect-json,connect-transforms,slf4j-api,jackson-core,jackson-databind,jackson-annotations
 # The JDBC sink's drivers for other databases (some tens of MB) are not needed here.
 OTHER_DRIVERS=ojdbc11,mssql-jdbc,mysql-connector-j,mariadb-java-client
 
