@@ -219,6 +219,7 @@ def run(self, b):
     if not src.val("SELECT to_regclass('public.ev') IS NOT NULL"):
         src.x(self.EV_SRC)
     b["machine_note"] = "a shared, noisy machine (2 cores shared with other sessions' builds and tests)"
+    b["loadavg_at_start"] = list(os.getloadavg())
     b["method"] = (
         f"public.b8 ({rows:,} rows of the benchmark shape). Debezium 3.6.1 PostgreSQL connector, Kafka Connect "
         "4.4.0 standalone (JsonConverter with schemas, default connector settings, heap -Xmx1g), snapshot.mode=initial "
@@ -299,6 +300,7 @@ def run(self, b):
         drop_pipeline(src, "b8_tide")
         broker.stop()
     b["results"] = out
+    b["loadavg_at_end"] = list(os.getloadavg())
     d, t = out["debezium_snapshot"], out["pg_tide_backfill"]
     b["ratios"] = {
         "backfill_rate_vs_debezium_snapshot": t["rows_per_s"] / d["rows_per_s"],

@@ -248,7 +248,11 @@ def write_report(res):
 
 def b8_report(b, out):
     r = b.get("results") or {}
-    out.append(f"Method: {b.get('method', '')}\n\nMachine: {b.get('machine_note', '')}.\n")
+    la, le = b.get("loadavg_at_start") or [], b.get("loadavg_at_end") or []
+    out.append(
+        f"Method: {b.get('method', '')}\n\nMachine: {b.get('machine_note', '')}; load average (1/5/15 min) at the start "
+        f"{' / '.join(fmt(x, '.1f') for x in la)}, at the end {' / '.join(fmt(x, '.1f') for x in le)}.\n"
+    )
     out.append("| phase | Debezium (Kafka Connect) | pg_tide |")
     out.append("|---|---:|---:|")
     d, t = r.get("debezium_snapshot") or {}, r.get("pg_tide_backfill") or {}
@@ -267,7 +271,7 @@ def b8_report(b, out):
     q = b.get("ratios") or {}
     out.append(
         f"\nRatios: pg_tide's backfill rate / Debezium's snapshot rate {fmt(q.get('backfill_rate_vs_debezium_snapshot'), '.2f')}, "
-        f"p99 pg_tide / Debezium {fmt(q.get('p99_vs_debezium'), '.2f')}, peak RSS (backfill) pg_tide / Debezium "
+        f"p99 pg_tide / Debezium {fmt(q.get('p99_vs_debezium'), '.4f')}, peak RSS (backfill) pg_tide / Debezium "
         f"{fmt(q.get('peak_rss_vs_debezium'), '.3f')}.\n"
     )
 
