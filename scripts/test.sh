@@ -21,7 +21,7 @@
 #         and the remote sink's tests against a scratch cluster: TIDE_REMOTE_TEST_CONNINFO)
 #   e2e   scripts/install.sh, then scripts/e2e-lanes.sh: each pg_test suite as
 #         cargo test -p pg_test --test NAME -- --test-threads=1, in TIDE_E2E_LANES (2) lanes
-#         side by side, kafka alone after them
+#         side by side
 #         (end-to-end suites against scratch clusters of the system PostgreSQL 15;
 #         TIDE_SKIP_INSTALL=1 skips the install when the current build is installed);
 #         among them the upgrade test (pg_test/tests/upgrade.rs: the release of

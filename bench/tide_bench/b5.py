@@ -25,7 +25,8 @@ except ImportError:  # the venv predates B5: run.sh installs it
     Consumer = None
 
 # librdkafka settings as pg_tide's producer sets them (src/sink/kafka.rs, properties()): the
-# ceiling's producer uses the same ones.
+# ceiling's producer uses the same ones, without transactions (pg_tide's default, exactly-once,
+# also commits a Kafka transaction per batch: the ratio includes that cost).
 TIDE_PRODUCER = {
     "enable.idempotence": True,
     "enable.gapless.guarantee": True,

@@ -108,7 +108,14 @@ pub fn check_kafka(pipeline: &str, o: &KafkaOptions, owner: &str) -> TideResult<
     let r = resolve(pipeline, o);
     check_server_usage(&r.server, owner)?;
     let server_options = kafka_server_options(&r.server, owner)?;
-    let (props, delivery_timeout) = properties(pipeline, &server_options, &r);
+    // The producer is created (so librdkafka checks the settings together, transactional.id
+    // and the timeouts included) but its transactions are not initialised: a check fences no one.
+    let (props, delivery_timeout, transaction_timeout) = properties(
+        pipeline,
+        &server_options,
+        &r,
+        &crate::sink::kafka::transactional_id(pipeline),
+    );
     let mut sink = client::KafkaSink::start(client::ClientSettings {
         properties: props,
         pipeline: pipeline.to_string(),
@@ -117,6 +124,8 @@ pub fn check_kafka(pipeline: &str, o: &KafkaOptions, owner: &str) -> TideResult<
         partitions: r.partitions,
         replication_factor: r.replication_factor,
         delivery_timeout,
+        transactional: r.transactional,
+        transaction_timeout,
     });
     sink.call(client::Work::Check, CHECK_TIMEOUT, false)
         .map_err(|e| {

@@ -1,36 +1,45 @@
 //! The `kafka` target: every event as a message in a Kafka topic (Debezium's envelope, JSON;
 //! with `value_format = 'debezium-schema'` the envelope with its Kafka Connect schema, rendered
 //! from each column's text by `tide_core::connect` with the table's shape from [`schema`]), with
-//! Debezium-style transaction metadata, written by an idempotent producer that lives on a thread
-//! of its own ([`client`]).
+//! Debezium-style transaction metadata, written by a transactional (or, with `delivery =
+//! 'at-least-once'`, an idempotent) producer that lives on a thread of its own ([`client`]).
 //!
 //! Owns: turning events into messages (topic per table, key, envelope, headers, tombstones, the
 //! `BEGIN`/`END` records of each source transaction; the JSON itself is rendered by
-//! `tide_core::kafka`), the pipeline's position in the broker (the position topic), and mapping
-//! the client's failures to [`TideError`]s.
+//! `tide_core::kafka`), the pipeline's position in the broker (the position topic), the
+//! pipeline's `transactional.id` ([`transactional_id`]), and mapping the client's failures to
+//! [`TideError`]s.
 //!
 //! Guarantees:
 //! - Per-key order: a message's key is the row's key and the partitioner is fixed (murmur2), so
 //!   every event of a key goes to one partition, where the idempotent producer keeps them in
 //!   stream order. Truncates and schema events go to every partition of the table's topic, so
 //!   each partition has them at their place in the stream.
-//! - Durable progress: a batch (one worker iteration, whole source transactions) is produced,
-//!   then [`Target::commit`] waits until the broker acknowledged every message of it, then
-//!   writes the batch's applied position to the position topic (one partition, compacted; key =
-//!   the pipeline) and waits for that acknowledgement too; only then does the worker commit its
-//!   transaction and confirm the slot. After a crash [`Target::applied`] reads the last position
-//!   back, and the worker skips every source transaction the broker already holds: what is sent
-//!   twice is at most the batch that was in flight (its messages carry the same identities), and
-//!   nothing after a clean shutdown (a termination request waits up to
-//!   `client::COMMIT_GRACE` for a commit being acknowledged).
+//! - Exactly once (`delivery` `exactly-once`, the default): a batch (one worker iteration, whole
+//!   source transactions, with their `BEGIN`/`END` records) and then the position record it
+//!   brings the pipeline to go out in one Kafka transaction, committed by [`Target::commit`]
+//!   before the worker commits its own transaction and confirms the slot. A `read_committed`
+//!   consumer sees a batch whole with its position, or nothing of it. After any failure or
+//!   crash, [`Target::begin`] reads the position back (`read_committed`, after
+//!   `init_transactions` settled whatever an earlier producer of the pipeline left open) and the
+//!   worker skips every source transaction at or below it: nothing is committed twice, nothing
+//!   is skipped. A second writer of the pipeline (same `transactional.id`) fences this one: the
+//!   pipeline pauses with 55006 ([`kafka_err`]).
+//! - At least once (`delivery` `at-least-once`, for brokers without transactions):
+//!   [`Target::commit`] waits until the broker acknowledged every message of the batch, then
+//!   writes the position record and waits for that too; after a crash what is sent twice is at
+//!   most the batch that was in flight (its messages carry the same identities), and nothing
+//!   after a clean shutdown (a termination request waits up to `client::COMMIT_GRACE` for a
+//!   commit being acknowledged).
 //! - Nothing is sent for a batch before [`Target::commit`] unless it grows beyond
 //!   [`SHIP_MESSAGES`] or [`SHIP_BYTES`] (a large source transaction): an interrupted decode
-//!   leaves nothing behind. Memory: the batch, one batch handed to the sink thread and the
-//!   producer's queue ([`DEFAULT_QUEUE_KBYTES`]), whatever the transaction's size.
-//! - Kafka transactions are not used (the broker this is tested against does not implement
-//!   them): the batch boundary and the position record are where a transactional producer would
-//!   `begin`/`commit` (with the position record inside the transaction), so adding them changes
-//!   `client::State::commit` and nothing here.
+//!   leaves nothing behind (exactly-once: what was sent early stays in the open Kafka
+//!   transaction, aborted with it). Memory: the batch, one batch handed to the sink thread and
+//!   the producer's queue ([`DEFAULT_QUEUE_KBYTES`]), whatever the transaction's size. Time: a
+//!   batch's Kafka transaction must commit within `transaction.timeout.ms`
+//!   ([`DEFAULT_TRANSACTION_TIMEOUT_MS`] unless the producer option sets it), or the broker
+//!   aborts it and the batch is tried again (a source transaction too large to produce in that
+//!   time fails each time, with that reason).
 
 pub mod client;
 pub mod schema;
@@ -62,6 +71,11 @@ pub const DEFAULT_QUEUE_KBYTES: u32 = 8 * 1024;
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default of `message.timeout.ms`: how long the broker may take to acknowledge a message.
 pub const DEFAULT_DELIVERY_TIMEOUT_MS: u64 = 30_000;
+/// Default of `transaction.timeout.ms` (exactly-once): how long one batch's Kafka transaction may
+/// stay open before the broker aborts it. Kafka's own default cap on it
+/// (`transaction.max.timeout.ms`) is 15 minutes; a batch is one worker iteration, so a source
+/// transaction whose messages take longer than this to produce never commits (README).
+pub const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 900_000;
 
 /// The options of a kafka pipeline with their defaults applied.
 #[derive(Debug, Clone)]
@@ -79,6 +93,8 @@ pub struct Resolved {
     pub value_schema: bool,
     /// Keys with their Kafka Connect schema (`key_format` `json-schema`).
     pub key_schema: bool,
+    /// Kafka transactions (`delivery` `exactly-once`, the default).
+    pub transactional: bool,
 }
 
 /// Apply the defaults to a kafka pipeline's options.
@@ -109,6 +125,7 @@ pub fn resolve(pipeline: &str, o: &KafkaOptions) -> Resolved {
         producer: o.producer_settings(),
         value_schema: o.value_schema(),
         key_schema: o.key_schema(),
+        transactional: o.transactional(),
         prefix,
     }
 }
@@ -116,12 +133,14 @@ pub fn resolve(pipeline: &str, o: &KafkaOptions) -> Resolved {
 /// The librdkafka properties of a kafka pipeline: the server's and user mapping's options (as
 /// [`kafka_server_options`] reads and checks them against the allow-list), the
 /// pipeline's pass-through settings (checked by `KafkaOptions`), then pg_tide's own, which
-/// nothing overrides.
+/// nothing overrides (with `transactional_id` when the pipeline's delivery is exactly-once).
+/// Returns them with `message.timeout.ms` and `transaction.timeout.ms`.
 pub fn properties(
     pipeline: &str,
     server_options: &[(String, String)],
     r: &Resolved,
-) -> (Vec<(String, String)>, Duration) {
+    transactional_id: &str,
+) -> (Vec<(String, String)>, Duration, Duration) {
     let mut props: Vec<(String, String)> = Vec::new();
     for (k, v) in server_options {
         let k = if k == "brokers" {
@@ -137,6 +156,19 @@ pub fn properties(
         timeout_ms = v.parse().unwrap_or(DEFAULT_DELIVERY_TIMEOUT_MS);
     } else {
         props.push(("message.timeout.ms".into(), timeout_ms.to_string()));
+    }
+    let mut txn_timeout_ms = DEFAULT_TRANSACTION_TIMEOUT_MS;
+    if let Some((_, v)) = props
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "transaction.timeout.ms")
+    {
+        txn_timeout_ms = v.parse().unwrap_or(DEFAULT_TRANSACTION_TIMEOUT_MS);
+    } else if r.transactional {
+        props.push(("transaction.timeout.ms".into(), txn_timeout_ms.to_string()));
+    }
+    if !r.transactional {
+        props.retain(|(k, _)| k != "transaction.timeout.ms");
     }
     if !props.iter().any(|(k, _)| k == "queue.buffering.max.kbytes") {
         props.push((
@@ -154,11 +186,44 @@ pub fn properties(
     ] {
         props.push((k.to_string(), v.to_string()));
     }
-    (props, Duration::from_millis(timeout_ms))
+    if r.transactional {
+        props.push(("transactional.id".into(), transactional_id.to_string()));
+    }
+    (
+        props,
+        Duration::from_millis(timeout_ms),
+        Duration::from_millis(txn_timeout_ms),
+    )
+}
+
+/// The `transactional.id` of a pipeline of this database: `pg_tide-<system identifier>-<database
+/// OID>-<pipeline>`. The same for every worker of the pipeline on this server and on its
+/// physical copies (a standby promoted, a base backup started), so that whichever initialises
+/// its transactions last fences the others; another pipeline, database or server never shares
+/// it.
+pub fn transactional_id(pipeline: &str) -> String {
+    // SAFETY: GetSystemIdentifier reads the control file's copy in shared memory (set before
+    // any backend starts, never written again); MyDatabaseId is set once this backend connected.
+    let (sysid, db) = unsafe {
+        (
+            pgrx::pg_sys::GetSystemIdentifier(),
+            pgrx::pg_sys::MyDatabaseId.to_u32(),
+        )
+    };
+    format!("pg_tide-{sysid}-{db}-{pipeline}")
 }
 
 /// A client failure as the pipeline's error.
 pub fn kafka_err(e: KafkaFailure) -> TideError {
+    if e.fenced {
+        let mut err = TideError::new(
+            PgSqlErrorCode::ERRCODE_OBJECT_IN_USE,
+            format!("kafka target: this pipeline's producer was fenced: another writer initialised the same transactional id, so nothing more of this worker's is committed ({})", e.message),
+        )
+        .hint("Another worker of this pipeline writes its topics: a copy of this server (a base backup or clone started with pg_tide, a standby promoted while this server runs) or a second worker. The pipeline is paused. If this server is the one that must write the topics, stop the other writer, then SELECT tide.resume_pipeline('<pipeline>'); (resuming fences the other one in turn).");
+        err.pause_pipeline = true;
+        return err;
+    }
     if e.config {
         return TideError::invalid(format!("kafka target: {}", e.message)).hint(
             "Fix the setting in the foreign server's or user mapping's options (ALTER SERVER / ALTER USER MAPPING ... OPTIONS (SET ...)) or the pipeline's producer option; see librdkafka's CONFIGURATION.md for the property.",
@@ -231,7 +296,8 @@ pub fn for_pipeline(p: &PipelineRow) -> TideResult<Box<dyn Target>> {
         check_server_usage(&r.server, &p.owner)?;
         kafka_server_options(&r.server, &p.owner)?
     };
-    let (properties, delivery_timeout) = properties(&p.name, &server_options, &r);
+    let (properties, delivery_timeout, transaction_timeout) =
+        properties(&p.name, &server_options, &r, &transactional_id(&p.name));
     let db = crate::sql::one::<String>("SELECT current_database()::text", &[])?.unwrap_or_default();
     let sink = KafkaSink::start(ClientSettings {
         properties,
@@ -241,6 +307,8 @@ pub fn for_pipeline(p: &PipelineRow) -> TideResult<Box<dyn Target>> {
         partitions: r.partitions,
         replication_factor: r.replication_factor,
         delivery_timeout,
+        transactional: r.transactional,
+        transaction_timeout,
     });
     Ok(Box::new(KafkaTarget {
         source: SourceInfo {
@@ -725,7 +793,8 @@ impl Target for KafkaTarget {
         Ok(())
     }
 
-    /// Produce the batch, wait for every acknowledgement, then record the position.
+    /// Produce the batch, then record the position: in the batch's Kafka transaction and commit
+    /// it (exactly-once), or after every acknowledgement (at-least-once).
     fn commit(
         &mut self,
         _c: &mut SpiClient<'_>,

@@ -109,6 +109,10 @@ pub struct KafkaOptions {
     /// librdkafka producer settings passed through (no secrets, none the guarantees rest on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub producer: Option<std::collections::BTreeMap<String, serde_json::Value>>,
+    /// `exactly-once` (the default: each batch and its position in one Kafka transaction) or
+    /// `at-least-once` (the idempotent producer alone, for brokers without transactions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<String>,
 }
 
 impl KafkaOptions {
@@ -124,6 +128,11 @@ impl KafkaOptions {
             Some(f) => f == "json-schema",
             None => self.value_schema(),
         }
+    }
+
+    /// Whether batches go out in Kafka transactions (`delivery` `exactly-once`, the default).
+    pub fn transactional(&self) -> bool {
+        self.delivery.as_deref() != Some("at-least-once")
     }
 
     /// The pass-through settings as librdkafka properties (values as text).
@@ -180,6 +189,12 @@ impl KafkaOptions {
             .hint(
                 "key_format is 'json' (the key columns as a JSON object) or 'json-schema' (the key with its Kafka Connect schema; the default with value_format 'debezium-schema').",
             ));
+        }
+        if let Some(d) = self.delivery.as_deref() {
+            if !matches!(d, "exactly-once" | "at-least-once") {
+                return Err(TideError::invalid(format!("unknown delivery \"{d}\""))
+                    .hint("delivery is 'exactly-once' (the default: each batch of changes and the pipeline's position commit in one Kafka transaction, so a read_committed consumer sees every change once) or 'at-least-once' (no Kafka transactions, for brokers without them: after a crash the batch in flight may be sent again)."));
+            }
         }
         if key_format == "json-schema" && value_format != "debezium-schema" {
             return Err(TideError::invalid(
@@ -313,7 +328,7 @@ fn names(kind: TargetKind) -> &'static str {
         TargetKind::Outbox => "none",
         TargetKind::Table => "schema (required), schema_changes, session_replication_role",
         TargetKind::Postgres => "server (required), schema, schema_changes, session_replication_role",
-        TargetKind::Kafka => "server (required), topic_prefix, topic, transaction_topic, position_topic, tombstones, key_format, value_format, partitions, replication_factor, producer",
+        TargetKind::Kafka => "server (required), topic_prefix, topic, transaction_topic, position_topic, tombstones, key_format, value_format, partitions, replication_factor, producer, delivery",
     }
 }
 

@@ -440,6 +440,7 @@ pub const TUNING: &[&str] = &[
     "receive.message.max.bytes",
     // timeouts and back-off
     "message.timeout.ms",
+    "transaction.timeout.ms",
     "request.timeout.ms",
     "socket.timeout.ms",
     "socket.connection.setup.timeout.ms",
@@ -560,8 +561,8 @@ pub fn refused_setting(property: &str) -> Option<&'static str> {
         "partitioner" | "partitioner_cb" | "sticky.partitioning.linger.ms" => {
             "a key always goes to the same partition (murmur2 of the key, as Java clients do), which pg_tide sets"
         }
-        "transactional.id" | "transaction.timeout.ms" => {
-            "Kafka transactions are not supported by this target yet"
+        "transactional.id" => {
+            "pg_tide derives each pipeline's transactional id from the server, the database and the pipeline, so that only another writer of the same pipeline is fenced by it (another value could fence another role's pipeline)"
         }
         "bootstrap.servers" | "metadata.broker.list" => {
             "the brokers are the foreign server's option brokers"

@@ -81,8 +81,29 @@ struct Jvm {
     child: Option<Child>,
 }
 
+/// Remove the broker directories of test processes that are gone (the shared broker's outlives
+/// its process: a static is never dropped).
+fn remove_stale_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(rest) = name.strip_prefix("tide_kafka_") else {
+            continue;
+        };
+        let Some(pid) = rest.rsplit('_').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 impl Jvm {
     fn new(tag: &str) -> Jvm {
+        remove_stale_dirs();
         let dir = std::env::temp_dir().join(format!("tide_kafka_{tag}_{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("broker dir");
@@ -245,7 +266,6 @@ impl Broker {
     }
 
     /// kill -9 (the storage stays; the next start recovers its logs).
-    #[allow(dead_code)]
     pub fn kill(&mut self) {
         self.jvm().stop(libc::SIGKILL);
     }

@@ -7,6 +7,14 @@
 //!   broker outage (the pipeline shows `error` with the reason, then catches up by itself); per
 //!   key, one partition and increasing identities; duplicates after the kill -9 at most one batch,
 //!   none after a clean restart; the pipeline's owner is an ordinary role (`GRANT tide_admin`);
+//! - `exactly_once`: under a writer's load, three kill -9s of the worker, an immediate restart of
+//!   PostgreSQL, a broker restart, a broker crash and a broker outage; a `read_committed`
+//!   consumer then reads every change exactly once (per-key versions 1..=v in order, one insert
+//!   message per source row) and the transaction topic's `BEGIN`/`END` records intact
+//!   (`TIDE_TEST_DELIVERY=at-least-once` shows the same test failing without transactions);
+//! - `fenced`: another producer that initialises the pipeline's transactional id fences it: the
+//!   pipeline pauses with 55006 and the remedy, its batch stays invisible to `read_committed`;
+//!   a resume fences the other producer and every change arrives once;
 //! - `wallets`: a consumer that buffers by source transaction (the transaction topic's `END`
 //!   records and the `transaction` block of each message) never sees a partial transfer, while a
 //!   consumer that applies message by message does (the check can fail);
@@ -37,6 +45,8 @@ mod broker;
 mod connect;
 mod convergence;
 mod debezium;
+mod exactly_once;
+mod fenced;
 mod jdbc_sink;
 mod large;
 mod masks;

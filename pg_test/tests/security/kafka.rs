@@ -423,3 +423,75 @@ fn kafka_formats_are_a_closed_list() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// 5. Exactly-once delivery (issue 47): a pipeline's `transactional.id` is pg_tide's
+/// (`pg_tide-<system identifier>-<database OID>-<pipeline>`). A role that could set it could
+/// initialise another role's pipeline's transactional id and so fence that pipeline (it pauses)
+/// and abort its open transaction: the property is refused everywhere, under both spellings, for
+/// every role, superusers included (22023, the hint says why). `delivery` takes its two values
+/// only (22023, the hint names them); `transaction.timeout.ms` is tuning (it reaches librdkafka:
+/// 08001 from the broker that never answers).
+#[test]
+fn kafka_transactional_id_is_pg_tides() {
+    let c = secured("sec_kafka_txn");
+    kafka_roles(&c);
+    let dir = scratch("txn");
+    let marker = dir.join("never");
+    // The id alice's pipeline `shop` would have: exactly what an attacker would aim at.
+    let victim: String = c.query_scalar(
+        "SELECT 'pg_tide-' || system_identifier || '-' || (SELECT oid FROM pg_database WHERE datname = current_database()) || '-shop' FROM pg_control_system()",
+    );
+    let mut cases = Vec::new();
+    for name in ["transactional.id", "transactional_id"] {
+        for (what, sql) in paths(name, &victim) {
+            for role in ["mallory", "postgres"] {
+                if role == "postgres" && what.contains("ALTER SERVER") {
+                    continue; // mallory's own server
+                }
+                cases.push((
+                    role,
+                    what,
+                    sql.clone(),
+                    "22023",
+                    "fence another role's pipeline",
+                ));
+            }
+        }
+    }
+    for bad in [
+        r#""exactly_once""#,
+        r#""none""#,
+        r#""""#,
+        r#""EXACTLY-ONCE""#,
+    ] {
+        cases.push((
+            "mallory",
+            "delivery option",
+            format!("SELECT tide.create_pipeline('k', 'kafka', '{{\"server\": \"events\", \"delivery\": {bad}}}')"),
+            "22023",
+            "at-least-once",
+        ));
+    }
+    cases.push((
+        "mallory",
+        "delivery option (not a string)",
+        "SELECT tide.create_pipeline('k', 'kafka', '{\"server\": \"events\", \"delivery\": 1}')"
+            .to_string(),
+        "22023",
+        "delivery",
+    ));
+    all_refused(&c, &marker, &cases);
+    // Tuning passes the allow-list and reaches librdkafka (which then finds no broker).
+    for delivery in ["exactly-once", "at-least-once"] {
+        let sql = format!(
+            "SELECT tide.create_pipeline('k', 'kafka', '{{\"server\": \"events\", \"delivery\": \"{delivery}\", \"producer\": {{\"transaction.timeout.ms\": 60000}}}}')"
+        );
+        let e = expect_fail_with(&sql, exec_as(&c, "mallory", &sql), "08001", None);
+        assert!(
+            e.message().contains("cannot reach"),
+            "{sql}: {}",
+            e.message()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,19 +1,31 @@
 //! The Kafka client of one pipeline, owned by a thread of its own ([`KafkaSink`]).
 //!
-//! Owns: the sink thread, its librdkafka producer (idempotent), the admin client that creates
-//! topics, the consumer that reads the position topic, and the request/reply protocol with the
-//! worker's main thread.
+//! Owns: the sink thread, its librdkafka producer (transactional by default, else idempotent),
+//! the admin client that creates topics, the consumer that reads the position topic, and the
+//! request/reply protocol with the worker's main thread.
 //!
 //! Guarantees:
 //! - The sink thread never calls into PostgreSQL and blocks every signal before it creates a
 //!   librdkafka client, so librdkafka's own threads (which inherit the mask) never run
 //!   PostgreSQL's signal handlers. Every failure is a [`KafkaFailure`] value; a panic inside the
 //!   client is caught and returned as one.
-//! - [`Work::Commit`] answers `Ok` only once the broker acknowledged every message produced
-//!   since the previous commit and then the position record that follows them: the position
-//!   topic never names a transaction the broker does not hold whole. Any failure drops the
-//!   producer (a new one, with a new producer id, serves the next batch), so a batch is never
-//!   half-retried inside librdkafka behind the worker's back.
+//! - Transactional (`ClientSettings::transactional`, the default): a batch's messages (also those
+//!   handed over before its commit) and then its position record go out in one Kafka
+//!   transaction, begun before the batch's first message; [`Work::Commit`] answers `Ok` only once
+//!   `commit_transaction` did, so a `read_committed` consumer sees the batch and the position it
+//!   brings the pipeline to together or neither. The producer is initialised
+//!   (`init_transactions`, which completes or aborts whatever an earlier producer of the same
+//!   `transactional.id` left open, and fences that producer) before [`Work::ReadPosition`] reads
+//!   the position back with `isolation.level = read_committed`: the position read is the last
+//!   committed one, never one a zombie's transaction may still commit after it was read.
+//! - At-least-once (`transactional` false): [`Work::Commit`] answers `Ok` only once the broker
+//!   acknowledged every message produced since the previous commit and then the position record
+//!   that follows them: the position topic never names a transaction the broker does not hold
+//!   whole.
+//! - Any failure drops the producer (a new one serves the next batch; a transaction left open is
+//!   aborted first when possible, else by the next producer's `init_transactions`), so a batch is
+//!   never half-retried inside librdkafka behind the worker's back. A producer fenced by a newer
+//!   one of the same `transactional.id` fails with [`KafkaFailure::fenced`].
 //! - The main thread waits as every sink thread's is waited for (`crate::sink::wait`: slices,
 //!   the postmaster and interrupts between them; [`KafkaSink::call`]), bounded by its timeout. A
 //!   termination request (SIGTERM: shutdown, `drop_pipeline`) that arrives while a commit is
@@ -45,6 +57,8 @@ pub const COMMIT_GRACE: Duration = Duration::from_secs(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How many position records are read per step when looking back for the pipeline's last one.
 const POSITION_WINDOW: i64 = 100;
+/// How long a failed batch's or a stopping sink's open transaction may take to be aborted.
+const ABORT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// One message to produce.
 #[derive(Debug, Clone)]
@@ -64,10 +78,12 @@ pub enum Work {
     /// Produce these messages: the reply (always `Ok`) says they are in the producer's queue;
     /// failures are reported by the next commit.
     Produce(Vec<Msg>),
-    /// Wait until every message produced since the last commit is acknowledged, then write the
-    /// position record (when given) and wait for its acknowledgement.
+    /// Transactional: write the position record (when given) and commit the open transaction.
+    /// Otherwise: wait until every message produced since the last commit is acknowledged, then
+    /// write the position record (when given) and wait for its acknowledgement.
     Commit(Option<Lsn>),
-    /// The pipeline's last position in the position topic (none: no record).
+    /// The pipeline's last committed position in the position topic (none: no record), read
+    /// once the producer is initialised (transactional: after `init_transactions`).
     ReadPosition,
     /// Connect and read the cluster's metadata (create_pipeline's check).
     Check,
@@ -83,6 +99,9 @@ pub struct KafkaFailure {
     pub transient: bool,
     /// A setting librdkafka refuses (unknown property, invalid value).
     pub config: bool,
+    /// A newer producer of the same `transactional.id` fenced this one: another writer of the
+    /// pipeline runs.
+    pub fenced: bool,
 }
 
 impl KafkaFailure {
@@ -91,6 +110,7 @@ impl KafkaFailure {
             message: message.into(),
             transient: true,
             config: false,
+            fenced: false,
         }
     }
     fn from_kafka(context: &str, e: &KafkaError) -> Self {
@@ -125,12 +145,25 @@ impl KafkaFailure {
                         | RDKafkaErrorCode::UnknownProducerId
                         | RDKafkaErrorCode::InvalidProducerEpoch
                         | RDKafkaErrorCode::ProducerFenced
+                        | RDKafkaErrorCode::Fenced
+                        | RDKafkaErrorCode::ConcurrentTransactions
+                        | RDKafkaErrorCode::CoordinatorLoadInProgress
+                        | RDKafkaErrorCode::NotCoordinator
+                        | RDKafkaErrorCode::TransactionCoordinatorFenced
+                        | RDKafkaErrorCode::State
+                        | RDKafkaErrorCode::Conflict
                 ),
             };
+        let config = config
+            || matches!(
+                e.rdkafka_error_code(),
+                Some(RDKafkaErrorCode::InvalidTransactionTimeout)
+            );
         KafkaFailure {
             message: format!("{context}: {e}"),
-            transient,
+            transient: transient && !config,
             config,
+            fenced: false,
         }
     }
 }
@@ -151,6 +184,12 @@ pub struct ClientSettings {
     pub replication_factor: i32,
     /// How long the broker may take to acknowledge a message (`message.timeout.ms`).
     pub delivery_timeout: Duration,
+    /// Kafka transactions (`properties` hold the `transactional.id`): exactly once for
+    /// `read_committed` consumers. Otherwise the idempotent producer alone (at least once).
+    pub transactional: bool,
+    /// `transaction.timeout.ms`: how long one transaction (one batch) may stay open before the
+    /// broker aborts it.
+    pub transaction_timeout: Duration,
 }
 
 struct Request {
@@ -228,6 +267,10 @@ struct State {
     /// Topics known to exist, with their partition count once read.
     topics: HashSet<String>,
     partitions: HashMap<String, i32>,
+    /// Transactional: the producer's `init_transactions` succeeded.
+    initialized: bool,
+    /// Transactional: the open transaction, since when (begun before a batch's first message).
+    txn_since: Option<Instant>,
 }
 
 fn config(properties: &[(String, String)]) -> ClientConfig {
@@ -262,6 +305,68 @@ impl State {
             .ok_or_else(|| KafkaFailure::transient("no producer"))
     }
 
+    /// The producer, its transactions initialised (transactional), and the batch's transaction
+    /// begun when `begin` (transactional).
+    fn ready(&mut self, begin: bool) -> Result<&(BaseProducer<Ctx>, Arc<Reports>), KafkaFailure> {
+        let transactional = self.settings.transactional;
+        // Within the worker's wait for a position read (30 s).
+        let timeout = REQUEST_TIMEOUT + Duration::from_secs(10);
+        if transactional && !self.initialized {
+            let (p, _) = self.producer()?;
+            if let Err(e) = p.init_transactions(timeout) {
+                let f = self.txn_failure("cannot initialise the Kafka transactions", &e);
+                self.producer = None;
+                return Err(f);
+            }
+            self.initialized = true;
+        }
+        if transactional && begin && self.txn_since.is_none() {
+            let (p, _) = self.producer()?;
+            if let Err(e) = p.begin_transaction() {
+                let f = self.txn_failure("cannot begin a Kafka transaction", &e);
+                return Err(f);
+            }
+            self.txn_since = Some(Instant::now());
+        }
+        self.producer()
+    }
+
+    /// A failure of a transactional call: fenced when the producer's fatal error says a newer
+    /// producer of the transactional id took over (and the transaction did not merely outlive
+    /// `transaction.timeout.ms`, which the broker reports the same way to some clients).
+    fn txn_failure(&self, context: &str, e: &KafkaError) -> KafkaFailure {
+        let mut f = KafkaFailure::from_kafka(context, e);
+        let fatal = self
+            .producer
+            .as_ref()
+            .and_then(|(p, _)| p.client().fatal_error());
+        let code = fatal.as_ref().map(|(c, _)| *c).or(e.rdkafka_error_code());
+        if let Some((_, why)) = &fatal {
+            if !f.message.contains(why.as_str()) {
+                f.message.push_str(&format!(" (fatal: {why})"));
+            }
+        }
+        if matches!(
+            code,
+            Some(RDKafkaErrorCode::Fenced | RDKafkaErrorCode::ProducerFenced)
+        ) {
+            let open_for = self.txn_since.map(|t| t.elapsed()).unwrap_or_default();
+            if open_for + Duration::from_secs(1) >= self.settings.transaction_timeout {
+                f.message = format!(
+                    "the Kafka transaction of this batch stayed open {} s, longer than transaction.timeout.ms = {} ms, and the broker aborted it: {}",
+                    open_for.as_secs(),
+                    self.settings.transaction_timeout.as_millis(),
+                    f.message
+                );
+                f.transient = false;
+            } else {
+                f.fenced = true;
+                f.transient = false;
+            }
+        }
+        f
+    }
+
     fn last_error(&self) -> Option<String> {
         self.producer.as_ref().and_then(|(_, r)| {
             r.last_error
@@ -277,10 +382,11 @@ impl State {
             return Ok(());
         }
         if self.admin.is_none() {
-            let a: AdminClient<DefaultClientContext> =
-                config(&self.settings.properties).create().map_err(|e| {
-                    KafkaFailure::from_kafka("cannot create the Kafka admin client", &e)
-                })?;
+            let mut props = self.settings.properties.clone();
+            props.retain(|(k, _)| !PRODUCER_ONLY.contains(&k.as_str()));
+            let a: AdminClient<DefaultClientContext> = config(&props).create().map_err(|e| {
+                KafkaFailure::from_kafka("cannot create the Kafka admin client", &e)
+            })?;
             self.admin = Some(a);
         }
         let Some(admin) = self.admin.as_ref() else {
@@ -364,7 +470,7 @@ impl State {
             &m.headers,
         );
         let deadline = Instant::now() + self.settings.delivery_timeout;
-        let (p, _) = self.producer()?;
+        let (p, _) = self.ready(true)?;
         loop {
             let mut h = OwnedHeaders::new_with_capacity(headers.len());
             for (k, v) in headers {
@@ -398,10 +504,12 @@ impl State {
                     }
                 }
                 Err((e, _)) => {
-                    return Err(KafkaFailure::from_kafka(
-                        &format!("cannot produce to topic {topic}"),
-                        &e,
-                    ))
+                    let context = format!("cannot produce to topic {topic}");
+                    return Err(if self.settings.transactional {
+                        self.txn_failure(&context, &e)
+                    } else {
+                        KafkaFailure::from_kafka(&context, &e)
+                    });
                 }
             }
         }
@@ -486,7 +594,9 @@ impl State {
         if let Some(f) = self.failure.take() {
             return Err(f);
         }
-        self.drain(shared, seq)?;
+        if !self.settings.transactional {
+            self.drain(shared, seq)?;
+        }
         if let Some(lsn) = position {
             let topic = self.settings.position_topic.clone();
             self.ensure_topic(&topic, true)?;
@@ -500,22 +610,85 @@ impl State {
                 broadcast: false,
             };
             self.send_one(&record, Some(0), shared, seq)?;
-            self.drain(shared, seq)?;
+            if !self.settings.transactional {
+                self.drain(shared, seq)?;
+            }
+        }
+        if self.settings.transactional && self.txn_since.is_some() {
+            self.commit_transaction(shared, seq)?;
         }
         Ok(position)
     }
 
-    /// Forget the open batch: whatever librdkafka still holds is purged with the producer.
+    /// Commit the open transaction: librdkafka flushes its messages (the position record last),
+    /// then the coordinator writes the commit markers.
+    fn commit_transaction(&mut self, shared: &Shared, seq: u64) -> Result<(), KafkaFailure> {
+        let timeout = self.settings.delivery_timeout + Duration::from_secs(5);
+        let r = match self.producer.as_ref() {
+            Some((p, _)) => p.commit_transaction(timeout),
+            None => return Err(KafkaFailure::transient("the producer is gone")),
+        };
+        match r {
+            Ok(()) => {
+                self.txn_since = None;
+                Ok(())
+            }
+            Err(e) => {
+                let mut f = self.txn_failure("cannot commit the Kafka transaction", &e);
+                // The broker's reason for a message it refused (size, authorization) first.
+                let refused = self.producer.as_ref().and_then(|(_, r)| {
+                    r.first_failure
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .clone()
+                });
+                if let Some(m) = refused.filter(|_| !f.fenced) {
+                    let why = KafkaFailure::from_kafka("the broker did not take a message", &m);
+                    f.message = format!("{} ({})", why.message, f.message);
+                    f.transient = why.transient;
+                }
+                if let Some(last) = self.last_error().filter(|_| !f.fenced) {
+                    f.message.push_str(&format!(" (last client error: {last})"));
+                }
+                if shared.abandoned.load(Ordering::SeqCst) >= seq {
+                    f.transient = true;
+                }
+                Err(f)
+            }
+        }
+    }
+
+    /// Forget the open batch: its transaction is aborted (at most [`ABORT_TIMEOUT`]; else the
+    /// next producer's `init_transactions` aborts it), whatever librdkafka still holds is purged
+    /// with the producer.
     fn discard(&mut self) {
+        self.abort_open();
         self.producer = None;
+        self.initialized = false;
+        self.txn_since = None;
         self.sent = 0;
         self.failure = None;
         self.partitions.clear();
     }
 
+    /// Abort the open transaction, if any and if the producer can (best effort).
+    fn abort_open(&mut self) {
+        if self.txn_since.take().is_none() {
+            return;
+        }
+        if let Some((p, _)) = self.producer.as_ref() {
+            if p.client().fatal_error().is_none() {
+                let _ = p.abort_transaction(ABORT_TIMEOUT);
+            }
+        }
+    }
+
     fn read_position(&mut self) -> Result<Option<Lsn>, KafkaFailure> {
         let topic = self.settings.position_topic.clone();
         self.ensure_topic(&topic, true)?;
+        // Transactional: whatever an earlier producer of this transactional id left open is
+        // committed or aborted (and that producer fenced) before the position is read.
+        self.ready(false)?;
         let mut props = self.settings.properties.clone();
         props.retain(|(k, _)| !PRODUCER_ONLY.contains(&k.as_str()));
         props.push((
@@ -525,6 +698,7 @@ impl State {
         props.push(("enable.auto.commit".into(), "false".into()));
         props.push(("enable.auto.offset.store".into(), "false".into()));
         props.push(("enable.partition.eof".into(), "true".into()));
+        props.push(("isolation.level".into(), "read_committed".into()));
         let consumer: BaseConsumer = config(&props)
             .create()
             .map_err(|e| KafkaFailure::from_kafka("cannot create the Kafka consumer", &e))?;
@@ -603,8 +777,11 @@ impl State {
     }
 }
 
-/// Properties only a producer accepts (left out of the position consumer's configuration).
+/// Properties only a producer accepts (left out of the position consumer's and the admin
+/// client's configuration).
 const PRODUCER_ONLY: &[&str] = &[
+    "transactional.id",
+    "transaction.timeout.ms",
     "enable.idempotence",
     "acks",
     "max.in.flight.requests.per.connection",
@@ -649,6 +826,8 @@ fn sink_thread(
         failure: None,
         topics: HashSet::new(),
         partitions: HashMap::new(),
+        initialized: false,
+        txn_since: None,
     };
     while let Ok(Request { seq, work }) = requests.recv() {
         if shared.stop.load(Ordering::SeqCst) {
@@ -682,6 +861,8 @@ fn sink_thread(
         .unwrap_or_else(|p| {
             st.failure = None;
             st.producer = None;
+            st.initialized = false;
+            st.txn_since = None;
             st.sent = 0;
             Err(KafkaFailure {
                 message: format!(
@@ -690,11 +871,17 @@ fn sink_thread(
                 ),
                 transient: false,
                 config: false,
+                fenced: false,
             })
         });
         let _ = replies.send(Reply { seq, result });
     }
-    let _ = catch_unwind(AssertUnwindSafe(move || drop(st)));
+    // A stopping worker (shutdown, drop_pipeline) leaves no transaction open: read_committed
+    // consumers would wait for it until transaction.timeout.ms.
+    let _ = catch_unwind(AssertUnwindSafe(move || {
+        st.abort_open();
+        drop(st)
+    }));
 }
 
 /// The main thread's handle on one Kafka sink thread.
