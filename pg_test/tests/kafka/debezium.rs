@@ -400,6 +400,85 @@ fn compare_payload(at: &str, d: &Value, t: &Value, f: &mut Findings) {
     }
 }
 
+/// The transaction topics: every transaction Debezium records (streamed changes) has a `BEGIN` and
+/// an `END` in pg_tide's too, with the same `event_count` and `data_collections` (matched by the
+/// xid, the part of the id both share); pg_tide's others are its backfill's (the high watermarks'
+/// transactions) and the schema change's.
+fn compare_transactions(b: &Broker, tide: &[(Value, Option<Value>)], f: &mut Findings) {
+    let xid = |id: &Value| {
+        id.as_str()
+            .and_then(|s| s.split(':').next())
+            .map(str::to_string)
+    };
+    let records = |topic: &str, schema: bool| -> Vec<(String, Value)> {
+        consume(&b.addr(), &[topic])
+            .into_iter()
+            .filter_map(|r| r.value)
+            .map(|v| if schema { v["payload"].clone() } else { v })
+            .filter_map(|v| Some((xid(&v["id"])?, v)))
+            .collect()
+    };
+    let dbz = records("shop.transaction", true);
+    let mine = records("tide.transaction", false);
+    let streamed: HashSet<String> = tide
+        .iter()
+        .filter_map(|(_, v)| v.as_ref())
+        .filter(|v| v["payload"]["op"] != "r")
+        .filter_map(|v| xid(&v["payload"]["transaction"]["id"]))
+        .collect();
+    // stream_changes commits 14 transactions with row changes.
+    if streamed.len() != 14 {
+        f.fail(
+            "transaction topic",
+            format!("{} streamed transactions, not 14", streamed.len()),
+        );
+    }
+    let ends: Vec<&(String, Value)> = dbz.iter().filter(|(_, v)| v["status"] == "END").collect();
+    let dbz_xids: HashSet<String> = ends.iter().map(|(x, _)| x.clone()).collect();
+    if dbz_xids != streamed {
+        f.fail(
+            "transaction topic",
+            format!("Debezium's END records name the transactions {dbz_xids:?}, pg_tide's streamed messages {streamed:?}"),
+        );
+    }
+    for (x, d) in ends {
+        let begins = |recs: &[(String, Value)]| {
+            recs.iter()
+                .filter(|(y, v)| y == x && v["status"] == "BEGIN")
+                .count()
+        };
+        let t = mine
+            .iter()
+            .find(|(y, v)| y == x && v["status"] == "END")
+            .map(|(_, v)| v);
+        let Some(t) = t else {
+            f.fail(
+                "transaction topic",
+                format!("no END of transaction {x} from pg_tide"),
+            );
+            continue;
+        };
+        if begins(&dbz) != 1 || begins(&mine) != 1 {
+            f.fail(
+                "transaction topic",
+                format!(
+                    "transaction {x}: BEGIN records {} / {}",
+                    begins(&dbz),
+                    begins(&mine)
+                ),
+            );
+        }
+        for k in ["event_count", "data_collections"] {
+            if d[k] != t[k] {
+                f.fail(
+                    "transaction topic",
+                    format!("transaction {x}: {k} Debezium {} pg_tide {}", d[k], t[k]),
+                );
+            }
+        }
+    }
+}
+
 /// The data messages of a topic: (key, value or None for a tombstone), pg_tide's own `schema`
 /// messages left out.
 fn data_messages(b: &Broker, topic: &str) -> Vec<(Value, Option<Value>)> {
@@ -533,6 +612,7 @@ snapshot.mode=initial
         compare_row(&at, "before", dv, tv, &mut f);
         compare_row(&at, "after", dv, tv, &mut f);
     }
+    compare_transactions(&b, &tide, &mut f);
     for (c, v, why) in VALUE_DIFFERS {
         if !f.seen_values.contains(&(c.to_string(), *v)) {
             f.problems.push(format!(
