@@ -3,7 +3,9 @@
 //! standalone worker with `JsonConverter`, `schemas.enable=true`) and by a pg_tide pipeline with
 //! `value_format = 'debezium-schema'`, into the same broker, compared message by message: key
 //! (schema and payload), `op`, `before`, `after` (each field's Connect schema and value), the
-//! `source` fields both fill, the `transaction` block, and the envelope's Connect schema.
+//! `source` fields both fill, the `transaction` block, and the envelope's Connect schema; and the
+//! transaction topics (each streamed transaction's `BEGIN` and `END`, `event_count`,
+//! `data_collections`).
 //!
 //! The changes: the types suite's table (`pg_test::TYPES_SUITE_TABLE`, every common built-in
 //! type with edge values) snapshotted by Debezium and backfilled by pg_tide, then inserts,
