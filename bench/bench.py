@@ -2,7 +2,7 @@
 """pg_tide benchmark suite. Run it through bench/run.sh, which sets up the machine, the
 Python environment and the two scratch clusters (bench_src, bench_tgt) this script expects.
 
-    bench.py [--quick] [--only B1,B2,B3,B4,B5,B6,B7] [--budget SECONDS]
+    bench.py [--quick] [--only B1,B2,B3,B4,B5,B6,B7,B8] [--budget SECONDS]
     bench.py --report-only        (re-render RESULTS.md and the plots from results.json)
 
 Benchmarks (see bench/README.md):
@@ -18,6 +18,9 @@ Benchmarks (see bench/README.md):
   B7  many small tables (200 x 5,000 rows) added at once: time until every table is ready,
       pg_tide (local and remote table targets) vs logical replication initial sync of one
       publication (max_sync_workers_per_subscription 2 and 4)
+  B8  side by side with Debezium 3.6.1 in Kafka Connect 4.4.0 (scripts/debezium.sh): a 1M-row
+      snapshot against pg_tide's backfill, streaming latency at 2,000 tx/s, CPU s and peak
+      RSS per million rows, the source's TPS while each captures
 
 Every run fails soft: its error is recorded in results.json and RESULTS.md and the suite
 goes on. Results are written after every benchmark, so an interrupted run keeps what it had.
@@ -38,7 +41,7 @@ from tide_bench.suite import Suite  # noqa: E402
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small scale, to check the harness (~3 min)")
-    ap.add_argument("--only", default="B1,B2,B3,B4,B5,B6,B7", help="comma-separated benchmarks to run (default all)")
+    ap.add_argument("--only", default="B1,B2,B3,B4,B5,B6,B7,B8", help="comma-separated benchmarks to run (default all)")
     ap.add_argument("--budget", type=int, default=None, help="overall time budget in seconds; later runs are skipped")
     ap.add_argument("--report-only", action="store_true", help="re-render RESULTS.md and plots from results.json")
     args = ap.parse_args()
@@ -75,9 +78,10 @@ def main():
             "B5": ("the kafka target next to the outbox: backfill rows/s, streaming rows/s, commit-to-consumer latency", suite.b5),
             "B6": ("one large transaction: worker memory and commit-to-applied time per target, next to logical replication", suite.b6),
             "B7": ("many small tables added at once: time until every table is ready, next to logical replication's initial sync", suite.b7),
+            "B8": ("side by side with Debezium (Kafka Connect): snapshot/backfill time, streaming latency, CPU and memory, source TPS", suite.b8),
         }
         # B4 before B3: B3 backfills B4's large table during its run.
-        for key in ("B1", "B2", "B4", "B3", "B5", "B6", "B7"):
+        for key in ("B1", "B2", "B4", "B3", "B5", "B6", "B7", "B8"):
             if key in only:
                 suite.bench(key, table[key][0], table[key][1])
     except KeyboardInterrupt as e:

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # pg_tide benchmark suite: the one command.
 #
-#   bench/run.sh [--quick] [--only B1,B2,B3,B4,B5,B6,B7] [--budget SECONDS] [--keep] [--no-setup]
+#   bench/run.sh [--quick] [--only B1,B2,B3,B4,B5,B6,B7,B8] [--budget SECONDS] [--keep] [--no-setup]
 #
 #   --quick      small scale, to check the harness (about 3 minutes)
 #   --only       run some benchmarks only (comma-separated): B1 backfill throughput, B2 streaming
 #                latency, B3 source overhead, B4 worker bounds, B5 Kafka next to the outbox and the
 #                broker's own produce ceiling, B6 one large transaction (1M and 10M rows) per
 #                target next to logical replication, B7 many small tables (200 x 5,000 rows)
-#                added at once next to logical replication's initial sync of one publication
+#                added at once next to logical replication's initial sync of one publication, B8
+#                side by side with Debezium in Kafka Connect (scripts/debezium.sh: its jars
+#                scripts/setup.sh fetched)
 #   --budget     overall time budget in seconds (default 2400, quick 720): later runs are skipped
 #   --keep       leave the clusters bench_src and bench_tgt running afterwards (to inspect them)
 #   --no-setup   skip scripts/setup.sh (also BENCH_SKIP_SETUP=1)

@@ -35,6 +35,8 @@ declare -A WEIGHT=(
     [schema_events]=23 [large_tx]=23 [operations]=22 [controls]=20 [streaming]=19 [shape]=16
     [foundation]=15 [multidb]=11 [harness]=10 [progress]=8 [fencing]=110 [failover]=60
     [pg_upgrade]=240 [pg_upgrade_slots]=200 [dump_restore]=54
+    # kafka: 239 s with its debezium and jdbc_sink tests (a Kafka Connect JVM each; 2026-12-07)
+    [kafka]=240
 )
 
 suites=()

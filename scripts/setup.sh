@@ -243,6 +243,9 @@ if [[ "${TIDE_SETUP_KAFKA:-0}" == 1 ]]; then
     fi
     as_root mkdir -p /var/cache/pg_tide
     as_root bash "$TIDE_REPO/scripts/kafka.sh" fetch
+    # Kafka Connect 4.4.0 and Debezium (the kafka suite's debezium and jdbc_sink tests, bench
+    # B8), once, into /var/cache/pg_tide/debezium-3.6.1; about 10 s on a fresh machine.
+    as_root bash "$TIDE_REPO/scripts/debezium.sh" fetch
 fi
 
 log "done"

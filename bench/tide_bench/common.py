@@ -53,6 +53,10 @@ FULL = dict(
     b7_tables=200,
     b7_rows=5000,
     b7_timeout=900,  # per run
+    b8_rows=1_000_000,
+    b8_rate=2000,
+    b8_secs=30,
+    b8_timeout=900,
     budget=40 * 60,
 )
 QUICK = dict(
@@ -75,6 +79,10 @@ QUICK = dict(
     b7_tables=40,
     b7_rows=2000,
     b7_timeout=300,
+    b8_rows=50_000,
+    b8_rate=500,
+    b8_secs=6,
+    b8_timeout=300,
     budget=12 * 60,
 )
 

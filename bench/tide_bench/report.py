@@ -238,9 +238,42 @@ def write_report(res):
     b = header("B7")
     if b:
         b7_report(b, out)
+    b = header("B8")
+    if b:
+        b8_report(b, out)
     if res.get("plot_error"):
         out.append(f"\nPlots failed: {md_escape(res['plot_error'])}\n")
     (RESULTS / "RESULTS.md").write_text("\n".join(out) + "\n")
+
+
+def b8_report(b, out):
+    r = b.get("results") or {}
+    la, le = b.get("loadavg_at_start") or [], b.get("loadavg_at_end") or []
+    out.append(
+        f"Method: {b.get('method', '')}\n\nMachine: {b.get('machine_note', '')}; load average (1/5/15 min) at the start "
+        f"{' / '.join(fmt(x, '.1f') for x in la)}, at the end {' / '.join(fmt(x, '.1f') for x in le)}.\n"
+    )
+    out.append("| phase | Debezium (Kafka Connect) | pg_tide |")
+    out.append("|---|---:|---:|")
+    d, t = r.get("debezium_snapshot") or {}, r.get("pg_tide_backfill") or {}
+    out.append(f"| snapshot / backfill: s from start (Connect: JVM start included) | {fmt(d.get('seconds_from_start'), '.1f')} | {fmt(t.get('seconds_from_start'), '.1f')} |")
+    out.append(f"| snapshot / backfill: s from the first message | {fmt(d.get('seconds_from_first_message'), '.1f')} | {fmt(t.get('seconds_from_first_message'), '.1f')} |")
+    out.append(f"| snapshot / backfill: rows/s | {fmt(d.get('rows_per_s'))} | {fmt(t.get('rows_per_s'))} |")
+    out.append(f"| snapshot / backfill: CPU s per million rows | {fmt(d.get('cpu_s_per_million_rows'), '.1f')} | {fmt(t.get('cpu_s_per_million_rows'), '.1f')} |")
+    out.append(f"| snapshot / backfill: peak RSS MB | {fmt(d.get('peak_rss_mb'))} | {fmt(t.get('peak_rss_mb'))} |")
+    ds, ts = r.get("debezium_streaming") or {}, r.get("pg_tide_streaming") or {}
+    out.append(f"| streaming at {fmt(ds.get('rate_tps'))} tx/s: rows received / sent | {fmt(ds.get('rows_received'))} / {fmt(ds.get('rows_sent'))} | {fmt(ts.get('rows_received'))} / {fmt(ts.get('rows_sent'))} |")
+    out.append(f"| streaming: commit→consumer p50 ms | {fmt(ds.get('latency_p50_ms'), '.1f')} | {fmt(ts.get('latency_p50_ms'), '.1f')} |")
+    out.append(f"| streaming: commit→consumer p99 ms | {fmt(ds.get('latency_p99_ms'), '.1f')} | {fmt(ts.get('latency_p99_ms'), '.1f')} |")
+    out.append(f"| streaming: CPU s per million rows | {fmt(ds.get('cpu_s_per_million_rows'), '.1f')} | {fmt(ts.get('cpu_s_per_million_rows'), '.1f')} |")
+    out.append(f"| streaming: peak RSS MB | {fmt(ds.get('peak_rss_mb'))} | {fmt(ts.get('peak_rss_mb'))} |")
+    out.append(f"| source TPS at full speed while capturing | {fmt(ds.get('source_full_speed_tps'))} | {fmt(ts.get('source_full_speed_tps'))} |")
+    q = b.get("ratios") or {}
+    out.append(
+        f"\nRatios: pg_tide's backfill rate / Debezium's snapshot rate {fmt(q.get('backfill_rate_vs_debezium_snapshot'), '.2f')}, "
+        f"p99 pg_tide / Debezium {fmt(q.get('p99_vs_debezium'), '.4f')}, peak RSS (backfill) pg_tide / Debezium "
+        f"{fmt(q.get('peak_rss_vs_debezium'), '.3f')}.\n"
+    )
 
 
 def b6_report(b, out):

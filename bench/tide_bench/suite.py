@@ -2,7 +2,7 @@
 results saved after every benchmark. The benchmarks themselves are b1..b7."""
 
 from .common import *  # noqa: F401,F403
-from . import b1, b2, b3, b4, b5, b6, b7
+from . import b1, b2, b3, b4, b5, b6, b7, b8
 
 
 class Suite:
@@ -163,3 +163,6 @@ class Suite:
 
     def b7(self, b):
         return b7.run(self, b)
+
+    def b8(self, b):
+        return b8.run(self, b)

@@ -347,10 +347,10 @@ fn key_from_json(key: &str) -> Vec<(String, Option<String>)> {
         .collect()
 }
 
-fn now_ms() -> i64 {
+fn now_us() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
+        .map_or(0, |d| d.as_micros() as i64)
 }
 
 impl KafkaTarget {
@@ -459,7 +459,7 @@ impl KafkaTarget {
                 commit_time: t.commit_time,
                 backfill,
                 data_collection_order: order,
-                now_ms: now_ms(),
+                now_us: now_us(),
                 schema_change,
                 resync,
             },
@@ -622,7 +622,7 @@ impl KafkaTarget {
                 backfill: ev.backfill,
                 unchanged: &ev.unchanged,
                 data_collection_order: order,
-                now_ms: now_ms(),
+                now_us: now_us(),
                 schema_change,
                 truncated: truncated.as_deref(),
             },

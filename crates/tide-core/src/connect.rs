@@ -60,12 +60,21 @@ pub enum Kind {
     Timestamp,
     /// `timestamp`, `timestamp(4..6)`: `io.debezium.time.MicroTimestamp` (int64).
     MicroTimestamp,
-    /// `timestamptz`: `io.debezium.time.ZonedTimestamp`, ISO-8601 in UTC (string).
-    ZonedTimestamp,
+    /// `timestamptz(p)`: `io.debezium.time.ZonedTimestamp`, ISO-8601 in UTC (string), the
+    /// fraction written with the column's precision `p` (6 without a typmod) as Debezium 3.6
+    /// writes it (`.500` for `timestamptz(3)`, none for `timestamptz(0)`).
+    ZonedTimestamp(u8),
     /// `interval`: `io.debezium.time.MicroDuration` (int64, a month = 30.4375 days).
     MicroDuration,
     /// `bytea`: bytes (base64 in JSON).
     Bytes,
+    /// `bit(n)` (n > 1), `varbit(n)`: `io.debezium.data.Bits` (bytes: the bit string read as a
+    /// binary number, little-endian, as Java's `BitSet.toByteArray()`), parameter `length` (n;
+    /// 2147483647 for a `varbit` without one). `bit(1)` is [`Kind::Boolean`].
+    Bits(i32),
+    /// `point`: `io.debezium.data.geometry.Point` (`x`, `y` doubles; `wkb` its well-known binary,
+    /// little-endian; `srid` null).
+    Point,
     /// A string, with a Debezium semantic name (`io.debezium.data.Uuid`, `Json`, `Xml`) or none.
     Str(Option<&'static str>),
     /// An enum: `io.debezium.data.Enum` with its labels in `allowed`.
@@ -109,7 +118,11 @@ pub fn kind(type_oid: u32, typmod: i32, elem: u32, labels: Option<&str>) -> Kind
         1266 => Kind::ZonedTime,
         1114 if precision <= 3 => Kind::Timestamp,
         1114 => Kind::MicroTimestamp,
-        1184 => Kind::ZonedTimestamp,
+        1184 => Kind::ZonedTimestamp(precision.clamp(0, 6) as u8),
+        1560 if typmod == 1 => Kind::Boolean,
+        1560 | 1562 => Kind::Bits(if typmod >= 0 { typmod } else { i32::MAX }),
+        600 => Kind::Point,
+        3614 => Kind::Str(Some("io.debezium.data.Tsvector")),
         1186 => Kind::MicroDuration,
         17 => Kind::Bytes,
         2950 => Kind::Str(Some("io.debezium.data.Uuid")),
@@ -178,9 +191,27 @@ fn kind_schema_open(k: &Kind, optional: bool, out: &mut String) {
         Kind::ZonedTime => ("string", Some("io.debezium.time.ZonedTime")),
         Kind::Timestamp => ("int64", Some("io.debezium.time.Timestamp")),
         Kind::MicroTimestamp => ("int64", Some("io.debezium.time.MicroTimestamp")),
-        Kind::ZonedTimestamp => ("string", Some("io.debezium.time.ZonedTimestamp")),
+        Kind::ZonedTimestamp(_) => ("string", Some("io.debezium.time.ZonedTimestamp")),
         Kind::MicroDuration => ("int64", Some("io.debezium.time.MicroDuration")),
         Kind::Bytes => ("bytes", None),
+        Kind::Bits(length) => {
+            open(out, "bytes");
+            close_named(out, optional, Some("io.debezium.data.Bits"));
+            out.push_str(&format!(",\"parameters\":{{\"length\":\"{length}\"}}"));
+            return;
+        }
+        Kind::Point => {
+            out.push_str(concat!(
+                "{\"type\":\"struct\",\"fields\":[",
+                "{\"type\":\"double\",\"optional\":false,\"field\":\"x\"},",
+                "{\"type\":\"double\",\"optional\":false,\"field\":\"y\"},",
+                "{\"type\":\"bytes\",\"optional\":true,\"field\":\"wkb\"},",
+                "{\"type\":\"int32\",\"optional\":true,\"field\":\"srid\"}]"
+            ));
+            close_named(out, optional, Some("io.debezium.data.geometry.Point"));
+            out.push_str(",\"doc\":\"Geometry (POINT)\"");
+            return;
+        }
         Kind::Str(n) => ("string", *n),
         Kind::Enum(labels) => {
             open(out, "string");
@@ -414,6 +445,11 @@ fn parse_timestamp(s: &str, zoned: bool) -> Option<i64> {
 /// Seconds and fraction of a µs-of-day, as ISO-8601 prints them (`HH:MM:SS[.f]`, trailing
 /// zeros of the fraction dropped).
 fn push_clock(out: &mut String, us: i64) {
+    push_clock_width(out, us, None);
+}
+
+/// [`push_clock`], with the fraction written in exactly `width` digits when given (none for 0).
+fn push_clock_width(out: &mut String, us: i64, width: Option<u8>) {
     let s = us / 1_000_000;
     out.push_str(&format!(
         "{:02}:{:02}:{:02}",
@@ -422,15 +458,29 @@ fn push_clock(out: &mut String, us: i64) {
         s % 60
     ));
     let f = us % 1_000_000;
-    if f != 0 {
-        let t = format!("{f:06}");
-        out.push('.');
-        out.push_str(t.trim_end_matches('0'));
+    let t = format!("{f:06}");
+    match width {
+        Some(0) => {}
+        Some(w) => {
+            out.push('.');
+            out.push_str(&t[..usize::from(w.min(6))]);
+        }
+        None if f != 0 => {
+            out.push('.');
+            out.push_str(t.trim_end_matches('0'));
+        }
+        None => {}
     }
 }
 
 /// An instant (µs since the epoch) as Java's `ISO_OFFSET_DATE_TIME` in UTC.
 pub fn iso_utc(us: i64) -> String {
+    iso_utc_width(us, None)
+}
+
+/// [`iso_utc`] with the fraction in exactly `width` digits when given (Debezium's
+/// `ZonedTimestamp` of a column of that precision).
+pub fn iso_utc_width(us: i64, width: Option<u8>) -> String {
     let (y, m, d) = civil_from_days(us.div_euclid(DAY_US));
     let mut out = if (0..=9999).contains(&y) {
         format!("{y:04}-{m:02}-{d:02}T")
@@ -441,7 +491,7 @@ pub fn iso_utc(us: i64) -> String {
             y.abs()
         )
     };
-    push_clock(&mut out, us.rem_euclid(DAY_US));
+    push_clock_width(&mut out, us.rem_euclid(DAY_US), width);
     out.push('Z');
     out
 }
@@ -449,7 +499,8 @@ pub fn iso_utc(us: i64) -> String {
 /// An interval's output in `IntervalStyle` postgres (`1 year 2 mons -3 days +04:05:06.5`) as
 /// Debezium's `MicroDuration`.
 fn parse_interval(s: &str) -> Option<i64> {
-    let mut total: i64 = 0;
+    // In i128, then clamped: Debezium saturates at the int64 range (`-178000000 years`).
+    let mut total: i128 = 0;
     let mut words = s.split_whitespace();
     while let Some(w) = words.next() {
         if w.contains(':') {
@@ -457,20 +508,66 @@ fn parse_interval(s: &str) -> Option<i64> {
                 Some(r) => (true, r),
                 None => (false, w.strip_prefix('+').unwrap_or(w)),
             };
-            let us = parse_clock(t)?;
+            let us = i128::from(parse_clock(t)?);
             total += if neg { -us } else { us };
             continue;
         }
-        let n: i64 = w.parse().ok()?;
+        let n: i128 = w.parse().ok()?;
         let unit = words.next()?;
-        total += n * match unit.trim_end_matches('s') {
+        total += n * i128::from(match unit.trim_end_matches('s') {
             "year" => 12 * MONTH_US,
             "mon" => MONTH_US,
             "day" => DAY_US,
             _ => return None,
-        };
+        });
     }
-    Some(total)
+    Some(total.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64)
+}
+
+/// A bit string's text (`0101`) as Debezium's `Bits`: the binary number it spells,
+/// little-endian, without trailing zero bytes (empty for zero), as `BitSet.toByteArray()`.
+fn bits_bytes(s: &str) -> Option<Vec<u8>> {
+    let mut out = vec![0u8; s.len().div_ceil(8)];
+    for (i, c) in s.bytes().rev().enumerate() {
+        match c {
+            b'1' => out[i / 8] |= 1 << (i % 8),
+            b'0' => {}
+            _ => return None,
+        }
+    }
+    while out.last() == Some(&0) {
+        out.pop();
+    }
+    Some(out)
+}
+
+/// A point's text (`(1.5,-2.25)`) as Debezium's `Point` struct: `x`, `y` as JSON numbers (NaN
+/// and infinities as strings, as Jackson writes them), `wkb` the well-known binary of the point
+/// (little-endian), `srid` null.
+fn push_point(s: &str, out: &mut String) -> Option<()> {
+    let (x, y) = s.strip_prefix('(')?.strip_suffix(')')?.split_once(',')?;
+    let (fx, fy): (f64, f64) = (parse_float(x)?, parse_float(y)?);
+    let mut wkb = vec![1u8, 1, 0, 0, 0];
+    wkb.extend_from_slice(&fx.to_le_bytes());
+    wkb.extend_from_slice(&fy.to_le_bytes());
+    out.push_str("{\"x\":");
+    push_float(out, x)?;
+    out.push_str(",\"y\":");
+    push_float(out, y)?;
+    out.push_str(",\"wkb\":");
+    push_string(out, &base64(&wkb));
+    out.push_str(",\"srid\":null}");
+    Some(())
+}
+
+/// A float's text output (`NaN`, `Infinity`, `-Infinity` included) as an `f64`.
+fn parse_float(t: &str) -> Option<f64> {
+    match t {
+        "NaN" => Some(f64::NAN),
+        "Infinity" => Some(f64::INFINITY),
+        "-Infinity" => Some(f64::NEG_INFINITY),
+        _ => t.parse().ok(),
+    }
 }
 
 /// Bytes of `bytea`'s hex output (`\x0a0b`).
@@ -576,12 +673,13 @@ pub fn value(k: &Kind, text: Option<&str>, out: &mut String) -> Result<(), Strin
     let bad = || format!("cannot render {t:?} as a {k:?} value");
     let ok = match k {
         Kind::Boolean => {
-            out.push_str(if t == "t" || t == "true" {
+            // `1` / `0`: a bit(1), which Debezium maps to a boolean.
+            out.push_str(if matches!(t, "t" | "true" | "1") {
                 "true"
             } else {
                 "false"
             });
-            matches!(t, "t" | "f" | "true" | "false").then_some(())
+            matches!(t, "t" | "f" | "true" | "false" | "1" | "0").then_some(())
         }
         Kind::Int16 | Kind::Int32 | Kind::Int64 => t.parse::<i64>().ok().map(|n| {
             out.push_str(&n.to_string());
@@ -631,15 +729,17 @@ pub fn value(k: &Kind, text: Option<&str>, out: &mut String) -> Result<(), Strin
         .map(|v| out.push_str(&v.to_string())),
         Kind::MicroTimestamp => finite(t, i64::MAX, i64::MIN, |t| parse_timestamp(t, false))
             .map(|v| out.push_str(&v.to_string())),
-        Kind::ZonedTimestamp => match t {
+        Kind::ZonedTimestamp(p) => match t {
             "infinity" | "-infinity" => {
                 push_string(out, t);
                 Some(())
             }
-            _ => parse_timestamp(t, true).map(|us| push_string(out, &iso_utc(us))),
+            _ => parse_timestamp(t, true).map(|us| push_string(out, &iso_utc_width(us, Some(*p)))),
         },
         Kind::MicroDuration => parse_interval(t).map(|v| out.push_str(&v.to_string())),
         Kind::Bytes => parse_bytea(t).map(|b| push_string(out, &base64(&b))),
+        Kind::Bits(_) => bits_bytes(t).map(|b| push_string(out, &base64(&b))),
+        Kind::Point => push_point(t, out),
         Kind::Str(_) | Kind::Enum(_) => {
             push_string(out, t);
             Some(())
@@ -678,8 +778,9 @@ pub fn fallback(k: &Kind, out: &mut String) {
         Kind::Decimal { .. } => "\"AA==\"",
         Kind::VariableDecimal => "{\"scale\":0,\"value\":\"AA==\"}",
         Kind::ZonedTime => "\"00:00:00Z\"",
-        Kind::ZonedTimestamp => "\"1970-01-01T00:00:00Z\"",
-        Kind::Bytes => "\"\"",
+        Kind::ZonedTimestamp(_) => "\"1970-01-01T00:00:00Z\"",
+        Kind::Bytes | Kind::Bits(_) => "\"\"",
+        Kind::Point => "{\"x\":0.0,\"y\":0.0,\"wkb\":null,\"srid\":null}",
         Kind::Str(_) | Kind::Enum(_) => "\"\"",
         Kind::Array(_) => "[]",
     });
@@ -729,9 +830,23 @@ impl Shape {
                 let v = row.values.get(j).and_then(|v| v.as_deref());
                 value(&f.kind, v, out).map_err(|e| format!("column \"{}\": {e}", f.name))?;
             } else if row.unchanged.contains(&f.name) {
-                match f.kind {
+                match &f.kind {
                     Kind::Str(_) => push_string(out, UNAVAILABLE),
                     Kind::Bytes => push_string(out, &base64(UNAVAILABLE.as_bytes())),
+                    // Debezium's placeholders for arrays: a text array holds the placeholder; an
+                    // integer array the placeholder's bytes, one element each.
+                    Kind::Array(e) if matches!(**e, Kind::Str(None)) => {
+                        out.push('[');
+                        push_string(out, UNAVAILABLE);
+                        out.push(']');
+                    }
+                    Kind::Array(e) if matches!(**e, Kind::Int32 | Kind::Int64) => {
+                        let items: Vec<String> =
+                            UNAVAILABLE.bytes().map(|b| b.to_string()).collect();
+                        out.push('[');
+                        out.push_str(&items.join(","));
+                        out.push(']');
+                    }
                     _ if f.optional => out.push_str("null"),
                     _ => fallback(&f.kind, out),
                 }
@@ -809,8 +924,10 @@ impl Shape {
             "{\"type\":\"string\",\"optional\":false,\"field\":\"name\"},",
             "{\"type\":\"int64\",\"optional\":false,\"field\":\"ts_ms\"},",
             "{\"type\":\"string\",\"optional\":true,\"name\":\"io.debezium.data.Enum\",\"version\":1,",
-            "\"parameters\":{\"allowed\":\"true,last,false,incremental\"},\"default\":\"false\",\"field\":\"snapshot\"},",
+            "\"parameters\":{\"allowed\":\"true,first,first_in_data_collection,last_in_data_collection,last,false,incremental\"},\"default\":\"false\",\"field\":\"snapshot\"},",
             "{\"type\":\"string\",\"optional\":false,\"field\":\"db\"},",
+            "{\"type\":\"int64\",\"optional\":true,\"field\":\"ts_us\"},",
+            "{\"type\":\"int64\",\"optional\":true,\"field\":\"ts_ns\"},",
             "{\"type\":\"string\",\"optional\":false,\"field\":\"schema\"},",
             "{\"type\":\"string\",\"optional\":false,\"field\":\"table\"},",
             "{\"type\":\"int64\",\"optional\":true,\"field\":\"txId\"},",
@@ -820,20 +937,23 @@ impl Shape {
             "{\"type\":\"int64\",\"optional\":true,\"field\":\"backfill_id\"},",
             "{\"type\":\"int64\",\"optional\":true,\"field\":\"chunk\"},",
             "{\"type\":\"array\",\"items\":{\"type\":\"string\",\"optional\":false},\"optional\":true,\"field\":\"unchanged\"}",
-            "],\"optional\":false,\"name\":\"io.debezium.connector.postgresql.Source\",\"field\":\"source\"},",
-            "{\"type\":\"string\",\"optional\":false,\"field\":\"op\"},",
-            "{\"type\":\"int64\",\"optional\":true,\"field\":\"ts_ms\"},",
+            "],\"optional\":false,\"name\":\"io.debezium.connector.postgresql.Source\",\"version\":1,\"field\":\"source\"},",
             "{\"type\":\"struct\",\"fields\":[",
             "{\"type\":\"string\",\"optional\":false,\"field\":\"id\"},",
             "{\"type\":\"int64\",\"optional\":false,\"field\":\"total_order\"},",
             "{\"type\":\"int64\",\"optional\":false,\"field\":\"data_collection_order\"}",
             "],\"optional\":true,\"name\":\"event.block\",\"version\":1,\"field\":\"transaction\"},",
+            "{\"type\":\"string\",\"optional\":false,\"field\":\"op\"},",
+            "{\"type\":\"int64\",\"optional\":true,\"field\":\"ts_ms\"},",
+            "{\"type\":\"int64\",\"optional\":true,\"field\":\"ts_us\"},",
+            "{\"type\":\"int64\",\"optional\":true,\"field\":\"ts_ns\"},",
             "{\"type\":\"string\",\"optional\":true,\"name\":\"io.debezium.data.Json\",\"version\":1,\"field\":\"schema_change\"},",
             "{\"type\":\"string\",\"optional\":true,\"name\":\"io.debezium.data.Json\",\"version\":1,\"field\":\"truncated\"}",
             "],\"optional\":false,\"name\":"
         ));
         push_string(&mut out, &format!("{}.Envelope", self.prefix));
-        out.push_str(",\"version\":1}");
+        // Version 2: Debezium 3's envelope (with `ts_us`, `ts_ns`).
+        out.push_str(",\"version\":2}");
         out
     }
 }
@@ -854,11 +974,22 @@ pub struct Payload<'a> {
     pub backfill: Option<(i64, i64)>,
     pub unchanged: &'a [String],
     pub data_collection_order: u64,
-    pub now_ms: i64,
+    /// Processing time, Unix microseconds.
+    pub now_us: i64,
     /// For op `schema`: the change (JSON), written as JSON text.
     pub schema_change: Option<&'a str>,
     /// For a truncate of some partitions: what was emptied (JSON), written as JSON text.
     pub truncated: Option<&'a str>,
+}
+
+/// `,"ts_ms":..,"ts_us":..,"ts_ns":..` of the processing time (Unix µs), as Debezium 3 writes
+/// the envelope's times.
+pub fn push_processing_time(out: &mut String, now_us: i64) {
+    out.push_str(&format!(
+        ",\"ts_ms\":{},\"ts_us\":{now_us},\"ts_ns\":{}",
+        now_us.div_euclid(1000),
+        i128::from(now_us) * 1000
+    ));
 }
 
 fn push_opt_string(out: &mut String, s: Option<&str>) {
@@ -912,17 +1043,14 @@ pub fn message(
         }
         out.push(']');
     }
-    out.push_str("},\"op\":");
-    push_string(out, op_code(p.op));
-    out.push_str(&format!(
-        ",\"ts_ms\":{},\"transaction\":{{\"id\":",
-        p.now_ms
-    ));
+    out.push_str("},\"transaction\":{\"id\":");
     push_string(out, &txn_id(p.xid, p.commit_lsn));
     out.push_str(&format!(
-        ",\"total_order\":{},\"data_collection_order\":{}}}",
+        ",\"total_order\":{},\"data_collection_order\":{}}},\"op\":",
         p.position, p.data_collection_order
     ));
+    push_string(out, op_code(p.op));
+    push_processing_time(out, p.now_us);
     out.push_str(",\"schema_change\":");
     push_opt_string(out, p.schema_change);
     out.push_str(",\"truncated\":");

@@ -234,29 +234,47 @@ fn dates_and_times_before_and_after_1970() {
 
 #[test]
 fn zoned_values_are_iso_in_utc() {
-    assert_eq!(kind(1184, -1, 0, None), Kind::ZonedTimestamp);
+    assert_eq!(kind(1184, -1, 0, None), Kind::ZonedTimestamp(6));
     assert_eq!(
-        schema_of(Kind::ZonedTimestamp, true),
+        schema_of(Kind::ZonedTimestamp(6), true),
         json!({"type": "string", "optional": true, "name": "io.debezium.time.ZonedTimestamp", "version": 1, "field": "c"})
     );
-    let z = |t| val(&Kind::ZonedTimestamp, Some(t));
+    // Debezium 3.6.1 writes the fraction with the column's precision (checked against it in
+    // pg_test/tests/kafka/debezium.rs): 6 digits for timestamptz, 3 for timestamptz(3), none for (0).
+    let z = |t| val(&Kind::ZonedTimestamp(6), Some(t));
     assert_eq!(
         z("2024-01-15 10:20:30.123456+00"),
         json!("2024-01-15T10:20:30.123456Z")
     );
-    assert_eq!(z("2024-01-15 10:20:30+02"), json!("2024-01-15T08:20:30Z"));
+    assert_eq!(
+        z("2024-01-15 10:20:30+02"),
+        json!("2024-01-15T08:20:30.000000Z")
+    );
     assert_eq!(
         z("2024-01-01 01:00:00.5+05:30"),
-        json!("2023-12-31T19:30:00.5Z")
+        json!("2023-12-31T19:30:00.500000Z")
     );
-    assert_eq!(z("1969-12-31 23:00:00-08"), json!("1970-01-01T07:00:00Z"));
+    assert_eq!(
+        val(&Kind::ZonedTimestamp(3), Some("2024-01-01 10:00:00.5+00")),
+        json!("2024-01-01T10:00:00.500Z")
+    );
+    assert_eq!(
+        val(&Kind::ZonedTimestamp(0), Some("2024-01-01 10:00:01+00")),
+        json!("2024-01-01T10:00:01Z")
+    );
+    assert_eq!(kind(1184, 3, 0, None), Kind::ZonedTimestamp(3));
+    assert_eq!(kind(1184, 0, 0, None), Kind::ZonedTimestamp(0));
+    assert_eq!(
+        z("1969-12-31 23:00:00-08"),
+        json!("1970-01-01T07:00:00.000000Z")
+    );
     assert_eq!(
         z("1900-06-01 00:00:00+00:19:32"),
-        json!("1900-05-31T23:40:28Z")
+        json!("1900-05-31T23:40:28.000000Z")
     );
     assert_eq!(
         z("0044-03-15 12:00:00+00 BC"),
-        json!("-0043-03-15T12:00:00Z")
+        json!("-0043-03-15T12:00:00.000000Z")
     );
     assert_eq!(z("infinity"), json!("infinity"));
     assert_eq!(kind(1266, -1, 0, None), Kind::ZonedTime);
@@ -481,9 +499,11 @@ fn key_and_envelope_schemas() {
             "before",
             "after",
             "source",
+            "transaction",
             "op",
             "ts_ms",
-            "transaction",
+            "ts_us",
+            "ts_ns",
             "schema_change",
             "truncated"
         ]
@@ -504,11 +524,11 @@ fn key_and_envelope_schemas() {
         e["fields"][2]["name"],
         "io.debezium.connector.postgresql.Source"
     );
-    assert_eq!(e["fields"][5]["name"], "event.block");
+    assert_eq!(e["fields"][3]["name"], "event.block");
     // Member order as JsonConverter writes it.
     let raw = s.envelope_schema();
     assert!(raw.starts_with("{\"type\":\"struct\",\"fields\":[{\"type\":\"struct\",\"fields\":[{\"type\":\"int32\",\"optional\":false,\"field\":\"id\"}"));
-    assert!(raw.ends_with("\"optional\":false,\"name\":\"shop.public.t.Envelope\",\"version\":1}"));
+    assert!(raw.ends_with("\"optional\":false,\"name\":\"shop.public.t.Envelope\",\"version\":2}"));
 }
 
 #[test]
@@ -537,7 +557,7 @@ fn messages_carry_every_schema_field() {
             backfill: None,
             unchanged: &[],
             data_collection_order: 1,
-            now_ms: 9,
+            now_us: 9000,
             schema_change: None,
             truncated: None,
         },
@@ -583,7 +603,7 @@ fn messages_carry_every_schema_field() {
             backfill: Some((3, 4)),
             unchanged: &["note".to_string()],
             data_collection_order: 2,
-            now_ms: 9,
+            now_us: 9000,
             schema_change: Some(r#"{"added":[]}"#),
             truncated: None,
         },
@@ -604,4 +624,111 @@ fn dates_round_trip_through_the_civil_calendar() {
     }
     assert_eq!(iso_utc(0), "1970-01-01T00:00:00Z");
     assert_eq!(iso_utc(-1), "1969-12-31T23:59:59.999999Z");
+}
+
+/// The mappings added after comparing with Debezium 3.6.1's PostgreSQL connector (the values are
+/// what it wrote for the same source rows; pg_test/tests/kafka/debezium.rs compares whole topics).
+#[test]
+fn bits_points_tsvectors_as_debezium_writes_them() {
+    assert_eq!(kind(1560, 1, 0, None), Kind::Boolean);
+    assert_eq!(val(&Kind::Boolean, Some("1")), json!(true));
+    assert_eq!(val(&Kind::Boolean, Some("0")), json!(false));
+    assert_eq!(kind(1560, 4, 0, None), Kind::Bits(4));
+    assert_eq!(kind(1562, 5, 0, None), Kind::Bits(5));
+    assert_eq!(kind(1562, -1, 0, None), Kind::Bits(i32::MAX));
+    assert_eq!(
+        schema_of(Kind::Bits(4), true),
+        json!({"type": "bytes", "optional": true, "name": "io.debezium.data.Bits", "version": 1,
+               "parameters": {"length": "4"}, "field": "c"})
+    );
+    for (bits, b64) in [
+        ("1111", "Dw=="),
+        ("0101", "BQ=="),
+        ("1010", "Cg=="),
+        ("10101010101", "VQU="),
+        ("1", "AQ=="),
+        ("0000", ""),
+        ("", ""),
+    ] {
+        assert_eq!(val(&Kind::Bits(4), Some(bits)), json!(b64), "{bits}");
+    }
+    assert!(value(&Kind::Bits(4), Some("012"), &mut String::new()).is_err());
+    assert_eq!(kind(600, -1, 0, None), Kind::Point);
+    assert_eq!(
+        schema_of(Kind::Point, true),
+        json!({"type": "struct", "fields": [
+                 {"type": "double", "optional": false, "field": "x"},
+                 {"type": "double", "optional": false, "field": "y"},
+                 {"type": "bytes", "optional": true, "field": "wkb"},
+                 {"type": "int32", "optional": true, "field": "srid"}],
+               "optional": true, "name": "io.debezium.data.geometry.Point", "version": 1,
+               "doc": "Geometry (POINT)", "field": "c"})
+    );
+    assert_eq!(
+        val(&Kind::Point, Some("(1.5,-2.25)")),
+        json!({"x": 1.5, "y": -2.25, "wkb": "AQEAAAAAAAAAAAD4PwAAAAAAAALA", "srid": null})
+    );
+    assert_eq!(
+        val(&Kind::Point, Some("(NaN,0)")),
+        json!({"x": "NaN", "y": 0, "wkb": "AQEAAAAAAAAAAAD4fwAAAAAAAAAA", "srid": null})
+    );
+    assert_eq!(
+        val(&Kind::Point, Some("(-1e-300,1e+300)")),
+        json!({"x": -1e-300, "y": 1e300, "wkb": "AQEAAABZ8/jCH26lgZx1AIg85Dd+", "srid": null})
+    );
+    assert_eq!(
+        kind(3614, -1, 0, None),
+        Kind::Str(Some("io.debezium.data.Tsvector"))
+    );
+}
+
+#[test]
+fn intervals_beyond_int64_saturate() {
+    assert_eq!(
+        val(&Kind::MicroDuration, Some("-178000000 years")),
+        json!(i64::MIN)
+    );
+    assert_eq!(
+        val(&Kind::MicroDuration, Some("178000000 years")),
+        json!(i64::MAX)
+    );
+}
+
+#[test]
+fn unchanged_toast_arrays_carry_debeziums_placeholders() {
+    let s = Shape {
+        prefix: "p.s.t".into(),
+        fields: ["ta", "ia", "la", "na"]
+            .iter()
+            .zip([
+                Kind::Str(None),
+                Kind::Int32,
+                Kind::Int64,
+                Kind::VariableDecimal,
+            ])
+            .map(|(n, k)| Field {
+                name: (*n).into(),
+                kind: Kind::Array(Box::new(k)),
+                optional: true,
+            })
+            .collect(),
+        key: vec![],
+    };
+    let unchanged: Vec<String> = ["ta", "ia", "la", "na"].map(String::from).to_vec();
+    let mut out = String::new();
+    s.row(
+        &RowText {
+            columns: &[],
+            values: &[],
+            unchanged: &unchanged,
+        },
+        &mut out,
+    )
+    .unwrap();
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let bytes: Vec<u8> = UNAVAILABLE.bytes().collect();
+    assert_eq!(v["ta"], json!([UNAVAILABLE]));
+    assert_eq!(v["ia"], json!(bytes));
+    assert_eq!(v["la"], json!(bytes));
+    assert_eq!(v["na"], Value::Null);
 }

@@ -69,7 +69,11 @@ pub fn push_source_head(out: &mut String, src: &SourceInfo, h: &SourceHead<'_>) 
         }
     ));
     push_string(out, &src.db);
-    out.push_str(",\"schema\":");
+    out.push_str(&format!(
+        ",\"ts_us\":{},\"ts_ns\":{},\"schema\":",
+        h.commit_time + PG_EPOCH_US,
+        i128::from(h.commit_time + PG_EPOCH_US) * 1000
+    ));
     push_string(out, h.schema);
     out.push_str(",\"table\":");
     push_string(out, h.table);
@@ -221,8 +225,8 @@ pub struct EnvelopeEvent<'a> {
     pub backfill: Option<(i64, i64)>,
     /// This table's events so far in the transaction, this one included.
     pub data_collection_order: u64,
-    /// Processing time, Unix milliseconds.
-    pub now_ms: i64,
+    /// Processing time, Unix microseconds.
+    pub now_us: i64,
     /// For op `schema`: the change (the outbox schema event's `row`).
     pub schema_change: Option<&'a str>,
     /// For op `resync`: the phase (the outbox resync event's `row`: `{"phase": "start",
@@ -274,10 +278,8 @@ pub fn envelope(src: &SourceInfo, e: &EnvelopeEvent<'_>, out: &mut String) {
     }
     out.push_str("},\"op\":");
     push_string(out, op_code(e.op));
-    out.push_str(&format!(
-        ",\"ts_ms\":{},\"transaction\":{{\"id\":",
-        e.now_ms
-    ));
+    crate::connect::push_processing_time(out, e.now_us);
+    out.push_str(",\"transaction\":{\"id\":");
     push_string(out, &txn_id(e.xid, e.commit_lsn));
     out.push_str(&format!(
         ",\"total_order\":{},\"data_collection_order\":{}}}",
@@ -618,7 +620,7 @@ mod tests {
             commit_time: 0,
             backfill: None,
             data_collection_order: 1,
-            now_ms: 5,
+            now_us: 5000,
             schema_change: None,
             resync: None,
         }

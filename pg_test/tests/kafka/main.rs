@@ -29,16 +29,26 @@
 //! - `masks`: a table with column masks: the topic replayed equals the masked source, and no
 //!   message holds a clear value or the salt;
 //! - `alter_table`: a row filter changed mid-stream: the altered schema message between the rows
-//!   of either filter, and a consumer applying the new filter there ends with the source's rows.
+//!   of either filter, and a consumer applying the new filter there ends with the source's rows;
+//! - `debezium`: Debezium 3.6.1's PostgreSQL connector and pg_tide capture the same changes of
+//!   the types suite's table into the same broker; the two topics agree message by message (key,
+//!   op, before, after, source, transaction, Connect schemas) but for the differences it lists
+//!   with their reasons (README "Compared with Debezium");
+//! - `jdbc_sink`: Debezium's JDBC sink connector reads a pg_tide topic as it is and its copy of
+//!   the table equals the source after inserts, updates, deletes and key changes.
 //!
 //! Modules: `broker` (the suite's shared broker, a test's own that it stops and starts, and a
-//! consumer that reads whole topics), `replay` (messages back into rows).
+//! consumer that reads whole topics), `replay` (messages back into rows), `connect` (a Kafka
+//! Connect standalone worker with Debezium's connectors, `scripts/debezium.sh`).
 
 mod alter_table;
 mod broker;
+mod connect;
 mod convergence;
+mod debezium;
 mod exactly_once;
 mod fenced;
+mod jdbc_sink;
 mod large;
 mod masks;
 mod refusals;
