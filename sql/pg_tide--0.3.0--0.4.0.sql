@@ -166,3 +166,7 @@ SELECT p.name,
                  ELSE 'The pg_tide launcher starts one within seconds of the pipeline''s creation, a restart or a worker''s exit. If it stays stopped: SELECT tide.check() says whether the launcher runs in this database (pg_tide preloaded, tide.database, wal_level, the extension''s version), and the server log says why a worker could not start (each pipeline needs a background worker: max_worker_processes).' END AS remedy) stopped
  WHERE tide._visible(p.owner);
 COMMENT ON VIEW tide.pipelines IS 'One row per pipeline: is it healthy, how far behind, and why not.';
+
+-- Tables without a key are backfilled by one copy at a point of the stream (README, Tables
+-- without a key): the copy's snapshot and the WAL position after it.
+ALTER TABLE tide.backfill ADD COLUMN copy_snapshot text, ADD COLUMN copy_until pg_lsn;

@@ -1034,6 +1034,20 @@ fn stream(
     let (applied, recorded, confirmed) = positions(p, target_applied)?;
     let extra = plugin_options(c, &tables, p)?;
     let decoder = open_decoder(dec, rels, p, &filter, &extra, mode.streaming)?;
+    // A table without a key is backfilled by one copy here, at the iteration boundary (nothing
+    // decoded yet: everything before `applied` is applied, nothing after; `worker::keyless`),
+    // and the stream skips its changes that a copy already holds.
+    notes.extend(super::keyless::copy_due(
+        c,
+        p,
+        bf,
+        sink,
+        &mut decoder.streams,
+        applied,
+    )?);
+    let copies = catalog::backfills::keyless_copies(&p.name, applied)?
+        .into_iter()
+        .collect();
     // One message: the decoder stops at the record boundary after it, which is the end of one
     // source transaction (a transaction's messages are handed out whole at its commit).
     let batch_events = if mode.one_at_a_time {
@@ -1073,6 +1087,7 @@ fn stream(
         skipped: Vec::new(),
         streams,
         elsewhere: None,
+        copies,
         out: Outcome {
             spilled: decoder.spilled_total() - spilled_before,
             notes,
