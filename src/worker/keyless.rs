@@ -23,7 +23,7 @@
 //!    database or the outbox; a remote target commits it in its own transaction with the applied
 //!    position, before the worker's): the backfill is marked done with `S` and `until`
 //!    (`catalog::backfills::keyless_copied`), then the target's rows of the table are replaced:
-//!    a table target gets a truncate of the table and an insert per row; the outbox a `resync`
+//!    a table target gets a `DELETE` of the table's rows and an insert per row; the outbox a `resync`
 //!    start event, a `read` event per row and a `resync` end event, at position `P` (xid 0).
 //! 3. **The stream after it** skips the table's changes in every transaction the copy holds:
 //!    committed before `until` and seen by `S` (`tide_core::snapshot::KeylessCopy::holds`, by
@@ -113,7 +113,7 @@ pub(super) fn copy_due(
         return Ok(Vec::new());
     }
     bf.copy_taken(due.id);
-    // The truncate below would wait for the row locks a streamed transaction holds at a remote.
+    // The delete below would wait for the row locks a streamed transaction holds at a remote.
     streams.fall_back_all();
     write_copy(c, sink, due.id, due.relid, read, at)?;
     Ok(vec![format!(
@@ -253,9 +253,17 @@ fn write_copy(
     let render_err =
         |e: json::RenderError| TideError::internal(format!("cannot render a copied row: {e}"));
     if form == RowForm::Text {
-        // A table target: empty the table, then one insert per row (duplicates stay).
-        let ev = Event::bare(relid, read.relation.clone(), Op::Truncate, None);
-        sink.truncate(c, &mut t, vec![ev], false)?;
+        // A table target: empty the table, then one insert per row (duplicates stay). A
+        // `DELETE` (a truncate with a predicate that holds for every row), not a `TRUNCATE`:
+        // rows inserted after a `TRUNCATE` in the same transaction were seen landing in the
+        // relation's old file, dropped at the commit, when the worker had just started
+        // (`pg_test/tests/table_target/keyless.rs`, the copy killed midway).
+        t.position += 1;
+        let ev = Event {
+            only_where: Some("true".to_string()),
+            ..Event::bare(relid, read.relation.clone(), Op::Truncate, None)
+        };
+        sink.push(c, &t, ev)?;
         for texts in read.rows {
             t.position += 1;
             let ev = Event {

@@ -504,3 +504,64 @@ fn keyless_copy_waits_for_an_applied_transaction_its_snapshot_misses() {
         "the copy waited for the transaction the stream had applied: {held}"
     );
 }
+
+/// A worker killed (`kill -9`) while it writes the copy of a keyless table (held on a lock of
+/// the target table, after the backfill was marked done in the same transaction): nothing of
+/// the copy stays, the restarted worker copies the table again, and the target ends equal to
+/// the source, each row as many times as there.
+#[test]
+fn keyless_copy_killed_midway_is_taken_again() {
+    let c = setup("tt_keyless_crash");
+    exec(&c, TABLE);
+    exec(
+        &c,
+        "INSERT INTO hist SELECT g % 10, g % 40, 1, NULL, NULL, NULL FROM generate_series(1, 500) g",
+    );
+    create_pipeline(&c, "p", "table", r#"{"schema": "rep"}"#);
+    exec(&c, "SELECT tide.add_table('p', 'hist', backfill => false)");
+    wait_pipeline(&c, "p", 60);
+    exec(
+        &c,
+        "INSERT INTO hist SELECT 1, 1, 2, 'streamed', NULL, NULL FROM generate_series(1, 3)",
+    );
+    wait_pipeline(&c, "p", 60);
+    // A lock on the target table that its writes wait for. Nothing of hist is left for the
+    // stream to write (applied above), and the copy comes first in an iteration, so the worker
+    // that waits on it is in the middle of the copy (the backfill already marked done in its
+    // transaction).
+    let mut holder = c.client();
+    holder
+        .batch_execute("BEGIN; LOCK TABLE rep.hist IN SHARE MODE")
+        .unwrap();
+    exec(&c, "SELECT tide.start_backfill('hist', 'p')");
+    c.wait_until(
+        "the copy waiting for the target's lock",
+        std::time::Duration::from_secs(60),
+        POLL,
+        || {
+            Ok(c.try_query_scalar::<i64>(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_tide worker' AND wait_event_type = 'Lock'",
+            )? == 1)
+        },
+    );
+    exec(
+        &c,
+        "INSERT INTO hist SELECT 2, 2, 3, 'during', NULL, NULL FROM generate_series(1, 2);
+         DELETE FROM hist WHERE ctid = (SELECT ctid FROM hist WHERE delta = 2 LIMIT 1)",
+    );
+    let pid: i32 = c.query_scalar("SELECT worker_pid FROM tide.pipelines WHERE name = 'p'");
+    kill9_and_wait_restart(&c, pid, std::time::Duration::from_secs(60));
+    drop(holder);
+    exec(
+        &c,
+        "INSERT INTO hist SELECT 3, 3, 4, 'after', NULL, NULL FROM generate_series(1, 2)",
+    );
+    wait_backfill(&c, "hist", "p", 120);
+    wait_pipeline(&c, "p", 120);
+    assert_same_rows("hist", &c, "public.hist", &c, "rep.hist", COLS);
+    let r = c.query_one(
+        "SELECT missing, extra, changed FROM tide.verify('hist', 'p') WHERE kind LIKE 'summary%'",
+    );
+    let found: (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
+    assert_eq!(found, (0, 0, 0), "tide.verify");
+}
