@@ -51,16 +51,35 @@ use crate::sink::{Event, Row, RowForm, Target};
 use crate::sql;
 use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
+use std::collections::HashMap;
 use std::time::Duration;
 use tide_core::json;
 use tide_core::lsn::Lsn;
 use tide_core::model::{Op, OwnedColumn, RelDesc, Txn};
-use tide_core::snapshot::InvisibleXids;
+use tide_core::snapshot::{InvisibleXids, KeylessCopy};
 use tide_core::wire::Tuple;
+
+/// At an iteration's start, before anything is decoded (everything before `applied` is applied,
+/// nothing after): copy the pipeline's next due table without a key ([`copy_due`]), then the
+/// copies whose transactions the stream skips in this iteration, by table.
+pub(super) fn at_start(
+    c: &mut SpiClient<'_>,
+    p: &PipelineRow,
+    bf: &mut Backfiller,
+    sink: &mut dyn Target,
+    decoder: &mut super::decoder::Decoder,
+    applied: Lsn,
+    notes: &mut Vec<String>,
+) -> TideResult<HashMap<u32, KeylessCopy>> {
+    notes.extend(copy_due(c, p, bf, sink, &mut decoder.streams, applied)?);
+    Ok(backfills::keyless_copies(&p.name, applied)?
+        .into_iter()
+        .collect())
+}
 
 /// Copy the pipeline's next due table without a key, if any, at position `at` (the applied
 /// position: the iteration has not decoded anything yet). Notes for the log.
-pub(super) fn copy_due(
+fn copy_due(
     c: &mut SpiClient<'_>,
     p: &PipelineRow,
     bf: &mut Backfiller,
