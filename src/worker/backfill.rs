@@ -1,5 +1,7 @@
 //! The backfill half of a pipeline worker: watermark writes, keyset chunk reads and the
 //! reconciliation of each chunk with the stream (the DBLog algorithm; `tide_core::reconcile`).
+//! (A table without a key is not read here: it is copied whole at an iteration boundary,
+//! [`super::keyless`], which uses this module's delivered transactions and holds.)
 //!
 //! For one chunk:
 //! 1. transaction 1 writes the low watermark (LW) into `tide.signal` and commits;
