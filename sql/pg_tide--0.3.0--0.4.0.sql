@@ -166,3 +166,35 @@ SELECT p.name,
                  ELSE 'The pg_tide launcher starts one within seconds of the pipeline''s creation, a restart or a worker''s exit. If it stays stopped: SELECT tide.check() says whether the launcher runs in this database (pg_tide preloaded, tide.database, wal_level, the extension''s version), and the server log says why a worker could not start (each pipeline needs a background worker: max_worker_processes).' END AS remedy) stopped
  WHERE tide._visible(p.owner);
 COMMENT ON VIEW tide.pipelines IS 'One row per pipeline: is it healthy, how far behind, and why not.';
+
+-- Tables without a key are backfilled by one copy at a point of the stream (README, Tables
+-- without a key): the copy's snapshot and the WAL position after it.
+ALTER TABLE tide.backfill ADD COLUMN copy_snapshot text, ADD COLUMN copy_until pg_lsn;
+-- (tide.readiness again: its SELECT * of tide.backfill takes the new columns.)
+CREATE OR REPLACE VIEW tide.readiness WITH (security_barrier) AS
+SELECT t.pipeline, t.relation, t.relid::regclass AS source, b.id AS backfill_id, b.state AS backfill_state,
+       coalesce(b.state = 'done' OR b.read_complete, false)                     AS snapshot_read_complete,
+       coalesce(b.state = 'done', false)                                       AS snapshot_emitted,
+       coalesce(b.state = 'done' AND w.caught_up_lsn::pg_lsn >= b.finished_lsn, false)  AS target_caught_up,
+       CASE WHEN b.id IS NULL THEN 'no backfill'
+            WHEN b.state IN ('queued', 'running', 'paused') THEN 'backfilling'
+            WHEN b.state <> 'done' THEN 'backfill ' || b.state
+            WHEN NOT coalesce(w.caught_up_lsn::pg_lsn >= b.finished_lsn, false) THEN 'catching up'
+            -- a backfill into a target that already held rows: ready once a verification
+            -- since found no difference, or its repair is done
+            WHEN h.held_since IS NOT NULL AND NOT EXISTS (
+                     SELECT 1 FROM tide.verification v LEFT JOIN tide.backfill r ON r.id = v.repair_backfill_id
+                      WHERE v.pipeline = t.pipeline AND v.relid = t.relid AND v.started_at > h.held_since
+                        AND v.finished_at IS NOT NULL
+                        AND (coalesce(v.missing, 0) + coalesce(v.extra, 0) + coalesce(v.changed, 0) = 0
+                             OR r.state = 'done'))
+            THEN 'target not verified'
+            ELSE 'ready' END                                                    AS readiness
+  FROM tide.pipeline_table t
+  LEFT JOIN LATERAL (SELECT * FROM tide.backfill b WHERE b.pipeline = t.pipeline AND b.relid = t.relid
+                      ORDER BY b.id DESC LIMIT 1) b ON true
+  LEFT JOIN LATERAL (SELECT max(f.created_at) AS held_since FROM tide.backfill f
+                      WHERE f.pipeline = t.pipeline AND f.relid = t.relid AND f.target_held_rows
+                        AND f.created_at >= t.added_at) h ON true
+  LEFT JOIN tide._worker_status() w ON w.pipeline = t.pipeline
+ WHERE tide._visible((SELECT p.owner FROM tide.pipeline p WHERE p.name = t.pipeline));

@@ -210,7 +210,13 @@ CREATE TABLE tide.backfill (
     -- target being unreachable, is tried again). Cleared when a chunk is written.
     error_sqlstate  text,
     error_at        timestamptz,
-    attempts        integer NOT NULL DEFAULT 0
+    attempts        integer NOT NULL DEFAULT 0,
+    -- A table without a key is copied whole at one point of the stream (README, Tables without
+    -- a key): the copy's snapshot (pg_current_snapshot()) and the WAL insert position read after
+    -- it. Written by the worker with the copy; the stream skips the table's changes of the
+    -- transactions the snapshot sees that commit before copy_until (they are in the copy).
+    copy_snapshot   text,
+    copy_until      pg_lsn
 );
 CREATE UNIQUE INDEX backfill_one_active ON tide.backfill (pipeline, relid)
     WHERE state IN ('queued', 'running', 'paused');

@@ -296,11 +296,13 @@ fn start_backfill_core(
         ))
         .hint(format!("Remove and re-add the table so pg_tide learns the new key: SELECT tide.remove_table('{pipeline}', '{qualified}'); SELECT tide.add_table('{pipeline}', '{qualified}').")));
     }
-    if stored.is_empty() {
+    // A table without a key is copied whole at one point of the stream (worker::keyless): a
+    // condition (part of the table) or a repair's listed keys cannot be.
+    if stored.is_empty() && (condition.is_some() || repair_deletes.is_some()) {
         return Err(TideError::unsupported(format!(
-            "{qualified} has no key (it is captured by REPLICA IDENTITY FULL), and pg_tide backfills a table chunk by chunk of its key"
+            "{qualified} has no key (it is captured by REPLICA IDENTITY FULL): its backfill copies the whole table, which a condition cannot restrict"
         ))
-        .hint("Compare and copy it yourself (README, Tables without a key), or give the table a key and add it again."));
+        .hint(format!("Start the backfill without a condition: SELECT tide.start_backfill('{}', '{}');", qualified.replace('\'', "''"), pipeline.replace('\'', "''"))));
     }
     // Serialise concurrent starts for one table, then look with a snapshot taken after the lock.
     crate::locks::lock(

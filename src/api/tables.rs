@@ -139,22 +139,16 @@ pub(super) fn validate_source(relid: pg_sys::Oid, owner: &str) -> TideResult<Sou
 }
 
 /// What a table captured without a key (`REPLICA IDENTITY FULL`, see README "Tables without a
-/// key") may not combine with, each refused with 0A000 and what to do instead: a backfill (pg_tide
-/// reads a table again chunk by key), a Kafka target (its messages are keyed). A column list is
-/// refused by [`column_list`].
-fn check_keyless(q: &str, target: tide_core::model::TargetKind, backfill: bool) -> TideResult<()> {
+/// key") may not combine with, refused with 0A000 and what to do instead: a Kafka target (its
+/// messages are keyed). A column list is refused by [`column_list`]. Its backfill is one copy of
+/// the whole table (`worker::keyless`).
+fn check_keyless(q: &str, target: tide_core::model::TargetKind) -> TideResult<()> {
     let refuse = |what: &str, hint: String| {
         Err(TideError::unsupported(format!(
             "\"{q}\" has no key (it is captured by REPLICA IDENTITY FULL), {what}"
         ))
         .hint(hint))
     };
-    if backfill {
-        return refuse(
-            "and pg_tide backfills a table chunk by chunk of its key",
-            format!("Pass backfill => false: every change committed after tide.add_table commits is delivered. To start from the rows that exist, copy them in the same transaction while writers wait (README, Tables without a key): BEGIN; LOCK TABLE {q} IN SHARE MODE; SELECT tide.add_table(..., backfill => false); INSERT INTO <target> SELECT * FROM {q}; COMMIT;"),
-        );
-    }
     if target == tide_core::model::TargetKind::Kafka {
         return refuse(
             "and a Kafka target keys every message by the row's key",
@@ -334,7 +328,7 @@ pub(super) fn add_table_impl(
     };
     let (target_kind, options) = catalog::pipelines::target(pipeline)?;
     if s.key_columns.is_empty() {
-        check_keyless(&s.qualified, target_kind, backfill)?;
+        check_keyless(&s.qualified, target_kind)?;
     }
     if truncate_target {
         check_truncate_target(pipeline, &s.qualified, target_kind, existing, backfill)?;

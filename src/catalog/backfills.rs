@@ -73,7 +73,7 @@ pub(crate) fn due(pipeline: &str, parallel: i32) -> TideResult<Vec<Due>> {
            FROM tide.backfill b
            JOIN tide.pipeline p ON p.name = b.pipeline AND p.enabled
            JOIN tide.pipeline_table t ON t.pipeline = b.pipeline AND t.relid = b.relid AND t.added_lsn IS NOT NULL
-          WHERE b.pipeline = $1 AND b.state = ANY(string_to_array($2, ','))
+          WHERE b.pipeline = $1 AND b.state = ANY(string_to_array($2, ',')) AND cardinality(b.key_columns) > 0
           ORDER BY b.state = $3 DESC, b.id
           LIMIT $4::int4",
         &[
@@ -89,22 +89,137 @@ pub(crate) fn due(pipeline: &str, parallel: i32) -> TideResult<Vec<Due>> {
 }
 
 /// Fail the queued or running backfills of tables captured without a key (`REPLICA IDENTITY
-/// FULL`): pg_tide reads a table again chunk by chunk of its key, so those queued by the
-/// worker itself (a resync after a lost slot, a re-read after a table rewrite or a changed row
-/// filter) cannot run; they fail at once, visibly, with what to do (the SQL API refuses to
-/// start one).
+/// FULL`) that the copy of such a table cannot do ([`keyless_due`] takes the others): a
+/// resync after a lost slot (its deletes and `resync` events are made per key range), a repair
+/// (its deletes are listed by key) and one with a condition (the copy replaces the whole
+/// table). They fail at once, visibly, with what to do (the SQL API refuses to start the last
+/// two).
 fn fail_keyless(pipeline: &str) -> TideResult<()> {
     sql::exec(
         "UPDATE tide.backfill SET state = $2, error_at = now(), finished_at = now(), error_sqlstate = '0A000',
-                error = relation || ' has no key (it is captured by REPLICA IDENTITY FULL), and pg_tide reads a table again chunk by chunk of its key: ' || coalesce(error, 'a re-read was needed'),
-                remedy = 'Compare the target with the source and copy what differs yourself (README, Tables without a key), or give the table a key, remove it and add it again.'
-          WHERE pipeline = $1 AND state = ANY($3) AND cardinality(key_columns) = 0",
+                error = relation || ' has no key (it is captured by REPLICA IDENTITY FULL), and pg_tide copies such a table whole, which a resync after a lost slot, a repair or a condition cannot use: ' || coalesce(error, 'a re-read was needed'),
+                remedy = 'Compare the target with the source and copy what differs yourself (README, Tables without a key), or start a backfill of the whole table: SELECT tide.start_backfill(' || pg_catalog.quote_literal(relation) || ', ' || pg_catalog.quote_literal(pipeline) || ');'
+          WHERE pipeline = $1 AND state = ANY($3) AND cardinality(key_columns) = 0
+            AND (resync OR repair_deletes IS NOT NULL OR condition IS NOT NULL)",
         &[
             pipeline.into(),
             BackfillState::Failed.as_str().into(),
             texts(&[BackfillState::Queued, BackfillState::Running]).into(),
         ],
     )
+}
+
+/// A backfill of a table without a key, due now: copied whole by the worker at an iteration's
+/// start (`worker::keyless`).
+pub(crate) struct KeylessDue {
+    pub id: i64,
+    pub relid: u32,
+    /// The pipeline's owner: the copy is read as this role.
+    pub owner: String,
+}
+
+/// The oldest queued or running backfill of a table without a key whose add marker the worker
+/// has passed, while the pipeline is enabled (those the copy cannot do fail first:
+/// [`fail_keyless`]). Called by the worker inside its iteration.
+pub(crate) fn keyless_due(pipeline: &str) -> TideResult<Option<KeylessDue>> {
+    fail_keyless(pipeline)?;
+    let rows = sql::text_rows(
+        "SELECT b.id, b.relid::int8, p.owner::text
+           FROM tide.backfill b
+           JOIN tide.pipeline p ON p.name = b.pipeline AND p.enabled
+           JOIN tide.pipeline_table t ON t.pipeline = b.pipeline AND t.relid = b.relid AND t.added_lsn IS NOT NULL
+          WHERE b.pipeline = $1 AND b.state = ANY(string_to_array($2, ',')) AND cardinality(b.key_columns) = 0
+          ORDER BY b.id LIMIT 1",
+        &[
+            Some(pipeline),
+            Some(&comma_list(&texts(&[BackfillState::Queued, BackfillState::Running]))),
+        ],
+        0,
+        false,
+    )?;
+    let Some(r) = rows.into_iter().next() else {
+        return Ok(None);
+    };
+    let int = |v: &Option<String>, what: &str| -> TideResult<i64> {
+        v.as_deref()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| corrupt(what, pipeline))
+    };
+    Ok(Some(KeylessDue {
+        id: int(&r[0], "backfill id")?,
+        relid: super::relid(Some(int(&r[1], "relid")?), "relid", pipeline)?,
+        owner: r[2].clone().ok_or_else(|| corrupt("owner", pipeline))?,
+    }))
+}
+
+/// The copy of backfill `id` (a table without a key) is written in this transaction: the
+/// backfill is done, with its snapshot and the WAL position after it (see
+/// `tide_core::snapshot::KeylessCopy`), `rows` rows, at stream position `at`. `false` when the
+/// backfill is no longer queued or running (cancelled or paused meanwhile): then nothing of the
+/// copy may be written.
+pub(crate) fn keyless_copied(
+    id: i64,
+    rows: i64,
+    snapshot: &str,
+    until: Lsn,
+    at: Lsn,
+) -> TideResult<bool> {
+    let done = sql::write_one::<i64>(
+        "UPDATE tide.backfill SET state = $2, started_at = coalesce(started_at, now()), finished_at = now(),
+                chunks_done = 1, rows_read = $3, rows_emitted = $3, rows_dropped = 0, read_complete = true,
+                estimated_rows = $3, finished_lsn = $6::pg_lsn, copy_snapshot = $4, copy_until = $5::pg_lsn,
+                error = NULL, remedy = NULL, error_sqlstate = NULL, error_at = NULL, attempts = 0
+          WHERE id = $1 AND state = ANY($7) RETURNING id",
+        &[
+            id.into(),
+            BackfillState::Done.as_str().into(),
+            rows.into(),
+            snapshot.into(),
+            until.to_string().into(),
+            at.to_string().into(),
+            texts(&[BackfillState::Queued, BackfillState::Running]).into(),
+        ],
+    )?;
+    Ok(done.is_some())
+}
+
+/// The copies of the pipeline's tables without a key whose snapshot may still hold
+/// transactions the stream has not passed (`copy_until` after `applied`): the latest per table.
+/// The stream skips those tables' changes in the transactions each holds.
+pub(crate) fn keyless_copies(
+    pipeline: &str,
+    applied: Lsn,
+) -> TideResult<Vec<(u32, tide_core::snapshot::KeylessCopy)>> {
+    let rows = sql::text_rows(
+        "SELECT DISTINCT ON (relid) relid::int8, copy_snapshot, copy_until::text
+           FROM tide.backfill
+          WHERE pipeline = $1 AND copy_snapshot IS NOT NULL AND copy_until > $2::pg_lsn
+          ORDER BY relid, id DESC",
+        &[Some(pipeline), Some(&applied.to_string())],
+        0,
+        false,
+    )?;
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        let bad = || corrupt("keyless copy", pipeline);
+        let relid: i64 = r[0]
+            .as_deref()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(bad)?;
+        let snapshot = r[1]
+            .as_deref()
+            .and_then(tide_core::snapshot::InvisibleXids::parse)
+            .ok_or_else(bad)?;
+        let until: Lsn = r[2]
+            .as_deref()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(bad)?;
+        out.push((
+            super::relid(Some(relid), "relid", pipeline)?,
+            tide_core::snapshot::KeylessCopy { snapshot, until },
+        ));
+    }
+    Ok(out)
 }
 
 /// One row of [`due`]'s query as a [`Due`].

@@ -171,6 +171,9 @@ pub struct Applier<'a, 'c> {
     /// The transaction being applied was written while it ran: its changes are followed, not
     /// written again; its remote transaction commits at its Commit.
     pub elsewhere: Option<Box<LiveTxn>>,
+    /// Tables without a key copied whole (`worker::keyless`) whose copy may hold transactions
+    /// still ahead: their changes in those transactions are skipped ([`Applier::in_copy`]).
+    pub copies: HashMap<u32, tide_core::snapshot::KeylessCopy>,
 }
 
 thread_local! {
@@ -323,6 +326,15 @@ impl Applier<'_, '_> {
         t.lsn >= self.recorded
     }
 
+    /// Whether the transaction being applied is in a copy of table `relid` (a table without a
+    /// key, `worker::keyless`): its changes of the table are there already.
+    fn in_copy(&self, relid: u32) -> bool {
+        match (self.copies.get(&relid), self.txn.as_ref()) {
+            (Some(k), Some(t)) => k.holds(t.xid, t.lsn),
+            _ => false,
+        }
+    }
+
     fn on_begin(&mut self, xid: u32, final_lsn: Lsn, commit_time: i64) {
         let replay = final_lsn < self.applied;
         // Skipped as a replay is: pg_tide's own rows in it are still followed.
@@ -335,7 +347,17 @@ impl Applier<'_, '_> {
         if let Some(live) = self.streams.take(xid) {
             // Written while it ran: committed there at its Commit, unless it is not to be
             // applied, or wrote a table no longer captured at this point (dropped: rolled back).
-            if !replay && !skipped && live.written.iter().all(|r| self.sets.capturing.contains(r)) {
+            // Nor one a copy of a table without a key holds (its changes of the table are
+            // skipped: applied from the spool, without them).
+            let copied = live
+                .written
+                .iter()
+                .any(|r| self.copies.get(r).is_some_and(|k| k.holds(xid, final_lsn)));
+            if !replay
+                && !skipped
+                && !copied
+                && live.written.iter().all(|r| self.sets.capturing.contains(r))
+            {
                 self.elsewhere = Some(live);
             } else {
                 self.streams.abort(xid);
@@ -566,6 +588,9 @@ impl Applier<'_, '_> {
 
     fn on_insert(&mut self, relid: u32, new: &Tuple<'_>) -> TideResult<()> {
         self.check_read(relid)?;
+        if self.in_copy(relid) {
+            return Ok(());
+        }
         let Some((t, rel)) = captured(&self.sets, &mut self.txn, self.rels, relid)? else {
             return Ok(());
         };
@@ -586,6 +611,9 @@ impl Applier<'_, '_> {
         new: &Tuple<'_>,
     ) -> TideResult<()> {
         self.check_read(relid)?;
+        if self.in_copy(relid) {
+            return Ok(());
+        }
         let Some((t, rel)) = captured(&self.sets, &mut self.txn, self.rels, relid)? else {
             return Ok(());
         };
@@ -616,6 +644,9 @@ impl Applier<'_, '_> {
 
     fn on_delete(&mut self, relid: u32, old_key: &Tuple<'_>) -> TideResult<()> {
         self.check_read(relid)?;
+        if self.in_copy(relid) {
+            return Ok(());
+        }
         let Some((t, rel)) = captured(&self.sets, &mut self.txn, self.rels, relid)? else {
             return Ok(());
         };
@@ -637,7 +668,7 @@ impl Applier<'_, '_> {
         self.not_elsewhere("a truncate")?;
         let mut events = Vec::new();
         for &relid in relids {
-            if self.sets.capturing.contains(&relid) {
+            if self.sets.capturing.contains(&relid) && !self.in_copy(relid) {
                 self.check_read(relid)?;
                 let Some(t) = self.txn.as_mut().filter(|t| !t.skip) else {
                     return Ok(());

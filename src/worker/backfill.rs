@@ -1,5 +1,7 @@
 //! The backfill half of a pipeline worker: watermark writes, keyset chunk reads and the
 //! reconciliation of each chunk with the stream (the DBLog algorithm; `tide_core::reconcile`).
+//! (A table without a key is not read here: it is copied whole at an iteration boundary,
+//! [`super::keyless`], which uses this module's delivered transactions and holds.)
 //!
 //! For one chunk:
 //! 1. transaction 1 writes the low watermark (LW) into `tide.signal` and commits;
@@ -322,6 +324,32 @@ impl Backfiller {
                 pg_sys::TransactionIdIsInProgress(pg_sys::TransactionId::from(x))
             });
         }
+    }
+
+    /// Whether the copy of keyless backfill `id` waits (see `worker::keyless`).
+    pub(crate) fn copy_held(&self, id: i64) -> bool {
+        self.held
+            .get(&id)
+            .is_some_and(|(until, _)| Instant::now() < *until)
+    }
+
+    /// The copy of keyless backfill `id` is read again in `d` at the earliest; `true` the first
+    /// time (its waiting reason is then noted in `tide.backfills`).
+    pub(crate) fn hold_copy(&mut self, id: i64, d: Duration) -> bool {
+        self.held.insert(id, (Instant::now() + d, false));
+        self.waiting_noted.insert(id)
+    }
+
+    /// The copy of keyless backfill `id` was taken.
+    pub(crate) fn copy_taken(&mut self, id: i64) {
+        self.held.remove(&id);
+        self.waiting_noted.remove(&id);
+    }
+
+    /// A transaction the stream delivered for table `relid` that a copy's snapshot `invisible`
+    /// does not see (`tide_core::snapshot::copy_misses`).
+    pub(crate) fn copy_missed(&self, relid: u32, invisible: &InvisibleXids) -> Option<u32> {
+        tide_core::snapshot::copy_misses(&self.delivered, relid, invisible)
     }
 
     /// Whether a chunk waits for its high watermark.

@@ -477,17 +477,45 @@ fn chunk_snapshot(writer: Option<u32>) -> TideResult<(String, InvisibleXids)> {
     // A transaction already committed in the log (and in the commit log) but not yet visible,
     // e.g. waiting for a synchronous standby: the stream may already have delivered it, so its
     // keys cannot be dropped from this chunk. Do not read the chunk now; try again shortly.
-    // pg_xact_status() reports such a transaction as "in progress" (it asks the process array
-    // first), so ask the commit log itself. For xids from xmax on (not listed), only those
-    // still in the process array count (the others committed after the snapshot, inside the
-    // window).
+    let committed_invisible = committed_invisible(&invisible, writer, false);
+    if committed_invisible > 0 {
+        return Err(TideError::new(
+            pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("{committed_invisible} {NOT_VISIBLE_YET}"),
+        )
+        .hint("A transaction has committed but is still waiting (for example for a synchronous standby); the chunk is read again once it is visible.")
+        .retry_later());
+    }
+    Ok((snapshot, invisible))
+}
+
+/// How many transactions a snapshot with `invisible` treats as in progress although the commit
+/// log already says they committed (their commit record is in the WAL, so the stream may have
+/// delivered them: e.g. one waiting for a synchronous standby), `writer` (the worker's own
+/// iteration, see [`read_chunk`]) aside. pg_xact_status() reports such a transaction as "in
+/// progress" (it asks the process array first), so this asks the commit log itself. For xids
+/// from xmax on (not listed), only those still in the process array count (the others
+/// committed after the snapshot). `running`: listed ones only when still in the process array
+/// too (the keyless copy's retake check, `worker::keyless`, looks after its whole read, when
+/// listed ones that committed after the snapshot are no sign of a gap).
+pub(super) fn committed_invisible(
+    invisible: &InvisibleXids,
+    writer: Option<u32>,
+    running: bool,
+) -> usize {
     let newest = unsafe { pg_sys::ReadNextFullTransactionId() }.value;
     let after_xmax = invisible.xmax_full.map_or(0..0, |x| x..newest.max(x));
-    let committed_invisible = invisible
+    invisible
         .listed
         .iter()
         .filter(|&&x| Some(x) != writer)
-        .filter(|&&x| unsafe { pg_sys::TransactionIdDidCommit(pg_sys::TransactionId::from(x)) })
+        .filter(|&&x| {
+            let xid = pg_sys::TransactionId::from(x);
+            unsafe {
+                pg_sys::TransactionIdDidCommit(xid)
+                    && (!running || pg_sys::TransactionIdIsInProgress(xid))
+            }
+        })
         .count()
         // The range holds the xids assigned after the newest completed one: at most the
         // transactions running now (a few hundred on a busy server). The cap only bounds the
@@ -501,16 +529,7 @@ fn chunk_snapshot(writer: Option<u32>) -> TideResult<(String, InvisibleXids)> {
                     pg_sys::TransactionIdDidCommit(xid) && pg_sys::TransactionIdIsInProgress(xid)
                 }
             })
-            .count();
-    if committed_invisible > 0 {
-        return Err(TideError::new(
-            pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            format!("{committed_invisible} {NOT_VISIBLE_YET}"),
-        )
-        .hint("A transaction has committed but is still waiting (for example for a synchronous standby); the chunk is read again once it is visible.")
-        .retry_later());
-    }
-    Ok((snapshot, invisible))
+            .count()
 }
 
 /// A chunk's rows, and their values when held as row values (with the attribute numbers they
@@ -901,7 +920,7 @@ pub(super) fn quote(ident: &str) -> String {
 }
 
 /// A text result value as a tuple value.
-fn value(v: &Option<String>) -> Value<'_> {
+pub(super) fn value(v: &Option<String>) -> Value<'_> {
     v.as_deref().map_or(Value::Null, Value::Text)
 }
 

@@ -1023,17 +1023,14 @@ fn stream(
     }
     // A remote target keeps its own applied position (written in its own transactions).
     let target_applied = sink.begin(c, p)?;
-    if !resync_end.is_empty() {
-        let now = crate::sql::one::<String>("SELECT pg_catalog.pg_current_wal_lsn()::text", &[])?
-            .and_then(|l| l.parse::<Lsn>().ok())
-            .ok_or_else(|| TideError::internal("cannot read the current WAL position"))?;
-        send_resync_marks(c, sink, resync_lsn(now, true), resync_end)?;
-    }
+    send_resync_end(c, sink, resync_end)?;
     let (signal_relid, marker_relid) = catalog::signal_and_marker_relids()?;
     let (sets, filter) = table_sets(&tables, signal_relid, marker_relid);
     let (applied, recorded, confirmed) = positions(p, target_applied)?;
     let extra = plugin_options(c, &tables, p)?;
     let decoder = open_decoder(dec, rels, p, &filter, &extra, mode.streaming)?;
+    // Tables without a key: copied at this boundary, skipped where a copy holds them.
+    let copies = super::keyless::at_start(c, p, bf, sink, decoder, applied, &mut notes)?;
     // One message: the decoder stops at the record boundary after it, which is the end of one
     // source transaction (a transaction's messages are handed out whole at its commit).
     let batch_events = if mode.one_at_a_time {
@@ -1073,6 +1070,7 @@ fn stream(
         skipped: Vec::new(),
         streams,
         elsewhere: None,
+        copies,
         out: Outcome {
             spilled: decoder.spilled_total() - spilled_before,
             notes,
@@ -1125,6 +1123,22 @@ fn stream(
         out.advance = Some(high);
     }
     Ok(out)
+}
+
+/// A kafka pipeline's resync end events (`resync_end`, none unless its resync just finished),
+/// at the current WAL position.
+fn send_resync_end(
+    c: &mut SpiClient<'_>,
+    sink: &mut dyn Target,
+    resync_end: Vec<(u32, String, String)>,
+) -> TideResult<()> {
+    if resync_end.is_empty() {
+        return Ok(());
+    }
+    let now = crate::sql::one::<String>("SELECT pg_catalog.pg_current_wal_lsn()::text", &[])?
+        .and_then(|l| l.parse::<Lsn>().ok())
+        .ok_or_else(|| TideError::internal("cannot read the current WAL position"))?;
+    send_resync_marks(c, sink, resync_lsn(now, true), resync_end)
 }
 
 /// What a batch did that the catalog records after the target committed it.

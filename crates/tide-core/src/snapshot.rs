@@ -62,6 +62,55 @@ impl InvisibleXids {
     }
 }
 
+/// A table without a key copied whole at one point of the stream (README, *Tables without a
+/// key*): which source transactions the copy already holds.
+///
+/// The worker reads the copy in one statement, at an iteration boundary: every source
+/// transaction committed before the boundary has been applied, none after. The copy holds
+/// exactly the transactions its snapshot sees. It is taken only if every transaction the stream
+/// already applied is among them (the retake check, [`DeliveredXids::missed_by`] on the xids
+/// the stream delivered for the table, plus a commit-log look at the snapshot's in-progress
+/// ones: a transaction whose commit record the stream already applied can still be running in
+/// the process array, above all under synchronous replication). Then the transactions after the
+/// boundary that the snapshot sees are in the copy already, and the stream skips the table's
+/// changes in them: [`KeylessCopy::holds`].
+///
+/// Guarantees: [`KeylessCopy::holds`] is true exactly for a transaction whose commit record
+/// lies before `until` (the WAL insert position read after the snapshot was taken: every
+/// transaction the snapshot sees committed before it) and whose top-level xid the snapshot does
+/// not treat as in progress. A subtransaction's changes reach the stream under its top-level
+/// xid, whose visibility decides (a top-level transaction is listed in a snapshot while it
+/// runs, whatever its subtransactions). Past `until` nothing is held, so an xid that wrapped
+/// around (2^31 transactions later) is never taken for one the snapshot saw.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeylessCopy {
+    /// The copy's snapshot.
+    pub snapshot: InvisibleXids,
+    /// The WAL insert position read after the snapshot was taken.
+    pub until: crate::lsn::Lsn,
+}
+
+impl KeylessCopy {
+    /// Whether the transaction with top-level `xid` whose commit record is at `commit_lsn` is in
+    /// the copy (its changes of the table are skipped by the stream).
+    pub fn holds(&self, xid: u32, commit_lsn: crate::lsn::Lsn) -> bool {
+        commit_lsn < self.until && self.snapshot.xmax.is_some() && !self.snapshot.contains(xid)
+    }
+}
+
+/// The retake check of a keyless copy (see [`KeylessCopy`]): `None` when the copy of table
+/// `relid` read with `snapshot` may be taken, else a transaction the stream already applied
+/// that the snapshot does not see (its rows would be missing from the copy, which replaces the
+/// table at the target: lost). Then the copy is read again later, with a new snapshot.
+pub fn copy_misses(delivered: &DeliveredXids, relid: u32, snapshot: &InvisibleXids) -> Option<u32> {
+    delivered
+        .by_table
+        .get(&relid)?
+        .iter()
+        .copied()
+        .find(|&x| snapshot.contains(x))
+}
+
 /// The transactions the stream has delivered changes of, per table, that a later chunk's
 /// snapshot may still treat as in progress.
 ///
@@ -150,6 +199,129 @@ mod tests {
         d.record(1, 5);
         d.forget_before(u32::MAX - 5);
         assert_eq!(d.len(), 1);
+    }
+
+    use crate::lsn::Lsn;
+
+    #[test]
+    fn keyless_copy_holds_what_its_snapshot_sees_before_until() {
+        let copy = KeylessCopy {
+            snapshot: InvisibleXids::parse("100:110:101,105").unwrap(),
+            until: Lsn(5000),
+        };
+        // Committed before the snapshot (seen): skipped by the stream.
+        assert!(copy.holds(99, Lsn(4000)));
+        assert!(copy.holds(102, Lsn(4999)));
+        // In progress when the copy was read, or began after it: applied by the stream.
+        assert!(!copy.holds(101, Lsn(4000)));
+        assert!(!copy.holds(105, Lsn(4000)));
+        assert!(!copy.holds(110, Lsn(4000)));
+        assert!(!copy.holds(200, Lsn(4000)));
+        // Past `until` nothing is held, whatever the xid (a wrapped-around one looks old).
+        assert!(!copy.holds(99, Lsn(5000)));
+        assert!(!copy.holds(99, Lsn(9000)));
+        // No snapshot: nothing held.
+        let none = KeylessCopy {
+            snapshot: InvisibleXids::default(),
+            until: Lsn(5000),
+        };
+        assert!(!none.holds(1, Lsn(1)));
+        // Epochs: the snapshot's xids are 64-bit, decoding's 32-bit.
+        let base = 3u64 << 32;
+        let e = KeylessCopy {
+            snapshot: InvisibleXids::parse(&format!("{}:{}:{}", base + 5, base + 10, base + 7))
+                .unwrap(),
+            until: Lsn(10),
+        };
+        assert!(e.holds(6, Lsn(1)) && e.holds(9, Lsn(1)));
+        assert!(!e.holds(7, Lsn(1)) && !e.holds(10, Lsn(1)) && !e.holds(11, Lsn(1)));
+    }
+
+    #[test]
+    fn copy_retake_check_catches_an_applied_transaction_still_running() {
+        let mut d = DeliveredXids::default();
+        d.record(7, 90);
+        d.record(7, 104);
+        d.record(8, 105);
+        // 104 was applied (its commit record decoded) but the snapshot still lists it: retake.
+        let gap = InvisibleXids::parse("100:110:101,104").unwrap();
+        assert_eq!(copy_misses(&d, 7, &gap), Some(104));
+        // At or past xmax (not listed) counts too.
+        let past = InvisibleXids::parse("100:104:101").unwrap();
+        assert_eq!(copy_misses(&d, 7, &past), Some(104));
+        // Another table's transaction does not hold this copy back.
+        let other = InvisibleXids::parse("100:110:105").unwrap();
+        assert_eq!(copy_misses(&d, 7, &other), None);
+        // Once it is visible: the copy may be taken.
+        let later = InvisibleXids::parse("106:112:").unwrap();
+        assert_eq!(copy_misses(&d, 7, &later), None);
+        assert_eq!(copy_misses(&d, 9, &gap), None, "nothing delivered");
+    }
+
+    /// A model of the copy of a keyless table: the source is a multiset of rows changed by
+    /// transactions in commit order; the stream applies those up to the boundary, the copy
+    /// replaces the target with what its snapshot sees, and the stream goes on, skipping what
+    /// the copy holds. A transaction whose commit record precedes the boundary but which the
+    /// snapshot still sees in progress (the gap): with the retake check the copy is taken
+    /// later and the target equals the source; without it, its row is lost.
+    #[test]
+    fn keyless_copy_model_converges_only_with_the_retake_check() {
+        // (xid, commit LSN, row inserted)
+        let txns: Vec<(u32, u64, &str)> = vec![
+            (10, 100, "a"),
+            (11, 200, "b"),
+            (12, 300, "a"), // a duplicate
+            (13, 400, "c"),
+            (14, 500, "d"),
+        ];
+        let source: Vec<&str> = txns.iter().map(|t| t.2).collect();
+        let boundary = 350u64; // 10, 11, 12 applied by the stream
+        let run = |check: bool, snapshots: &[&str]| -> Vec<String> {
+            let mut target: Vec<String> = Vec::new();
+            let mut delivered = DeliveredXids::default();
+            for &(xid, lsn, row) in &txns {
+                if lsn < boundary {
+                    target.push(row.into());
+                    delivered.record(1, xid);
+                }
+            }
+            let mut taken = None;
+            for (i, s) in snapshots.iter().enumerate() {
+                let snap = InvisibleXids::parse(s).unwrap();
+                if check && copy_misses(&delivered, 1, &snap).is_some() {
+                    continue; // retake
+                }
+                taken = Some((i, snap));
+                break;
+            }
+            let (_, snap) = taken.expect("a snapshot was taken");
+            let copy = KeylessCopy {
+                snapshot: snap,
+                until: Lsn(450),
+            };
+            // The copy: what the snapshot sees.
+            target = txns
+                .iter()
+                .filter(|&&(xid, lsn, _)| lsn < 450 && !copy.snapshot.contains(xid))
+                .map(|t| t.2.to_string())
+                .collect();
+            for &(xid, lsn, row) in &txns {
+                if lsn >= boundary && !copy.holds(xid, Lsn(lsn)) {
+                    target.push(row.into());
+                }
+            }
+            target.sort();
+            target
+        };
+        let mut want: Vec<String> = source.iter().map(|s| s.to_string()).collect();
+        want.sort();
+        // First snapshot: 12 (applied, commit 300) still in progress; 13 committed (seen).
+        // Second: everything up to 13 seen.
+        let snaps = ["12:14:12", "14:14:"];
+        assert_eq!(run(true, &snaps), want, "with the retake check");
+        let broken = run(false, &snaps);
+        assert_ne!(broken, want, "without it a row is lost");
+        assert_eq!(broken.len(), want.len() - 1);
     }
 
     #[test]

@@ -1,11 +1,15 @@
 //! Tables without a key (`REPLICA IDENTITY FULL`, README "Tables without a key"): an audit table
 //! with duplicate rows, NULLs and a `json` column, captured while pgbench inserts, updates and
 //! deletes duplicate rows, at a local and a remote table target and into the outbox (replayed
-//! by a consumer written in SQL from `key` and `row`), its existing rows copied in the
-//! transaction of `tide.add_table` as the README says (writers wait on the lock). Each target
-//! ends equal to the source as a multiset (count per distinct row). Then: one of two identical
-//! rows updated and deleted changes exactly one at the target; the refusals (no identity, a
-//! backfill, a column list, `verify`, a change of the replica identity while captured).
+//! by a consumer written in SQL from `key` and `row`): once with its existing rows copied by hand
+//! in the transaction of `tide.add_table` (writers wait on the lock), once with pg_tide's own
+//! backfill of such a table (one copy at a point of the stream, no lock: `worker::keyless`). Each
+//! target ends equal to the source as a multiset (count per distinct row). The copy's retake
+//! check is shown at work: a transaction the stream already applied that the copy's snapshot
+//! does not see yet (its commit waits for a synchronous standby) holds the copy back until it is
+//! visible. Then: one of two identical rows updated and deleted changes exactly one at the
+//! target; the refusals (no identity, a backfill condition, a column list, `repair`, `verify`'s
+//! sample, a change of the replica identity while captured).
 
 use crate::common::*;
 
@@ -64,22 +68,34 @@ fn duplicated(c: &Cluster, table: &str) -> i64 {
 }
 
 /// Replay the outbox pipeline `p`'s events of `hist` onto `replay` (which starts as
-/// `replay_seed`, the rows copied when the table was added, its `json` normalized as the
-/// outbox's jsonb normalizes it) as a consumer would: an
+/// `seed`, the rows copied when the table was added, its `json` normalized as the
+/// outbox's jsonb normalizes it, or empty) as a consumer would: an
 /// update or a delete removes one row equal to `key` (the old row), an insert or an update adds
-/// `row`.
-fn replay_outbox(c: &Cluster, p: &str) {
+/// `row`; a `resync` start (pg_tide's copy of the table) empties it, and the `read` events that
+/// follow are its rows.
+fn replay_outbox(c: &Cluster, p: &str, seed: Option<&str>) {
+    let seed = seed.map_or(String::new(), |s| {
+        format!(
+            "INSERT INTO replay SELECT tid, aid, delta, note, doc::jsonb::json, mtime FROM {s};"
+        )
+    });
     exec(
         c,
         &format!(
             "CREATE TABLE IF NOT EXISTS replay (LIKE hist);
              TRUNCATE replay;
-             INSERT INTO replay SELECT tid, aid, delta, note, doc::jsonb::json, mtime FROM replay_seed;
+             {seed}
              DO $$
              DECLARE e record;
              BEGIN
                FOR e IN SELECT op, key, \"row\" FROM tide.outbox
                          WHERE pipeline = '{p}' AND relation = 'public.hist' ORDER BY id LOOP
+                 IF e.op = 'resync' AND e.\"row\"->>'phase' = 'start' THEN
+                   DELETE FROM replay;
+                 END IF;
+                 IF e.op = 'read' THEN
+                   INSERT INTO replay SELECT * FROM jsonb_populate_record(NULL::replay, e.\"row\");
+                 END IF;
                  IF e.op IN ('update', 'delete') THEN
                    DELETE FROM replay r WHERE r.ctid = (SELECT x.ctid FROM replay x
                      WHERE row(x.*)::text = jsonb_populate_record(NULL::replay, e.key)::text LIMIT 1);
@@ -172,7 +188,7 @@ fn keyless_audit_table_converges_under_writes_at_every_target() {
             AND NOT (key ?& ARRAY['tid', 'aid', 'delta', 'note', 'doc', 'mtime'])",
     );
     assert_eq!(old_rows, 0, "every update and delete carries the old row");
-    replay_outbox(&c, "ob");
+    replay_outbox(&c, "ob", Some("replay_seed"));
     assert_same_rows(
         "outbox replayed",
         &c,
@@ -205,11 +221,7 @@ fn keyless_duplicates_change_one_row_and_refusals() {
         "55000",
         Some("ALTER TABLE public.nokey REPLICA IDENTITY FULL"),
     );
-    // Keyless: a backfill and a column list are refused (0A000), with what to do instead.
-    let e = c
-        .try_execute("SELECT tide.add_table('p', 'hist')")
-        .unwrap_err();
-    assert_db_error(&e, "0A000", Some("backfill => false"));
+    // Keyless: a column list is refused (0A000), with what to do instead.
     let e = c
         .try_execute(
             "SELECT tide.add_table('p', 'other', backfill => false, columns => ARRAY['a'])",
@@ -222,10 +234,11 @@ fn keyless_duplicates_change_one_row_and_refusals() {
         .try_execute("SELECT tide.alter_table('p', 'hist', columns => ARRAY['aid'])")
         .unwrap_err();
     assert_db_error(&e, "0A000", None);
+    // Its backfill copies the whole table: a condition cannot restrict it.
     let e = c
-        .try_execute("SELECT tide.start_backfill('hist', 'p')")
+        .try_execute("SELECT tide.start_backfill('hist', 'p', condition => 'aid > 1')")
         .unwrap_err();
-    assert_db_error(&e, "0A000", None);
+    assert_db_error(&e, "0A000", Some("without a condition"));
     // Three identical rows (NULLs and json included); one updated, one deleted.
     exec(
         &c,
@@ -296,20 +309,15 @@ fn keyless_duplicates_change_one_row_and_refusals() {
     let e = c
         .try_execute("SELECT * FROM tide.repair('hist', 'p')")
         .unwrap_err();
-    assert_db_error(&e, "0A000", Some("LOCK TABLE"));
+    assert_db_error(&e, "0A000", Some("tide.start_backfill('public.hist', 'p')"));
     let e = c
         .try_execute("SELECT * FROM tide.verify('hist', 'p', sample => 5)")
         .unwrap_err();
     assert_db_error(&e, "0A000", Some("Omit sample"));
-    exec(
-        &c,
-        "BEGIN;
-         LOCK TABLE hist IN SHARE MODE;
-         SELECT tide.wait_for_pipeline('p');
-         DELETE FROM rep.hist;
-         INSERT INTO rep.hist SELECT * FROM hist;
-         COMMIT;",
-    );
+    // The repair the hint gives: the table copied again, with no lock.
+    exec(&c, "SELECT tide.start_backfill('hist', 'p')");
+    wait_backfill(&c, "hist", "p", 60);
+    wait_pipeline(&c, "p", 60);
     assert_eq!(summary(&c), (0, 0, 0), "repaired");
     assert_same_rows("hist repaired", &c, "public.hist", &c, "rep.hist", COLS);
     // The replica identity stays FULL while the table is captured.
@@ -333,4 +341,227 @@ fn keyless_duplicates_change_one_row_and_refusals() {
         "rep.hist",
         &format!("{COLS}, extra"),
     );
+}
+
+/// pg_tide's backfill of a keyless table (one copy at a point of the stream, no lock) while
+/// pgbench inserts, updates and deletes duplicate rows: the rows loaded before the pipeline and
+/// every change reach the local and remote targets and the outbox (replayed) as multisets, and
+/// `tide.verify` finds nothing.
+#[test]
+fn keyless_backfill_converges_under_writes_at_every_target() {
+    let (c, t) = setup_remote("tt_keyless_bf");
+    exec(&c, TABLE);
+    exec(
+        &c,
+        "INSERT INTO hist SELECT g % 10, g % 40, 1, NULL, '{\"a\": 1}', '2026-01-01' FROM generate_series(1, 2000) g",
+    );
+    create_pipeline(&c, "loc", "table", r#"{"schema": "rep"}"#);
+    create_pipeline(&c, "rem", "postgres", r#"{"server": "tgt"}"#);
+    create_pipeline(&c, "ob", "outbox", "{}");
+    let script = write_script("table_target_keyless_bf", &script());
+    let bench = spawn_pgbench(&c, &script, 2, 20, Some(150));
+    writes_go_on(&c);
+    exec(&c, "SELECT tide.add_table('loc', 'hist')");
+    writes_go_on(&c);
+    exec(
+        &c,
+        "SELECT tide.add_table('rem', 'hist', target_table => 'mirror.hist')",
+    );
+    writes_go_on(&c);
+    exec(&c, "SELECT tide.add_table('ob', 'hist')");
+    for p in ["loc", "rem", "ob"] {
+        wait_backfill(&c, "hist", p, 120);
+    }
+    // More writes after every copy.
+    writes_go_on(&c);
+    let (txns, ok, summary) = bench.finish_summary();
+    assert!(ok, "pgbench failed: {summary}\n{}", diag(&c));
+    for p in ["loc", "rem", "ob"] {
+        wait_pipeline(&c, p, 120);
+    }
+    let copies: Vec<String> = texts(
+        &c,
+        "SELECT pipeline || ':' || state || ':' || rows_emitted || ':' || (copy_snapshot IS NOT NULL)
+           FROM tide.backfill WHERE relation = 'public.hist' ORDER BY pipeline",
+    );
+    let dups = duplicated(&c, "hist");
+    eprintln!("keyless backfill: {txns} write txns ({summary}); {dups} distinct rows duplicated; copies {copies:?}");
+    assert!(dups > 10, "the source holds duplicates ({dups})");
+    for row in &copies {
+        let f: Vec<&str> = row.split(':').collect();
+        assert_eq!(f[1], "done", "{row}");
+        assert_eq!(f[3], "true", "the copy's snapshot is recorded: {row}");
+        assert!(
+            f[2].parse::<i64>().unwrap() >= 1000,
+            "the copy read the table: {row}"
+        );
+    }
+    assert_same_rows("local", &c, "public.hist", &c, "rep.hist", COLS);
+    assert_same_rows("remote", &c, "public.hist", &t, "mirror.hist", COLS);
+    for p in ["loc", "rem"] {
+        let r = c.query_one(&format!(
+            "SELECT missing, extra, changed, source_rows FROM tide.verify('hist', '{p}') WHERE kind LIKE 'summary%'"
+        ));
+        let found: (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
+        assert_eq!(found, (0, 0, 0), "tide.verify at {p}");
+    }
+    // The outbox: the copy is one resync start, a read per row, one resync end.
+    let marks: Vec<String> = texts(
+        &c,
+        "SELECT op || ':' || (\"row\"->>'phase') FROM tide.outbox
+          WHERE pipeline = 'ob' AND op = 'resync' ORDER BY id",
+    );
+    assert_eq!(marks, vec!["resync:start", "resync:end"]);
+    replay_outbox(&c, "ob", None);
+    assert_same_rows(
+        "outbox replayed",
+        &c,
+        "public.hist",
+        &c,
+        "replay",
+        COLS_JSONB,
+    );
+}
+
+/// The copy's retake check, forced: a transaction whose commit waits for a synchronous standby
+/// that never answers has its commit record in the WAL (the stream applies it) but stays in the
+/// process array, so a snapshot does not see it. A copy taken with such a snapshot would replace
+/// the target's rows without it: lost. The copy waits (tide.backfill says why) until the
+/// transaction is visible, then converges.
+#[test]
+fn keyless_copy_waits_for_an_applied_transaction_its_snapshot_misses() {
+    // Every process commits locally but the session below, which waits for a standby.
+    let c = start_cluster(Cluster::builder("tt_keyless_gap").conf("synchronous_commit = local"));
+    init_extension(&c);
+    exec(&c, TABLE);
+    exec(
+        &c,
+        "INSERT INTO hist SELECT 1, g, 1, NULL, NULL, NULL FROM generate_series(1, 10) g",
+    );
+    create_pipeline(&c, "p", "table", r#"{"schema": "rep"}"#);
+    exec(&c, "SELECT tide.add_table('p', 'hist', backfill => false)");
+    wait_pipeline(&c, "p", 60);
+    exec(&c, "ALTER SYSTEM SET synchronous_standby_names = 'nobody'");
+    exec(&c, "SELECT pg_reload_conf()");
+    let mut waiter = c.client();
+    let pid: i32 = waiter
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    c.wait_until(
+        "synchronous_standby_names in effect",
+        std::time::Duration::from_secs(30),
+        POLL,
+        || Ok(c.try_query_scalar::<String>("SHOW synchronous_standby_names")? == "nobody"),
+    );
+    let gap = std::thread::spawn(move || {
+        waiter.batch_execute(
+            "SET synchronous_commit = on; INSERT INTO hist VALUES (7, 7, 7, 'gap', NULL, NULL)",
+        )
+    });
+    // The stream applies it: its commit record is in the WAL.
+    c.wait_until(
+        "the waiting transaction applied at the target",
+        std::time::Duration::from_secs(60),
+        POLL,
+        || Ok(c.try_query_scalar::<i64>("SELECT count(*) FROM rep.hist WHERE note = 'gap'")? == 1),
+    );
+    let waiting: bool = c.query_scalar(&format!(
+        "SELECT wait_event = 'SyncRep' FROM pg_stat_activity WHERE pid = {pid}"
+    ));
+    assert!(waiting, "the transaction waits for the standby");
+    exec(&c, "SELECT tide.start_backfill('hist', 'p')");
+    // Either the copy waits (the check) or it was taken (without the check).
+    c.wait_until(
+        "the copy waits or is taken",
+        std::time::Duration::from_secs(60),
+        POLL,
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT state = 'done' OR coalesce(error LIKE 'waiting: the copy%', false)
+                   FROM tide.backfill WHERE relation = 'public.hist'",
+            )?)
+        },
+    );
+    let held: String = c.query_scalar(
+        "SELECT state || ': ' || coalesce(error, '') FROM tide.backfill WHERE relation = 'public.hist'",
+    );
+    eprintln!("keyless gap: while the transaction waits, the backfill is {held}");
+    exec(&c, &format!("SELECT pg_cancel_backend({pid})"));
+    gap.join()
+        .unwrap()
+        .expect("the waiting insert ends, committed, when its wait is cancelled");
+    wait_backfill(&c, "hist", "p", 60);
+    exec(&c, "ALTER SYSTEM RESET synchronous_standby_names");
+    exec(&c, "SELECT pg_reload_conf()");
+    exec(&c, "INSERT INTO hist VALUES (8, 8, 8, 'after', NULL, NULL)");
+    wait_pipeline(&c, "p", 60);
+    assert_same_rows("hist", &c, "public.hist", &c, "rep.hist", COLS);
+    let n: i64 = c.query_scalar("SELECT count(*) FROM rep.hist WHERE note = 'gap'");
+    assert_eq!(n, 1, "the applied transaction's row is at the target once");
+    assert!(
+        held.starts_with("queued: waiting: the copy's snapshot does not yet see transaction"),
+        "the copy waited for the transaction the stream had applied: {held}"
+    );
+}
+
+/// A worker killed (`kill -9`) while it writes the copy of a keyless table (held on a lock of
+/// the target table, after the backfill was marked done in the same transaction): nothing of
+/// the copy stays, the restarted worker copies the table again, and the target ends equal to
+/// the source, each row as many times as there.
+#[test]
+fn keyless_copy_killed_midway_is_taken_again() {
+    let c = setup("tt_keyless_crash");
+    exec(&c, TABLE);
+    exec(
+        &c,
+        "INSERT INTO hist SELECT g % 10, g % 40, 1, NULL, NULL, NULL FROM generate_series(1, 500) g",
+    );
+    create_pipeline(&c, "p", "table", r#"{"schema": "rep"}"#);
+    exec(&c, "SELECT tide.add_table('p', 'hist', backfill => false)");
+    wait_pipeline(&c, "p", 60);
+    exec(
+        &c,
+        "INSERT INTO hist SELECT 1, 1, 2, 'streamed', NULL, NULL FROM generate_series(1, 3)",
+    );
+    wait_pipeline(&c, "p", 60);
+    // A lock on the target table that its writes wait for. Nothing of hist is left for the
+    // stream to write (applied above), and the copy comes first in an iteration, so the worker
+    // that waits on it is in the middle of the copy (the backfill already marked done in its
+    // transaction).
+    let mut holder = c.client();
+    holder
+        .batch_execute("BEGIN; LOCK TABLE rep.hist IN SHARE MODE")
+        .unwrap();
+    exec(&c, "SELECT tide.start_backfill('hist', 'p')");
+    c.wait_until(
+        "the copy waiting for the target's lock",
+        std::time::Duration::from_secs(60),
+        POLL,
+        || {
+            Ok(c.try_query_scalar::<i64>(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_tide worker' AND wait_event_type = 'Lock'",
+            )? == 1)
+        },
+    );
+    exec(
+        &c,
+        "INSERT INTO hist SELECT 2, 2, 3, 'during', NULL, NULL FROM generate_series(1, 2);
+         DELETE FROM hist WHERE ctid = (SELECT ctid FROM hist WHERE delta = 2 LIMIT 1)",
+    );
+    let pid: i32 = c.query_scalar("SELECT worker_pid FROM tide.pipelines WHERE name = 'p'");
+    kill9_and_wait_restart(&c, pid, std::time::Duration::from_secs(60));
+    drop(holder);
+    exec(
+        &c,
+        "INSERT INTO hist SELECT 3, 3, 4, 'after', NULL, NULL FROM generate_series(1, 2)",
+    );
+    wait_backfill(&c, "hist", "p", 120);
+    wait_pipeline(&c, "p", 120);
+    assert_same_rows("hist", &c, "public.hist", &c, "rep.hist", COLS);
+    let r = c.query_one(
+        "SELECT missing, extra, changed FROM tide.verify('hist', 'p') WHERE kind LIKE 'summary%'",
+    );
+    let found: (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
+    assert_eq!(found, (0, 0, 0), "tide.verify");
 }

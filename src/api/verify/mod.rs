@@ -305,7 +305,7 @@ fn repair_impl(relid: pg_sys::Oid, pipeline: Option<&str>) -> TideResult<Vec<Rep
             "{} has no key (it is captured by REPLICA IDENTITY FULL), and tide.repair re-reads what differs through the backfill, chunk by chunk of the key",
             ctx.source
         ))
-        .hint("Copy it again while writers wait (README, Tables without a key): BEGIN; LOCK TABLE ... IN SHARE MODE; SELECT tide.wait_for_pipeline(...); DELETE FROM <target>; INSERT INTO <target> SELECT * FROM ...; COMMIT;"));
+        .hint(format!("Copy the whole table again, with no lock (README, Tables without a key): SELECT tide.start_backfill({}, {});", pgrx::spi::quote_literal(&ctx.source), pgrx::spi::quote_literal(&ctx.pipeline))));
     }
     let s = as_pipeline_owner(&ctx, || run_verify(&ctx, None))?;
     if s.differing.is_empty() {
