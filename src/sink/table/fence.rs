@@ -48,7 +48,8 @@
 //!   committed twice; a DBA claims it back.
 //!
 //! What is not fenced: tables in the source database (outbox, `table` targets) belong to that
-//! database and move with it; a kafka target has no epoch yet (README, Limitations).
+//! database and move with it; a kafka target is fenced by Kafka itself (its transactional id,
+//! `sink::kafka::client`), with no lease (README, Limitations).
 
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
