@@ -107,6 +107,14 @@ fn pg_upgrade_from_17_carries_the_slots_and_the_pipelines_go_on() {
         "the old server's slots: {slots_before:?}"
     );
 
+    let slot_positions: String = old.query_scalar(
+        "SELECT string_agg(slot_name || ' ' || confirmed_flush_lsn, ', ' ORDER BY slot_name)
+                || ' at ' || pg_current_wal_lsn() FROM pg_replication_slots",
+    );
+    let first_confirmed: String = old.query_scalar(
+        "SELECT min(confirmed_flush_lsn)::text FROM pg_replication_slots WHERE plugin = 'pg_tide'",
+    );
+
     // --- the upgrade, as a DBA runs it ---------------------------------------------------------
     old.stop(StopMode::Fast);
     // 18's initdb turns data checksums on, 17's does not: the new cluster is made as the old one.
@@ -124,7 +132,13 @@ fn pg_upgrade_from_17_carries_the_slots_and_the_pipelines_go_on() {
         new = new.conf("output_plugin_libraries = 'pg_tide'");
     }
     let new = new.init();
-    let report = run_pg_upgrade(&old_bin, &old, &new);
+    let (ok, report) = try_pg_upgrade(&old_bin, &old, &new);
+    assert!(
+        ok,
+        "pg_upgrade failed:\n{report}\nthe slots before the stop: {slot_positions}\n\
+         the WAL after the first slot's confirmed position:\n{}",
+        waldump_from(&old_bin, &old, &first_confirmed)
+    );
     assert!(
         report.contains("Upgrade Complete"),
         "pg_upgrade did not report completion:\n{report}"

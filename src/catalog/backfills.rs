@@ -94,7 +94,26 @@ pub(crate) fn due(pipeline: &str, parallel: i32) -> TideResult<Vec<Due>> {
 /// (its deletes are listed by key) and one with a condition (the copy replaces the whole
 /// table). They fail at once, visibly, with what to do (the SQL API refuses to start the last
 /// two).
+///
+/// Called on every iteration and chunk: it looks first (read-only) and updates only when there
+/// is such a backfill, since an UPDATE gives the transaction an xid and a commit record even
+/// when it changes no row. An idle pipeline must write no WAL: every other worker of the
+/// database would wake for it, and `pg_upgrade` refuses a slot with any transaction after its
+/// confirmed position.
 fn fail_keyless(pipeline: &str) -> TideResult<()> {
+    let any = sql::one::<bool>(
+        "SELECT EXISTS (SELECT FROM tide.backfill
+                         WHERE pipeline = $1 AND state = ANY($2) AND cardinality(key_columns) = 0
+                           AND (resync OR repair_deletes IS NOT NULL OR condition IS NOT NULL))",
+        &[
+            pipeline.into(),
+            texts(&[BackfillState::Queued, BackfillState::Running]).into(),
+        ],
+    )?
+    .unwrap_or(false);
+    if !any {
+        return Ok(());
+    }
     sql::exec(
         "UPDATE tide.backfill SET state = $2, error_at = now(), finished_at = now(), error_sqlstate = '0A000',
                 error = relation || ' has no key (it is captured by REPLICA IDENTITY FULL), and pg_tide copies such a table whole, which a resync after a lost slot, a repair or a condition cannot use: ' || coalesce(error, 'a re-read was needed'),
