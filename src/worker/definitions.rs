@@ -40,22 +40,14 @@ pub fn save() {
         // record even when no row changes, and an idle server must write no WAL (every
         // pipeline worker of the database wakes for it; `pg_upgrade` refuses a slot with any
         // transaction after its confirmed position).
-        let changed = sql::one::<bool>(
-            "SELECT EXISTS (SELECT FROM tide.pipeline p
-                             WHERE NOT EXISTS (SELECT FROM tide.pipeline_definition o
-                                                WHERE o.name = p.name AND o.owner = p.owner
-                                                  AND o.definition = tide._definition(p.name)))",
-            &[],
-        )?
-        .unwrap_or(false);
-        if !changed {
+        if !crate::catalog::definitions::changed()? {
             return Ok(Some(0));
         }
         sql::one::<String>(
             "SELECT pg_catalog.set_config('lock_timeout', $1, true)",
             &[LOCK_TIMEOUT.into()],
         )?;
-        sql::write_one::<i64>("SELECT tide._save_definitions()", &[])
+        crate::catalog::definitions::save()
     });
     match r {
         Ok(Some(n)) if n > 0 => {

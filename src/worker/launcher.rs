@@ -707,23 +707,14 @@ fn list_pipelines_and_collect_slots() -> Result<Listing, crate::error::TideError
 /// Publish this database's pipelines and their owners for the per-role, server-wide counts
 /// (`crate::quota`). In the launcher's transaction.
 fn publish_pipelines() -> Result<(), crate::error::TideError> {
-    let rows = crate::sql::text_rows(
-        "SELECT p.name::text, coalesce(r.oid, 0)::text, coalesce(r.rolsuper, false)::text
-           FROM tide.pipeline p LEFT JOIN pg_catalog.pg_roles r ON r.rolname = p.owner",
-        &[],
-        0,
-        false,
-    )?;
-    let mut out = Vec::with_capacity(rows.len());
-    for r in rows {
-        let mut r = r.into_iter().map(Option::unwrap_or_default);
-        let (name, owner, sup) = (r.next(), r.next(), r.next());
-        out.push(quota::Published {
-            name: name.unwrap_or_default(),
-            owner: owner.and_then(|o| o.parse().ok()).unwrap_or(0),
-            superuser: sup.as_deref() == Some("true"),
-        });
-    }
+    let out: Vec<quota::Published> = crate::catalog::pipelines::owners_for_quota()?
+        .into_iter()
+        .map(|(name, owner, superuser)| quota::Published {
+            name,
+            owner,
+            superuser,
+        })
+        .collect();
     let unlisted = quota::publish(&out);
     if unlisted > 0 {
         log!("pg_tide launcher: {unlisted} pipelines not counted against their owners: pg_tide counts at most {} on the server", quota::MAX_OWNED);
