@@ -11,7 +11,7 @@ use super::filter::filtered_change;
 use super::origins::{from_tide_origin, origin_of};
 use super::partitions::route;
 use super::session::ensure_begun;
-use super::tuple::{put_tuple, send_relation_if_needed};
+use super::tuple::{put_tuple, send_relation_if_needed, use_columns_of};
 use super::{block_top, flush, lead, state, wanted, PluginState};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -24,6 +24,9 @@ pub(super) unsafe extern "C-unwind" fn change(
     rel: pg_sys::Relation,
     change: *mut pg_sys::ReorderBufferChange,
 ) {
+    // SAFETY: the arguments are the ones decoding passed to change_cb: `ctx` is the session's
+    // context (startup ran), `txn`, `rel` and `change` are valid until this callback returns, as
+    // `emit_change` requires.
     unsafe { emit_change(ctx, txn, rel, change) }
 }
 
@@ -34,6 +37,11 @@ pub(super) unsafe fn emit_change(
     rel: pg_sys::Relation,
     change: *mut pg_sys::ReorderBufferChange,
 ) {
+    // SAFETY: callers (`change`, `stream_change`) pass the pointers decoding handed to their
+    // callback, valid until it returns: `rel` is open, `change` an INSERT, UPDATE or DELETE (so
+    // `data.tp` is the active union member) whose tuples the reorder buffer owns. The root opened
+    // here is NULL-checked and closed; from the switch to `change_cx` on, every path switches back
+    // and resets it.
     unsafe {
         let st = state(ctx);
         let tide = from_tide_origin(st, origin_of(txn, change));
@@ -81,16 +89,7 @@ pub(super) unsafe fn emit_change(
         use pg_sys::ReorderBufferChangeType::*;
         let mut emitted = true;
         let filtered = !st.row_filters.is_empty() && st.row_filters.contains_key(&relid);
-        st.listed = if st.column_lists.is_empty() {
-            None
-        } else {
-            st.column_lists.get(&relid).cloned()
-        };
-        st.masked = if st.masks.is_empty() {
-            None
-        } else {
-            st.masks.get(&relid).cloned()
-        };
+        use_columns_of(st, relid);
         let tuple = |t: crate::pgver::ChangeTuple| (!t.is_null()).then(|| conv(t));
         match (*change).action {
             REORDER_BUFFER_CHANGE_INSERT
@@ -157,6 +156,8 @@ unsafe fn report_rewrite(
     txn: *mut pg_sys::ReorderBufferTXN,
     relid: pg_sys::Oid,
 ) {
+    // SAFETY: `ctx` and `txn` come from the calling change callback (valid during it); the relation
+    // opened with RelationIdGetRelation is NULL-checked and closed before its pointer is dropped.
     unsafe {
         if !rewrite_first(st, relid) {
             return;

@@ -20,6 +20,9 @@ unsafe fn row_filter(
     st: &mut PluginState,
     rel: pg_sys::Relation,
 ) -> Option<&crate::row_filter::Compiled> {
+    // SAFETY: `rel` is the open relation of the change being decoded (valid for the callback); the
+    // filter is compiled in `filter_parent`, the decoding context's memory, which outlives
+    // `st.compiled` (dropped with the state in shutdown, before PostgreSQL frees the context).
     unsafe {
         let stale = STALE_FILTERS.with(|f| f.replace(Some(HashSet::new())));
         match stale {
@@ -62,6 +65,10 @@ pub(super) unsafe fn filtered_change(
     new: Option<pg_sys::HeapTuple>,
 ) -> bool {
     use pg_sys::ReorderBufferChangeType::*;
+    // SAFETY: `rel` is an open relation and `old`/`new` are tuples laid out as its descriptor
+    // (emit_change converted a partition's to it), so deforming them by `desc` and indexing below
+    // natts is in bounds; a datum copied from the old row points into the old tuple, which the
+    // reorder buffer keeps until this change is written.
     unsafe {
         let desc = (*rel).rd_att;
         let relid = (*rel).rd_id.to_u32();

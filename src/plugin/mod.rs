@@ -136,6 +136,9 @@ type Masked = Vec<Option<tide_core::mask::Mask>>;
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn _PG_output_plugin_init(cb: *mut pg_sys::OutputPluginCallbacks) {
+    // SAFETY: PostgreSQL (LoadOutputPlugin) calls this once with a valid, zeroed
+    // OutputPluginCallbacks to fill; only functions of the matching signatures, each #[pg_guard]ed,
+    // are stored.
     unsafe {
         (*cb).startup_cb = Some(session::startup);
         (*cb).begin_cb = Some(session::begin);
@@ -179,6 +182,10 @@ unsafe fn state<'a>(ctx: *mut pg_sys::LogicalDecodingContext) -> &'a mut PluginS
 
 /// Hand the scratch buffer to PostgreSQL as one output message.
 unsafe fn flush(ctx: *mut pg_sys::LogicalDecodingContext, st: &mut PluginState, last: bool) {
+    // SAFETY: `ctx` is the context of a running callback that may write (nothing is written while
+    // the slot is created: filter_by_origin drops every change then and the other callbacks return
+    // early); OutputPluginPrepareWrite resets `(*ctx).out`, and the pointer and length describe
+    // `st.buf`'s initialized bytes (one message, far below 1 GB, so the i32 holds it).
     unsafe {
         pg_sys::OutputPluginPrepareWrite(ctx, last);
         pg_sys::appendBinaryStringInfo(
@@ -204,6 +211,8 @@ fn block_top(st: &PluginState) -> u32 {
 }
 
 fn wanted(st: &PluginState, rel: pg_sys::Relation) -> bool {
+    // SAFETY: private, called only with a relation decoding opened for the current callback (or one
+    // opened with RelationIdGetRelation and not closed yet): `rel` and its rd_rel are valid.
     unsafe {
         let relid = (*rel).rd_id;
         match &st.tables {

@@ -11,6 +11,9 @@ use std::ffi::CStr;
 use tide_core::wire;
 
 fn option_string(def: *mut pg_sys::DefElem) -> (String, String) {
+    // SAFETY: private, called only by parse_options with an element of the context's options list:
+    // a DefElem PostgreSQL built with a NUL-terminated `defname` and a NULL or string `arg` (what
+    // defGetString reads).
     unsafe {
         let name = CStr::from_ptr((*def).defname)
             .to_string_lossy()
@@ -98,6 +101,9 @@ fn parse_salt(value: &str) -> Vec<u8> {
 /// Read the options a decoding session was started with; an unknown or malformed one is an
 /// ERROR (22023).
 pub(super) unsafe fn parse_options(list: *mut pg_sys::List) -> Options {
+    // SAFETY: `list` is the context's `output_plugin_options`: NULL or a List of `length` DefElem
+    // pointers, built by PostgreSQL in the decoding context's memory and alive for the whole
+    // startup.
     unsafe {
         let mut tables = None;
         let mut streaming = false;

@@ -16,6 +16,8 @@ pub(super) unsafe fn origin_of(
     txn: *mut pg_sys::ReorderBufferTXN,
     change: *mut pg_sys::ReorderBufferChange,
 ) -> pg_sys::RepOriginId {
+    // SAFETY: `txn` is the calling callback's transaction (valid for its duration); `change` is
+    // checked for NULL before it is read.
     unsafe {
         let o = (*txn).origin_id;
         if o != pg_sys::InvalidRepOriginId as pg_sys::RepOriginId || change.is_null() {
@@ -28,12 +30,18 @@ pub(super) unsafe fn origin_of(
 
 /// Whether `txn` was committed by a pg_tide worker (its replication origin is `pg_tide_*`).
 pub(super) unsafe fn from_tide(st: &mut PluginState, txn: *mut pg_sys::ReorderBufferTXN) -> bool {
+    // SAFETY: `txn` is the transaction decoding passed to the calling callback, valid for its
+    // duration.
     unsafe { from_tide_origin(st, (*txn).origin_id) }
 }
 
 /// Whether `origin` is a pg_tide worker's (`pg_tide_*`). Looked up once per origin and decoding
 /// session (inside the replay transaction, where the catalogs may be read).
 pub(super) unsafe fn from_tide_origin(st: &mut PluginState, origin: pg_sys::RepOriginId) -> bool {
+    // SAFETY: replorigin_by_oid reads the catalog: the callers (begin and the change and truncate
+    // callbacks) run inside decoding's replay transaction, where it may (filter_by_origin only
+    // reads the cache). `name` is NULL-checked and read as the NUL-terminated string PostgreSQL
+    // allocated for it.
     unsafe {
         if origin == pg_sys::InvalidRepOriginId as pg_sys::RepOriginId {
             return false;

@@ -28,9 +28,17 @@ mod c {
         }
     }
     pub unsafe fn get_partition_ancestors(relid: pg_sys::Oid) -> *mut pg_sys::List {
+        // SAFETY: the declaration matches catalog/partition.h's `List
+        // *get_partition_ancestors(Oid)`; an ERROR becomes a Rust panic in pg_guard_ffi_boundary,
+        // re-raised by the calling callback's #[pg_guard]; called only from plugin callbacks, on
+        // the backend's main thread.
         unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| raw::get_partition_ancestors(relid)) }
     }
     pub unsafe fn find_all_inheritors(parent: pg_sys::Oid) -> *mut pg_sys::List {
+        // SAFETY: the declaration matches catalog/pg_inherits.h's `List *find_all_inheritors(Oid,
+        // LOCKMODE, List **)`, which accepts a NULL `numparents`; NoLock, as decoding reads the
+        // catalog under its historic snapshot without locks; ERRORs and thread as in
+        // get_partition_ancestors above.
         unsafe {
             pg_sys::ffi::pg_guard_ffi_boundary(|| {
                 raw::find_all_inheritors(
@@ -42,6 +50,8 @@ mod c {
         }
     }
     pub unsafe fn get_partition_qual_relid(relid: pg_sys::Oid) -> *mut pg_sys::Expr {
+        // SAFETY: the declaration matches utils/partcache.h's `Expr
+        // *get_partition_qual_relid(Oid)`; ERRORs and thread as in get_partition_ancestors above.
         unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| raw::get_partition_qual_relid(relid)) }
     }
 }
@@ -50,6 +60,8 @@ mod c {
 /// named in the `tables` option, as the catalog says now (decoding reads it at the change's
 /// position). Looked up once per partition and decoding session, until a relcache invalidation.
 pub(super) unsafe fn route(st: &PluginState, rel: pg_sys::Relation) -> Option<pg_sys::Oid> {
+    // SAFETY: `rel` is the open relation of the change being decoded; the OID list
+    // get_partition_ancestors returns is read below its `length` and freed once, here.
     unsafe {
         let set = st.tables.as_ref()?;
         if !(*(*rel).rd_rel).relispartition {
@@ -78,6 +90,9 @@ pub(super) unsafe fn route(st: &PluginState, rel: pg_sys::Relation) -> Option<pg
 
 /// The partitions of `root` that hold rows (tables, at any depth).
 pub(super) unsafe fn leaf_partitions(root: pg_sys::Oid) -> Vec<pg_sys::Oid> {
+    // SAFETY: called from the truncate callbacks, where the catalog may be read under decoding's
+    // historic snapshot; the OID list find_all_inheritors returns is read below its `length` and
+    // freed once.
     unsafe {
         let all = c::find_all_inheritors(root);
         let mut out = Vec::new();
@@ -98,6 +113,9 @@ pub(super) unsafe fn leaf_partitions(root: pg_sys::Oid) -> Vec<pg_sys::Oid> {
 
 /// The partition constraint of `leaf` as SQL (`pg_get_partition_constraintdef`), and its name.
 pub(super) unsafe fn partition_predicate(leaf: pg_sys::Relation) -> (String, String) {
+    // SAFETY: `leaf` is one of the open relations decoding passed to the truncate callback; the
+    // namespace name and the deparsed expression are NUL-terminated (NULL-checked where PostgreSQL
+    // may return NULL) and copied into Strings before the per-change memory context is reset.
     unsafe {
         let relid = (*leaf).rd_id;
         let relname = CStr::from_ptr((*(*leaf).rd_rel).relname.data.as_ptr());

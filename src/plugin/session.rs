@@ -32,6 +32,12 @@ pub(super) unsafe extern "C-unwind" fn startup(
     opt: *mut pg_sys::OutputPluginOptions,
     is_init: bool,
 ) {
+    // SAFETY: PostgreSQL calls startup once per decoding context, before any other callback, with
+    // valid `ctx` and `opt`; the state is leaked into `output_plugin_private` and freed only by
+    // shutdown; `change_cx` is a child of the decoding context, so it lives exactly as long as the
+    // state that points to it. The invalidation callbacks (which PostgreSQL cannot unregister) are
+    // registered once per backend and touch only this thread's state; decoding runs on the
+    // backend's only thread.
     unsafe {
         (*opt).output_type = pg_sys::OutputPluginOutputType::OUTPUT_PLUGIN_BINARY_OUTPUT;
         // The rows a table-rewriting ALTER TABLE writes into the new heap come to `change` on a
@@ -116,6 +122,8 @@ pub(super) unsafe extern "C-unwind" fn startup(
 
 #[pg_guard]
 pub(super) unsafe extern "C-unwind" fn shutdown(ctx: *mut pg_sys::LogicalDecodingContext) {
+    // SAFETY: `output_plugin_private` is NULL or the Box startup leaked; it is taken back once and
+    // the pointer cleared, so no later call sees a freed state.
     unsafe {
         let p = (*ctx).output_plugin_private as *mut PluginState;
         if !p.is_null() {
@@ -133,6 +141,7 @@ pub(super) unsafe fn ensure_begun(
     if st.stream.block().is_some() {
         if let Some((top, first)) = st.stream.open() {
             wire::put_stream_start(&mut st.buf, top, first);
+            // SAFETY: `ctx` is the context of the running callback, which may write (see flush).
             unsafe { flush(ctx, st, false) };
             STREAM_SENT.with(|s| {
                 s.borrow_mut().entry(top).or_default();
@@ -143,6 +152,8 @@ pub(super) unsafe fn ensure_begun(
     if st.begun {
         return;
     }
+    // SAFETY: `txn` is the transaction decoding passed to the calling callback, valid for its
+    // duration; `ctx` may write (see flush).
     unsafe {
         wire::put_begin(
             &mut st.buf,
@@ -160,6 +171,8 @@ pub(super) unsafe extern "C-unwind" fn begin(
     ctx: *mut pg_sys::LogicalDecodingContext,
     txn: *mut pg_sys::ReorderBufferTXN,
 ) {
+    // SAFETY: `ctx` and `txn` are what decoding passed to begin_cb, valid for this call; startup
+    // has run, so `state` finds the session's state.
     unsafe {
         let st = state(ctx);
         if st.creating {
@@ -179,6 +192,8 @@ pub(super) unsafe extern "C-unwind" fn commit(
     txn: *mut pg_sys::ReorderBufferTXN,
     commit_lsn: pg_sys::XLogRecPtr,
 ) {
+    // SAFETY: `ctx` and `txn` are what decoding passed to commit_cb, valid for this call; startup
+    // has run, so `state` finds the session's state.
     unsafe {
         let st = state(ctx);
         if st.creating {
@@ -214,6 +229,7 @@ pub(super) unsafe fn skipped_commit(
     st.skipped += 1;
     if st.skipped >= KEEPALIVE_TXNS || end.saturating_sub(st.reported_end) >= KEEPALIVE_BYTES {
         wire::put_keepalive(&mut st.buf, Lsn(end));
+        // SAFETY: `ctx` is the context of the running commit callback, which may write (see flush).
         unsafe { flush(ctx, st, true) };
         st.skipped = 0;
         st.reported_end = end;

@@ -18,6 +18,8 @@ use tide_core::wire;
 
 /// The transaction id of `txn` (0 when it has none).
 unsafe fn xid_of(txn: *mut pg_sys::ReorderBufferTXN) -> u32 {
+    // SAFETY: callers pass a (sub)transaction decoding handed to their callback, never NULL
+    // (`toptxn` and `change->txn` are NULL-checked before).
     unsafe { u32::from((*txn).xid) }
 }
 
@@ -26,6 +28,8 @@ pub(super) unsafe extern "C-unwind" fn stream_start(
     ctx: *mut pg_sys::LogicalDecodingContext,
     txn: *mut pg_sys::ReorderBufferTXN,
 ) {
+    // SAFETY: `ctx` and `txn` are what decoding passed to stream_start_cb, valid for this call;
+    // startup has run.
     unsafe {
         let st = state(ctx);
         // A block is written only once it has a change to send (`ensure_begun`).
@@ -39,6 +43,8 @@ pub(super) unsafe extern "C-unwind" fn stream_stop(
     ctx: *mut pg_sys::LogicalDecodingContext,
     _txn: *mut pg_sys::ReorderBufferTXN,
 ) {
+    // SAFETY: `ctx` is what decoding passed to stream_stop_cb, valid for this call; it may write
+    // (see flush).
     unsafe {
         let st = state(ctx);
         if st.stream.stop() {
@@ -55,6 +61,8 @@ pub(super) unsafe extern "C-unwind" fn stream_change(
     rel: pg_sys::Relation,
     change: *mut pg_sys::ReorderBufferChange,
 ) {
+    // SAFETY: the arguments are what decoding passed to stream_change_cb, valid for this call, as
+    // emit_change requires; `(*change).txn` is NULL-checked before xid_of reads it.
     unsafe {
         // The subtransaction that made the change: an abort of it drops the change.
         let sub = (*change).txn;
@@ -75,6 +83,8 @@ pub(super) unsafe extern "C-unwind" fn stream_truncate(
     relations: *mut pg_sys::Relation,
     change: *mut pg_sys::ReorderBufferChange,
 ) {
+    // SAFETY: the arguments are what decoding passed to stream_truncate_cb, valid for this call, as
+    // emit_truncate requires; `(*change).txn` is NULL-checked before xid_of reads it.
     unsafe {
         let sub = (*change).txn;
         state(ctx).sub = if sub.is_null() {
@@ -105,6 +115,8 @@ pub(super) unsafe extern "C-unwind" fn stream_abort(
     txn: *mut pg_sys::ReorderBufferTXN,
     _abort_lsn: pg_sys::XLogRecPtr,
 ) {
+    // SAFETY: `ctx` and `txn` are what decoding passed to stream_abort_cb, valid for this call;
+    // `(*txn).toptxn` is NULL-checked before it is read.
     unsafe {
         let st = state(ctx);
         let toptxn = (*txn).toptxn;
@@ -130,6 +142,8 @@ pub(super) unsafe extern "C-unwind" fn stream_commit(
     txn: *mut pg_sys::ReorderBufferTXN,
     commit_lsn: pg_sys::XLogRecPtr,
 ) {
+    // SAFETY: `ctx` and `txn` are what decoding passed to stream_commit_cb, valid for this call; it
+    // may write (see flush).
     unsafe {
         let st = state(ctx);
         let xid = xid_of(txn);

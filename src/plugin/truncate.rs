@@ -22,6 +22,8 @@ pub(super) unsafe extern "C-unwind" fn truncate(
     relations: *mut pg_sys::Relation,
     change: *mut pg_sys::ReorderBufferChange,
 ) {
+    // SAFETY: the arguments are what decoding passed to truncate_cb, valid for this call, as
+    // emit_truncate requires.
     unsafe { emit_truncate(ctx, txn, nrelations, relations, change) }
 }
 
@@ -33,6 +35,10 @@ pub(super) unsafe fn emit_truncate(
     relations: *mut pg_sys::Relation,
     change: *mut pg_sys::ReorderBufferChange,
 ) {
+    // SAFETY: `relations` is decoding's array of `nrelations` open relations and `change` a
+    // TRUNCATE change (`data.truncate` is the active union member), valid for the calling callback;
+    // each relation opened here is NULL-checked and closed; allocations after the switch go to
+    // `change_cx`, switched back and reset at the end (the early returns come before the switch).
     unsafe {
         let st = state(ctx);
         if from_tide_origin(st, origin_of(txn, change)) {

@@ -16,6 +16,9 @@ use tide_core::wire;
 /// Attribute numbers (1-based) of the relation's key: the replica identity index, else the
 /// primary key.
 unsafe fn key_bitmap(rel: pg_sys::Relation) -> *mut pg_sys::Bitmapset {
+    // SAFETY: `rel` is an open relation (the callback's, or one opened with RelationIdGetRelation
+    // and not closed yet); the bitmaps RelationGetIndexAttrBitmap returns are copies in the current
+    // (per-change) memory context.
     unsafe {
         let ident = pg_sys::RelationGetIndexAttrBitmap(
             rel,
@@ -38,6 +41,7 @@ pub(super) unsafe fn attr(desc: pg_sys::TupleDesc, i: usize) -> *mut pg_sys::For
 
 /// Whether a column is sent at all: dropped and generated columns are not.
 unsafe fn sent_column(a: *mut pg_sys::FormData_pg_attribute) -> bool {
+    // SAFETY: `a` is an attribute of an open relation's descriptor, from `attr` below its natts.
     unsafe { !(*a).attisdropped && (*a).attgenerated == 0 }
 }
 
@@ -46,6 +50,8 @@ unsafe fn listed_column(
     a: *mut pg_sys::FormData_pg_attribute,
     listed: Option<&std::rc::Rc<Vec<bool>>>,
 ) -> bool {
+    // SAFETY: `a` is an attribute of an open relation's descriptor, from `attr` below its natts; a
+    // sent column is a user column, so `attnum - 1` does not underflow.
     unsafe {
         sent_column(a)
             && listed.is_none_or(|l| l.get((*a).attnum as usize - 1).copied().unwrap_or(false))
@@ -57,6 +63,9 @@ pub(super) unsafe fn send_relation_if_needed(
     st: &mut PluginState,
     rel: pg_sys::Relation,
 ) {
+    // SAFETY: `rel` is an open relation (see key_bitmap) whose attributes are read below its natts;
+    // its name and attribute names are NUL-terminated NameData, and the namespace name is NULL-
+    // checked, all read before the per-change memory context is reset.
     unsafe {
         let relid = (*rel).rd_id;
         let top = st.stream.block();
@@ -123,9 +132,26 @@ pub(super) unsafe fn send_relation_if_needed(
     }
 }
 
+/// Make the column list and the masks of emitted relation `relid` (if it has them) those that
+/// `put_values` applies to the change being written.
+pub(super) fn use_columns_of(st: &mut PluginState, relid: pg_sys::Oid) {
+    st.listed = if st.column_lists.is_empty() {
+        None
+    } else {
+        st.column_lists.get(&relid).cloned()
+    };
+    st.masked = if st.masks.is_empty() {
+        None
+    } else {
+        st.masks.get(&relid).cloned()
+    };
+}
+
 /// `VARATT_IS_EXTERNAL_ONDISK`: a TOAST pointer to a value stored out of line. In a decoded
 /// tuple this is only ever an unchanged value of an UPDATE (changed ones are reassembled).
 pub(super) unsafe fn is_external_ondisk(ptr: *const pg_sys::varlena) -> bool {
+    // SAFETY: `ptr` is a non-NULL datum of a varlena column (callers check `attlen == -1` and not
+    // null), so its first byte is a varlena header.
     unsafe {
         pgrx::varlena::varatt_is_1b_e(ptr)
             && pgrx::varlena::vartag_external(ptr) as pg_sys::vartag_external::Type
@@ -138,6 +164,8 @@ unsafe fn out_func(st: &mut PluginState, typid: pg_sys::Oid) -> pg_sys::Oid {
     *st.out_funcs.entry(typid).or_insert_with(|| {
         let mut f = pg_sys::InvalidOid;
         let mut varlena = false;
+        // SAFETY: getTypeOutputInfo writes both out-parameters (an unknown type is an ERROR, which
+        // the callback's #[pg_guard] re-raises); main thread, inside a callback.
         unsafe { pg_sys::getTypeOutputInfo(typid, &mut f, &mut varlena) };
         f
     })
@@ -148,6 +176,9 @@ pub(super) unsafe fn deform(
     desc: pg_sys::TupleDesc,
     tuple: pg_sys::HeapTuple,
 ) -> (Vec<pg_sys::Datum>, Vec<bool>) {
+    // SAFETY: `tuple` is laid out as `desc` (the relation's own descriptor, or converted to it with
+    // execute_attr_map_tuple), and `values`/`nulls` have desc's natts slots, as heap_deform_tuple
+    // requires.
     unsafe {
         let natts = (*desc).natts as usize;
         let mut values = vec![pg_sys::Datum::from(0); natts];
@@ -162,6 +193,7 @@ pub(super) unsafe fn put_tuple(
     desc: pg_sys::TupleDesc,
     tuple: pg_sys::HeapTuple,
 ) {
+    // SAFETY: `tuple` is laid out as `desc` (see deform).
     unsafe {
         let (values, nulls) = deform(desc, tuple);
         put_values(st, desc, &values, &nulls);
@@ -175,6 +207,10 @@ pub(super) unsafe fn put_values(
     values: &[pg_sys::Datum],
     nulls: &[bool],
 ) {
+    // SAFETY: `values`/`nulls` come from deforming a tuple laid out as `desc` (natts entries each);
+    // a varlena value is checked for a TOAST pointer before its output function reads it; the
+    // output text is allocated in the per-change context and copied into `st.buf` before that is
+    // reset.
     unsafe {
         let natts = (*desc).natts as usize;
         let listed = st.listed.clone();
