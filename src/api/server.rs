@@ -139,7 +139,8 @@ pub(super) fn _worker_status() -> TableIterator<
         if us == 0 {
             None
         } else {
-            // SAFETY of the conversion: a TimestampTz is an i64 of microseconds; any value is valid.
+            // SAFETY: the conversion reads the Datum as a TimestampTz, an i64 of microseconds: any
+            // value is valid.
             unsafe {
                 pgrx::datum::TimestampWithTimeZone::from_datum(pg_sys::Datum::from(us), false)
             }
