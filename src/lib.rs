@@ -12,6 +12,12 @@
 //!
 //! Server-independent logic (wire codec, JSON rendering, reconciler, and the stream model that
 //! `worker` and `sink` share, so neither imports the other) is in the `tide-core` crate.
+//!
+//! Every `unsafe` block says why it is sound in a `// SAFETY:` comment above it (the invariant
+//! it relies on: PostgreSQL's callback contract, a memory context's lifetime, the main thread);
+//! `cargo clippy` (the core stage of scripts/test.sh) fails on one without.
+
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 use pgrx::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
