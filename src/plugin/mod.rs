@@ -183,9 +183,10 @@ unsafe fn state<'a>(ctx: *mut pg_sys::LogicalDecodingContext) -> &'a mut PluginS
 /// Hand the scratch buffer to PostgreSQL as one output message.
 unsafe fn flush(ctx: *mut pg_sys::LogicalDecodingContext, st: &mut PluginState, last: bool) {
     // SAFETY: `ctx` is the context of a running callback that may write (nothing is written while
-    // the slot is created: filter_by_origin drops every change then and the other callbacks return
-    // early); OutputPluginPrepareWrite resets `(*ctx).out`, and the pointer and length describe
-    // `st.buf`'s initialized bytes (one message, far below 1 GB, so the i32 holds it).
+    // the slot is created: filter_by_origin drops every change then, begin and commit return early
+    // and decoding streams nothing); OutputPluginPrepareWrite resets `(*ctx).out`, and the pointer
+    // and length describe `st.buf`'s initialized bytes (one message, far below 1 GB: the i32 holds
+    // it).
     unsafe {
         pg_sys::OutputPluginPrepareWrite(ctx, last);
         pg_sys::appendBinaryStringInfo(
