@@ -293,20 +293,28 @@ def producer_ceiling(brokers, topic, partitions, sample, n, records=None, rows_p
     return secs, cpu
 
 
-def first_timestamp(brokers, topic, offsets):
-    """The earliest CreateTime (s) among the messages at `offsets` (partition -> offset) of
-    `topic`: when the producer was handed the first of them."""
+def first_timestamp(brokers, topic, offsets, floor):
+    """The earliest CreateTime (s) of the backlog's row messages (`public.ev` rows with an id
+    above `floor`) from `offsets` (partition -> offset) of `topic` on: when the producer was
+    handed the first of them. (A read_committed consumer's watermark is the last stable offset,
+    which can still be the probe's row while its transaction's markers are being written: rows
+    at or below `floor` are skipped.)"""
     c = Consumer({"bootstrap.servers": brokers, "group.id": "b5_ts", "enable.auto.commit": False})
     try:
         c.assign([TopicPartition(topic, p, o) for p, o in offsets.items()])
         first, seen, deadline = None, set(), time.monotonic() + 30
         while len(seen) < len(offsets) and time.monotonic() < deadline:
             m = c.poll(0.5)
-            if m is None or m.error() or m.partition() in seen:
+            if m is None or m.error() or m.value() is None or m.partition() in seen:
+                continue
+            after = json.loads(m.value()).get("after") or {}
+            if int(after.get("id", 0)) <= floor:
                 continue
             seen.add(m.partition())
             t = m.timestamp()[1] / 1000
             first = t if first is None else min(first, t)
+        if first is None:
+            raise BenchError(f"no row message of the backlog found in {topic}")
         return first
     finally:
         c.close()
@@ -571,7 +579,7 @@ def run(self, b):
                 if not src.val("SELECT tide.wait_for_pipeline(%s, '600 seconds')", (name,)):
                     raise BenchError(f"the pipeline did not drain its backlog within 600 s: {pipeline_health(src, name)}")
                 t_done = time.time()
-                first = first_timestamp(brokers, f"{prefix}.public.ev", offsets)
+                first = first_timestamp(brokers, f"{prefix}.public.ev", offsets, floor)
                 secs = t_done - first
                 samples[tag] = sample_topic(brokers, f"{prefix}.public.ev")
                 if not extra:
