@@ -361,16 +361,32 @@ def run(self, b):
 
 
 def kafka_count(brokers, topic):
-    """Messages in `topic` (the sum of its partitions' high watermarks)."""
-    from confluent_kafka import Consumer, TopicPartition
+    """Data messages in `topic`, read (read_committed) from each partition's start to its end:
+    its offsets alone would also count the commit markers of pg_tide's Kafka transactions (one
+    per partition a transaction wrote to)."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    c = Consumer({"bootstrap.servers": brokers, "group.id": "b6", "enable.auto.commit": False})
+    c = Consumer({"bootstrap.servers": brokers, "group.id": "b6", "enable.auto.commit": False,
+                  "enable.partition.eof": True, "isolation.level": "read_committed"})
     try:
         md = c.list_topics(topic, timeout=30)
-        total = 0
+        tps, done = [], set()
         for p in md.topics[topic].partitions:
             lo, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
-            total += hi - lo
+            tps.append(TopicPartition(topic, p, lo))
+            if hi <= lo:
+                done.add(p)
+        c.assign(tps)
+        total, deadline = 0, time.monotonic() + 600
+        while len(done) < len(tps):
+            if time.monotonic() > deadline:
+                raise BenchError(f"could not read {topic} to its end within 600 s ({total:,} messages read)")
+            for m in c.consume(10000, 1.0):
+                if m.error():
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        done.add(m.partition())
+                    continue
+                total += 1
         return total
     finally:
         c.close()

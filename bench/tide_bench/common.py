@@ -35,6 +35,7 @@ DEFAULT_CHUNK = 5000  # pg_tide's default chunk size (README: start_backfill)
 # ---------------------------------------------------------------------------------------
 FULL = dict(
     b1_rows=1_000_000,
+    b5_backlog_rows=1_000_000,
     b1_chunks=[DEFAULT_CHUNK, 1000, 20000],
     b1_timeout=420,  # per run
     b2_duration=30,
@@ -61,6 +62,7 @@ FULL = dict(
 )
 QUICK = dict(
     b1_rows=100_000,
+    b5_backlog_rows=200_000,
     b1_chunks=[DEFAULT_CHUNK, 1000, 20000],
     b1_timeout=120,
     b2_duration=6,

@@ -209,27 +209,50 @@ def write_report(res):
             "| run | target | rows | received | rows/s received | consumer p50 ms | consumer p99 ms | applied p50 ms | applied p99 ms | drain s | applied rows/s | status |"
         )
         out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+        alone = [r for r in b["runs"] if str(r.get("phase", "")).startswith(("ceiling", "backlog"))]
         for r in b["runs"]:
+            if r in alone:
+                continue
             out.append(
                 f"| {md_escape(r.get('name', ''))} | {r.get('kind')} | {fmt(r.get('rows'))} | {fmt(r.get('received'))} | {fmt(r.get('rows_per_s'))} | "
                 f"{fmt(r.get('p50_ms'), '.1f')} | {fmt(r.get('p99_ms'), '.1f')} | {fmt(r.get('ack_p50_ms'), '.1f')} | {fmt(r.get('ack_p99_ms'), '.1f')} | {fmt(r.get('drain_s'), '.2f')} | {fmt(r.get('applied_rows_per_s'))} | {status(r)} |"
             )
-        ceil = [r for r in b["runs"] if str(r.get("phase", "")).startswith("ceiling")]
+        backlog = [r for r in alone if str(r.get("phase", "")).startswith("backlog")]
+        if backlog:
+            out.append(
+                "\n**pg_tide alone against the broker**: one-row transactions (`public.ev`'s INSERT) written by pgbench "
+                "while the pipeline is paused, then `tide.resume_pipeline` and nothing else running; timed from the "
+                "CreateTime of the first row message in Kafka (the worker's start-up before it, `init_transactions` and "
+                "the position read, left out as the producer alone's are) until `tide.wait_for_pipeline` returns "
+                "(every Kafka transaction committed).\n"
+            )
+            out.append("| run | rows | rows per Kafka transaction | seconds | worker start s | rows/s | status |")
+            out.append("|---|---:|---:|---:|---:|---:|---|")
+            for r in backlog:
+                out.append(
+                    f"| {md_escape(r.get('name', ''))} | {fmt(r.get('rows'))} | {fmt(r.get('rows_per_txn'))} | {fmt(r.get('seconds'), '.2f')} | "
+                    f"{fmt(r.get('worker_start_s'), '.2f')} | {fmt(r.get('rows_per_s'))} | {status(r)} |"
+                )
+        ceil = [r for r in alone if str(r.get("phase", "")).startswith("ceiling")]
         if ceil:
             out.append(
-                "\n**The broker's own produce ceiling** (same run, a fresh broker each): librdkafka's producer alone "
-                "(confluent-kafka, pg_tide's producer settings: idempotent, acks=all, 5 in flight, murmur2_random, 8 MiB "
-                "queue) writes as many messages as pg_tide wrote, of the size, key shape and headers of pg_tide's own "
-                "(read back from its topic, values cycled, the key's number made distinct), to a fresh topic of 3 partitions; "
-                "timed from the first produce() until flush() returns. pg_tide's rate: the backfill's rows/s, the stream's "
-                "applied rows/s at full speed without a consumer.\n"
+                "\n**The producer alone** (same run, a fresh broker each): librdkafka's producer (confluent-kafka, "
+                "pg_tide's producer settings: idempotent, acks=all, 5 in flight, murmur2_random, 8 MiB queue; "
+                "transactional where said) writes as many rows as pg_tide wrote, as messages of the size, key shape "
+                "and headers of pg_tide's own (read back from its topics, values cycled, the key's number made "
+                "distinct, keys built before the clock starts), to fresh topics (3 partitions; transaction and "
+                "position topics 1); timed from the first produce() until every message is acknowledged. Client "
+                "CPU: the producer process's CPU seconds meanwhile (close to the seconds: the client, not the "
+                "broker, bounds it).\n"
             )
-            out.append("| messages | count | value bytes avg | key example | ceiling msgs/s | pg_tide rows/s | pg_tide / ceiling | status |")
-            out.append("|---|---:|---:|---|---:|---:|---:|---|")
+            out.append("| producer alone writes | rows | messages per row | rows per transaction | seconds | client CPU s | rows/s | pg_tide rows/s / producer alone |")
+            out.append("|---|---:|---:|---:|---:|---:|---:|---|")
             for r in ceil:
+                ratios = "; ".join(f"{x['ratio']:.2f}× ({md_escape(x['run'])})" for x in r.get("ratios", [])) or "–"
                 out.append(
-                    f"| {md_escape(r.get('phase', '')[8:])} | {fmt(r.get('rows'))} | {fmt(r.get('value_bytes_avg'))} | `{md_escape(r.get('key_example', ''))}` | "
-                    f"{fmt(r.get('rows_per_s'))} | {fmt(r.get('tide_rows_per_s'))} | {fmt(r.get('tide_vs_ceiling'), '.2f')} | {status(r)} |"
+                    f"| {md_escape(r.get('what', r.get('phase', '')[8:]))} | {fmt(r.get('rows'))} | {fmt(r.get('messages_per_row'))} | "
+                    f"{fmt(r.get('rows_per_txn'))} | {fmt(r.get('seconds'), '.2f')} | {fmt(r.get('client_cpu_s'), '.2f')} | "
+                    f"{fmt(r.get('rows_per_s'))} | {ratios} ({status(r)}) |"
                 )
     # B6
     b = header("B6")
