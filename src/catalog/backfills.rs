@@ -89,18 +89,19 @@ pub(crate) fn due(pipeline: &str, parallel: i32) -> TideResult<Vec<Due>> {
 }
 
 /// Fail the queued or running backfills of tables captured without a key (`REPLICA IDENTITY
-/// FULL`) that the copy of such a table cannot do ([`keyless_due`] takes the others): a
-/// resync after a lost slot (its deletes and `resync` events are made per key range), a repair
-/// (its deletes are listed by key) and one with a condition (the copy replaces the whole
-/// table). They fail at once, visibly, with what to do (the SQL API refuses to start the last
-/// two).
+/// FULL`) that the copy of such a table cannot do ([`keyless_due`] takes the others, a resync
+/// after a lost slot included: the copy replaces the target's rows, which is what a resync
+/// needs): a keyed repair (its deletes are listed by key) and one with a condition (the copy
+/// replaces the whole table), left by a table whose key was dropped after they were queued (the
+/// SQL API refuses to start them for a keyless table; `tide.repair` of one starts a copy). They
+/// fail at once, visibly, with what to do.
 fn fail_keyless(pipeline: &str) -> TideResult<()> {
     sql::exec(
         "UPDATE tide.backfill SET state = $2, error_at = now(), finished_at = now(), error_sqlstate = '0A000',
-                error = relation || ' has no key (it is captured by REPLICA IDENTITY FULL), and pg_tide copies such a table whole, which a resync after a lost slot, a repair or a condition cannot use: ' || coalesce(error, 'a re-read was needed'),
+                error = relation || ' has no key (it is captured by REPLICA IDENTITY FULL), and pg_tide copies such a table whole, which a repair by key or a condition cannot use: ' || coalesce(error, 'a re-read was needed'),
                 remedy = 'Compare the target with the source and copy what differs yourself (README, Tables without a key), or start a backfill of the whole table: SELECT tide.start_backfill(' || pg_catalog.quote_literal(relation) || ', ' || pg_catalog.quote_literal(pipeline) || ');'
           WHERE pipeline = $1 AND state = ANY($3) AND cardinality(key_columns) = 0
-            AND (resync OR repair_deletes IS NOT NULL OR condition IS NOT NULL)",
+            AND (repair_deletes IS NOT NULL OR condition IS NOT NULL)",
         &[
             pipeline.into(),
             BackfillState::Failed.as_str().into(),

@@ -8,8 +8,9 @@
 //! check is shown at work: a transaction the stream already applied that the copy's snapshot
 //! does not see yet (its commit waits for a synchronous standby) holds the copy back until it is
 //! visible. Then: one of two identical rows updated and deleted changes exactly one at the
-//! target; the refusals (no identity, a backfill condition, a column list, `repair`, `verify`'s
-//! sample, a change of the replica identity while captured).
+//! target; `tide.repair` of a copy too many and a copy too few (it copies the table again); the
+//! refusals (no identity, a backfill condition, a column list, `verify`'s sample, a change of
+//! the replica identity while captured).
 
 use crate::common::*;
 
@@ -197,6 +198,37 @@ fn keyless_audit_table_converges_under_writes_at_every_target() {
         "replay",
         COLS_JSONB,
     );
+    // At the remote target: one copy of a duplicated row gone, two copies of another too many;
+    // tide.verify finds them, tide.repair copies the table again, and nothing differs after.
+    t.execute(
+        "DELETE FROM mirror.hist WHERE ctid = (SELECT ctid FROM mirror.hist WHERE aid = 3 LIMIT 1);
+         INSERT INTO mirror.hist SELECT * FROM mirror.hist WHERE ctid = (SELECT ctid FROM mirror.hist WHERE aid = 5 LIMIT 1);
+         INSERT INTO mirror.hist SELECT * FROM mirror.hist WHERE ctid = (SELECT ctid FROM mirror.hist WHERE aid = 5 LIMIT 1);",
+    );
+    let r = c.query_one(
+        "SELECT rows_missing_or_changed, rows_extra, backfill_id FROM tide.repair('hist', 'rem')",
+    );
+    let found: (i64, i64) = (r.get(0), r.get(1));
+    assert_eq!(found, (1, 2), "tide.repair at the remote target");
+    assert!(
+        r.get::<_, Option<i64>>(2).is_some(),
+        "the repair's backfill"
+    );
+    wait_backfill(&c, "hist", "rem", 60);
+    wait_pipeline(&c, "rem", 60);
+    assert_same_rows(
+        "remote repaired",
+        &c,
+        "public.hist",
+        &t,
+        "mirror.hist",
+        COLS,
+    );
+    let r = c.query_one(
+        "SELECT missing, extra, changed FROM tide.verify('hist', 'rem') WHERE kind LIKE 'summary%'",
+    );
+    let found: (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
+    assert_eq!(found, (0, 0, 0), "tide.verify after the repair");
 }
 
 #[test]
@@ -307,19 +339,34 @@ fn keyless_duplicates_change_one_row_and_refusals() {
     );
     assert_eq!(summary(&c), (1, 1, 0), "one copy missing, one extra");
     let e = c
-        .try_execute("SELECT * FROM tide.repair('hist', 'p')")
-        .unwrap_err();
-    assert_db_error(&e, "0A000", Some("tide.start_backfill('public.hist', 'p')"));
-    let e = c
         .try_execute("SELECT * FROM tide.verify('hist', 'p', sample => 5)")
         .unwrap_err();
     assert_db_error(&e, "0A000", Some("Omit sample"));
-    // The repair the hint gives: the table copied again, with no lock.
-    exec(&c, "SELECT tide.start_backfill('hist', 'p')");
+    // tide.repair: the table copied again, with no lock; it says what it found and started.
+    let (missing, extra, id, action): (i64, i64, Option<i64>, String) = {
+        let r = c.query_one(
+            "SELECT rows_missing_or_changed, rows_extra, backfill_id, action FROM tide.repair('hist', 'p')",
+        );
+        (r.get(0), r.get(1), r.get(2), r.get(3))
+    };
+    assert_eq!((missing, extra), (1, 1), "{action}");
+    assert!(action.contains("copying the table again"), "{action}");
+    let id = id.expect("the repair's backfill");
     wait_backfill(&c, "hist", "p", 60);
     wait_pipeline(&c, "p", 60);
+    let copied: (String, i64) = {
+        let r = c.query_one(&format!(
+            "SELECT state, rows_emitted FROM tide.backfill WHERE id = {id}"
+        ));
+        (r.get(0), r.get(1))
+    };
+    let rows: i64 = c.query_scalar("SELECT count(*) FROM hist");
+    assert_eq!(copied, ("done".to_string(), rows), "the repair's copy");
     assert_eq!(summary(&c), (0, 0, 0), "repaired");
     assert_same_rows("hist repaired", &c, "public.hist", &c, "rep.hist", COLS);
+    // Nothing left to repair.
+    let action: String = c.query_scalar("SELECT action FROM tide.repair('hist', 'p')");
+    assert!(action.starts_with("nothing to repair"), "{action}");
     // The replica identity stays FULL while the table is captured.
     let e = c
         .try_execute("ALTER TABLE hist REPLICA IDENTITY DEFAULT")
