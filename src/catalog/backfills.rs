@@ -58,11 +58,11 @@ pub use tide_core::read_ahead::Due;
 /// backfills are not read and take no place). The worker reads a chunk of the first one that
 /// has none in memory and is not throttled. Their chunks run as the pipeline's owner, whoever
 /// started them (a backfill a superuser started, or a row written by an older version with
-/// another owner, runs with the owner's rights all the same). Called by the worker, in the
-/// chunk's first transaction (a read).
+/// another owner, runs with the owner's rights all the same). Backfills of tables without a key
+/// are not among them (copied whole: [`keyless_due`]). Called by the worker, in the chunk's
+/// first transaction (a read).
 pub(crate) fn due(pipeline: &str, parallel: i32) -> TideResult<Vec<Due>> {
     let picked = comma_list(&texts(&[BackfillState::Queued, BackfillState::Running]));
-    fail_keyless(pipeline)?;
     let parallel = parallel.max(1).to_string();
     let rows = sql::text_rows(
         "SELECT b.id, b.relid::int8, b.chunk_size, b.rows_per_second, b.condition, p.owner::text,
@@ -95,7 +95,21 @@ pub(crate) fn due(pipeline: &str, parallel: i32) -> TideResult<Vec<Due>> {
 /// replaces the whole table), left by a table whose key was dropped after they were queued (the
 /// SQL API refuses to start them for a keyless table; `tide.repair` of one starts a copy). They
 /// fail at once, visibly, with what to do.
+///
+/// Looked for with a read first: the worker calls this at every iteration, and an `UPDATE`
+/// assigns the transaction an id (a commit record) even when it changes nothing, so an idle
+/// worker would write WAL, see it at its next poll and iterate again, forever.
 fn fail_keyless(pipeline: &str) -> TideResult<()> {
+    let active = texts(&[BackfillState::Queued, BackfillState::Running]);
+    let any = sql::one::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM tide.backfill
+                         WHERE pipeline = $1 AND state = ANY($2) AND cardinality(key_columns) = 0
+                           AND (repair_deletes IS NOT NULL OR condition IS NOT NULL))",
+        &[pipeline.into(), active.clone().into()],
+    )?;
+    if any != Some(true) {
+        return Ok(());
+    }
     sql::exec(
         "UPDATE tide.backfill SET state = $2, error_at = now(), finished_at = now(), error_sqlstate = '0A000',
                 error = relation || ' has no key (it is captured by REPLICA IDENTITY FULL), and pg_tide copies such a table whole, which a repair by key or a condition cannot use: ' || coalesce(error, 'a re-read was needed'),
@@ -105,7 +119,7 @@ fn fail_keyless(pipeline: &str) -> TideResult<()> {
         &[
             pipeline.into(),
             BackfillState::Failed.as_str().into(),
-            texts(&[BackfillState::Queued, BackfillState::Running]).into(),
+            active.into(),
         ],
     )
 }

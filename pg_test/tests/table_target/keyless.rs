@@ -612,3 +612,65 @@ fn keyless_copy_killed_midway_is_taken_again() {
     let found: (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
     assert_eq!(found, (0, 0, 0), "tide.verify");
 }
+
+/// Whether the pipelines' workers commit nothing for 3 seconds (each replication origin's
+/// `local_lsn`, which every commit of a worker's transaction that got an id moves, stays put),
+/// looked for in up to 10 windows: an idle pipeline writes no WAL. A worker that wrote at each
+/// iteration would see its own WAL at its next poll and iterate again, forever; none is quiet
+/// for 3 s then.
+fn quiet(c: &Cluster) -> Result<(), String> {
+    let origins = |c: &Cluster| {
+        texts(
+            c,
+            "SELECT o.roname || ' ' || s.local_lsn FROM pg_replication_origin_status s
+               JOIN pg_replication_origin o ON o.roident = s.local_id ORDER BY 1",
+        )
+    };
+    let mut seen = Vec::new();
+    for _ in 0..10 {
+        let before = origins(c);
+        std::thread::sleep(std::time::Duration::from_secs(3));
+        let after = origins(c);
+        if before == after {
+            return Ok(());
+        }
+        seen.push(format!("{before:?} -> {after:?}"));
+    }
+    Err(seen.join("\n"))
+}
+
+/// Idle pipelines, one capturing a table without a key (whose worker looks for keyless work at
+/// every iteration) and one capturing only a keyed table (which skips that): neither commits
+/// anything while nothing changes at the source. (The check for backfills the copy cannot do
+/// once ran an `UPDATE` at every iteration, which got the transaction an id and a commit record:
+/// idle workers then iterated about 5 times a second, each writing one.)
+#[test]
+fn keyless_idle_pipelines_write_nothing() {
+    let c = setup("tt_keyless_idle");
+    exec(
+        &c,
+        &format!(
+            "{TABLE}
+             INSERT INTO hist SELECT g % 10, g % 40, 1, NULL, NULL, NULL FROM generate_series(1, 100) g;
+             CREATE TABLE keyed (id int PRIMARY KEY, v int);
+             INSERT INTO keyed SELECT g, g FROM generate_series(1, 100) g;"
+        ),
+    );
+    create_pipeline(&c, "p", "table", r#"{"schema": "rep"}"#);
+    create_pipeline(&c, "q", "table", r#"{"schema": "rep2"}"#);
+    exec(&c, "SELECT tide.add_table('p', 'hist')");
+    exec(&c, "SELECT tide.add_table('p', 'keyed')");
+    exec(&c, "SELECT tide.add_table('q', 'keyed')");
+    wait_backfill(&c, "hist", "p", 60);
+    wait_backfill(&c, "keyed", "p", 60);
+    wait_backfill(&c, "keyed", "q", 60);
+    exec(&c, "INSERT INTO hist VALUES (1, 1, 1, NULL, NULL, NULL)");
+    wait_pipeline(&c, "p", 60);
+    wait_pipeline(&c, "q", 60);
+    let origins: i64 = c.query_scalar("SELECT count(*) FROM pg_replication_origin_status");
+    assert_eq!(origins, 2, "one replication origin per pipeline");
+    if let Err(e) = quiet(&c) {
+        panic!("the idle workers committed in every 3 s window:\n{e}");
+    }
+    assert_same_rows("hist", &c, "public.hist", &c, "rep.hist", COLS);
+}
