@@ -52,6 +52,7 @@ use super::chunk::{committed_invisible, table_meta, value};
 use super::stream_apply::StreamApply;
 use crate::catalog::backfills::{self, KeylessDue};
 use crate::catalog::pipelines::PipelineRow;
+use crate::catalog::tables::TableRow;
 use crate::error::{TideError, TideResult};
 use crate::sink::{Event, ResyncMark, Row, RowForm, Target};
 use crate::sql;
@@ -67,16 +68,21 @@ use tide_core::wire::Tuple;
 
 /// At an iteration's start, before anything is decoded (everything before `applied` is applied,
 /// nothing after): copy the pipeline's next due table without a key ([`copy_due`]), then the
-/// copies whose transactions the stream skips in this iteration, by table.
+/// copies whose transactions the stream skips in this iteration, by table. A pipeline none of
+/// whose `tables` (the captured ones) is without a key has neither: not looked for (three
+/// statements an iteration saved).
 pub(super) fn at_start(
     c: &mut SpiClient<'_>,
-    p: &PipelineRow,
+    (p, tables): (&PipelineRow, &[TableRow]),
     bf: &mut Backfiller,
     sink: &mut dyn Target,
     decoder: &mut super::decoder::Decoder,
     applied: Lsn,
     notes: &mut Vec<String>,
 ) -> TideResult<HashMap<u32, KeylessCopy>> {
+    if !tables.iter().any(|t| t.keyless) {
+        return Ok(HashMap::new());
+    }
     notes.extend(copy_due(c, p, bf, sink, &mut decoder.streams, applied)?);
     Ok(backfills::keyless_copies(&p.name, applied)?
         .into_iter()
