@@ -12,6 +12,10 @@
 //! - a consumer that keeps a multiset of rows (`resync` start: drop them; `r`/`c`: add `after`;
 //!   `u`: replace one row equal to `before` by `after`; `d`: remove one row equal to `before`)
 //!   ends with the source's rows, each as many times as the source holds it.
+//!
+//! Then the JSON pipeline's slot is lost while rows change: its resync copies the table (the
+//! resync's start and end around the copy's own on every partition), and the same consumer ends
+//! with the source's rows again.
 
 use crate::broker::*;
 use pg_test::*;
@@ -65,6 +69,18 @@ fn consumed(recs: &[&Rec]) -> BTreeMap<String, i64> {
     held
 }
 
+/// The source's rows as the consumer holds them.
+fn source_rows(c: &Cluster) -> BTreeMap<String, i64> {
+    let mut source: BTreeMap<String, i64> = BTreeMap::new();
+    for r in c.query("SELECT a, b FROM hist") {
+        let (a, b): (Option<i32>, Option<String>) = (r.get(0), r.get(1));
+        *source
+            .entry(row_text(&json!({"a": a, "b": b})))
+            .or_default() += 1;
+    }
+    source
+}
+
 #[test]
 fn keyless_table_into_kafka_without_a_key() {
     let b = Broker::start("keyless");
@@ -109,13 +125,7 @@ fn keyless_table_into_kafka_without_a_key() {
     );
     wait_pipeline(&c, "k", 120);
     wait_pipeline(&c, "ks", 120);
-    let mut source: BTreeMap<String, i64> = BTreeMap::new();
-    for r in c.query("SELECT a, b FROM hist") {
-        let (a, b): (Option<i32>, Option<String>) = (r.get(0), r.get(1));
-        *source
-            .entry(row_text(&json!({"a": a, "b": b})))
-            .or_default() += 1;
-    }
+    let source = source_rows(&c);
     assert!(
         source.values().any(|&n| n > 1),
         "the source holds duplicate rows"
@@ -191,4 +201,76 @@ fn keyless_table_into_kafka_without_a_key() {
             "{topic}: the consumer's multiset of rows against the source's"
         );
     }
+    // The slot of `k` lost while it is paused, with rows deleted, updated and inserted
+    // meanwhile: the resync's backfill of the table is its copy, framed on every partition by
+    // the resync's start and end; the consumer ends with the source's rows again.
+    c.execute("SELECT tide.pause_pipeline('k')");
+    c.execute(
+        "DELETE FROM hist WHERE a % 10 = 1;
+         UPDATE hist SET b = 'gap' WHERE ctid = (SELECT ctid FROM hist WHERE b = 'n2' LIMIT 1);
+         INSERT INTO hist VALUES (5, 'gap'), (5, 'gap');",
+    );
+    c.wait_until(
+        "the paused worker to let go of its slot",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT NOT active FROM pg_replication_slots WHERE slot_name = 'tide_5_k'",
+            )?)
+        },
+    );
+    c.execute("SELECT pg_drop_replication_slot('tide_5_k')");
+    c.execute("SELECT tide.resume_pipeline('k')");
+    c.wait_until(
+        "the resync to be over",
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT coalesce((SELECT resync IS NULL AND slot_lost_at IS NOT NULL AND state = 'streaming'
+                                    FROM tide.pipelines WHERE name = 'k'), false)",
+            )?)
+        },
+    );
+    wait_pipeline(&c, "k", 120);
+    let state: String = c.query_scalar(
+        "SELECT state FROM tide.backfill WHERE pipeline = 'k' AND resync ORDER BY id DESC LIMIT 1",
+    );
+    assert_eq!(state, "done", "the resync's copy");
+    let recs = consume(&b.addr(), &["k.public.hist"]);
+    for p in 0..3 {
+        let phases: Vec<String> = recs
+            .iter()
+            .filter(|r| r.partition == p && r.op() == Some("resync"))
+            .map(|r| {
+                r.value.as_ref().unwrap()["resync"]["phase"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string()
+            })
+            .collect();
+        // The first copy; the resync's start, its copy's start and end, the resync's end.
+        assert_eq!(
+            phases,
+            ["start", "end", "start", "start", "end", "end"],
+            "k.public.hist/{p}: resync messages after the lost slot"
+        );
+    }
+    let parts: std::collections::BTreeSet<i32> = recs
+        .iter()
+        .filter(|r| matches!(r.op(), Some("r" | "c" | "u" | "d")))
+        .map(|r| r.partition)
+        .collect();
+    assert_eq!(parts.len(), 1, "data messages on partitions {parts:?}");
+    let mut ordered: Vec<&Rec> = recs
+        .iter()
+        .filter(|r| parts.contains(&r.partition))
+        .collect();
+    ordered.sort_by_key(|r| r.offset);
+    assert_eq!(
+        consumed(&ordered),
+        source_rows(&c),
+        "k.public.hist after the resync: the consumer's multiset of rows against the source's"
+    );
 }

@@ -37,7 +37,8 @@
 //! - `keyless`: a table without a key (`REPLICA IDENTITY FULL`), both value formats: no message
 //!   has a key, none is a tombstone, every data message is on one partition, `before` of an
 //!   update and a delete is the whole old row, and a consumer keeping a multiset of rows ends
-//!   with the source's (duplicates included) after the copy and streamed changes;
+//!   with the source's (duplicates included) after the copy and streamed changes, and again
+//!   after a lost slot's resync;
 //! - `jdbc_sink`: Debezium's JDBC sink connector reads a pg_tide topic as it is and its copy of
 //!   the table equals the source after inserts, updates, deletes and key changes.
 //!
