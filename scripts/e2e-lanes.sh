@@ -52,9 +52,7 @@ declare -A FROM_VERSION=([pg_upgrade]=16 [pg_upgrade_slots]=18)
 major="$("${TIDE_PG_BIN:-/usr/lib/postgresql/15/bin}/pg_config" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')"
 # Suites that fail today for a reason written down, not run (and said so; never counted as
 # passed). Run one by hand with `cargo test -p pg_test --test NAME`.
-declare -A NOT_RUN=(
-    [pg_upgrade_slots]="pg_upgrade refuses pg_tide's carried slots most of the time (\"has not consumed the WAL yet\": the workers' and launcher's own transactions after the last confirmation); issue 46, docs/high-availability.md"
-)
+declare -A NOT_RUN=()
 kept=()
 for s in "${suites[@]}"; do
     if [[ -n "${NOT_RUN[$s]:-}" ]]; then

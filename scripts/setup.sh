@@ -142,6 +142,12 @@ fi
 
 # --- 2. cargo-pgrx -------------------------------------------------------------
 command -v cargo >/dev/null || tide_die setup "cargo not found: install a Rust toolchain with rustup first"
+# clippy: the core stage's lint check (rustup's default profile has it; a minimal one does not).
+if ! cargo clippy --version >/dev/null 2>&1; then
+    command -v rustup >/dev/null || tide_die setup "cargo clippy not found, and no rustup to add it with"
+    log "rustup component add clippy"
+    rustup component add clippy
+fi
 
 pgrx_version() { cargo pgrx --version 2>/dev/null | awk '{print $2}' || true; }
 

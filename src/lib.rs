@@ -12,8 +12,15 @@
 //!
 //! Server-independent logic (wire codec, JSON rendering, reconciler, and the stream model that
 //! `worker` and `sink` share, so neither imports the other) is in the `tide-core` crate.
+//!
+//! Every `unsafe` block says why it is sound in a `// SAFETY:` comment above it (the invariant
+//! it relies on: PostgreSQL's callback contract, a memory context's lifetime, the main thread);
+//! `cargo clippy` (the core stage of scripts/test.sh) fails on one without.
+
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 use pgrx::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 ::pgrx::pg_module_magic!(name, version);
 
@@ -48,11 +55,13 @@ pub extern "C-unwind" fn _PG_init() {
     gucs::init();
     // Waits for a remote sink's reply look at interrupts and the postmaster every 100 ms.
     sink::wait::set_check(worker::wait_check);
+    // SAFETY: a process global PostgreSQL sets around the preloading of shared libraries;
+    // _PG_init runs on the process's only thread.
     if unsafe { !pg_sys::process_shared_preload_libraries_in_progress } {
         // Loaded by CREATE EXTENSION, a function call or as an output plugin: no worker.
         return;
     }
-    unsafe { shmem::PRELOADED = true };
+    shmem::set_preloaded();
     use shmem::{REGISTRY, WAKEUPS};
     pgrx::pg_shmem_init!(REGISTRY);
     pgrx::pg_shmem_init!(WAKEUPS);
@@ -60,11 +69,15 @@ pub extern "C-unwind" fn _PG_init() {
     pgrx::pg_shmem_init!(QUOTA);
     // Every backend forks from here with this callback: a commit that wrote WAL wakes the
     // pipeline workers that wait for WAL (no polling delay).
+    // SAFETY: the postmaster, single-threaded, while it preloads libraries; the callback has
+    // XactCallback's signature (#[pg_guard]ed) and never reads its NULL argument.
     unsafe { pg_sys::RegisterXactCallback(Some(wake_after_commit), std::ptr::null_mut()) };
     // Every backend forks from here with this hook too: a DROP EXTENSION pg_tide is refused
     // while pipelines exist.
+    // SAFETY: the postmaster, single-threaded, while it preloads libraries: where PostgreSQL
+    // expects a hook to be chained. The hook installed before ours is kept first, so ours calls it.
     unsafe {
-        PREV_PROCESS_UTILITY = pg_sys::ProcessUtility_hook;
+        let _ = PREV_PROCESS_UTILITY.set(pg_sys::ProcessUtility_hook);
         pg_sys::ProcessUtility_hook = Some(tide_process_utility);
     }
     // pg_upgrade starts both the old and the new server in binary-upgrade mode (`-b`) to read
@@ -79,8 +92,11 @@ pub extern "C-unwind" fn _PG_init() {
     worker::launcher::register();
 }
 
-/// The `ProcessUtility_hook` installed before pg_tide's, called in its place.
-static mut PREV_PROCESS_UTILITY: pg_sys::ProcessUtility_hook_type = None;
+/// The `ProcessUtility_hook` installed before pg_tide's, called in its place. Set once, by
+/// `_PG_init` in the postmaster (backends inherit it by fork); unset when pg_tide's hook is not
+/// installed either.
+static PREV_PROCESS_UTILITY: std::sync::OnceLock<pg_sys::ProcessUtility_hook_type> =
+    std::sync::OnceLock::new();
 
 /// `ProcessUtility_hook`: run the statement as usual, but refuse a `DROP EXTENSION pg_tide`
 /// while pipelines exist. (`CREATE EXTENSION pg_tide` starts no launcher: a database has one
@@ -109,7 +125,7 @@ unsafe extern "C-unwind" fn tide_process_utility(
     let dropped_db = unsafe { dropped_database((*pstmt).utilityStmt) };
     // SAFETY: the executor passes a valid PlannedStmt and the arguments it was called with.
     unsafe {
-        match PREV_PROCESS_UTILITY {
+        match PREV_PROCESS_UTILITY.get().copied().flatten() {
             Some(prev) => prev(
                 pstmt,
                 query_string,
@@ -185,9 +201,9 @@ unsafe fn drops_pg_tide(stmt: *mut pg_sys::Node) -> bool {
 }
 
 /// Whether this backend's transaction changed the system catalogs and said so at pre-commit.
-/// Every `unsafe` access to it below is sound for one reason: it is read and written only by the
-/// transaction callback, on the backend's main thread, never from a signal handler.
-static mut CATALOG_COMMIT: bool = false;
+/// Read and written only by the transaction callback, on the backend's main thread (an atomic
+/// only so that it needs no `static mut`; relaxed order suffices for one thread).
+static CATALOG_COMMIT: AtomicBool = AtomicBool::new(false);
 
 /// Whether the current transaction has invalidation messages to send at commit, i.e. changed
 /// the system catalogs.
@@ -214,23 +230,26 @@ unsafe extern "C-unwind" fn wake_after_commit(
     use pg_sys::XactEvent::*;
     match event {
         XACT_EVENT_PRE_COMMIT if changes_catalogs() => {
-            unsafe { CATALOG_COMMIT = true };
+            CATALOG_COMMIT.store(true, Ordering::Relaxed);
             shmem::catalog_commit_begins();
         }
         XACT_EVENT_COMMIT => {
+            // SAFETY: this backend's global, set by RecordTransactionCommit before the commit
+            // callbacks run; main thread.
             let end = unsafe { pg_sys::XactLastCommitEnd };
-            if unsafe { CATALOG_COMMIT } {
-                unsafe { CATALOG_COMMIT = false };
+            if CATALOG_COMMIT.swap(false, Ordering::Relaxed) {
                 shmem::catalog_commit_ends(Some(end));
             } else if changes_catalogs() {
                 shmem::catalog_committed(end);
             }
+            // SAFETY: reads this backend's transaction state, still set in its commit callback;
+            // main thread.
             if unsafe { pg_sys::GetTopTransactionIdIfAny() } != pg_sys::InvalidTransactionId {
                 shmem::wake_sleepers();
             }
         }
-        XACT_EVENT_ABORT if unsafe { CATALOG_COMMIT } => {
-            unsafe { CATALOG_COMMIT = false };
+        XACT_EVENT_ABORT if CATALOG_COMMIT.load(Ordering::Relaxed) => {
+            CATALOG_COMMIT.store(false, Ordering::Relaxed);
             shmem::catalog_commit_ends(None);
         }
         _ => {}

@@ -113,6 +113,8 @@ impl Default for Quota {
     }
 }
 
+// SAFETY: Quota is fixed-size plain data (integers, booleans, byte arrays: no pointer, no heap
+// allocation), valid at any address in any process, read and written only under the PgLwLock.
 unsafe impl PGRXSharedMemory for Quota {}
 
 // SAFETY: a named lock of shared memory, registered once by `_PG_init` (pg_shmem_init!) before

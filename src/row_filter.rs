@@ -79,6 +79,9 @@ pub fn raw_expression(text: &str) -> Result<*mut pg_sys::Node, &'static str> {
 /// coerced to boolean, with collations assigned. An unknown column or a type mismatch is the
 /// parser's ERROR.
 unsafe fn analyze(rel: pg_sys::Relation, raw: *mut pg_sys::Node) -> *mut pg_sys::Node {
+    // SAFETY: the callers (check_text, Compiled::new) pass an open, locked relation and a raw
+    // expression tree in the current memory context; the parse state is freed here and the analysed
+    // tree is allocated in the current memory context; an invalid expression is the parser's ERROR.
     unsafe {
         let pstate = pg_sys::make_parsestate(std::ptr::null_mut());
         let nsitem = pg_sys::addRangeTableEntryForRelation(
@@ -139,6 +142,8 @@ unsafe extern "C-unwind" fn function_bad(funcid: pg_sys::Oid, cx: *mut c_void) -
         return true;
     }
     if let Some(owner) = w.owner {
+        // SAFETY: a syscache lookup of a function OID taken from an analysed expression and a role
+        // OID; an unknown OID is an ERROR, not UB; main thread.
         let acl = unsafe {
             crate::pgver::proc_aclcheck(funcid, owner, pg_sys::ACL_EXECUTE as pg_sys::AclMode)
         };
@@ -234,6 +239,9 @@ unsafe fn check(
 
 /// The columns (attribute numbers) `expr` reads.
 unsafe fn columns(expr: *mut pg_sys::Node) -> Vec<i16> {
+    // SAFETY: `expr` is an analysed expression tree (from `analyze`); the bitmap pull_varattnos
+    // builds is in the current memory context and read with bms_next_member until it says none is
+    // left.
     unsafe {
         let mut set: *mut pg_sys::Bitmapset = std::ptr::null_mut();
         pg_sys::pull_varattnos(expr, 1, &mut set);
@@ -253,6 +261,8 @@ unsafe fn columns(expr: *mut pg_sys::Node) -> Vec<i16> {
 /// Whether the old row of an UPDATE or DELETE of `rel` holds every column of `cols`: replica
 /// identity FULL, or every one in the replica identity (its index, else the primary key).
 unsafe fn identity_covers(rel: pg_sys::Relation, cols: &[i16]) -> bool {
+    // SAFETY: `rel` is an open relation (the callers keep it open); the identity bitmaps
+    // RelationGetIndexAttrBitmap returns are copies in the current memory context (NULL: none).
     unsafe {
         if (*(*rel).rd_rel).relreplident == pg_sys::REPLICA_IDENTITY_FULL as std::ffi::c_char {
             return true;
@@ -275,6 +285,8 @@ unsafe fn identity_covers(rel: pg_sys::Relation, cols: &[i16]) -> bool {
 
 /// Names of the columns `cols` of `rel`.
 unsafe fn column_names(rel: pg_sys::Relation, cols: &[i16]) -> Vec<String> {
+    // SAFETY: `rel` is an open relation; only attribute numbers within 1..=natts are read, and
+    // their names are NUL-terminated NameData.
     unsafe {
         let desc = (*rel).rd_att;
         cols.iter()
@@ -427,6 +439,10 @@ impl Compiled {
         owner: Option<pg_sys::Oid>,
         parent: pg_sys::MemoryContext,
     ) -> Compiled {
+        // SAFETY: the caller's (see # Safety): `rel` is open in a transaction where its catalog can
+        // be read; everything is built in `cx` (a child of `parent`) or is the standalone
+        // expression context freed by Drop, and the previous memory context is restored before
+        // return (an ERROR raised meanwhile leaves `cx` to be freed with `parent`).
         unsafe {
             let cx = pg_sys::AllocSetContextCreateInternal(
                 parent,
@@ -480,6 +496,9 @@ impl Compiled {
     /// `values`/`nulls` have one entry per attribute of the relation it was compiled for, and
     /// their by-reference values live until this returns.
     pub unsafe fn matches(&self, values: &[pg_sys::Datum], nulls: &[bool]) -> bool {
+        // SAFETY: the caller's (see # Safety): one value per attribute (`n` is also bounded by the
+        // slot's natts), alive until this returns; `slot`, `state` and `econtext` were built by
+        // `new` and live until Drop; the per-tuple memory is reset before return.
         unsafe {
             let slot = self.slot;
             pg_sys::ExecClearTuple(slot);

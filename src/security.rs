@@ -34,6 +34,7 @@ use std::ffi::CString;
 
 /// The role calling the SQL API (the current user: pg_tide's functions are SECURITY INVOKER).
 pub fn caller() -> pg_sys::Oid {
+    // SAFETY: reads this backend's current user id; main thread.
     unsafe { pg_sys::GetUserId() }
 }
 
@@ -46,6 +47,8 @@ pub fn caller_name() -> TideResult<String> {
 /// The OID of a role by name, if it exists.
 pub fn role_oid(name: &str) -> Option<pg_sys::Oid> {
     let c = CString::new(name).ok()?;
+    // SAFETY: `c` is a NUL-terminated string alive for the call; missing_ok, so an unknown role is
+    // InvalidOid, not an ERROR; main thread.
     let oid = unsafe { pg_sys::get_role_oid(c.as_ptr(), true) };
     (oid != pg_sys::InvalidOid).then_some(oid)
 }
@@ -53,10 +56,12 @@ pub fn role_oid(name: &str) -> Option<pg_sys::Oid> {
 /// Whether `member` has the privileges of `role` (directly, through inheritance, or as a
 /// superuser): what PostgreSQL checks for "is the owner or a member of the owning role".
 pub fn has_privs_of(member: pg_sys::Oid, role: pg_sys::Oid) -> bool {
+    // SAFETY: a catalog check of two role OIDs (an unknown one is no member); main thread.
     unsafe { pg_sys::has_privs_of_role(member, role) }
 }
 
 pub fn is_superuser(role: pg_sys::Oid) -> bool {
+    // SAFETY: a syscache lookup of a role OID (an unknown one is no superuser); main thread.
     unsafe { pg_sys::superuser_arg(role) }
 }
 
@@ -69,6 +74,10 @@ fn switched<R>(
 ) -> TideResult<R> {
     let mut save_user = pg_sys::InvalidOid;
     let mut save_ctx: std::ffi::c_int = 0;
+    // SAFETY: the saved user and security context are restored below, after `f` returns
+    // (with_search_path catches `f`'s errors); an ERROR instead unwinds the transaction, whose
+    // abort restores them, as for PostgreSQL's own SECURITY_RESTRICTED_OPERATION switches; main
+    // thread.
     unsafe {
         pg_sys::GetUserIdAndSecContext(&mut save_user, &mut save_ctx);
         pg_sys::SetUserIdAndSecContext(
@@ -79,6 +88,7 @@ fn switched<R>(
         );
     }
     let out = with_search_path(search_path, f);
+    // SAFETY: restores exactly what GetUserIdAndSecContext saved above; main thread.
     unsafe { pg_sys::SetUserIdAndSecContext(save_user, save_ctx) };
     out
 }
@@ -119,6 +129,8 @@ fn with_settings<R>(
         nest
     };
     let out = f();
+    // SAFETY: closes the GUC nest level opened above (every setting made inside is discarded); main
+    // thread.
     unsafe { pg_sys::AtEOXact_GUC(false, nest) };
     out
 }
@@ -343,10 +355,14 @@ pub fn read_problem(owner: pg_sys::Oid, relid: pg_sys::Oid, qualified: &str) -> 
         return None;
     }
     let name = || {
+        // SAFETY: a syscache lookup of a role OID, missing_ok (NULL for an unknown role); main
+        // thread.
         let c = unsafe { pg_sys::GetUserNameFromId(owner, true) };
         if c.is_null() {
             format!("{}", owner.to_u32())
         } else {
+            // SAFETY: `c` is non-NULL (checked above): the NUL-terminated name GetUserNameFromId
+            // allocated.
             unsafe { std::ffi::CStr::from_ptr(c) }
                 .to_string_lossy()
                 .into_owned()

@@ -16,7 +16,7 @@
 //! shares with its decoder must be reset (see `worker::decoder`).
 
 use pgrx::{pg_sys, PGRXSharedMemory, PgAtomic, PgLwLock};
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 /// How many pipelines can run at once (in all databases together).
 pub const MAX_PIPELINES: usize = 64;
@@ -170,8 +170,14 @@ impl Default for Registry {
     }
 }
 
+// SAFETY: Registry is fixed-size plain data (integers, booleans, `repr(u8)` enums only ever written
+// by this code, byte arrays: no pointer, no heap allocation), valid at any address in any process,
+// read and written only under the PgLwLock.
 unsafe impl PGRXSharedMemory for Registry {}
 
+// SAFETY: a named lock of shared memory, initialized once by `_PG_init` (pg_shmem_init!) in the
+// postmaster before any process uses it, as pgrx requires of a PgLwLock static; every reader checks
+// `preloaded()` first.
 pub static REGISTRY: PgLwLock<Registry> = unsafe { PgLwLock::new(c"pg_tide_registry") };
 
 /// Lock-free wake-ups: a backend that commits a transaction that wrote WAL wakes the pipeline
@@ -212,8 +218,13 @@ impl Default for Wakeups {
     }
 }
 
+// SAFETY: Wakeups holds only atomics (fixed-size, no pointer, no heap allocation), valid at any
+// address in any process and shared without a lock.
 unsafe impl PGRXSharedMemory for Wakeups {}
 
+// SAFETY: named shared memory, initialized once by `_PG_init` (pg_shmem_init!) in the postmaster
+// before any process uses it, as pgrx requires of a PgAtomic static; every reader checks
+// `preloaded()` first.
 pub static WAKEUPS: PgAtomic<Wakeups> = unsafe { PgAtomic::new(c"pg_tide_wakeups") };
 
 /// The worker of registry slot `slot` (pid `pid`, the calling process) is about to wait for WAL.
@@ -357,10 +368,17 @@ pub fn catalog_changed_after(lsn: u64) -> bool {
 
 /// Whether `_PG_init` ran in the postmaster (library preloaded), so the registry exists.
 pub fn preloaded() -> bool {
-    unsafe { PRELOADED }
+    PRELOADED.load(Ordering::Relaxed)
 }
 
-pub(crate) static mut PRELOADED: bool = false;
+/// Called by `_PG_init` when the library is preloaded (in the postmaster, before any backend
+/// forks: every backend inherits the value).
+pub(crate) fn set_preloaded() {
+    PRELOADED.store(true, Ordering::Relaxed);
+}
+
+/// Set once in the postmaster, before any fork, and read-only afterwards: relaxed order suffices.
+static PRELOADED: AtomicBool = AtomicBool::new(false);
 
 /// The calling backend's database (0 when connected to none).
 fn my_db() -> u32 {
@@ -451,6 +469,7 @@ pub fn terminate(pid: i32) -> bool {
 /// Whether a process exists (the slot of a worker killed with SIGKILL is only cleared by the
 /// crash restart that follows).
 pub fn alive(pid: i32) -> bool {
+    // SAFETY: kill(2) with signal 0 only checks that the pid exists; no signal is sent.
     unsafe { libc::kill(pid, 0) == 0 }
 }
 

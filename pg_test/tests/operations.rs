@@ -16,6 +16,9 @@
 //! - `tide.pipelines` shows the owner the options, says why a pipeline has no worker, counts
 //!   the time since a lost slot in the lag while the resync is not done, warns in a remedy when
 //!   the slot is about to be lost, and answers on a hot standby ([`pipelines_view_says_why`]).
+//! - An idle server with pipelines writes nothing: no pg_tide process takes a transaction id
+//!   while nothing changes, so every slot stays at the end of the WAL, as `pg_upgrade` needs
+//!   ([`idle_pipelines_write_nothing`]).
 //!
 //! Everything a user does runs as `alice`, a member of `tide_admin` (the documented grant).
 
@@ -855,4 +858,79 @@ fn pipelines_view_says_why() {
     );
     assert!(r.get::<_, bool>(3), "current_lsn is the replay position");
     s.query("SELECT * FROM tide.pipelines");
+}
+
+/// Nothing changes, so pg_tide writes nothing. Before this was kept, every iteration of a worker
+/// committed an empty transaction (an UPDATE that matched no row still takes an xid), which woke
+/// every worker of the database again, forever, and the launcher did the same every 5 s: an
+/// idle server wrote WAL without end, and `pg_upgrade` refused the slots ("has not consumed the
+/// WAL yet"). Autovacuum is off in this cluster: an ANALYZE takes a transaction id too.
+#[test]
+fn idle_pipelines_write_nothing() {
+    let c = start_cluster(Cluster::builder("idle").conf("autovacuum = off"));
+    init_extension(&c);
+    c.execute(
+        "CREATE TABLE i_out (id int PRIMARY KEY, v int);
+         CREATE TABLE i_tab (id int PRIMARY KEY, v int);
+         INSERT INTO i_out SELECT g, g FROM generate_series(1, 500) g;
+         INSERT INTO i_tab SELECT g, g FROM generate_series(1, 500) g;",
+    );
+    c.execute("SELECT tide.create_pipeline('io')");
+    c.execute(r#"SELECT tide.create_pipeline('it', 'table', '{"schema": "replica"}')"#);
+    c.execute("SELECT tide.add_table('io', 'i_out')");
+    c.execute("SELECT tide.add_table('it', 'i_tab')");
+    wait_for_backfill(&c, "i_out", Some("io"), 120, || diag(&c));
+    wait_for_backfill(&c, "i_tab", Some("it"), 120, || diag(&c));
+    c.execute(
+        "UPDATE i_out SET v = v + 1 WHERE id <= 10; UPDATE i_tab SET v = v + 1 WHERE id <= 10;",
+    );
+    wait_for_pipeline(&c, "io", 60, || diag(&c));
+    wait_for_pipeline(&c, "it", 60, || diag(&c));
+    // The launcher saves the new definitions for pg_dump within about 5 s (a write, rightly).
+    c.wait_until(
+        "the launcher to save the pipelines' definitions",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT count(*) = 2 AND bool_and(d.definition = tide._definition(d.name))
+                   FROM tide.pipeline_definition d",
+            )?)
+        },
+    );
+    // Settled: every slot at the end of the WAL (the workers confirm their own last
+    // transactions on their next iterations).
+    c.wait_until(
+        "every pg_tide slot to confirm the end of the WAL",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || {
+            Ok(c.try_query_scalar::<bool>(
+                "SELECT count(*) = 2 AND bool_and(confirmed_flush_lsn >= pg_current_wal_lsn())
+                   FROM pg_replication_slots WHERE plugin = 'pg_tide'",
+            )?)
+        },
+    );
+    let next_xid = "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::int8";
+    let before: i64 = c.query_scalar(next_xid);
+    let lsn_before: String = c.query_scalar("SELECT pg_current_wal_lsn()::text");
+    // Several of the launcher's 5-second rounds and many worker polls (0.2 s): long enough for
+    // either to have written, whatever the machine's load.
+    std::thread::sleep(Duration::from_secs(12));
+    let after: i64 = c.query_scalar(next_xid);
+    let slots: String = c.query_scalar(
+        "SELECT string_agg(slot_name || ' ' || confirmed_flush_lsn, ', ') || ' at ' || pg_current_wal_lsn()
+           FROM pg_replication_slots",
+    );
+    assert_eq!(
+        after - before,
+        0,
+        "transaction ids taken in 12 s by an idle server with two caught-up pipelines (slots: {slots})\n{}\nthe WAL written meanwhile:\n{}",
+        diag(&c),
+        waldump_from(&pg_bin(), &c, &lsn_before)
+    );
+    let caught_up: bool = c.query_scalar(
+        "SELECT bool_and(confirmed_flush_lsn >= pg_current_wal_lsn()) FROM pg_replication_slots WHERE plugin = 'pg_tide'",
+    );
+    assert!(caught_up, "every slot still at the end of the WAL: {slots}");
 }

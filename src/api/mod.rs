@@ -84,6 +84,9 @@ pub(crate) fn wake_on_commit(pid: Option<i32>) {
 }
 
 pub(crate) fn sleep_ms(ms: u64) {
+    // SAFETY: MyLatch is this backend's latch, set at process start; a timed wait with
+    // WL_EXIT_ON_PM_DEATH, then the interrupts processed as at any of PostgreSQL's waits; main
+    // thread.
     unsafe {
         pg_sys::WaitLatch(
             pg_sys::MyLatch,

@@ -48,13 +48,7 @@ pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> 
     }
     // A dropped pipeline's outbox events are deleted with it; events an older version left
     // behind must not become readable by a new pipeline of the same name (whoever owns it).
-    let leftover = crate::security::as_tide(|| {
-        sql::one::<bool>(
-            "SELECT EXISTS (SELECT 1 FROM tide.outbox WHERE pipeline = $1)",
-            &[name.into()],
-        )
-    })?
-    .unwrap_or(false);
+    let leftover = crate::security::as_tide(|| catalog::outbox::has_events(name))?;
     if leftover {
         return Err(TideError::duplicate(format!(
             "tide.outbox still holds events of an earlier pipeline named \"{name}\""
@@ -169,13 +163,7 @@ fn check_role_share(name: &str, max_slots: i64) -> TideResult<()> {
     )?;
     let me = crate::security::caller_name()?;
     // tide.pipeline is pg_tide's: counted as pg_tide. Other databases: their launchers'.
-    let here = crate::security::as_tide(|| {
-        sql::one::<i64>(
-            "SELECT count(*) FROM tide.pipeline WHERE owner = $1::name",
-            &[me.clone().into()],
-        )
-    })?
-    .unwrap_or(0);
+    let here = catalog::pipelines::count_owned_by(&me)?;
     let owned = here + crate::quota::pipelines_elsewhere(me_oid);
     let limit = crate::gucs::max_pipelines_per_role(max_slots);
     if owned >= limit {
@@ -248,10 +236,7 @@ pub(super) fn drop_pipeline_as_tide(name: &str, slot: &str) -> TideResult<()> {
     crate::quota::dropping(name);
     // Its outbox events go with it: they belong to this pipeline, and a later pipeline of the
     // same name (another role's, maybe) must never read them.
-    sql::exec(
-        "DELETE FROM tide.outbox WHERE pipeline = $1",
-        &[name.into()],
-    )?;
+    catalog::outbox::delete_events(name)?;
     // Through the worker's shared-memory slot, never pg_terminate_backend: a worker that exited
     // since the slot was read is no error (and no WARNING for the caller), see shmem::terminate.
     if let Some(pid) = shmem::worker_pid(name) {
@@ -436,18 +421,7 @@ pub(super) fn wait_for_pipeline_impl(
 /// slot's), but what the slot lost reaches the target only through the resync's backfills,
 /// whose required position may be past the one waited for (the loss was found after the call).
 fn slot_lost(name: &str) -> TideResult<bool> {
-    let rows = crate::sql_as_tide::text_rows(
-        "SELECT (resync IS NOT NULL)::text FROM tide.pipeline WHERE name = $1",
-        &[Some(name)],
-        0,
-        // (a new snapshot each call: the caller polls while the worker commits)
-        true,
-    )?;
-    Ok(rows
-        .into_iter()
-        .next()
-        .and_then(|r| r.into_iter().next().flatten())
-        .is_some_and(|v| v == "true"))
+    catalog::pipelines::resync_pending(name)
 }
 
 /// Whether the backfills that carry changes of the stream up to `target` (a table rewritten

@@ -26,12 +26,7 @@ pub(super) fn restore_pipeline(name: Option<&str>, owner: default!(Option<&str>,
 
 /// The definition of `name` and its owner, if a row holds it.
 fn definition(name: &str) -> TideResult<Option<(String, Value)>> {
-    let (owner, def) = security::as_tide(|| {
-        sql::two::<String, JsonB>(
-            "SELECT owner::text, definition FROM tide.pipeline_definition WHERE name = $1",
-            &[name.into()],
-        )
-    })?;
+    let (owner, def) = security::as_tide(|| crate::catalog::definitions::get(name))?;
     Ok(owner.zip(def.map(|d| d.0)))
 }
 
@@ -205,29 +200,7 @@ pub(super) fn restorable_pipelines() -> TableIterator<
 > {
     let rows = (|| {
         let me = security::caller();
-        let all = security::as_tide(|| {
-            Ok(Spi::connect(
-                |c| -> TideResult<
-                    Vec<(String, String, Option<pgrx::datum::TimestampWithTimeZone>)>,
-                > {
-                    let t = sql::select(
-                        c,
-                        "SELECT d.name, d.owner::text, d.saved_at FROM tide.pipeline_definition d
-                      WHERE NOT EXISTS (SELECT 1 FROM tide.pipeline p WHERE p.name = d.name)
-                      ORDER BY d.name",
-                        None,
-                        &[],
-                    )?;
-                    let mut out = Vec::new();
-                    for r in t {
-                        if let (Some(n), Some(o)) = (r.get::<String>(1)?, r.get::<String>(2)?) {
-                            out.push((n, o, r.get(3)?));
-                        }
-                    }
-                    Ok(out)
-                },
-            )?)
-        })?;
+        let all = security::as_tide(crate::catalog::definitions::unrestored)?;
         Ok::<_, TideError>(
             all.into_iter()
                 .filter(|(_, o, _)| match security::role_oid(o) {

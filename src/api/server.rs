@@ -93,20 +93,7 @@ pub(crate) fn failover_report() -> TideResult<String> {
         });
     }
     // (to_jsonb: the columns exist from 17 on; this code runs only there)
-    let counts = crate::sql_as_tide::one::<String>(
-        "SELECT format('%s/%s/%s', count(s.slot_name),
-                       count(*) FILTER (WHERE (to_jsonb(s) ->> 'failover')::boolean),
-                       count(*) FILTER (WHERE (to_jsonb(s) ->> 'synced')::boolean))
-           FROM tide.pipeline p LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = p.slot_name",
-        &[],
-    )?
-    .unwrap_or_default();
-    let n: Vec<i64> = counts.split('/').map(|x| x.parse().unwrap_or(0)).collect();
-    let (slots, failover, synced) = (
-        n[0],
-        n.get(1).copied().unwrap_or(0),
-        n.get(2).copied().unwrap_or(0),
-    );
+    let (slots, failover, synced) = crate::catalog::pipelines::slot_failover_counts()?;
     if recovery {
         return Ok(format!(
             "; this server is a standby (in recovery): no pipeline runs here; {synced} of {pipelines} pipeline slot(s) are synchronised from the primary (tide.pipelines: slot_synced, confirmed_lsn): a promotion resumes those from their slot and resyncs the others"
@@ -152,7 +139,8 @@ pub(super) fn _worker_status() -> TableIterator<
         if us == 0 {
             None
         } else {
-            // SAFETY of the conversion: a TimestampTz is an i64 of microseconds; any value is valid.
+            // SAFETY: the conversion reads the Datum as a TimestampTz, an i64 of microseconds: any
+            // value is valid.
             unsafe {
                 pgrx::datum::TimestampWithTimeZone::from_datum(pg_sys::Datum::from(us), false)
             }

@@ -96,18 +96,21 @@ pub(crate) fn due(pipeline: &str, parallel: i32) -> TideResult<Vec<Due>> {
 /// SQL API refuses to start them for a keyless table; `tide.repair` of one starts a copy). They
 /// fail at once, visibly, with what to do.
 ///
-/// Looked for with a read first: the worker calls this at every iteration, and an `UPDATE`
-/// assigns the transaction an id (a commit record) even when it changes nothing, so an idle
-/// worker would write WAL, see it at its next poll and iterate again, forever.
+/// Called on every iteration of a pipeline that captures a keyless table: it looks first
+/// (read-only) and updates only when there is such a backfill, since an UPDATE gives the
+/// transaction an xid and a commit record even when it changes no row. An idle pipeline must
+/// write no WAL: every other worker of the database would wake for it, and `pg_upgrade` refuses
+/// a slot with any transaction after its confirmed position.
 fn fail_keyless(pipeline: &str) -> TideResult<()> {
     let active = texts(&[BackfillState::Queued, BackfillState::Running]);
     let any = sql::one::<bool>(
-        "SELECT EXISTS (SELECT 1 FROM tide.backfill
+        "SELECT EXISTS (SELECT FROM tide.backfill
                          WHERE pipeline = $1 AND state = ANY($2) AND cardinality(key_columns) = 0
                            AND (repair_deletes IS NOT NULL OR condition IS NOT NULL))",
         &[pipeline.into(), active.clone().into()],
-    )?;
-    if any != Some(true) {
+    )?
+    .unwrap_or(false);
+    if !any {
         return Ok(());
     }
     sql::exec(

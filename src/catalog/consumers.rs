@@ -61,6 +61,18 @@ pub(crate) fn bounds(pipeline: &str, fresh: bool) -> TideResult<(Option<i64>, Op
     Ok((num(0)?, num(1)?))
 }
 
+/// Whether the pipeline has an event after id `after`, in a snapshot taken now (the caller polls
+/// while the worker commits). Called by the SQL API; runs as pg_tide.
+pub(crate) fn has_events_after(pipeline: &str, after: i64) -> TideResult<bool> {
+    let rows = sql_as_tide::text_rows(
+        "SELECT 1 FROM tide.outbox WHERE pipeline = $1 AND id > $2::int8 LIMIT 1",
+        &[Some(pipeline), Some(&after.to_string())],
+        1,
+        true,
+    )?;
+    Ok(!rows.is_empty())
+}
+
 /// Register a consumer at `committed_id` (with the `(commit_lsn, position)` of the event at that
 /// id when it is there). `false` when the pipeline already has a consumer of that name. Called by
 /// the SQL API; runs as pg_tide.

@@ -20,6 +20,7 @@
 //! - [`masks`]: `tide.pipeline_table.masks` (column masks) and `tide.mask_salt` (each
 //!   pipeline's salt for `hash` masks);
 //! - [`skips`]: `tide.skipped_transaction` (transactions `tide.skip_transaction` skips);
+//! - [`definitions`]: `tide.pipeline_definition` (each pipeline's definition, for `pg_dump`);
 //! - [`slots`]: the slots' names and locks, orphaned slots, `output_plugin_libraries`;
 //! - this file: the version gate, the OIDs of the tables the stream watches, [`corrupt`].
 //!
@@ -52,6 +53,7 @@ use crate::error::{TideError, TideResult};
 
 pub mod backfills;
 pub mod consumers;
+pub mod definitions;
 pub mod follows;
 pub mod masks;
 pub mod outbox;

@@ -238,3 +238,21 @@ fn jsonb_text(bytes: &[u8]) -> TideResult<String> {
         Ok(text)
     }
 }
+
+/// Whether `tide.outbox` holds events of a pipeline named `pipeline`. Called by the SQL API
+/// (`tide.create_pipeline`: an older version's leftovers), inside its `as_tide` block.
+pub(crate) fn has_events(pipeline: &str) -> TideResult<bool> {
+    Ok(crate::sql::one::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM tide.outbox WHERE pipeline = $1)",
+        &[pipeline.into()],
+    )?
+    .unwrap_or(false))
+}
+
+/// Delete every event of the pipeline (`tide.drop_pipeline`, inside its `as_tide` block).
+pub(crate) fn delete_events(pipeline: &str) -> TideResult<()> {
+    crate::sql::exec(
+        "DELETE FROM tide.outbox WHERE pipeline = $1",
+        &[pipeline.into()],
+    )
+}

@@ -350,6 +350,77 @@ pub(crate) fn owners() -> TideResult<Vec<(String, String)>> {
     Ok(out)
 }
 
+/// The number of pipelines `role` owns in this database. Called by the SQL API (the per-role
+/// limit); runs as pg_tide.
+pub(crate) fn count_owned_by(role: &str) -> TideResult<i64> {
+    Ok(sql_as_tide::one::<i64>(
+        "SELECT count(*) FROM tide.pipeline WHERE owner = $1::name",
+        &[role.into()],
+    )?
+    .unwrap_or(0))
+}
+
+/// Whether the pipeline's resync after a lost slot is not over (`resync` set), in a snapshot
+/// taken now (the caller polls while the worker commits). Called by the SQL API; runs as
+/// pg_tide.
+pub(crate) fn resync_pending(name: &str) -> TideResult<bool> {
+    let rows = sql_as_tide::text_rows(
+        "SELECT (resync IS NOT NULL)::text FROM tide.pipeline WHERE name = $1",
+        &[Some(name)],
+        0,
+        true,
+    )?;
+    Ok(rows
+        .into_iter()
+        .next()
+        .and_then(|r| r.into_iter().next().flatten())
+        .is_some_and(|v| v == "true"))
+}
+
+/// Every pipeline with its owner's OID (0: no such role) and whether that role is a superuser,
+/// for the per-role counts (`crate::quota`). Called by the launcher, in its transaction.
+pub(crate) fn owners_for_quota() -> TideResult<Vec<(String, u32, bool)>> {
+    let rows = crate::sql::text_rows(
+        "SELECT p.name::text, coalesce(r.oid, 0)::text, coalesce(r.rolsuper, false)::text
+           FROM tide.pipeline p LEFT JOIN pg_catalog.pg_roles r ON r.rolname = p.owner",
+        &[],
+        0,
+        false,
+    )?;
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        let mut r = r.into_iter().map(Option::unwrap_or_default);
+        let (name, owner, sup) = (r.next(), r.next(), r.next());
+        out.push((
+            name.unwrap_or_default(),
+            owner.and_then(|o| o.parse().ok()).unwrap_or(0),
+            sup.as_deref() == Some("true"),
+        ));
+    }
+    Ok(out)
+}
+
+/// The pipelines' slots on a server with failover slots (17 and later): (slots that exist,
+/// failover slots, slots synchronised from a primary), over every pipeline. Called by the SQL
+/// API (`tide.check`); runs as pg_tide. (to_jsonb: the columns exist from 17 on; the caller
+/// runs it only there.)
+pub(crate) fn slot_failover_counts() -> TideResult<(i64, i64, i64)> {
+    let counts = sql_as_tide::one::<String>(
+        "SELECT format('%s/%s/%s', count(s.slot_name),
+                       count(*) FILTER (WHERE (to_jsonb(s) ->> 'failover')::boolean),
+                       count(*) FILTER (WHERE (to_jsonb(s) ->> 'synced')::boolean))
+           FROM tide.pipeline p LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = p.slot_name",
+        &[],
+    )?
+    .unwrap_or_default();
+    let n: Vec<i64> = counts.split('/').map(|x| x.parse().unwrap_or(0)).collect();
+    Ok((
+        n.first().copied().unwrap_or(0),
+        n.get(1).copied().unwrap_or(0),
+        n.get(2).copied().unwrap_or(0),
+    ))
+}
+
 /// The number of pipelines. Called by the SQL API; runs as pg_tide.
 pub(crate) fn count() -> TideResult<i64> {
     Ok(sql_as_tide::one::<i64>("SELECT count(*) FROM tide.pipeline", &[])?.unwrap_or(0))

@@ -786,3 +786,39 @@ pub(crate) fn scan(relid: pg_sys::Oid, qualified: &str) -> TideResult<String> {
         format!("ONLY {qualified}")
     })
 }
+
+/// The columns of source table `relid` a table target of `pipeline` receives, in order: (name,
+/// type as `format_type` writes it in this session, the value `ADD COLUMN ... DEFAULT` left for
+/// rows written before it, if any). A column a hash or truncate mask covers is `text`; a
+/// column list (`tide.add_table`'s columns) keeps its columns only. In a snapshot taken now.
+/// Called by the table target, in the worker's iteration (the caller sets the session's type
+/// names).
+pub(crate) fn source_columns(pipeline: &str, relid: u32) -> TideResult<Vec<Vec<Option<String>>>> {
+    sql::text_rows(
+        "SELECT a.attname::pg_catalog.text,
+                -- a hash or truncate mask (tide.add_table's masks) delivers text
+                CASE WHEN m.v OPERATOR(pg_catalog.=) '\"hash\"'::pg_catalog.jsonb
+                       OR m.v OPERATOR(pg_catalog.?) 'truncate'
+                     THEN 'text' ELSE pg_catalog.format_type(a.atttypid, a.atttypmod) END,
+                CASE WHEN a.atthasmissing
+                     THEN (a.attmissingval::pg_catalog.text::pg_catalog.text[])[1] END
+           FROM pg_catalog.pg_attribute a
+           LEFT JOIN LATERAL (SELECT t.masks OPERATOR(pg_catalog.->) a.attnum::pg_catalog.text AS v
+                                FROM tide.pipeline_table t
+                               WHERE t.pipeline OPERATOR(pg_catalog.=) $2
+                                 AND t.relid OPERATOR(pg_catalog.=) $1::pg_catalog.oid) m ON true
+          WHERE a.attrelid OPERATOR(pg_catalog.=) $1::pg_catalog.oid
+            AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
+            AND a.attgenerated OPERATOR(pg_catalog.=) ''
+            -- the table's column list (tide.add_table's columns), if it has one
+            AND a.attnum OPERATOR(pg_catalog.=) ANY (COALESCE(
+                  (SELECT t.columns FROM tide.pipeline_table t
+                    WHERE t.pipeline OPERATOR(pg_catalog.=) $2
+                      AND t.relid OPERATOR(pg_catalog.=) $1::pg_catalog.oid),
+                  ARRAY[a.attnum]))
+          ORDER BY a.attnum",
+        &[Some(&relid.to_string()), Some(pipeline)],
+        0,
+        true,
+    )
+}

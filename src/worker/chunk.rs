@@ -388,6 +388,7 @@ pub(super) fn read_chunk(
         q.masks = layout;
         q.salt = salt;
     }
+    // SAFETY: reads the clock; no pointer; main thread.
     let read_at = unsafe { pg_sys::GetCurrentTimestamp() };
     let (snapshot, invisible) = chunk_snapshot(writer)?;
     // Read as the pipeline's owner (catalog::backfills::due gives it, whoever started the
@@ -503,6 +504,7 @@ pub(super) fn committed_invisible(
     writer: Option<u32>,
     running: bool,
 ) -> usize {
+    // SAFETY: reads the shared next transaction id under its own lock; main thread.
     let newest = unsafe { pg_sys::ReadNextFullTransactionId() }.value;
     let after_xmax = invisible.xmax_full.map_or(0..0, |x| x..newest.max(x));
     invisible
@@ -511,6 +513,10 @@ pub(super) fn committed_invisible(
         .filter(|&&x| Some(x) != writer)
         .filter(|&&x| {
             let xid = pg_sys::TransactionId::from(x);
+            // SAFETY: TransactionIdDidCommit and TransactionIdIsInProgress take any xid and read
+            // the commit log and the process array under their own locks (an xid whose commit-log
+            // page is gone is an ERROR, not UB); these are the snapshot's in-progress xids, newer
+            // than its xmin; main thread.
             unsafe {
                 pg_sys::TransactionIdDidCommit(xid)
                     && (!running || pg_sys::TransactionIdIsInProgress(xid))
@@ -525,6 +531,8 @@ pub(super) fn committed_invisible(
             .filter(|&x| Some(x as u32) != writer)
             .filter(|&x| {
                 let xid = pg_sys::TransactionId::from(x as u32);
+                // SAFETY: as above; these xids lie between the snapshot's xmax and the next
+                // transaction id, so each was assigned; main thread.
                 unsafe {
                     pg_sys::TransactionIdDidCommit(xid) && pg_sys::TransactionIdIsInProgress(xid)
                 }

@@ -125,6 +125,9 @@ unsafe fn process_record(
     ctx: *mut pg_sys::LogicalDecodingContext,
     record: *mut pg_sys::XLogReaderState,
 ) {
+    // SAFETY: the caller's: `ctx` is the decoder's open decoding context and `record` its reader
+    // with a record just read; LogicalDecodingProcessRecord runs behind pgrx's FFI guard (an ERROR
+    // becomes a panic), and `_restore` switches back to the caller's memory context on every path.
     unsafe {
         let cx = pg_sys::CurrentMemoryContext;
         let _restore = RestoreContext(cx);
@@ -189,6 +192,7 @@ const SPILL_THRESHOLD_MAX: usize = 8 << 20;
 /// The buffer's threshold: [`SPILL_THRESHOLD_MAX`], or less when the reorder buffer may hold
 /// less (`logical_decoding_work_mem` as [`use_decoding_work_mem`] set it).
 fn spill_threshold() -> usize {
+    // SAFETY: reads this backend's setting (an int GUC); main thread.
     ((unsafe { pg_sys::logical_decoding_work_mem }.max(64) as usize) * 1024)
         .min(SPILL_THRESHOLD_MAX)
 }
@@ -260,6 +264,9 @@ struct RestoreContext(pg_sys::MemoryContext);
 
 impl Drop for RestoreContext {
     fn drop(&mut self) {
+        // SAFETY: switches back to a context that was current when the guard was made and outlives
+        // it (the caller's, or the decoder's own, deleted only after the guard is gone); main
+        // thread.
         unsafe { pg_sys::MemoryContextSwitchTo(self.0) };
     }
 }
@@ -343,6 +350,11 @@ impl Decoder {
             })?;
         let budget = FileBudget::unlimited();
         budget.set_limit(crate::gucs::spool_file_limit().map(|(b, _)| b));
+        // SAFETY: main thread, in a transaction (Decoder::open's contract). The decoding context is
+        // created in `cx`, a child of TopMemoryContext that the Decoder deletes in Drop; the slot
+        // acquired here is released by Drop, also on an ERROR (see below); `dec.out` is boxed, so
+        // the pointer stored in `output_writer_private` stays valid until Drop frees the decoding
+        // context, before the box.
         unsafe {
             pg_sys::CheckLogicalDecodingRequirements();
             let cx = pg_sys::AllocSetContextCreateInternal(
@@ -439,6 +451,9 @@ impl Decoder {
     /// least `max_messages` messages are buffered (at a record boundary, so after whole
     /// transactions). Hand the messages out with [`Decoder::messages`].
     pub fn read(&mut self, max_messages: usize) -> TideResult<ReadOutcome> {
+        // SAFETY: `self.ctx` is the open decoding context (set by open, cleared only in Drop), with
+        // its reader and reorder buffer; the memory context switch is undone by `_restore` on every
+        // path; main thread, in a transaction.
         unsafe {
             let end_of_wal = self.gated_end(pg_sys::GetFlushRecPtr(std::ptr::null_mut()));
             // The oldest position whose catalog state this read can use (see the header).
@@ -559,6 +574,8 @@ impl Decoder {
 
     /// End of the last record read: every transaction committed before it has been handed out.
     pub fn position(&self) -> Lsn {
+        // SAFETY: `self.ctx` is the open decoding context, whose reader lives as long as the
+        // decoder.
         unsafe { Lsn((*(*self.ctx).reader).EndRecPtr) }
     }
 
@@ -597,6 +614,8 @@ impl Decoder {
     }
 
     fn confirm_now(lsn: Lsn) {
+        // SAFETY: this process holds the decoder's slot (acquired by open, released only in Drop);
+        // main thread.
         unsafe {
             pg_sys::LogicalConfirmReceivedLocation(lsn.0);
             // Written at the next checkpoint (a crash before that replays, and the applied
@@ -639,6 +658,9 @@ impl Decoder {
 
 impl Drop for Decoder {
     fn drop(&mut self) {
+        // SAFETY: each pointer is checked for NULL and cleared after it is freed, so a second drop
+        // (or a drop after release_after_error) frees nothing twice; FreeDecodingContext runs while
+        // the slot is still acquired, as it needs; main thread.
         unsafe {
             if !self.ctx.is_null() {
                 // Calls the plugin's shutdown callback, frees the reorder buffer (and its spill
@@ -664,6 +686,8 @@ impl Drop for Decoder {
 pub fn release_after_error(dec: Option<Decoder>) -> TideResult<()> {
     crate::worker::tx::run(|| {
         drop(dec);
+        // SAFETY: MyReplicationSlot is this process's; released only if still acquired; the caches
+        // are invalidated inside the transaction `tx::run` opened; main thread.
         unsafe {
             if !pg_sys::MyReplicationSlot.is_null() {
                 pg_sys::ReplicationSlotRelease();
@@ -682,6 +706,8 @@ unsafe extern "C-unwind" fn prepare_write(
     _xid: pg_sys::TransactionId,
     _last_write: bool,
 ) {
+    // SAFETY: `ctx` is the decoding context PostgreSQL passes to its prepare_write callback, whose
+    // `out` is its StringInfo.
     unsafe { pg_sys::resetStringInfo((*ctx).out) };
 }
 
@@ -692,6 +718,9 @@ unsafe extern "C-unwind" fn do_write(
     _xid: pg_sys::TransactionId,
     _last_write: bool,
 ) {
+    // SAFETY: `ctx` is the decoding context PostgreSQL passes to its write callback;
+    // `output_writer_private` is NULL or the decoder's boxed Output (see open), alive while the
+    // context is; `out` holds `len` initialized bytes.
     unsafe {
         let out = (*ctx).output_writer_private as *mut Output;
         if out.is_null() {

@@ -3,7 +3,8 @@
 //! `schema.rs`), at most every [`EVERY`] (a change is in the next `pg_dump` about that long after
 //! its commit).
 //!
-//! Guarantees: each round writes only the rows that changed, in a transaction of its own that
+//! Guarantees: a round that finds nothing changed writes nothing (no xid, no WAL: see [`save`]);
+//! otherwise it writes only the rows that changed, in a transaction of its own that
 //! waits at most [`LOCK_TIMEOUT`] for a row lock (a `tide.drop_pipeline` still open holds its
 //! row): no role's open transaction can stall the launcher, and the launcher holds no lock a
 //! role's statement waits for beyond one short transaction. A round that fails is logged and
@@ -35,11 +36,18 @@ pub fn save() {
     }
     LAST.with(|l| l.set(Some(Instant::now())));
     let r = tx::run(|| {
-        sql::exec(
+        // Looked at read-only first: a write gives the round's transaction an xid and a commit
+        // record even when no row changes, and an idle server must write no WAL (every
+        // pipeline worker of the database wakes for it; `pg_upgrade` refuses a slot with any
+        // transaction after its confirmed position).
+        if !crate::catalog::definitions::changed()? {
+            return Ok(Some(0));
+        }
+        sql::one::<String>(
             "SELECT pg_catalog.set_config('lock_timeout', $1, true)",
             &[LOCK_TIMEOUT.into()],
         )?;
-        sql::write_one::<i64>("SELECT tide._save_definitions()", &[])
+        crate::catalog::definitions::save()
     });
     match r {
         Ok(Some(n)) if n > 0 => {

@@ -162,6 +162,7 @@ pub extern "C-unwind" fn tide_launcher_main(_arg: pg_sys::Datum) {
     // No database: the supervisor reads only the shared catalog pg_database, and must not keep
     // any database busy (DROP DATABASE waits for every session of the database to leave).
     BackgroundWorker::connect_worker_to_spi(None, None);
+    // SAFETY: reads a process global set at process start; main thread.
     shmem::REGISTRY.exclusive().supervisor_pid = unsafe { pg_sys::MyProcPid };
     log!("pg_tide supervisor started");
 
@@ -170,6 +171,8 @@ pub extern "C-unwind" fn tide_launcher_main(_arg: pg_sys::Datum) {
     while BackgroundWorker::wait_latch(Some(wait)) {
         wait = Duration::from_secs(2);
         if BackgroundWorker::sighup_received() {
+            // SAFETY: rereads the configuration files at a SIGHUP, as PostgreSQL's own processes
+            // do, outside any transaction; main thread.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
         sup.tick();
@@ -310,6 +313,7 @@ fn start_db_launcher(d: &Database) -> Result<DynamicBackgroundWorker, ()> {
         .set_argument(pg_sys::Oid::from(d.oid).into_datum())
         .enable_spi_access()
         .set_restart_time(None)
+        // SAFETY: reads a process global set at process start; main thread.
         .set_notify_pid(unsafe { pg_sys::MyProcPid })
         .load_dynamic()
         .map_err(|_| ())
@@ -338,6 +342,9 @@ fn stop_workers(why: &str) {
                 w.name(),
                 w.pid
             );
+            // SAFETY: the pid is a live backend of this database (BackendPidGetProc above) recorded
+            // as this pipeline's worker; should it exit in between, kill fails with ESRCH, which is
+            // ignored (the same window pg_terminate_backend has).
             unsafe { libc::kill(w.pid, libc::SIGTERM) };
         }
     }
@@ -365,6 +372,7 @@ fn database_wanted() -> Wanted {
         // A shared object: no database.
         locktag_field1: 0,
         locktag_field2: pg_sys::DatabaseRelationId.to_u32(),
+        // SAFETY: reads a process global set at connection, read-only afterwards; main thread.
         locktag_field3: unsafe { pg_sys::MyDatabaseId }.to_u32(),
         locktag_field4: 0,
         locktag_type: pg_sys::LockTagType::LOCKTAG_OBJECT as u8,
@@ -442,8 +450,11 @@ fn wanted_by_one_who_may() -> crate::error::TideResult<bool> {
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn tide_database_launcher_main(arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    // SAFETY: the launcher's argument is a by-value Oid Datum (set_argument above, at
+    // registration).
     let dboid = unsafe { pg_sys::Oid::from_datum(arg, false) }.unwrap_or(pg_sys::InvalidOid);
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(dboid), None);
+    // SAFETY: reads a process global set at process start; main thread.
     if !shmem::db_launcher_started(unsafe { pg_sys::MyProcPid }) {
         log!(
             "pg_tide launcher: not running: launchers of {} databases run already, the most pg_tide supports",
@@ -468,6 +479,7 @@ pub extern "C-unwind" fn tide_database_launcher_main(arg: pg_sys::Datum) {
         leave(shmem::DbExit::NotListed);
     }
 
+    // SAFETY: reads a process global set at connection, read-only afterwards; main thread.
     let dboid = unsafe { pg_sys::MyDatabaseId };
     let mut workers = Workers::default();
     let mut announced = false;
@@ -644,6 +656,8 @@ fn leave_if_no_pipelines(db: &str, dboid: pg_sys::Oid) {
 /// or another session wants it to itself (DROP DATABASE, ALTER DATABASE, a template copy).
 fn leave_if_unwanted(db: &str) {
     if BackgroundWorker::sighup_received() {
+        // SAFETY: rereads the configuration files at a SIGHUP, as PostgreSQL's own processes do,
+        // outside any transaction; main thread.
         unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         if !gucs::database_allowed(db) {
             log!("pg_tide launcher: tide.database does not list database \"{db}\" any more; its pipelines stop");
@@ -673,6 +687,7 @@ fn start_worker(name: &str, dboid: pg_sys::Oid) -> Result<DynamicBackgroundWorke
         .set_extra(name)
         .enable_spi_access()
         .set_restart_time(None)
+        // SAFETY: reads a process global set at process start; main thread.
         .set_notify_pid(unsafe { pg_sys::MyProcPid })
         .load_dynamic()
         .map_err(|_| ())
@@ -707,23 +722,14 @@ fn list_pipelines_and_collect_slots() -> Result<Listing, crate::error::TideError
 /// Publish this database's pipelines and their owners for the per-role, server-wide counts
 /// (`crate::quota`). In the launcher's transaction.
 fn publish_pipelines() -> Result<(), crate::error::TideError> {
-    let rows = crate::sql::text_rows(
-        "SELECT p.name::text, coalesce(r.oid, 0)::text, coalesce(r.rolsuper, false)::text
-           FROM tide.pipeline p LEFT JOIN pg_catalog.pg_roles r ON r.rolname = p.owner",
-        &[],
-        0,
-        false,
-    )?;
-    let mut out = Vec::with_capacity(rows.len());
-    for r in rows {
-        let mut r = r.into_iter().map(Option::unwrap_or_default);
-        let (name, owner, sup) = (r.next(), r.next(), r.next());
-        out.push(quota::Published {
-            name: name.unwrap_or_default(),
-            owner: owner.and_then(|o| o.parse().ok()).unwrap_or(0),
-            superuser: sup.as_deref() == Some("true"),
-        });
-    }
+    let out: Vec<quota::Published> = crate::catalog::pipelines::owners_for_quota()?
+        .into_iter()
+        .map(|(name, owner, superuser)| quota::Published {
+            name,
+            owner,
+            superuser,
+        })
+        .collect();
     let unlisted = quota::publish(&out);
     if unlisted > 0 {
         log!("pg_tide launcher: {unlisted} pipelines not counted against their owners: pg_tide counts at most {} on the server", quota::MAX_OWNED);

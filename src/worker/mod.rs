@@ -29,6 +29,8 @@ use pgrx::pg_sys;
 /// request is left pending (`true`): the wait goes on for its grace.
 pub fn wait_check(abandon: &mut dyn FnMut(), defer_termination: bool) -> bool {
     // A zero-timeout WaitLatch only reports whether the postmaster is gone.
+    // SAFETY: MyLatch is this backend's latch; a zero-timeout wait only reports the postmaster's
+    // death; called on the main thread (sink threads never call it).
     let events = unsafe {
         pg_sys::WaitLatch(
             pg_sys::MyLatch,
@@ -41,7 +43,11 @@ pub fn wait_check(abandon: &mut dyn FnMut(), defer_termination: bool) -> bool {
         abandon();
         crate::pgver::exit_process(1);
     }
+    // SAFETY: reads this backend's interrupt flag, set by its signal handlers (a volatile
+    // sig_atomic_t); main thread.
     if unsafe { pg_sys::InterruptPending } != 0 {
+        // SAFETY: reads this backend's termination flag, set by its SIGTERM handler (a volatile
+        // sig_atomic_t); main thread.
         if defer_termination && unsafe { pg_sys::ProcDiePending } != 0 {
             return true;
         }

@@ -40,9 +40,10 @@ pub fn name(pipeline: &str, slot: &str) -> String {
     if slot == crate::catalog::slots::legacy_slot_name(pipeline) {
         legacy_name(pipeline)
     } else {
-        // SAFETY: reads a process global set at connection.
         format!(
             "{PREFIX}{}_{pipeline}",
+            // SAFETY: reads a process global set at connection, read-only afterwards; main
+            // thread.
             unsafe { pg_sys::MyDatabaseId }.to_u32()
         )
     }
@@ -59,6 +60,9 @@ pub fn legacy_name(pipeline: &str) -> String {
 pub fn acquire(pipeline: &str, slot: &str) -> TideResult<()> {
     let n = CString::new(name(pipeline, slot))
         .map_err(|_| TideError::internal("pipeline name contains a NUL byte"))?;
+    // SAFETY: main thread, in a transaction (as documented): `n` is NUL-terminated and alive for
+    // the calls; replorigin_session_setup takes the origin for this session only once (checked
+    // first), and replorigin_session_origin is this backend's global.
     unsafe {
         if pg_sys::replorigin_session_origin != pg_sys::InvalidRepOriginId as pg_sys::RepOriginId {
             return Ok(());
@@ -75,6 +79,8 @@ pub fn acquire(pipeline: &str, slot: &str) -> TideResult<()> {
 
 /// Give the origin up (after the iteration's transaction has ended); a no-op when not held.
 pub fn release() {
+    // SAFETY: this backend's session origin is reset only if it holds one (checked first); main
+    // thread.
     unsafe {
         if pg_sys::replorigin_session_origin == pg_sys::InvalidRepOriginId as pg_sys::RepOriginId {
             return;

@@ -71,19 +71,25 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
     // long decoding call: PostgreSQL's die(); whatever the worker was doing is rolled back, the
     // slot was not advanced past it. Between iterations it only asks the worker to leave, which
     // it does at once and normally (see `on_sigterm`).
+    // SAFETY: on_sigterm is async-signal-safe (atomics and SetLatch, or PostgreSQL's own die()), as
+    // set_signal_handler requires; installed on the main thread at process start.
     unsafe {
         crate::pgver::set_signal_handler(pg_sys::SIGTERM as i32, Some(on_sigterm));
     }
     let name = BackgroundWorker::get_extra().to_string();
+    // SAFETY: the worker's argument is a by-value Oid Datum (set at registration by the launcher).
     let dboid = unsafe { pg_sys::Oid::from_datum(arg, false) }.unwrap_or(pg_sys::InvalidOid);
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(dboid), None);
 
+    // SAFETY: reads a process global set at process start; main thread.
     let pid = unsafe { pg_sys::MyProcPid };
     let Some(slot_idx) = shmem::claim(&name, pid, now_us()) else {
         log!("pg_tide worker: no free worker slot for pipeline \"{name}\" (at most {} pipelines run at once)", shmem::MAX_PIPELINES);
         return;
     };
     // Free the shared-memory slot however the process ends (FATAL on SIGTERM included).
+    // SAFETY: callbacks of before_shmem_exit's signature (#[pg_guard]ed), registered on the main
+    // thread; the Datum is the slot index by value.
     unsafe {
         pg_sys::before_shmem_exit(Some(release_slot), pg_sys::Datum::from(slot_idx));
         pg_sys::before_shmem_exit(Some(uncount_worker), pg_sys::Datum::from(0));
@@ -109,11 +115,15 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
         pg_sys::check_for_interrupts!();
         let sighup = BackgroundWorker::sighup_received();
         if sighup {
+            // SAFETY: rereads the configuration files at a SIGHUP, as PostgreSQL's own processes
+            // do, outside any transaction; main thread.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
         // Taken before the flush position is read: whatever committed before it is flushed by
         // then (synchronous commit), so a drained reader has applied it (caught_up_at).
         let loop_at = now_us();
+        // SAFETY: reads the WAL flush position under its own spinlock (NULL: no timeline wanted);
+        // main thread.
         let flush = unsafe { pg_sys::GetFlushRecPtr(std::ptr::null_mut()) };
         let position = w.dec.as_ref().map(|d| d.position());
         let facts = Facts {
@@ -736,6 +746,8 @@ fn after_success(
             // logs about every 15 s. While busy, log one now, as pg_log_standby_snapshot() does
             // in PostgreSQL 16.
             if let Err(e) = tx::run(|| {
+                // SAFETY: inside the transaction tx::run opened, as pg_log_standby_snapshot calls
+                // it; main thread.
                 unsafe { pg_sys::LogStandbySnapshot() };
                 Ok(())
             }) {
@@ -872,6 +884,8 @@ extern "C-unwind" {
 
 #[pg_guard]
 unsafe extern "C-unwind" fn release_slot(_code: std::ffi::c_int, arg: pg_sys::Datum) {
+    // SAFETY: reads a process global set at process start; before_shmem_exit callbacks run on the
+    // main thread.
     shmem::release(arg.value(), unsafe { pg_sys::MyProcPid });
 }
 
@@ -883,6 +897,7 @@ unsafe extern "C-unwind" fn uncount_worker(_code: std::ffi::c_int, _arg: pg_sys:
 }
 
 fn now_us() -> i64 {
+    // SAFETY: reads the clock; no pointer; main thread.
     unsafe { pg_sys::GetCurrentTimestamp() }
 }
 

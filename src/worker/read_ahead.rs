@@ -396,6 +396,8 @@ impl Drop for Reader {
 pub extern "C-unwind" fn tide_reader_main(arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
     // SIGTERM (the worker dropping its reader, shutdown) ends the reader at once.
+    // SAFETY: postgres_die is PostgreSQL's own SIGTERM handler (async-signal-safe), as
+    // set_signal_handler requires; installed on the main thread at process start.
     unsafe {
         crate::pgver::set_signal_handler(pg_sys::SIGTERM as i32, Some(postgres_die));
     }

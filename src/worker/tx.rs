@@ -24,17 +24,23 @@ unsafe extern "C-unwind" {
 /// Cancel the current statement if it runs longer than `ms` (a statement timeout: SPI in a
 /// background worker gets none from `statement_timeout`). Pair with [`disarm_timeout`].
 pub fn arm_timeout(ms: i32) {
+    // SAFETY: utils/timeout.h's enable_timeout_after (declared above) with STATEMENT_TIMEOUT,
+    // registered by InitPostgres for every connected backend; main thread.
     unsafe { enable_timeout_after(STATEMENT_TIMEOUT, ms) }
 }
 
 /// Disarm [`arm_timeout`] (harmless when it is not armed).
 pub fn disarm_timeout() {
+    // SAFETY: utils/timeout.h's disable_timeout with the same timeout id; harmless when it is not
+    // armed; main thread.
     unsafe { disable_timeout(STATEMENT_TIMEOUT, false) }
 }
 
 /// Run `body` in its own transaction with a fresh snapshot. Commits on `Ok`, aborts on `Err`,
 /// on a PostgreSQL ERROR or on a panic.
 pub fn run<R>(body: impl FnOnce() -> Result<R, TideError>) -> Result<R, TideError> {
+    // SAFETY: a background worker's main thread, outside a transaction (run's contract): a
+    // transaction and its snapshot are started here and `finish` ends both on every path.
     unsafe {
         pg_sys::SetCurrentStatementStartTimestamp();
         pg_sys::StartTransactionCommand();
@@ -59,6 +65,8 @@ pub fn guard<R>(body: impl FnOnce() -> Result<R, TideError>) -> Result<R, TideEr
         .catch_rust_panic(|caught| Err(from_caught(caught)))
         .execute();
     if outcome.is_err() {
+        // SAFETY: restores the memory context current before `body` and clears the caught ERROR's
+        // state, as a backend's error recovery does; main thread.
         unsafe {
             pg_sys::MemoryContextSwitchTo(cxt);
             pg_sys::FlushErrorState();
@@ -90,6 +98,9 @@ pub fn run_locked<R>(
     relid: pg_sys::Oid,
     body: impl FnOnce() -> Result<R, TideError>,
 ) -> Result<Locked<R>, TideError> {
+    // SAFETY: a background worker's main thread, outside a transaction: the transaction is aborted
+    // here when the lock is not granted, else it and its snapshot are ended by `finish` on every
+    // path.
     unsafe {
         pg_sys::SetCurrentStatementStartTimestamp();
         pg_sys::StartTransactionCommand();
@@ -116,6 +127,9 @@ fn finish<R>(body: impl FnOnce() -> Result<R, TideError>) -> Result<R, TideError
         .catch_others(|caught| Err(from_caught(caught)))
         .catch_rust_panic(|caught| Err(from_caught(caught)))
         .execute();
+    // SAFETY: ends the transaction and snapshot run/run_locked started: commit after popping the
+    // snapshot, or flush the caught ERROR and abort (from TopMemoryContext, as a backend's error
+    // recovery does); main thread.
     unsafe {
         match outcome {
             Ok(v) => {

@@ -32,7 +32,11 @@
 //!   until their commit, then handed on whole.
 //!
 //! The crate uses only `std`, never panics while decoding untrusted input,
-//! and does no I/O except [`spill`]'s temporary files.
+//! does no I/O except [`spill`]'s temporary files, and has no `unsafe` code
+//! (`forbid(unsafe_code)` below: whatever needs `unsafe` talks to PostgreSQL
+//! and lives in the pgrx crate).
+
+#![forbid(unsafe_code)]
 
 pub mod connect;
 pub mod copy;

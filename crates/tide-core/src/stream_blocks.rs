@@ -1,6 +1,6 @@
 //! The output plugin's side of streamed (in-progress) transactions: which stream block is being
 //! decoded, whether its `StreamStart` has been written, and which transactions have written a
-//! block in this decoding session. The plugin (`src/plugin.rs`) asks this module what to write;
+//! block in this decoding session. The plugin (`src/plugin/`) asks this module what to write;
 //! the worker's reader of what it writes is [`crate::stream_spool::Streams`].
 //!
 //! Owns: the bookkeeping of one decoding session (a plugin's `startup` to its `shutdown`).

@@ -760,56 +760,17 @@ impl<'a> Reader<'a> {
                 end_lsn: self.lsn("end lsn")?,
                 commit_time: self.i64("commit time")?,
             },
-            TAG_RELATION => {
-                let relid = self.u32("relid")?;
-                let namespace = self.str("namespace")?;
-                let name = self.str("relation name")?;
-                let n = usize::from(self.u16("column count")?);
-                self.check_count(n, MIN_COLUMN_LEN, "columns")?;
-                let mut columns = Vec::with_capacity(n);
-                for _ in 0..n {
-                    columns.push(self.column()?);
-                }
-                Message::Relation {
-                    relid,
-                    namespace,
-                    name,
-                    columns,
-                }
-            }
+            TAG_RELATION => self.relation()?,
             TAG_INSERT => Message::Insert {
                 relid: self.u32("relid")?,
                 new: self.tuple()?,
             },
-            TAG_UPDATE => {
-                let relid = self.u32("relid")?;
-                let offset = self.offset;
-                let old_key = match self.u8("old-key flag")? {
-                    0 => None,
-                    1 => Some(self.tuple()?),
-                    value => return Err(DecodeError::InvalidOldKeyFlag { value, offset }),
-                };
-                Message::Update {
-                    relid,
-                    old_key,
-                    new: self.tuple()?,
-                }
-            }
+            TAG_UPDATE => self.update()?,
             TAG_DELETE => Message::Delete {
                 relid: self.u32("relid")?,
                 old_key: self.tuple()?,
             },
-            TAG_TRUNCATE => {
-                let flags = self.u8("truncate flags")?;
-                let count = self.u32("relation count")?;
-                let n = usize::try_from(count).unwrap_or(usize::MAX);
-                self.check_count(n, 4, "truncated relids")?;
-                let mut relids = Vec::with_capacity(n);
-                for _ in 0..n {
-                    relids.push(self.u32("relid")?);
-                }
-                Message::Truncate { flags, relids }
-            }
+            TAG_TRUNCATE => self.truncate()?,
             TAG_SIGNAL => {
                 let len = self.u32("signal length")?;
                 let len = usize::try_from(len).unwrap_or(usize::MAX);
@@ -839,31 +800,7 @@ impl<'a> Reader<'a> {
                 Message::StreamStart { xid, first }
             }
             TAG_STREAM_STOP => Message::StreamStop,
-            TAG_STREAM_CHANGE => {
-                let xid = self.u32("xid")?;
-                let tag = *self
-                    .rest
-                    .first()
-                    .ok_or_else(|| self.truncated("stream change body", 1))?;
-                if !streamable(tag) {
-                    return Err(DecodeError::NotStreamable { tag });
-                }
-                let start = self.offset;
-                let body = self.take(self.rest.len(), "stream change body")?;
-                // The body is exactly one valid message (errors at the offsets of the whole).
-                let mut inner = Reader {
-                    rest: body,
-                    offset: start,
-                };
-                inner.message()?;
-                if !inner.rest.is_empty() {
-                    return Err(DecodeError::TrailingBytes {
-                        offset: inner.offset,
-                        count: inner.rest.len(),
-                    });
-                }
-                Message::StreamChange { xid, body }
-            }
+            TAG_STREAM_CHANGE => self.stream_change()?,
             TAG_STREAM_ABORT => Message::StreamAbort {
                 xid: self.u32("xid")?,
                 subxid: self.u32("subxid")?,
@@ -877,6 +814,81 @@ impl<'a> Reader<'a> {
             tag => return Err(DecodeError::UnknownTag { tag }),
         };
         Ok(msg)
+    }
+
+    /// The body of a Relation message (after its tag).
+    fn relation(&mut self) -> Result<Message<'a>, DecodeError> {
+        let relid = self.u32("relid")?;
+        let namespace = self.str("namespace")?;
+        let name = self.str("relation name")?;
+        let n = usize::from(self.u16("column count")?);
+        self.check_count(n, MIN_COLUMN_LEN, "columns")?;
+        let mut columns = Vec::with_capacity(n);
+        for _ in 0..n {
+            columns.push(self.column()?);
+        }
+        Ok(Message::Relation {
+            relid,
+            namespace,
+            name,
+            columns,
+        })
+    }
+
+    /// The body of an Update message (after its tag).
+    fn update(&mut self) -> Result<Message<'a>, DecodeError> {
+        let relid = self.u32("relid")?;
+        let offset = self.offset;
+        let old_key = match self.u8("old-key flag")? {
+            0 => None,
+            1 => Some(self.tuple()?),
+            value => return Err(DecodeError::InvalidOldKeyFlag { value, offset }),
+        };
+        Ok(Message::Update {
+            relid,
+            old_key,
+            new: self.tuple()?,
+        })
+    }
+
+    /// The body of a Truncate message (after its tag).
+    fn truncate(&mut self) -> Result<Message<'a>, DecodeError> {
+        let flags = self.u8("truncate flags")?;
+        let count = self.u32("relation count")?;
+        let n = usize::try_from(count).unwrap_or(usize::MAX);
+        self.check_count(n, 4, "truncated relids")?;
+        let mut relids = Vec::with_capacity(n);
+        for _ in 0..n {
+            relids.push(self.u32("relid")?);
+        }
+        Ok(Message::Truncate { flags, relids })
+    }
+
+    /// The body of a Stream Change message (after its tag): exactly one streamable message.
+    fn stream_change(&mut self) -> Result<Message<'a>, DecodeError> {
+        let xid = self.u32("xid")?;
+        let tag = *self
+            .rest
+            .first()
+            .ok_or_else(|| self.truncated("stream change body", 1))?;
+        if !streamable(tag) {
+            return Err(DecodeError::NotStreamable { tag });
+        }
+        let start = self.offset;
+        let body = self.take(self.rest.len(), "stream change body")?;
+        // The body is exactly one valid message (errors at the offsets of the whole).
+        let mut inner = Reader {
+            rest: body,
+            offset: start,
+        };
+        inner.message()?;
+        if !inner.rest.is_empty() {
+            return Err(DecodeError::TrailingBytes {
+                offset: inner.offset,
+                count: inner.rest.len(),
+            });
+        }
+        Ok(Message::StreamChange { xid, body })
     }
 }
 

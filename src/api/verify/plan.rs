@@ -118,6 +118,9 @@ pub(super) fn setup(
     let pipeline = resolve_pipeline(relid, pipeline)?;
     // (After the ownership check.) Held to the end of the transaction: every source read below
     // takes a fresh snapshot after this, so none of them can see a rewritten source as empty.
+    // SAFETY: `relid` names a relation the caller owns (checked above; a dropped one makes
+    // LockRelationOid an ERROR, not UB); main thread, inside the SQL function's transaction, which
+    // releases the lock.
     unsafe { pg_sys::LockRelationOid(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
     let source = relation_name(relid)?;
     let (target_kind, options) = catalog::pipelines::target(&pipeline)?;

@@ -76,10 +76,13 @@ pub(super) fn read_target(
             // propagation cannot make it look empty (the read's own lock outlives this one).
             let lockmode = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
             if let Some(oid) = ctx.local_target {
+                // SAFETY: a lock on the local target's OID, released below or at the end of the
+                // transaction; main thread, inside the SQL function's transaction.
                 unsafe { pg_sys::LockRelationOid(oid, lockmode) };
             }
             let rows = sql::text_rows(&q, &args, 0, true);
             if let Some(oid) = ctx.local_target {
+                // SAFETY: releases the lock taken above on the same OID and mode; main thread.
                 unsafe { pg_sys::UnlockRelationOid(oid, lockmode) };
             }
             rows?

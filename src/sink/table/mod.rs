@@ -69,7 +69,6 @@ use crate::error::{TideError, TideResult};
 use crate::sink::options::{Options, ReplicationRole, SchemaPolicy};
 use crate::sink::remote::{remote_access, watch_remote_options, RemoteAccess, RemoteSink};
 use crate::sink::{Batch, CommitPoint, Event, Row, RowBatch, RowForm, SchemaEvent, Target};
-use crate::sql;
 use pgrx::spi::SpiClient;
 use std::collections::{HashMap, HashSet};
 use tide_core::lsn::Lsn;
@@ -446,37 +445,10 @@ impl<B: Backend + 'static> TableTarget<B> {
         let Some(t) = self.targets.get(&relid).cloned() else {
             return Ok(());
         };
-        let relid_text = relid.to_string();
         let mut source = Vec::new();
         // Type names as the target's session writes them (see security::with_type_names).
         let rows = crate::security::with_type_names(|| {
-            sql::text_rows(
-                "SELECT a.attname::pg_catalog.text,
-                        -- a hash or truncate mask (tide.add_table's masks) delivers text
-                        CASE WHEN m.v OPERATOR(pg_catalog.=) '\"hash\"'::pg_catalog.jsonb
-                               OR m.v OPERATOR(pg_catalog.?) 'truncate'
-                             THEN 'text' ELSE pg_catalog.format_type(a.atttypid, a.atttypmod) END,
-                        CASE WHEN a.atthasmissing
-                             THEN (a.attmissingval::pg_catalog.text::pg_catalog.text[])[1] END
-                   FROM pg_catalog.pg_attribute a
-                   LEFT JOIN LATERAL (SELECT t.masks OPERATOR(pg_catalog.->) a.attnum::pg_catalog.text AS v
-                                        FROM tide.pipeline_table t
-                                       WHERE t.pipeline OPERATOR(pg_catalog.=) $2
-                                         AND t.relid OPERATOR(pg_catalog.=) $1::pg_catalog.oid) m ON true
-                  WHERE a.attrelid OPERATOR(pg_catalog.=) $1::pg_catalog.oid
-                    AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
-                    AND a.attgenerated OPERATOR(pg_catalog.=) ''
-                    -- the table's column list (tide.add_table's columns), if it has one
-                    AND a.attnum OPERATOR(pg_catalog.=) ANY (COALESCE(
-                          (SELECT t.columns FROM tide.pipeline_table t
-                            WHERE t.pipeline OPERATOR(pg_catalog.=) $2
-                              AND t.relid OPERATOR(pg_catalog.=) $1::pg_catalog.oid),
-                          ARRAY[a.attnum]))
-                  ORDER BY a.attnum",
-                &[Some(&relid_text), Some(&self.pipeline)],
-                0,
-                true,
-            )
+            crate::catalog::tables::source_columns(&self.pipeline, relid)
         })?;
         for r in rows {
             let mut r = r.into_iter();
