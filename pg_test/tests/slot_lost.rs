@@ -735,3 +735,118 @@ fn remote_killed_during_resync() {
     c.execute("INSERT INTO alice.t VALUES (50001, 6, 'after the kill'); DELETE FROM alice.t WHERE id = 9500");
     wait_remote_resynced(&c, &t, 240);
 }
+
+/// A table without a key (`REPLICA IDENTITY FULL`, README "Tables without a key") whose
+/// pipelines lose their slots: its resync is the copy such a table's backfill is (one copy of
+/// the whole table at one point of the stream), which replaces the target's rows. Duplicate
+/// rows are deleted, updated and inserted while the slots are lost; after the resync the local
+/// table target holds the source's rows, each as many times as the source (0 rows differ, and
+/// `tide.verify` agrees), and an outbox consumer that keeps a multiset of rows (a `resync` start
+/// drops them; `read`/`insert` add `row`; `update`/`delete` remove one row equal to `key`, the
+/// old row) ends with them too. A change after the resync streams.
+#[test]
+fn keyless_table_resyncs() {
+    let c = cluster("slot_keyless", &[]);
+    as_alice(
+        &c,
+        "CREATE TABLE alice.h (a int, b text);
+         ALTER TABLE alice.h REPLICA IDENTITY FULL;
+         INSERT INTO alice.h SELECT g % 300, 'n' || g % 7 FROM generate_series(1, 3000) g;",
+    );
+    as_alice(
+        &c,
+        r#"SELECT tide.create_pipeline('p', 'table', '{"schema": "alice"}')"#,
+    );
+    as_alice(&c, "SELECT tide.create_pipeline('o')");
+    as_alice(
+        &c,
+        "SELECT tide.add_table('p', 'alice.h', target_table => 'hcopy')",
+    );
+    as_alice(&c, "SELECT tide.add_table('o', 'alice.h')");
+    for p in ["p", "o"] {
+        wait_for_backfill(&c, "alice.h", Some(p), 120, || diag(&c));
+        wait_for_pipeline(&c, p, 60, || diag(&c));
+    }
+    let differ = |when: &str| {
+        if let Err(e) = compare_rows(when, &c, "alice.h", &c, "alice.hcopy", "a, b") {
+            panic!("{e}\n{}", diag(&c));
+        }
+    };
+    differ("after the first copy");
+    for p in ["p", "o"] {
+        as_alice(&c, &format!("SELECT tide.pause_pipeline('{p}')"));
+    }
+    // While the slots are lost: one of several equal rows deleted and updated, many rows
+    // deleted and updated, duplicates inserted. The new slots deliver none of it.
+    c.execute(
+        "DELETE FROM alice.h WHERE ctid = (SELECT ctid FROM alice.h WHERE a = 1 LIMIT 1);
+         UPDATE alice.h SET b = 'changed' WHERE ctid = (SELECT ctid FROM alice.h WHERE a = 2 LIMIT 1);
+         DELETE FROM alice.h WHERE a % 10 = 5;
+         UPDATE alice.h SET a = a + 1000 WHERE a % 10 = 6;
+         INSERT INTO alice.h SELECT 7, 'gap' FROM generate_series(1, 5);",
+    );
+    for slot in ["tide_5_p", "tide_5_o"] {
+        c.execute(&format!("SELECT pg_drop_replication_slot('{slot}')"));
+    }
+    for p in ["p", "o"] {
+        as_alice(&c, &format!("SELECT tide.resume_pipeline('{p}')"));
+    }
+    for p in ["p", "o"] {
+        c.wait_until(
+            &format!("pipeline {p} to resync"),
+            Duration::from_secs(180),
+            Duration::from_millis(250),
+            || {
+                Ok(c.try_query_scalar::<bool>(&format!(
+                    "SELECT coalesce((SELECT resync IS NULL AND slot_lost_at IS NOT NULL AND state = 'streaming'
+                                        FROM tide.pipelines WHERE name = '{p}'), false)"
+                ))?)
+            },
+        );
+        wait_for_pipeline(&c, p, 60, || diag(&c));
+        // The resync's backfill of the table is the copy, done.
+        let state: String = c.query_scalar(&format!(
+            "SELECT state FROM tide.backfill WHERE pipeline = '{p}' AND resync ORDER BY id DESC LIMIT 1"
+        ));
+        assert_eq!(state, "done", "{p}\n{}", diag(&c));
+    }
+    differ("after the resync");
+    let summary: (i64, i64, i64) = {
+        let r = c.query_one(
+            "SELECT missing, extra, changed FROM tide.verify('alice.h', 'p') WHERE kind LIKE 'summary%'",
+        );
+        (r.get(0), r.get(1), r.get(2))
+    };
+    assert_eq!(summary, (0, 0, 0), "tide.verify after the resync");
+    // The outbox replayed as a multiset.
+    c.execute(
+        "CREATE TABLE replay (LIKE alice.h);
+         DO $$
+         DECLARE e record;
+         BEGIN
+           FOR e IN SELECT op, key, \"row\" FROM tide.outbox
+                     WHERE pipeline = 'o' AND relation = 'alice.h' ORDER BY id LOOP
+             IF e.op = 'resync' AND e.\"row\"->>'phase' = 'start' THEN
+               DELETE FROM replay;
+             END IF;
+             IF e.op IN ('update', 'delete') THEN
+               DELETE FROM replay r WHERE r.ctid = (SELECT x.ctid FROM replay x
+                 WHERE row(x.*)::text = jsonb_populate_record(NULL::replay, e.key)::text LIMIT 1);
+             END IF;
+             IF e.op IN ('read', 'insert', 'update') THEN
+               INSERT INTO replay SELECT * FROM jsonb_populate_record(NULL::replay, e.\"row\");
+             END IF;
+           END LOOP;
+         END $$;",
+    );
+    if let Err(e) = compare_rows("the outbox replayed", &c, "alice.h", &c, "replay", "a, b") {
+        panic!("{e}\n{}", diag(&c));
+    }
+    // The new slot streams.
+    c.execute(
+        "DELETE FROM alice.h WHERE ctid = (SELECT ctid FROM alice.h WHERE a = 7 LIMIT 1);
+         INSERT INTO alice.h VALUES (NULL, NULL);",
+    );
+    wait_for_pipeline(&c, "p", 60, || diag(&c));
+    differ("after the resync, streaming");
+}

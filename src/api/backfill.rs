@@ -297,10 +297,13 @@ fn start_backfill_core(
         .hint(format!("Remove and re-add the table so pg_tide learns the new key: SELECT tide.remove_table('{pipeline}', '{qualified}'); SELECT tide.add_table('{pipeline}', '{qualified}').")));
     }
     // A table without a key is copied whole at one point of the stream (worker::keyless): a
-    // condition (part of the table) or a repair's listed keys cannot be.
+    // condition (part of the table) or a repair's listed keys cannot be. After the copy, the
+    // stream skips the table's changes in every transaction the copy's snapshot saw; a copy of
+    // some rows would lose those transactions' changes of the others (and a change that moves a
+    // row into or out of the condition would have to be split).
     if stored.is_empty() && (condition.is_some() || repair_deletes.is_some()) {
         return Err(TideError::unsupported(format!(
-            "{qualified} has no key (it is captured by REPLICA IDENTITY FULL): its backfill copies the whole table, which a condition cannot restrict"
+            "{qualified} has no key (it is captured by REPLICA IDENTITY FULL): its backfill is one copy of the whole table, after which the stream skips the table's changes the copy already holds, so a condition cannot restrict it"
         ))
         .hint(format!("Start the backfill without a condition: SELECT tide.start_backfill('{}', '{}');", qualified.replace('\'', "''"), pipeline.replace('\'', "''"))));
     }

@@ -138,26 +138,6 @@ pub(super) fn validate_source(relid: pg_sys::Oid, owner: &str) -> TideResult<Sou
     Ok(s)
 }
 
-/// What a table captured without a key (`REPLICA IDENTITY FULL`, see README "Tables without a
-/// key") may not combine with, refused with 0A000 and what to do instead: a Kafka target (its
-/// messages are keyed). A column list is refused by [`column_list`]. Its backfill is one copy of
-/// the whole table (`worker::keyless`).
-fn check_keyless(q: &str, target: tide_core::model::TargetKind) -> TideResult<()> {
-    let refuse = |what: &str, hint: String| {
-        Err(TideError::unsupported(format!(
-            "\"{q}\" has no key (it is captured by REPLICA IDENTITY FULL), {what}"
-        ))
-        .hint(hint))
-    };
-    if target == tide_core::model::TargetKind::Kafka {
-        return refuse(
-            "and a Kafka target keys every message by the row's key",
-            "Capture it into the outbox or a table target, or give the table a key.".to_string(),
-        );
-    }
-    Ok(())
-}
-
 /// What `tide.add_table` delivers of a table: the rows its row filter passes, the columns of its
 /// column list (`None`: every row, every column).
 #[derive(Default)]
@@ -327,9 +307,6 @@ pub(super) fn add_table_impl(
         None => None,
     };
     let (target_kind, options) = catalog::pipelines::target(pipeline)?;
-    if s.key_columns.is_empty() {
-        check_keyless(&s.qualified, target_kind)?;
-    }
     if truncate_target {
         check_truncate_target(pipeline, &s.qualified, target_kind, existing, backfill)?;
     }

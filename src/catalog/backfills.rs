@@ -58,11 +58,11 @@ pub use tide_core::read_ahead::Due;
 /// backfills are not read and take no place). The worker reads a chunk of the first one that
 /// has none in memory and is not throttled. Their chunks run as the pipeline's owner, whoever
 /// started them (a backfill a superuser started, or a row written by an older version with
-/// another owner, runs with the owner's rights all the same). Called by the worker, in the
-/// chunk's first transaction (a read).
+/// another owner, runs with the owner's rights all the same). Backfills of tables without a key
+/// are not among them (copied whole: [`keyless_due`]). Called by the worker, in the chunk's
+/// first transaction (a read).
 pub(crate) fn due(pipeline: &str, parallel: i32) -> TideResult<Vec<Due>> {
     let picked = comma_list(&texts(&[BackfillState::Queued, BackfillState::Running]));
-    fail_keyless(pipeline)?;
     let parallel = parallel.max(1).to_string();
     let rows = sql::text_rows(
         "SELECT b.id, b.relid::int8, b.chunk_size, b.rows_per_second, b.condition, p.owner::text,
@@ -89,26 +89,25 @@ pub(crate) fn due(pipeline: &str, parallel: i32) -> TideResult<Vec<Due>> {
 }
 
 /// Fail the queued or running backfills of tables captured without a key (`REPLICA IDENTITY
-/// FULL`) that the copy of such a table cannot do ([`keyless_due`] takes the others): a
-/// resync after a lost slot (its deletes and `resync` events are made per key range), a repair
-/// (its deletes are listed by key) and one with a condition (the copy replaces the whole
-/// table). They fail at once, visibly, with what to do (the SQL API refuses to start the last
-/// two).
+/// FULL`) that the copy of such a table cannot do ([`keyless_due`] takes the others, a resync
+/// after a lost slot included: the copy replaces the target's rows, which is what a resync
+/// needs): a keyed repair (its deletes are listed by key) and one with a condition (the copy
+/// replaces the whole table), left by a table whose key was dropped after they were queued (the
+/// SQL API refuses to start them for a keyless table; `tide.repair` of one starts a copy). They
+/// fail at once, visibly, with what to do.
 ///
-/// Called on every iteration and chunk: it looks first (read-only) and updates only when there
-/// is such a backfill, since an UPDATE gives the transaction an xid and a commit record even
-/// when it changes no row. An idle pipeline must write no WAL: every other worker of the
-/// database would wake for it, and `pg_upgrade` refuses a slot with any transaction after its
-/// confirmed position.
+/// Called on every iteration of a pipeline that captures a keyless table: it looks first
+/// (read-only) and updates only when there is such a backfill, since an UPDATE gives the
+/// transaction an xid and a commit record even when it changes no row. An idle pipeline must
+/// write no WAL: every other worker of the database would wake for it, and `pg_upgrade` refuses
+/// a slot with any transaction after its confirmed position.
 fn fail_keyless(pipeline: &str) -> TideResult<()> {
+    let active = texts(&[BackfillState::Queued, BackfillState::Running]);
     let any = sql::one::<bool>(
         "SELECT EXISTS (SELECT FROM tide.backfill
                          WHERE pipeline = $1 AND state = ANY($2) AND cardinality(key_columns) = 0
-                           AND (resync OR repair_deletes IS NOT NULL OR condition IS NOT NULL))",
-        &[
-            pipeline.into(),
-            texts(&[BackfillState::Queued, BackfillState::Running]).into(),
-        ],
+                           AND (repair_deletes IS NOT NULL OR condition IS NOT NULL))",
+        &[pipeline.into(), active.clone().into()],
     )?
     .unwrap_or(false);
     if !any {
@@ -116,14 +115,14 @@ fn fail_keyless(pipeline: &str) -> TideResult<()> {
     }
     sql::exec(
         "UPDATE tide.backfill SET state = $2, error_at = now(), finished_at = now(), error_sqlstate = '0A000',
-                error = relation || ' has no key (it is captured by REPLICA IDENTITY FULL), and pg_tide copies such a table whole, which a resync after a lost slot, a repair or a condition cannot use: ' || coalesce(error, 'a re-read was needed'),
+                error = relation || ' has no key (it is captured by REPLICA IDENTITY FULL), and pg_tide copies such a table whole, which a repair by key or a condition cannot use: ' || coalesce(error, 'a re-read was needed'),
                 remedy = 'Compare the target with the source and copy what differs yourself (README, Tables without a key), or start a backfill of the whole table: SELECT tide.start_backfill(' || pg_catalog.quote_literal(relation) || ', ' || pg_catalog.quote_literal(pipeline) || ');'
           WHERE pipeline = $1 AND state = ANY($3) AND cardinality(key_columns) = 0
-            AND (resync OR repair_deletes IS NOT NULL OR condition IS NOT NULL)",
+            AND (repair_deletes IS NOT NULL OR condition IS NOT NULL)",
         &[
             pipeline.into(),
             BackfillState::Failed.as_str().into(),
-            texts(&[BackfillState::Queued, BackfillState::Running]).into(),
+            active.into(),
         ],
     )
 }

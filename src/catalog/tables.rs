@@ -31,6 +31,9 @@ pub struct TableRow {
     pub row_filter: Option<String>,
     /// The column list in effect in the stream (attribute numbers), likewise.
     pub columns: Option<Vec<i16>>,
+    /// Captured without a key (`REPLICA IDENTITY FULL`): its backfills are copies
+    /// (`worker::keyless`).
+    pub keyless: bool,
 }
 
 /// A captured table's target (`None` for the outbox), as `tide.add_table` records it.
@@ -147,6 +150,7 @@ pub(crate) fn captured(c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<Vec<
         concat!(
             "SELECT t.relid::int8, t.added_lsn IS NOT NULL, t.removing, t.partitions IS NOT NULL, ",
             effective_shaping_t!(),
+            ", pg_catalog.cardinality(t.key_columns) = 0",
             " FROM tide.pipeline_table t WHERE t.pipeline = $1 ORDER BY t.relid"
         ),
         None,
@@ -165,6 +169,7 @@ pub(crate) fn captured(c: &mut SpiClient<'_>, pipeline: &str) -> TideResult<Vec<
             partitioned: r.get::<bool>(4)?.unwrap_or(false),
             row_filter: r.get::<String>(5)?,
             columns: r.get::<Vec<i16>>(6)?,
+            keyless: r.get::<bool>(7)?.unwrap_or(false),
         });
     }
     Ok(out)

@@ -14,7 +14,10 @@
 //! - Per-key order: a message's key is the row's key and the partitioner is fixed (murmur2), so
 //!   every event of a key goes to one partition, where the idempotent producer keeps them in
 //!   stream order. Truncates and schema events go to every partition of the table's topic, so
-//!   each partition has them at their place in the stream.
+//!   each partition has them at their place in the stream. A table without a key (`REPLICA
+//!   IDENTITY FULL`) has no message key (as Debezium; its update or delete carries the whole old
+//!   row as `before`, [`keyless_key`]), and every message without a key goes to one partition of
+//!   its topic (murmur2 of no key), so its messages keep the stream's order too.
 //! - Exactly once (`delivery` `exactly-once`, the default): a batch (one worker iteration, whole
 //!   source transactions, with their `BEGIN`/`END` records) and then the position record it
 //!   brings the pipeline to go out in one Kafka transaction, committed by [`Target::commit`]
@@ -181,7 +184,10 @@ pub fn properties(
         ("enable.gapless.guarantee", "true"),
         ("acks", "all"),
         ("max.in.flight.requests.per.connection", "5"),
-        ("partitioner", "murmur2_random"),
+        // murmur2: Java clients' hash of the key; a message without a key (a table without a
+        // key) goes to one fixed partition of its topic, so such a table's messages keep the
+        // stream's order (murmur2_random would scatter them).
+        ("partitioner", "murmur2"),
         ("client.id", &format!("pg_tide-{pipeline}")),
     ] {
         props.push((k.to_string(), v.to_string()));
@@ -329,6 +335,33 @@ pub fn for_pipeline(p: &PipelineRow) -> TideResult<Box<dyn Target>> {
     }))
 }
 
+/// The message key and `before` of a JSON event: a table without a key (`REPLICA IDENTITY FULL`;
+/// its update or delete carries the whole old row in [`Event::old`]) has no message key, as
+/// Debezium writes it, and its old row is `before`; any other event is keyed by its key.
+fn keyless_key(ev: &Event) -> (Option<&str>, Option<&str>) {
+    match &ev.old {
+        Row::Json(old) => (None, Some(old.as_str())),
+        _ => (ev.key.as_deref(), None),
+    }
+}
+
+/// Columns by name with their text (a delete's key, a keyless table's old row) as a Connect
+/// `Value` struct of the table's shape (absent columns null).
+fn named_row(shape: &connect::Shape, named: &[(String, Option<String>)]) -> Result<String, String> {
+    let columns: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
+    let values: Vec<Option<String>> = named.iter().map(|(_, v)| v.clone()).collect();
+    let mut out = String::with_capacity(128);
+    shape.row(
+        &connect::RowText {
+            columns: &columns,
+            values: &values,
+            unchanged: &[],
+        },
+        &mut out,
+    )?;
+    Ok(out)
+}
+
 /// Key columns by name with their text from an event's key JSON (a string as it is, anything
 /// else as its JSON text).
 fn key_from_json(key: &str) -> Vec<(String, Option<String>)> {
@@ -435,7 +468,7 @@ impl KafkaTarget {
         relid: u32,
         relation: &str,
         op: Op,
-        key: Option<&str>,
+        (key, before): (Option<&str>, Option<&str>),
         row: Option<&str>,
         unchanged: &[String],
         backfill: Option<(i64, i64)>,
@@ -449,6 +482,7 @@ impl KafkaTarget {
             &EnvelopeEvent {
                 op,
                 key,
+                before,
                 row,
                 unchanged,
                 schema: &schema,
@@ -530,12 +564,12 @@ impl KafkaTarget {
     ) -> TideResult<()> {
         let (topic, schema, table, order) = self.start(t, ev.relid, &ev.relation);
         let key_names: Vec<String>;
-        let columns: &[String] = match &ev.row {
-            Row::Key(kv) => {
+        let columns: &[String] = match (&ev.row, &ev.old) {
+            (Row::Key(kv), _) | (Row::None, Row::Key(kv)) => {
                 key_names = kv.iter().map(|(n, _)| n.clone()).collect();
                 &key_names
             }
-            Row::Text(_) => &ev.columns,
+            (Row::Text(_), _) => &ev.columns,
             _ => &[],
         };
         let cached = self
@@ -572,20 +606,7 @@ impl KafkaTarget {
                 }
             }
             Row::Key(kv) => {
-                let values: Vec<Option<String>> = kv.iter().map(|(_, v)| v.clone()).collect();
-                let mut out = String::with_capacity(128);
-                cached
-                    .shape
-                    .row(
-                        &connect::RowText {
-                            columns,
-                            values: &values,
-                            unchanged: &[],
-                        },
-                        &mut out,
-                    )
-                    .map_err(bad)?;
-                before = Some(out);
+                before = Some(named_row(&cached.shape, kv).map_err(bad)?);
                 key_values = kv.clone();
             }
             Row::Json(j) if ev.op == Op::Truncate => truncated = Some(j.clone()),
@@ -593,6 +614,10 @@ impl KafkaTarget {
             _ => return Err(TideError::internal(
                 "the kafka target (value_format debezium-schema) was handed a row that is not text",
             )),
+        }
+        // A table without a key: its whole old row is `before` (and the message has no key).
+        if let Row::Key(old) = &ev.old {
+            before = Some(named_row(&cached.shape, old).map_err(bad)?);
         }
         let key = match (&ev.key, self.r.key_schema) {
             (Some(k), true) => {
@@ -708,12 +733,13 @@ impl Target for KafkaTarget {
                 ))
             }
         };
+        let (key, before) = keyless_key(&ev);
         self.message(
             t,
             ev.relid,
             &ev.relation,
             ev.op,
-            ev.key.as_deref(),
+            (key, before),
             row,
             &ev.unchanged,
             ev.backfill,
@@ -757,7 +783,7 @@ impl Target for KafkaTarget {
             ev.relid,
             &ev.relation,
             Op::Schema,
-            None,
+            (None, None),
             None,
             &[],
             None,
@@ -782,7 +808,7 @@ impl Target for KafkaTarget {
                 m.relid,
                 &m.relation,
                 Op::Resync,
-                None,
+                (None, None),
                 None,
                 &[],
                 None,

@@ -49,9 +49,11 @@ pub struct Event {
     /// Names of the columns present in `row`, in order.
     pub columns: Vec<String>,
     /// The old row of an update or a delete of a table captured without a key (`REPLICA
-    /// IDENTITY FULL`), every column, for a target that takes text (`Row::Key`: each column's
-    /// name and text, in column order): a table target matches the row to change by it. `Row::None` otherwise (the outbox
-    /// gets the old row as `key` instead, see `worker::apply`).
+    /// IDENTITY FULL`), every column: for a target that takes text `Row::Key` (each column's
+    /// name and text, in column order; a table target matches the row to change by it), for one
+    /// that takes JSON `Row::Json` (the same JSON as `key`, where the outbox takes it; the kafka
+    /// target writes it as `before` and sends the message without a key). `Row::None` for
+    /// every other event (see `worker::apply`).
     pub old: Row,
     /// (backfill id, chunk) of a `read` event.
     pub backfill: Option<(i64, i64)>,

@@ -1188,7 +1188,8 @@ fn old_row(
     } else {
         let mut k = String::new();
         json::render_row(&rel.columns, old, &mut k).map_err(render_err)?;
-        Ok((Some(k), Row::None))
+        // `key` for the outbox; `old` too, which tells the kafka target the row has no key.
+        Ok((Some(k.clone()), Row::Json(k)))
     }
 }
 

@@ -24,11 +24,17 @@
 //!    position, before the worker's): the backfill is marked done with `S` and `until`
 //!    (`catalog::backfills::keyless_copied`), then the target's rows of the table are replaced:
 //!    a table target gets a `DELETE` of the table's rows and an insert per row; the outbox a `resync`
-//!    start event, a `read` event per row and a `resync` end event, at position `P` (xid 0).
+//!    start event, a `read` event per row and a `resync` end event, at position `P` (xid 0); a
+//!    kafka target the same as messages (the `resync` ones on every partition of the topic).
 //! 3. **The stream after it** skips the table's changes in every transaction the copy holds:
 //!    committed before `until` and seen by `S` (`tide_core::snapshot::KeylessCopy::holds`, by
 //!    top-level xid), for as long as the applied position is before `until`
 //!    (`catalog::backfills::keyless_copies`, read at each iteration).
+//!
+//! Every backfill of such a table is this copy: `tide.add_table`'s and `tide.start_backfill`'s,
+//! the resync after a lost slot (it replaces the target's rows, which is what a resync needs)
+//! and `tide.repair`'s (`api::verify`); one with a condition or a keyed repair's deletes cannot
+//! be, and fails (`catalog::backfills`).
 //!
 //! Guarantees: a crash or a failed iteration before the worker's commit leaves neither the copy
 //! nor its record (the copy is read again, with a new snapshot, at the next boundary); after it,
@@ -46,8 +52,9 @@ use super::chunk::{committed_invisible, table_meta, value};
 use super::stream_apply::StreamApply;
 use crate::catalog::backfills::{self, KeylessDue};
 use crate::catalog::pipelines::PipelineRow;
+use crate::catalog::tables::TableRow;
 use crate::error::{TideError, TideResult};
-use crate::sink::{Event, Row, RowForm, Target};
+use crate::sink::{Event, ResyncMark, Row, RowForm, Target};
 use crate::sql;
 use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
@@ -55,22 +62,27 @@ use std::collections::HashMap;
 use std::time::Duration;
 use tide_core::json;
 use tide_core::lsn::Lsn;
-use tide_core::model::{Op, OwnedColumn, RelDesc, Txn};
+use tide_core::model::{Op, OwnedColumn, RelDesc, TargetKind, Txn};
 use tide_core::snapshot::{InvisibleXids, KeylessCopy};
 use tide_core::wire::Tuple;
 
 /// At an iteration's start, before anything is decoded (everything before `applied` is applied,
 /// nothing after): copy the pipeline's next due table without a key ([`copy_due`]), then the
-/// copies whose transactions the stream skips in this iteration, by table.
+/// copies whose transactions the stream skips in this iteration, by table. A pipeline none of
+/// whose `tables` (the captured ones) is without a key has neither: not looked for (three
+/// statements an iteration saved).
 pub(super) fn at_start(
     c: &mut SpiClient<'_>,
-    p: &PipelineRow,
+    (p, tables): (&PipelineRow, &[TableRow]),
     bf: &mut Backfiller,
     sink: &mut dyn Target,
     decoder: &mut super::decoder::Decoder,
     applied: Lsn,
     notes: &mut Vec<String>,
 ) -> TideResult<HashMap<u32, KeylessCopy>> {
+    if !tables.iter().any(|t| t.keyless) {
+        return Ok(HashMap::new());
+    }
     notes.extend(copy_due(c, p, bf, sink, &mut decoder.streams, applied)?);
     Ok(backfills::keyless_copies(&p.name, applied)?
         .into_iter()
@@ -134,7 +146,7 @@ fn copy_due(
     bf.copy_taken(due.id);
     // The delete below would wait for the row locks a streamed transaction holds at a remote.
     streams.fall_back_all();
-    write_copy(c, sink, due.id, due.relid, read, at)?;
+    write_copy(c, sink, p.target, due.id, due.relid, read, at)?;
     Ok(vec![format!(
         "copied {n} rows of a table without a key (backfill {}) at {at}",
         due.id
@@ -244,10 +256,13 @@ fn read_copy(pipeline: &str, due: &KeylessDue) -> TideResult<Option<CopyRead>> {
     }))
 }
 
-/// Replace the target's rows of table `relid` by the copy, at position `at` (xid 0).
+/// Replace the target's rows of table `relid` by the copy, at position `at` (xid 0): a table
+/// target's by a `DELETE` and inserts; the outbox and a kafka target get a `resync` start (drop
+/// the rows of the table you hold), the rows as `read` events and a `resync` end.
 fn write_copy(
     c: &mut SpiClient<'_>,
     sink: &mut dyn Target,
+    kind: TargetKind,
     id: i64,
     relid: u32,
     read: CopyRead,
@@ -271,7 +286,7 @@ fn write_copy(
     let form = sink.row_form(relid, None)?.per_row();
     let render_err =
         |e: json::RenderError| TideError::internal(format!("cannot render a copied row: {e}"));
-    if form == RowForm::Text {
+    if matches!(kind, TargetKind::Table | TargetKind::Postgres) {
         // A table target: empty the table, then one insert per row (duplicates stay). A
         // `DELETE` (a truncate with a predicate that holds for every row), not a `TRUNCATE`:
         // rows inserted after a `TRUNCATE` in the same transaction were seen landing in the
@@ -294,40 +309,76 @@ fn write_copy(
         }
         return Ok(());
     }
-    // The outbox: `resync` start (drop the rows you hold), the rows as `read`, `resync` end.
-    let mark = |start: bool| {
-        let row = if start {
-            serde_json::json!({
-                "phase": "start",
-                "reason": "backfill of a table without a key: drop the rows of the table you hold, its rows follow as read events",
-            })
-        } else {
-            serde_json::json!({"phase": "end", "complete": true})
-        };
-        Event {
-            row: Row::Json(row.to_string()),
-            backfill: Some((id, 1)),
-            ..Event::bare(relid, read.relation.clone(), Op::Resync, None)
-        }
+    // The outbox and kafka: `resync` start (drop the rows you hold), the rows as `read`, `resync`
+    // end. The outbox takes them as events; kafka as its resync messages (on every partition
+    // of the table's topic) around the rows (which, without a key, all go to one partition).
+    let mark = |start| CopyMark {
+        kind,
+        id,
+        relid,
+        relation: &read.relation,
+        start,
     };
-    t.position += 1;
-    sink.push(c, &t, mark(true))?;
+    mark(true).push(c, sink, &mut t)?;
     for texts in read.rows {
-        let tuple = Tuple {
-            values: texts.iter().map(value).collect(),
+        let row = if form == RowForm::Text {
+            Row::Text(texts)
+        } else {
+            let tuple = Tuple {
+                values: texts.iter().map(value).collect(),
+            };
+            let mut row = String::new();
+            json::render_row(&read.columns, &tuple, &mut row).map_err(render_err)?;
+            Row::Json(row)
         };
-        let mut row = String::new();
-        json::render_row(&read.columns, &tuple, &mut row).map_err(render_err)?;
         t.position += 1;
         let ev = Event {
-            row: Row::Json(row),
+            row,
             columns: names.clone(),
             backfill: Some((id, 1)),
             ..Event::bare(relid, read.relation.clone(), Op::Read, None)
         };
         sink.push(c, &t, ev)?;
     }
-    t.position += 1;
-    sink.push(c, &t, mark(false))?;
+    mark(false).push(c, sink, &mut t)?;
     Ok(())
+}
+
+/// A `resync` start or end around the rows of a keyless table's copy (outbox or kafka).
+struct CopyMark<'a> {
+    kind: TargetKind,
+    id: i64,
+    relid: u32,
+    relation: &'a str,
+    start: bool,
+}
+
+impl CopyMark<'_> {
+    fn push(&self, c: &mut SpiClient<'_>, sink: &mut dyn Target, t: &mut Txn) -> TideResult<()> {
+        let payload = if self.start {
+            serde_json::json!({
+                "phase": "start",
+                "reason": "backfill of a table without a key: drop the rows of the table you hold, its rows follow as read events",
+            })
+        } else {
+            serde_json::json!({"phase": "end", "complete": true})
+        }
+        .to_string();
+        if self.kind == TargetKind::Kafka {
+            // Kafka's resync messages, on every partition of the table's topic.
+            let m = ResyncMark {
+                relid: self.relid,
+                relation: self.relation.to_string(),
+                payload,
+            };
+            return sink.resync(c, t, &[m]);
+        }
+        t.position += 1;
+        let ev = Event {
+            row: Row::Json(payload),
+            backfill: Some((self.id, 1)),
+            ..Event::bare(self.relid, self.relation.to_string(), Op::Resync, None)
+        };
+        sink.push(c, t, ev)
+    }
 }

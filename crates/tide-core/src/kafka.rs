@@ -208,6 +208,9 @@ pub struct EnvelopeEvent<'a> {
     pub op: Op,
     /// JSON object of the key columns.
     pub key: Option<&'a str>,
+    /// The whole old row (JSON object) of an update or a delete of a table without a key
+    /// (`REPLICA IDENTITY FULL`): `before`, as Debezium writes it under that identity.
+    pub before: Option<&'a str>,
     /// JSON object of the row's sent columns.
     pub row: Option<&'a str>,
     /// Columns not sent (unchanged TOAST).
@@ -237,12 +240,14 @@ pub struct EnvelopeEvent<'a> {
 /// Render the Debezium envelope of an event (the message value):
 /// `{"before", "after", "source", "op", "ts_ms", "transaction"}`, plus `schema_change` for op
 /// `schema`. `before` is the key columns of a delete (Debezium's form with the default replica
-/// identity), else null; `after` the row of c/u/r, else null (for a truncate of some partitions
+/// identity), or the whole old row of an update or a delete of a table without a key (`before`,
+/// as Debezium's under `REPLICA IDENTITY FULL`), else null; `after` the row of c/u/r, else null (for a truncate of some partitions
 /// of a partitioned table, `{"partition", "where"}` as in the outbox).
 pub fn envelope(src: &SourceInfo, e: &EnvelopeEvent<'_>, out: &mut String) {
     out.push_str("{\"before\":");
-    match (e.op, e.key) {
-        (Op::Delete, Some(k)) => out.push_str(k),
+    match (e.op, e.before, e.key) {
+        (Op::Update | Op::Delete, Some(b), _) => out.push_str(b),
+        (Op::Delete, None, Some(k)) => out.push_str(k),
         _ => out.push_str("null"),
     }
     out.push_str(",\"after\":");
@@ -610,6 +615,7 @@ mod tests {
         EnvelopeEvent {
             op,
             key,
+            before: None,
             row,
             unchanged: &[],
             schema: "public",
@@ -640,6 +646,27 @@ mod tests {
         assert_eq!(v["resync"]["complete"], true);
         assert!(v.get("schema_change").is_none());
         assert!(broadcast(Op::Resync));
+    }
+
+    #[test]
+    fn a_keyless_tables_old_row_is_before_of_an_update_and_a_delete() {
+        let old = r#"{"a":1,"b":"x"}"#;
+        for (op, code) in [(Op::Update, "u"), (Op::Delete, "d")] {
+            let mut e = ev(op, None, (op == Op::Update).then_some(r#"{"a":2,"b":"x"}"#));
+            e.before = Some(old);
+            let mut out = String::new();
+            envelope(&src(), &e, &mut out);
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+            assert_eq!(v["op"], code);
+            assert_eq!(v["before"], serde_json::json!({"a": 1, "b": "x"}), "{out}");
+        }
+        // An insert has no before, whatever it is handed.
+        let mut e = ev(Op::Insert, None, Some(old));
+        e.before = Some(old);
+        let mut out = String::new();
+        envelope(&src(), &e, &mut out);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert!(v["before"].is_null(), "{out}");
     }
 
     #[test]

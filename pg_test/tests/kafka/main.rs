@@ -34,6 +34,11 @@
 //!   the types suite's table into the same broker; the two topics agree message by message (key,
 //!   op, before, after, source, transaction, Connect schemas) but for the differences it lists
 //!   with their reasons (README "Compared with Debezium");
+//! - `keyless`: a table without a key (`REPLICA IDENTITY FULL`), both value formats: no message
+//!   has a key, none is a tombstone, every data message is on one partition, `before` of an
+//!   update and a delete is the whole old row, and a consumer keeping a multiset of rows ends
+//!   with the source's (duplicates included) after the copy and streamed changes, and again
+//!   after a lost slot's resync;
 //! - `jdbc_sink`: Debezium's JDBC sink connector reads a pg_tide topic as it is and its copy of
 //!   the table equals the source after inserts, updates, deletes and key changes.
 //!
@@ -49,6 +54,7 @@ mod debezium;
 mod exactly_once;
 mod fenced;
 mod jdbc_sink;
+mod keyless;
 mod large;
 mod masks;
 mod refusals;

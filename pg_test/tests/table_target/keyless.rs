@@ -8,8 +8,9 @@
 //! check is shown at work: a transaction the stream already applied that the copy's snapshot
 //! does not see yet (its commit waits for a synchronous standby) holds the copy back until it is
 //! visible. Then: one of two identical rows updated and deleted changes exactly one at the
-//! target; the refusals (no identity, a backfill condition, a column list, `repair`, `verify`'s
-//! sample, a change of the replica identity while captured).
+//! target; `tide.repair` of a copy too many and a copy too few (it copies the table again); the
+//! refusals (no identity, a backfill condition, a column list, `verify`'s sample, a change of
+//! the replica identity while captured).
 
 use crate::common::*;
 
@@ -197,6 +198,37 @@ fn keyless_audit_table_converges_under_writes_at_every_target() {
         "replay",
         COLS_JSONB,
     );
+    // At the remote target: one copy of a duplicated row gone, two copies of another too many;
+    // tide.verify finds them, tide.repair copies the table again, and nothing differs after.
+    t.execute(
+        "DELETE FROM mirror.hist WHERE ctid = (SELECT ctid FROM mirror.hist WHERE aid = 3 LIMIT 1);
+         INSERT INTO mirror.hist SELECT * FROM mirror.hist WHERE ctid = (SELECT ctid FROM mirror.hist WHERE aid = 5 LIMIT 1);
+         INSERT INTO mirror.hist SELECT * FROM mirror.hist WHERE ctid = (SELECT ctid FROM mirror.hist WHERE aid = 5 LIMIT 1);",
+    );
+    let r = c.query_one(
+        "SELECT rows_missing_or_changed, rows_extra, backfill_id FROM tide.repair('hist', 'rem')",
+    );
+    let found: (i64, i64) = (r.get(0), r.get(1));
+    assert_eq!(found, (1, 2), "tide.repair at the remote target");
+    assert!(
+        r.get::<_, Option<i64>>(2).is_some(),
+        "the repair's backfill"
+    );
+    wait_backfill(&c, "hist", "rem", 60);
+    wait_pipeline(&c, "rem", 60);
+    assert_same_rows(
+        "remote repaired",
+        &c,
+        "public.hist",
+        &t,
+        "mirror.hist",
+        COLS,
+    );
+    let r = c.query_one(
+        "SELECT missing, extra, changed FROM tide.verify('hist', 'rem') WHERE kind LIKE 'summary%'",
+    );
+    let found: (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
+    assert_eq!(found, (0, 0, 0), "tide.verify after the repair");
 }
 
 #[test]
@@ -307,19 +339,34 @@ fn keyless_duplicates_change_one_row_and_refusals() {
     );
     assert_eq!(summary(&c), (1, 1, 0), "one copy missing, one extra");
     let e = c
-        .try_execute("SELECT * FROM tide.repair('hist', 'p')")
-        .unwrap_err();
-    assert_db_error(&e, "0A000", Some("tide.start_backfill('public.hist', 'p')"));
-    let e = c
         .try_execute("SELECT * FROM tide.verify('hist', 'p', sample => 5)")
         .unwrap_err();
     assert_db_error(&e, "0A000", Some("Omit sample"));
-    // The repair the hint gives: the table copied again, with no lock.
-    exec(&c, "SELECT tide.start_backfill('hist', 'p')");
+    // tide.repair: the table copied again, with no lock; it says what it found and started.
+    let (missing, extra, id, action): (i64, i64, Option<i64>, String) = {
+        let r = c.query_one(
+            "SELECT rows_missing_or_changed, rows_extra, backfill_id, action FROM tide.repair('hist', 'p')",
+        );
+        (r.get(0), r.get(1), r.get(2), r.get(3))
+    };
+    assert_eq!((missing, extra), (1, 1), "{action}");
+    assert!(action.contains("copying the table again"), "{action}");
+    let id = id.expect("the repair's backfill");
     wait_backfill(&c, "hist", "p", 60);
     wait_pipeline(&c, "p", 60);
+    let copied: (String, i64) = {
+        let r = c.query_one(&format!(
+            "SELECT state, rows_emitted FROM tide.backfill WHERE id = {id}"
+        ));
+        (r.get(0), r.get(1))
+    };
+    let rows: i64 = c.query_scalar("SELECT count(*) FROM hist");
+    assert_eq!(copied, ("done".to_string(), rows), "the repair's copy");
     assert_eq!(summary(&c), (0, 0, 0), "repaired");
     assert_same_rows("hist repaired", &c, "public.hist", &c, "rep.hist", COLS);
+    // Nothing left to repair.
+    let action: String = c.query_scalar("SELECT action FROM tide.repair('hist', 'p')");
+    assert!(action.starts_with("nothing to repair"), "{action}");
     // The replica identity stays FULL while the table is captured.
     let e = c
         .try_execute("ALTER TABLE hist REPLICA IDENTITY DEFAULT")
@@ -564,4 +611,66 @@ fn keyless_copy_killed_midway_is_taken_again() {
     );
     let found: (i64, i64, i64) = (r.get(0), r.get(1), r.get(2));
     assert_eq!(found, (0, 0, 0), "tide.verify");
+}
+
+/// Whether the pipelines' workers commit nothing for 3 seconds (each replication origin's
+/// `local_lsn`, which every commit of a worker's transaction that got an id moves, stays put),
+/// looked for in up to 10 windows: an idle pipeline writes no WAL. A worker that wrote at each
+/// iteration would see its own WAL at its next poll and iterate again, forever; none is quiet
+/// for 3 s then.
+fn quiet(c: &Cluster) -> Result<(), String> {
+    let origins = |c: &Cluster| {
+        texts(
+            c,
+            "SELECT o.roname || ' ' || s.local_lsn FROM pg_replication_origin_status s
+               JOIN pg_replication_origin o ON o.roident = s.local_id ORDER BY 1",
+        )
+    };
+    let mut seen = Vec::new();
+    for _ in 0..10 {
+        let before = origins(c);
+        std::thread::sleep(std::time::Duration::from_secs(3));
+        let after = origins(c);
+        if before == after {
+            return Ok(());
+        }
+        seen.push(format!("{before:?} -> {after:?}"));
+    }
+    Err(seen.join("\n"))
+}
+
+/// Idle pipelines, one capturing a table without a key (whose worker looks for keyless work at
+/// every iteration) and one capturing only a keyed table (which skips that): neither commits
+/// anything while nothing changes at the source. (The check for backfills the copy cannot do
+/// once ran an `UPDATE` at every iteration, which got the transaction an id and a commit record:
+/// idle workers then iterated about 5 times a second, each writing one.)
+#[test]
+fn keyless_idle_pipelines_write_nothing() {
+    let c = setup("tt_keyless_idle");
+    exec(
+        &c,
+        &format!(
+            "{TABLE}
+             INSERT INTO hist SELECT g % 10, g % 40, 1, NULL, NULL, NULL FROM generate_series(1, 100) g;
+             CREATE TABLE keyed (id int PRIMARY KEY, v int);
+             INSERT INTO keyed SELECT g, g FROM generate_series(1, 100) g;"
+        ),
+    );
+    create_pipeline(&c, "p", "table", r#"{"schema": "rep"}"#);
+    create_pipeline(&c, "q", "table", r#"{"schema": "rep2"}"#);
+    exec(&c, "SELECT tide.add_table('p', 'hist')");
+    exec(&c, "SELECT tide.add_table('p', 'keyed')");
+    exec(&c, "SELECT tide.add_table('q', 'keyed')");
+    wait_backfill(&c, "hist", "p", 60);
+    wait_backfill(&c, "keyed", "p", 60);
+    wait_backfill(&c, "keyed", "q", 60);
+    exec(&c, "INSERT INTO hist VALUES (1, 1, 1, NULL, NULL, NULL)");
+    wait_pipeline(&c, "p", 60);
+    wait_pipeline(&c, "q", 60);
+    let origins: i64 = c.query_scalar("SELECT count(*) FROM pg_replication_origin_status");
+    assert_eq!(origins, 2, "one replication origin per pipeline");
+    if let Err(e) = quiet(&c) {
+        panic!("the idle workers committed in every 3 s window:\n{e}");
+    }
+    assert_same_rows("hist", &c, "public.hist", &c, "rep.hist", COLS);
 }

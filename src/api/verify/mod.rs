@@ -14,8 +14,10 @@
 //!
 //! A table without a key (`REPLICA IDENTITY FULL`) is one range, compared as a multiset: each
 //! row's md5 numbered by its copies (`<md5> #2` is the second copy of a row), so a row the
-//! target holds once too few is *missing*, once too many *extra*; never *changed*. `repair`
-//! refuses it (the backfill reads by key).
+//! target holds once too few is *missing*, once too many *extra*; never *changed*. `repair` of
+//! it starts its backfill, one copy of the whole table at one point of the stream
+//! (`worker::keyless`), which replaces the target's rows by the source's (a backfill by key
+//! cannot read part of such a table).
 //!
 //! Results are kept in `tide.verification` (one row per run) and `tide.verification_range`
 //! (the differing ranges, with the extra keys `tide.repair` needs).
@@ -33,7 +35,9 @@
 //! keeps the snapshot of a running statement); each range's reads take fresh snapshots.
 
 use super::args::{relation, required, Regclass};
-use super::backfill::{relation_name, resolve_pipeline, start_backfill_internal};
+use super::backfill::{
+    relation_name, resolve_pipeline, start_backfill_impl, start_backfill_internal,
+};
 use super::{check_server, sleep_ms};
 use crate::catalog;
 use crate::error::{OrRaise, TideError, TideResult};
@@ -298,15 +302,34 @@ fn repair(
     )
 }
 
+/// The repair of a table without a key (`REPLICA IDENTITY FULL`), whose verification found
+/// rows the target holds too few or too many times: its backfill, one copy of the whole table
+/// applied at one point of the stream (`worker::keyless`), which replaces the target's rows of
+/// the table by the source's, so the surplus copies go and the missing ones come, while the
+/// stream goes on (a table without a key has no key to re-read a part of it by).
+fn repair_keyless(relid: pg_sys::Oid, ctx: &Ctx, s: &Summary) -> TideResult<Vec<RepairRow>> {
+    let id = start_backfill_impl(relid, Some(&ctx.pipeline), None, None)?;
+    catalog::verification::set_repair_backfill(s.id, id)?;
+    let (missing, extra) = s.differing.iter().fold((0i64, 0i64), |(m, e), r| {
+        (
+            m + (r.diff.missing.len() + r.diff.changed.len()) as i64,
+            e + r.diff.extra.len() as i64,
+        )
+    });
+    Ok(vec![(
+        s.differing.len() as i32,
+        missing,
+        extra,
+        Some(id),
+        format!(
+            "copying the table again through backfill {id} (a table without a key is copied whole, with no lock): its {missing} missing row copies come and its {extra} extra ones go; wait with tide.wait_for_backfill('{}', '{}')",
+            ctx.source, ctx.pipeline
+        ),
+    )])
+}
+
 fn repair_impl(relid: pg_sys::Oid, pipeline: Option<&str>) -> TideResult<Vec<RepairRow>> {
     let ctx = setup(relid, pipeline, false)?;
-    if ctx.key.is_empty() {
-        return Err(TideError::unsupported(format!(
-            "{} has no key (it is captured by REPLICA IDENTITY FULL), and tide.repair re-reads what differs through the backfill, chunk by chunk of the key",
-            ctx.source
-        ))
-        .hint(format!("Copy the whole table again, with no lock (README, Tables without a key): SELECT tide.start_backfill({}, {});", pgrx::spi::quote_literal(&ctx.source), pgrx::spi::quote_literal(&ctx.pipeline))));
-    }
     let s = as_pipeline_owner(&ctx, || run_verify(&ctx, None))?;
     if s.differing.is_empty() {
         return Ok(vec![(
@@ -316,6 +339,9 @@ fn repair_impl(relid: pg_sys::Oid, pipeline: Option<&str>) -> TideResult<Vec<Rep
             None,
             "nothing to repair: the target equals the source".to_string(),
         )]);
+    }
+    if ctx.key.is_empty() {
+        return repair_keyless(relid, &ctx, &s);
     }
     // One condition covering the differing ranges; the backfill re-reads them under watermarks.
     let mut ors = Vec::new();
