@@ -34,7 +34,7 @@ TIDE_PRODUCER = {
     "enable.gapless.guarantee": True,
     "acks": "all",
     "max.in.flight.requests.per.connection": 5,
-    "partitioner": "murmur2_random",
+    "partitioner": "murmur2",
     "queue.buffering.max.kbytes": 8 * 1024,
     "message.timeout.ms": 30000,
 }
