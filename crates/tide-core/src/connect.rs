@@ -19,7 +19,7 @@
 //!   same bytes for the same table shape.
 
 use crate::json::push_string;
-use crate::kafka::{op_code, push_source_head, txn_id, SourceHead};
+use crate::kafka::{op_code, push_processing_time, push_source_head, txn_id, SourceHead};
 use crate::lsn::Lsn;
 use crate::model::Op;
 
@@ -980,16 +980,6 @@ pub struct Payload<'a> {
     pub schema_change: Option<&'a str>,
     /// For a truncate of some partitions: what was emptied (JSON), written as JSON text.
     pub truncated: Option<&'a str>,
-}
-
-/// `,"ts_ms":..,"ts_us":..,"ts_ns":..` of the processing time (Unix µs), as Debezium 3 writes
-/// the envelope's times.
-pub fn push_processing_time(out: &mut String, now_us: i64) {
-    out.push_str(&format!(
-        ",\"ts_ms\":{},\"ts_us\":{now_us},\"ts_ns\":{}",
-        now_us.div_euclid(1000),
-        i128::from(now_us) * 1000
-    ));
 }
 
 fn push_opt_string(out: &mut String, s: Option<&str>) {

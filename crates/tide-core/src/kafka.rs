@@ -283,7 +283,7 @@ pub fn envelope(src: &SourceInfo, e: &EnvelopeEvent<'_>, out: &mut String) {
     }
     out.push_str("},\"op\":");
     push_string(out, op_code(e.op));
-    crate::connect::push_processing_time(out, e.now_us);
+    push_processing_time(out, e.now_us);
     out.push_str(",\"transaction\":{\"id\":");
     push_string(out, &txn_id(e.xid, e.commit_lsn));
     out.push_str(&format!(
@@ -597,6 +597,16 @@ pub fn secret_setting(property: &str) -> bool {
                 | "sasl.oauthbearer.assertion.private.key.pem"
                 | "ssl.keystore.location"
         )
+}
+
+/// `,"ts_ms":..,"ts_us":..,"ts_ns":..` of the processing time (Unix µs), as Debezium 3 writes
+/// the envelope's times.
+pub fn push_processing_time(out: &mut String, now_us: i64) {
+    out.push_str(&format!(
+        ",\"ts_ms\":{},\"ts_us\":{now_us},\"ts_ns\":{}",
+        now_us.div_euclid(1000),
+        i128::from(now_us) * 1000
+    ));
 }
 
 #[cfg(test)]
