@@ -59,8 +59,6 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const POSITION_WINDOW: i64 = 100;
 /// How long a failed batch's or a stopping sink's open transaction may take to be aborted.
 const ABORT_TIMEOUT: Duration = Duration::from_secs(3);
-/// How long [`serve_reports`] sleeps when no delivery report was waiting.
-const REPORT_NAP: Duration = Duration::from_micros(500);
 
 /// One message to produce.
 #[derive(Debug, Clone)]
@@ -283,19 +281,6 @@ fn config(properties: &[(String, String)]) -> ClientConfig {
     c
 }
 
-/// Serve the delivery reports that are waiting; when none was, sleep [`REPORT_NAP`]. The way
-/// to wait for acknowledgements: `BaseProducer::poll` returns only once its whole timeout
-/// passed, whatever arrived, and spins through the last millisecond of it (its timeout is
-/// handed to librdkafka in whole milliseconds), so a poll of T costs T even when the report
-/// came at once (its `flush`, which `commit_transaction` calls, polls in slices of 100 ms).
-fn serve_reports(p: &BaseProducer<Ctx>) {
-    let before = p.in_flight_count();
-    p.poll(Duration::ZERO);
-    if p.in_flight_count() >= before {
-        thread::sleep(REPORT_NAP);
-    }
-}
-
 /// Block every signal in the calling thread (and the threads it creates).
 fn block_signals() {
     // SAFETY: `set` is initialised by sigfillset before use; a null `old` is allowed.
@@ -510,7 +495,7 @@ impl State {
                     return Ok(());
                 }
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                    serve_reports(p);
+                    p.poll(Duration::from_millis(50));
                     if Instant::now() >= deadline || shared.abandoned.load(Ordering::SeqCst) >= seq
                     {
                         return Err(KafkaFailure::transient(
@@ -552,27 +537,6 @@ impl State {
                 return;
             }
         }
-        // Serve the delivery reports that arrived meanwhile: a delivered message leaves the
-        // producer's queue (`queue.buffering.max.kbytes`) only once its report is served.
-        if let Some((p, _)) = self.producer.as_ref() {
-            p.poll(Duration::ZERO);
-        }
-    }
-
-    /// Serve delivery reports until the producer holds no message (each acknowledged or
-    /// failed: judged by whoever looks next), `deadline` passes, the producer failed fatally
-    /// (fenced) or the main thread gave up on request `seq`.
-    fn settle(&self, deadline: Instant, shared: &Shared, seq: u64) {
-        let Some((p, _)) = self.producer.as_ref() else {
-            return;
-        };
-        while p.in_flight_count() > 0
-            && Instant::now() < deadline
-            && shared.abandoned.load(Ordering::SeqCst) < seq
-            && p.client().fatal_error().is_none()
-        {
-            serve_reports(p);
-        }
     }
 
     /// Wait until every message handed over is acknowledged (or failed).
@@ -601,7 +565,7 @@ impl State {
                     self.settings.delivery_timeout.as_millis()
                 )));
             }
-            serve_reports(p);
+            p.poll(Duration::from_millis(20));
         }
         if reports.failed.load(Ordering::SeqCst) > 0 {
             let e = reports
@@ -659,16 +623,7 @@ impl State {
     /// Commit the open transaction: librdkafka flushes its messages (the position record last),
     /// then the coordinator writes the commit markers.
     fn commit_transaction(&mut self, shared: &Shared, seq: u64) -> Result<(), KafkaFailure> {
-        let deadline = Instant::now() + self.settings.delivery_timeout + Duration::from_secs(5);
-        // rdkafka's commit_transaction flushes first, and its flush polls in slices of 100 ms
-        // that each last their whole length: every batch would wait about 100 ms for nothing
-        // (it bounded the stream at about 1,700 source transactions per 130 ms). The
-        // acknowledgements are awaited here instead ([`serve_reports`]), so its flush finds
-        // nothing left; whatever this wait leaves (at the deadline) its flush still waits for.
-        self.settle(deadline, shared, seq);
-        let timeout = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_secs(5));
+        let timeout = self.settings.delivery_timeout + Duration::from_secs(5);
         let r = match self.producer.as_ref() {
             Some((p, _)) => p.commit_transaction(timeout),
             None => return Err(KafkaFailure::transient("the producer is gone")),
