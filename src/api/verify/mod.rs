@@ -322,8 +322,9 @@ fn repair_keyless(relid: pg_sys::Oid, ctx: &Ctx, s: &Summary) -> TideResult<Vec<
         extra,
         Some(id),
         format!(
-            "copying the table again through backfill {id} (a table without a key is copied whole, with no lock): its {missing} missing row copies come and its {extra} extra ones go; wait with tide.wait_for_backfill('{}', '{}')",
-            ctx.source, ctx.pipeline
+            "copying the table again through backfill {id} (a table without a key is copied whole, with no lock): its {missing} missing row copies come and its {extra} extra ones go; wait with tide.wait_for_backfill({}, {})",
+            pgrx::spi::quote_literal(&ctx.source),
+            pgrx::spi::quote_literal(&ctx.pipeline)
         ),
     )])
 }
@@ -387,11 +388,11 @@ fn repair_impl(relid: pg_sys::Oid, pipeline: Option<&str>) -> TideResult<Vec<Rep
         deletes.len() as i64,
         Some(id),
         format!(
-            "re-seeding {} range(s) through backfill {id}; {} extra row(s) are deleted at its high watermarks; wait with tide.wait_for_backfill('{}', '{}')",
+            "re-seeding {} range(s) through backfill {id}; {} extra row(s) are deleted at its high watermarks; wait with tide.wait_for_backfill({}, {})",
             s.differing.len(),
             deletes.len(),
-            ctx.source,
-            ctx.pipeline
+            pgrx::spi::quote_literal(&ctx.source),
+            pgrx::spi::quote_literal(&ctx.pipeline)
         ),
     )])
 }

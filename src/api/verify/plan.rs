@@ -143,7 +143,7 @@ pub(super) fn setup(
     if !allow_running_backfill {
         if let Some(state) = catalog::backfills::active_state(&pipeline, relid)? {
             return Err(TideError::prerequisite(format!("a backfill of {source} for pipeline \"{pipeline}\" is {state}: the target is not complete yet"))
-                .hint(format!("Wait for it (SELECT tide.wait_for_backfill('{source}', '{pipeline}')) and verify then.")));
+                .hint(format!("Wait for it (SELECT tide.wait_for_backfill({}, {})) and verify then.", pgrx::spi::quote_literal(&source), pgrx::spi::quote_literal(&pipeline))));
         }
     }
     let relid_text = relid.to_u32().to_string();
