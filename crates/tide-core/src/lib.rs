@@ -24,6 +24,8 @@
 //!   or why not) and their encoding.
 //! * [`reconcile`]: the DBLog watermark reconciler merging backfill chunks
 //!   into the change stream.
+//! * [`backfill_schedule`]: which backfill chunks a worker holds, when each is
+//!   written (key order, holding), what is forgotten with one; caps and plans.
 //! * [`worker_loop`]: the pipeline worker's main loop as a state machine (one
 //!   pure `decide`).
 //! * [`spill`]: the decoder's message buffer, which moves to a temporary file
@@ -38,6 +40,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod backfill_schedule;
 pub mod connect;
 pub mod copy;
 pub mod json;

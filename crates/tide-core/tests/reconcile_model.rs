@@ -1,6 +1,10 @@
 //! Model check of the watermark backfill: a deterministic simulator of the
-//! source database, its commit-ordered change log, the worker (stream
-//! consumer + backfills + [`Reconciler`]) and the target, with crashes.
+//! source database, its commit-ordered change log, the worker's stream
+//! consumer and the target, with crashes, around the worker's own backfill
+//! scheduling (`tide_core::backfill_schedule::Schedule`, which owns the
+//! [`tide_core::reconcile::Reconciler`]): this test checks the code the worker
+//! runs. The simulator only reads chunks, moves the stream and writes what
+//! the schedule hands it.
 //!
 //! One backfill per table, all running at once. A backfill's durable
 //! progress is a single "last key" (plus done), and it keeps up to
@@ -17,38 +21,37 @@
 //! reader's chunk before decoding further) — except `Op::Pass`, where the
 //! stream runs past an unregistered LW, so that chunk is discarded at its HW.
 //!
-//! Emission in key order (progress must only move forward): when the
-//! stream reaches the HW of chunk i while an earlier chunk j of the same
-//! backfill is still waiting for its HW (or not even read), chunk i is
-//! *held*: `Reconciler::on_high_watermark` is not called, so its window
-//! stays open and every later change to one of its keys still drops that
-//! key; it is emitted right after chunk j, at j's HW position. Sound because
-//! a key not changed in the log between i's LW and that position still has
-//! the value i read. A chunk the reconciler does not return (its LW was
-//! never seen) is discarded together with every later chunk of its backfill,
-//! and a crash discards them all: they are planned and read again. A chunk
-//! that would start elsewhere than where its backfill durably stands is a
-//! violation (`chunk N: starts at ...`), as the worker's record_progress
-//! refuses it: emitting out of key order, or past a discarded chunk, fails
-//! that way.
+//! Emission in key order (progress must only move forward) is the
+//! schedule's: the model announces each planned chunk to it
+//! (`Schedule::expect`), registers it when read (`Schedule::add`), and at a
+//! HW writes what `Schedule::next_ready` hands out; a chunk without a result
+//! (its LW was never seen) is discarded with every later chunk of its
+//! backfill (`Schedule::forget_backfill`), and a crash discards them all
+//! (`Schedule::forget_all`): they are planned and read again. A chunk handed
+//! out that would start elsewhere than where its backfill durably stands is
+//! a violation (`chunk N: starts at ...`), as the worker's record_progress
+//! refuses it, and so is one handed out before an earlier chunk of its
+//! backfill (`chunk N: written before ...`): a schedule that emits out of key
+//! order, that closes a held chunk's window at its own HW, or that does not
+//! forget the chunks behind a discarded one, fails that way or by a reversal.
 //!
 //! Property, for every schedule: once every backfill has finished and the
 //! stream is drained, target == source, and no key was ever set at the
 //! target to a version older than one it had already applied (versions grow
 //! per key at the source, deletes included). The same schedules with a
-//! consumer that skips reconciliation, that reconciles a change against one
-//! window only (the latest opened) instead of every open window of its
-//! table, or that closes a held chunk's window at its own HW and writes the
-//! surviving rows later, must violate it.
+//! consumer that skips reconciliation, or that reconciles a change against
+//! one window only (the latest opened) instead of every open window of its
+//! table, must violate it.
 
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{
     Config, FileFailurePersistence, RngAlgorithm, TestError, TestRng, TestRunner,
 };
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::ops::Bound;
-use tide_core::reconcile::{ChunkId, ChunkResult, Reconciler};
+use tide_core::backfill_schedule::{self as core, Action, Ready};
+use tide_core::reconcile::ChunkId;
 
 const TABLES: usize = 2;
 const KEYS: i64 = 16;
@@ -137,11 +140,6 @@ enum Mode {
     /// last (if it is of the change's table), as a worker that tracks one
     /// "current" window would; right whenever windows never overlap.
     LatestWindowOnly,
-    /// Broken: a held chunk's window is closed at its own HW
-    /// (`on_high_watermark` there), its surviving rows written later, at the
-    /// earlier chunk's HW; right whenever no change to its keys comes in
-    /// between.
-    CloseHeldAtOwnHigh,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -173,6 +171,8 @@ struct Planned {
     /// Last key of the range; `None`: to the end of the table, at most
     /// `chunk_size` rows (the read finds where it ends).
     to: Option<i64>,
+    /// Its place in its backfill's key order (the schedule's `seq`).
+    seq: i64,
     state: State,
 }
 
@@ -181,11 +181,8 @@ enum State {
     Planned,
     /// LW written, not read yet: the stream must not pass the LW.
     Opened(ChunkId),
-    /// Read and registered, waiting for its HW.
+    /// Read and registered with the schedule, until written or discarded.
     Read(ChunkId),
-    /// Its HW passed while an earlier chunk waits for its own: emitted right
-    /// after that one.
-    Held(ChunkId),
 }
 
 struct InFlight {
@@ -195,8 +192,6 @@ struct InFlight {
     next: Progress,
     /// Copy of the rows, used by the broken modes and the stats.
     rows: Vec<(i64, u64)>,
-    /// `CloseHeldAtOwnHigh`: the reconciler's answer at the chunk's own HW.
-    closed: Option<Option<ChunkResult<i64, u64>>>,
     held: bool,
     /// A change to one of its keys came while it was held.
     changed_while_held: bool,
@@ -244,8 +239,10 @@ struct World {
     delivered: usize,
     /// Each backfill's chunks in flight, in key order.
     backfills: [Vec<Planned>; TABLES],
-    reconciler: Reconciler<usize, i64, u64>,
-    chunks: HashMap<ChunkId, InFlight>,
+    /// The next `seq` of each backfill's planned chunks.
+    next_seq: i64,
+    /// The worker's scheduling: the chunks read, by backfill (a table's own).
+    sched: core::Schedule<usize, usize, i64, u64, InFlight>,
     /// Chunks whose window is open, in the order their LW was reached.
     open: Vec<ChunkId>,
     /// Chunks whose LW the stream ran past before they were registered.
@@ -307,8 +304,8 @@ impl World {
             progress: Default::default(),
             delivered: 0,
             backfills: Default::default(),
-            reconciler: Reconciler::new(),
-            chunks: HashMap::new(),
+            next_seq: 0,
+            sched: core::Schedule::new(),
             open: Vec::new(),
             missed: Vec::new(),
             stats: Stats::default(),
@@ -366,7 +363,7 @@ impl World {
                 after: Some(to),
                 done: false,
             }),
-            (None, State::Read(id) | State::Held(id)) => self.chunks.get(&id).map(|c| c.next),
+            (None, State::Read(id)) => self.sched.chunk(id).map(|c| c.next),
             (None, _) => None,
         }
     }
@@ -389,9 +386,12 @@ impl World {
             if to.is_some() && to <= from.after {
                 continue;
             }
+            self.next_seq += 1;
+            self.sched.expect(table, self.next_seq);
             self.backfills[table].push(Planned {
                 from,
                 to,
+                seq: self.next_seq,
                 state: State::Planned,
             });
         }
@@ -436,7 +436,12 @@ impl World {
     }
 
     fn read_at(&mut self, table: usize, i: usize, after_read: &[Write]) {
-        let Planned { from, to, state } = self.backfills[table][i];
+        let Planned {
+            from,
+            to,
+            seq,
+            state,
+        } = self.backfills[table][i];
         let State::Opened(id) = state else {
             return;
         };
@@ -475,19 +480,15 @@ impl World {
             self.write(*w);
         }
         self.log.push(Entry::High(id));
-        self.chunks.insert(
-            id,
-            InFlight {
-                table,
-                from,
-                next,
-                rows: rows.clone(),
-                closed: None,
-                held: false,
-                changed_while_held: false,
-            },
-        );
-        self.reconciler.add_chunk(id, table, rows);
+        let chunk = InFlight {
+            table,
+            from,
+            next,
+            rows: rows.clone(),
+            held: false,
+            changed_while_held: false,
+        };
+        self.sched.add(table, seq, id, table, rows, chunk);
         self.backfills[table][i].state = State::Read(id);
     }
 
@@ -522,18 +523,18 @@ impl World {
     /// A change in the stream, as the worker's consumer hands it to the
     /// reconciler (or, in the broken mode, to the latest window only).
     fn reconcile_change(&mut self, table: usize, key: i64) {
-        for c in self.chunks.values_mut() {
+        for (_, c) in self.sched.chunks_mut() {
             if c.held && c.table == table && c.rows.iter().any(|&(k, _)| k == key) {
                 c.changed_while_held = true;
             }
         }
         if self.mode != Mode::LatestWindowOnly {
-            self.reconciler.on_change(&table, &key);
+            self.sched.on_change(&table, &key);
             return;
         }
         if let Some(&id) = self.open.last() {
-            if self.chunks.get(&id).is_some_and(|c| c.table == table) {
-                self.reconciler.drop_key(id, &key);
+            if self.sched.chunk(id).is_some_and(|c| c.table == table) {
+                self.sched.drop_key(id, &key);
             }
         }
     }
@@ -577,7 +578,7 @@ impl World {
                     }
                 }
                 Entry::Low(id) => {
-                    if self.reconciler.on_low_watermark(id) {
+                    if self.sched.on_low_watermark(id) {
                         self.note_overlaps(id);
                         self.open.push(id);
                     } else {
@@ -592,25 +593,23 @@ impl World {
 
     /// Counts the windows open when `id`'s opens.
     fn note_overlaps(&mut self, id: ChunkId) {
-        let Some(table) = self.chunks.get(&id).map(|c| c.table) else {
+        let Some(table) = self.sched.chunk(id).map(|c| c.table) else {
             return;
         };
         for other in &self.open {
             self.stats.overlaps += 1;
-            if self.chunks.get(other).is_some_and(|c| c.table == table) {
+            if self.sched.chunk(*other).is_some_and(|c| c.table == table) {
                 self.stats.overlaps_same_table += 1;
             }
         }
     }
 
-    /// The stream reached `id`'s HW at `pos`: emit its backfill's chunks
-    /// whose HW has passed, in key order, up to the first still waiting.
+    /// The stream reached `id`'s HW at `pos`: the schedule holds the chunk,
+    /// or hands out its backfill's chunks to write now, in key order.
     fn high_watermark(&mut self, id: ChunkId, pos: usize) {
-        let Some(table) = self.chunks.get(&id).map(|c| c.table) else {
-            if self.reconciler.on_high_watermark(id).is_some() {
-                self.violations
-                    .push(format!("chunk {id}: result for a chunk the worker forgot"));
-            }
+        let table = self.sched.chunk(id).map(|c| c.table);
+        let action = self.sched.on_high_watermark(id);
+        let Some(table) = table.filter(|_| action != Action::Ignore) else {
             self.stats.stale_watermarks += 1;
             return; // read before a crash, or discarded: ignored
         };
@@ -618,65 +617,57 @@ impl World {
             self.violations
                 .push(format!("chunk {id}: HW at {pos} already applied"));
         }
-        let backfill = &mut self.backfills[table];
-        let Some(i) = backfill.iter().position(|c| c.state == State::Read(id)) else {
-            self.violations
-                .push(format!("chunk {id}: HW of a chunk not waiting for it"));
-            return;
-        };
-        backfill[i].state = State::Held(id);
-        if self.mode == Mode::CloseHeldAtOwnHigh {
-            let result = self.reconciler.on_high_watermark(id);
-            self.open.retain(|&o| o != id);
-            if let Some(c) = self.chunks.get_mut(&id) {
-                c.closed = Some(result);
-            }
-        }
-        if i > 0 {
+        if action == Action::Hold {
             self.stats.holds += 1;
-            if let Some(c) = self.chunks.get_mut(&id) {
+            if let Some(c) = self.sched.chunk_mut(id) {
                 c.held = true;
             }
+            return;
         }
-        while self.backfills[table]
-            .first()
-            .is_some_and(|c| matches!(c.state, State::Held(_)))
-        {
-            self.emit_first(table, pos);
+        while let Some(ready) = self.sched.next_ready(table) {
+            if !self.emit(table, ready, pos) {
+                self.discard_rest(table);
+                return;
+            }
         }
     }
 
-    /// Emits (or discards) `table`'s first chunk, whose HW has passed, at `pos`.
-    fn emit_first(&mut self, table: usize, pos: usize) {
-        let State::Held(id) = self.backfills[table].remove(0).state else {
-            unreachable!("only a held chunk is emitted");
-        };
-        let chunk = self.chunks.remove(&id).expect("a held chunk is registered");
-        let result = match chunk.closed {
-            Some(result) => result,
-            None => self.reconciler.on_high_watermark(id),
-        };
+    /// Writes a chunk the schedule handed out, at `pos`; `false` when it must
+    /// not be written (its LW was never seen, or it would not start where its
+    /// backfill stands).
+    fn emit(&mut self, table: usize, ready: Ready<i64, u64, InFlight>, pos: usize) -> bool {
+        let Ready {
+            watermark: id,
+            chunk,
+            result,
+        } = ready;
         self.open.retain(|&o| o != id);
+        let first = self.backfills[table].first().map(|c| c.state);
+        if first != Some(State::Read(id)) {
+            self.violations.push(format!(
+                "chunk {id}: written before an earlier chunk of its backfill ({first:?})"
+            ));
+        }
+        self.backfills[table].retain(|c| c.state != State::Read(id));
         let Some(result) = result else {
             if !self.missed.contains(&id) {
                 self.violations
                     .push(format!("chunk {id}: no result at HW, its LW was seen"));
             }
-            self.discard_rest(table);
-            return;
+            return false;
         };
         if chunk.from != self.progress[table] {
-            // The worker's record_progress refuses such a chunk; the model must
-            // never produce one.
+            // The worker's record_progress refuses such a chunk; the schedule
+            // must never hand one out.
             self.violations.push(format!(
                 "chunk {id}: starts at {:?}, table {table} stands at {:?}",
                 chunk.from, self.progress[table]
             ));
-            return;
+            return false;
         }
         self.stats.rows_dropped += result.dropped;
         let rows = match self.mode {
-            Mode::Reconciled | Mode::LatestWindowOnly | Mode::CloseHeldAtOwnHigh => result.rows,
+            Mode::Reconciled | Mode::LatestWindowOnly => result.rows,
             Mode::ApplyAtRead => Vec::new(),
             Mode::ApplyAtHighWithoutDrop => chunk.rows,
         };
@@ -691,15 +682,15 @@ impl World {
         if chunk.changed_while_held {
             self.stats.holds_with_change += 1;
         }
+        true
     }
 
-    /// An earlier chunk of `table`'s backfill was discarded: so is every
-    /// later one (read again after it).
+    /// A chunk of `table`'s backfill was not written: the schedule forgets
+    /// every later one, and so do the plans (read again after it).
     fn discard_rest(&mut self, table: usize) {
+        self.sched.forget_backfill(table);
         for c in std::mem::take(&mut self.backfills[table]) {
-            if let State::Read(id) | State::Held(id) = c.state {
-                self.reconciler.on_high_watermark(id);
-                self.chunks.remove(&id);
+            if let State::Read(id) = c.state {
                 self.open.retain(|&o| o != id);
             }
             if c.state != State::Planned {
@@ -709,8 +700,7 @@ impl World {
     }
 
     fn crash(&mut self) {
-        self.reconciler.forget_all();
-        self.chunks.clear();
+        self.sched.forget_all();
         self.open.clear();
         self.backfills = Default::default();
         self.delivered = self.restart;
@@ -748,8 +738,14 @@ impl World {
                 Op::Pass(n) => self.deliver(*n, true),
                 Op::Crash => self.crash(),
             }
-            let registered = self.chunks.values().filter(|c| c.closed.is_none());
-            assert_eq!(self.reconciler.pending(), registered.count());
+            // The model's reads and the schedule's chunks agree.
+            let read = (self.backfills.iter().flatten())
+                .filter(|c| matches!(c.state, State::Read(_)))
+                .count();
+            assert_eq!(
+                (self.sched.pending(), self.sched.chunks().count()),
+                (read, read)
+            );
         }
         self.finish()
     }
@@ -959,16 +955,6 @@ fn reconciling_against_the_latest_window_only_is_caught() {
     assert!(stats.overlaps > 0, "{stats:?}");
 }
 
-/// A held chunk's window must stay open until it is emitted: the
-/// counterexample changes one of its keys between its HW and the earlier
-/// chunk's.
-#[test]
-fn closing_a_held_chunk_at_its_own_hw_is_caught() {
-    let s = find_counterexample(Mode::CloseHeldAtOwnHigh);
-    let stats = World::new(Mode::Reconciled, &s).run(&s).stats;
-    assert!(stats.holds_with_change > 0, "{stats:?}");
-}
-
 /// Two tables' windows overlapping in the log: both chunks' LWs, then table
 /// 0's chunk read, its key 1 updated (v5) and its HW, then table 1's chunk
 /// read, its key 2 updated (v6) and its HW. Table 0's change comes while
@@ -1124,23 +1110,6 @@ fn hand_written_held_chunk_keeps_its_window_open() {
         (stats.holds, stats.holds_with_change, stats.rows_dropped),
         (1, 1, 1),
         "{stats:?}"
-    );
-
-    // Closed at its own HW, the held chunk's v3 overwrites the stream's v5.
-    let out = World::new(Mode::CloseHeldAtOwnHigh, &s).run(&s);
-    assert_eq!(
-        out.violations,
-        ["reversal: table 0 key 5 set to v3 after v5"],
-        "{out:?}"
-    );
-    assert_eq!(
-        out.diff,
-        [Diff {
-            table: 0,
-            key: 5,
-            source: Some(5),
-            target: Some(3)
-        }]
     );
 }
 
