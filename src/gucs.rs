@@ -28,15 +28,15 @@ pub static OUTBOX_RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(0);
 /// `tide.outbox_prune_batch`: the most outbox rows the retention deletes per transaction.
 pub static OUTBOX_PRUNE_BATCH: GucSetting<i32> = GucSetting::<i32>::new(1000);
 /// `tide.read_ahead`: a pipeline worker that backfills has a helper process read the next chunk
-/// while it writes the current one (see `worker::read_ahead`).
+/// while it writes the current one (see `worker::backfill::read_ahead`).
 pub static READ_AHEAD: GucSetting<bool> = GucSetting::<bool>::new(true);
 /// `tide.max_parallel_backfills`: the most backfills of one pipeline that run at once (each with
 /// a chunk of its own in the worker's memory, waiting for its high watermark; see
 /// `worker::backfill`). 1 reads the pipeline's backfills one after the other.
 pub static MAX_PARALLEL_BACKFILLS: GucSetting<i32> = GucSetting::<i32>::new(4);
 /// `tide.max_backfill_readers`: how many reader processes a backfilling pipeline worker has
-/// (`worker::read_ahead`); with more than one, the next chunks of one table are read at once, on
-/// key ranges planned ahead (`worker::ranges`), and several backfills' chunks at once.
+/// (`worker::backfill::read_ahead`); with more than one, the next chunks of one table are read at once, on
+/// key ranges planned ahead (`worker::backfill::ranges`), and several backfills' chunks at once.
 pub static MAX_BACKFILL_READERS: GucSetting<i32> = GucSetting::<i32>::new(1);
 /// `tide.streaming_chunk_size`: the most rows a backfill's chunk reads while its pipeline's
 /// stream applies source changes (any in the last second); 0: no cap. The stream's events wait

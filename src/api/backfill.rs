@@ -296,7 +296,7 @@ fn start_backfill_core(
         ))
         .hint(format!("Remove and re-add the table so pg_tide learns the new key: SELECT tide.remove_table('{pipeline}', '{qualified}'); SELECT tide.add_table('{pipeline}', '{qualified}').")));
     }
-    // A table without a key is copied whole at one point of the stream (worker::keyless): a
+    // A table without a key is copied whole at one point of the stream (worker::backfill::keyless): a
     // condition (part of the table) or a repair's listed keys cannot be. After the copy, the
     // stream skips the table's changes in every transaction the copy's snapshot saw; a copy of
     // some rows would lose those transactions' changes of the others (and a change that moves a

@@ -128,7 +128,7 @@ fn fail_keyless(pipeline: &str) -> TideResult<()> {
 }
 
 /// A backfill of a table without a key, due now: copied whole by the worker at an iteration's
-/// start (`worker::keyless`).
+/// start (`worker::backfill::keyless`).
 pub(crate) struct KeylessDue {
     pub id: i64,
     pub relid: u32,
@@ -402,7 +402,7 @@ pub struct ChunkDone {
     pub read_at: i64,
     /// The planner's estimate of the table's rows when the chunk was read.
     pub table_rows: Option<i64>,
-    /// The share of the table's rows read so far (see `worker::estimate::Estimate`: alone, from
+    /// The share of the table's rows read so far (see `worker::backfill::estimate`: alone, from
     /// the key's histogram; with `table_rows`, from the key range, counted only when the two
     /// agree within a factor of 2).
     pub key_fraction: Option<f64>,

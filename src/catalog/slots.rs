@@ -52,7 +52,7 @@
 //! between the loss and the new slot is read by its chunk, and every change after the slot's
 //! start is in the stream. Deletes: a resync backfill of a table target (local or remote) also
 //! deletes, at each chunk's high watermark, the target rows of the chunk's key range whose key
-//! the chunk's snapshot does not find at the source (the repair's deletes, `worker::chunk`: a
+//! the chunk's snapshot does not find at the source (the repair's deletes, `worker::backfill::chunk`: a
 //! local target's keys read in the chunk's snapshot, a remote target's read there once the chunk
 //! is read and compared with the chunk's rows, `chunk::sweep_deletes`); a key the stream touches
 //! inside the chunk's window is left to the stream, so a key inserted after the new slot's start

@@ -32,7 +32,7 @@ pub struct TableRow {
     /// The column list in effect in the stream (attribute numbers), likewise.
     pub columns: Option<Vec<i16>>,
     /// Captured without a key (`REPLICA IDENTITY FULL`): its backfills are copies
-    /// (`worker::keyless`).
+    /// (`worker::backfill::keyless`).
     pub keyless: bool,
 }
 

@@ -171,7 +171,7 @@ pub struct Applier<'a, 'c> {
     /// The transaction being applied was written while it ran: its changes are followed, not
     /// written again; its remote transaction commits at its Commit.
     pub elsewhere: Option<Box<LiveTxn>>,
-    /// Tables without a key copied whole (`worker::keyless`) whose copy may hold transactions
+    /// Tables without a key copied whole (`worker::backfill::keyless`) whose copy may hold transactions
     /// still ahead: their changes in those transactions are skipped ([`Applier::in_copy`]).
     pub copies: HashMap<u32, tide_core::snapshot::KeylessCopy>,
 }
@@ -327,7 +327,7 @@ impl Applier<'_, '_> {
     }
 
     /// Whether the transaction being applied is in a copy of table `relid` (a table without a
-    /// key, `worker::keyless`): its changes of the table are there already.
+    /// key, `worker::backfill::keyless`): its changes of the table are there already.
     fn in_copy(&self, relid: u32) -> bool {
         match (self.copies.get(&relid), self.txn.as_ref()) {
             (Some(k), Some(t)) => k.holds(t.xid, t.lsn),

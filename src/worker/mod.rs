@@ -3,20 +3,14 @@
 
 pub mod apply;
 pub mod backfill;
-mod chunk;
 pub mod decoder;
 mod definitions;
-pub mod estimate;
-mod keyless;
 pub mod launcher;
 pub mod leaks;
 pub mod origin;
 mod partitions;
 pub mod pipeline;
-mod ranges;
-mod read_ahead;
 pub mod retention;
-pub mod row_values;
 pub mod stream_apply;
 pub mod tx;
 

@@ -1045,7 +1045,15 @@ fn stream(
     let extra = plugin_options(c, &tables, p)?;
     let decoder = open_decoder(dec, rels, p, &filter, &extra, mode.streaming)?;
     // Tables without a key: copied at this boundary, skipped where a copy holds them.
-    let copies = super::keyless::at_start(c, (p, &tables), bf, sink, decoder, applied, &mut notes)?;
+    let copies = super::backfill::keyless::at_start(
+        c,
+        (p, &tables),
+        bf,
+        sink,
+        decoder,
+        applied,
+        &mut notes,
+    )?;
     // One message: the decoder stops at the record boundary after it, which is the end of one
     // source transaction (a transaction's messages are handed out whole at its commit).
     let batch_events = if mode.one_at_a_time {

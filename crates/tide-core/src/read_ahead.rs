@@ -3,7 +3,7 @@
 //!
 //! Owns: the messages' content ([`Due`], [`Chunk`], [`Failure`]) and their binary encoding.
 //! The processes, the queues and when a request is sent are the pgrx crate's
-//! (`worker::read_ahead`); this module is pure, so it is tested here, with round trips of any
+//! (`worker::backfill::read_ahead`); this module is pure, so it is tested here, with round trips of any
 //! message and every truncation of one.
 //!
 //! Encoding: a sequence of fields, numbers little-endian, lengths `u32`, strings UTF-8 bytes

@@ -3,7 +3,7 @@
 //! deletes duplicate rows, at a local and a remote table target and into the outbox (replayed
 //! by a consumer written in SQL from `key` and `row`): once with its existing rows copied by hand
 //! in the transaction of `tide.add_table` (writers wait on the lock), once with pg_tide's own
-//! backfill of such a table (one copy at a point of the stream, no lock: `worker::keyless`). Each
+//! backfill of such a table (one copy at a point of the stream, no lock: `worker::backfill::keyless`). Each
 //! target ends equal to the source as a multiset (count per distinct row). The copy's retake
 //! check is shown at work: a transaction the stream already applied that the copy's snapshot
 //! does not see yet (its commit waits for a synchronous standby) holds the copy back until it is

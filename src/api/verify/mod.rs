@@ -16,7 +16,7 @@
 //! row's md5 numbered by its copies (`<md5> #2` is the second copy of a row), so a row the
 //! target holds once too few is *missing*, once too many *extra*; never *changed*. `repair` of
 //! it starts its backfill, one copy of the whole table at one point of the stream
-//! (`worker::keyless`), which replaces the target's rows by the source's (a backfill by key
+//! (`worker::backfill::keyless`), which replaces the target's rows by the source's (a backfill by key
 //! cannot read part of such a table).
 //!
 //! Results are kept in `tide.verification` (one row per run) and `tide.verification_range`
@@ -304,7 +304,7 @@ fn repair(
 
 /// The repair of a table without a key (`REPLICA IDENTITY FULL`), whose verification found
 /// rows the target holds too few or too many times: its backfill, one copy of the whole table
-/// applied at one point of the stream (`worker::keyless`), which replaces the target's rows of
+/// applied at one point of the stream (`worker::backfill::keyless`), which replaces the target's rows of
 /// the table by the source's, so the surplus copies go and the missing ones come, while the
 /// stream goes on (a table without a key has no key to re-read a part of it by).
 fn repair_keyless(relid: pg_sys::Oid, ctx: &Ctx, s: &Summary) -> TideResult<Vec<RepairRow>> {

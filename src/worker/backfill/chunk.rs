@@ -1,5 +1,5 @@
 //! Reading one backfill chunk (transaction 2 of the watermark algorithm; see
-//! [`super::backfill`]): the keyset SELECT as the backfill's owner, in the chunk's snapshot,
+//! [`super`]): the keyset SELECT as the backfill's owner, in the chunk's snapshot,
 //! under the table's lock, then the high watermark.
 //!
 //! Owns: the chunk's query, the snapshot facts the reconciliation needs (transactions in
@@ -16,11 +16,11 @@
 
 use super::estimate::Estimate;
 use super::row_values::RowValues;
-use super::tx;
 use crate::catalog::backfills;
 use crate::error::{TideError, TideResult};
 use crate::sink::{KeyValues, Row, RowForm, Target};
 use crate::sql;
+use crate::worker::tx;
 use pgrx::prelude::*;
 use tide_core::json;
 use tide_core::mask::{Mask, Masks};
@@ -497,7 +497,7 @@ fn chunk_snapshot(writer: Option<u32>) -> TideResult<(String, InvisibleXids)> {
 /// progress" (it asks the process array first), so this asks the commit log itself. For xids
 /// from xmax on (not listed), only those still in the process array count (the others
 /// committed after the snapshot). `running`: listed ones only when still in the process array
-/// too (the keyless copy's retake check, `worker::keyless`, looks after its whole read, when
+/// too (the keyless copy's retake check, `worker::backfill::keyless`, looks after its whole read, when
 /// listed ones that committed after the snapshot are no sign of a gap).
 pub(super) fn committed_invisible(
     invisible: &InvisibleXids,

@@ -10,9 +10,9 @@
 //! 1. during the iteration that writes chunk N (at its high watermark), the worker sends the
 //!    request for chunk N+1 to an idle reader: the backfill as the worker knows it, starting
 //!    after N's last key (and, for a range planned ahead, ending at its bound: with several
-//!    readers, N+1, N+2, ... go to several readers at once; see `super::backfill`), and how the
+//!    readers, N+1, N+2, ... go to several readers at once; see `super`), and how the
 //!    target wants its rows held (a `RowForm`);
-//! 2. the reader runs the same two transactions the worker would ([`super::backfill`]): the low
+//! 2. the reader runs the same two transactions the worker would ([`super`]): the low
 //!    watermark, then the chunk's SELECT and its high watermark (`super::chunk::read_chunk`, as
 //!    the backfill's owner, security-restricted) and sends the chunk back (rows as JSON, as
 //!    `jsonb` it parsed for the outbox, text, COPY text, or row values as their bytes), or the
@@ -39,9 +39,9 @@
 use super::chunk::Job;
 use super::chunk::{read_chunk_locked, ChunkRead};
 use super::row_values::RowValues;
-use super::tx;
 use crate::catalog::backfills::{self, Due};
 use crate::error::{TideError, TideResult};
+use crate::worker::tx;
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -487,7 +487,7 @@ pub extern "C-unwind" fn tide_reader_main(arg: pg_sys::Datum) {
 }
 
 /// The reader's work for one request: the chunk's low watermark, then the chunk and its high
-/// watermark, as `super::backfill` does in the worker.
+/// watermark, as `super` does in the worker.
 fn read(
     pipeline: &str,
     mut b: Due,

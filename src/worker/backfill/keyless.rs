@@ -2,7 +2,7 @@
 //! key"): one copy of the whole table, applied at one point of the stream.
 //!
 //! Such a table has no key to read it by in chunks, nor to drop changed rows by, so the watermark
-//! algorithm ([`super::backfill`]) does not apply. Instead, at the start of an iteration (an
+//! algorithm ([`super`]) does not apply. Instead, at the start of an iteration (an
 //! iteration boundary: every source transaction committed before the applied position `P` has
 //! been applied, none after), the worker reads the whole table in **one statement**, whose
 //! snapshot `S` it reads in the same statement (`pg_current_snapshot()`), with the WAL insert
@@ -47,15 +47,15 @@
 //! (or decoded by an earlier worker process) that is still between its commit record and its
 //! commit-log update when the copy is read, and leaves the process array before the check.
 
-use super::backfill::Backfiller;
 use super::chunk::{committed_invisible, table_meta, value};
-use super::stream_apply::StreamApply;
+use super::Backfiller;
 use crate::catalog::backfills::{self, KeylessDue};
 use crate::catalog::pipelines::PipelineRow;
 use crate::catalog::tables::TableRow;
 use crate::error::{TideError, TideResult};
 use crate::sink::{Event, ResyncMark, Row, RowForm, Target};
 use crate::sql;
+use crate::worker::stream_apply::StreamApply;
 use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
 use std::collections::HashMap;
@@ -71,12 +71,12 @@ use tide_core::wire::Tuple;
 /// copies whose transactions the stream skips in this iteration, by table. A pipeline none of
 /// whose `tables` (the captured ones) is without a key has neither: not looked for (three
 /// statements an iteration saved).
-pub(super) fn at_start(
+pub(crate) fn at_start(
     c: &mut SpiClient<'_>,
     (p, tables): (&PipelineRow, &[TableRow]),
     bf: &mut Backfiller,
     sink: &mut dyn Target,
-    decoder: &mut super::decoder::Decoder,
+    decoder: &mut crate::worker::decoder::Decoder,
     applied: Lsn,
     notes: &mut Vec<String>,
 ) -> TideResult<HashMap<u32, KeylessCopy>> {

@@ -1,5 +1,5 @@
 //! Key ranges of one backfill planned ahead, for several readers of one table
-//! (`tide.max_backfill_readers`; see [`super::backfill`]).
+//! (`tide.max_backfill_readers`; see [`super`]).
 //!
 //! Owns: the probe that finds where the backfill's next chunks end. From the key its next
 //! unread chunk starts after, it reads the table's keys alone, in key order (an index scan of the
@@ -18,10 +18,10 @@
 //! only thin out the chunks).
 
 use super::chunk::{quote, table_meta};
-use super::tx::{self, Locked};
 use crate::catalog::backfills::Due;
 use crate::error::{TideError, TideResult};
 use crate::sql;
+use crate::worker::tx::{self, Locked};
 use pgrx::prelude::*;
 
 /// Up to `n` bounds of the chunks of `b` after key `after` (`None`: from the table's first

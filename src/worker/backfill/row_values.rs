@@ -188,11 +188,6 @@ impl RowValues {
         self.elems.len()
     }
 
-    /// Whether it holds no row.
-    pub fn is_empty(&self) -> bool {
-        self.elems.is_empty()
-    }
-
     /// The source table's row type the rows were read with.
     pub fn row_type(&self) -> pg_sys::Oid {
         self.row_type

@@ -1,14 +1,14 @@
 //! The backfill half of a pipeline worker: watermark writes, keyset chunk reads and the
 //! reconciliation of each chunk with the stream (the DBLog algorithm; `tide_core::reconcile`).
 //! (A table without a key is not read here: it is copied whole at an iteration boundary,
-//! [`super::keyless`], which uses this module's delivered transactions and holds.)
+//! [`keyless`], which uses this module's delivered transactions and holds.)
 //!
 //! For one chunk:
 //! 1. transaction 1 writes the low watermark (LW) into `tide.signal` and commits;
 //! 2. transaction 2, whose snapshot is therefore taken after the LW commit, SELECTs the chunk
 //!    (`WHERE (k1, k2, ...) > (last key) ORDER BY k1, k2, ... LIMIT n`, as the role that started
 //!    the backfill, under AccessShareLock only) and writes the high watermark (HW), then commits
-//!    ([`super::chunk`]);
+//!    ([`chunk`]);
 //! 3. the chunk waits in memory (as JSON, as row values for a local target that takes them, or
 //!    as COPY text for a remote target that takes it); the stream iteration feeds every change
 //!    of a captured table to the reconciler, which drops the chunk's keys changed between LW
@@ -55,7 +55,7 @@
 //! stream iterations; see `catalog::slots`).
 //!
 //! Steps 1 and 2 run in the worker, or, for the chunk after one being written, in the worker's
-//! reader process ([`super::read_ahead`]), which the worker waits for before it decodes further.
+//! reader process ([`read_ahead`]), which the worker waits for before it decodes further.
 //! A chunk whose snapshot misses a transaction the stream has already delivered (decoded before
 //! it became visible: `tide_core::snapshot::DeliveredXids`) is read again rather than registered.
 //!
@@ -70,16 +70,23 @@
 //! (`catalog::backfills::record_progress`). Any failed stream iteration forgets the chunks for
 //! the same reason.
 
-use super::chunk::{
+mod chunk;
+mod estimate;
+pub(crate) mod keyless;
+mod ranges;
+mod read_ahead;
+mod row_values;
+
+use chunk::{
     chunk_end, form_for, read_chunk_locked, sweep_deletes, table_meta, wanted_form, ChunkRead, Job,
 };
-use super::estimate::Estimate;
-use super::ranges;
-use super::read_ahead::Reader;
-use super::row_values::RowValues;
+use estimate::Estimate;
+
 use crate::catalog::backfills;
 use crate::error::{TideError, TideResult};
 use crate::sink::{Batch, CopyBatch, Event, Row, RowBatch, RowForm, Target};
+use read_ahead::Reader;
+use row_values::RowValues;
 
 use crate::worker::tx;
 use pgrx::prelude::*;
@@ -326,7 +333,7 @@ impl Backfiller {
         }
     }
 
-    /// Whether the copy of keyless backfill `id` waits (see `worker::keyless`).
+    /// Whether the copy of keyless backfill `id` waits (see `worker::backfill::keyless`).
     pub(crate) fn copy_held(&self, id: i64) -> bool {
         self.held
             .get(&id)
