@@ -46,7 +46,7 @@ use crate::gucs;
 use crate::shmem::{self, WorkerState};
 use crate::sink::Target;
 use crate::worker::apply::{Applier, Outcome, TableSets};
-use crate::worker::backfill::{Backfiller, Written};
+use crate::worker::backfill::{keyless, Backfiller, Written};
 use crate::worker::decoder::{self, Decoder};
 use crate::worker::tx;
 use pgrx::bgworkers::*;
@@ -1045,15 +1045,7 @@ fn stream(
     let extra = plugin_options(c, &tables, p)?;
     let decoder = open_decoder(dec, rels, p, &filter, &extra, mode.streaming)?;
     // Tables without a key: copied at this boundary, skipped where a copy holds them.
-    let copies = super::backfill::keyless::at_start(
-        c,
-        (p, &tables),
-        bf,
-        sink,
-        decoder,
-        applied,
-        &mut notes,
-    )?;
+    let copies = keyless::at_start(c, (p, &tables), bf, sink, decoder, applied, &mut notes)?;
     // One message: the decoder stops at the record boundary after it, which is the end of one
     // source transaction (a transaction's messages are handed out whole at its commit).
     let batch_events = if mode.one_at_a_time {
