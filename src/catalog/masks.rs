@@ -73,8 +73,8 @@ fn missing_salt(pipeline: &str) -> TideError {
 }
 
 /// The masks of `relid` in `pipeline` (by attribute number, as stored) and the pipeline's
-/// salt; `None` when the table has no masks. Called by the chunk reader and `tide.verify`; runs
-/// as pg_tide.
+/// salt; `None` when the table has no masks. Called by the chunk reader (`worker::backfill::meta`)
+/// and `tide.verify`; runs as pg_tide.
 pub(crate) fn of_table(pipeline: &str, relid: u32) -> TideResult<Option<(Masks, Vec<u8>)>> {
     let (masks, salt) = sql_as_tide::two::<String, Vec<u8>>(
         concat!(
@@ -152,23 +152,4 @@ pub(crate) fn salt(pipeline: &str) -> TideResult<Option<Vec<u8>>> {
         "SELECT salt FROM tide.mask_salt WHERE pipeline = $1",
         &[pipeline.into()],
     )
-}
-
-/// The masks of the table backfill `id` reads, for its pipeline (`None`: none). Called by the
-/// worker.
-pub(crate) fn of_backfill(id: i64) -> TideResult<Option<Masks>> {
-    crate::sql::one::<String>(
-        concat!(
-            "SELECT (",
-            crate::catalog::tables::effective_masks_t!(),
-            ")::text FROM tide.backfill b JOIN tide.pipeline_table t ON t.pipeline = b.pipeline AND t.relid = b.relid WHERE b.id = $1"
-        ),
-        &[id.into()],
-    )?
-    .map(|m| {
-        Masks::parse(&m).map_err(|e| {
-            TideError::internal(format!("the masks of backfill {id}'s table cannot be read: {e}"))
-        })
-    })
-    .transpose()
 }

@@ -692,18 +692,6 @@ fn shaping_row(pipeline: &str, relid: u32) -> TideResult<(Option<String>, Option
     })
 }
 
-/// The column list of the table backfill `id` reads, for its pipeline (`None`: every column).
-/// Called by the worker.
-pub(crate) fn columns_of_backfill(id: i64) -> TideResult<Option<Vec<i16>>> {
-    crate::sql::one::<Vec<i16>>(
-        "SELECT CASE WHEN t.shaping_before IS NULL THEN t.columns
-                     WHEN pg_catalog.jsonb_typeof(t.shaping_before->'columns') = 'array'
-                     THEN ARRAY(SELECT c::int2 FROM pg_catalog.jsonb_array_elements_text(t.shaping_before->'columns') c) END
-           FROM tide.backfill b JOIN tide.pipeline_table t ON t.pipeline = b.pipeline AND t.relid = b.relid WHERE b.id = $1",
-        &[id.into()],
-    )
-}
-
 /// Capture again a table whose removal the worker has not reached yet: from the new add marker
 /// on, with what `t` says. Called by `tide.add_table`; runs as pg_tide.
 pub(crate) fn re_add(t: &NewTable<'_>) -> TideResult<()> {

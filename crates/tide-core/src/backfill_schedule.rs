@@ -183,7 +183,13 @@ impl<B: Copy + Eq, T: Eq + Hash + Clone, K: Ord, R, C> Schedule<B, T, K, R, C> {
             chunk: Some(chunk),
         };
         match self.find(backfill, seq) {
-            Some(i) => self.slots[i] = slot,
+            Some(i) => {
+                // Read again under another watermark: the earlier read's window closes.
+                if let Some(old) = self.slots[i].watermark.filter(|&old| old != wm) {
+                    self.reconciler.on_high_watermark(old);
+                }
+                self.slots[i] = slot;
+            }
             None => self.slots.push(slot),
         }
     }
@@ -433,7 +439,7 @@ impl<B: Copy + Eq + Hash, Key: PartialEq> Plans<B, Key> {
 
 /// Backfills whose next chunk waits until a time: a throttled one (its pace; it lapses when the
 /// backfill's throttle is removed), one whose chunk could not be read now or must be read again.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Holds<B> {
     holds: HashMap<B, (Instant, bool)>,
 }

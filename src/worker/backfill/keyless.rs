@@ -47,7 +47,8 @@
 //! (or decoded by an earlier worker process) that is still between its commit record and its
 //! commit-log update when the copy is read, and leaves the process array before the check.
 
-use super::chunk::{committed_invisible, table_meta, value};
+use super::chunk::{committed_invisible, value};
+use super::meta::table_meta;
 use super::Backfiller;
 use crate::catalog::backfills::{self, KeylessDue};
 use crate::catalog::pipelines::PipelineRow;

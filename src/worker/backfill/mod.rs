@@ -36,13 +36,19 @@
 //! bound ([`Backfiller::read_ahead`]). A backfill's durable progress is one last key, so its
 //! chunks are emitted in key order: a chunk whose high watermark the stream reaches while an
 //! earlier chunk of its backfill still waits is *held* — its window stays open in the
-//! reconciler — and written right after that chunk, at that chunk's high watermark. Sound
-//! because a key the stream did not change from the chunk's low watermark to the point where it
-//! is written has there the value the chunk read (the model test checks holding, and that
-//! closing the window at the chunk's own high watermark instead is caught). A chunk that is not
-//! written (read again, refused by its progress) takes the chunks of its backfill after it along
-//! ([`Backfiller::forget_backfill`]); `record_progress` refuses any chunk that does not start
-//! where the backfill durably stands, whatever happened.
+//! reconciler — and written right after that chunk, at that chunk's high watermark; a chunk that
+//! is not written (read again, refused by its progress) takes the chunks of its backfill after it
+//! along ([`Backfiller::forget_backfill`]). These decisions, with the chunk cap, the plans and
+//! the holds, are `tide_core::backfill_schedule`'s (its header is their specification, and
+//! `crates/tide-core/tests/reconcile_model.rs` drives it); this module reads and writes.
+//! `record_progress` refuses any chunk that does not start where the backfill durably stands,
+//! whatever happened.
+//!
+//! Files: this one, the state and the stream's hooks; [`step`], reading between iterations;
+//! [`emit`], writing at a high watermark; [`chunk`], one chunk's read ([`meta`]: the table as it
+//! is read); [`read_ahead`], the reader processes; [`ranges`], planned key ranges;
+//! [`estimate`], progress estimates; [`row_values`], rows held as row values; [`keyless`],
+//! tables without a key, copied whole.
 //!
 //! While the stream applies source changes (any in the last second, [`Backfiller::stream_applied`])
 //! every chunk asked for reads at most `tide.streaming_chunk_size` rows
@@ -71,16 +77,18 @@
 //! the same reason.
 
 mod chunk;
+mod emit;
 mod estimate;
 pub(crate) mod keyless;
+mod meta;
 mod ranges;
 mod read_ahead;
 mod row_values;
+mod step;
 
-use chunk::{
-    chunk_end, form_for, read_chunk_locked, sweep_deletes, table_meta, wanted_form, ChunkRead, Job,
-};
+use chunk::{chunk_end, read_chunk_locked, sweep_deletes, ChunkRead, Job};
 use estimate::Estimate;
+use meta::{form_for, wanted_form};
 
 use crate::catalog::backfills;
 use crate::error::{TideError, TideResult};
@@ -91,16 +99,17 @@ use row_values::RowValues;
 use crate::worker::tx;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
+use tide_core::backfill_schedule::{
+    self as schedule, Action, Holds, Plans, Ready, Schedule, Signal,
+};
 use tide_core::lsn::Lsn;
 use tide_core::model::{BackfillState, ChunkWrite, Op, Txn, WatermarkKind};
-use tide_core::reconcile::Reconciler;
 use tide_core::snapshot::{DeliveredXids, InvisibleXids};
 
 /// A chunk read and waiting for its high watermark.
 struct PendingChunk {
-    watermark: u64,
     backfill_id: i64,
     chunk_no: i64,
     relid: u32,
@@ -111,9 +120,6 @@ struct PendingChunk {
     rows_read: usize,
     is_last: bool,
     read_at: i64,
-    /// Its high watermark passed while an earlier chunk of its backfill still waited for its
-    /// own: it is written right after that one (its window stays open until then).
-    held: bool,
     low_lsn: Option<Lsn>,
     /// A TRUNCATE of the table inside the window invalidates every row of the chunk.
     truncated: bool,
@@ -134,25 +140,21 @@ struct PendingChunk {
     form: RowForm,
 }
 
-/// Planned chunk bounds after a key (`None`: the table's start); see [`Backfiller::plans`].
-type Plan = (Option<Vec<String>>, Vec<Vec<String>>);
-
 /// In-memory backfill state of one worker.
 pub struct Backfiller {
-    /// A row to upsert (in the form the target asked for), or a repair's delete of a key gone
-    /// at the source ([`Row::Key`]).
-    reconciler: Reconciler<u32, String, Row>,
-    /// The chunks waiting for their high watermark (or held after it), in the order they were
-    /// read: of at most `tide.max_parallel_backfills` backfills, one per backfill, or, with
-    /// several readers, up to twice `tide.max_backfill_readers` of one backfill.
-    pending: Vec<PendingChunk>,
+    /// The chunks waiting for their high watermark (or held after it), by backfill, and the
+    /// reconciler their rows are in (a row to upsert, in the form the target asked for, or a
+    /// repair's delete of a key gone at the source, [`Row::Key`]): of at most
+    /// `tide.max_parallel_backfills` backfills, one per backfill, or, with several readers, up
+    /// to twice `tide.max_backfill_readers` of one backfill. When each is written and what is
+    /// forgotten with it is the schedule's (`tide_core::backfill_schedule`).
+    sched: Schedule<i64, u32, String, Row, PendingChunk>,
+    /// The pipeline's name (set by [`Self::step`], which reads every chunk in memory).
+    pipeline: String,
     /// Bounds of the next chunks of a backfill, planned by [`ranges::plan`] after the key its
-    /// next unread chunk starts after (the first of the pair): used when its chunks are next
-    /// asked of several readers at once.
-    plans: HashMap<i64, Plan>,
-    /// The chunk cap the plans were made with ([`Self::chunk_cap`]): a plan's ranges hold that
-    /// many keys each.
-    planned_cap: Option<i64>,
+    /// next unread chunk starts after, with the chunk cap ([`Self::chunk_cap`]) they were
+    /// planned with: used when its chunks are next asked of several readers at once.
+    plans: Plans<i64, Vec<String>>,
     /// When an iteration last applied source changes (not only chunks): while that is recent,
     /// chunks are capped at `tide.streaming_chunk_size` rows ([`Self::chunk_cap`]).
     stream_at: Option<Instant>,
@@ -162,7 +164,7 @@ pub struct Backfiller {
     /// when the backfill's throttle is removed), one whose chunk could not be read now (its
     /// table locked, say) or must be read again (a snapshot that missed a delivered
     /// transaction). Each belongs to its backfill only: the others go on.
-    held: HashMap<i64, (Instant, bool)>,
+    held: Holds<i64>,
     /// The backfills whose "waiting" reason was written to tide.backfills (cleared by their next
     /// chunk read).
     waiting_noted: HashSet<i64>,
@@ -200,13 +202,12 @@ pub struct Written {
 impl Default for Backfiller {
     fn default() -> Self {
         Backfiller {
-            reconciler: Reconciler::new(),
-            pending: Vec::new(),
-            plans: HashMap::new(),
-            planned_cap: None,
+            sched: Schedule::new(),
+            pipeline: String::new(),
+            plans: Plans::default(),
             stream_at: None,
             not_before: Instant::now(),
-            held: HashMap::new(),
+            held: Holds::default(),
             waiting_noted: HashSet::new(),
             readers: Vec::new(),
             reader_retry: Instant::now(),
@@ -236,11 +237,10 @@ impl Backfiller {
     /// write, so a shorter write bounds their latency), else none beyond the backfill's own
     /// chunk size.
     fn chunk_cap(&self) -> Option<i64> {
-        let cap = i64::from(crate::gucs::STREAMING_CHUNK_SIZE.get());
-        let busy = self
-            .stream_at
-            .is_some_and(|at| at.elapsed() < Duration::from_secs(1));
-        (cap > 0 && busy).then_some(cap)
+        schedule::chunk_cap(
+            i64::from(crate::gucs::STREAMING_CHUNK_SIZE.get()),
+            self.stream_at.map(|at| at.elapsed()),
+        )
     }
 
     /// The start of an iteration: no chunk written in it yet.
@@ -268,16 +268,15 @@ impl Backfiller {
     /// then applied one source transaction per iteration, so the chunk's high watermark is an
     /// iteration's only transaction.
     pub fn isolating(&self) -> bool {
-        self.pending
-            .iter()
-            .any(|p| self.suspects.contains(&p.backfill_id))
+        self.sched
+            .chunks()
+            .any(|(_, p)| self.suspects.contains(&p.backfill_id))
     }
 
     /// Forget the chunk in memory (after a failed iteration): it will be read again, and so will
     /// the chunks asked of the readers meanwhile (they start after the ones forgotten).
     pub fn forget(&mut self) {
-        self.reconciler.forget_all();
-        self.pending.clear();
+        self.sched.forget_all();
         self.plans.clear();
         for r in &mut self.readers {
             r.drop_in_flight();
@@ -288,11 +287,8 @@ impl Backfiller {
     /// not written, so they do not start where the backfill durably stands; its next chunk is
     /// read again from there.
     fn forget_backfill(&mut self, id: i64) {
-        for p in self.pending.iter().filter(|p| p.backfill_id == id) {
-            self.reconciler.on_high_watermark(p.watermark);
-        }
-        self.pending.retain(|p| p.backfill_id != id);
-        self.plans.remove(&id);
+        self.sched.forget_backfill(id);
+        self.plans.remove(id);
         for r in &mut self.readers {
             r.drop_in_flight_of(id);
         }
@@ -302,7 +298,7 @@ impl Backfiller {
     /// was one, read the next only after a back-off that doubles with each failure in a row (up
     /// to `max`).
     pub fn failed(&mut self, max: Duration) {
-        let had_chunk = !self.pending.is_empty() || self.in_flight();
+        let had_chunk = self.sched.has_chunks() || self.in_flight();
         self.forget();
         if had_chunk {
             self.chunk_failures = (self.chunk_failures + 1).min(16);
@@ -335,21 +331,19 @@ impl Backfiller {
 
     /// Whether the copy of keyless backfill `id` waits (see `worker::backfill::keyless`).
     pub(crate) fn copy_held(&self, id: i64) -> bool {
-        self.held
-            .get(&id)
-            .is_some_and(|(until, _)| Instant::now() < *until)
+        self.held.until_passed(id, Instant::now())
     }
 
     /// The copy of keyless backfill `id` is read again in `d` at the earliest; `true` the first
     /// time (its waiting reason is then noted in `tide.backfills`).
     pub(crate) fn hold_copy(&mut self, id: i64, d: Duration) -> bool {
-        self.held.insert(id, (Instant::now() + d, false));
+        self.held.hold(id, Instant::now() + d, false);
         self.waiting_noted.insert(id)
     }
 
     /// The copy of keyless backfill `id` was taken.
     pub(crate) fn copy_taken(&mut self, id: i64) {
-        self.held.remove(&id);
+        self.held.release(id);
         self.waiting_noted.remove(&id);
     }
 
@@ -361,7 +355,7 @@ impl Backfiller {
 
     /// Whether a chunk waits for its high watermark.
     pub fn has_pending(&self) -> bool {
-        !self.pending.is_empty()
+        self.sched.has_chunks()
     }
 
     /// Whether a chunk asked of the reader has not arrived yet: it must be registered before
@@ -374,14 +368,7 @@ impl Backfiller {
     /// at (its rows are emitted when the stream reaches it; not a chunk that will be held
     /// there, see [`Self::on_signal`]).
     pub fn awaits(&self, watermark: u64, kind: WatermarkKind) -> bool {
-        kind == WatermarkKind::High
-            && self.pending.iter().any(|p| {
-                p.watermark == watermark
-                    && !self
-                        .pending
-                        .iter()
-                        .any(|q| q.backfill_id == p.backfill_id && q.chunk_no < p.chunk_no)
-            })
+        kind == WatermarkKind::High && self.sched.decide(Signal::High(watermark)) == Action::Emit
     }
 
     /// A change of a captured table, in stream order: it drops the key from every chunk of the
@@ -390,16 +377,18 @@ impl Backfiller {
     /// in progress then), even before that chunk's low watermark.
     pub fn on_change(&mut self, relid: u32, key: &str, xid: u32) {
         self.delivered.record(relid, xid);
-        if self.pending.is_empty() {
+        if !self.sched.has_chunks() {
             return;
         }
         let key = key.to_string();
-        for p in &self.pending {
-            if p.relid == relid && p.invisible.contains(xid) {
-                self.reconciler.drop_key(p.watermark, &key);
-            }
+        let missed: Vec<u64> = (self.sched.chunks())
+            .filter(|(_, p)| p.relid == relid && p.invisible.contains(xid))
+            .map(|(wm, _)| wm)
+            .collect();
+        for wm in missed {
+            self.sched.drop_key(wm, &key);
         }
-        self.reconciler.on_change(&relid, &key);
+        self.sched.on_change(&relid, &key);
     }
 
     /// A heap rewrite of a captured table, in stream order (its transaction's commit lies after
@@ -407,7 +396,7 @@ impl Backfiller {
     /// watermark may hold rows from before or after the rewrite: it is dropped, and the table is
     /// read again from the start (`catalog::reread_after_rewrite`, in the same transaction).
     pub fn on_rewrite(&mut self, relid: u32) {
-        if self.pending.iter().any(|p| p.relid == relid) {
+        if self.sched.chunks().any(|(_, p)| p.relid == relid) {
             self.forget();
         }
     }
@@ -417,7 +406,7 @@ impl Backfiller {
     /// the whole chunk; one the chunk's snapshot already reflects does not.
     pub fn on_truncate(&mut self, relid: u32, xid: u32) {
         self.delivered.record(relid, xid);
-        for p in self.pending.iter_mut() {
+        for (_, p) in self.sched.chunks_mut() {
             if p.relid == relid && (p.low_lsn.is_some() || p.invisible.contains(xid)) {
                 p.truncated = true;
             }
@@ -429,779 +418,10 @@ impl Backfiller {
     /// stream will not carry again: it is read again instead of emptied.
     pub fn on_partition_truncate(&mut self, relid: u32, xid: u32) {
         self.delivered.record(relid, xid);
-        if self
-            .pending
-            .iter()
-            .any(|p| p.relid == relid && (p.low_lsn.is_some() || p.invisible.contains(xid)))
+        if (self.sched.chunks())
+            .any(|(_, p)| p.relid == relid && (p.low_lsn.is_some() || p.invisible.contains(xid)))
         {
             self.forget();
         }
     }
-
-    /// A write to `tide.signal` by this pipeline, in stream order. At a high watermark, the
-    /// surviving rows are written through `sink` at the current position, with the progress;
-    /// a chunk whose backfill has an earlier chunk still waiting is held (its window stays open)
-    /// and written right after that one, at that one's high watermark: its rows are those of
-    /// its snapshot for every key the stream did not change from its low watermark to there.
-    pub(crate) fn on_signal(
-        &mut self,
-        c: &mut SpiClient<'_>,
-        sink: &mut dyn Target,
-        t: &mut Txn,
-        watermark: u64,
-        kind: WatermarkKind,
-    ) -> TideResult<Option<Emitted>> {
-        let Some(mut at) = self.pending.iter().position(|p| p.watermark == watermark) else {
-            return Ok(None);
-        };
-        if kind == WatermarkKind::Low {
-            if self.reconciler.on_low_watermark(watermark) {
-                self.pending[at].low_lsn = Some(t.lsn);
-            }
-            return Ok(None);
-        }
-        let (id, no) = (self.pending[at].backfill_id, self.pending[at].chunk_no);
-        if self
-            .pending
-            .iter()
-            .any(|q| q.backfill_id == id && q.chunk_no < no)
-        {
-            self.pending[at].held = true;
-            return Ok(None);
-        }
-        let mut rows = None;
-        loop {
-            let p = self.pending.remove(at);
-            let Some(n) = self.emit(c, sink, t, &p)? else {
-                // Not written: nor are the chunks of its backfill after it.
-                self.forget_backfill(id);
-                break;
-            };
-            rows = Some(rows.unwrap_or(0) + n);
-            // The backfill's next chunk, when its high watermark has passed.
-            let next = self
-                .pending
-                .iter()
-                .enumerate()
-                .filter(|(_, q)| q.backfill_id == id)
-                .min_by_key(|(_, q)| q.chunk_no);
-            match next {
-                Some((i, q)) if q.held => at = i,
-                _ => break,
-            }
-        }
-        Ok(rows.map(|rows| Emitted { rows }))
-    }
-
-    /// Write chunk `p` (its high watermark is reached, and every earlier chunk of its backfill
-    /// was written): the rows written, or `None` when it was not written (read again). Once its
-    /// progress is recorded and before its rows are written, its backfill's next chunks are
-    /// asked of the readers ([`Self::read_ahead`]), so that they are read while it is written.
-    fn emit(
-        &mut self,
-        c: &mut SpiClient<'_>,
-        sink: &mut dyn Target,
-        t: &mut Txn,
-        p: &PendingChunk,
-    ) -> TideResult<Option<u64>> {
-        let Some(result) = self.reconciler.on_high_watermark(p.watermark) else {
-            // LW never seen (cannot happen for a chunk read after its LW committed): read again.
-            return Ok(None);
-        };
-        let rows = if p.truncated { Vec::new() } else { result.rows };
-        let dropped = if p.truncated {
-            result.read
-        } else {
-            result.dropped
-        };
-        if rows.iter().any(|(_, r)| r.batched()) && !still_in_form(sink, p)? {
-            return Ok(None);
-        }
-        // Progress first: if the backfill was cancelled meanwhile, nothing is emitted.
-        let mut done = backfills::ChunkDone {
-            backfill_id: p.backfill_id,
-            chunk_no: p.chunk_no,
-            key_from: p.key_from.clone(),
-            key_to: p.key_to.clone(),
-            low_lsn: p.low_lsn,
-            high_lsn: t.lsn,
-            rows_read: p.rows_read,
-            rows_dropped: dropped,
-            rows_emitted: rows.len(),
-            is_last: p.is_last,
-            read_at: p.read_at,
-            table_rows: p.estimate.table_rows,
-            key_fraction: p.estimate.key_fraction,
-            written_as: None,
-        };
-        let Some((state, throttle)) = backfills::record_progress(c, &done)? else {
-            return Ok(None);
-        };
-        if state == BackfillState::Running && !p.is_last && throttle.is_none() {
-            self.read_ahead(p);
-        }
-        if p.chunk_no % 100 == 0 {
-            backfills::trim_chunks(c, p.backfill_id, p.chunk_no)?;
-        }
-        let n = rows.len() as u64;
-        self.written.push(Written {
-            backfill_id: p.backfill_id,
-            chunk_no: p.chunk_no,
-            relation: p.relation.clone(),
-            high_lsn: t.lsn,
-        });
-        write_rows(c, sink, t, p, rows, &mut done)?;
-        backfills::record_chunk(c, &done)?;
-        self.chunk_failures = 0;
-        Ok(Some(n))
-    }
-
-    /// Read ahead (see `read_ahead`): after chunk `p` was written, its backfill's next chunks
-    /// are asked of the idle readers, unless some are asked already, to be read while the
-    /// iteration goes on: one chunk after the last in memory, or, with several idle readers and
-    /// a plan ([`ranges::plan`]) from there, one chunk per planned range and one after the
-    /// last bound. Called inside the iteration's transaction (after the progress was written):
-    /// the iteration decodes nothing the readers write, and the next step receives their chunks
-    /// before the next iteration. Not for a throttled backfill (the worker spaces its chunks
-    /// itself).
-    fn read_ahead(&mut self, p: &PendingChunk) {
-        let id = p.backfill_id;
-        if self.readers.iter().any(|r| r.asks_for(id)) {
-            return;
-        }
-        // The next unread chunk: after the backfill's last one in memory, else after `p`.
-        let last = self
-            .pending
-            .iter()
-            .filter(|q| q.backfill_id == id)
-            .max_by_key(|q| q.chunk_no)
-            .unwrap_or(p);
-        if last.is_last {
-            return;
-        }
-        let idle: Vec<usize> = (0..self.readers.len())
-            .filter(|&i| !self.readers[i].in_flight())
-            .collect();
-        if idle.is_empty() {
-            return;
-        }
-        let from = last.key_to.clone();
-        let cap = self.chunk_cap();
-        let bounds = match self.plans.remove(&id) {
-            Some((f, b)) if f == from && plannable(&p.job) && self.planned_cap == cap => b,
-            _ => Vec::new(),
-        };
-        // SAFETY: reads this transaction's xid (it has one: it just wrote the progress).
-        let writer = unsafe { pg_sys::GetTopTransactionIdIfAny() }.into_inner();
-        let mut next = p.job.clone();
-        next.chunk_cap = cap;
-        next.last_key = from;
-        next.chunk_no = last.chunk_no + 1;
-        // The planned ranges, then the chunk after the last bound used (or the only one); no
-        // more than tops the backfill's chunks in memory up to two per reader (its memory bound:
-        // nothing of it is in flight now; one iteration usually writes all of them, but one cut
-        // short by its batch size under a backlog would otherwise ask again at each).
-        let in_memory = self.pending.iter().filter(|q| q.backfill_id == id).count();
-        let m = idle
-            .len()
-            .min(bounds.len() + 1)
-            .min((2 * self.readers.len()).saturating_sub(in_memory));
-        if m == 0 {
-            return;
-        }
-        let mut gone = Vec::new();
-        for (k, &i) in idle.iter().enumerate().take(m) {
-            next.to_key = if k + 1 < m {
-                bounds.get(k).cloned()
-            } else {
-                None
-            };
-            if let Err(e) = self.readers[i].request(&next, p.form, writer) {
-                // Gone: the next step reads the chunk itself (or asks another reader).
-                pgrx::log!("pg_tide worker: {e}; it reads the chunks itself");
-                gone.push(i);
-                break;
-            }
-            if next.to_key.is_none() {
-                break;
-            }
-            next.last_key = next.to_key.take();
-            next.chunk_no += 1;
-        }
-        for i in gone.into_iter().rev() {
-            self.readers.remove(i);
-        }
-    }
-
-    /// Receive the chunks asked of the readers, then read the next chunk of each backfill that
-    /// may progress (`tide.max_parallel_backfills`) and has none in memory, and plan the key
-    /// ranges its readers will read next ([`ranges::plan`]). Runs their transactions (two per
-    /// chunk read here); call it between stream iterations. `sink` is the pipeline's target,
-    /// when it exists yet: it says how it takes the chunks' rows.
-    pub fn step(&mut self, pipeline: &str, sink: &mut Option<Box<dyn Target>>) -> TideResult<()> {
-        let received = self.receive(pipeline, sink);
-        // `tide.read_ahead` turned off or fewer readers (a reload): idle readers go.
-        let readers = if crate::gucs::READ_AHEAD.get() {
-            crate::gucs::MAX_BACKFILL_READERS.get().max(1) as usize
-        } else {
-            0
-        };
-        if self.readers.len() > readers {
-            self.readers.truncate(readers);
-        }
-        received?;
-        let parallel = crate::gucs::MAX_PARALLEL_BACKFILLS.get().max(1) as usize;
-        if self.readers.len() > 1 && Instant::now() >= self.not_before {
-            // Several readers: the next chunks of backfills with none in memory are read by
-            // them at once, and received now (asked between iterations, they must be
-            // registered before the next one); the worker reads what is left itself.
-            self.ask_readers(pipeline, sink, parallel)?;
-            self.receive(pipeline, sink)?;
-        }
-        while self.running() < parallel && Instant::now() >= self.not_before {
-            if !self.read_one(pipeline, sink, parallel)? {
-                break;
-            }
-        }
-        if self.pending.iter().any(|p| p.job.rows_per_second.is_none()) {
-            self.start_readers(pipeline, readers);
-        }
-        self.plan(pipeline);
-        Ok(())
-    }
-
-    /// Receive every chunk asked of a reader (each must be registered before the next
-    /// iteration decodes further: see `read_ahead`). A reader that is gone is dropped (the
-    /// worker reads its chunk itself); the first error registering a chunk is returned after
-    /// all were received.
-    fn receive(&mut self, pipeline: &str, sink: &mut Option<Box<dyn Target>>) -> TideResult<()> {
-        let mut first_error = None;
-        let mut gone = Vec::new();
-        for i in 0..self.readers.len() {
-            if !self.readers[i].in_flight() {
-                continue;
-            }
-            let started = Instant::now();
-            match self.readers[i].receive() {
-                // Asked by an iteration that failed: dropped; the next step reads again.
-                Ok(None) => {}
-                Ok(Some((job, read))) => {
-                    let read = sweep(sink.as_deref_mut(), &job, read);
-                    if let Err(e) = self.register(pipeline, job, read, started) {
-                        first_error.get_or_insert(e);
-                    }
-                }
-                Err(e) => {
-                    pgrx::log!("pg_tide worker \"{pipeline}\": {e}; it reads the chunks itself");
-                    gone.push(i);
-                    self.reader_retry = Instant::now() + Duration::from_secs(30);
-                }
-            }
-        }
-        for i in gone.into_iter().rev() {
-            self.readers.remove(i);
-        }
-        // Nothing is in flight now: the pruning skipped meanwhile (see `prune`).
-        self.prune();
-        first_error.map_or(Ok(()), Err)
-    }
-
-    /// Ask each idle reader for the next chunk of a backfill that may progress, has no chunk in
-    /// memory and no hold, and is not throttled (the worker paces those itself), in the order
-    /// `backfills::due` gives them. A backfill whose rows' form cannot be decided now (its
-    /// table gone, a remote target that does not answer) is left to the worker's own read.
-    fn ask_readers(
-        &mut self,
-        pipeline: &str,
-        sink: &mut Option<Box<dyn Target>>,
-        parallel: usize,
-    ) -> TideResult<()> {
-        let Some(sink) = sink.as_deref_mut() else {
-            return Ok(());
-        };
-        let now = Instant::now();
-        self.held.retain(|_, (until, _)| *until > now);
-        let busy: HashSet<i64> = self.pending.iter().map(|p| p.backfill_id).collect();
-        let room = parallel.saturating_sub(busy.len());
-        let idle: Vec<usize> = (0..self.readers.len())
-            .filter(|&i| !self.readers[i].in_flight())
-            .collect();
-        let mut idle = idle.into_iter();
-        let due =
-            tx::run(|| backfills::due(pipeline, i32::try_from(parallel).unwrap_or(i32::MAX)))?;
-        let mut gone = None;
-        for mut b in due
-            .into_iter()
-            .filter(|b| !busy.contains(&b.id) && !is_held(&self.held, b, now))
-            .filter(|b| b.rows_per_second.is_none())
-            .take(room)
-        {
-            let Some(i) = idle.next() else {
-                break;
-            };
-            let Ok(Some(form)) = tx::run(|| wanted_form(pipeline, &b, sink)) else {
-                continue;
-            };
-            b.chunk_size = b.chunk_size.max(1);
-            b.chunk_cap = self.chunk_cap();
-            if let Err(e) = self.readers[i].request(&b, form, 0) {
-                pgrx::log!("pg_tide worker \"{pipeline}\": {e}; it reads the chunks itself");
-                gone = Some(i);
-                break;
-            }
-        }
-        if let Some(i) = gone {
-            self.readers.remove(i);
-        }
-        Ok(())
-    }
-
-    /// How many backfills have chunks in memory.
-    fn running(&self) -> usize {
-        let ids: HashSet<i64> = self.pending.iter().map(|p| p.backfill_id).collect();
-        ids.len()
-    }
-
-    /// With several readers: plan the key ranges of the next chunks of each backfill in memory
-    /// ([`ranges::plan`]) from where its next unread chunk starts, unless planned from there
-    /// already. A probe that fails leaves the backfill to read one chunk at a time.
-    fn plan(&mut self, pipeline: &str) {
-        let cap = self.chunk_cap();
-        if self.readers.len() < 2 || self.planned_cap != cap {
-            self.plans.clear();
-            self.planned_cap = cap;
-        }
-        if self.readers.len() < 2 {
-            return;
-        }
-        let mut last: HashMap<i64, &PendingChunk> = HashMap::new();
-        for p in &self.pending {
-            let e = last.entry(p.backfill_id).or_insert(p);
-            if p.chunk_no > e.chunk_no {
-                *e = p;
-            }
-        }
-        let wanted: Vec<(i64, Option<Vec<String>>, backfills::Due)> = last
-            .into_values()
-            .filter(|p| !p.is_last && plannable(&p.job))
-            .filter(|p| {
-                self.plans
-                    .get(&p.backfill_id)
-                    .is_none_or(|(from, _)| from != &p.key_to)
-            })
-            .map(|p| (p.backfill_id, p.key_to.clone(), p.job.clone()))
-            .collect();
-        self.plans
-            .retain(|id, _| self.pending.iter().any(|p| p.backfill_id == *id));
-        for (id, from, mut job) in wanted {
-            job.chunk_cap = cap;
-            match ranges::plan(&job, from.as_deref(), self.readers.len() - 1) {
-                Ok(bounds) => {
-                    self.plans.insert(id, (from, bounds));
-                }
-                Err(e) => pgrx::log!(
-                    "pg_tide worker \"{pipeline}\": cannot plan the next chunks of backfill {id} ({e}); they are read one at a time"
-                ),
-            }
-        }
-    }
-
-    /// Read one chunk, of the first backfill that may progress and has no chunk in memory and
-    /// no hold ([`Self::held`]): its low watermark, then the chunk and its high watermark.
-    /// `false` when there was none to read.
-    fn read_one(
-        &mut self,
-        pipeline: &str,
-        sink: &mut Option<Box<dyn Target>>,
-        parallel: usize,
-    ) -> TideResult<bool> {
-        super::origin::ensure_not_held("a backfill chunk's watermarks are written")?;
-        let now = Instant::now();
-        self.held.retain(|_, (until, _)| *until > now);
-        let busy: Vec<i64> = self.pending.iter().map(|p| p.backfill_id).collect();
-        let held = self.held.clone();
-        let cap = self.chunk_cap();
-        let Some(job) = tx::run(|| low_watermark(pipeline, parallel, &busy, &held, cap))? else {
-            if self.pending.is_empty() {
-                // Nothing to read: look again in a while (start_backfill wakes the worker
-                // anyway), or when a throttled backfill's time comes (sooner: it may be paused,
-                // cancelled or altered meanwhile).
-                let wait = if self.held.is_empty() { 500 } else { 200 };
-                let soonest = self.held.values().map(|(until, _)| *until).min();
-                let by = now + Duration::from_millis(wait);
-                self.not_before = soonest.map_or(by, |s| s.min(by));
-                // No backfill: no reader (it would hold a background worker slot for nothing).
-                if self.held.is_empty() {
-                    self.readers.clear();
-                }
-            }
-            return Ok(false);
-        };
-        let started = Instant::now();
-        let Some(sink) = sink.as_deref_mut() else {
-            // No target yet (the first iteration makes it): it decides how the rows are held.
-            // The low watermark alone is ignored by the stream.
-            self.not_before = Instant::now() + Duration::from_millis(200);
-            return Ok(false);
-        };
-        // The table's lock before the chunk's snapshot (see `tx::run_locked`).
-        let read = read_chunk_locked(
-            pipeline,
-            &job,
-            &mut |meta| form_for(sink, job.b.relid, &meta.shape()),
-            None,
-        );
-        let read = sweep(Some(sink), &job, read);
-        self.register(pipeline, job, read, started)?;
-        Ok(true)
-    }
-
-    /// Start readers until there are `wanted`, unless one failed to start lately. Outside a
-    /// transaction.
-    fn start_readers(&mut self, pipeline: &str, wanted: usize) {
-        while self.readers.len() < wanted && Instant::now() >= self.reader_retry {
-            match Reader::start(pipeline) {
-                Ok(r) => self.readers.push(r),
-                Err(e) => {
-                    pgrx::log!(
-                        "pg_tide worker \"{pipeline}\": no reader ({e}); it reads the chunks itself"
-                    );
-                    self.reader_retry = Instant::now() + Duration::from_secs(60);
-                }
-            }
-        }
-    }
-
-    /// Take a chunk read for `job` (by this worker or its reader): register it with the
-    /// reconciler, or note why it could not be read.
-    fn register(
-        &mut self,
-        pipeline: &str,
-        job: Job,
-        read: TideResult<ChunkRead>,
-        started: Instant,
-    ) -> TideResult<()> {
-        let read = match read {
-            Ok(r) => {
-                self.waiting_noted.remove(&job.b.id);
-                r
-            }
-            Err(e) if e.retry => {
-                pgrx::debug1!(
-                    "pg_tide worker \"{pipeline}\": chunk {} of backfill {} is read again later: {}",
-                    job.b.chunk_no,
-                    job.b.id,
-                    e.message
-                );
-                // Nothing was read: the low watermark alone is ignored by the stream. Say why
-                // in tide.backfills (once; the next emitted chunk clears it). The other
-                // backfills go on meanwhile.
-                self.held.insert(
-                    job.b.id,
-                    (Instant::now() + Duration::from_millis(200), false),
-                );
-                if self.waiting_noted.insert(job.b.id) {
-                    let remedy = e.hint.clone().unwrap_or_default();
-                    let waiting = format!("waiting: {}", e.message);
-                    if let Err(e2) =
-                        tx::run(|| backfills::note_waiting(job.b.id, &waiting, &remedy))
-                    {
-                        pgrx::log!("pg_tide worker \"{pipeline}\": could not note why backfill {} waits: {e2}", job.b.id);
-                    }
-                }
-                return Ok(());
-            }
-            Err(mut e) => {
-                if e.code == pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_QUERY_CANCELED {
-                    e = TideError::new(
-                        e.code,
-                        format!(
-                            "a chunk of backfill {} was cancelled ({}): its SELECT may run for at most tide.chunk_timeout ({} ms)",
-                            job.b.id,
-                            e.message,
-                            crate::gucs::CHUNK_TIMEOUT_MS.get()
-                        ),
-                    )
-                    .hint("Make the condition cheaper (an index on what it tests), raise tide.chunk_timeout, or start the backfill again without the condition.");
-                }
-                let _ = tx::run(|| fail_backfill(job.b.id, &e));
-                return Err(e);
-            }
-        };
-        // A transaction the stream already delivered that the chunk's snapshot does not see yet
-        // (see `DeliveredXids`): its rows may be older than the target's. Read it again.
-        if self.delivered.missed_by(job.b.relid, &read.invisible) {
-            pgrx::debug1!(
-                "pg_tide worker \"{pipeline}\": chunk {} of backfill {} missed a delivered transaction; read again",
-                job.b.chunk_no,
-                job.b.id
-            );
-            self.held.insert(
-                job.b.id,
-                (Instant::now() + Duration::from_millis(20), false),
-            );
-            return Ok(());
-        }
-        if let Some(xmin) = read.invisible.xmin {
-            self.delivered.forget_before(xmin);
-        }
-        let n = read.rows.len();
-        let key_to = chunk_end(&job.b, &read.rows);
-        let mut rows: Vec<(String, Row)> = read.rows.into_iter().map(|r| (r.key, r.row)).collect();
-        rows.extend(
-            read.deletes
-                .into_iter()
-                .map(|(k, by_name)| (k, Row::Key(by_name))),
-        );
-        self.reconciler.add_chunk(job.watermark, job.b.relid, rows);
-        // Throttle: spread the rows of this chunk over rows / rows_per_second seconds before
-        // this backfill's next chunk (no other backfill waits for it).
-        match job.b.rows_per_second {
-            Some(rps) if rps > 0 && !read.is_last => {
-                self.held.insert(
-                    job.b.id,
-                    (
-                        started + Duration::from_secs_f64(n as f64 / rps as f64),
-                        true,
-                    ),
-                );
-            }
-            _ => {
-                self.held.remove(&job.b.id);
-            }
-        }
-        self.pending.push(PendingChunk {
-            watermark: job.watermark,
-            backfill_id: job.b.id,
-            chunk_no: job.b.chunk_no,
-            relid: job.b.relid,
-            relation: read.relation,
-            key_from: job.b.last_key.clone(),
-            key_to,
-            rows_read: n,
-            is_last: read.is_last,
-            read_at: read.read_at,
-            held: false,
-            low_lsn: None,
-            truncated: false,
-            columns: read.columns,
-            values: read.values,
-            attnums: read.attnums,
-            invisible: read.invisible,
-            estimate: read.estimate,
-            job: job.b,
-            form: read.form,
-        });
-        Ok(())
-    }
-}
-
-/// A resync's chunk at a target in another PostgreSQL: the target's keys in the chunk's key
-/// range that the chunk did not find at the source join its rows as deletes (see
-/// `chunk::sweep_deletes`; a local table target's are found in the chunk's own snapshot). The
-/// target is asked between stream iterations, before the stream reaches the chunk's low
-/// watermark; when it cannot answer, the chunk is read again later. Other chunks pass as they are.
-fn sweep(
-    sink: Option<&mut (dyn Target + 'static)>,
-    job: &Job,
-    read: TideResult<ChunkRead>,
-) -> TideResult<ChunkRead> {
-    let mut read = read?;
-    if !job.b.resync {
-        return Ok(read);
-    }
-    let Some(sink) = sink else {
-        return Err(
-            TideError::internal("the target is not ready to sweep a resync's chunk").retry_later(),
-        );
-    };
-    let upper = if read.is_last {
-        None
-    } else {
-        chunk_end(&job.b, &read.rows)
-    };
-    let found = sink
-        .sweep_keys(
-            job.b.relid,
-            &job.b.key_columns,
-            job.b.last_key.as_deref(),
-            upper.as_deref(),
-        )
-        .map_err(TideError::retry_later)?;
-    let Some(found) = found else {
-        return Ok(read);
-    };
-    let deletes = tx::run(|| sweep_deletes(job, &read, found))?;
-    read.deletes.extend(deletes);
-    Ok(read)
-}
-
-/// Whether backfill `b` must not be read now: a hold in `held` that has not passed, unless it is
-/// a throttle the backfill no longer has.
-fn is_held(held: &HashMap<i64, (Instant, bool)>, b: &backfills::Due, now: Instant) -> bool {
-    held.get(&b.id).is_some_and(|(until, throttle)| {
-        now < *until && (!throttle || b.rows_per_second.is_some_and(|r| r > 0))
-    })
-}
-
-/// Whether the chunks of backfill `b` may be read on planned key ranges, several at once: not a
-/// repair's or a resync's (their deletes are found per chunk range as one reader reads them) nor
-/// a throttled one's.
-fn plannable(b: &backfills::Due) -> bool {
-    b.repair_deletes.is_none() && !b.resync && b.sweep.is_none() && b.rows_per_second.is_none()
-}
-
-/// Transaction 1: pick the backfill (the first of those that may progress, [`backfills::due`],
-/// that has no chunk in memory, `busy`, and is not held: a hold in `held` that has not passed,
-/// unless it is a throttle the backfill no longer has), mark it running, write the LW.
-fn low_watermark(
-    pipeline: &str,
-    parallel: usize,
-    busy: &[i64],
-    held: &HashMap<i64, (Instant, bool)>,
-    cap: Option<i64>,
-) -> TideResult<Option<Job>> {
-    let now = Instant::now();
-    let due = backfills::due(pipeline, i32::try_from(parallel).unwrap_or(i32::MAX))?;
-    let Some(mut b) = due
-        .into_iter()
-        .find(|b| !busy.contains(&b.id) && !is_held(held, b, now))
-    else {
-        return Ok(None);
-    };
-    b.chunk_size = b.chunk_size.max(1);
-    b.chunk_cap = cap;
-    let watermark = backfills::next_watermark(pipeline)?;
-    backfills::write_low_watermark(pipeline, b.id, watermark, b.chunk_no)?;
-    Ok(Some(Job { watermark, b }))
-}
-
-fn fail_backfill(id: i64, e: &TideError) -> TideResult<()> {
-    let remedy = e.hint.clone().unwrap_or_else(|| {
-        "Fix the cause, then start the backfill again with tide.start_backfill.".to_string()
-    });
-    backfills::fail(id, &e.message, &e.sqlstate(), &remedy)
-}
-
-/// Whether a chunk held in a batch form can still be written so: row values are read with the
-/// row type the chunk was read with, so only while the table still has the same columns (no DDL
-/// since the read), and the target still takes them (its table has those columns with the same
-/// types); COPY text likewise (the target's staging table and upsert are made from the chunk's
-/// columns). Otherwise the chunk is read again.
-fn still_in_form(sink: &mut dyn Target, p: &PendingChunk) -> TideResult<bool> {
-    let attnums = match &p.values {
-        Some((_, attnums)) => attnums,
-        None => &p.attnums,
-    };
-    let listed = crate::catalog::tables::columns_of_backfill(p.backfill_id)?;
-    let masks = crate::catalog::masks::of_backfill(p.backfill_id)?;
-    let same_source = table_meta(p.relid, &[])?.is_some_and(|mut m| {
-        if let Some(l) = &listed {
-            m.restrict(l);
-        }
-        if let Some(masks) = &masks {
-            m.mask(masks);
-        }
-        m.shape() == p.columns && &m.attnums == attnums
-    });
-    if same_source && sink.row_form(p.relid, Some(&p.columns))? == p.form {
-        return Ok(true);
-    }
-    pgrx::log!(
-        "pg_tide: {} or its target changed shape while chunk {} of backfill {} waited for its high watermark; reading the chunk again",
-        p.relation,
-        p.chunk_no,
-        p.backfill_id
-    );
-    Ok(false)
-}
-
-/// Write a chunk's surviving `rows` at the current position of `t`: the per-row forms as `read`
-/// events (a repair's [`Row::Key`] as a delete), the batch forms as one batch each. Records how
-/// they were written in `done`.
-fn write_rows(
-    c: &mut SpiClient<'_>,
-    sink: &mut dyn Target,
-    t: &mut Txn,
-    p: &PendingChunk,
-    rows: Vec<(String, Row)>,
-    done: &mut backfills::ChunkDone,
-) -> TideResult<()> {
-    let mut as_values = Vec::new();
-    let (mut copy_text, mut copy_rows) = (String::new(), 0usize);
-    for (key, row) in rows {
-        let op = match row {
-            Row::Value(i) => {
-                as_values.push(i);
-                continue;
-            }
-            Row::Copy(line) => {
-                copy_text.push_str(&line);
-                copy_rows += 1;
-                continue;
-            }
-            // A repair's delete of a key gone at the source.
-            Row::Key(_) => Op::Delete,
-            Row::None | Row::Json(_) | Row::Jsonb(_) | Row::Text(_) => Op::Read,
-        };
-        t.position += 1;
-        done.written_as = Some(ChunkWrite::Events);
-        sink.push(
-            c,
-            t,
-            Event {
-                relid: p.relid,
-                relation: p.relation.clone(),
-                op,
-                key: Some(key),
-                columns: if op == Op::Read {
-                    p.columns.iter().map(|(name, _)| name.clone()).collect()
-                } else {
-                    Vec::new()
-                },
-                row,
-                unchanged: Vec::new(),
-                old: Row::None,
-                backfill: Some((p.backfill_id, p.chunk_no)),
-                only_where: None,
-            },
-        )?;
-    }
-    if let (Some((values, _)), false) = (&p.values, as_values.is_empty()) {
-        t.position += i32::try_from(as_values.len()).unwrap_or(i32::MAX);
-        done.written_as = Some(sink.write_chunk(
-            c,
-            t,
-            Batch::Values(RowBatch {
-                relid: p.relid,
-                relation: &p.relation,
-                columns: &p.columns,
-                rows: values.rows_at(&as_values)?,
-                row_type: values.row_type(),
-            }),
-        )?);
-    }
-    if copy_rows > 0 {
-        let upper = done.key_to.as_deref().ok_or_else(|| {
-            TideError::internal(format!(
-                "chunk {} of backfill {} has rows but no last key",
-                p.chunk_no, p.backfill_id
-            ))
-        })?;
-        t.position += i32::try_from(copy_rows).unwrap_or(i32::MAX);
-        done.written_as = Some(sink.write_chunk(
-            c,
-            t,
-            Batch::Copy(CopyBatch {
-                relid: p.relid,
-                relation: &p.relation,
-                columns: &p.columns,
-                data: copy_text,
-                count: copy_rows,
-                lower: done.key_from.as_deref(),
-                upper,
-            }),
-        )?);
-    }
-    Ok(())
 }

@@ -17,7 +17,8 @@
 //! at a time meanwhile); it ignores the backfill's condition and the table's row filter (they
 //! only thin out the chunks).
 
-use super::chunk::{quote, table_meta};
+use super::chunk::quote;
+use super::meta::table_meta;
 use crate::catalog::backfills::Due;
 use crate::error::{TideError, TideResult};
 use crate::sql;
