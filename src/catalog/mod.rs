@@ -9,8 +9,9 @@
 //!   the error columns; create, drop, pause and resume; ownership);
 //! - [`tables`]: `tide.pipeline_table` (captured tables, their targets and keys) and the
 //!   add/remove markers (`tide.marker`);
-//! - [`backfills`]: `tide.backfill`, `tide.chunk` and the watermarks (`tide.signal`,
-//!   `tide.watermark_seq`), and the re-read after a table rewrite;
+//! - [`backfills`]: `tide.backfill`, and the re-read after a table rewrite;
+//! - [`chunks`]: each chunk's watermarks (`tide.signal`, `tide.watermark_seq`), its progress
+//!   at its high watermark, and `tide.chunk`;
 //! - [`verification`]: `tide.verification` and `tide.verification_range`;
 //! - [`outbox`]: the outbox target's INSERT into `tide.outbox`;
 //! - [`consumers`]: `tide.consumer` (named outbox consumers), the reads of `tide.outbox` their
@@ -52,6 +53,7 @@
 use crate::error::{TideError, TideResult};
 
 pub mod backfills;
+pub mod chunks;
 pub mod consumers;
 pub mod definitions;
 pub mod follows;

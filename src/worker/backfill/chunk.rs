@@ -18,7 +18,7 @@ use super::estimate::Estimate;
 
 use super::meta::{reader, table_meta, ChunkMeta, TableMeta};
 use super::row_values::RowValues;
-use crate::catalog::backfills;
+use crate::catalog::{backfills, chunks};
 use crate::error::{TideError, TideResult};
 use crate::sink::{KeyValues, Row, RowForm};
 use crate::sql;
@@ -272,7 +272,7 @@ pub(super) fn read_chunk(
             owner,
         )?
     };
-    backfills::write_high_watermark(pipeline, job.watermark, job.b.id, job.b.chunk_no, is_last)?;
+    chunks::write_high_watermark(pipeline, job.watermark, job.b.id, job.b.chunk_no, is_last)?;
     Ok(Chunk {
         form,
         invisible,

@@ -74,7 +74,7 @@ impl Backfiller {
             return Ok(None);
         }
         // Progress first: if the backfill was cancelled meanwhile, nothing is emitted.
-        let mut done = backfills::ChunkDone {
+        let mut done = chunks::ChunkDone {
             backfill_id: p.backfill_id,
             chunk_no: p.chunk_no,
             key_from: p.key_from.clone(),
@@ -90,14 +90,14 @@ impl Backfiller {
             key_fraction: p.estimate.key_fraction,
             written_as: None,
         };
-        let Some((state, throttle)) = backfills::record_progress(c, &done)? else {
+        let Some((state, throttle)) = chunks::record_progress(c, &done)? else {
             return Ok(None);
         };
         if state == BackfillState::Running && !p.is_last && throttle.is_none() {
             self.read_ahead(p);
         }
         if p.chunk_no % 100 == 0 {
-            backfills::trim_chunks(c, p.backfill_id, p.chunk_no)?;
+            chunks::trim_chunks(c, p.backfill_id, p.chunk_no)?;
         }
         let n = rows.len() as u64;
         self.written.push(Written {
@@ -107,7 +107,7 @@ impl Backfiller {
             high_lsn: t.lsn,
         });
         write_rows(c, sink, t, p, rows, &mut done)?;
-        backfills::record_chunk(c, &done)?;
+        chunks::record_chunk(c, &done)?;
         self.chunk_failures = 0;
         Ok(Some(n))
     }
@@ -215,7 +215,7 @@ fn write_rows(
     t: &mut Txn,
     p: &PendingChunk,
     rows: Vec<(String, Row)>,
-    done: &mut backfills::ChunkDone,
+    done: &mut chunks::ChunkDone,
 ) -> TideResult<()> {
     let mut as_values = Vec::new();
     let (mut copy_text, mut copy_rows) = (String::new(), 0usize);

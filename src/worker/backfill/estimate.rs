@@ -13,7 +13,7 @@ use pgrx::prelude::*;
 /// worker turns it into `estimated_rows` at the chunk's high watermark (kept above the rows read
 /// until the last chunk). `key_fraction` alone: from the key's histogram (trusted); with
 /// `table_rows`: from the integer key range, trusted only while the total it implies is within a
-/// factor of 2 of `table_rows` (`catalog::backfills::record_progress`).
+/// factor of 2 of `table_rows` (`catalog::chunks::record_progress`).
 pub use tide_core::read_ahead::Estimate;
 
 /// The estimate after a chunk of `relation` (how the chunk reads it: `ONLY` a table, or a
@@ -26,7 +26,7 @@ pub use tide_core::read_ahead::Estimate;
 ///   `[min, max]`, with the planner's estimate alongside: a few keys far from the rest (one
 ///   row moved to id 50,000 in a 5,000-row table) make the range say ten times too many, so
 ///   the share counts only while the total it implies is within a factor of 2 of the
-///   planner's (`catalog::backfills::record_progress`).
+///   planner's (`catalog::chunks::record_progress`).
 ///
 /// Otherwise the planner's estimate (`tide._estimate_rows`).
 pub fn take(

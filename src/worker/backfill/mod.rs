@@ -73,7 +73,7 @@
 //! reads of at most that many chunks). A crash loses only the chunks in memory: durable progress points at the last emitted
 //! chunk, so the chunk is read again under new watermarks (watermark ids come from a sequence and
 //! are never reused), and a chunk that does not start at the durable progress is never emitted
-//! (`catalog::backfills::record_progress`). Any failed stream iteration forgets the chunks for
+//! (`catalog::chunks::record_progress`). Any failed stream iteration forgets the chunks for
 //! the same reason.
 
 mod chunk;
@@ -90,7 +90,7 @@ use chunk::{chunk_end, read_chunk_locked, sweep_deletes, ChunkRead, Job};
 use estimate::Estimate;
 use meta::{form_for, wanted_form};
 
-use crate::catalog::backfills;
+use crate::catalog::{backfills, chunks};
 use crate::error::{TideError, TideResult};
 use crate::sink::{Batch, CopyBatch, Event, Row, RowBatch, RowForm, Target};
 use read_ahead::Reader;

@@ -10,7 +10,7 @@
 //! Guarantees: a bound is only a hint. Rows inserted into a planned range or deleted from it
 //! after the probe change how many rows its chunk reads, not what is correct: every chunk reads
 //! its whole range in its own snapshot (up to twice its size; past that it ends at its last row
-//! and the chunks planned after it are not written: `catalog::backfills::record_progress` writes
+//! and the chunks planned after it are not written: `catalog::chunks::record_progress` writes
 //! only a chunk that starts where the backfill durably stands), so no key is skipped. The probe
 //! runs as the backfill's owner, security-restricted, under `tide.chunk_timeout`, after taking the
 //! table's lock without waiting (a table being rewritten is not probed: its chunks are read one

@@ -27,7 +27,7 @@
 //! reconciler's one requirement. A failed iteration marks the read in flight stale (chunk N was
 //! not written, so N+1's lower bound is not durable): it is received and dropped; and a chunk
 //! whose lower bound is not the backfill's durable last key is never written anyway
-//! (`catalog::backfills::record_progress`). Only the worker's main thread calls PostgreSQL; the
+//! (`catalog::chunks::record_progress`). Only the worker's main thread calls PostgreSQL; the
 //! reader is a process of its own.
 //!
 //! Fallbacks: with `tide.read_ahead = off`, for a throttled backfill, when no background worker
@@ -40,6 +40,7 @@ use super::chunk::Job;
 use super::chunk::{read_chunk_locked, ChunkRead};
 use super::row_values::RowValues;
 use crate::catalog::backfills::{self, Due};
+use crate::catalog::chunks;
 use crate::error::{TideError, TideResult};
 use crate::worker::tx;
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
@@ -500,8 +501,8 @@ fn read(
             b.chunk_size = size.max(1);
             b.rows_per_second = rps;
         }
-        let watermark = backfills::next_watermark(pipeline)?;
-        backfills::write_low_watermark(pipeline, b.id, watermark, b.chunk_no)?;
+        let watermark = chunks::next_watermark(pipeline)?;
+        chunks::write_low_watermark(pipeline, b.id, watermark, b.chunk_no)?;
         Ok(watermark)
     })?;
     let job = Job { watermark, b };

@@ -414,8 +414,8 @@ fn low_watermark(
     };
     b.chunk_size = b.chunk_size.max(1);
     b.chunk_cap = cap;
-    let watermark = backfills::next_watermark(pipeline)?;
-    backfills::write_low_watermark(pipeline, b.id, watermark, b.chunk_no)?;
+    let watermark = chunks::next_watermark(pipeline)?;
+    chunks::write_low_watermark(pipeline, b.id, watermark, b.chunk_no)?;
     Ok(Some(Job { watermark, b }))
 }
 
