@@ -2,12 +2,11 @@
 //! (start, pause, resume, cancel, alter) and by the worker (done, failed; the re-read after a
 //! table rewrite). Each chunk's watermarks and progress are [`super::chunks`]'.
 //!
-//! States are bound from [`BackfillState`] (watermark kinds, in [`super::chunks`], from
-//! `WatermarkKind`): a set of
-//! states is a `text[]` parameter (`state = ANY($n)`), or for `text_rows`, whose parameters are
-//! `text`, `state = ANY(string_to_array($n, ','))` (immutable, so the planner sees the list as
-//! it would a literal one, as it does a bound `text[]`, and can prove the partial index
-//! `backfill_one_active`).
+//! States are bound from [`BackfillState`]: a set of states is a `text[]` parameter (`state =
+//! ANY($n)`), or for `text_rows`, whose parameters are `text`, `state =
+//! ANY(string_to_array($n, ','))` (immutable, so the planner sees the list as it would a literal
+//! one, as it does a bound `text[]`, and can prove the partial index `backfill_one_active`).
+//! Watermark kinds ([`super::chunks`]) are bound from `WatermarkKind`.
 
 use super::corrupt;
 use crate::error::{TideError, TideResult};
