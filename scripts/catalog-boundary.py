@@ -6,8 +6,8 @@
                                                nothing where there is nothing)
 
 `catalog/mod.rs` promises that every statement on pg_tide's tables goes through `catalog/`.
-pg_tide's tables are the ones `schema.rs` creates (`CREATE TABLE tide.x`). A violation is a
-string literal outside `catalog/` and `schema.rs` (where the DDL lives) in which such a table
+pg_tide's tables are the ones `schema/*.sql` creates (`CREATE TABLE tide.x`). A violation is a
+string literal of a `.rs` file outside `catalog/` and `schema/` (where the DDL lives) in which such a table
 follows FROM, JOIN, INTO, UPDATE, TABLE or DELETE FROM (in capitals, as pg_tide writes SQL:
 "the table tide.outbox" in a message is prose). Not counted: comments; a line that
 builds a hint or a remedy for the user (`.hint(`, `remedy`), whose SQL is advice, not a
@@ -22,8 +22,11 @@ SQL = r"(?:FROM|JOIN|INTO|UPDATE|TABLE|DELETE\s+FROM)\s+tide\.({names})\b"
 
 
 def tables(src):
-    """pg_tide's tables, from schema.rs's DDL."""
-    text = open(os.path.join(src, "schema.rs"), encoding="utf-8").read()
+    """pg_tide's tables, from the DDL of schema/*.sql."""
+    d = os.path.join(src, "schema")
+    text = "".join(
+        open(os.path.join(d, f), encoding="utf-8").read() for f in sorted(os.listdir(d)) if f.endswith(".sql")
+    )
     return sorted(set(re.findall(r"CREATE\s+(?:UNLOGGED\s+)?TABLE\s+tide\.([a-z_]+)", text)))
 
 
@@ -65,7 +68,7 @@ def strings_of(line, state):
 def violations(src):
     names = tables(src)
     if not names:
-        return [("schema.rs", 0, "no CREATE TABLE tide.x found")]
+        return [("schema/", 0, "no CREATE TABLE tide.x found")]
     pattern = re.compile(SQL.format(names="|".join(names)))
     found = []
     for root, _, files in os.walk(src):
@@ -74,7 +77,7 @@ def violations(src):
             rel = os.path.relpath(path, src)
             if not f.endswith(".rs") or f.endswith("tests.rs"):
                 continue
-            if rel == "schema.rs" or rel.split(os.sep)[0] == "catalog":
+            if rel.split(os.sep)[0] in ("catalog", "schema"):
                 continue
             state = {}
             for no, line in enumerate(open(path, encoding="utf-8"), 1):
@@ -94,8 +97,9 @@ def self_test():
     with tempfile.TemporaryDirectory() as d:
         os.makedirs(os.path.join(d, "catalog"))
         os.makedirs(os.path.join(d, "api"))
-        open(os.path.join(d, "schema.rs"), "w").write(
-            '"CREATE TABLE tide.pipeline (name text); CREATE UNLOGGED TABLE tide.outbox ();"\n'
+        os.makedirs(os.path.join(d, "schema"))
+        open(os.path.join(d, "schema", "catalog.sql"), "w").write(
+            "CREATE TABLE tide.pipeline (name text); CREATE UNLOGGED TABLE tide.outbox ();\n"
         )
         open(os.path.join(d, "catalog", "pipelines.rs"), "w").write(
             'sql::one("SELECT 1 FROM tide.pipeline");\n'

@@ -8,7 +8,8 @@
 #   /usr/lib/postgresql/NN/lib/pg_tide.so
 #   /usr/share/postgresql/NN/extension/pg_tide.control, pg_tide--VERSION.sql and every upgrade
 #       script pg_tide--A--B.sql of sql/
-#   /usr/share/doc/postgresql-NN-pg-tide/{README.md.gz,copyright,changelog.Debian.gz}
+#   /usr/share/doc/postgresql-NN-pg-tide/{README.md.gz,copyright,changelog.Debian.gz}, and the
+#       pages the README links, docs/*.md.gz
 # Version: the crate's version, Debian revision 1. Depends: postgresql-NN and the shared
 # libraries the library links (computed by dpkg-shlibdeps: libc6, libgcc-s1, libssl3, zlib1g).
 # The build is a release `cargo pgrx package` against TIDE_PG_CONFIG (the system pg_config of
@@ -67,6 +68,10 @@ for f in "$TIDE_REPO"/sql/pg_tide--*--*.sql; do
     [[ -f "$stage$extdir/${f##*/}" ]] || die "upgrade script ${f##*/} is missing from the package tree"
 done
 gzip -9nc "$TIDE_REPO/README.md" >"$stage$docdir/README.md.gz"
+install -d "$stage$docdir/docs"
+for f in "$TIDE_REPO"/docs/*.md; do
+    gzip -9nc "$f" >"$stage$docdir/docs/${f##*/}.gz"
+done
 cat >"$stage$docdir/copyright" <<'COPYRIGHT'
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 Upstream-Name: pg_tide

@@ -18,7 +18,8 @@
 #         scripts/import-cycles.py (no import cycle among the modules of src/ and of tide-core) and
 #         scripts/long-functions.py (no function over 120 lines without a reason at its head, in src/
 #         and crates/tide-core/src) and scripts/catalog-boundary.py (SQL on pg_tide's tables only
-#         in src/catalog/), and cargo clippy of the extension (`#![deny(...)]` in src/lib.rs:
+#         in src/catalog/) and scripts/doc-links.py (every relative link of README.md and docs/
+#         resolves, anchors included), and cargo clippy of the extension (`#![deny(...)]` in src/lib.rs:
 #         every unsafe block with a SAFETY comment; other lints only warn)
 #   pgrx  cargo pgrx test pg15 --runas postgres ...      (#[pg_test]s in a pgrx-managed server,
 #         and the remote sink's tests against a scratch cluster: TIDE_REMOTE_TEST_CONNINFO)
@@ -264,6 +265,13 @@ stage_core() {
             if python3 "$TIDE_REPO/scripts/$script.py" $check; then p=$((p + 1)); else f=$((f + 1)); fi
         done
     done
+    # The README is an overview whose sections link docs/: a moved or renamed heading must not
+    # leave a link behind.
+    for check in --self-test ""; do
+        echo "+ scripts/doc-links.py $check"
+        # shellcheck disable=SC2086
+        if python3 "$TIDE_REPO/scripts/doc-links.py" $check; then p=$((p + 1)); else f=$((f + 1)); fi
+    done
     # The lints src/lib.rs denies (an unsafe block without a SAFETY comment), the #[pg_test]s
     # included, on the code of TIDE_PG (src/pgver.rs has branches by version).
     echo "+ cargo clippy -p pg_tide --lib --no-default-features --features 'pg$TIDE_PG pg_test'"
@@ -272,7 +280,7 @@ stage_core() {
     else
         f=$((f + 1))
     fi
-    echo "test result: $( ((f == 0)) && echo ok || echo FAILED). $p passed; $f failed; (scripts/import-cycles.py, scripts/long-functions.py, scripts/catalog-boundary.py, cargo clippy)"
+    echo "test result: $( ((f == 0)) && echo ok || echo FAILED). $p passed; $f failed; (scripts/import-cycles.py, scripts/long-functions.py, scripts/catalog-boundary.py, scripts/doc-links.py, cargo clippy)"
     ((f == 0))
 }
 

@@ -103,7 +103,10 @@ static PREV_PROCESS_UTILITY: std::sync::OnceLock<pg_sys::ProcessUtility_hook_typ
 /// only while it has pipelines, see `worker::launcher`.) Costs one tag comparison for any
 /// other statement.
 #[pg_guard]
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "PostgreSQL's ProcessUtility_hook_type fixes the arguments"
+)]
 unsafe extern "C-unwind" fn tide_process_utility(
     pstmt: *mut pg_sys::PlannedStmt,
     query_string: *const std::ffi::c_char,

@@ -46,7 +46,10 @@ impl Reshaping<'_> {
 /// the calling transaction on (see the module doc). NULL arguments leave that part unchanged;
 /// `clear_row_filter => true` delivers every row again, `clear_columns => true` every column,
 /// `clear_masks => true` every value as it is.
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the arguments are the SQL function's, named and defaulted in SQL"
+)]
 #[pg_extern]
 pub(super) fn alter_table(
     pipeline: Option<&str>,

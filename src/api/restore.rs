@@ -3,7 +3,7 @@
 //! Owns `tide.restore_pipeline`: re-creating a pipeline from the definition a dump carried in
 //! `tide.pipeline_definition` (an extension configuration table, so `pg_dump` dumps its rows;
 //! triggers on pg_tide's tables and an event trigger keep it equal to the pipelines, by name,
-//! see `schema.rs`). Runtime state is never dumped: a restored pipeline starts as a new one (a
+//! see `schema/objects.sql`). Runtime state is never dumped: a restored pipeline starts as a new one (a
 //! new slot, every table backfilled), and a remote target stays production's while production
 //! renews its lease (`sink::table::fence`: a restore is a new writer, even into another database
 //! of the same server).

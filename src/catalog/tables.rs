@@ -4,7 +4,7 @@
 //! by the worker (capturing from the add marker on; forgetting at the remove marker; the new
 //! shaping (filter, column list, masks) in effect from the alter_table marker on: until then
 //! `shaping_before` holds the one the decoder and the backfills use, [`captured`], [`shaping`]) and, for `shape` and the `schema` markers, by the event trigger
-//! `tide._schema_marker` (SQL, `src/schema.rs`) in the transaction of an `ALTER TABLE`.
+//! `tide._schema_marker` (SQL, `src/schema/objects.sql`) in the transaction of an `ALTER TABLE`.
 
 use super::{corrupt, relid};
 use crate::error::TideResult;

@@ -54,7 +54,6 @@ unsafe fn row_filter(
 /// decided on the new row. An unchanged TOASTed value of the new row is taken from the old row
 /// when that has it (REPLICA IDENTITY FULL), for the filter and in what is sent. Writes the
 /// message into the buffer (after Begin and the Relation if needed); returns whether it did.
-#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn filtered_change(
     ctx: *mut pg_sys::LogicalDecodingContext,
     st: &mut PluginState,

@@ -1,6 +1,6 @@
 //! Pipeline definitions for `pg_dump` (README, Upgrading > Dump and restore): the launcher
 //! keeps `tide.pipeline_definition` equal to its database's pipelines (`tide._save_definitions`,
-//! `schema.rs`), at most every [`EVERY`] (a change is in the next `pg_dump` about that long after
+//! `schema/objects.sql`), at most every [`EVERY`] (a change is in the next `pg_dump` about that long after
 //! its commit).
 //!
 //! Guarantees: a round that finds nothing changed writes nothing (no xid, no WAL: see [`save`]);

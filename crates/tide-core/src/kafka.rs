@@ -422,7 +422,7 @@ pub enum Access {
 }
 
 /// Where the allow-list is documented, for hints.
-pub const ALLOW_LIST_DOC: &str = "README.md, section \"Kafka target\" (the allow-list is tide_core::kafka::access in crates/tide-core/src/kafka.rs)";
+pub const ALLOW_LIST_DOC: &str = "docs/kafka.md, under \"The server and the user mapping\" (the allow-list is tide_core::kafka::access in crates/tide-core/src/kafka.rs)";
 
 /// Producer and connection tuning anyone may set (class [`Access::Anywhere`]): sizes, batching,
 /// compression, timeouts, retries' back-off, sockets, metadata refresh. None names a file, a

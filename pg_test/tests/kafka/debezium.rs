@@ -618,7 +618,7 @@ snapshot.mode=initial
     for (c, v, why) in VALUE_DIFFERS {
         if !f.seen_values.contains(&(c.to_string(), *v)) {
             f.problems.push(format!(
-                "the listed difference of {c} (variant {v:?}: {why}) did not occur: update the list and the README"
+                "the listed difference of {c} (variant {v:?}: {why}) did not occur: update the list and docs/kafka.md"
             ));
         }
     }

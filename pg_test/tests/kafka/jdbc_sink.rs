@@ -10,7 +10,7 @@
 //! No float is NaN or infinite here: `JsonConverter` writes them as the strings `"NaN"`,
 //! `"Infinity"` (Jackson's default, and Debezium's messages carry the same) and reads a string
 //! as a float64 of 0.0, so a JSON Connect pipeline turns them into 0 whoever wrote the topic
-//! (README "Compared with Debezium").
+//! (docs/kafka.md, "Compared with Debezium").
 
 use crate::broker::*;
 use crate::connect::Connect;

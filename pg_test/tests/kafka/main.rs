@@ -33,7 +33,7 @@
 //! - `debezium`: Debezium 3.6.1's PostgreSQL connector and pg_tide capture the same changes of
 //!   the types suite's table into the same broker; the two topics agree message by message (key,
 //!   op, before, after, source, transaction, Connect schemas) but for the differences it lists
-//!   with their reasons (README "Compared with Debezium");
+//!   with their reasons (docs/kafka.md, "Compared with Debezium");
 //! - `keyless`: a table without a key (`REPLICA IDENTITY FULL`), both value formats: no message
 //!   has a key, none is a tombstone, every data message is on one partition, `before` of an
 //!   update and a delete is the whole old row, and a consumer keeping a multiset of rows ends
