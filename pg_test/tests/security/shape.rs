@@ -235,8 +235,11 @@ fn mask_attacks() {
             .expect("outbox");
         (r.get(0), r.get(1))
     };
+    // 25 updates always (add_table committed before them); the reads are 49 or 50, or 24 when
+    // the UPDATE and DELETE fall inside the chunk's window (their 26 keys are dropped from it,
+    // the stream carries them): at least 49 events in every interleaving.
     assert!(
-        events >= 50 && events == verbatim,
+        events >= 49 && events == verbatim,
         "{verbatim} of {events} events carry the constant verbatim"
     );
     let rows: i64 = c
