@@ -976,20 +976,5 @@ pub fn check_server_usage(server: &str, owner: &str) -> TideResult<()> {
             .hint("A kafka pipeline reads its brokers and settings from a tide_kafka server and the owner's user mapping."))
         }
     }
-    let usage = sql::one::<bool>(
-        "SELECT has_server_privilege($1::text::name, $2, 'USAGE')",
-        &[owner.into(), server.into()],
-    )?
-    .unwrap_or(false);
-    if !usage {
-        return Err(TideError::privilege(format!(
-            "role \"{owner}\" may not use foreign server \"{server}\""
-        ))
-        .hint(format!(
-            "GRANT USAGE ON FOREIGN SERVER {} TO {};",
-            q(server),
-            q(owner)
-        )));
-    }
-    Ok(())
+    crate::security::require_server_usage(server, owner)
 }
