@@ -57,6 +57,7 @@ use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::spi::SpiClient;
 use std::collections::HashMap;
 use std::time::Duration;
+use tide_core::applied::KnownApplied;
 use tide_core::connect;
 use tide_core::kafka::{self as fmt, EnvelopeEvent, SourceInfo, TxnCounter};
 use tide_core::lsn::Lsn;
@@ -269,8 +270,8 @@ pub struct KafkaTarget {
     /// Messages handed to the sink thread in this batch.
     shipped: bool,
     open: Option<Open>,
-    /// The broker's position, once read (`Some(None)`: no record).
-    applied: Option<Option<Lsn>>,
+    /// The broker's position, once read.
+    applied: KnownApplied,
     /// Topic, schema and table of each relation (by OID).
     names: HashMap<u32, (String, String, String)>,
     /// The Connect shapes of the tables (`value_format` `debezium-schema`).
@@ -328,7 +329,7 @@ pub fn for_pipeline(p: &PipelineRow) -> TideResult<Box<dyn Target>> {
         buf_bytes: 0,
         shipped: false,
         open: None,
-        applied: None,
+        applied: KnownApplied::default(),
         names: HashMap::new(),
         shapes: schema::Shapes::default(),
         delivery_timeout,
@@ -685,15 +686,11 @@ impl Target for KafkaTarget {
 
     /// The position the target keeps in its position topic (read once, then kept).
     fn begin(&mut self, _c: &mut SpiClient<'_>, _p: &PipelineRow) -> TideResult<Option<Lsn>> {
-        if let Some(a) = self.applied {
-            return Ok(a);
-        }
-        let a = self
-            .sink
-            .call(Work::ReadPosition, READ_TIMEOUT, false)
-            .map_err(kafka_err)?;
-        self.applied = Some(a);
-        Ok(a)
+        let sink = &mut self.sink;
+        self.applied.read_once(|| {
+            sink.call(Work::ReadPosition, READ_TIMEOUT, false)
+                .map_err(kafka_err)
+        })
     }
 
     fn relation(&mut self, _c: &mut SpiClient<'_>, relid: u32, rel: &RelDesc) -> TideResult<()> {
@@ -839,25 +836,16 @@ impl Target for KafkaTarget {
         self.ship()?;
         self.shipped = false;
         let wait = self.delivery_timeout * 2 + Duration::from_secs(10);
-        match self.sink.call(Work::Commit(applied), wait, true) {
-            Ok(_) => {
-                if let Some(a) = applied {
-                    self.applied = Some(Some(a));
-                }
-                Ok(())
-            }
-            Err(e) => {
-                self.applied = None;
-                Err(kafka_err(e))
-            }
-        }
+        let sent = self.sink.call(Work::Commit(applied), wait, true);
+        self.applied.committed(applied, sent).map_err(kafka_err)?;
+        Ok(())
     }
 
     fn reset(&mut self) {
         self.buf.clear();
         self.buf_bytes = 0;
         self.open = None;
-        self.applied = None;
+        self.applied.forget();
         self.shipped = false;
         // Whatever the producer still holds of the failed batch is purged with it.
         let _ = self.sink.call(Work::Discard, Duration::from_secs(5), false);

@@ -1,6 +1,8 @@
 //! Server-independent core of pg_tide: everything that can be specified and
 //! tested without PostgreSQL.
 //!
+//! * [`applied`]: what a target that keeps its applied position itself knows of
+//!   it, changed by its commits' outcomes.
 //! * [`lsn`]: WAL positions and their `X/Y` text form.
 //! * [`wire`]: the versioned binary format between the output plugin and the
 //!   worker (documented in `docs/wire-format.md`).
@@ -38,6 +40,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod applied;
 pub mod connect;
 pub mod copy;
 pub mod json;

@@ -22,6 +22,7 @@ use crate::error::{TideError, TideResult};
 use crate::sink::remote::{Part, RemoteSink, RemoteStatement, RemoteStep};
 use pgrx::spi::SpiClient;
 use std::time::Duration;
+use tide_core::applied::KnownApplied;
 use tide_core::lsn::Lsn;
 use tide_core::plan::{quote_ident, Staged, Statement};
 
@@ -57,8 +58,8 @@ pub struct Remote {
     open: Option<u64>,
     /// The id of the next remote transaction sent in parts.
     next_part: u64,
-    /// The remote's applied position, once read (`Some(None)`: the remote has none).
-    applied: Option<Option<Lsn>>,
+    /// The remote's applied position, once read.
+    applied: KnownApplied,
     /// The schema and `tide_applied` exist on the remote (checked once per connection).
     ready: bool,
     /// The open batch loads a chunk straight into its table if the range is empty.
@@ -86,13 +87,38 @@ impl Remote {
             buffered: 0,
             open: None,
             next_part: 0,
-            applied: None,
+            applied: KnownApplied::default(),
             ready: false,
             has_direct: false,
             direct_refused: false,
             stream: false,
             fence: Fence::new(),
         }
+    }
+
+    /// The applied position `tide_applied` holds for the pipeline.
+    fn read_applied(&mut self) -> TideResult<Option<Lsn>> {
+        let table = self.applied_table();
+        let pipeline = self.pipeline.clone();
+        let rows = self
+            .sink()?
+            .query(
+                &format!("SELECT applied_lsn::text FROM {table} WHERE pipeline = $1"),
+                vec![Some(pipeline)],
+                REMOTE_TIMEOUT,
+            )
+            .map_err(remote_err)?;
+        let a = match rows.first().and_then(|r| r.first().cloned().flatten()) {
+            None => None,
+            Some(s) => Some(s.parse::<Lsn>().map_err(|_| {
+                TideError::internal(format!(
+                    "remote target: {} holds \"{s}\" for pipeline \"{}\", which is not an LSN",
+                    self.applied_table(),
+                    self.pipeline
+                ))
+            })?),
+        };
+        Ok(a)
     }
 
     /// The connection, or why there is none.
@@ -214,17 +240,12 @@ impl Remote {
         };
         let stmts = std::mem::take(&mut self.stmts);
         self.buffered = 0;
-        match self.sink()?.transaction_part(stmts, part, REMOTE_TIMEOUT) {
-            Ok(_) => {
-                self.open = Some(part.id);
-                Ok(())
-            }
-            Err(e) => {
-                self.open = None;
-                self.applied = None;
-                Err(remote_err(e))
-            }
-        }
+        let sent = self.sink()?.transaction_part(stmts, part, REMOTE_TIMEOUT);
+        // Not a commit: nothing to remember, but a failure forgets the position.
+        self.open = None;
+        self.applied.committed(None, sent).map_err(remote_err)?;
+        self.open = Some(part.id);
+        Ok(())
     }
 }
 
@@ -266,11 +287,11 @@ impl Backend for Remote {
         }
         // Take the target, or renew the lease, before anything of this iteration is written
         // (every commit is fenced as well).
-        if self.fence.due() || self.applied.is_none() {
+        if self.fence.due() || self.applied.get().is_none() {
             let table = self.applied_table();
             let sink = self.sink.as_ref().ok_or_else(no_connection)?;
             let held = self.fence.acquire(sink, &table, p, REMOTE_TIMEOUT)?;
-            self.applied = Some(held.applied);
+            self.applied.set(held.applied);
         }
         Ok(reconnected)
     }
@@ -374,23 +395,18 @@ impl Backend for Remote {
             ),
             None => self.sink()?.transaction_steps(stmts, REMOTE_TIMEOUT),
         };
-        match sent {
+        match self.applied.committed(applied, sent) {
             Ok(_) => {
                 self.fence.committed();
-                if let Some(a) = applied {
-                    self.applied = Some(Some(a));
-                }
                 Ok(())
             }
             Err(e) if e.is_fenced() => {
-                self.applied = None;
                 let table = self.applied_table();
                 let pipeline = self.pipeline.clone();
                 let sink = self.sink.as_ref().ok_or_else(no_connection)?;
                 Err(self.fence.lost(sink, &table, &pipeline, REMOTE_TIMEOUT))
             }
             Err(e) => {
-                self.applied = None;
                 if direct && e.sqlstate.as_deref() == Some("23505") {
                     self.direct_refused = true;
                 }
@@ -400,30 +416,11 @@ impl Backend for Remote {
     }
 
     fn applied(&mut self) -> TideResult<Option<Lsn>> {
-        if let Some(a) = self.applied {
+        if let Some(a) = self.applied.get() {
             return Ok(a);
         }
-        let table = self.applied_table();
-        let pipeline = self.pipeline.clone();
-        let rows = self
-            .sink()?
-            .query(
-                &format!("SELECT applied_lsn::text FROM {table} WHERE pipeline = $1"),
-                vec![Some(pipeline)],
-                REMOTE_TIMEOUT,
-            )
-            .map_err(remote_err)?;
-        let a = match rows.first().and_then(|r| r.first().cloned().flatten()) {
-            None => None,
-            Some(s) => Some(s.parse::<Lsn>().map_err(|_| {
-                TideError::internal(format!(
-                    "remote target: {} holds \"{s}\" for pipeline \"{}\", which is not an LSN",
-                    self.applied_table(),
-                    self.pipeline
-                ))
-            })?),
-        };
-        self.applied = Some(a);
+        let a = self.read_applied()?;
+        self.applied.set(a);
         Ok(a)
     }
 
@@ -464,7 +461,7 @@ impl Backend for Remote {
                 let _ = sink.query("ROLLBACK", vec![], Duration::from_secs(5));
             }
         }
-        self.applied = None;
+        self.applied.forget();
         self.ready = false;
         self.has_direct = false;
     }
