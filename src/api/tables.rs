@@ -645,14 +645,10 @@ fn check_truncate_target(
     existing: Option<bool>,
     backfill: bool,
 ) -> TideResult<()> {
-    if matches!(target_kind, TargetKind::Kafka | TargetKind::Outbox) {
+    if let Some(t) = &crate::sink::kind(target_kind).tableless {
         return Err(TideError::invalid(format!(
             "pipeline \"{pipeline}\" writes to {}, which has no target table to truncate",
-            if target_kind == TargetKind::Kafka {
-                "Kafka topics"
-            } else {
-                "the outbox"
-            }
+            t.writes_to
         ))
         .hint("truncate_target is for table and postgres pipelines; omit it."));
     }
@@ -689,20 +685,15 @@ fn target_of_table(
     columns: Option<&[String]>,
     masked: Option<&super::masks::Checked>,
 ) -> TideResult<(Option<String>, Option<String>, bool)> {
-    let (schema, name, held_rows) = if target_kind == TargetKind::Kafka {
+    let kind = crate::sink::kind(target_kind);
+    let (schema, name, held_rows) = if let Some(t) = &kind.tableless {
         if target_table.is_some() {
+            let (refused, hint) = t.target_table;
             return Err(TideError::invalid(format!(
-                "pipeline \"{pipeline}\" writes to Kafka topics, which are named by its options, not by target_table"
+                "pipeline \"{pipeline}\" writes to {}{refused}",
+                t.writes_to
             ))
-            .hint("Omit target_table for kafka pipelines; the pipeline's topic option names each table's topic."));
-        }
-        (None, None, false)
-    } else if target_kind == TargetKind::Outbox {
-        if target_table.is_some() {
-            return Err(TideError::invalid(format!(
-                "pipeline \"{pipeline}\" writes to the outbox, which has no target tables"
-            ))
-            .hint("Omit target_table for outbox pipelines."));
+            .hint(hint));
         }
         (None, None, false)
     } else {
@@ -719,7 +710,7 @@ fn target_of_table(
             masked,
         )?;
         let (s_, n_) = (t.schema, t.name);
-        if target_kind == TargetKind::Table {
+        if kind.local_tables {
             // The other direction of the loop: the target must not be a table this pipeline
             // captures.
             if let Some(c) = catalog::tables::captured_named(pipeline, &s_, &n_)? {

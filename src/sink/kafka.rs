@@ -50,7 +50,7 @@ pub mod schema;
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
 use crate::sink::options::{check_property, KafkaOptions, Options, Place};
-use crate::sink::{CommitPoint, Event, Row, RowForm, SchemaEvent, Target};
+use crate::sink::{Change, CommitPoint, Event, Kind, Row, RowForm, SchemaEvent, Tableless, Target};
 use crate::sql;
 use client::{ClientSettings, KafkaFailure, KafkaSink, Msg, Work};
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
@@ -58,10 +58,11 @@ use pgrx::spi::SpiClient;
 use std::collections::HashMap;
 use std::time::Duration;
 use tide_core::applied::KnownApplied;
+use tide_core::change::At;
 use tide_core::connect;
 use tide_core::kafka::{self as fmt, EnvelopeEvent, SourceInfo, TxnCounter};
 use tide_core::lsn::Lsn;
-use tide_core::model::{Op, RelDesc, Txn};
+use tide_core::model::{ChunkWrite, Op, RelDesc};
 
 /// Messages a batch holds before they are handed to the producer ahead of the commit.
 pub const SHIP_MESSAGES: usize = 10_000;
@@ -80,6 +81,24 @@ pub const DEFAULT_DELIVERY_TIMEOUT_MS: u64 = 30_000;
 /// (`transaction.max.timeout.ms`) is 15 minutes; a batch is one worker iteration, so a source
 /// transaction whose messages take longer than this to produce never commits (README).
 pub const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 900_000;
+
+/// Kafka topics, as the SQL API and the worker tell kinds of target apart.
+pub const KIND: Kind = Kind {
+    alterable: &["producer", "tombstones"],
+    tableless: Some(Tableless {
+        writes_to: "Kafka topics",
+        target_table: (
+            ", which are named by its options, not by target_table",
+            "Omit target_table for kafka pipelines; the pipeline's topic option names each table's topic.",
+        ),
+        verify_hint: "tide.verify compares table targets ('table' or 'postgres'). For Kafka, replay the topics onto a copy and compare that (README, Kafka target).",
+    }),
+    local_tables: false,
+    remote: false,
+    outside: true,
+    consumers: false,
+    resync_marks: true,
+};
 
 /// The options of a kafka pipeline with their defaults applied.
 #[derive(Debug, Clone)]
@@ -402,7 +421,7 @@ impl KafkaTarget {
     }
 
     /// The transaction metadata of `t`: END of the open one when `t` is another, BEGIN of `t`.
-    fn enter(&mut self, t: &Txn) {
+    fn enter(&mut self, t: At) {
         if self
             .open
             .as_ref()
@@ -451,7 +470,7 @@ impl KafkaTarget {
 
     /// Enter `t` and count one message of the table: (topic, schema, table,
     /// data_collection_order).
-    fn start(&mut self, t: &Txn, relid: u32, relation: &str) -> (String, String, String, u64) {
+    fn start(&mut self, t: At, relid: u32, relation: &str) -> (String, String, String, u64) {
         self.enter(t);
         let (topic, schema, table) = self.names(relid, relation);
         let collection = format!("{schema}.{table}");
@@ -465,7 +484,7 @@ impl KafkaTarget {
     #[allow(clippy::too_many_arguments)]
     fn message(
         &mut self,
-        t: &Txn,
+        t: At,
         relid: u32,
         relation: &str,
         op: Op,
@@ -508,7 +527,7 @@ impl KafkaTarget {
     fn send(
         &mut self,
         topic: String,
-        t: &Txn,
+        t: At,
         op: Op,
         key: Option<String>,
         value: String,
@@ -559,7 +578,7 @@ impl KafkaTarget {
     /// text, [`RowForm::Text`]), its key with its schema when `key_format` is `json-schema`.
     fn connect_message(
         &mut self,
-        t: &Txn,
+        t: At,
         ev: &Event,
         schema_change: Option<&str>,
     ) -> TideResult<()> {
@@ -693,7 +712,68 @@ impl Target for KafkaTarget {
         })
     }
 
-    fn relation(&mut self, _c: &mut SpiClient<'_>, relid: u32, rel: &RelDesc) -> TideResult<()> {
+    /// A change: a message per event (truncates one after the other), on every partition of
+    /// the table's topic for a schema change or a resync.
+    fn apply(
+        &mut self,
+        _c: &mut SpiClient<'_>,
+        at: At,
+        change: Change<'_>,
+    ) -> TideResult<Option<ChunkWrite>> {
+        match change {
+            Change::Relation { relid, rel } => self.relation(relid, rel)?,
+            Change::Row(ev) => self.push(at, ev)?,
+            Change::Truncate { events, .. } => {
+                for (i, ev) in events.into_iter().enumerate() {
+                    self.push(at.after(i), ev)?;
+                }
+            }
+            Change::Schema(ev) => self.schema(at, ev)?,
+            Change::Resync(marks) => self.resync(at, marks)?,
+            Change::Chunk(b) => return Err(crate::sink::refused_batch(&b)),
+        }
+        Ok(None)
+    }
+
+    /// Produce the batch, then record the position: in the batch's Kafka transaction and commit
+    /// it (exactly-once), or after every acknowledgement (at-least-once).
+    fn commit(
+        &mut self,
+        _c: &mut SpiClient<'_>,
+        _pipeline: &str,
+        applied: Option<Lsn>,
+        at: CommitPoint,
+    ) -> TideResult<()> {
+        if at != CommitPoint::End {
+            // Acknowledged and recorded once per iteration, at its end.
+            return Ok(());
+        }
+        self.close();
+        if self.buf.is_empty() && !self.shipped && applied.is_none() {
+            return Ok(());
+        }
+        self.ship()?;
+        self.shipped = false;
+        let wait = self.delivery_timeout * 2 + Duration::from_secs(10);
+        let sent = self.sink.call(Work::Commit(applied), wait, true);
+        self.applied.committed(applied, sent).map_err(kafka_err)?;
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        self.buf.clear();
+        self.buf_bytes = 0;
+        self.open = None;
+        self.applied.forget();
+        self.shipped = false;
+        // Whatever the producer still holds of the failed batch is purged with it.
+        let _ = self.sink.call(Work::Discard, Duration::from_secs(5), false);
+    }
+}
+
+impl KafkaTarget {
+    /// A relation's (new) description.
+    fn relation(&mut self, relid: u32, rel: &RelDesc) -> TideResult<()> {
         // A renamed table keeps its topic until the worker restarts; a new description of the
         // same name changes nothing.
         if !self.names.contains_key(&relid) {
@@ -717,7 +797,8 @@ impl Target for KafkaTarget {
         Ok(())
     }
 
-    fn push(&mut self, _c: &mut SpiClient<'_>, t: &Txn, ev: Event) -> TideResult<()> {
+    /// One event: a message of the table's topic.
+    fn push(&mut self, t: At, ev: Event) -> TideResult<()> {
         if self.r.value_schema {
             return self.connect_message(t, &ev, None);
         }
@@ -747,7 +828,7 @@ impl Target for KafkaTarget {
 
     /// A schema event: op `schema`, the change as the outbox's schema event has it
     /// (`schema_change`), on every partition of the table's topic.
-    fn schema(&mut self, _c: &mut SpiClient<'_>, t: &Txn, ev: SchemaEvent) -> TideResult<()> {
+    fn schema(&mut self, t: At, ev: SchemaEvent) -> TideResult<()> {
         let mut change: serde_json::Value = serde_json::from_str(&ev.payload).map_err(|e| {
             TideError::internal(format!("a schema marker's payload is not JSON: {e}"))
         })?;
@@ -791,17 +872,11 @@ impl Target for KafkaTarget {
 
     /// A resync's events: op `resync`, the phase in `resync`, on every partition of each
     /// table's topic (at its place in each: a start before the partition's re-read rows, an end
-    /// after them), as the pseudo transaction `t`.
-    fn resync(
-        &mut self,
-        _c: &mut SpiClient<'_>,
-        t: &mut Txn,
-        marks: &[crate::sink::ResyncMark],
-    ) -> TideResult<()> {
-        for m in marks {
-            t.position += 1;
+    /// after them), as the pseudo transaction `at`.
+    fn resync(&mut self, at: At, marks: &[crate::sink::ResyncMark]) -> TideResult<()> {
+        for (i, m) in marks.iter().enumerate() {
             self.message(
-                t,
+                at.after(i),
                 m.relid,
                 &m.relation,
                 Op::Resync,
@@ -814,41 +889,6 @@ impl Target for KafkaTarget {
             )?;
         }
         Ok(())
-    }
-
-    /// Produce the batch, then record the position: in the batch's Kafka transaction and commit
-    /// it (exactly-once), or after every acknowledgement (at-least-once).
-    fn commit(
-        &mut self,
-        _c: &mut SpiClient<'_>,
-        _pipeline: &str,
-        applied: Option<Lsn>,
-        at: CommitPoint,
-    ) -> TideResult<()> {
-        if at == CommitPoint::Early {
-            // Acknowledged and recorded once per iteration, at its end.
-            return Ok(());
-        }
-        self.close();
-        if self.buf.is_empty() && !self.shipped && applied.is_none() {
-            return Ok(());
-        }
-        self.ship()?;
-        self.shipped = false;
-        let wait = self.delivery_timeout * 2 + Duration::from_secs(10);
-        let sent = self.sink.call(Work::Commit(applied), wait, true);
-        self.applied.committed(applied, sent).map_err(kafka_err)?;
-        Ok(())
-    }
-
-    fn reset(&mut self) {
-        self.buf.clear();
-        self.buf_bytes = 0;
-        self.open = None;
-        self.applied.forget();
-        self.shipped = false;
-        // Whatever the producer still holds of the failed batch is purged with it.
-        let _ = self.sink.call(Work::Discard, Duration::from_secs(5), false);
     }
 }
 

@@ -30,7 +30,7 @@
 //!   statements that follow (an `UPDATE` of none, silently).
 //! - A `tide.alter_table` marker (its payload the schema event announcing the new row filter and
 //!   column list) reaches the target at its transaction's commit, after the transaction's
-//!   changes ([`Target::schema`]), and ends the batch at that transaction: the changes committed before it were decoded with the old plugin options,
+//!   changes ([`Change::Schema`]), and ends the batch at that transaction: the changes committed before it were decoded with the old plugin options,
 //!   those after it are decoded again by a decoder reopened with the new ones (the catalog
 //!   switches at the marker, with the batch, and queues the table's re-read). A marker whose
 //!   call already took effect (`catalog::tables::alter_pending`) is passed over.
@@ -56,14 +56,14 @@
 //!   transaction cannot take makes the transaction fall back to being applied from the spool at
 //!   its commit, as for other targets.
 //! - A `schema` marker (written by the event trigger in an `ALTER TABLE`'s transaction) of a
-//!   captured table reaches the target at its position ([`Target::schema`]): the outbox writes
+//!   captured table reaches the target at its position ([`Change::Schema`]): the outbox writes
 //!   an event op `schema`, table targets apply the change or pause. A changed key pauses the
 //!   pipeline before the change (nothing after it is applied) unless the table is being
 //!   removed, whose changes then stop at the key change.
 
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
-use crate::sink::{CommitPoint, Event, Row, RowForm, SchemaEvent, Target};
+use crate::sink::{Change, CommitPoint, Event, Row, RowForm, SchemaEvent, Target};
 use crate::worker::backfill::Backfiller;
 use crate::worker::stream_apply::{LiveTxn, StreamApply};
 use pgrx::pg_sys;
@@ -382,7 +382,7 @@ impl Applier<'_, '_> {
     ) -> TideResult<()> {
         let rel = rel_desc_of(namespace, name, columns);
         if self.sets.follows(relid) {
-            self.sink.relation(self.c, relid, &rel)?;
+            self.sink.describe(self.c, relid, &rel)?;
         }
         self.rels.insert(relid, rel);
         Ok(())
@@ -423,18 +423,17 @@ impl Applier<'_, '_> {
                         "captured table {relation} was dropped (transaction {} committed at {}): it left the pipeline at that point of the stream",
                         t.xid, t.lsn
                     ));
-                    t.position += 1;
-                    self.sink.schema(
+                    self.sink.send(
                         self.c,
                         t,
-                        SchemaEvent {
+                        Change::Schema(SchemaEvent {
                             relid: table,
                             relation,
                             payload: payload.to_string(),
                             change: SchemaChange::default(),
                             rewrite: false,
                             dropped: true,
-                        },
+                        }),
                     )?;
                 }
             }
@@ -483,18 +482,17 @@ impl Applier<'_, '_> {
                     self.sets.capturing.remove(&table);
                 }
                 let rewrite = self.rewrites.iter().any(|&(r, l)| r == table && l == t.lsn);
-                t.position += 1;
-                self.sink.schema(
+                self.sink.send(
                     self.c,
                     t,
-                    SchemaEvent {
+                    Change::Schema(SchemaEvent {
                         relid: table,
                         relation,
                         payload: payload.to_string(),
                         change,
                         rewrite,
                         dropped: false,
-                    },
+                    }),
                 )?;
             }
         }
@@ -662,7 +660,7 @@ impl Applier<'_, '_> {
     }
 
     /// One source `TRUNCATE` statement: a truncate event per captured table it emptied, handed
-    /// to the target together ([`Target::truncate`]: a table target empties them in one
+    /// to the target together ([`Change::Truncate`]: a table target empties them in one
     /// statement, as the source did).
     fn on_truncate(&mut self, relids: &[u32], flags: u8) -> TideResult<()> {
         self.not_elsewhere("a truncate")?;
@@ -684,12 +682,13 @@ impl Applier<'_, '_> {
         if events.is_empty() {
             return Ok(());
         }
-        self.sink.truncate(
-            self.c,
-            t,
+        let restart_identity = flags & wire::TRUNCATE_RESTART_IDENTITY != 0;
+        let change = Change::Truncate {
             events,
-            flags & wire::TRUNCATE_RESTART_IDENTITY != 0,
-        )
+            restart_identity,
+        };
+        self.sink.send(self.c, t, change)?;
+        Ok(())
     }
 
     /// A TRUNCATE of one partition of a captured partitioned table: a truncate event of the
@@ -781,8 +780,7 @@ impl Applier<'_, '_> {
         // the old way), at the commit position where the new shaping takes effect. (Such a
         // transaction is never written while it ran: its marker row made it fall back.)
         for ev in std::mem::take(&mut self.announce) {
-            t.position += 1;
-            self.sink.schema(self.c, &t, ev)?;
+            self.sink.send(self.c, &mut t, Change::Schema(ev))?;
         }
         if let Some(mut live) = self.elsewhere.take() {
             let before = self.last_applied.map(|(end, _)| end);
@@ -828,10 +826,12 @@ impl Applier<'_, '_> {
     /// more, and would at the remote until committed).
     fn on_stream_start(&mut self, xid: u32, first: bool) -> TideResult<()> {
         let sink = &mut *self.sink;
-        if self
-            .streams
-            .start(xid, first, || sink.open_stream(), &self.sets.capturing)
-        {
+        let open = || {
+            crate::sink::remote(sink)
+                .map(|r| r.open_stream())
+                .transpose()
+        };
+        if self.streams.start(xid, first, open, &self.sets.capturing) {
             let before = self.last_applied.map(|(end, _)| end);
             self.sink
                 .commit(self.c, &self.p.name, before, CommitPoint::Early)?;
@@ -868,7 +868,8 @@ impl Applier<'_, '_> {
         let Some(live) = self.streams.live_mut(xid) else {
             return;
         };
-        if let Err(e) = live.target.flush_open(self.c) {
+        let open = CommitPoint::Open;
+        if let Err(e) = live.target.commit(self.c, &self.p.name, None, open) {
             self.out.notes.push(format!(
                 "transaction {xid} is applied at its commit rather than while it runs: {}",
                 e.message
@@ -930,7 +931,7 @@ impl Applier<'_, '_> {
             } => {
                 let rel = rel_desc_of(namespace, name, &columns);
                 if self.sets.follows(relid) {
-                    target.relation(self.c, relid, &rel)?;
+                    target.describe(self.c, relid, &rel)?;
                 }
                 rels.insert(relid, rel);
                 Ok(())

@@ -7,6 +7,7 @@ mod chunk;
 pub mod decoder;
 mod definitions;
 pub mod estimate;
+mod handoff;
 mod keyless;
 pub mod launcher;
 pub mod leaks;

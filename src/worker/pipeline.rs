@@ -136,7 +136,11 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
         };
         // A remote target's lease is renewed by the worker's iterations: failing or paused, it
         // still looks at least that often (see sink::table::fence).
-        let renew_every = w.sink.as_ref().and_then(|s| s.renew_every());
+        let renew_every = w
+            .sink
+            .as_deref_mut()
+            .and_then(crate::sink::remote)
+            .map(|r| r.renew_every());
         let bound = |d: Duration| renew_every.map_or(d, |r| d.min(r));
         let settings = Settings {
             poll: Duration::from_millis(gucs::POLL_INTERVAL_MS.get().max(1) as u64),
@@ -712,7 +716,8 @@ fn send_resync_marks(
         position: 0,
         barrier: false,
     };
-    sink.resync(c, &mut t, &marks)
+    sink.send(c, &mut t, crate::sink::Change::Resync(&marks))?;
+    Ok(())
 }
 
 /// Bookkeeping after a successful iteration: its log lines, a standby snapshot while busy, the
@@ -905,7 +910,7 @@ fn now_us() -> i64 {
 /// the source started meanwhile must not take it (see `sink::table::fence`). A failure is left
 /// for the resume to report (the pause's reason stays what it is).
 fn keep_lease(p: &PipelineRow, sink: &mut Option<Box<dyn Target>>) {
-    if p.target != tide_core::model::TargetKind::Postgres {
+    if !crate::sink::kind(p.target).remote {
         return;
     }
     if sink.is_none() {
@@ -920,7 +925,7 @@ fn keep_lease(p: &PipelineRow, sink: &mut Option<Box<dyn Target>>) {
             }
         }
     }
-    if let Some(s) = sink.as_mut() {
+    if let Some(s) = sink.as_deref_mut().and_then(crate::sink::remote) {
         if let Err(e) = s.keep_lease(p) {
             debug1!(
                 "pg_tide worker \"{}\": paused, could not renew its lease on the target: {e}",
@@ -1309,7 +1314,8 @@ fn open_decoder<'d>(
     }
     if dec.is_none() {
         rels.clear();
-        let remote_streams = if p.target == tide_core::model::TargetKind::Postgres {
+        let kind = crate::sink::kind(p.target);
+        let remote_streams = if kind.remote {
             gucs::REMOTE_STREAM_CONNECTIONS.get().max(0) as usize
         } else {
             0
@@ -1321,10 +1327,7 @@ fn open_decoder<'d>(
             remote_streams,
             streaming,
             // A target outside the source database gets only WAL the standbys have.
-            matches!(
-                p.target,
-                tide_core::model::TargetKind::Postgres | tide_core::model::TargetKind::Kafka
-            ),
+            kind.outside,
         )?);
     }
     dec.as_mut()

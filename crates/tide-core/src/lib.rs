@@ -6,6 +6,8 @@
 //! * [`lsn`]: WAL positions and their `X/Y` text form.
 //! * [`wire`]: the versioned binary format between the output plugin and the
 //!   worker (documented in `docs/wire-format.md`).
+//! * [`change`]: what the worker hands a target (row events, truncates, schema
+//!   events, batch chunks, resync marks) and where each falls in its source transaction.
 //! * [`copy`]: rows in `COPY ... FROM STDIN`'s text format, every value
 //!   escaped (remote table targets' backfill chunks).
 //! * [`kafka`]: the kafka target's messages (Debezium envelopes, transaction
@@ -41,6 +43,7 @@
 #![forbid(unsafe_code)]
 
 pub mod applied;
+pub mod change;
 pub mod connect;
 pub mod copy;
 pub mod json;

@@ -20,6 +20,7 @@ use super::{remote_err, Backend};
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
 use crate::sink::remote::{Part, RemoteSink, RemoteStatement, RemoteStep};
+use crate::sink::CommitPoint;
 use pgrx::spi::SpiClient;
 use std::time::Duration;
 use tide_core::applied::KnownApplied;
@@ -69,7 +70,7 @@ pub struct Remote {
     /// collation than the source, or another writer inserted one meanwhile). From then on this
     /// worker loads every chunk through the staging table, which upserts.
     direct_refused: bool,
-    /// A streamed transaction's backend ([`Backend::fork`]): its remote transaction begins with
+    /// A streamed transaction's backend ([`Remote::fork`]): its remote transaction begins with
     /// `SET LOCAL lock_timeout` ([`STREAM_LOCK_TIMEOUT_MS`]).
     stream: bool,
     /// This server's hold on the target (`super::fence`).
@@ -119,6 +120,50 @@ impl Remote {
             })?),
         };
         Ok(a)
+    }
+
+    /// While the pipeline is paused: renew the lease on the target this server holds (see
+    /// [`super::fence`]).
+    pub(super) fn keep_lease(&mut self, p: &PipelineRow) -> TideResult<()> {
+        self.check_access(p)?;
+        if !self.ready {
+            self.make_applied_table()?;
+            self.ready = true;
+        }
+        let table = self.applied_table();
+        let sink = self.sink.as_ref().ok_or_else(no_connection)?;
+        self.fence.keep(sink, &table, p, REMOTE_TIMEOUT)
+    }
+
+    /// How often the worker must look at the target to keep its lease (a third of
+    /// `tide.target_lease`).
+    pub(super) fn renew_every(&self) -> Duration {
+        super::fence::renew_every()
+    }
+
+    /// A backend of its own, on a connection of its own, for one streamed transaction written
+    /// while it runs ([`crate::sink::RemoteTarget::open_stream`]).
+    pub(super) fn fork(&self) -> TideResult<Remote> {
+        let sink = self.sink.as_ref().ok_or_else(no_connection)?;
+        let mut r = Remote::new(
+            &self.pipeline,
+            &self.schema,
+            RemoteSink::start_with(sink.access(), &format!("pg_tide {} stream", self.pipeline)),
+        );
+        // The main connection made the schema and `tide_applied`, and holds the target; a chunk
+        // never comes here.
+        r.ready = true;
+        r.stream = true;
+        r.fence = self.fence.clone();
+        Ok(r)
+    }
+
+    /// Send what is buffered into the open transaction without committing it.
+    fn flush(&mut self) -> TideResult<()> {
+        if self.stmts.is_empty() {
+            return Ok(());
+        }
+        self.send_part()
     }
 
     /// The connection, or why there is none.
@@ -296,19 +341,8 @@ impl Backend for Remote {
         Ok(reconnected)
     }
 
-    fn keep_lease(&mut self, p: &PipelineRow) -> TideResult<()> {
-        self.check_access(p)?;
-        if !self.ready {
-            self.make_applied_table()?;
-            self.ready = true;
-        }
-        let table = self.applied_table();
-        let sink = self.sink.as_ref().ok_or_else(no_connection)?;
-        self.fence.keep(sink, &table, p, REMOTE_TIMEOUT)
-    }
-
-    fn renew_every(&self) -> Option<Duration> {
-        Some(super::fence::renew_every())
+    fn in_this_database(&self) -> bool {
+        false
     }
 
     fn query(&mut self, sql: &str, params: &[&str]) -> TideResult<Vec<Vec<Option<String>>>> {
@@ -326,10 +360,6 @@ impl Backend for Remote {
             sql: st.sql,
             params: st.params.into_iter().map(Some).collect(),
         }))
-    }
-
-    fn takes_copy(&self) -> bool {
-        true
     }
 
     fn exec_copy(
@@ -371,7 +401,10 @@ impl Backend for Remote {
         })
     }
 
-    fn commit(&mut self, pipeline: &str, applied: Option<Lsn>) -> TideResult<()> {
+    fn commit(&mut self, pipeline: &str, applied: Option<Lsn>, at: CommitPoint) -> TideResult<()> {
+        if at == CommitPoint::Open {
+            return self.flush();
+        }
         if self.stmts.is_empty() && applied.is_none() && self.open.is_none() {
             return Ok(());
         }
@@ -422,32 +455,6 @@ impl Backend for Remote {
         let a = self.read_applied()?;
         self.applied.set(a);
         Ok(a)
-    }
-
-    fn commits_on_its_own(&self) -> bool {
-        true
-    }
-
-    fn fork(&self) -> Option<Remote> {
-        let sink = self.sink.as_ref()?;
-        let mut r = Remote::new(
-            &self.pipeline,
-            &self.schema,
-            RemoteSink::start_with(sink.access(), &format!("pg_tide {} stream", self.pipeline)),
-        );
-        // The main connection made the schema and `tide_applied`, and holds the target; a chunk
-        // never comes here.
-        r.ready = true;
-        r.stream = true;
-        r.fence = self.fence.clone();
-        Some(r)
-    }
-
-    fn flush(&mut self) -> TideResult<()> {
-        if self.stmts.is_empty() {
-            return Ok(());
-        }
-        self.send_part()
     }
 
     fn reset(&mut self) {
