@@ -2,15 +2,18 @@
 //! pg_dump it keeps), the per-pipeline worker, and the one transaction helper both use.
 
 pub mod apply;
+mod apply_stream;
 pub mod backfill;
 mod chunk;
 pub mod decoder;
 mod definitions;
 pub mod estimate;
 mod handoff;
+mod iteration;
 mod keyless;
 pub mod launcher;
 pub mod leaks;
+mod markers;
 pub mod origin;
 mod partitions;
 pub mod pipeline;
@@ -18,6 +21,7 @@ mod ranges;
 mod read_ahead;
 pub mod retention;
 pub mod row_values;
+mod rows;
 pub mod stream_apply;
 pub mod tx;
 
