@@ -16,16 +16,17 @@
 //! again before anything is replayed.
 
 use super::fence::Fence;
-use super::{remote_err, Backend};
+use super::{Backend, TableTarget};
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
 use crate::sink::remote::{Part, RemoteSink, RemoteStatement, RemoteStep};
 use crate::sink::CommitPoint;
+use crate::sink::{RemoteTarget, Target};
 use pgrx::spi::SpiClient;
 use std::time::Duration;
 use tide_core::applied::KnownApplied;
 use tide_core::lsn::Lsn;
-use tide_core::plan::{quote_ident, Staged, Statement};
+use tide_core::plan::{quote_ident, Staged, Statement, TableRef, TypedColumn};
 
 /// How long the worker waits for the remote to answer one batch.
 pub const REMOTE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -472,4 +473,123 @@ impl Backend for Remote {
         self.ready = false;
         self.has_direct = false;
     }
+}
+
+/// A remote failure as the pipeline's error: transient ones (the target unreachable) are
+/// retried by the worker with back-off, the others wait for the user.
+pub fn remote_err(e: crate::sink::remote::RemoteError) -> TideError {
+    if let Some(refused) = crate::sink::remote::refusal_error(&e) {
+        return refused;
+    }
+    if e.sqlstate.as_deref() == Some("42501") && e.message.contains("session_replication_role") {
+        return replica_refused("the pipeline's server", &e.message, Some("42501"));
+    }
+    let code = if e.transient {
+        pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE
+    } else {
+        pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_FDW_ERROR
+    };
+    let mut err = TideError::new(code, format!("remote target: {}", e.message));
+    if let Some(s) = &e.sqlstate {
+        err = err.detail(format!("remote SQLSTATE {s}"));
+    }
+    err.hint(e.hint.unwrap_or_else(|| {
+        if e.transient {
+            "The target is unreachable or restarting; the worker retries with back-off, and the slot keeps the WAL meanwhile (unless max_slot_wal_keep_size invalidates it first: see slot_warning and safe_wal_size in tide.pipelines).".to_string()
+        } else {
+            "Fix the target table (see the message), then the worker retries by itself.".to_string()
+        }
+    }))
+}
+
+/// The remote user of `server` (as messages name it) may not set `session_replication_role`
+/// (`message`, with the remote's SQLSTATE): 42501 with what to do.
+pub fn replica_refused(server: &str, message: &str, sqlstate: Option<&str>) -> TideError {
+    TideError::privilege(format!(
+        "the remote user of {server} may not set session_replication_role: {message}{}",
+        sqlstate.map(|s| format!(" (remote SQLSTATE {s})")).unwrap_or_default()
+    ))
+    .hint("The option session_replication_role = 'replica' sets it in the remote session, which PostgreSQL allows a superuser and, from PostgreSQL 15 on, a role granted it: at the target, GRANT SET ON PARAMETER session_replication_role TO <the user mapping's user>. Or leave the option out ('origin', the default).")
+}
+
+/// A table target in another PostgreSQL.
+impl RemoteTarget for TableTarget<Remote> {
+    /// A target in another PostgreSQL: the keys its table holds in the range, read there with
+    /// the bounds cast to the target's key types (its rows only this pipeline writes).
+    fn sweep_keys(
+        &mut self,
+        relid: u32,
+        key_columns: &[String],
+        lower: Option<&[String]>,
+        upper: Option<&[String]>,
+    ) -> TideResult<Vec<Vec<Option<String>>>> {
+        let Some(t) = self.targets.get(&relid).cloned() else {
+            // Not a table this pipeline writes: nothing there to sweep.
+            return Ok(Vec::new());
+        };
+        let types = self.typed(&t, key_columns)?;
+        let (sql, params) = sweep_query(&t, &types, lower, upper);
+        let params: Vec<&str> = params.iter().map(String::as_str).collect();
+        self.backend.query(&sql, &params)
+    }
+
+    fn open_stream(&mut self) -> TideResult<Box<dyn Target>> {
+        let backend = self.backend.fork()?;
+        let mut t = TableTarget::new(&self.pipeline, self.policy, backend);
+        t.streamed = true;
+        t.targets = self.targets.clone();
+        t.shapes = self.shapes.clone();
+        Ok(Box::new(t))
+    }
+
+    fn keep_lease(&mut self, p: &PipelineRow) -> TideResult<()> {
+        self.backend.keep_lease(p)
+    }
+
+    fn renew_every(&self) -> std::time::Duration {
+        self.backend.renew_every()
+    }
+}
+
+/// The keys (`types`: each key column with the target's type for it) of target table `t` after
+/// `lower` up to `upper`, each key column as text, with the bounds as parameters.
+fn sweep_query(
+    t: &TableRef,
+    types: &[TypedColumn],
+    lower: Option<&[String]>,
+    upper: Option<&[String]>,
+) -> (String, Vec<String>) {
+    let key = types
+        .iter()
+        .map(|(k, _)| format!("t.{}", tide_core::plan::quote_ident(k)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let texts = types
+        .iter()
+        .map(|(k, _)| format!("t.{}::pg_catalog.text", tide_core::plan::quote_ident(k)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut clauses = Vec::new();
+    let mut params = Vec::new();
+    for (bound, op) in [(lower, ">"), (upper, "<=")] {
+        if let Some(values) = bound {
+            let ps = types
+                .iter()
+                .enumerate()
+                .map(|(i, (_, ty))| format!("${}::{ty}", params.len() + i + 1))
+                .collect::<Vec<_>>()
+                .join(", ");
+            params.extend(values.iter().cloned());
+            clauses.push(format!("({key}) {op} ({ps})"));
+        }
+    }
+    let filter = if clauses.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", clauses.join(" AND "))
+    };
+    (
+        format!("SELECT {texts} FROM {} t{filter}", t.qualified()),
+        params,
+    )
 }
