@@ -310,18 +310,18 @@ pub(super) fn add_table_impl(
     if truncate_target {
         check_truncate_target(pipeline, &s.qualified, target_kind, existing, backfill)?;
     }
-    let (target_schema, target_name, held_rows) = target_of_table(
-        pipeline,
-        target_kind,
-        &options,
+    let wanted = targets::Wanted {
+        options: &options,
         relid,
-        &s,
+        source_qualified: &s.qualified,
+        key: &s.key_columns,
         target_table,
-        &owner,
-        truncate_target,
-        listed.as_ref().map(|(_, names)| names.as_slice()),
-        masked.as_ref(),
-    )?;
+        owner: &owner,
+        truncate: truncate_target,
+        only: listed.as_ref().map(|(_, names)| names.as_slice()),
+        masked: masked.as_ref(),
+    };
+    let (target_schema, target_name, held_rows) = target_of_table(pipeline, target_kind, &wanted)?;
     let t = catalog::tables::NewTable {
         pipeline,
         relid,
@@ -672,22 +672,14 @@ fn check_truncate_target(
 /// The target table of `relid` for a table or postgres pipeline (made or checked: see
 /// `targets::ensure_target`), as (schema, name, it held rows already); none for the outbox and
 /// Kafka, which take no `target_table`.
-#[allow(clippy::too_many_arguments)]
 fn target_of_table(
     pipeline: &str,
     target_kind: TargetKind,
-    options: &serde_json::Value,
-    relid: pg_sys::Oid,
-    s: &SourceInfo,
-    target_table: Option<&str>,
-    owner: &str,
-    truncate_target: bool,
-    columns: Option<&[String]>,
-    masked: Option<&super::masks::Checked>,
+    w: &targets::Wanted<'_>,
 ) -> TideResult<(Option<String>, Option<String>, bool)> {
     let kind = crate::sink::kind(target_kind);
     let (schema, name, held_rows) = if let Some(t) = &kind.tableless {
-        if target_table.is_some() {
+        if w.target_table.is_some() {
             let (refused, hint) = t.target_table;
             return Err(TideError::invalid(format!(
                 "pipeline \"{pipeline}\" writes to {}{refused}",
@@ -697,18 +689,7 @@ fn target_of_table(
         }
         (None, None, false)
     } else {
-        let t = targets::ensure_target(
-            target_kind.as_str(),
-            options,
-            relid,
-            &s.qualified,
-            &s.key_columns,
-            target_table,
-            owner,
-            truncate_target,
-            columns,
-            masked,
-        )?;
+        let t = targets::ensure_target(kind, w)?;
         let (s_, n_) = (t.schema, t.name);
         if kind.local_tables {
             // The other direction of the loop: the target must not be a table this pipeline
