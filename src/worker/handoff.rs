@@ -29,10 +29,8 @@ impl dyn Target {
             Change::Chunk(Batch::Values(b)) => b.rows.len(),
             Change::Chunk(Batch::Copy(b)) => b.count,
         };
-        let at = At::of(t).after(1);
-        let done = self.apply(c, at, change)?;
-        t.position = at.after(events).position - 1;
-        Ok(done)
+        let at = At::count(t, events);
+        self.apply(c, at, change)
     }
 
     /// A relation's (new) description, outside any event's place.

@@ -38,6 +38,14 @@ impl At {
         }
     }
 
+    /// The place of the next `n` events of `t` (that of the first): `t` counts them, its
+    /// position moves past them.
+    pub fn count(t: &mut Txn, n: usize) -> At {
+        let at = At::of(t).after(1);
+        t.position = at.after(n).position.saturating_sub(1);
+        at
+    }
+
     /// The place `n` events after this one.
     pub fn after(self, n: usize) -> At {
         At {
@@ -186,5 +194,15 @@ mod tests {
         );
         assert_eq!(at.after(2).position, 6);
         assert_eq!(at.after(usize::MAX).position, i32::MAX);
+        let mut t = t;
+        // Three events take positions 5, 6 and 7; the next one, 8.
+        assert_eq!(At::count(&mut t, 3).position, 5);
+        assert_eq!(t.position, 7);
+        // A change of no event (a relation's description) counts none.
+        assert_eq!(At::count(&mut t, 0).position, 8);
+        assert_eq!(t.position, 7);
+        assert_eq!(At::count(&mut t, 1).position, 8);
+        assert_eq!(t.position, 8);
+        assert_eq!((t.skip, t.barrier), (true, true));
     }
 }
