@@ -7,9 +7,14 @@
 //! - [`kafka`]: messages in Kafka topics (Debezium's envelope), produced by the [`kafka`] sink
 //!   thread and acknowledged by the broker before the slot moves.
 //!
-//! Each is a [`Target`]; the worker holds a `Box<dyn Target>` and knows no target's type.
-//! [`options`] types each kind's options; [`wait`] is how the worker waits for a sink thread. Targets depend on `tide_core::model` (the stream
-//! model) and never on the worker.
+//! Each is a [`Target`] of five methods, taking every change through one entry point
+//! ([`Target::apply`] of a [`Change`], `tide_core::change`'s vocabulary); a target in another
+//! PostgreSQL is also a [`RemoteTarget`] (swept, streamed, leased), found with [`as_remote`].
+//! The worker holds a `Box<dyn Target>` and knows no target's type; what the SQL API and the
+//! worker must know of a kind of target before there is one is its module's [`Kind`]
+//! ([`kind`]): no code outside `sink` tells kinds apart. [`options`] types each kind's options;
+//! [`wait`] is how the worker waits for a sink thread. Targets depend on `tide_core::model` and
+//! `tide_core::change` (the stream model) and never on the worker.
 //!
 //! Every target stores the applied position in the same transaction as the data, so a replay
 //! after a crash is skipped (exactly once in effect), and receives whole source transactions
@@ -150,7 +155,7 @@ pub enum CommitPoint {
 /// early point where a chunk's rows follow stream events and at the end, inside the worker's
 /// transaction; [`Target::reset`] after a failed iteration. [`Target::row_form`] whenever it
 /// renders rows. A target in another PostgreSQL has more to do ([`RemoteTarget`], found with
-/// [`remote`]).
+/// [`as_remote`]).
 pub trait Target: std::any::Any {
     /// How this target wants rows of table `relid`: of stream events (`chunk` is `None`: a
     /// per-row form), or of a backfill chunk with `chunk`'s columns (name, `format_type`; any
@@ -228,7 +233,7 @@ pub trait RemoteTarget {
 }
 
 /// The [`RemoteTarget`] side of `t`, if it is a target in another PostgreSQL.
-pub fn remote(t: &mut dyn Target) -> Option<&mut dyn RemoteTarget> {
+pub fn as_remote(t: &mut dyn Target) -> Option<&mut dyn RemoteTarget> {
     let t: &mut dyn std::any::Any = t;
     t.downcast_mut::<table::TableTarget<table::remote::Remote>>()
         .map(|t| t as &mut dyn RemoteTarget)

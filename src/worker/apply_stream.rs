@@ -26,7 +26,7 @@ impl Applier<'_, '_> {
     pub(super) fn on_stream_start(&mut self, xid: u32, first: bool) -> TideResult<()> {
         let sink = &mut *self.sink;
         let open = || {
-            crate::sink::remote(sink)
+            crate::sink::as_remote(sink)
                 .map(|r| r.open_stream())
                 .transpose()
         };

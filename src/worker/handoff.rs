@@ -80,7 +80,7 @@ impl dyn Target {
         lower: Option<&[String]>,
         upper: Option<&[String]>,
     ) -> TideResult<Option<Vec<Vec<Option<String>>>>> {
-        match crate::sink::remote(self) {
+        match crate::sink::as_remote(self) {
             Some(r) => r.sweep_keys(relid, key_columns, lower, upper).map(Some),
             None => Ok(None),
         }

@@ -48,7 +48,7 @@ fn keep_lease(p: &PipelineRow, sink: &mut Option<Box<dyn Target>>) {
             }
         }
     }
-    if let Some(s) = sink.as_deref_mut().and_then(crate::sink::remote) {
+    if let Some(s) = sink.as_deref_mut().and_then(crate::sink::as_remote) {
         if let Err(e) = s.keep_lease(p) {
             debug1!(
                 "pg_tide worker \"{}\": paused, could not renew its lease on the target: {e}",

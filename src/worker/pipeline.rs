@@ -140,7 +140,7 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
         let renew_every = w
             .sink
             .as_deref_mut()
-            .and_then(crate::sink::remote)
+            .and_then(crate::sink::as_remote)
             .map(|r| r.renew_every());
         let bound = |d: Duration| renew_every.map_or(d, |r| d.min(r));
         let settings = Settings {
