@@ -325,6 +325,29 @@ pub fn as_owner_pinned<R>(owner: pg_sys::Oid, f: impl FnOnce() -> TideResult<R>)
     switched(owner, c"pg_catalog, pg_temp", f)
 }
 
+/// `owner` may use the foreign server `server` (a pipeline's target server, postgres_fdw's or
+/// tide_kafka's): 42501 with the GRANT to run if not. The server must exist (each caller says
+/// first how to create one of its wrapper).
+pub fn require_server_usage(server: &str, owner: &str) -> TideResult<()> {
+    let usage = crate::sql::one::<bool>(
+        "SELECT has_server_privilege($1::text::name, $2, 'USAGE')",
+        &[owner.into(), server.into()],
+    )?
+    .unwrap_or(false);
+    if usage {
+        return Ok(());
+    }
+    let q = pgrx::spi::quote_identifier;
+    Err(TideError::privilege(format!(
+        "role \"{owner}\" may not use foreign server \"{server}\""
+    ))
+    .hint(format!(
+        "GRANT USAGE ON FOREIGN SERVER {} TO {};",
+        q(server),
+        q(owner)
+    )))
+}
+
 /// The OID of a pipeline or backfill owner recorded by name; a clear error if the role is gone.
 pub fn owner_oid(owner: &str, what: &str) -> TideResult<pg_sys::Oid> {
     role_oid(owner).ok_or_else(|| {

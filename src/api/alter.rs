@@ -40,13 +40,9 @@ pub(super) fn alter_pipeline(
     .or_raise()
 }
 
-/// The options of each target kind that [`alter_pipeline`] may change.
+/// The options of each target kind that [`alter_pipeline`] may change (each kind's module says).
 fn alterable(kind: TargetKind) -> &'static [&'static str] {
-    match kind {
-        TargetKind::Outbox => &[],
-        TargetKind::Table | TargetKind::Postgres => &["schema_changes", "session_replication_role"],
-        TargetKind::Kafka => &["producer", "tombstones"],
-    }
+    crate::sink::kind(kind).alterable
 }
 
 fn alter_pipeline_impl(

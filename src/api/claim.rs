@@ -27,7 +27,7 @@ fn claim_target_impl(name: &str) -> TideResult<i64> {
         pgrx::Spi::connect_mut(|c| catalog::pipelines::lock_pipeline(c, name))
     })?
     .ok_or_else(|| TideError::undefined(format!("pipeline \"{}\" does not exist", shown(name))))?;
-    if p.target != TargetKind::Postgres {
+    if !crate::sink::kind(p.target).remote {
         return Err(TideError::wrong_object(format!(
             "pipeline \"{}\" writes a {} target, which has no owner to claim",
             shown(name),

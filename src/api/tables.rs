@@ -310,18 +310,18 @@ pub(super) fn add_table_impl(
     if truncate_target {
         check_truncate_target(pipeline, &s.qualified, target_kind, existing, backfill)?;
     }
-    let (target_schema, target_name, held_rows) = target_of_table(
-        pipeline,
-        target_kind,
-        &options,
+    let wanted = targets::Wanted {
+        options: &options,
         relid,
-        &s,
+        source_qualified: &s.qualified,
+        key: &s.key_columns,
         target_table,
-        &owner,
-        truncate_target,
-        listed.as_ref().map(|(_, names)| names.as_slice()),
-        masked.as_ref(),
-    )?;
+        owner: &owner,
+        truncate: truncate_target,
+        only: listed.as_ref().map(|(_, names)| names.as_slice()),
+        masked: masked.as_ref(),
+    };
+    let (target_schema, target_name, held_rows) = target_of_table(pipeline, target_kind, &wanted)?;
     let t = catalog::tables::NewTable {
         pipeline,
         relid,
@@ -645,14 +645,10 @@ fn check_truncate_target(
     existing: Option<bool>,
     backfill: bool,
 ) -> TideResult<()> {
-    if matches!(target_kind, TargetKind::Kafka | TargetKind::Outbox) {
+    if let Some(t) = &crate::sink::kind(target_kind).tableless {
         return Err(TideError::invalid(format!(
             "pipeline \"{pipeline}\" writes to {}, which has no target table to truncate",
-            if target_kind == TargetKind::Kafka {
-                "Kafka topics"
-            } else {
-                "the outbox"
-            }
+            t.writes_to
         ))
         .hint("truncate_target is for table and postgres pipelines; omit it."));
     }
@@ -676,50 +672,26 @@ fn check_truncate_target(
 /// The target table of `relid` for a table or postgres pipeline (made or checked: see
 /// `targets::ensure_target`), as (schema, name, it held rows already); none for the outbox and
 /// Kafka, which take no `target_table`.
-#[allow(clippy::too_many_arguments)]
 fn target_of_table(
     pipeline: &str,
     target_kind: TargetKind,
-    options: &serde_json::Value,
-    relid: pg_sys::Oid,
-    s: &SourceInfo,
-    target_table: Option<&str>,
-    owner: &str,
-    truncate_target: bool,
-    columns: Option<&[String]>,
-    masked: Option<&super::masks::Checked>,
+    w: &targets::Wanted<'_>,
 ) -> TideResult<(Option<String>, Option<String>, bool)> {
-    let (schema, name, held_rows) = if target_kind == TargetKind::Kafka {
-        if target_table.is_some() {
+    let kind = crate::sink::kind(target_kind);
+    let (schema, name, held_rows) = if let Some(t) = &kind.tableless {
+        if w.target_table.is_some() {
+            let (refused, hint) = t.target_table;
             return Err(TideError::invalid(format!(
-                "pipeline \"{pipeline}\" writes to Kafka topics, which are named by its options, not by target_table"
+                "pipeline \"{pipeline}\" writes to {}{refused}",
+                t.writes_to
             ))
-            .hint("Omit target_table for kafka pipelines; the pipeline's topic option names each table's topic."));
-        }
-        (None, None, false)
-    } else if target_kind == TargetKind::Outbox {
-        if target_table.is_some() {
-            return Err(TideError::invalid(format!(
-                "pipeline \"{pipeline}\" writes to the outbox, which has no target tables"
-            ))
-            .hint("Omit target_table for outbox pipelines."));
+            .hint(hint));
         }
         (None, None, false)
     } else {
-        let t = targets::ensure_target(
-            target_kind.as_str(),
-            options,
-            relid,
-            &s.qualified,
-            &s.key_columns,
-            target_table,
-            owner,
-            truncate_target,
-            columns,
-            masked,
-        )?;
+        let t = targets::ensure_target(kind, w)?;
         let (s_, n_) = (t.schema, t.name);
-        if target_kind == TargetKind::Table {
+        if kind.local_tables {
             // The other direction of the loop: the target must not be a table this pipeline
             // captures.
             if let Some(c) = catalog::tables::captured_named(pipeline, &s_, &n_)? {

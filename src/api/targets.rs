@@ -156,24 +156,43 @@ fn transaction_remote(access: crate::sink::remote::RemoteAccess) -> std::rc::Rc<
     })
 }
 
-/// Make sure the target table of a captured table exists and fits; returns where it is and
-/// whether it holds rows. `options` are the pipeline's (validated) options.
-#[allow(clippy::too_many_arguments)]
-pub fn ensure_target(
-    target: &str,
-    options: &serde_json::Value,
-    relid: pg_sys::Oid,
-    source_qualified: &str,
-    key: &[String],
-    target_table: Option<&str>,
-    owner: &str,
-    truncate: bool,
-    only: Option<&[String]>,
-    masked: Option<&super::masks::Checked>,
-) -> TideResult<EnsuredTarget> {
+/// What `tide.add_table` asks of a captured table's target table.
+pub struct Wanted<'a> {
+    /// The pipeline's (validated) options.
+    pub options: &'a serde_json::Value,
+    /// The source table, its name as events show it, its key.
+    pub relid: pg_sys::Oid,
+    pub source_qualified: &'a str,
+    pub key: &'a [String],
+    /// `target_table`, if given.
+    pub target_table: Option<&'a str>,
+    /// The pipeline's owner.
+    pub owner: &'a str,
+    /// `truncate_target`.
+    pub truncate: bool,
+    /// The column list, if any: the target has those columns only.
+    pub only: Option<&'a [String]>,
+    /// The column masks, if any.
+    pub masked: Option<&'a super::masks::Checked>,
+}
+
+/// Make sure the target table of a captured table exists and fits, for a pipeline whose target
+/// is of kind `kind` (one that writes tables); returns where it is and whether it holds rows.
+pub fn ensure_target(kind: &crate::sink::Kind, w: &Wanted<'_>) -> TideResult<EnsuredTarget> {
+    let Wanted {
+        options,
+        relid,
+        source_qualified,
+        key,
+        target_table,
+        owner,
+        truncate,
+        only,
+        masked,
+    } = *w;
     let (schema, name) = target_name(options, relid, target_table)?;
     let qualified = format!("{}.{}", quote(&schema), quote(&name));
-    if target == "table" && crate::sink::options::reserved_schema(&schema) {
+    if kind.local_tables && crate::sink::options::reserved_schema(&schema) {
         return Err(TideError::invalid(format!(
             "{qualified} is in schema \"{schema}\", which pg_tide does not write to"
         ))
@@ -197,16 +216,15 @@ pub fn ensure_target(
             c
         })
         .collect();
-    let remote = match target {
-        "postgres" => {
-            let server = options
-                .get("server")
-                .and_then(|v| v.as_str())
-                .unwrap_or_default();
-            // The owner's user mapping, the one the worker will use, and its rules.
-            Some(transaction_remote(remote_access(server, owner)?))
-        }
-        _ => None,
+    let remote = if kind.remote {
+        let server = options
+            .get("server")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default();
+        // The owner's user mapping, the one the worker will use, and its rules.
+        Some(transaction_remote(remote_access(server, owner)?))
+    } else {
+        None
     };
     if remote.is_none() {
         let same = sql::one::<bool>(

@@ -46,21 +46,25 @@
 
 pub mod client;
 pub mod schema;
+pub mod server;
+
+pub use server::{check_server_usage, kafka_server_options, WRAPPER};
 
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
-use crate::sink::options::{check_property, KafkaOptions, Options, Place};
-use crate::sink::{CommitPoint, Event, Row, RowForm, SchemaEvent, Target};
-use crate::sql;
+use crate::sink::options::{KafkaOptions, Options};
+use crate::sink::{Change, CommitPoint, Event, Kind, Row, RowForm, SchemaEvent, Tableless, Target};
 use client::{ClientSettings, KafkaFailure, KafkaSink, Msg, Work};
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::spi::SpiClient;
 use std::collections::HashMap;
 use std::time::Duration;
+use tide_core::applied::KnownApplied;
+use tide_core::change::At;
 use tide_core::connect;
 use tide_core::kafka::{self as fmt, EnvelopeEvent, SourceInfo, TxnCounter};
 use tide_core::lsn::Lsn;
-use tide_core::model::{Op, RelDesc, Txn};
+use tide_core::model::{ChunkWrite, Op, RelDesc};
 
 /// Messages a batch holds before they are handed to the producer ahead of the commit.
 pub const SHIP_MESSAGES: usize = 10_000;
@@ -79,6 +83,24 @@ pub const DEFAULT_DELIVERY_TIMEOUT_MS: u64 = 30_000;
 /// (`transaction.max.timeout.ms`) is 15 minutes; a batch is one worker iteration, so a source
 /// transaction whose messages take longer than this to produce never commits (README).
 pub const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 900_000;
+
+/// Kafka topics, as the SQL API and the worker tell kinds of target apart.
+pub const KIND: Kind = Kind {
+    alterable: &["producer", "tombstones"],
+    tableless: Some(Tableless {
+        writes_to: "Kafka topics",
+        target_table: (
+            ", which are named by its options, not by target_table",
+            "Omit target_table for kafka pipelines; the pipeline's topic option names each table's topic.",
+        ),
+        verify_hint: "tide.verify compares table targets ('table' or 'postgres'). For Kafka, replay the topics onto a copy and compare that (README, Kafka target).",
+    }),
+    local_tables: false,
+    remote: false,
+    outside: true,
+    consumers: false,
+    resync_marks: true,
+};
 
 /// The options of a kafka pipeline with their defaults applied.
 #[derive(Debug, Clone)]
@@ -257,6 +279,19 @@ struct Open {
     counter: TxnCounter,
 }
 
+/// What a JSON message says besides its place, its table and its op: the fields of
+/// Debezium's envelope ([`EnvelopeEvent`]) an event, a schema change or a resync mark fills.
+#[derive(Default)]
+struct Says<'a> {
+    key: Option<&'a str>,
+    before: Option<&'a str>,
+    row: Option<&'a str>,
+    unchanged: &'a [String],
+    backfill: Option<(i64, i64)>,
+    schema_change: Option<&'a str>,
+    resync: Option<&'a str>,
+}
+
 /// A kafka pipeline's target.
 pub struct KafkaTarget {
     r: Resolved,
@@ -269,8 +304,8 @@ pub struct KafkaTarget {
     /// Messages handed to the sink thread in this batch.
     shipped: bool,
     open: Option<Open>,
-    /// The broker's position, once read (`Some(None)`: no record).
-    applied: Option<Option<Lsn>>,
+    /// The broker's position, once read.
+    applied: KnownApplied,
     /// Topic, schema and table of each relation (by OID).
     names: HashMap<u32, (String, String, String)>,
     /// The Connect shapes of the tables (`value_format` `debezium-schema`).
@@ -328,7 +363,7 @@ pub fn for_pipeline(p: &PipelineRow) -> TideResult<Box<dyn Target>> {
         buf_bytes: 0,
         shipped: false,
         open: None,
-        applied: None,
+        applied: KnownApplied::default(),
         names: HashMap::new(),
         shapes: schema::Shapes::default(),
         delivery_timeout,
@@ -401,7 +436,7 @@ impl KafkaTarget {
     }
 
     /// The transaction metadata of `t`: END of the open one when `t` is another, BEGIN of `t`.
-    fn enter(&mut self, t: &Txn) {
+    fn enter(&mut self, t: At) {
         if self
             .open
             .as_ref()
@@ -450,7 +485,7 @@ impl KafkaTarget {
 
     /// Enter `t` and count one message of the table: (topic, schema, table,
     /// data_collection_order).
-    fn start(&mut self, t: &Txn, relid: u32, relation: &str) -> (String, String, String, u64) {
+    fn start(&mut self, t: At, relid: u32, relation: &str) -> (String, String, String, u64) {
         self.enter(t);
         let (topic, schema, table) = self.names(relid, relation);
         let collection = format!("{schema}.{table}");
@@ -461,45 +496,39 @@ impl KafkaTarget {
         (topic, schema, table, order)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// A JSON message (Debezium's envelope) of `op` on table `relid` (`relation`) at `t`.
     fn message(
         &mut self,
-        t: &Txn,
-        relid: u32,
-        relation: &str,
+        t: At,
+        (relid, relation): (u32, &str),
         op: Op,
-        (key, before): (Option<&str>, Option<&str>),
-        row: Option<&str>,
-        unchanged: &[String],
-        backfill: Option<(i64, i64)>,
-        schema_change: Option<&str>,
-        resync: Option<&str>,
+        says: Says<'_>,
     ) -> TideResult<()> {
         let (topic, schema, table, order) = self.start(t, relid, relation);
-        let mut value = String::with_capacity(256 + row.map_or(0, str::len));
+        let mut value = String::with_capacity(256 + says.row.map_or(0, str::len));
         fmt::envelope(
             &self.source,
             &EnvelopeEvent {
                 op,
-                key,
-                before,
-                row,
-                unchanged,
+                key: says.key,
+                before: says.before,
+                row: says.row,
+                unchanged: says.unchanged,
                 schema: &schema,
                 table: &table,
                 xid: t.xid,
                 commit_lsn: t.lsn,
                 position: t.position,
                 commit_time: t.commit_time,
-                backfill,
+                backfill: says.backfill,
                 data_collection_order: order,
                 now_us: now_us(),
-                schema_change,
-                resync,
+                schema_change: says.schema_change,
+                resync: says.resync,
             },
             &mut value,
         );
-        self.send(topic, t, op, key.map(str::to_string), value)
+        self.send(topic, t, op, says.key.map(str::to_string), value)
     }
 
     /// Queue a data message (and the tombstone after a delete); `key` is dropped for a message
@@ -507,7 +536,7 @@ impl KafkaTarget {
     fn send(
         &mut self,
         topic: String,
-        t: &Txn,
+        t: At,
         op: Op,
         key: Option<String>,
         value: String,
@@ -558,7 +587,7 @@ impl KafkaTarget {
     /// text, [`RowForm::Text`]), its key with its schema when `key_format` is `json-schema`.
     fn connect_message(
         &mut self,
-        t: &Txn,
+        t: At,
         ev: &Event,
         schema_change: Option<&str>,
     ) -> TideResult<()> {
@@ -685,18 +714,75 @@ impl Target for KafkaTarget {
 
     /// The position the target keeps in its position topic (read once, then kept).
     fn begin(&mut self, _c: &mut SpiClient<'_>, _p: &PipelineRow) -> TideResult<Option<Lsn>> {
-        if let Some(a) = self.applied {
-            return Ok(a);
-        }
-        let a = self
-            .sink
-            .call(Work::ReadPosition, READ_TIMEOUT, false)
-            .map_err(kafka_err)?;
-        self.applied = Some(a);
-        Ok(a)
+        let sink = &mut self.sink;
+        self.applied.read_once(|| {
+            sink.call(Work::ReadPosition, READ_TIMEOUT, false)
+                .map_err(kafka_err)
+        })
     }
 
-    fn relation(&mut self, _c: &mut SpiClient<'_>, relid: u32, rel: &RelDesc) -> TideResult<()> {
+    /// A change: a message per event (truncates one after the other), on every partition of
+    /// the table's topic for a schema change or a resync.
+    fn apply(
+        &mut self,
+        _c: &mut SpiClient<'_>,
+        at: At,
+        change: Change<'_>,
+    ) -> TideResult<Option<ChunkWrite>> {
+        match change {
+            Change::Relation { relid, rel } => self.relation(relid, rel)?,
+            Change::Row(ev) => self.push(at, ev)?,
+            Change::Truncate { events, .. } => {
+                for (i, ev) in events.into_iter().enumerate() {
+                    self.push(at.after(i), ev)?;
+                }
+            }
+            Change::Schema(ev) => self.schema(at, ev)?,
+            Change::Resync(marks) => self.resync(at, marks)?,
+            Change::Chunk(b) => return Err(crate::sink::refused_batch(&b)),
+        }
+        Ok(None)
+    }
+
+    /// Produce the batch, then record the position: in the batch's Kafka transaction and commit
+    /// it (exactly-once), or after every acknowledgement (at-least-once).
+    fn commit(
+        &mut self,
+        _c: &mut SpiClient<'_>,
+        _pipeline: &str,
+        applied: Option<Lsn>,
+        at: CommitPoint,
+    ) -> TideResult<()> {
+        if at != CommitPoint::End {
+            // Acknowledged and recorded once per iteration, at its end.
+            return Ok(());
+        }
+        self.close();
+        if self.buf.is_empty() && !self.shipped && applied.is_none() {
+            return Ok(());
+        }
+        self.ship()?;
+        self.shipped = false;
+        let wait = self.delivery_timeout * 2 + Duration::from_secs(10);
+        let sent = self.sink.call(Work::Commit(applied), wait, true);
+        self.applied.committed(applied, sent).map_err(kafka_err)?;
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        self.buf.clear();
+        self.buf_bytes = 0;
+        self.open = None;
+        self.applied.forget();
+        self.shipped = false;
+        // Whatever the producer still holds of the failed batch is purged with it.
+        let _ = self.sink.call(Work::Discard, Duration::from_secs(5), false);
+    }
+}
+
+impl KafkaTarget {
+    /// A relation's (new) description.
+    fn relation(&mut self, relid: u32, rel: &RelDesc) -> TideResult<()> {
         // A renamed table keeps its topic until the worker restarts; a new description of the
         // same name changes nothing.
         if !self.names.contains_key(&relid) {
@@ -720,7 +806,8 @@ impl Target for KafkaTarget {
         Ok(())
     }
 
-    fn push(&mut self, _c: &mut SpiClient<'_>, t: &Txn, ev: Event) -> TideResult<()> {
+    /// One event: a message of the table's topic.
+    fn push(&mut self, t: At, ev: Event) -> TideResult<()> {
         if self.r.value_schema {
             return self.connect_message(t, &ev, None);
         }
@@ -734,23 +821,20 @@ impl Target for KafkaTarget {
             }
         };
         let (key, before) = keyless_key(&ev);
-        self.message(
-            t,
-            ev.relid,
-            &ev.relation,
-            ev.op,
-            (key, before),
+        let says = Says {
+            key,
+            before,
             row,
-            &ev.unchanged,
-            ev.backfill,
-            None,
-            None,
-        )
+            unchanged: &ev.unchanged,
+            backfill: ev.backfill,
+            ..Says::default()
+        };
+        self.message(t, (ev.relid, &ev.relation), ev.op, says)
     }
 
     /// A schema event: op `schema`, the change as the outbox's schema event has it
     /// (`schema_change`), on every partition of the table's topic.
-    fn schema(&mut self, _c: &mut SpiClient<'_>, t: &Txn, ev: SchemaEvent) -> TideResult<()> {
+    fn schema(&mut self, t: At, ev: SchemaEvent) -> TideResult<()> {
         let mut change: serde_json::Value = serde_json::from_str(&ev.payload).map_err(|e| {
             TideError::internal(format!("a schema marker's payload is not JSON: {e}"))
         })?;
@@ -778,218 +862,24 @@ impl Target for KafkaTarget {
             let bare = Event::bare(ev.relid, ev.relation.clone(), Op::Schema, None);
             return self.connect_message(t, &bare, Some(&change));
         }
-        self.message(
-            t,
-            ev.relid,
-            &ev.relation,
-            Op::Schema,
-            (None, None),
-            None,
-            &[],
-            None,
-            Some(&change),
-            None,
-        )
+        let says = Says {
+            schema_change: Some(&change),
+            ..Says::default()
+        };
+        self.message(t, (ev.relid, &ev.relation), Op::Schema, says)
     }
 
     /// A resync's events: op `resync`, the phase in `resync`, on every partition of each
     /// table's topic (at its place in each: a start before the partition's re-read rows, an end
-    /// after them), as the pseudo transaction `t`.
-    fn resync(
-        &mut self,
-        _c: &mut SpiClient<'_>,
-        t: &mut Txn,
-        marks: &[crate::sink::ResyncMark],
-    ) -> TideResult<()> {
-        for m in marks {
-            t.position += 1;
-            self.message(
-                t,
-                m.relid,
-                &m.relation,
-                Op::Resync,
-                (None, None),
-                None,
-                &[],
-                None,
-                None,
-                Some(&m.payload),
-            )?;
+    /// after them), as the pseudo transaction `at`.
+    fn resync(&mut self, at: At, marks: &[crate::sink::ResyncMark]) -> TideResult<()> {
+        for (i, m) in marks.iter().enumerate() {
+            let says = Says {
+                resync: Some(&m.payload),
+                ..Says::default()
+            };
+            self.message(at.after(i), (m.relid, &m.relation), Op::Resync, says)?;
         }
         Ok(())
     }
-
-    /// Produce the batch, then record the position: in the batch's Kafka transaction and commit
-    /// it (exactly-once), or after every acknowledgement (at-least-once).
-    fn commit(
-        &mut self,
-        _c: &mut SpiClient<'_>,
-        _pipeline: &str,
-        applied: Option<Lsn>,
-        at: CommitPoint,
-    ) -> TideResult<()> {
-        if at == CommitPoint::Early {
-            // Acknowledged and recorded once per iteration, at its end.
-            return Ok(());
-        }
-        self.close();
-        if self.buf.is_empty() && !self.shipped && applied.is_none() {
-            return Ok(());
-        }
-        self.ship()?;
-        self.shipped = false;
-        let wait = self.delivery_timeout * 2 + Duration::from_secs(10);
-        match self.sink.call(Work::Commit(applied), wait, true) {
-            Ok(_) => {
-                if let Some(a) = applied {
-                    self.applied = Some(Some(a));
-                }
-                Ok(())
-            }
-            Err(e) => {
-                self.applied = None;
-                Err(kafka_err(e))
-            }
-        }
-    }
-
-    fn reset(&mut self) {
-        self.buf.clear();
-        self.buf_bytes = 0;
-        self.open = None;
-        self.applied = None;
-        self.shipped = false;
-        // Whatever the producer still holds of the failed batch is purged with it.
-        let _ = self.sink.call(Work::Discard, Duration::from_secs(5), false);
-    }
-}
-
-/// The foreign-data wrapper of kafka targets.
-pub const WRAPPER: &str = "tide_kafka";
-
-/// The options of `server` and then of the user mapping of `role` (or PUBLIC), as (name,
-/// value); read as pg_tide (user mappings' options are hidden from other roles). Each is checked
-/// against the allow-list as the validator checks it (so an option written before a rule
-/// existed is refused here too), and a property that names a file, a program or a library is
-/// taken from the server only if the server's owner is a superuser now, and from the user
-/// mapping always (the validator lets only a superuser write it there). The catalog does not
-/// record who wrote a server's option; its owner is who may change them, so after ALTER SERVER
-/// ... OWNER TO a non-superuser such a property is refused here (42501), as it is for a server
-/// a dump restored with a non-superuser owner.
-pub fn kafka_server_options(server: &str, role: &str) -> TideResult<Vec<(String, String)>> {
-    let (rows, owner) = crate::security::as_tide(|| {
-        let rows = sql::text_rows(
-            "SELECT o.n::text, o.k, o.v FROM (
-                 SELECT 1 AS n, split_part(x, '=', 1) AS k, substr(x, length(split_part(x, '=', 1)) + 2) AS v
-                   FROM pg_foreign_server s, unnest(s.srvoptions) x WHERE s.srvname = $1
-                 UNION ALL
-                 SELECT 2, split_part(x, '=', 1), substr(x, length(split_part(x, '=', 1)) + 2)
-                   FROM pg_user_mappings m, unnest(m.umoptions) x
-                  WHERE m.srvname = $1 AND m.umid = (
-                        SELECT m2.umid FROM pg_user_mappings m2
-                         WHERE m2.srvname = $1 AND (m2.usename = $2 OR m2.usename = 'public')
-                         ORDER BY m2.usename = 'public' LIMIT 1)
-             ) o ORDER BY o.n",
-            &[Some(server), Some(role)],
-            0,
-            false,
-        )?;
-        let owner = sql::text_rows(
-            "SELECT r.rolname::text, r.rolsuper::text FROM pg_foreign_server s
-               JOIN pg_roles r ON r.oid = s.srvowner WHERE s.srvname = $1",
-            &[Some(server)],
-            1,
-            false,
-        )?;
-        Ok((rows, owner))
-    })?;
-    let (owner, owner_super) = owner
-        .into_iter()
-        .next()
-        .map(|r| {
-            let mut r = r.into_iter();
-            (
-                r.next().flatten().unwrap_or_default(),
-                r.next().flatten().as_deref() == Some("true"),
-            )
-        })
-        .unwrap_or_default();
-    let q = pgrx::spi::quote_identifier;
-    let mut out = Vec::new();
-    for r in rows {
-        let mut r = r.into_iter();
-        let (Some(n), Some(k)) = (r.next().flatten(), r.next().flatten()) else {
-            continue;
-        };
-        let v = r.next().flatten().unwrap_or_default();
-        let from_server = n == "1";
-        if from_server && k == "brokers" {
-            out.push((k, v));
-            continue;
-        }
-        let property = tide_core::kafka::property_name(&k);
-        if from_server && !owner_super {
-            if let tide_core::kafka::Access::Superuser(what) =
-                tide_core::kafka::access(&property, &v)
-            {
-                return Err(TideError::privilege(format!(
-                    "foreign server \"{server}\" sets the Kafka setting \"{property}\", which is superuser-only ({what}), but its owner \"{owner}\" is not a superuser"
-                ))
-                .hint(format!(
-                    "Only a server a superuser owns may name files, programs and libraries (its owner may change its options). Give it back to a superuser (ALTER SERVER {} OWNER TO <superuser>), or have a superuser move the setting to the user mapping.",
-                    q(server)
-                )));
-            }
-        }
-        let (place, whose) = if from_server {
-            (Place::Server, format!("foreign server \"{server}\""))
-        } else {
-            (
-                Place::UserMapping,
-                format!("the user mapping of server \"{server}\" that role \"{role}\" uses"),
-            )
-        };
-        check_property(&property, &v, place, true)
-            .map_err(|e| e.detail(format!("The setting is in the options of {whose}.")))?;
-        out.push((k, v));
-    }
-    Ok(out)
-}
-
-/// The server exists, is a `tide_kafka` server, and `owner` may use it (42704, 22023, 42501).
-pub fn check_server_usage(server: &str, owner: &str) -> TideResult<()> {
-    let fdw = sql::one::<String>(
-        "SELECT w.fdwname::text FROM pg_foreign_server s JOIN pg_foreign_data_wrapper w ON w.oid = s.srvfdw WHERE s.srvname = $1",
-        &[server.into()],
-    )?;
-    let q = pgrx::spi::quote_identifier;
-    match fdw.as_deref() {
-        None => {
-            return Err(TideError::undefined(format!("foreign server \"{server}\" does not exist"))
-                .hint(format!("CREATE SERVER {} FOREIGN DATA WRAPPER tide_kafka OPTIONS (brokers 'host:9092'); GRANT USAGE ON FOREIGN SERVER {} TO {};", q(server), q(server), q(owner))))
-        }
-        Some(WRAPPER) => {}
-        Some(other) => {
-            return Err(TideError::invalid(format!(
-                "foreign server \"{server}\" uses the wrapper {other}, not {WRAPPER}"
-            ))
-            .hint("A kafka pipeline reads its brokers and settings from a tide_kafka server and the owner's user mapping."))
-        }
-    }
-    let usage = sql::one::<bool>(
-        "SELECT has_server_privilege($1::text::name, $2, 'USAGE')",
-        &[owner.into(), server.into()],
-    )?
-    .unwrap_or(false);
-    if !usage {
-        return Err(TideError::privilege(format!(
-            "role \"{owner}\" may not use foreign server \"{server}\""
-        ))
-        .hint(format!(
-            "GRANT USAGE ON FOREIGN SERVER {} TO {};",
-            q(server),
-            q(owner)
-        )));
-    }
-    Ok(())
 }

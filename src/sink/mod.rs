@@ -7,9 +7,14 @@
 //! - [`kafka`]: messages in Kafka topics (Debezium's envelope), produced by the [`kafka`] sink
 //!   thread and acknowledged by the broker before the slot moves.
 //!
-//! Each is a [`Target`]; the worker holds a `Box<dyn Target>` and knows no target's type.
-//! [`options`] types each kind's options; [`wait`] is how the worker waits for a sink thread. Targets depend on `tide_core::model` (the stream
-//! model) and never on the worker.
+//! Each is a [`Target`] of five methods, taking every change through one entry point
+//! ([`Target::apply`] of a [`Change`], `tide_core::change`'s vocabulary); a target in another
+//! PostgreSQL is also a [`RemoteTarget`] (swept, streamed, leased), found with [`as_remote`].
+//! The worker holds a `Box<dyn Target>` and knows no target's type; what the SQL API and the
+//! worker must know of a kind of target before there is one is its module's [`Kind`]
+//! ([`kind`]): no code outside `sink` tells kinds apart. [`options`] types each kind's options;
+//! [`wait`] is how the worker waits for a sink thread. Targets depend on `tide_core::model` and
+//! `tide_core::change` (the stream model) and never on the worker.
 //!
 //! Every target stores the applied position in the same transaction as the data, so a replay
 //! after a crash is skipped (exactly once in effect), and receives whole source transactions
@@ -25,79 +30,15 @@ pub mod wait;
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::TideResult;
 use pgrx::spi::SpiClient;
+use tide_core::change::At;
 use tide_core::lsn::Lsn;
-use tide_core::model::{Op, RelDesc, TargetKind, Txn};
+use tide_core::model::{ChunkWrite, TargetKind};
 
+pub use tide_core::change::{Event, ResyncMark, SchemaEvent};
 pub use tide_core::row::{KeyValues, Row, RowForm};
 
-/// One change, rendered, on its way to a target.
-pub struct Event {
-    pub relid: u32,
-    /// Source relation, schema-qualified and quoted where needed.
-    pub relation: String,
-    /// What the event does to its row.
-    pub op: Op,
-    /// JSON object of the key columns (every target: the outbox writes it, table targets group
-    /// statements by it).
-    pub key: Option<String>,
-    /// The row, in the form the target asked for ([`Target::row_form`]): a per-row form
-    /// (`Json`, `Jsonb`, `Text`), `Key` for a delete to a target that takes text, `None` for a
-    /// truncate or a JSON delete. Never `Value` or `Copy` (those reach a target as a [`Batch`]).
-    pub row: Row,
-    /// Columns not sent (unchanged TOAST): leave them as they are.
-    pub unchanged: Vec<String>,
-    /// Names of the columns present in `row`, in order.
-    pub columns: Vec<String>,
-    /// The old row of an update or a delete of a table captured without a key (`REPLICA
-    /// IDENTITY FULL`), every column: for a target that takes text `Row::Key` (each column's
-    /// name and text, in column order; a table target matches the row to change by it), for one
-    /// that takes JSON `Row::Json` (the same JSON as `key`, where the outbox takes it; the kafka
-    /// target writes it as `before` and sends the message without a key). `Row::None` for
-    /// every other event (see `worker::apply`).
-    pub old: Row,
-    /// (backfill id, chunk) of a `read` event.
-    pub backfill: Option<(i64, i64)>,
-    /// A truncate that emptied one partition of a partitioned table only: the partition's
-    /// constraint (an SQL boolean expression on the table's columns), true for exactly the rows
-    /// removed. `row` then says the same as JSON for the outbox.
-    pub only_where: Option<String>,
-}
-
-impl Event {
-    /// An event of `op` on `relation` with no row and no columns (a delete by key, a truncate, a
-    /// schema event's row set after).
-    pub fn bare(relid: u32, relation: String, op: Op, key: Option<String>) -> Event {
-        Event {
-            relid,
-            relation,
-            op,
-            key,
-            row: Row::None,
-            unchanged: Vec::new(),
-            columns: Vec::new(),
-            old: Row::None,
-            backfill: None,
-            only_where: None,
-        }
-    }
-}
-
-/// A schema change of a captured table, at the position of the `ALTER TABLE` that made it (a
-/// `schema` marker; see `worker::apply`).
-pub struct SchemaEvent {
-    pub relid: u32,
-    /// Source relation, as in [`Event::relation`].
-    pub relation: String,
-    /// The marker's payload (JSON), as `tide._schema_change` wrote it.
-    pub payload: String,
-    /// The payload, parsed.
-    pub change: tide_core::model::SchemaChange,
-    /// The same transaction rewrote the table (its rows are read again after it).
-    pub rewrite: bool,
-    /// The table was dropped: its changes end here (`change` is empty; `payload` says
-    /// `"table_dropped": true`). A table target keeps its copy as it is.
-    pub dropped: bool,
-}
+/// One change for a target (`tide_core::change::Change`), a chunk's rows as a [`Batch`].
+pub type Change<'a> = tide_core::change::Change<'a, Batch<'a>>;
 
 /// The surviving rows of a backfill chunk as row values of the source table's row type
 /// ([`RowForm::RowValues`]), in the chunk's key order.
@@ -166,7 +107,7 @@ pub struct CopyBatch<'a> {
     pub upper: &'a [String],
 }
 
-/// A backfill chunk's surviving rows in a batch form, for [`Target::write_chunk`].
+/// A backfill chunk's surviving rows in a batch form ([`Change::Chunk`]).
 pub enum Batch<'a> {
     /// [`RowForm::RowValues`].
     Values(RowBatch<'a>),
@@ -184,6 +125,14 @@ impl Batch<'_> {
     }
 }
 
+/// A target's refusal of a chunk's rows in a batch form it did not ask for.
+pub(crate) fn refused_batch(b: &Batch<'_>) -> crate::error::TideError {
+    crate::error::TideError::internal(format!(
+        "this target cannot take a chunk's rows as {:?}",
+        b.form()
+    ))
+}
+
 /// Where a target's commit falls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CommitPoint {
@@ -194,16 +143,20 @@ pub enum CommitPoint {
     /// commits what is buffered there, in a transaction of its own, with the applied position,
     /// so a later failure replays only what follows; every other target does nothing.
     Early,
+    /// The end of a block of a streamed transaction written while it runs
+    /// ([`RemoteTarget::open_stream`]): send what is buffered into the open transaction without
+    /// committing it.
+    Open,
 }
 
 /// A pipeline's target, kept by the worker across iterations (table targets cache the target
-/// tables' shapes). The worker calls, per iteration: [`Target::begin`], then for each decoded
-/// message [`Target::relation`], [`Target::push`] or [`Target::schema`] (whole source
-/// transactions only), [`Target::write_chunk`] for a chunk's rows in a batch form,
-/// [`Target::commit`] at an early point where a chunk's rows follow stream events and at the
-/// end, inside the worker's transaction; [`Target::reset`] after a failed iteration.
-/// [`Target::row_form`] whenever it renders rows.
-pub trait Target {
+/// tables' shapes). The worker calls, per iteration: [`Target::begin`], then [`Target::apply`]
+/// for each change in stream order (whole source transactions only), [`Target::commit`] at an
+/// early point where a chunk's rows follow stream events and at the end, inside the worker's
+/// transaction; [`Target::reset`] after a failed iteration. [`Target::row_form`] whenever it
+/// renders rows. A target in another PostgreSQL has more to do ([`RemoteTarget`], found with
+/// [`as_remote`]).
+pub trait Target: std::any::Any {
     /// How this target wants rows of table `relid`: of stream events (`chunk` is `None`: a
     /// per-row form), or of a backfill chunk with `chunk`'s columns (name, `format_type`; any
     /// form: a batch form only where the target table has each column with the same type).
@@ -217,59 +170,22 @@ pub trait Target {
     /// skipped.
     fn begin(&mut self, c: &mut SpiClient<'_>, p: &PipelineRow) -> TideResult<Option<Lsn>>;
 
-    /// A relation's (new) description arrived in the stream: table targets check the target
-    /// table's shape and apply or refuse the schema change before the first event that needs
-    /// it.
-    fn relation(&mut self, _c: &mut SpiClient<'_>, _relid: u32, _rel: &RelDesc) -> TideResult<()> {
-        Ok(())
-    }
-
-    /// One event of the source transaction `t`, in stream order.
-    fn push(&mut self, c: &mut SpiClient<'_>, t: &Txn, ev: Event) -> TideResult<()>;
-
-    /// The truncate events of one source `TRUNCATE` statement (one per captured table it
-    /// emptied, in the statement's order; `restart_identity`: it said `RESTART IDENTITY`). The
-    /// outbox and Kafka take them as events, one after the other (the default); table targets
-    /// empty their target tables in one `TRUNCATE`, so a foreign key between two of them at
-    /// the target does not refuse it (see `table`). Each event takes the next position of `t`.
-    fn truncate(
+    /// One change, at its place `at` in its source transaction, in stream order (see
+    /// [`tide_core::change::Change`] for what each kind of change asks of a target). Returns how
+    /// a [`Change::Chunk`]'s rows were written (a target whose [`Target::row_form`] never asks
+    /// for a batch form refuses one); `None` for any other change.
+    fn apply(
         &mut self,
         c: &mut SpiClient<'_>,
-        t: &mut Txn,
-        events: Vec<Event>,
-        _restart_identity: bool,
-    ) -> TideResult<()> {
-        for ev in events {
-            t.position += 1;
-            self.push(c, t, ev)?;
-        }
-        Ok(())
-    }
-
-    /// A schema change of a captured table, at its position in the stream (between the events
-    /// of `t` before and after the `ALTER TABLE`): the outbox writes it as an event; table
-    /// targets apply it or pause (see `table`).
-    fn schema(&mut self, c: &mut SpiClient<'_>, t: &Txn, ev: SchemaEvent) -> TideResult<()>;
-
-    /// A backfill chunk's surviving rows in a batch form, in stream order (at the chunk's high
-    /// watermark), for a target whose [`Target::row_form`] asked for that form. Same effect as
-    /// pushing each row as a `read` event. Says how they were written.
-    fn write_chunk(
-        &mut self,
-        _c: &mut SpiClient<'_>,
-        _t: &Txn,
-        batch: Batch<'_>,
-    ) -> TideResult<tide_core::model::ChunkWrite> {
-        Err(crate::error::TideError::internal(format!(
-            "this target cannot take a chunk's rows as {:?}",
-            batch.form()
-        )))
-    }
+        at: At,
+        change: Change<'_>,
+    ) -> TideResult<Option<ChunkWrite>>;
 
     /// Write everything buffered and make it durable together with the applied position
     /// `applied` (end LSN of the last source transaction applied): at [`CommitPoint::End`],
     /// before the worker's transaction commits; at [`CommitPoint::Early`] only a target that
-    /// commits on its own does anything.
+    /// commits on its own does anything; at [`CommitPoint::Open`] a streamed transaction's
+    /// target sends what is buffered into its open transaction and commits nothing.
     fn commit(
         &mut self,
         c: &mut SpiClient<'_>,
@@ -278,76 +194,49 @@ pub trait Target {
         at: CommitPoint,
     ) -> TideResult<()>;
 
-    /// A resync's `resync` events (see `catalog::slots`), one per table, as one pseudo source
-    /// transaction `t` (xid 0): the start events before any event of the new slot, the end
-    /// events once every table was read again. Only the kafka target writes them here (the
-    /// outbox's are written by `catalog::slots` in SQL; table targets have no such events).
-    fn resync(
-        &mut self,
-        _c: &mut SpiClient<'_>,
-        _t: &mut Txn,
-        _marks: &[ResyncMark],
-    ) -> TideResult<()> {
-        Ok(())
-    }
+    /// Forget cached state after a failed iteration.
+    fn reset(&mut self);
+}
 
-    /// A resync's sweep at a target in another PostgreSQL: the key values (text, in
-    /// `key_columns` order) of every row the target table of `relid` holds whose key lies after
-    /// `lower` (exclusive; `None`: from the first) up to `upper` (inclusive; `None`: to the
-    /// last), compared at the target. `None`: this target is not swept so (a local table target
-    /// is swept in the chunk's own snapshot, see `worker::chunk`; an outbox or kafka target has
-    /// no rows to sweep).
+/// What only a target in another PostgreSQL (a `postgres` pipeline's table target) does
+/// besides a [`Target`]'s work: it is swept over its own connection, writes streamed
+/// transactions while they run, and is held by one server at a time with a lease (see
+/// `table::fence`).
+pub trait RemoteTarget {
+    /// A resync's sweep: the key values (text, in `key_columns` order) of every row the target
+    /// table of `relid` holds whose key lies after `lower` (exclusive; `None`: from the first)
+    /// up to `upper` (inclusive; `None`: to the last), compared at the target. (A local table
+    /// target is swept in the chunk's own snapshot, see `worker::backfill::chunk`; an outbox or kafka
+    /// target has no rows to sweep.)
     fn sweep_keys(
         &mut self,
-        _relid: u32,
-        _key_columns: &[String],
-        _lower: Option<&[String]>,
-        _upper: Option<&[String]>,
-    ) -> TideResult<Option<Vec<Vec<Option<String>>>>> {
-        Ok(None)
-    }
+        relid: u32,
+        key_columns: &[String],
+        lower: Option<&[String]>,
+        upper: Option<&[String]>,
+    ) -> TideResult<Vec<Vec<Option<String>>>>;
 
     /// A target of its own for one streamed transaction written while it runs
     /// (`worker::stream_apply`): the same tables, on a connection of its own, into a
-    /// transaction left open between blocks ([`Target::flush_open`]) and committed by
+    /// transaction left open between blocks ([`CommitPoint::Open`]) and committed by
     /// [`Target::commit`] with the applied position. It refuses (an error) any change that would
-    /// need DDL at the target. `None` (the default): this target applies streamed transactions
-    /// at their commit only.
-    fn open_stream(&mut self) -> TideResult<Option<Box<dyn Target>>> {
-        Ok(None)
-    }
+    /// need DDL at the target. (Every other target applies streamed transactions at their
+    /// commit only.)
+    fn open_stream(&mut self) -> TideResult<Box<dyn Target>>;
 
-    /// Send what is buffered into the target's open transaction, without committing it (a
-    /// streamed transaction's target, at the end of each block).
-    fn flush_open(&mut self, _c: &mut SpiClient<'_>) -> TideResult<()> {
-        Ok(())
-    }
+    /// While the pipeline is paused: keep this server's hold on the target (renew its lease).
+    fn keep_lease(&mut self, p: &PipelineRow) -> TideResult<()>;
 
-    /// Forget cached state after a failed iteration.
-    fn reset(&mut self) {}
-
-    /// While the pipeline is paused: keep this server's hold on the target (a remote table
-    /// target renews its lease, see `table::fence`). Nothing for the other targets.
-    fn keep_lease(&mut self, _p: &PipelineRow) -> TideResult<()> {
-        Ok(())
-    }
-
-    /// How often the worker must reach the target to keep its lease, whatever it is doing
-    /// (remote table target: a third of `tide.target_lease`); `None`: no lease.
-    fn renew_every(&self) -> Option<std::time::Duration> {
-        None
-    }
+    /// How often the worker must reach the target to keep its lease, whatever it is doing (a
+    /// third of `tide.target_lease`).
+    fn renew_every(&self) -> std::time::Duration;
 }
 
-/// One table's `resync` event (see [`Target::resync`]).
-#[derive(Clone, Debug)]
-pub struct ResyncMark {
-    pub relid: u32,
-    /// The source table, qualified and quoted, as events name it.
-    pub relation: String,
-    /// The event's content, a JSON object: `{"phase": "start", "reason", "slot_lost_at"}` or
-    /// `{"phase": "end", "complete"}`, as the outbox's `row`.
-    pub payload: String,
+/// The [`RemoteTarget`] side of `t`, if it is a target in another PostgreSQL.
+pub fn as_remote(t: &mut dyn Target) -> Option<&mut dyn RemoteTarget> {
+    let t: &mut dyn std::any::Any = t;
+    t.downcast_mut::<table::TableTarget<table::remote::Remote>>()
+        .map(|t| t as &mut dyn RemoteTarget)
 }
 
 /// The target of a pipeline.
@@ -356,5 +245,49 @@ pub fn for_pipeline(p: &PipelineRow) -> TideResult<Box<dyn Target>> {
         TargetKind::Outbox => Ok(Box::new(outbox::OutboxSink::new(&p.name))),
         TargetKind::Table | TargetKind::Postgres => table::for_pipeline(p),
         TargetKind::Kafka => kafka::for_pipeline(p),
+    }
+}
+
+/// What differs by kind of target before there is one (the SQL API's checks, how the worker
+/// opens its decoder), each kind's answered by its own module (its `KIND`).
+pub struct Kind {
+    /// The options `tide.alter_pipeline` may change.
+    pub alterable: &'static [&'static str],
+    /// `None`: the target writes tables (`target_table`, `truncate_target`, `tide.verify`, a
+    /// column mask's effect on a target table). Otherwise what it writes to instead.
+    pub tableless: Option<Tableless>,
+    /// Its tables live in this database: none of them may be a table its pipeline captures.
+    pub local_tables: bool,
+    /// It lives in another PostgreSQL ([`RemoteTarget`]): one server holds it
+    /// (`tide.claim_target`), `tide.verify` reaches it over a connection of its own, and
+    /// streamed transactions are written on connections of their own.
+    pub remote: bool,
+    /// It is outside the source database: its pipeline reads only WAL the standbys have.
+    pub outside: bool,
+    /// Consumers read it (`tide.create_consumer`).
+    pub consumers: bool,
+    /// A keyless table's copy reaches it between `resync` marks sent as [`Change::Resync`] (the
+    /// kafka target's resync messages) rather than as `resync` events.
+    pub resync_marks: bool,
+}
+
+/// How a target that writes no tables is named in the SQL API's refusals.
+pub struct Tableless {
+    /// What it writes to ("the outbox", "Kafka topics").
+    pub writes_to: &'static str,
+    /// `tide.add_table`'s refusal of a `target_table`: the rest of the message after "pipeline
+    /// \"p\" writes to {writes_to}", and the hint.
+    pub target_table: (&'static str, &'static str),
+    /// The hint of `tide.verify`'s refusal.
+    pub verify_hint: &'static str,
+}
+
+/// What the kind `k` of target is ([`Kind`]).
+pub fn kind(k: TargetKind) -> &'static Kind {
+    match k {
+        TargetKind::Outbox => &outbox::KIND,
+        TargetKind::Table => &table::KIND_LOCAL,
+        TargetKind::Postgres => &table::KIND_REMOTE,
+        TargetKind::Kafka => &kafka::KIND,
     }
 }

@@ -6,10 +6,31 @@ use crate::catalog::outbox::{self, Rows};
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::TideError;
 use crate::error::TideResult;
-use crate::sink::{CommitPoint, Event, Row, RowForm, SchemaEvent, Target};
+use crate::sink::{
+    refused_batch, Change, CommitPoint, Event, Kind, Row, RowForm, SchemaEvent, Tableless, Target,
+};
 use pgrx::spi::SpiClient;
+use tide_core::change::At;
 use tide_core::lsn::Lsn;
-use tide_core::model::Txn;
+use tide_core::model::ChunkWrite;
+
+/// The outbox, as the SQL API and the worker tell kinds of target apart.
+pub const KIND: Kind = Kind {
+    alterable: &[],
+    tableless: Some(Tableless {
+        writes_to: "the outbox",
+        target_table: (
+            ", which has no target tables",
+            "Omit target_table for outbox pipelines.",
+        ),
+        verify_hint: "tide.verify compares table targets ('table' or 'postgres'). For the outbox, replay it onto a copy and compare that.",
+    }),
+    local_tables: false,
+    remote: false,
+    outside: false,
+    consumers: true,
+    resync_marks: false,
+};
 
 /// Events per bulk insert.
 const FLUSH_ROWS: usize = 1000;
@@ -50,8 +71,50 @@ impl Target for OutboxSink {
         self.rows = Rows::default();
     }
 
+    /// Buffer events (flushes every [`FLUSH_ROWS`]): a row event; each truncate event of a
+    /// `TRUNCATE`, one after the other; a schema event (op `schema`, no key, the change in `row`:
+    /// the marker's payload and `"rewrite"`, whether the rows are read again after it; README
+    /// "Outbox format"). A resync's events are written by `catalog::slots` in SQL.
+    fn apply(
+        &mut self,
+        c: &mut SpiClient<'_>,
+        at: At,
+        change: Change<'_>,
+    ) -> TideResult<Option<ChunkWrite>> {
+        match change {
+            Change::Row(ev) => self.push(c, at, ev)?,
+            Change::Truncate { events, .. } => {
+                for (i, ev) in events.into_iter().enumerate() {
+                    self.push(c, at.after(i), ev)?;
+                }
+            }
+            Change::Schema(ev) => self.schema(c, at, ev)?,
+            Change::Relation { .. } | Change::Resync(_) => {}
+            Change::Chunk(b) => return Err(refused_batch(&b)),
+        }
+        Ok(None)
+    }
+
+    /// Write the buffered events (the worker's transaction commits them, with the pipeline
+    /// row's applied position).
+    fn commit(
+        &mut self,
+        c: &mut SpiClient<'_>,
+        _pipeline: &str,
+        _applied: Option<Lsn>,
+        at: CommitPoint,
+    ) -> TideResult<()> {
+        match at {
+            CommitPoint::End => self.flush(c),
+            // Written in the worker's transaction: nothing commits before it.
+            CommitPoint::Early | CommitPoint::Open => Ok(()),
+        }
+    }
+}
+
+impl OutboxSink {
     /// Buffer one event (flushes every [`FLUSH_ROWS`]).
-    fn push(&mut self, c: &mut SpiClient<'_>, t: &Txn, ev: Event) -> TideResult<()> {
+    fn push(&mut self, c: &mut SpiClient<'_>, t: At, ev: Event) -> TideResult<()> {
         let unchanged = (!ev.unchanged.is_empty()).then_some(ev.unchanged);
         let r = &mut self.rows;
         r.backfill.push(ev.backfill.map(|b| b.0));
@@ -85,7 +148,7 @@ impl Target for OutboxSink {
 
     /// A schema event: op `schema`, no key, the change in `row` (the marker's payload and
     /// `"rewrite"`: whether the rows are read again after it; README "Outbox format").
-    fn schema(&mut self, c: &mut SpiClient<'_>, t: &Txn, ev: SchemaEvent) -> TideResult<()> {
+    fn schema(&mut self, c: &mut SpiClient<'_>, t: At, ev: SchemaEvent) -> TideResult<()> {
         let mut row: serde_json::Value = serde_json::from_str(&ev.payload).map_err(|e| {
             TideError::internal(format!("a schema marker's payload is not JSON: {e}"))
         })?;
@@ -102,24 +165,6 @@ impl Target for OutboxSink {
         )
     }
 
-    /// Write the buffered events (the worker's transaction commits them, with the pipeline
-    /// row's applied position).
-    fn commit(
-        &mut self,
-        c: &mut SpiClient<'_>,
-        _pipeline: &str,
-        _applied: Option<Lsn>,
-        at: CommitPoint,
-    ) -> TideResult<()> {
-        match at {
-            CommitPoint::End => self.flush(c),
-            // Written in the worker's transaction: nothing commits before it.
-            CommitPoint::Early => Ok(()),
-        }
-    }
-}
-
-impl OutboxSink {
     /// Write the buffered events.
     fn flush(&mut self, c: &mut SpiClient<'_>) -> TideResult<()> {
         if self.rows.is_empty() {

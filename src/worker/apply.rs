@@ -30,7 +30,7 @@
 //!   statements that follow (an `UPDATE` of none, silently).
 //! - A `tide.alter_table` marker (its payload the schema event announcing the new row filter and
 //!   column list) reaches the target at its transaction's commit, after the transaction's
-//!   changes ([`Target::schema`]), and ends the batch at that transaction: the changes committed before it were decoded with the old plugin options,
+//!   changes ([`Change::Schema`]), and ends the batch at that transaction: the changes committed before it were decoded with the old plugin options,
 //!   those after it are decoded again by a decoder reopened with the new ones (the catalog
 //!   switches at the marker, with the batch, and queues the table's re-read). A marker whose
 //!   call already took effect (`catalog::tables::alter_pending`) is passed over.
@@ -56,23 +56,27 @@
 //!   transaction cannot take makes the transaction fall back to being applied from the spool at
 //!   its commit, as for other targets.
 //! - A `schema` marker (written by the event trigger in an `ALTER TABLE`'s transaction) of a
-//!   captured table reaches the target at its position ([`Target::schema`]): the outbox writes
+//!   captured table reaches the target at its position ([`Change::Schema`]): the outbox writes
 //!   an event op `schema`, table targets apply the change or pause. A changed key pauses the
 //!   pipeline before the change (nothing after it is applied) unless the table is being
 //!   removed, whose changes then stop at the key change.
 
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
-use crate::sink::{CommitPoint, Event, Row, RowForm, SchemaEvent, Target};
+use crate::sink::{Change, CommitPoint, Row, SchemaEvent, Target};
 use crate::worker::backfill::Backfiller;
+use crate::worker::markers::{
+    column_text, dropped_table, parse_marker, parse_watermark, schema_relation,
+};
+use crate::worker::rows::{key_event, render_err, update_keys, Emit};
 use crate::worker::stream_apply::{LiveTxn, StreamApply};
 use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
 use std::collections::{HashMap, HashSet};
+use tide_core::json;
 use tide_core::lsn::Lsn;
-use tide_core::model::{MarkerOp, Op, OwnedColumn, RelDesc, SchemaChange, Txn, WatermarkKind};
+use tide_core::model::{MarkerOp, Op, OwnedColumn, RelDesc, SchemaChange, Txn};
 use tide_core::wire::{self, Column, Message, Tuple};
-use tide_core::{json, texts};
 
 /// What one successful iteration did.
 #[derive(Default)]
@@ -118,7 +122,7 @@ pub struct TableSets {
 }
 
 impl TableSets {
-    fn follows(&self, relid: u32) -> bool {
+    pub(super) fn follows(&self, relid: u32) -> bool {
         self.capturing.contains(&relid) || self.pending.contains(&relid)
     }
 }
@@ -129,6 +133,8 @@ pub struct Applier<'a, 'c> {
     pub p: &'a PipelineRow,
     pub bf: &'a mut Backfiller,
     pub sink: &'a mut dyn Target,
+    /// What the worker learns of the iteration even if it fails.
+    pub trail: &'a mut Trail,
     pub rels: &'a mut HashMap<u32, RelDesc>,
     pub sets: TableSets,
     /// OIDs of `tide.signal` and `tide.marker`.
@@ -176,13 +182,16 @@ pub struct Applier<'a, 'c> {
     pub copies: HashMap<u32, tide_core::snapshot::KeylessCopy>,
 }
 
-thread_local! {
-    /// The commit LSN of the last transaction this worker began to apply (not a replay, not
-    /// skipped), for the error of a failed iteration ([`last_begun`]).
-    static LAST_BEGUN: std::cell::Cell<Option<Lsn>> = const { std::cell::Cell::new(None) };
-    /// The table whose `add_table` marker (at that commit LSN) ended the current iteration to be
-    /// decoded again ([`restart_for`]).
-    static RESTART: std::cell::Cell<Option<(u32, Lsn)>> = const { std::cell::Cell::new(None) };
+/// What the worker learns of an iteration whether it succeeds or fails (an error cannot carry
+/// it): kept by the worker across the iteration, cleared at its start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Trail {
+    /// The commit LSN of the last transaction the iteration began to apply (not a replay, not
+    /// skipped), for the error of a failed iteration.
+    pub last_begun: Option<Lsn>,
+    /// The table whose `add_table` marker (at that commit LSN) ended the iteration to be done
+    /// again (see [`Applier::restart`]): with the table in the decoder's list, at once.
+    pub restart: Option<(u32, Lsn)>,
 }
 
 /// Wait until transaction `xid`, whose commit record was decoded, is seen as committed by a
@@ -202,24 +211,6 @@ fn wait_for_transaction(xid: u32) {
             pg_sys::XLTW_Oper::XLTW_None,
         )
     };
-}
-
-/// After a failed iteration: the table and marker position that made it fail on purpose, to be
-/// done again at once with the table in the decoder's list (see [`Applier::on_marker`]), or
-/// `None` for a real failure. Taking it forgets it.
-pub fn restart_for() -> Option<(u32, Lsn)> {
-    RESTART.with(|c| c.take())
-}
-
-/// The commit LSN of the last transaction the worker began to apply in its current iteration.
-pub fn last_begun() -> Option<Lsn> {
-    LAST_BEGUN.with(|c| c.get())
-}
-
-/// Forget [`last_begun`]: at the start of an iteration.
-pub fn clear_last_begun() {
-    LAST_BEGUN.with(|c| c.set(None));
-    RESTART.with(|c| c.set(None));
 }
 
 impl Applier<'_, '_> {
@@ -342,7 +333,7 @@ impl Applier<'_, '_> {
         if skipped {
             self.skipped.push((final_lsn, xid));
         } else if !replay {
-            LAST_BEGUN.with(|c| c.set(Some(final_lsn)));
+            self.trail.last_begun = Some(final_lsn);
         }
         if let Some(live) = self.streams.take(xid) {
             // Written while it ran: committed there at its Commit, unless it is not to be
@@ -382,7 +373,7 @@ impl Applier<'_, '_> {
     ) -> TideResult<()> {
         let rel = rel_desc_of(namespace, name, columns);
         if self.sets.follows(relid) {
-            self.sink.relation(self.c, relid, &rel)?;
+            self.sink.describe(self.c, relid, &rel)?;
         }
         self.rels.insert(relid, rel);
         Ok(())
@@ -423,18 +414,17 @@ impl Applier<'_, '_> {
                         "captured table {relation} was dropped (transaction {} committed at {}): it left the pipeline at that point of the stream",
                         t.xid, t.lsn
                     ));
-                    t.position += 1;
-                    self.sink.schema(
+                    self.sink.send(
                         self.c,
                         t,
-                        SchemaEvent {
+                        Change::Schema(SchemaEvent {
                             relid: table,
                             relation,
                             payload: payload.to_string(),
                             change: SchemaChange::default(),
                             rewrite: false,
                             dropped: true,
-                        },
+                        }),
                     )?;
                 }
             }
@@ -483,18 +473,17 @@ impl Applier<'_, '_> {
                     self.sets.capturing.remove(&table);
                 }
                 let rewrite = self.rewrites.iter().any(|&(r, l)| r == table && l == t.lsn);
-                t.position += 1;
-                self.sink.schema(
+                self.sink.send(
                     self.c,
                     t,
-                    SchemaEvent {
+                    Change::Schema(SchemaEvent {
                         relid: table,
                         relation,
                         payload: payload.to_string(),
                         change,
                         rewrite,
                         dropped: false,
-                    },
+                    }),
                 )?;
             }
         }
@@ -601,7 +590,12 @@ impl Applier<'_, '_> {
             t.position += 1;
             return Ok(());
         }
-        emit_row(self.sink, self.c, t, relid, rel, Op::Insert, key, new)
+        let mut to = Emit {
+            sink: &mut *self.sink,
+            c: &mut *self.c,
+            t,
+        };
+        to.row((relid, rel), Op::Insert, key, new)
     }
 
     fn on_update(
@@ -630,16 +624,12 @@ impl Applier<'_, '_> {
             };
             return Ok(());
         }
-        push_update(
-            self.sink,
-            self.c,
+        let mut to = Emit {
+            sink: &mut *self.sink,
+            c: &mut *self.c,
             t,
-            relid,
-            rel,
-            (old, old_key),
-            new_key,
-            new,
-        )
+        };
+        to.update((relid, rel), (old, old_key), new_key, new)
     }
 
     fn on_delete(&mut self, relid: u32, old_key: &Tuple<'_>) -> TideResult<()> {
@@ -653,16 +643,20 @@ impl Applier<'_, '_> {
         let mut k = String::new();
         json::render_key(&rel.columns, old_key, &mut k).map_err(render_err)?;
         self.bf.on_change(relid, &k, t.xid);
-        t.position += 1;
         if self.elsewhere.is_some() {
+            t.position += 1;
             return Ok(());
         }
-        let ev = delete_event(self.sink, relid, rel, k, old_key)?;
-        self.sink.push(self.c, t, ev)
+        let mut to = Emit {
+            sink: &mut *self.sink,
+            c: &mut *self.c,
+            t,
+        };
+        to.delete((relid, rel), k, old_key)
     }
 
     /// One source `TRUNCATE` statement: a truncate event per captured table it emptied, handed
-    /// to the target together ([`Target::truncate`]: a table target empties them in one
+    /// to the target together ([`Change::Truncate`]: a table target empties them in one
     /// statement, as the source did).
     fn on_truncate(&mut self, relids: &[u32], flags: u8) -> TideResult<()> {
         self.not_elsewhere("a truncate")?;
@@ -684,12 +678,13 @@ impl Applier<'_, '_> {
         if events.is_empty() {
             return Ok(());
         }
-        self.sink.truncate(
-            self.c,
-            t,
+        let restart_identity = flags & wire::TRUNCATE_RESTART_IDENTITY != 0;
+        let change = Change::Truncate {
             events,
-            flags & wire::TRUNCATE_RESTART_IDENTITY != 0,
-        )
+            restart_identity,
+        };
+        self.sink.send(self.c, t, change)?;
+        Ok(())
     }
 
     /// A TRUNCATE of one partition of a captured partitioned table: a truncate event of the
@@ -760,7 +755,7 @@ impl Applier<'_, '_> {
     /// the process array: `on_marker` waited for it).
     fn restart(&mut self, table: u32) -> TideError {
         let lsn = self.txn.as_ref().map_or(Lsn(0), |t| t.lsn);
-        RESTART.with(|c| c.set(Some((table, lsn))));
+        self.trail.restart = Some((table, lsn));
         TideError::internal(format!(
             "relation {table} was added to the pipeline by the transaction committed at {lsn}, after this iteration read its table list: the iteration is done again with it"
         ))
@@ -781,8 +776,7 @@ impl Applier<'_, '_> {
         // the old way), at the commit position where the new shaping takes effect. (Such a
         // transaction is never written while it ran: its marker row made it fall back.)
         for ev in std::mem::take(&mut self.announce) {
-            t.position += 1;
-            self.sink.schema(self.c, &t, ev)?;
+            self.sink.send(self.c, &mut t, Change::Schema(ev))?;
         }
         if let Some(mut live) = self.elsewhere.take() {
             let before = self.last_applied.map(|(end, _)| end);
@@ -818,157 +812,6 @@ impl Applier<'_, '_> {
             let lsn = t.lsn;
             self.bf.on_rewrite(relid);
             self.rewrites.push((relid, lsn));
-        }
-    }
-
-    /// A block of streamed transaction `xid` begins. At its first block: written while it runs
-    /// when the target can and fewer than `tide.remote_stream_connections` are. When it is,
-    /// everything before the block is committed at the target first: the block may change rows
-    /// that transactions committed before it changed (they hold no lock at the source any
-    /// more, and would at the remote until committed).
-    fn on_stream_start(&mut self, xid: u32, first: bool) -> TideResult<()> {
-        let sink = &mut *self.sink;
-        if self
-            .streams
-            .start(xid, first, || sink.open_stream(), &self.sets.capturing)
-        {
-            let before = self.last_applied.map(|(end, _)| end);
-            self.sink
-                .commit(self.c, &self.p.name, before, CommitPoint::Early)?;
-        }
-        Ok(())
-    }
-
-    /// A change of the block being received: written to its transaction's remote transaction
-    /// if it is live; anything that cannot be makes it fall back.
-    fn on_stream_change(&mut self, body: &[u8]) -> TideResult<()> {
-        let Some(xid) = self.streams.current.filter(|&x| self.streams.is_live(x)) else {
-            return Ok(());
-        };
-        let msg = wire::decode(body).map_err(|e| {
-            TideError::internal(format!(
-                "cannot decode a streamed change of the pg_tide output plugin: {e}"
-            ))
-        })?;
-        if let Err(e) = self.stream_change(xid, msg) {
-            self.out.notes.push(format!(
-                "transaction {xid} is applied at its commit rather than while it runs: {}",
-                e.message
-            ));
-            self.streams.fall_back(xid);
-        }
-        Ok(())
-    }
-
-    /// The end of a block: what it wrote is sent into its remote transaction, left open.
-    fn on_stream_stop(&mut self) {
-        let Some(xid) = self.streams.current.take() else {
-            return;
-        };
-        let Some(live) = self.streams.live_mut(xid) else {
-            return;
-        };
-        if let Err(e) = live.target.flush_open(self.c) {
-            self.out.notes.push(format!(
-                "transaction {xid} is applied at its commit rather than while it runs: {}",
-                e.message
-            ));
-            self.streams.fall_back(xid);
-        }
-    }
-
-    /// Write one change of live streamed transaction `xid` to its target. An error: it falls
-    /// back.
-    fn stream_change(&mut self, xid: u32, msg: Message<'_>) -> TideResult<()> {
-        let stop = |what: &str| Err(TideError::internal(format!("it has {what}")));
-        let change = match &msg {
-            Message::Relation { .. } => None,
-            Message::Insert { relid, .. }
-            | Message::Update { relid, .. }
-            | Message::Delete { relid, .. } => Some(*relid),
-            _ => return stop("a truncate or a table rewrite"),
-        };
-        if let Some(relid) = change {
-            if relid == self.marker_relid || relid == self.signal_relid {
-                return stop("a table-list or schema marker, or a watermark");
-            }
-            if self.sets.pending.contains(&relid) {
-                return stop("a change of a table whose capture begins later in the stream");
-            }
-            if !self.sets.capturing.contains(&relid) {
-                return Ok(());
-            }
-        }
-        let Some(live) = self.streams.live_mut(xid) else {
-            return Ok(());
-        };
-        if change.is_some_and(|r| !live.known.contains(&r)) {
-            return stop("a change of a table captured since it began");
-        }
-        if let Some(relid) = change.filter(|&r| live.written.insert(r)) {
-            // As at the commit (`check_read`): nothing of a table its owner may no longer read
-            // goes to the remote, even uncommitted.
-            let qualified = live
-                .rels
-                .get(&relid)
-                .map_or_else(|| relid.to_string(), |r| r.qualified.clone());
-            let oid = pgrx::pg_sys::Oid::from(relid);
-            if let Some(e) = crate::security::read_problem(self.owner, oid, &qualified) {
-                return Err(e);
-            }
-        }
-        let LiveTxn {
-            target, rels, txn, ..
-        } = live;
-        let target: &mut dyn Target = target.as_mut();
-        match msg {
-            Message::Relation {
-                relid,
-                namespace,
-                name,
-                columns,
-            } => {
-                let rel = rel_desc_of(namespace, name, &columns);
-                if self.sets.follows(relid) {
-                    target.relation(self.c, relid, &rel)?;
-                }
-                rels.insert(relid, rel);
-                Ok(())
-            }
-            // Changes of captured tables only, from here on (checked above).
-            Message::Insert { relid, new } => {
-                let rel = rel_desc(rels, relid)?;
-                let mut key = String::new();
-                json::render_key(&rel.columns, &new, &mut key).map_err(render_err)?;
-                emit_row(target, self.c, txn, relid, rel, Op::Insert, key, &new)
-            }
-            Message::Update {
-                relid,
-                old_key,
-                new,
-            } => {
-                let rel = rel_desc(rels, relid)?;
-                let (old, new_key) = update_keys(rel, old_key.as_ref(), &new)?;
-                push_update(
-                    target,
-                    self.c,
-                    txn,
-                    relid,
-                    rel,
-                    (old, old_key.as_ref()),
-                    new_key,
-                    &new,
-                )
-            }
-            Message::Delete { relid, old_key } => {
-                let rel = rel_desc(rels, relid)?;
-                let mut k = String::new();
-                json::render_key(&rel.columns, &old_key, &mut k).map_err(render_err)?;
-                let ev = delete_event(target, relid, rel, k, &old_key)?;
-                txn.position += 1;
-                target.push(self.c, txn, ev)
-            }
-            _ => stop("an unexpected message"),
         }
     }
 
@@ -1009,7 +852,7 @@ fn captured<'a>(
 }
 
 /// A relation's description from its Relation message.
-fn rel_desc_of(namespace: &str, name: &str, columns: &[Column<'_>]) -> RelDesc {
+pub(super) fn rel_desc_of(namespace: &str, name: &str, columns: &[Column<'_>]) -> RelDesc {
     RelDesc {
         qualified: format!(
             "{}.{}",
@@ -1027,265 +870,10 @@ fn rel_desc_of(namespace: &str, name: &str, columns: &[Column<'_>]) -> RelDesc {
     }
 }
 
-/// An update's old key (when PostgreSQL logged one) and new key, rendered.
-fn update_keys(
-    rel: &RelDesc,
-    old_key: Option<&Tuple<'_>>,
-    new: &Tuple<'_>,
-) -> TideResult<(Option<String>, String)> {
-    let old = match old_key {
-        Some(old) => {
-            let mut k = String::new();
-            json::render_key(&rel.columns, old, &mut k).map_err(render_err)?;
-            Some(k)
-        }
-        None => None,
-    };
-    let mut new_key = String::new();
-    match (json::render_key(&rel.columns, new, &mut new_key), &old) {
-        (Ok(()), _) => {}
-        // A key column stored out of line and not changed: the old key (which PostgreSQL logs
-        // in that case) is the key.
-        (Err(json::RenderError::UnchangedKey { .. }), Some(old)) => new_key = old.clone(),
-        (Err(e), _) => return Err(render_err(e)),
-    }
-    Ok((old, new_key))
-}
-
-/// Push an update: a key change is a delete of the old key and an insert of the new row.
-#[allow(clippy::too_many_arguments)]
-fn push_update(
-    sink: &mut dyn Target,
-    c: &mut SpiClient<'_>,
-    t: &mut Txn,
-    relid: u32,
-    rel: &RelDesc,
-    (old, old_key): (Option<String>, Option<&Tuple<'_>>),
-    new_key: String,
-    new: &Tuple<'_>,
-) -> TideResult<()> {
-    if keyless(rel) {
-        let old_row = old_key.ok_or_else(|| no_old_row(rel))?;
-        return emit(
-            sink,
-            c,
-            t,
-            (relid, rel),
-            Op::Update,
-            new_key,
-            Some(old_row),
-            new,
-        );
-    }
-    match old {
-        Some(old) if old != new_key => {
-            let Some(old_tuple) = old_key else {
-                return Err(TideError::internal("a key change without the old key"));
-            };
-            let ev = delete_event(sink, relid, rel, old, old_tuple)?;
-            t.position += 1;
-            sink.push(c, t, ev)?;
-            emit_row(sink, c, t, relid, rel, Op::Insert, new_key, new)
-        }
-        _ => emit_row(sink, c, t, relid, rel, Op::Update, new_key, new),
-    }
-}
-
-/// The text of column `name` in a row of one of pg_tide's own tables.
-fn column_text<'t>(rel: &RelDesc, t: &Tuple<'t>, name: &str) -> Option<&'t str> {
-    let i = rel.columns.iter().position(|c| c.name == name)?;
-    match t.values.get(i)? {
-        wire::Value::Text(s) => Some(*s),
-        _ => None,
-    }
-}
-
-/// The (pipeline, watermark, kind) of a `tide.signal` row (`None` for a row that is not one:
-/// its CHECK constraint allows only the two kinds).
-fn parse_watermark(rel: &RelDesc, t: &Tuple<'_>) -> Option<(String, u64, WatermarkKind)> {
-    Some((
-        column_text(rel, t, "pipeline")?.to_string(),
-        column_text(rel, t, "watermark")?.parse().ok()?,
-        WatermarkKind::parse(column_text(rel, t, "kind")?)?,
-    ))
-}
-
-/// The (op, pipeline, relid) of a `tide.marker` row (`None` for a row that is not one: its
-/// CHECK constraint allows only the two ops).
-fn parse_marker(rel: &RelDesc, t: &Tuple<'_>) -> Option<(MarkerOp, String, u32)> {
-    Some((
-        MarkerOp::parse(column_text(rel, t, "op")?)?,
-        column_text(rel, t, "pipeline")?.to_string(),
-        column_text(rel, t, "relid")?.parse().ok()?,
-    ))
-}
-
-/// Whether a remove marker's payload says the table was dropped (`"table_dropped": true`).
-fn dropped_table(payload: &str) -> bool {
-    serde_json::from_str::<serde_json::Value>(payload)
-        .ok()
-        .and_then(|v| v.get("table_dropped")?.as_bool())
-        .unwrap_or(false)
-}
-
-/// The relation named in a schema marker's payload (as the stream's events name it).
-fn schema_relation(payload: &str) -> Option<String> {
-    let v: serde_json::Value = serde_json::from_str(payload).ok()?;
-    v.get("relation")?.as_str().map(str::to_string)
-}
-
-fn rel_desc(rels: &HashMap<u32, RelDesc>, relid: u32) -> TideResult<&RelDesc> {
+pub(super) fn rel_desc(rels: &HashMap<u32, RelDesc>, relid: u32) -> TideResult<&RelDesc> {
     rels.get(&relid).ok_or_else(|| {
         TideError::internal(format!(
             "change for relation {relid} arrived before its description"
         ))
     })
-}
-
-fn render_err(e: json::RenderError) -> TideError {
-    TideError::internal(format!("cannot render a decoded row: {e}"))
-}
-
-#[allow(clippy::too_many_arguments)]
-fn emit_row(
-    sink: &mut dyn Target,
-    c: &mut SpiClient<'_>,
-    t: &mut Txn,
-    relid: u32,
-    rel: &RelDesc,
-    op: Op,
-    key: String,
-    new: &Tuple<'_>,
-) -> TideResult<()> {
-    emit(sink, c, t, (relid, rel), op, key, None, new)
-}
-
-/// Whether `rel` was captured without a key (`REPLICA IDENTITY FULL`): no column is a key
-/// column. Its events carry the old row instead of a key: as `key` (JSON) for a target that
-/// takes JSON, as [`Event::old`] for one that takes text.
-fn keyless(rel: &RelDesc) -> bool {
-    !rel.columns.iter().any(|c| c.key)
-}
-
-/// The whole old row of a keyless table's update or delete, for the target's row form: `(key,
-/// old)` of its event.
-fn old_row(
-    sink: &mut dyn Target,
-    relid: u32,
-    rel: &RelDesc,
-    old: &Tuple<'_>,
-) -> TideResult<(Option<String>, Row)> {
-    if sink.row_form(relid, None)?.per_row() == RowForm::Text {
-        let (values, unchanged) = texts::row(&rel.columns, old).map_err(render_err)?;
-        if !unchanged.is_empty() {
-            return Err(TideError::internal(format!(
-                "the old row of a change of {} lacks a column",
-                rel.qualified
-            )));
-        }
-        let named = rel.columns.iter().map(|c| c.name.clone()).zip(values);
-        Ok((None, Row::Key(named.collect())))
-    } else {
-        let mut k = String::new();
-        json::render_row(&rel.columns, old, &mut k).map_err(render_err)?;
-        // `key` for the outbox; `old` too, which tells the kafka target the row has no key.
-        Ok((Some(k.clone()), Row::Json(k)))
-    }
-}
-
-/// A change of a keyless table that PostgreSQL logged without the old row: its replica
-/// identity is no longer FULL (the event trigger refuses that change while the table is
-/// captured, so only a change made with the trigger disabled gets here).
-fn no_old_row(rel: &RelDesc) -> TideError {
-    TideError::prerequisite(format!(
-        "a change of {} carries no old row: the table has no key and its replica identity is no longer FULL, so the row to change cannot be found",
-        rel.qualified
-    ))
-    .hint(format!(
-        "ALTER TABLE {} REPLICA IDENTITY FULL; then skip the transaction (tide.skip_transaction) and repair the target, or remove the table and add it again.",
-        rel.qualified
-    ))
-}
-
-#[allow(clippy::too_many_arguments)]
-fn emit(
-    sink: &mut dyn Target,
-    c: &mut SpiClient<'_>,
-    t: &mut Txn,
-    (relid, rel): (u32, &RelDesc),
-    op: Op,
-    key: String,
-    old: Option<&Tuple<'_>>,
-    new: &Tuple<'_>,
-) -> TideResult<()> {
-    let (row, unchanged) = match sink.row_form(relid, None)?.per_row() {
-        RowForm::Text => {
-            let (values, unchanged) = texts::row(&rel.columns, new).map_err(render_err)?;
-            (Row::Text(values), unchanged)
-        }
-        _ => {
-            let mut row = String::new();
-            let unchanged = json::render_row(&rel.columns, new, &mut row).map_err(render_err)?;
-            (Row::Json(row), unchanged)
-        }
-    };
-    let columns = rel
-        .columns
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| !unchanged.contains(i))
-        .map(|(_, c)| c.name.clone())
-        .collect();
-    let unchanged = unchanged
-        .iter()
-        .filter_map(|&i| rel.columns.get(i).map(|c| c.name.clone()))
-        .collect();
-    let (key, old) = match old {
-        Some(o) => old_row(sink, relid, rel, o)?,
-        None if keyless(rel) => (None, Row::None),
-        None => (Some(key), Row::None),
-    };
-    t.position += 1;
-    sink.push(
-        c,
-        t,
-        Event {
-            relid,
-            relation: rel.qualified.clone(),
-            op,
-            key,
-            row,
-            unchanged,
-            columns,
-            old,
-            backfill: None,
-            only_where: None,
-        },
-    )
-}
-
-/// An event without a row (delete, truncate).
-fn key_event(relid: u32, rel: &RelDesc, op: Op, key: Option<String>) -> Event {
-    Event::bare(relid, rel.qualified.clone(), op, key)
-}
-
-/// A delete of the key in `old` (the old key tuple, or the old row).
-fn delete_event(
-    sink: &mut dyn Target,
-    relid: u32,
-    rel: &RelDesc,
-    key: String,
-    old: &Tuple<'_>,
-) -> TideResult<Event> {
-    if keyless(rel) {
-        let (key, row) = old_row(sink, relid, rel, old)?;
-        let mut ev = key_event(relid, rel, Op::Delete, key);
-        ev.old = row;
-        return Ok(ev);
-    }
-    let mut ev = key_event(relid, rel, Op::Delete, Some(key));
-    if sink.row_form(relid, None)?.per_row() == RowForm::Text {
-        ev.row = Row::Key(texts::key(&rel.columns, old).map_err(render_err)?);
-    }
-    Ok(ev)
 }

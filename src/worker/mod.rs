@@ -2,15 +2,20 @@
 //! pg_dump it keeps), the per-pipeline worker, and the one transaction helper both use.
 
 pub mod apply;
+mod apply_stream;
 pub mod backfill;
 pub mod decoder;
 mod definitions;
+mod handoff;
+mod iteration;
 pub mod launcher;
 pub mod leaks;
+mod markers;
 pub mod origin;
 mod partitions;
 pub mod pipeline;
 pub mod retention;
+mod rows;
 pub mod stream_apply;
 pub mod tx;
 

@@ -39,25 +39,26 @@
 //! after the marker in that transaction must not be taken as applied. A changed list (whatever
 //! changed it) always reopens the decoder.
 
+use crate::catalog;
 use crate::catalog::backfills;
-use crate::catalog::{self, pipelines::PipelineRow, pipelines::Resync};
 use crate::error::{TideError, TideResult};
 use crate::gucs;
 use crate::shmem::{self, WorkerState};
 use crate::sink::Target;
-use crate::worker::apply::{Applier, Outcome, TableSets};
-use crate::worker::backfill::{keyless, Backfiller, Written};
+use crate::worker::apply::{Outcome, Trail};
+use crate::worker::backfill::{Backfiller, Written};
 use crate::worker::decoder::{self, Decoder};
+use crate::worker::iteration::{
+    in_transaction, now_us, resync_lsn, send_resync_marks, Lent, ReadMode,
+};
 use crate::worker::tx;
 use pgrx::bgworkers::*;
 use pgrx::prelude::*;
-use pgrx::spi::SpiClient;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tide_core::lsn::Lsn;
 use tide_core::model::RelDesc;
-use tide_core::wire;
 use tide_core::worker_loop::{decide, Action, Facts, Iteration, Phase, Settings};
 
 /// Main function of a pipeline worker. The pipeline name is in `bgw_extra`, the database OID in
@@ -136,7 +137,11 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
         };
         // A remote target's lease is renewed by the worker's iterations: failing or paused, it
         // still looks at least that often (see sink::table::fence).
-        let renew_every = w.sink.as_ref().and_then(|s| s.renew_every());
+        let renew_every = w
+            .sink
+            .as_deref_mut()
+            .and_then(crate::sink::as_remote)
+            .map(|r| r.renew_every());
         let bound = |d: Duration| renew_every.map_or(d, |r| d.min(r));
         let settings = Settings {
             poll: Duration::from_millis(gucs::POLL_INTERVAL_MS.get().max(1) as u64),
@@ -232,8 +237,10 @@ struct Worker {
     /// as without streaming (issue 42).
     no_stream_until: Option<Lsn>,
     /// The `add_table` marker (table, commit LSN) that ended the last iteration to be done again
-    /// (`apply::restart_for`): met again at once, the iteration fails as any other.
+    /// (`Trail::restart`): met again at once, the iteration fails as any other.
     restarted_for: Option<(u32, Lsn)>,
+    /// What the last iteration left to know of it, failed or not (see [`Trail`]).
+    trail: Trail,
     last_iteration: Instant,
     last_snapshot_log: Instant,
 }
@@ -253,6 +260,7 @@ impl Worker {
             one_at_a_time_until: None,
             no_stream_until: None,
             restarted_for: None,
+            trail: Trail::default(),
             last_iteration: Instant::now(),
             last_snapshot_log: Instant::now(),
         }
@@ -301,7 +309,20 @@ impl Worker {
         alive
     }
 
-    /// After an iteration that failed on purpose (`apply::restart_for`): it is done again at
+    /// The worker's state, lent to an iteration reading the stream as `mode` says.
+    fn lend(&mut self, mode: ReadMode) -> Lent<'_> {
+        Lent {
+            name: &self.name,
+            bf: &mut self.bf,
+            sink: &mut self.sink,
+            dec: &mut self.dec,
+            rels: &mut self.rels,
+            trail: &mut self.trail,
+            mode,
+        }
+    }
+
+    /// After an iteration that failed on purpose (`Trail::restart`): it is done again at
     /// once, the new table in the decoder's list (see `Applier::restart`); nothing was
     /// applied, nothing failed.
     fn restart(&mut self, e: &TideError) {
@@ -355,11 +376,12 @@ impl Worker {
             ))
             .hint("The worker keeps retrying. The table's row in tide.tables should be there since its add_table committed; if it is, report this as a bug with the server log.")
         } else {
-            name_failed_transaction(&self.name, e, one_at_a_time)
+            let last_begun = self.trail.last_begun.filter(|_| one_at_a_time);
+            name_failed_transaction(&self.name, e, last_begun)
         };
         // One source transaction per iteration until the stream has passed where this one
         // failed: a failure is then that transaction's, named.
-        if let (Some(l), false) = (crate::worker::apply::last_begun(), repeated) {
+        if let (Some(l), false) = (self.trail.last_begun, repeated) {
             self.one_at_a_time_until = Some(self.one_at_a_time_until.map_or(l, |u| u.max(l)));
         }
         after_failure(&self.name, self.slot_idx, &e, self.failures + 1, settings);
@@ -388,13 +410,13 @@ impl Worker {
         }
     }
 
-    /// One iteration (see [`iterate`]) and what follows from its outcome.
+    /// One iteration (see [`in_transaction`]) and what follows from its outcome.
     fn iterate(&mut self, settings: Settings) {
         self.last_iteration = Instant::now();
         // Before the iteration reads the flush position it drains up to (o.start_flush).
         let started_at = now_us();
         let chunk_was_waiting = self.bf.has_pending();
-        crate::worker::apply::clear_last_begun();
+        self.trail = Trail::default();
         self.bf.begin_iteration();
         // While a chunk of a backfill suspected of a failure waits, its high watermark is an
         // iteration of its own (see `blame_chunks`).
@@ -403,16 +425,7 @@ impl Worker {
             one_at_a_time,
             streaming: self.no_stream_until.is_none(),
         };
-        let result = tx::run(|| {
-            iterate(
-                &self.name,
-                &mut self.bf,
-                &mut self.sink,
-                &mut self.dec,
-                &mut self.rels,
-                mode,
-            )
-        });
+        let result = tx::run(|| in_transaction(self.lend(mode)));
         // Held only inside an iteration (see worker::origin).
         super::origin::release();
         let written = self.bf.take_written();
@@ -421,7 +434,7 @@ impl Worker {
                 self.bf.acquit(w.backfill_id);
             }
         }
-        let met = crate::worker::apply::restart_for().filter(|_| result.is_err());
+        let met = self.trail.restart.take().filter(|_| result.is_err());
         let restart = met.filter(|r| self.restarted_for != Some(*r));
         // The same marker right after the iteration was done again for it: a real failure.
         let repeated = met.is_some() && restart.is_none();
@@ -524,7 +537,7 @@ impl Worker {
         if written.is_empty() || e.pause_pipeline {
             return Blame::None;
         }
-        let last = crate::worker::apply::last_begun();
+        let last = self.trail.last_begun;
         let alone = one_at_a_time && written.iter().all(|w| Some(w.high_lsn) == last);
         let sqlstate = e.sqlstate();
         let refused = alone && !e.retry && tide_core::worker_loop::chunk_refused(&sqlstate);
@@ -679,42 +692,6 @@ fn announce_resync_start(name: &str, lsn: &str) -> TideResult<()> {
     })
 }
 
-/// The commit position of a resync's pseudo transaction near `lsn`: the start of its WAL page
-/// (`next`: of the next page, so an end's is always after its start's). No WAL record starts at a
-/// page boundary (each page begins with its header), so no source transaction commits there:
-/// the events' identities (`commit_lsn`, `position`) are never a real event's.
-fn resync_lsn(lsn: Lsn, next: bool) -> Lsn {
-    let page = u64::from(pg_sys::XLOG_BLCKSZ);
-    Lsn((lsn.0 / page + u64::from(next)) * page)
-}
-
-/// Hand a resync's events (`marks`: relid, relation, payload) to `sink` as one pseudo source
-/// transaction (xid 0) at `lsn`.
-fn send_resync_marks(
-    c: &mut SpiClient<'_>,
-    sink: &mut dyn Target,
-    lsn: Lsn,
-    marks: Vec<(u32, String, String)>,
-) -> TideResult<()> {
-    let marks: Vec<crate::sink::ResyncMark> = marks
-        .into_iter()
-        .map(|(relid, relation, payload)| crate::sink::ResyncMark {
-            relid,
-            relation,
-            payload,
-        })
-        .collect();
-    let mut t = tide_core::model::Txn {
-        xid: 0,
-        lsn,
-        commit_time: now_us(),
-        skip: false,
-        position: 0,
-        barrier: false,
-    };
-    sink.resync(c, &mut t, &marks)
-}
-
 /// Bookkeeping after a successful iteration: its log lines, a standby snapshot while busy, the
 /// slot's confirmed position, the decoder reopen, and the worker's shared-memory state.
 fn after_success(
@@ -793,11 +770,11 @@ fn after_success(
     });
 }
 
-/// The error of an iteration that applied one source transaction at most (`one_at_a_time`) and
-/// failed inside it: its hint names the transaction's commit LSN and how to skip it. A pipeline
-/// paused on purpose (a schema change) is left as it is.
-fn name_failed_transaction(name: &str, mut e: TideError, one_at_a_time: bool) -> TideError {
-    let Some(lsn) = crate::worker::apply::last_begun().filter(|_| one_at_a_time) else {
+/// The error of an iteration that applied one source transaction at most and failed inside it,
+/// the one that began last at `last_begun`: its hint names the transaction's commit LSN and how
+/// to skip it. A pipeline paused on purpose (a schema change) is left as it is.
+fn name_failed_transaction(name: &str, mut e: TideError, last_begun: Option<Lsn>) -> TideError {
+    let Some(lsn) = last_begun else {
         return e;
     };
     if e.pause_pipeline {
@@ -894,484 +871,4 @@ unsafe extern "C-unwind" fn release_slot(_code: std::ffi::c_int, arg: pg_sys::Da
 #[pg_guard]
 unsafe extern "C-unwind" fn uncount_worker(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
     crate::quota::worker_exits();
-}
-
-fn now_us() -> i64 {
-    // SAFETY: reads the clock; no pointer; main thread.
-    unsafe { pg_sys::GetCurrentTimestamp() }
-}
-
-/// A paused pipeline's worker keeps this server's hold on a remote target (its lease): a copy of
-/// the source started meanwhile must not take it (see `sink::table::fence`). A failure is left
-/// for the resume to report (the pause's reason stays what it is).
-fn keep_lease(p: &PipelineRow, sink: &mut Option<Box<dyn Target>>) {
-    if p.target != tide_core::model::TargetKind::Postgres {
-        return;
-    }
-    if sink.is_none() {
-        match crate::sink::for_pipeline(p) {
-            Ok(s) => *sink = Some(s),
-            Err(e) => {
-                debug1!(
-                    "pg_tide worker \"{}\": paused, cannot reach its target to keep its lease: {e}",
-                    p.name
-                );
-                return;
-            }
-        }
-    }
-    if let Some(s) = sink.as_mut() {
-        if let Err(e) = s.keep_lease(p) {
-            debug1!(
-                "pg_tide worker \"{}\": paused, could not renew its lease on the target: {e}",
-                p.name
-            );
-        }
-    }
-}
-
-/// One iteration, inside a transaction.
-/// How an iteration reads the stream.
-#[derive(Clone, Copy)]
-struct ReadMode {
-    /// One source transaction at most (after a failure, see `name_failed_transaction`).
-    one_at_a_time: bool,
-    /// A decoder opened now streams transactions in progress (see `Worker::no_stream_until`).
-    streaming: bool,
-}
-
-fn iterate(
-    name: &str,
-    bf: &mut Backfiller,
-    sink: &mut Option<Box<dyn Target>>,
-    dec: &mut Option<Decoder>,
-    rels: &mut HashMap<u32, RelDesc>,
-    mode: ReadMode,
-) -> TideResult<Outcome> {
-    Spi::connect_mut(|c| {
-        let Some(p) = catalog::pipelines::lock_pipeline(c, name)? else {
-            return Ok(Outcome {
-                gone: true,
-                ..Default::default()
-            });
-        };
-        if !p.enabled {
-            if let Some(e) = catalog::slots::bound_paused_wal(c, &p)? {
-                return Err(e);
-            }
-            // A paused pipeline's lost slot shows in tide.pipelines at once; it is recovered
-            // when the pipeline is resumed.
-            if let (Some(problem), None) = (&p.slot_problem, p.resync) {
-                catalog::slots::mark_lost_in(c, name, &problem.reason(&p.slot_name))?;
-            }
-            catalog::slots::note_paused(c, &p)?;
-            keep_lease(&p, sink);
-            return Ok(Outcome {
-                paused: true,
-                ..Default::default()
-            });
-        }
-        // A lost slot (or a recovery that did not finish): recovered before anything else,
-        // outside this transaction (see catalog::slots).
-        if p.slot_problem.is_some() || p.resync == Some(Resync::SlotLost) {
-            let reason = match &p.slot_problem {
-                Some(problem) => problem.reason(&p.slot_name),
-                None => format!(
-                    "the recovery of replication slot \"{}\" did not finish",
-                    p.slot_name
-                ),
-            };
-            let error = catalog::slots::lost_error(c, &p, &reason)?;
-            return Ok(Outcome {
-                slot_lost: Some(catalog::slots::SlotLost { reason, error }),
-                ..Default::default()
-            });
-        }
-        catalog::slots::note_paused(c, &p)?;
-        let mut notes = Vec::new();
-        // A kafka pipeline's resync end events, sent first in this iteration (an outbox's are
-        // written by finish_resync).
-        let mut resync_end = Vec::new();
-        if p.resync == Some(Resync::Resyncing) {
-            if let Some(note) = catalog::slots::finish_resync(c, &p)? {
-                notes.push(note);
-                resync_end = catalog::slots::kafka_marks(c, name, catalog::slots::Phase::End)?;
-            }
-        }
-        catalog::slots::allow_output_plugin()?;
-        // Mark this iteration's transaction (its target writes above all) as pg_tide's.
-        super::origin::acquire(name, &p.slot_name)?;
-        // Opening a decoder logs "starting logical decoding for slot" and the snapshot builder
-        // logs its progress, at LOG. Quiet them for this transaction only (the worker's own
-        // messages are logged after the transaction ends).
-        crate::sql::one::<String>("SELECT set_config('log_min_messages', 'fatal', true)", &[])?;
-        // A remote target checks what it connects with in `begin` (after a foreign server,
-        // user mapping or role changed) and connects anew, or stops with the reason.
-        if sink.is_none() {
-            *sink = Some(crate::sink::for_pipeline(&p)?);
-        }
-        let Some(sink) = sink.as_mut() else {
-            return Err(TideError::internal("no sink"));
-        };
-        let mut out = stream(c, &p, bf, &mut **sink, dec, rels, mode, resync_end)?;
-        notes.append(&mut out.notes);
-        out.notes = notes;
-        Ok(out)
-    })
-}
-
-#[allow(clippy::too_many_arguments)]
-fn stream(
-    c: &mut SpiClient<'_>,
-    p: &PipelineRow,
-    bf: &mut Backfiller,
-    sink: &mut dyn Target,
-    dec: &mut Option<Decoder>,
-    rels: &mut HashMap<u32, RelDesc>,
-    mode: ReadMode,
-    resync_end: Vec<(u32, String, String)>,
-) -> TideResult<Outcome> {
-    let tables = catalog::tables::captured(c, &p.name)?;
-    let mut notes = Vec::new();
-    if tables.iter().any(|t| t.partitioned && t.capturing) {
-        super::partitions::follow(c, p, now_us(), &mut notes)?;
-    }
-    // A remote target keeps its own applied position (written in its own transactions).
-    let target_applied = sink.begin(c, p)?;
-    send_resync_end(c, sink, resync_end)?;
-    let (signal_relid, marker_relid) = catalog::signal_and_marker_relids()?;
-    let (sets, filter) = table_sets(&tables, signal_relid, marker_relid);
-    let (applied, recorded, confirmed) = positions(p, target_applied)?;
-    let extra = plugin_options(c, &tables, p)?;
-    let decoder = open_decoder(dec, rels, p, &filter, &extra, mode.streaming)?;
-    // Tables without a key: copied at this boundary, skipped where a copy holds them.
-    let copies = keyless::at_start(c, (p, &tables), bf, sink, decoder, applied, &mut notes)?;
-    // One message: the decoder stops at the record boundary after it, which is the end of one
-    // source transaction (a transaction's messages are handed out whole at its commit).
-    let batch_events = if mode.one_at_a_time {
-        1
-    } else {
-        gucs::BATCH_EVENTS.get().max(1) as usize
-    };
-    let spilled_before = decoder.spilled_total();
-    let read = decoder.read(batch_events)?;
-    let position = decoder.position();
-    let skips = catalog::skips::lsns(c, &p.name)?;
-    // Taken for the batch and put back after it (an error drops it with the decoder's
-    // session: every remote transaction of a streamed one is rolled back).
-    let streams = std::mem::take(&mut decoder.streams);
-    let mut ap = Applier {
-        c,
-        p,
-        bf,
-        sink,
-        rels,
-        sets,
-        signal_relid,
-        marker_relid,
-        applied,
-        recorded,
-        txn: None,
-        last_applied: None,
-        high: applied.max(confirmed),
-        marks: Vec::new(),
-        removals: Vec::new(),
-        announce: Vec::new(),
-        rewrites: Vec::new(),
-        stopped: false,
-        owner: crate::security::owner_oid(&p.owner, &format!("pipeline \"{}\"", p.name))?,
-        readable: HashSet::new(),
-        skips,
-        skipped: Vec::new(),
-        streams,
-        elsewhere: None,
-        copies,
-        out: Outcome {
-            spilled: decoder.spilled_total() - spilled_before,
-            notes,
-            ..Default::default()
-        },
-    };
-    apply_messages(decoder, &mut ap)?;
-    let Applier {
-        c,
-        sink,
-        last_applied,
-        mut high,
-        marks,
-        removals,
-        rewrites,
-        stopped,
-        skipped,
-        mut out,
-        streams,
-        ..
-    } = ap;
-    decoder.streams = streams;
-    sink.commit(
-        c,
-        &p.name,
-        last_applied.map(|(end, _)| end),
-        crate::sink::CommitPoint::End,
-    )?;
-    record_batch(
-        c,
-        p,
-        &Done {
-            removals,
-            skipped,
-            marks,
-            rewrites,
-            last_applied,
-        },
-        &mut out,
-    )?;
-    out.drained = !stopped && read.reached_end;
-    out.reopen = stopped;
-    out.start_flush = read.end_of_wal;
-    if !stopped {
-        // Every transaction committed before the decoder's position has been handed out, and
-        // those with changes for us are in this transaction.
-        high = high.max(position);
-    }
-    if high > confirmed {
-        out.advance = Some(high);
-    }
-    Ok(out)
-}
-
-/// A kafka pipeline's resync end events (`resync_end`, none unless its resync just finished),
-/// at the current WAL position.
-fn send_resync_end(
-    c: &mut SpiClient<'_>,
-    sink: &mut dyn Target,
-    resync_end: Vec<(u32, String, String)>,
-) -> TideResult<()> {
-    if resync_end.is_empty() {
-        return Ok(());
-    }
-    let now = crate::sql::one::<String>("SELECT pg_catalog.pg_current_wal_lsn()::text", &[])?
-        .and_then(|l| l.parse::<Lsn>().ok())
-        .ok_or_else(|| TideError::internal("cannot read the current WAL position"))?;
-    send_resync_marks(c, sink, resync_lsn(now, true), resync_end)
-}
-
-/// What a batch did that the catalog records after the target committed it.
-struct Done {
-    removals: Vec<u32>,
-    skipped: Vec<(Lsn, u32)>,
-    marks: Vec<(u32, Lsn)>,
-    rewrites: Vec<(u32, Lsn)>,
-    last_applied: Option<(Lsn, i64)>,
-}
-
-/// Record a batch in the catalog, in the iteration's transaction: tables removed, transactions
-/// skipped, tables now captured, `tide.alter_table`s now in effect (and their re-reads),
-/// rewritten tables' re-reads, the applied position (or the
-/// cleared error of a pipeline that failed before).
-fn record_batch(
-    c: &mut SpiClient<'_>,
-    p: &PipelineRow,
-    d: &Done,
-    out: &mut Outcome,
-) -> TideResult<()> {
-    for relid in &d.removals {
-        catalog::tables::forget_removed(c, &p.name, *relid)?;
-    }
-    for (lsn, xid) in &d.skipped {
-        catalog::skips::mark_skipped(c, &p.name, *lsn, *xid)?;
-        out.notes.push(format!(
-            "skipped the transaction committed at {lsn} (xid {xid}), as tide.skip_transaction asked"
-        ));
-    }
-    for (relid, lsn) in &d.marks {
-        catalog::tables::mark_capturing(c, &p.name, *relid, &lsn.to_string())?;
-    }
-    for (relid, xid, lsn) in std::mem::take(&mut out.alters) {
-        // From here the decoder and the backfills shape the table the new way, and it is read
-        // again under it.
-        catalog::tables::end_alter(c, &p.name, relid, &xid)?;
-        let note = catalog::backfills::queue_reseed(c, &p.name, relid, &lsn.to_string())?;
-        out.notes.push(note);
-    }
-    for (relid, lsn) in &d.rewrites {
-        out.notes.push(catalog::backfills::reread_after_rewrite(
-            c,
-            &p.name,
-            *relid,
-            &lsn.to_string(),
-        )?);
-    }
-    if let Some((end, time)) = d.last_applied {
-        catalog::pipelines::record_applied(c, &p.name, &end.to_string(), Some(time))?;
-        out.last_commit_time = Some(time);
-    } else if p.has_error {
-        catalog::pipelines::clear_error(c, &p.name)?;
-    }
-    Ok(())
-}
-
-/// The pipeline's tables as the applier sorts them, and the decoder's filter: their OIDs and
-/// those of pg_tide's signal and marker tables.
-fn table_sets(
-    tables: &[catalog::tables::TableRow],
-    signal_relid: u32,
-    marker_relid: u32,
-) -> (TableSets, String) {
-    let sets = TableSets {
-        capturing: tables
-            .iter()
-            .filter(|t| t.capturing)
-            .map(|t| t.relid)
-            .collect(),
-        pending: tables
-            .iter()
-            .filter(|t| !t.capturing)
-            .map(|t| t.relid)
-            .collect(),
-        removing: tables
-            .iter()
-            .filter(|t| t.removing)
-            .map(|t| t.relid)
-            .collect(),
-        listed: tables.iter().map(|t| t.relid).collect(),
-    };
-    let filter: String = tables
-        .iter()
-        .map(|t| t.relid)
-        .chain([signal_relid, marker_relid])
-        .map(|r| r.to_string())
-        .collect::<Vec<_>>()
-        .join(",");
-    (sets, filter)
-}
-
-/// The output plugin's options beyond the table list: the row filters and column lists
-/// ([`row_filter_options`]), the column masks and their salt (`catalog::masks`; the plugin
-/// applies them, see `tide_core::mask`).
-fn plugin_options(
-    c: &mut SpiClient<'_>,
-    tables: &[catalog::tables::TableRow],
-    p: &PipelineRow,
-) -> TideResult<Vec<(String, String)>> {
-    let mut extra = row_filter_options(tables, &p.owner)?;
-    extra.extend(catalog::masks::plugin_options(c, &p.name)?);
-    Ok(extra)
-}
-
-/// The output plugin's shaping options for `tables`: `row_filter.<relid>` per filtered table,
-/// and the owner's OID (whose rights the plugin checks the filters' functions against);
-/// `columns.<relid>` (attribute numbers) per table with a column list.
-fn row_filter_options(
-    tables: &[catalog::tables::TableRow],
-    owner: &str,
-) -> TideResult<Vec<(String, String)>> {
-    let mut out: Vec<(String, String)> = tables
-        .iter()
-        .filter_map(|t| {
-            t.row_filter
-                .as_ref()
-                .map(|f| (format!("row_filter.{}", t.relid), f.clone()))
-        })
-        .collect();
-    let filters = !out.is_empty();
-    out.extend(tables.iter().filter_map(|t| {
-        t.columns.as_ref().map(|c| {
-            let list = c.iter().map(|a| a.to_string()).collect::<Vec<_>>();
-            (format!("columns.{}", t.relid), list.join(","))
-        })
-    }));
-    if filters {
-        let oid = crate::security::owner_oid(owner, "the pipeline")?;
-        out.push(("row_filter_owner".into(), oid.to_u32().to_string()));
-    }
-    Ok(out)
-}
-
-/// The decoder, open on the pipeline's slot with `filter`: the decoder follows the catalog's
-/// table list, so a changed list means a new decoding session from the confirmed position (the
-/// plugin's filter is fixed when it starts).
-fn open_decoder<'d>(
-    dec: &'d mut Option<Decoder>,
-    rels: &mut HashMap<u32, RelDesc>,
-    p: &PipelineRow,
-    filter: &str,
-    extra: &[(String, String)],
-    streaming: bool,
-) -> TideResult<&'d mut Decoder> {
-    if dec
-        .as_ref()
-        .is_some_and(|d| d.filter != filter || d.extra != extra || d.slot != p.slot_name)
-    {
-        if let Some(d) = dec.take() {
-            d.close();
-        }
-    }
-    if dec.is_none() {
-        rels.clear();
-        let remote_streams = if p.target == tide_core::model::TargetKind::Postgres {
-            gucs::REMOTE_STREAM_CONNECTIONS.get().max(0) as usize
-        } else {
-            0
-        };
-        *dec = Some(Decoder::open(
-            &p.slot_name,
-            filter,
-            extra,
-            remote_streams,
-            streaming,
-            // A target outside the source database gets only WAL the standbys have.
-            matches!(
-                p.target,
-                tide_core::model::TargetKind::Postgres | tide_core::model::TargetKind::Kafka
-            ),
-        )?);
-    }
-    dec.as_mut()
-        .ok_or_else(|| TideError::internal("no decoder"))
-}
-
-/// Where the pipeline has applied up to (its row's position, or the target's own when that is
-/// later: a remote target commits on its own), where its catalog recorded that (its row's
-/// position), and where its slot is confirmed.
-fn positions(p: &PipelineRow, target_applied: Option<Lsn>) -> TideResult<(Lsn, Lsn, Lsn)> {
-    let applied = match &p.applied_lsn {
-        Some(s) => s
-            .parse::<Lsn>()
-            .map_err(|_| TideError::internal(format!("bad applied_lsn {s}")))?,
-        None => Lsn(0),
-    };
-    let confirmed = p
-        .confirmed_lsn
-        .as_deref()
-        .and_then(|s| s.parse::<Lsn>().ok())
-        .unwrap_or(Lsn(0));
-    Ok((
-        applied.max(target_applied.unwrap_or(Lsn(0))),
-        applied,
-        confirmed,
-    ))
-}
-
-/// Hand every decoded message of this read to the applier, in order, until the end or a
-/// barrier (what follows a barrier is read again after the reopen: the buffer is emptied).
-/// The batch must end between transactions.
-fn apply_messages(decoder: &mut Decoder, ap: &mut Applier<'_, '_>) -> TideResult<()> {
-    let mut messages = decoder.messages();
-    while let Some(data) = messages.next_message()? {
-        let msg = wire::decode(data).map_err(|e| {
-            TideError::internal(format!("cannot decode a message of the pg_tide output plugin: {e}"))
-                .hint("The server's pg_tide library and the worker disagree on the wire format; restart the server after upgrading pg_tide.")
-        })?;
-        if !ap.dispatch(msg)? {
-            break;
-        }
-    }
-    if ap.txn.is_some() || ap.elsewhere.is_some() {
-        // Cannot happen: the plugin writes whole transactions. Refuse to commit half of one.
-        return Err(TideError::internal(
-            "the decoded stream ended inside a transaction",
-        ));
-    }
-    Ok(())
 }

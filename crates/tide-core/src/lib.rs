@@ -1,9 +1,13 @@
 //! Server-independent core of pg_tide: everything that can be specified and
 //! tested without PostgreSQL.
 //!
+//! * [`applied`]: what a target that keeps its applied position itself knows of
+//!   it, changed by its commits' outcomes.
 //! * [`lsn`]: WAL positions and their `X/Y` text form.
 //! * [`wire`]: the versioned binary format between the output plugin and the
 //!   worker (documented in `docs/wire-format.md`).
+//! * [`change`]: what the worker hands a target (row events, truncates, schema
+//!   events, batch chunks, resync marks) and where each falls in its source transaction.
 //! * [`copy`]: rows in `COPY ... FROM STDIN`'s text format, every value
 //!   escaped (remote table targets' backfill chunks).
 //! * [`kafka`]: the kafka target's messages (Debezium envelopes, transaction
@@ -40,7 +44,9 @@
 
 #![forbid(unsafe_code)]
 
+pub mod applied;
 pub mod backfill_schedule;
+pub mod change;
 pub mod connect;
 pub mod copy;
 pub mod json;

@@ -37,7 +37,7 @@ pub struct Due {
     /// at the chunk's high watermark.
     pub sweep: Option<String>,
     /// A resync's backfill (after a lost slot), whatever the target: a target in another
-    /// PostgreSQL is swept by the worker once the chunk is read (`Target::sweep_keys`).
+    /// PostgreSQL is swept by the worker once the chunk is read (`RemoteTarget::sweep_keys`).
     pub resync: bool,
     /// The chunk's planned upper bound (text per key column, inclusive), when the worker
     /// planned several chunks of the backfill ahead for several readers: the chunk reads the

@@ -48,7 +48,6 @@ use crate::sql;
 use pgrx::prelude::*;
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
-use tide_core::model::TargetKind;
 
 /// How many times a differing range is checked before it is reported.
 pub const ATTEMPTS: usize = 5;

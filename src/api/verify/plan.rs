@@ -124,13 +124,13 @@ pub(super) fn setup(
     unsafe { pg_sys::LockRelationOid(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
     let source = relation_name(relid)?;
     let (target_kind, options) = catalog::pipelines::target(&pipeline)?;
-    if target_kind == TargetKind::Outbox {
-        return Err(TideError::prerequisite(format!("pipeline \"{pipeline}\" writes to the outbox: there is no target table to compare"))
-            .hint("tide.verify compares table targets ('table' or 'postgres'). For the outbox, replay it onto a copy and compare that."));
-    }
-    if target_kind == TargetKind::Kafka {
-        return Err(TideError::prerequisite(format!("pipeline \"{pipeline}\" writes to Kafka topics: there is no target table to compare"))
-            .hint("tide.verify compares table targets ('table' or 'postgres'). For Kafka, replay the topics onto a copy and compare that (README, Kafka target)."));
+    let kind = crate::sink::kind(target_kind);
+    if let Some(t) = &kind.tableless {
+        return Err(TideError::prerequisite(format!(
+            "pipeline \"{pipeline}\" writes to {}: there is no target table to compare",
+            t.writes_to
+        ))
+        .hint(t.verify_hint));
     }
     let Some(t) = catalog::tables::target_table(&pipeline, relid)? else {
         return Err(TideError::prerequisite(format!(
@@ -174,7 +174,7 @@ pub(super) fn setup(
         )
     });
     let (cols, masked, masks) = delivered_columns(&pipeline, relid, listed_text.as_deref())?;
-    let remote = if target_kind == TargetKind::Postgres {
+    let remote = if kind.remote {
         let server = options
             .get("server")
             .and_then(|v| v.as_str())

@@ -456,8 +456,7 @@ pub fn remote_access(server: &str, owner: &str) -> TideResult<RemoteAccess> {
     let q = pgrx::spi::quote_identifier;
     let roles = crate::sql::text_rows(
         "SELECT (SELECT r.rolsuper FROM pg_roles r WHERE r.oid = s.srvowner)::text,
-                (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = $2)::text,
-                has_server_privilege($2::text::name, s.oid, 'USAGE')::text
+                (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = $2)::text
            FROM pg_foreign_server s WHERE s.srvname = $1",
         &[Some(server), Some(owner)],
         1,
@@ -477,16 +476,7 @@ pub fn remote_access(server: &str, owner: &str) -> TideResult<RemoteAccess> {
         server_owner_superuser: flag(0),
         owner_superuser: flag(1),
     };
-    if !flag(2) {
-        return Err(TideError::privilege(format!(
-            "role \"{owner}\" may not use foreign server \"{server}\""
-        ))
-        .hint(format!(
-            "GRANT USAGE ON FOREIGN SERVER {} TO {};",
-            q(server),
-            q(owner)
-        )));
-    }
+    crate::security::require_server_usage(server, owner)?;
     let rows = crate::sql::text_rows(
         "SELECT o.origin, o.k, o.v FROM (
              SELECT 's' AS origin, split_part(x, '=', 1) AS k, substr(x, length(split_part(x, '=', 1)) + 2) AS v

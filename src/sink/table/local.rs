@@ -14,7 +14,7 @@ use super::Backend;
 use crate::bulk;
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::TideResult;
-use crate::sink::RowBatch;
+use crate::sink::{CommitPoint, RowBatch};
 use crate::sql;
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
@@ -112,16 +112,17 @@ impl Backend for Local {
 
     /// The deferred constraints of what this batch wrote are checked now, as the owner (the
     /// worker's transaction commits next).
-    fn commit(&mut self, _pipeline: &str, _applied: Option<Lsn>) -> TideResult<()> {
+    fn commit(
+        &mut self,
+        _pipeline: &str,
+        _applied: Option<Lsn>,
+        _at: CommitPoint,
+    ) -> TideResult<()> {
         crate::security::fire_deferred()
     }
 
     fn applied(&mut self) -> TideResult<Option<Lsn>> {
         Ok(None)
-    }
-
-    fn commits_on_its_own(&self) -> bool {
-        false
     }
 
     fn reset(&mut self) {}

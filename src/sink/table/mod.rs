@@ -23,7 +23,7 @@
 //!   is the same. (Constraints between target tables must therefore be `DEFERRABLE INITIALLY
 //!   DEFERRED`.)
 //! - A backfill chunk can arrive as row values instead of events ([`RowForm::RowValues`], see
-//!   [`Target::row_form`] and [`Target::write_chunk`]):
+//!   [`Target::row_form`] and [`Change::Chunk`]):
 //!   a local backend whose target table has each of the chunk's columns with the source's type
 //!   takes them, after this batch's statements so far: loaded in bulk ([`crate::bulk`]: the table
 //!   access method's `multi_insert`, as COPY FROM) when none of their keys is at the target and
@@ -35,7 +35,7 @@
 //!   into a temporary staging table and one `INSERT ... SELECT FROM` it `ON CONFLICT`
 //!   ([`tide_core::plan::staged_upsert`]).
 //! - A source `TRUNCATE` of several captured tables empties their target tables in one
-//!   `TRUNCATE` ([`Target::truncate`]), never one at a time: a foreign key between two of them
+//!   `TRUNCATE` ([`Change::Truncate`]), never one at a time: a foreign key between two of them
 //!   at the target would refuse that (0A000). Never `CASCADE` (a target table pg_tide does not
 //!   write is not emptied because the source cascaded); `RESTART IDENTITY` as the source said.
 //! - Triggers: with the option `session_replication_role = 'replica'` a local target's
@@ -53,9 +53,9 @@
 //!   `CommitPoint::Early`), each together with the applied position (`<schema>.tide_applied`).
 //!   A reader of the target never sees half of a source transaction, across tables too. A
 //!   streamed transaction written while it runs (`worker::stream_apply`) has a remote
-//!   transaction of its own, on a connection of its own ([`Target::open_stream`]), committed
+//!   transaction of its own, on a connection of its own ([`crate::sink::RemoteTarget::open_stream`]), committed
 //!   with the applied position at the source's commit, after the batch before it.
-//! - Schema changes: at a schema event ([`Target::schema`], the position of the `ALTER TABLE`)
+//! - Schema changes: at a schema event ([`Change::Schema`], the position of the `ALTER TABLE`)
 //!   a renamed column is renamed, a dropped column dropped (not a key column: that pauses), a
 //!   new source column added (with the value the source's existing rows got) and a safe type
 //!   widening applied (`tide_core::plan::plan_schema_change`); a shape check before the first
@@ -68,19 +68,43 @@ use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
 use crate::sink::options::{Options, ReplicationRole, SchemaPolicy};
 use crate::sink::remote::{remote_access, watch_remote_options, RemoteAccess, RemoteSink};
-use crate::sink::{Batch, CommitPoint, Event, Row, RowBatch, RowForm, SchemaEvent, Target};
+use crate::sink::{
+    Batch, Change, CommitPoint, Event, Kind, Row, RowBatch, RowForm, SchemaEvent, Target,
+};
 use pgrx::spi::SpiClient;
 use std::collections::{HashMap, HashSet};
+use tide_core::change::At;
 use tide_core::lsn::Lsn;
-use tide_core::model::{ChunkWrite, Op, RelDesc, TargetKind, Txn};
+use tide_core::model::{ChunkWrite, Op, TargetKind};
 use tide_core::plan::{
-    plan_schema_change, plan_shape, staged_upsert, upsert_rows, Change, Planner, ShapePlan,
-    SourceColumn, Staged, Statement, TableRef, TypedColumn,
+    plan_schema_change, plan_shape, staged_upsert, upsert_rows, Change as Planned, Planner,
+    ShapePlan, SourceColumn, Staged, Statement, TableRef, TypedColumn,
 };
 
 pub mod fence;
 pub mod local;
 pub mod remote;
+
+pub use remote::{remote_err, replica_refused};
+
+/// A table target in this database, as the SQL API and the worker tell kinds of target apart.
+pub const KIND_LOCAL: Kind = Kind {
+    alterable: &["schema_changes", "session_replication_role"],
+    tableless: None,
+    local_tables: true,
+    remote: false,
+    outside: false,
+    consumers: false,
+    resync_marks: false,
+};
+
+/// A table target in another PostgreSQL ([`crate::sink::RemoteTarget`]).
+pub const KIND_REMOTE: Kind = Kind {
+    remote: true,
+    local_tables: false,
+    outside: true,
+    ..KIND_LOCAL
+};
 
 /// Where a table target's statements run. The [`TableTarget`] plans; the backend executes.
 pub trait Backend {
@@ -92,42 +116,19 @@ pub trait Backend {
     fn query(&mut self, sql: &str, params: &[&str]) -> TideResult<Vec<Vec<Option<String>>>>;
     /// Run a planned statement, now (local) or at [`Backend::commit`] (remote).
     fn exec(&mut self, c: &mut SpiClient<'_>, st: Statement) -> TideResult<()>;
-    /// Make what was executed durable together with the applied position. Local: nothing to
-    /// do (the worker's transaction commits it, with the pipeline row's applied position).
-    fn commit(&mut self, pipeline: &str, applied: Option<Lsn>) -> TideResult<()>;
+    /// Make what was executed durable together with the applied position (at
+    /// [`CommitPoint::Open`]: send it into the open transaction, commit nothing). Local: nothing
+    /// to do (the worker's transaction commits it, with the pipeline row's applied position).
+    fn commit(&mut self, pipeline: &str, applied: Option<Lsn>, at: CommitPoint) -> TideResult<()>;
     /// The applied position the target keeps itself (remote), if any.
     fn applied(&mut self) -> TideResult<Option<Lsn>>;
-    /// Whether [`Backend::commit`] commits on its own (outside the worker's transaction).
-    fn commits_on_its_own(&self) -> bool;
     /// Forget cached state after a failed iteration.
     fn reset(&mut self);
-    /// A backend of its own, on a connection of its own, for one streamed transaction written
-    /// while it runs ([`Target::open_stream`]); `None`: not supported (local).
-    fn fork(&self) -> Option<Self>
-    where
-        Self: Sized,
-    {
-        None
-    }
-    /// Send what is buffered into the open transaction without committing it.
-    fn flush(&mut self) -> TideResult<()> {
-        Ok(())
-    }
-    /// While the pipeline is paused: renew the lease on a target this server holds (remote,
-    /// see [`fence`]); nothing for a target in this database.
-    fn keep_lease(&mut self, _p: &PipelineRow) -> TideResult<()> {
-        Ok(())
-    }
-    /// How often the worker must look at the target to keep its lease (remote: a third of
-    /// `tide.target_lease`); `None`: no lease.
-    fn renew_every(&self) -> Option<std::time::Duration> {
-        None
-    }
     /// Whether the target tables live in this database, so a chunk's rows can reach them as
-    /// row values ([`Backend::exec_rows`]).
-    fn in_this_database(&self) -> bool {
-        false
-    }
+    /// row values ([`Backend::exec_rows`]); otherwise they live in another PostgreSQL, which a
+    /// chunk's rows reach by COPY ([`Backend::exec_copy`]) and whose [`Backend::commit`]
+    /// commits on its own (outside the worker's transaction).
+    fn in_this_database(&self) -> bool;
     /// Run `sql`, whose parameter `$1` is `rows`, an array of type `array_type` (row values of
     /// a source table: [`tide_core::plan::upsert_rows`]).
     fn exec_rows(
@@ -152,11 +153,6 @@ pub trait Backend {
     ) -> TideResult<bool> {
         Ok(false)
     }
-    /// Whether the target tables live in another PostgreSQL that a chunk's rows can reach by
-    /// COPY ([`Backend::exec_copy`]).
-    fn takes_copy(&self) -> bool {
-        false
-    }
     /// Load a chunk's rows (`data`, COPY text of `staged.copy`'s columns) in the batch's
     /// transaction, after what was executed before: straight into the table when none of the
     /// chunk's keys is there (`staged.probe` with `bounds`, the key range's values), else
@@ -171,43 +167,6 @@ pub trait Backend {
             "COPY text can only be written to tables in another PostgreSQL",
         ))
     }
-}
-
-/// A remote failure as the pipeline's error: transient ones (the target unreachable) are
-/// retried by the worker with back-off, the others wait for the user.
-pub fn remote_err(e: crate::sink::remote::RemoteError) -> TideError {
-    if let Some(refused) = crate::sink::remote::refusal_error(&e) {
-        return refused;
-    }
-    if e.sqlstate.as_deref() == Some("42501") && e.message.contains("session_replication_role") {
-        return replica_refused("the pipeline's server", &e.message, Some("42501"));
-    }
-    let code = if e.transient {
-        pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE
-    } else {
-        pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_FDW_ERROR
-    };
-    let mut err = TideError::new(code, format!("remote target: {}", e.message));
-    if let Some(s) = &e.sqlstate {
-        err = err.detail(format!("remote SQLSTATE {s}"));
-    }
-    err.hint(e.hint.unwrap_or_else(|| {
-        if e.transient {
-            "The target is unreachable or restarting; the worker retries with back-off, and the slot keeps the WAL meanwhile (unless max_slot_wal_keep_size invalidates it first: see slot_warning and safe_wal_size in tide.pipelines).".to_string()
-        } else {
-            "Fix the target table (see the message), then the worker retries by itself.".to_string()
-        }
-    }))
-}
-
-/// The remote user of `server` (as messages name it) may not set `session_replication_role`
-/// (`message`, with the remote's SQLSTATE): 42501 with what to do.
-pub fn replica_refused(server: &str, message: &str, sqlstate: Option<&str>) -> TideError {
-    TideError::privilege(format!(
-        "the remote user of {server} may not set session_replication_role: {message}{}",
-        sqlstate.map(|s| format!(" (remote SQLSTATE {s})")).unwrap_or_default()
-    ))
-    .hint("The option session_replication_role = 'replica' sets it in the remote session, which PostgreSQL allows a superuser and, from PostgreSQL 15 on, a role granted it: at the target, GRANT SET ON PARAMETER session_replication_role TO <the user mapping's user>. Or leave the option out ('origin', the default).")
 }
 
 /// A target table's identifier as messages show it (quoted only where needed).
@@ -231,7 +190,7 @@ pub struct TableTarget<B: Backend> {
     /// Source relations whose shape was checked against their target since the last reset.
     checked: HashSet<u32>,
     planner: Planner,
-    /// A streamed transaction's target ([`Target::open_stream`]): a change that needs DDL at the
+    /// A streamed transaction's target ([`crate::sink::RemoteTarget::open_stream`]): a change that needs DDL at the
     /// target is refused (the transaction is then applied at its commit, by the main target).
     streamed: bool,
 }
@@ -561,7 +520,7 @@ impl<B: Backend + 'static> Target for TableTarget<B> {
         };
         if self.backend.in_this_database() && self.has_columns(relid, columns)? {
             Ok(RowForm::RowValues)
-        } else if self.backend.takes_copy() && self.has_columns(relid, columns)? {
+        } else if !self.backend.in_this_database() && self.has_columns(relid, columns)? {
             Ok(RowForm::CopyText)
         } else {
             Ok(RowForm::Text)
@@ -579,8 +538,62 @@ impl<B: Backend + 'static> Target for TableTarget<B> {
         self.backend.applied()
     }
 
+    /// A change: events planned into statements (one source `TRUNCATE` as one `TRUNCATE` of
+    /// its target tables), a schema change applied or refused, a chunk's rows in bulk; a
+    /// relation's new description checks its target table. Positions are not kept (a target
+    /// table holds rows, not events); a resync has no events here.
+    fn apply(
+        &mut self,
+        c: &mut SpiClient<'_>,
+        _at: At,
+        change: Change<'_>,
+    ) -> TideResult<Option<ChunkWrite>> {
+        match change {
+            Change::Relation { relid, .. } => self.relation(c, relid)?,
+            Change::Row(ev) => self.push(c, ev)?,
+            Change::Truncate {
+                events,
+                restart_identity,
+            } => self.truncate(c, events, restart_identity)?,
+            Change::Schema(ev) => self.schema(c, ev)?,
+            Change::Chunk(batch) => return self.write_chunk(c, batch).map(Some),
+            Change::Resync(_) => {}
+        }
+        Ok(None)
+    }
+
+    fn commit(
+        &mut self,
+        c: &mut SpiClient<'_>,
+        pipeline: &str,
+        applied: Option<Lsn>,
+        at: CommitPoint,
+    ) -> TideResult<()> {
+        if at == CommitPoint::Early && self.backend.in_this_database() {
+            return Ok(());
+        }
+        let pending = self.planner.finish();
+        self.run(c, pending)?;
+        let r = self.backend.commit(pipeline, applied, at);
+        if r.is_err() && at != CommitPoint::Open {
+            // The remote rolled back: DDL planned in this batch did not happen.
+            self.shapes.clear();
+            self.checked.clear();
+        }
+        r
+    }
+
+    fn reset(&mut self) {
+        self.shapes.clear();
+        self.checked.clear();
+        self.planner.clear();
+        self.backend.reset();
+    }
+}
+
+impl<B: Backend + 'static> TableTarget<B> {
     /// A new description of a source relation: check its target before any event uses it.
-    fn relation(&mut self, c: &mut SpiClient<'_>, relid: u32, _rel: &RelDesc) -> TideResult<()> {
+    fn relation(&mut self, c: &mut SpiClient<'_>, relid: u32) -> TideResult<()> {
         self.checked.remove(&relid);
         if self.targets.contains_key(&relid) {
             self.ensure_shape(c, relid)?;
@@ -588,7 +601,8 @@ impl<B: Backend + 'static> Target for TableTarget<B> {
         Ok(())
     }
 
-    fn push(&mut self, c: &mut SpiClient<'_>, _t: &Txn, ev: Event) -> TideResult<()> {
+    /// One event: a statement planned (and run, or buffered by the planner).
+    fn push(&mut self, c: &mut SpiClient<'_>, ev: Event) -> TideResult<()> {
         if !self.targets.contains_key(&ev.relid) {
             // Not a table this pipeline writes (cannot happen for captured tables).
             return Ok(());
@@ -618,13 +632,13 @@ impl<B: Backend + 'static> Target for TableTarget<B> {
         };
         let change = match op {
             Op::Truncate => match only_where {
-                Some(predicate) => Change::TruncateWhere { predicate },
-                None => Change::Truncate,
+                Some(predicate) => Planned::TruncateWhere { predicate },
+                None => Planned::Truncate,
             },
             // Schema changes arrive through `schema`, never as an event; resync events are the
             // outbox's only.
             Op::Schema | Op::Resync => return Ok(()),
-            Op::Insert | Op::Read if target.key.is_empty() => Change::Insert {
+            Op::Insert | Op::Read if target.key.is_empty() => Planned::Insert {
                 values: match row {
                     Row::Text(values) => values,
                     _ => return Err(missing("row as text")),
@@ -641,7 +655,7 @@ impl<B: Backend + 'static> Target for TableTarget<B> {
                     (_, Row::Text(values)) => Some((values, self.typed(&target, &columns)?)),
                     _ => return Err(missing("row as text")),
                 };
-                Change::RowMatch {
+                Planned::RowMatch {
                     old: old.into_iter().map(|(_, v)| v).collect(),
                     old_cols: self.typed(&target, &names)?,
                     new,
@@ -661,13 +675,13 @@ impl<B: Backend + 'static> Target for TableTarget<B> {
                     ordered.push(key_values.swap_remove(i).1);
                 }
                 let types = self.typed(&target, &target.key)?;
-                Change::Delete {
+                Planned::Delete {
                     key: key.ok_or_else(|| missing("key"))?,
                     values: ordered,
                     types: types.into_iter().map(|(_, ty)| ty).collect(),
                 }
             }
-            Op::Insert | Op::Update | Op::Read => Change::Upsert {
+            Op::Insert | Op::Update | Op::Read => Planned::Upsert {
                 key: key.ok_or_else(|| missing("key"))?,
                 values: match row {
                     Row::Text(values) => values,
@@ -688,15 +702,13 @@ impl<B: Backend + 'static> Target for TableTarget<B> {
     fn truncate(
         &mut self,
         c: &mut SpiClient<'_>,
-        t: &mut Txn,
         events: Vec<Event>,
         restart_identity: bool,
     ) -> TideResult<()> {
         let mut tables: Vec<(u32, TableRef)> = Vec::new();
         for ev in events {
-            t.position += 1;
             if ev.only_where.is_some() {
-                self.push(c, t, ev)?;
+                self.push(c, ev)?;
                 continue;
             }
             if !self.targets.contains_key(&ev.relid) {
@@ -717,7 +729,7 @@ impl<B: Backend + 'static> Target for TableTarget<B> {
     /// added columns with their existing rows' value, safe widenings) or pause; a key change
     /// only arrives here for a table being removed, whose changes stop there; a dropped source
     /// table leaves its copy as it is.
-    fn schema(&mut self, c: &mut SpiClient<'_>, _t: &Txn, ev: SchemaEvent) -> TideResult<()> {
+    fn schema(&mut self, c: &mut SpiClient<'_>, ev: SchemaEvent) -> TideResult<()> {
         let Some(t) = self.targets.get(&ev.relid).cloned() else {
             return Ok(());
         };
@@ -730,33 +742,9 @@ impl<B: Backend + 'static> Target for TableTarget<B> {
         self.apply_plan(c, ev.relid, &t, plan)
     }
 
-    fn commit(
-        &mut self,
-        c: &mut SpiClient<'_>,
-        pipeline: &str,
-        applied: Option<Lsn>,
-        at: CommitPoint,
-    ) -> TideResult<()> {
-        if at == CommitPoint::Early && !self.backend.commits_on_its_own() {
-            return Ok(());
-        }
-        let pending = self.planner.finish();
-        self.run(c, pending)?;
-        let r = self.backend.commit(pipeline, applied);
-        if r.is_err() {
-            // The remote rolled back: DDL planned in this batch did not happen.
-            self.shapes.clear();
-            self.checked.clear();
-        }
-        r
-    }
-
-    fn write_chunk(
-        &mut self,
-        c: &mut SpiClient<'_>,
-        _t: &Txn,
-        batch: Batch<'_>,
-    ) -> TideResult<ChunkWrite> {
+    /// A chunk's rows in a batch form: row values (this database) or COPY text (another
+    /// PostgreSQL), in bulk where the target holds none of their keys.
+    fn write_chunk(&mut self, c: &mut SpiClient<'_>, batch: Batch<'_>) -> TideResult<ChunkWrite> {
         match batch {
             Batch::Values(batch) => {
                 let Some(target) = self.before_bulk(
@@ -807,102 +795,4 @@ impl<B: Backend + 'static> Target for TableTarget<B> {
             }
         }
     }
-
-    /// A target in another PostgreSQL: the keys its table holds in the range, read there with
-    /// the bounds cast to the target's key types (its rows only this pipeline writes). A local
-    /// target is swept in the chunk's snapshot instead (`worker::chunk`).
-    fn sweep_keys(
-        &mut self,
-        relid: u32,
-        key_columns: &[String],
-        lower: Option<&[String]>,
-        upper: Option<&[String]>,
-    ) -> TideResult<Option<Vec<Vec<Option<String>>>>> {
-        if self.backend.in_this_database() {
-            return Ok(None);
-        }
-        let Some(t) = self.targets.get(&relid).cloned() else {
-            // Not a table this pipeline writes: nothing there to sweep.
-            return Ok(Some(Vec::new()));
-        };
-        let types = self.typed(&t, key_columns)?;
-        let (sql, params) = sweep_query(&t, &types, lower, upper);
-        let params: Vec<&str> = params.iter().map(String::as_str).collect();
-        self.backend.query(&sql, &params).map(Some)
-    }
-
-    fn open_stream(&mut self) -> TideResult<Option<Box<dyn Target>>> {
-        let Some(backend) = self.backend.fork() else {
-            return Ok(None);
-        };
-        let mut t = TableTarget::new(&self.pipeline, self.policy, backend);
-        t.streamed = true;
-        t.targets = self.targets.clone();
-        t.shapes = self.shapes.clone();
-        Ok(Some(Box::new(t)))
-    }
-
-    fn flush_open(&mut self, c: &mut SpiClient<'_>) -> TideResult<()> {
-        let pending = self.planner.finish();
-        self.run(c, pending)?;
-        self.backend.flush()
-    }
-
-    fn reset(&mut self) {
-        self.shapes.clear();
-        self.checked.clear();
-        self.planner.clear();
-        self.backend.reset();
-    }
-
-    fn keep_lease(&mut self, p: &PipelineRow) -> TideResult<()> {
-        self.backend.keep_lease(p)
-    }
-
-    fn renew_every(&self) -> Option<std::time::Duration> {
-        self.backend.renew_every()
-    }
-}
-
-/// The keys (`types`: each key column with the target's type for it) of target table `t` after
-/// `lower` up to `upper`, each key column as text, with the bounds as parameters.
-fn sweep_query(
-    t: &TableRef,
-    types: &[TypedColumn],
-    lower: Option<&[String]>,
-    upper: Option<&[String]>,
-) -> (String, Vec<String>) {
-    let key = types
-        .iter()
-        .map(|(k, _)| format!("t.{}", tide_core::plan::quote_ident(k)))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let texts = types
-        .iter()
-        .map(|(k, _)| format!("t.{}::pg_catalog.text", tide_core::plan::quote_ident(k)))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let mut clauses = Vec::new();
-    let mut params = Vec::new();
-    for (bound, op) in [(lower, ">"), (upper, "<=")] {
-        if let Some(values) = bound {
-            let ps = types
-                .iter()
-                .enumerate()
-                .map(|(i, (_, ty))| format!("${}::{ty}", params.len() + i + 1))
-                .collect::<Vec<_>>()
-                .join(", ");
-            params.extend(values.iter().cloned());
-            clauses.push(format!("({key}) {op} ({ps})"));
-        }
-    }
-    let filter = if clauses.is_empty() {
-        String::new()
-    } else {
-        format!(" WHERE {}", clauses.join(" AND "))
-    };
-    (
-        format!("SELECT {texts} FROM {} t{filter}", t.qualified()),
-        params,
-    )
 }

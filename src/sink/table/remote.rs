@@ -16,14 +16,17 @@
 //! again before anything is replayed.
 
 use super::fence::Fence;
-use super::{remote_err, Backend};
+use super::{Backend, TableTarget};
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
 use crate::sink::remote::{Part, RemoteSink, RemoteStatement, RemoteStep};
+use crate::sink::CommitPoint;
+use crate::sink::{RemoteTarget, Target};
 use pgrx::spi::SpiClient;
 use std::time::Duration;
+use tide_core::applied::KnownApplied;
 use tide_core::lsn::Lsn;
-use tide_core::plan::{quote_ident, Staged, Statement};
+use tide_core::plan::{quote_ident, Staged, Statement, TableRef, TypedColumn};
 
 /// How long the worker waits for the remote to answer one batch.
 pub const REMOTE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -57,8 +60,8 @@ pub struct Remote {
     open: Option<u64>,
     /// The id of the next remote transaction sent in parts.
     next_part: u64,
-    /// The remote's applied position, once read (`Some(None)`: the remote has none).
-    applied: Option<Option<Lsn>>,
+    /// The remote's applied position, once read.
+    applied: KnownApplied,
     /// The schema and `tide_applied` exist on the remote (checked once per connection).
     ready: bool,
     /// The open batch loads a chunk straight into its table if the range is empty.
@@ -68,7 +71,7 @@ pub struct Remote {
     /// collation than the source, or another writer inserted one meanwhile). From then on this
     /// worker loads every chunk through the staging table, which upserts.
     direct_refused: bool,
-    /// A streamed transaction's backend ([`Backend::fork`]): its remote transaction begins with
+    /// A streamed transaction's backend ([`Remote::fork`]): its remote transaction begins with
     /// `SET LOCAL lock_timeout` ([`STREAM_LOCK_TIMEOUT_MS`]).
     stream: bool,
     /// This server's hold on the target (`super::fence`).
@@ -86,13 +89,82 @@ impl Remote {
             buffered: 0,
             open: None,
             next_part: 0,
-            applied: None,
+            applied: KnownApplied::default(),
             ready: false,
             has_direct: false,
             direct_refused: false,
             stream: false,
             fence: Fence::new(),
         }
+    }
+
+    /// The applied position `tide_applied` holds for the pipeline.
+    fn read_applied(&mut self) -> TideResult<Option<Lsn>> {
+        let table = self.applied_table();
+        let pipeline = self.pipeline.clone();
+        let rows = self
+            .sink()?
+            .query(
+                &format!("SELECT applied_lsn::text FROM {table} WHERE pipeline = $1"),
+                vec![Some(pipeline)],
+                REMOTE_TIMEOUT,
+            )
+            .map_err(remote_err)?;
+        let a = match rows.first().and_then(|r| r.first().cloned().flatten()) {
+            None => None,
+            Some(s) => Some(s.parse::<Lsn>().map_err(|_| {
+                TideError::internal(format!(
+                    "remote target: {} holds \"{s}\" for pipeline \"{}\", which is not an LSN",
+                    self.applied_table(),
+                    self.pipeline
+                ))
+            })?),
+        };
+        Ok(a)
+    }
+
+    /// While the pipeline is paused: renew the lease on the target this server holds (see
+    /// [`super::fence`]).
+    pub(super) fn keep_lease(&mut self, p: &PipelineRow) -> TideResult<()> {
+        self.check_access(p)?;
+        if !self.ready {
+            self.make_applied_table()?;
+            self.ready = true;
+        }
+        let table = self.applied_table();
+        let sink = self.sink.as_ref().ok_or_else(no_connection)?;
+        self.fence.keep(sink, &table, p, REMOTE_TIMEOUT)
+    }
+
+    /// How often the worker must look at the target to keep its lease (a third of
+    /// `tide.target_lease`).
+    pub(super) fn renew_every(&self) -> Duration {
+        super::fence::renew_every()
+    }
+
+    /// A backend of its own, on a connection of its own, for one streamed transaction written
+    /// while it runs ([`crate::sink::RemoteTarget::open_stream`]).
+    pub(super) fn fork(&self) -> TideResult<Remote> {
+        let sink = self.sink.as_ref().ok_or_else(no_connection)?;
+        let mut r = Remote::new(
+            &self.pipeline,
+            &self.schema,
+            RemoteSink::start_with(sink.access(), &format!("pg_tide {} stream", self.pipeline)),
+        );
+        // The main connection made the schema and `tide_applied`, and holds the target; a chunk
+        // never comes here.
+        r.ready = true;
+        r.stream = true;
+        r.fence = self.fence.clone();
+        Ok(r)
+    }
+
+    /// Send what is buffered into the open transaction without committing it.
+    fn flush(&mut self) -> TideResult<()> {
+        if self.stmts.is_empty() {
+            return Ok(());
+        }
+        self.send_part()
     }
 
     /// The connection, or why there is none.
@@ -214,17 +286,12 @@ impl Remote {
         };
         let stmts = std::mem::take(&mut self.stmts);
         self.buffered = 0;
-        match self.sink()?.transaction_part(stmts, part, REMOTE_TIMEOUT) {
-            Ok(_) => {
-                self.open = Some(part.id);
-                Ok(())
-            }
-            Err(e) => {
-                self.open = None;
-                self.applied = None;
-                Err(remote_err(e))
-            }
-        }
+        let sent = self.sink()?.transaction_part(stmts, part, REMOTE_TIMEOUT);
+        // Not a commit: nothing to remember, but a failure forgets the position.
+        self.open = None;
+        self.applied.committed(None, sent).map_err(remote_err)?;
+        self.open = Some(part.id);
+        Ok(())
     }
 }
 
@@ -266,28 +333,17 @@ impl Backend for Remote {
         }
         // Take the target, or renew the lease, before anything of this iteration is written
         // (every commit is fenced as well).
-        if self.fence.due() || self.applied.is_none() {
+        if self.fence.due() || self.applied.get().is_none() {
             let table = self.applied_table();
             let sink = self.sink.as_ref().ok_or_else(no_connection)?;
             let held = self.fence.acquire(sink, &table, p, REMOTE_TIMEOUT)?;
-            self.applied = Some(held.applied);
+            self.applied.set(held.applied);
         }
         Ok(reconnected)
     }
 
-    fn keep_lease(&mut self, p: &PipelineRow) -> TideResult<()> {
-        self.check_access(p)?;
-        if !self.ready {
-            self.make_applied_table()?;
-            self.ready = true;
-        }
-        let table = self.applied_table();
-        let sink = self.sink.as_ref().ok_or_else(no_connection)?;
-        self.fence.keep(sink, &table, p, REMOTE_TIMEOUT)
-    }
-
-    fn renew_every(&self) -> Option<Duration> {
-        Some(super::fence::renew_every())
+    fn in_this_database(&self) -> bool {
+        false
     }
 
     fn query(&mut self, sql: &str, params: &[&str]) -> TideResult<Vec<Vec<Option<String>>>> {
@@ -305,10 +361,6 @@ impl Backend for Remote {
             sql: st.sql,
             params: st.params.into_iter().map(Some).collect(),
         }))
-    }
-
-    fn takes_copy(&self) -> bool {
-        true
     }
 
     fn exec_copy(
@@ -350,7 +402,10 @@ impl Backend for Remote {
         })
     }
 
-    fn commit(&mut self, pipeline: &str, applied: Option<Lsn>) -> TideResult<()> {
+    fn commit(&mut self, pipeline: &str, applied: Option<Lsn>, at: CommitPoint) -> TideResult<()> {
+        if at == CommitPoint::Open {
+            return self.flush();
+        }
         if self.stmts.is_empty() && applied.is_none() && self.open.is_none() {
             return Ok(());
         }
@@ -374,23 +429,18 @@ impl Backend for Remote {
             ),
             None => self.sink()?.transaction_steps(stmts, REMOTE_TIMEOUT),
         };
-        match sent {
+        match self.applied.committed(applied, sent) {
             Ok(_) => {
                 self.fence.committed();
-                if let Some(a) = applied {
-                    self.applied = Some(Some(a));
-                }
                 Ok(())
             }
             Err(e) if e.is_fenced() => {
-                self.applied = None;
                 let table = self.applied_table();
                 let pipeline = self.pipeline.clone();
                 let sink = self.sink.as_ref().ok_or_else(no_connection)?;
                 Err(self.fence.lost(sink, &table, &pipeline, REMOTE_TIMEOUT))
             }
             Err(e) => {
-                self.applied = None;
                 if direct && e.sqlstate.as_deref() == Some("23505") {
                     self.direct_refused = true;
                 }
@@ -400,57 +450,12 @@ impl Backend for Remote {
     }
 
     fn applied(&mut self) -> TideResult<Option<Lsn>> {
-        if let Some(a) = self.applied {
+        if let Some(a) = self.applied.get() {
             return Ok(a);
         }
-        let table = self.applied_table();
-        let pipeline = self.pipeline.clone();
-        let rows = self
-            .sink()?
-            .query(
-                &format!("SELECT applied_lsn::text FROM {table} WHERE pipeline = $1"),
-                vec![Some(pipeline)],
-                REMOTE_TIMEOUT,
-            )
-            .map_err(remote_err)?;
-        let a = match rows.first().and_then(|r| r.first().cloned().flatten()) {
-            None => None,
-            Some(s) => Some(s.parse::<Lsn>().map_err(|_| {
-                TideError::internal(format!(
-                    "remote target: {} holds \"{s}\" for pipeline \"{}\", which is not an LSN",
-                    self.applied_table(),
-                    self.pipeline
-                ))
-            })?),
-        };
-        self.applied = Some(a);
+        let a = self.read_applied()?;
+        self.applied.set(a);
         Ok(a)
-    }
-
-    fn commits_on_its_own(&self) -> bool {
-        true
-    }
-
-    fn fork(&self) -> Option<Remote> {
-        let sink = self.sink.as_ref()?;
-        let mut r = Remote::new(
-            &self.pipeline,
-            &self.schema,
-            RemoteSink::start_with(sink.access(), &format!("pg_tide {} stream", self.pipeline)),
-        );
-        // The main connection made the schema and `tide_applied`, and holds the target; a chunk
-        // never comes here.
-        r.ready = true;
-        r.stream = true;
-        r.fence = self.fence.clone();
-        Some(r)
-    }
-
-    fn flush(&mut self) -> TideResult<()> {
-        if self.stmts.is_empty() {
-            return Ok(());
-        }
-        self.send_part()
     }
 
     fn reset(&mut self) {
@@ -464,8 +469,127 @@ impl Backend for Remote {
                 let _ = sink.query("ROLLBACK", vec![], Duration::from_secs(5));
             }
         }
-        self.applied = None;
+        self.applied.forget();
         self.ready = false;
         self.has_direct = false;
     }
+}
+
+/// A remote failure as the pipeline's error: transient ones (the target unreachable) are
+/// retried by the worker with back-off, the others wait for the user.
+pub fn remote_err(e: crate::sink::remote::RemoteError) -> TideError {
+    if let Some(refused) = crate::sink::remote::refusal_error(&e) {
+        return refused;
+    }
+    if e.sqlstate.as_deref() == Some("42501") && e.message.contains("session_replication_role") {
+        return replica_refused("the pipeline's server", &e.message, Some("42501"));
+    }
+    let code = if e.transient {
+        pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE
+    } else {
+        pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_FDW_ERROR
+    };
+    let mut err = TideError::new(code, format!("remote target: {}", e.message));
+    if let Some(s) = &e.sqlstate {
+        err = err.detail(format!("remote SQLSTATE {s}"));
+    }
+    err.hint(e.hint.unwrap_or_else(|| {
+        if e.transient {
+            "The target is unreachable or restarting; the worker retries with back-off, and the slot keeps the WAL meanwhile (unless max_slot_wal_keep_size invalidates it first: see slot_warning and safe_wal_size in tide.pipelines).".to_string()
+        } else {
+            "Fix the target table (see the message), then the worker retries by itself.".to_string()
+        }
+    }))
+}
+
+/// The remote user of `server` (as messages name it) may not set `session_replication_role`
+/// (`message`, with the remote's SQLSTATE): 42501 with what to do.
+pub fn replica_refused(server: &str, message: &str, sqlstate: Option<&str>) -> TideError {
+    TideError::privilege(format!(
+        "the remote user of {server} may not set session_replication_role: {message}{}",
+        sqlstate.map(|s| format!(" (remote SQLSTATE {s})")).unwrap_or_default()
+    ))
+    .hint("The option session_replication_role = 'replica' sets it in the remote session, which PostgreSQL allows a superuser and, from PostgreSQL 15 on, a role granted it: at the target, GRANT SET ON PARAMETER session_replication_role TO <the user mapping's user>. Or leave the option out ('origin', the default).")
+}
+
+/// A table target in another PostgreSQL.
+impl RemoteTarget for TableTarget<Remote> {
+    /// A target in another PostgreSQL: the keys its table holds in the range, read there with
+    /// the bounds cast to the target's key types (its rows only this pipeline writes).
+    fn sweep_keys(
+        &mut self,
+        relid: u32,
+        key_columns: &[String],
+        lower: Option<&[String]>,
+        upper: Option<&[String]>,
+    ) -> TideResult<Vec<Vec<Option<String>>>> {
+        let Some(t) = self.targets.get(&relid).cloned() else {
+            // Not a table this pipeline writes: nothing there to sweep.
+            return Ok(Vec::new());
+        };
+        let types = self.typed(&t, key_columns)?;
+        let (sql, params) = sweep_query(&t, &types, lower, upper);
+        let params: Vec<&str> = params.iter().map(String::as_str).collect();
+        self.backend.query(&sql, &params)
+    }
+
+    fn open_stream(&mut self) -> TideResult<Box<dyn Target>> {
+        let backend = self.backend.fork()?;
+        let mut t = TableTarget::new(&self.pipeline, self.policy, backend);
+        t.streamed = true;
+        t.targets = self.targets.clone();
+        t.shapes = self.shapes.clone();
+        Ok(Box::new(t))
+    }
+
+    fn keep_lease(&mut self, p: &PipelineRow) -> TideResult<()> {
+        self.backend.keep_lease(p)
+    }
+
+    fn renew_every(&self) -> std::time::Duration {
+        self.backend.renew_every()
+    }
+}
+
+/// The keys (`types`: each key column with the target's type for it) of target table `t` after
+/// `lower` up to `upper`, each key column as text, with the bounds as parameters.
+fn sweep_query(
+    t: &TableRef,
+    types: &[TypedColumn],
+    lower: Option<&[String]>,
+    upper: Option<&[String]>,
+) -> (String, Vec<String>) {
+    let key = types
+        .iter()
+        .map(|(k, _)| format!("t.{}", tide_core::plan::quote_ident(k)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let texts = types
+        .iter()
+        .map(|(k, _)| format!("t.{}::pg_catalog.text", tide_core::plan::quote_ident(k)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut clauses = Vec::new();
+    let mut params = Vec::new();
+    for (bound, op) in [(lower, ">"), (upper, "<=")] {
+        if let Some(values) = bound {
+            let ps = types
+                .iter()
+                .enumerate()
+                .map(|(i, (_, ty))| format!("${}::{ty}", params.len() + i + 1))
+                .collect::<Vec<_>>()
+                .join(", ");
+            params.extend(values.iter().cloned());
+            clauses.push(format!("({key}) {op} ({ps})"));
+        }
+    }
+    let filter = if clauses.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", clauses.join(" AND "))
+    };
+    (
+        format!("SELECT {texts} FROM {} t{filter}", t.qualified()),
+        params,
+    )
 }

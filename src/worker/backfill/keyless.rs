@@ -54,7 +54,7 @@ use crate::catalog::backfills::{self, KeylessDue};
 use crate::catalog::pipelines::PipelineRow;
 use crate::catalog::tables::TableRow;
 use crate::error::{TideError, TideResult};
-use crate::sink::{Event, ResyncMark, Row, RowForm, Target};
+use crate::sink::{Change, Event, Kind, ResyncMark, Row, RowForm, Target};
 use crate::sql;
 use crate::worker::stream_apply::StreamApply;
 use pgrx::pg_sys;
@@ -63,7 +63,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 use tide_core::json;
 use tide_core::lsn::Lsn;
-use tide_core::model::{Op, OwnedColumn, RelDesc, TargetKind, Txn};
+use tide_core::model::{Op, OwnedColumn, RelDesc, Txn};
 use tide_core::snapshot::{InvisibleXids, KeylessCopy};
 use tide_core::wire::Tuple;
 
@@ -147,7 +147,15 @@ fn copy_due(
     bf.copy_taken(due.id);
     // The delete below would wait for the row locks a streamed transaction holds at a remote.
     streams.fall_back_all();
-    write_copy(c, sink, p.target, due.id, due.relid, read, at)?;
+    write_copy(
+        c,
+        sink,
+        crate::sink::kind(p.target),
+        due.id,
+        due.relid,
+        read,
+        at,
+    )?;
     Ok(vec![format!(
         "copied {n} rows of a table without a key (backfill {}) at {at}",
         due.id
@@ -263,7 +271,7 @@ fn read_copy(pipeline: &str, due: &KeylessDue) -> TideResult<Option<CopyRead>> {
 fn write_copy(
     c: &mut SpiClient<'_>,
     sink: &mut dyn Target,
-    kind: TargetKind,
+    kind: &'static Kind,
     id: i64,
     relid: u32,
     read: CopyRead,
@@ -273,7 +281,7 @@ fn write_copy(
         qualified: read.relation.clone(),
         columns: read.columns.clone(),
     };
-    sink.relation(c, relid, &rel)?;
+    sink.describe(c, relid, &rel)?;
     let mut t = Txn {
         xid: 0,
         lsn: at,
@@ -287,7 +295,7 @@ fn write_copy(
     let form = sink.row_form(relid, None)?.per_row();
     let render_err =
         |e: json::RenderError| TideError::internal(format!("cannot render a copied row: {e}"));
-    if matches!(kind, TargetKind::Table | TargetKind::Postgres) {
+    if kind.tableless.is_none() {
         // A table target: empty the table, then one insert per row (duplicates stay). A
         // `DELETE` (a truncate with a predicate that holds for every row), not a `TRUNCATE`:
         // rows inserted after a `TRUNCATE` in the same transaction were seen landing in the
@@ -347,7 +355,7 @@ fn write_copy(
 
 /// A `resync` start or end around the rows of a keyless table's copy (outbox or kafka).
 struct CopyMark<'a> {
-    kind: TargetKind,
+    kind: &'static Kind,
     id: i64,
     relid: u32,
     relation: &'a str,
@@ -365,14 +373,15 @@ impl CopyMark<'_> {
             serde_json::json!({"phase": "end", "complete": true})
         }
         .to_string();
-        if self.kind == TargetKind::Kafka {
+        if self.kind.resync_marks {
             // Kafka's resync messages, on every partition of the table's topic.
             let m = ResyncMark {
                 relid: self.relid,
                 relation: self.relation.to_string(),
                 payload,
             };
-            return sink.resync(c, t, &[m]);
+            sink.send(c, t, Change::Resync(&[m]))?;
+            return Ok(());
         }
         t.position += 1;
         let ev = Event {
