@@ -9,7 +9,7 @@ A module is a file (src/a/b.rs and src/a/b/mod.rs are module a::b). An edge A ->
 that names B in A's code: `use crate::...`, `crate::...::x` written inline, `super::...`, or
 `self::...`, resolved to the longest module prefix that exists. A `mod x;` declaration is not
 an edge, and neither is a child naming its own ancestors (a parent module is its children's
-interface: `sink::table` may use `sink::Target`), but a parent naming a child is.
+interface: `target::table` may use `target::Target`), but a parent naming a child is.
 Comments, strings and `#[cfg(test)]` modules of their own files (`*tests.rs`) are read too:
 tests are code. Prints each cycle (a strongly connected set of two or more modules, with one
 cycle through it) and exits 1; prints the layer order and exits 0 when there is none.

@@ -311,7 +311,7 @@ stage_pgrx() {
     else
         mkdir -p "$PGRX_PGDATA"
     fi
-    # The remote sink's integration tests (src/sink/remote.rs) talk to a server of their own:
+    # The remote sink's integration tests (src/target/remote.rs) talk to a server of their own:
     # a scratch cluster, destroyed afterwards.
     local remote="pgrx_remote_$$" port rc=0
     bash "$TIDE_REPO/scripts/cluster.sh" init "$remote" --no-preload --wal-level replica

@@ -32,7 +32,7 @@ pub struct TideError {
     /// A transient condition: try the same thing again shortly (not a failure to record).
     pub retry: bool,
     /// Set by the worker's target code: the pipeline's slot can no longer be trusted (a remote
-    /// target applied WAL this server never had, `sink::table::fence`): the worker records it
+    /// target applied WAL this server never had, `target::table::fence`): the worker records it
     /// as lost, with the error's detail as the reason, and the pipeline resyncs (README,
     /// Concepts > Lost slots).
     pub slot_lost: bool,

@@ -72,7 +72,7 @@ pub static MAX_PAUSED_WAL_MB: GucSetting<i32> = GucSetting::<i32>::new(8192);
 /// `tide.target_lease`: how long (s) a remote target stays its writer's after the writer last
 /// renewed its lease there (every commit, and at least every third of this while idle, paused or
 /// failing); another server's pipeline of the same name takes the target over only once it
-/// lapsed, or by `tide.claim_target` (see `sink::table::fence`).
+/// lapsed, or by `tide.claim_target` (see `target::table::fence`).
 pub static TARGET_LEASE_S: GucSetting<i32> = GucSetting::<i32>::new(30);
 
 /// What a pipeline worker does when its slot is lost (invalidated, missing, or not pg_tide's):

@@ -37,9 +37,9 @@ pub mod row_filter;
 pub mod schema;
 pub mod security;
 pub mod shmem;
-pub mod sink;
 pub mod sql;
 pub mod sql_as_tide;
+pub mod target;
 pub mod worker;
 
 #[pg_guard]
@@ -54,7 +54,7 @@ pub extern "C-unwind" fn _PG_init() {
     }
     gucs::init();
     // Waits for a remote sink's reply look at interrupts and the postmaster every 100 ms.
-    sink::wait::set_check(worker::wait_check);
+    target::wait::set_check(worker::wait_check);
     // SAFETY: a process global PostgreSQL sets around the preloading of shared libraries;
     // _PG_init runs on the process's only thread.
     if unsafe { !pg_sys::process_shared_preload_libraries_in_progress } {

@@ -42,7 +42,7 @@ pub(super) fn alter_pipeline(
 
 /// The options of each target kind that [`alter_pipeline`] may change (each kind's module says).
 fn alterable(kind: TargetKind) -> &'static [&'static str] {
-    crate::sink::kind(kind).alterable
+    crate::target::kind(kind).alterable
 }
 
 fn alter_pipeline_impl(
@@ -104,13 +104,13 @@ fn alter_pipeline_impl(
             merged.insert(k.clone(), v.clone());
         }
     }
-    let parsed = crate::sink::options::Options::parse(kind, &serde_json::Value::Object(merged))?;
-    if let crate::sink::options::Options::Kafka(o) = &parsed {
+    let parsed = crate::target::options::Options::parse(kind, &serde_json::Value::Object(merged))?;
+    if let crate::target::options::Options::Kafka(o) = &parsed {
         // As create_pipeline: the settings together with the server's and the owner's mapping,
         // and a broker that answers (the worker connects as the owner).
         kafka::check_kafka(name, o, &owner)?;
     }
-    if let (Some(server), crate::sink::options::ReplicationRole::Replica) =
+    if let (Some(server), crate::target::options::ReplicationRole::Replica) =
         (parsed.server(), parsed.replication_role())
     {
         // As create_pipeline: the owner's remote user must be allowed to set it.

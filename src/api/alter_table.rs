@@ -284,7 +284,7 @@ fn check_target_types(
     new: Option<&serde_json::Value>,
 ) -> TideResult<()> {
     let (kind, _) = catalog::pipelines::target(pipeline)?;
-    if crate::sink::kind(kind).tableless.is_some() {
+    if crate::target::kind(kind).tableless.is_some() {
         return Ok(());
     }
     let rows = sql::text_rows(

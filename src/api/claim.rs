@@ -1,12 +1,12 @@
 //! `tide.claim_target`: a DBA moves a pipeline's remote target to this server at once (README,
 //! Concepts > One writer per target). The target's owner becomes this server and its epoch moves
 //! on, so the pipeline of the same name on the server that wrote it until now commits nothing
-//! more there: its next write is refused and it pauses, fenced (`sink::table::fence`).
+//! more there: its next write is refused and it pauses, fenced (`target::table::fence`).
 
 use super::*;
-use crate::sink::options::Options;
-use crate::sink::remote::{remote_access, RemoteSink};
-use crate::sink::table::fence;
+use crate::target::options::Options;
+use crate::target::remote::{remote_access, RemoteSink};
+use crate::target::table::fence;
 use std::time::Duration;
 
 /// How long the claim waits for the remote target.
@@ -27,7 +27,7 @@ fn claim_target_impl(name: &str) -> TideResult<i64> {
         pgrx::Spi::connect_mut(|c| catalog::pipelines::lock_pipeline(c, name))
     })?
     .ok_or_else(|| TideError::undefined(format!("pipeline \"{}\" does not exist", shown(name))))?;
-    if !crate::sink::kind(p.target).remote {
+    if !crate::target::kind(p.target).remote {
         return Err(TideError::wrong_object(format!(
             "pipeline \"{}\" writes a {} target, which has no owner to claim",
             shown(name),
@@ -52,7 +52,7 @@ fn claim_target_impl(name: &str) -> TideResult<i64> {
         tide_core::plan::quote_ident(opts.schema())
     );
     let schema = tide_core::plan::quote_ident(opts.schema());
-    let remote = crate::sink::table::remote_err;
+    let remote = crate::target::table::remote_err;
     sink.query(
         &format!("CREATE SCHEMA IF NOT EXISTS {schema}"),
         vec![],

@@ -34,7 +34,7 @@ fn require_outbox_pipeline(pipeline: &str) -> TideResult<String> {
     catalog::version_gate()?;
     let owner = require_pipeline(pipeline)?;
     let (kind, _) = catalog::pipelines::target(pipeline)?;
-    if !crate::sink::kind(kind).consumers {
+    if !crate::target::kind(kind).consumers {
         return Err(TideError::wrong_object(format!(
             "pipeline \"{}\" writes to a {} target, not to the outbox",
             shown(pipeline),

@@ -13,13 +13,13 @@
 //! reads, runs or loads it inside this process: `plugin.library.paths` is dlopen()ed the moment
 //! it is set) is accepted only from a superuser, checked before any librdkafka configuration
 //! is built (42501 otherwise, also when the validator is called directly), and used only from
-//! a server a superuser owns or from a user mapping ([`crate::sink::kafka::kafka_server_options`]).
+//! a server a superuser owns or from a user mapping ([`crate::target::kafka::kafka_server_options`]).
 
 use crate::error::{OrRaise, TideError, TideResult};
-use crate::sink::kafka::{
+use crate::target::kafka::{
     check_server_usage, client, kafka_err, kafka_server_options, properties, resolve, WRAPPER,
 };
-use crate::sink::options::{check_property, KafkaOptions, Place};
+use crate::target::options::{check_property, KafkaOptions, Place};
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::prelude::*;
 use std::time::Duration;
@@ -114,7 +114,7 @@ pub fn check_kafka(pipeline: &str, o: &KafkaOptions, owner: &str) -> TideResult<
         pipeline,
         &server_options,
         &r,
-        &crate::sink::kafka::transactional_id(pipeline),
+        &crate::target::kafka::transactional_id(pipeline),
     );
     let mut sink = client::KafkaSink::start(client::ClientSettings {
         properties: props,

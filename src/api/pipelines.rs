@@ -28,14 +28,14 @@ pub(super) fn create_pipeline_impl(name: &str, target: &str, options: JsonB) -> 
             "Target kinds: 'outbox' (the table tide.outbox), 'table' (tables in this database, option schema), 'postgres' (tables in another PostgreSQL, option server), 'kafka' (topics of a Kafka cluster, option server: a tide_kafka foreign server).",
         ));
     };
-    let parsed = crate::sink::options::Options::parse(kind, &options.0)?;
-    if let crate::sink::options::Options::Kafka(o) = &parsed {
+    let parsed = crate::target::options::Options::parse(kind, &options.0)?;
+    if let crate::target::options::Options::Kafka(o) = &parsed {
         kafka::check_kafka(name, o, &crate::security::caller_name()?)?;
     } else if let Some(server) = parsed.server() {
         targets::check_remote(
             server,
             &crate::security::caller_name()?,
-            parsed.replication_role() == crate::sink::options::ReplicationRole::Replica,
+            parsed.replication_role() == crate::target::options::ReplicationRole::Replica,
         )?;
     }
     let options = JsonB(parsed.to_json()?);

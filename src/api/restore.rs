@@ -5,7 +5,7 @@
 //! triggers on pg_tide's tables and an event trigger keep it equal to the pipelines, by name,
 //! see `schema/objects.sql`). Runtime state is never dumped: a restored pipeline starts as a new one (a
 //! new slot, every table backfilled), and a remote target stays production's while production
-//! renews its lease (`sink::table::fence`: a restore is a new writer, even into another database
+//! renews its lease (`target::table::fence`: a restore is a new writer, even into another database
 //! of the same server).
 //!
 //! Guarantees: a definition is re-created as its recorded owner (or the `owner` a superuser

@@ -645,7 +645,7 @@ fn check_truncate_target(
     existing: Option<bool>,
     backfill: bool,
 ) -> TideResult<()> {
-    if let Some(t) = &crate::sink::kind(target_kind).tableless {
+    if let Some(t) = &crate::target::kind(target_kind).tableless {
         return Err(TideError::invalid(format!(
             "pipeline \"{pipeline}\" writes to {}, which has no target table to truncate",
             t.writes_to
@@ -677,7 +677,7 @@ fn target_of_table(
     target_kind: TargetKind,
     w: &targets::Wanted<'_>,
 ) -> TideResult<(Option<String>, Option<String>, bool)> {
-    let kind = crate::sink::kind(target_kind);
+    let kind = crate::target::kind(target_kind);
     let (schema, name, held_rows) = if let Some(t) = &kind.tableless {
         if w.target_table.is_some() {
             let (refused, hint) = t.target_table;

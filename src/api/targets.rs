@@ -2,8 +2,8 @@
 //! of each captured table (created when missing, checked when present).
 
 use crate::error::{TideError, TideResult};
-use crate::sink::remote::{refusal_error, remote_access, RemoteSink};
 use crate::sql;
+use crate::target::remote::{refusal_error, remote_access, RemoteSink};
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::prelude::*;
 use std::time::Duration;
@@ -74,7 +74,7 @@ pub fn check_remote(server: &str, role: &str, replica: bool) -> TideResult<()> {
                 CHECK_TIMEOUT,
             )
             .map_err(|e| {
-                crate::sink::table::replica_refused(
+                crate::target::table::replica_refused(
                     &format!("server \"{server}\""),
                     &e.message,
                     e.sqlstate.as_deref(),
@@ -135,7 +135,7 @@ thread_local! {
 
 /// The transaction's remote connection for `access` ([`TRANSACTION_REMOTE`]), opened on first
 /// use.
-fn transaction_remote(access: crate::sink::remote::RemoteAccess) -> std::rc::Rc<RemoteSink> {
+fn transaction_remote(access: crate::target::remote::RemoteAccess) -> std::rc::Rc<RemoteSink> {
     TRANSACTION_REMOTE.with(|cell| {
         let mut held = cell.borrow_mut();
         if let Some(sink) = held.as_ref().filter(|s| s.access() == access) {
@@ -178,7 +178,7 @@ pub struct Wanted<'a> {
 
 /// Make sure the target table of a captured table exists and fits, for a pipeline whose target
 /// is of kind `kind` (one that writes tables); returns where it is and whether it holds rows.
-pub fn ensure_target(kind: &crate::sink::Kind, w: &Wanted<'_>) -> TideResult<EnsuredTarget> {
+pub fn ensure_target(kind: &crate::target::Kind, w: &Wanted<'_>) -> TideResult<EnsuredTarget> {
     let Wanted {
         options,
         relid,
@@ -192,7 +192,7 @@ pub fn ensure_target(kind: &crate::sink::Kind, w: &Wanted<'_>) -> TideResult<Ens
     } = *w;
     let (schema, name) = target_name(options, relid, target_table)?;
     let qualified = format!("{}.{}", quote(&schema), quote(&name));
-    if kind.local_tables && crate::sink::options::reserved_schema(&schema) {
+    if kind.local_tables && crate::target::options::reserved_schema(&schema) {
         return Err(TideError::invalid(format!(
             "{qualified} is in schema \"{schema}\", which pg_tide does not write to"
         ))
@@ -382,11 +382,11 @@ fn create_target(
     match remote {
         Some(r) => {
             let stmts = vec![
-                crate::sink::remote::RemoteStatement {
+                crate::target::remote::RemoteStatement {
                     sql: create_schema,
                     params: vec![],
                 },
-                crate::sink::remote::RemoteStatement {
+                crate::target::remote::RemoteStatement {
                     sql: create,
                     params: vec![],
                 },
@@ -544,7 +544,7 @@ fn holds_rows(
     match remote {
         Some(r) => {
             r.transaction(
-                vec![crate::sink::remote::RemoteStatement {
+                vec![crate::target::remote::RemoteStatement {
                     sql: stmt,
                     params: vec![],
                 }],

@@ -63,7 +63,7 @@
 
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
-use crate::sink::{Change, CommitPoint, Row, SchemaEvent, Target};
+use crate::target::{Change, CommitPoint, Row, SchemaEvent, Target};
 use crate::worker::backfill::Backfiller;
 use crate::worker::markers::{
     column_text, dropped_table, parse_marker, parse_watermark, schema_relation,

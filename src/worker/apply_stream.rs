@@ -1,6 +1,6 @@
 //! The changes of a streamed transaction (one in progress at the source, sent in blocks) as
 //! [`Applier`] meets them: written while it runs to a target of its own when the target can
-//! ([`crate::sink::RemoteTarget::open_stream`], see [`crate::worker::stream_apply`]), or left to
+//! ([`crate::target::RemoteTarget::open_stream`], see [`crate::worker::stream_apply`]), or left to
 //! be applied whole at its commit.
 //!
 //! Owns: the handlers of a block's start, its changes and its end. Guarantees: anything a live
@@ -9,7 +9,7 @@
 //! its commit, from the spool: never half written while it runs and again at its commit.
 
 use crate::error::{TideError, TideResult};
-use crate::sink::CommitPoint;
+use crate::target::CommitPoint;
 use crate::worker::apply::{rel_desc, rel_desc_of, Applier};
 use crate::worker::rows::{render_err, update_keys, Emit};
 use crate::worker::stream_apply::LiveTxn;
@@ -26,7 +26,7 @@ impl Applier<'_, '_> {
     pub(super) fn on_stream_start(&mut self, xid: u32, first: bool) -> TideResult<()> {
         let sink = &mut *self.sink;
         let open = || {
-            crate::sink::as_remote(sink)
+            crate::target::as_remote(sink)
                 .map(|r| r.open_stream())
                 .transpose()
         };

@@ -7,7 +7,7 @@
 //! tables, a resync's marks and a chunk's rows one per table, mark or row).
 
 use crate::error::{TideError, TideResult};
-use crate::sink::{Batch, Change, Event, Target};
+use crate::target::{Batch, Change, Event, Target};
 use pgrx::spi::SpiClient;
 use tide_core::change::At;
 use tide_core::model::{ChunkWrite, RelDesc, Txn};
@@ -70,7 +70,7 @@ impl dyn Target {
     }
 
     /// The keys a target in another PostgreSQL holds in a range
-    /// ([`crate::sink::RemoteTarget::sweep_keys`]); `None` for every other target (a local
+    /// ([`crate::target::RemoteTarget::sweep_keys`]); `None` for every other target (a local
     /// table target is swept in the chunk's own snapshot, see `worker::backfill::chunk`; an outbox or
     /// kafka target has no rows to sweep).
     pub(crate) fn sweep_keys(
@@ -80,7 +80,7 @@ impl dyn Target {
         lower: Option<&[String]>,
         upper: Option<&[String]>,
     ) -> TideResult<Option<Vec<Vec<Option<String>>>>> {
-        match crate::sink::as_remote(self) {
+        match crate::target::as_remote(self) {
             Some(r) => r.sweep_keys(relid, key_columns, lower, upper).map(Some),
             None => Ok(None),
         }

@@ -12,9 +12,9 @@
 use crate::catalog::{self, pipelines::PipelineRow, pipelines::Resync};
 use crate::error::{TideError, TideResult};
 use crate::gucs;
-use crate::sink::Target;
+use crate::target::Target;
 use crate::worker::apply::{Applier, Outcome, TableSets, Trail};
-use crate::worker::backfill::Backfiller;
+use crate::worker::backfill::{keyless, Backfiller};
 use crate::worker::decoder::Decoder;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
@@ -30,14 +30,14 @@ pub(super) fn now_us() -> i64 {
 }
 
 /// A paused pipeline's worker keeps this server's hold on a remote target (its lease): a copy of
-/// the source started meanwhile must not take it (see `sink::table::fence`). A failure is left
+/// the source started meanwhile must not take it (see `target::table::fence`). A failure is left
 /// for the resume to report (the pause's reason stays what it is).
 fn keep_lease(p: &PipelineRow, sink: &mut Option<Box<dyn Target>>) {
-    if !crate::sink::kind(p.target).remote {
+    if !crate::target::kind(p.target).remote {
         return;
     }
     if sink.is_none() {
-        match crate::sink::for_pipeline(p) {
+        match crate::target::for_pipeline(p) {
             Ok(s) => *sink = Some(s),
             Err(e) => {
                 debug1!(
@@ -48,7 +48,7 @@ fn keep_lease(p: &PipelineRow, sink: &mut Option<Box<dyn Target>>) {
             }
         }
     }
-    if let Some(s) = sink.as_deref_mut().and_then(crate::sink::as_remote) {
+    if let Some(s) = sink.as_deref_mut().and_then(crate::target::as_remote) {
         if let Err(e) = s.keep_lease(p) {
             debug1!(
                 "pg_tide worker \"{}\": paused, could not renew its lease on the target: {e}",
@@ -143,7 +143,7 @@ pub(super) fn in_transaction(mut w: Lent<'_>) -> TideResult<Outcome> {
         // A remote target checks what it connects with in `begin` (after a foreign server,
         // user mapping or role changed) and connects anew, or stops with the reason.
         if w.sink.is_none() {
-            *w.sink = Some(crate::sink::for_pipeline(&p)?);
+            *w.sink = Some(crate::target::for_pipeline(&p)?);
         }
         let mut out = stream(c, &p, &mut w, resync_end)?;
         notes.append(&mut out.notes);
@@ -186,7 +186,7 @@ fn stream(
     let extra = plugin_options(c, &tables, p)?;
     let decoder = open_decoder(dec, rels, p, &filter, &extra, mode.streaming)?;
     // Tables without a key: copied at this boundary, skipped where a copy holds them.
-    let copies = super::backfill::keyless::at_start(c, (p, &tables), bf, sink, decoder, applied, &mut notes)?;
+    let copies = keyless::at_start(c, (p, &tables), bf, sink, decoder, applied, &mut notes)?;
     // One message: the decoder stops at the record boundary after it, which is the end of one
     // source transaction (a transaction's messages are handed out whole at its commit).
     let batch_events = if mode.one_at_a_time {
@@ -278,7 +278,7 @@ fn commit_batch(
     out: &mut Outcome,
 ) -> TideResult<()> {
     let applied = done.last_applied.map(|(end, _)| end);
-    sink.commit(c, &p.name, applied, crate::sink::CommitPoint::End)?;
+    sink.commit(c, &p.name, applied, crate::target::CommitPoint::End)?;
     record_batch(c, p, done, out)
 }
 
@@ -451,7 +451,7 @@ fn open_decoder<'d>(
     }
     if dec.is_none() {
         rels.clear();
-        let kind = crate::sink::kind(p.target);
+        let kind = crate::target::kind(p.target);
         let remote_streams = if kind.remote {
             gucs::REMOTE_STREAM_CONNECTIONS.get().max(0) as usize
         } else {
@@ -533,9 +533,9 @@ pub(super) fn send_resync_marks(
     lsn: Lsn,
     marks: Vec<(u32, String, String)>,
 ) -> TideResult<()> {
-    let marks: Vec<crate::sink::ResyncMark> = marks
+    let marks: Vec<crate::target::ResyncMark> = marks
         .into_iter()
-        .map(|(relid, relation, payload)| crate::sink::ResyncMark {
+        .map(|(relid, relation, payload)| crate::target::ResyncMark {
             relid,
             relation,
             payload,
@@ -549,6 +549,6 @@ pub(super) fn send_resync_marks(
         position: 0,
         barrier: false,
     };
-    sink.send(c, &mut t, crate::sink::Change::Resync(&marks))?;
+    sink.send(c, &mut t, crate::target::Change::Resync(&marks))?;
     Ok(())
 }

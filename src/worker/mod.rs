@@ -21,7 +21,7 @@ pub mod tx;
 
 use pgrx::pg_sys;
 
-/// The [`crate::sink::wait::Check`] of a backend: while the main thread waits for a sink
+/// The [`crate::target::wait::Check`] of a backend: while the main thread waits for a sink
 /// thread, a pending interrupt is processed (query cancel raises an ERROR, SIGTERM ends the
 /// process) and a dead postmaster ends the process, as at any `WaitLatch` of PostgreSQL's own.
 /// The request waited for is abandoned first. With `defer_termination`, a pending termination

@@ -44,7 +44,7 @@ use crate::catalog::backfills;
 use crate::error::{TideError, TideResult};
 use crate::gucs;
 use crate::shmem::{self, WorkerState};
-use crate::sink::Target;
+use crate::target::Target;
 use crate::worker::apply::{Outcome, Trail};
 use crate::worker::backfill::{Backfiller, Written};
 use crate::worker::decoder::{self, Decoder};
@@ -136,11 +136,11 @@ pub extern "C-unwind" fn tide_pipeline_worker_main(arg: pg_sys::Datum) {
             wal_ahead: position.is_none_or(|p| flush > p.0),
         };
         // A remote target's lease is renewed by the worker's iterations: failing or paused, it
-        // still looks at least that often (see sink::table::fence).
+        // still looks at least that often (see target::table::fence).
         let renew_every = w
             .sink
             .as_deref_mut()
-            .and_then(crate::sink::as_remote)
+            .and_then(crate::target::as_remote)
             .map(|r| r.renew_every());
         let bound = |d: Duration| renew_every.map_or(d, |r| d.min(r));
         let settings = Settings {
@@ -686,9 +686,9 @@ fn announce_resync_start(name: &str, lsn: &str) -> TideResult<()> {
         let lsn = lsn.parse::<Lsn>().map_err(|_| {
             TideError::internal(format!("a new slot starts at \"{lsn}\", not an LSN"))
         })?;
-        let mut sink = crate::sink::for_pipeline(&p)?;
+        let mut sink = crate::target::for_pipeline(&p)?;
         send_resync_marks(c, &mut *sink, resync_lsn(lsn, false), marks)?;
-        sink.commit(c, name, None, crate::sink::CommitPoint::End)
+        sink.commit(c, name, None, crate::target::CommitPoint::End)
     })
 }
 

@@ -8,7 +8,7 @@
 //! event takes the next position of its source transaction ([`Target::send`]).
 
 use crate::error::{TideError, TideResult};
-use crate::sink::{Change, Event, Row, RowForm, Target};
+use crate::target::{Change, Event, Row, RowForm, Target};
 use pgrx::spi::SpiClient;
 use tide_core::model::{Op, RelDesc, Txn};
 use tide_core::wire::Tuple;

@@ -6,7 +6,7 @@
 //! `tide.remote_stream_connections` above 0, also hands them to the applier in stream order
 //! (between whole committed transactions). The applier (`worker::apply`) writes each block
 //! into a remote transaction of the streamed transaction's own, on a connection of its own
-//! ([`crate::sink::RemoteTarget::open_stream`]), left open between blocks; at the source's commit it
+//! ([`crate::target::RemoteTarget::open_stream`]), left open between blocks; at the source's commit it
 //! commits that transaction together with the applied position, instead of applying the
 //! transaction from the spool; at the source's abort it rolls it back.
 //!
@@ -37,7 +37,7 @@
 //!   transaction.
 
 use crate::error::TideResult;
-use crate::sink::Target;
+use crate::target::Target;
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use tide_core::lsn::Lsn;

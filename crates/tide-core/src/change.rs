@@ -141,7 +141,7 @@ pub struct ResyncMark {
 }
 
 /// One change for a target, at an [`At`]. `B` is a backfill chunk's rows in a batch form (the
-/// pgrx crate's `sink::Batch`: row values are datums).
+/// pgrx crate's `target::Batch`: row values are datums).
 pub enum Change<'a, B> {
     /// A relation's (new) description arrived in the stream (no position of its own): table
     /// targets check the target table's shape and apply or refuse the schema change before the

@@ -1,6 +1,6 @@
 //! The `kafka` target's messages, planned purely: topic names, the Debezium envelope of each
 //! event, the transaction metadata records (`BEGIN`/`END`), the position record, and which
-//! producer settings a user may pass through. The sink (`src/sink/kafka`) sends what this module
+//! producer settings a user may pass through. The target (`src/target/kafka`) sends what this module
 //! renders; nothing here talks to a broker.
 //!
 //! Owns: the exact JSON of every message pg_tide writes to Kafka (README "Kafka target" documents

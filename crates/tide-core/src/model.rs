@@ -6,7 +6,7 @@
 //! Owns: these types and their text forms. Guarantees: every enum's `as_str` is the exact text
 //! stored in pg_tide's tables (the `CHECK` constraints of `src/schema.rs` list the same words),
 //! and `parse(as_str(x)) == Some(x)`; `parse` of any other text is `None`, never a default.
-//! Nothing here touches PostgreSQL: the worker (`src/worker`) and the targets (`src/sink`)
+//! Nothing here touches PostgreSQL: the worker (`src/worker`) and the targets (`src/target`)
 //! both depend on this module and never on each other's types.
 
 use crate::json::ColumnDesc;

@@ -1,6 +1,6 @@
 //! Planning a table target's writes: events in, SQL statement text out. Pure: no I/O and no
 //! PostgreSQL, so the grouping rules and the statement text are tested here with plain tests and
-//! proptest, and the targets (`src/sink/table.rs`) only execute what this module plans, through
+//! proptest, and the targets (`src/target/table/`) only execute what this module plans, through
 //! SPI (local targets) or the remote connection (remote targets).
 //!
 //! Owns: how a batch of events becomes set-based statements ([`Planner`]), the DDL that keeps a

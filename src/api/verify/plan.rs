@@ -124,7 +124,7 @@ pub(super) fn setup(
     unsafe { pg_sys::LockRelationOid(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
     let source = relation_name(relid)?;
     let (target_kind, options) = catalog::pipelines::target(&pipeline)?;
-    let kind = crate::sink::kind(target_kind);
+    let kind = crate::target::kind(target_kind);
     if let Some(t) = &kind.tableless {
         return Err(TideError::prerequisite(format!(
             "pipeline \"{pipeline}\" writes to {}: there is no target table to compare",

@@ -127,7 +127,7 @@ pub(super) fn remote_read(
         params: params.into_iter().map(Some).collect(),
     });
     let mut res = r.transaction(stmts, REMOTE_TIMEOUT).map_err(|e| {
-        if let Some(refused) = crate::sink::remote::refusal_error(&e) {
+        if let Some(refused) = crate::target::remote::refusal_error(&e) {
             return refused;
         }
         TideError::new(

@@ -20,8 +20,8 @@ use super::meta::{reader, table_meta, ChunkMeta, TableMeta};
 use super::row_values::RowValues;
 use crate::catalog::{backfills, chunks};
 use crate::error::{TideError, TideResult};
-use crate::sink::{KeyValues, Row, RowForm};
 use crate::sql;
+use crate::target::{KeyValues, Row, RowForm};
 use crate::worker::tx;
 use pgrx::prelude::*;
 use tide_core::json;
@@ -609,7 +609,7 @@ fn render_deletes(
     Ok(deletes)
 }
 
-/// A resync's sweep at a target in another PostgreSQL (`Target::sweep_keys`): of `found`, the
+/// A resync's sweep at a target in another PostgreSQL (`RemoteTarget::sweep_keys`): of `found`, the
 /// keys that target holds in `read`'s key range as the target compares keys, those that lie in
 /// the chunk's key range as the source orders keys (after the backfill's last key, up to the
 /// chunk's last row, or to the end for the table's last chunk) and that the chunk did not

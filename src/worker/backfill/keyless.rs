@@ -54,8 +54,8 @@ use crate::catalog::backfills::{self, KeylessDue};
 use crate::catalog::pipelines::PipelineRow;
 use crate::catalog::tables::TableRow;
 use crate::error::{TideError, TideResult};
-use crate::sink::{Change, Event, Kind, ResyncMark, Row, RowForm, Target};
 use crate::sql;
+use crate::target::{Change, Event, Kind, ResyncMark, Row, RowForm, Target};
 use crate::worker::stream_apply::StreamApply;
 use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
@@ -150,7 +150,7 @@ fn copy_due(
     write_copy(
         c,
         sink,
-        crate::sink::kind(p.target),
+        crate::target::kind(p.target),
         due.id,
         due.relid,
         read,

@@ -7,8 +7,8 @@
 
 use crate::catalog::backfills;
 use crate::error::{TideError, TideResult};
-use crate::sink::{RowForm, Target};
 use crate::sql;
+use crate::target::{RowForm, Target};
 use pgrx::prelude::*;
 use tide_core::mask::{Mask, Masks};
 use tide_core::model::OwnedColumn;

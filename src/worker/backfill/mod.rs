@@ -13,8 +13,8 @@
 //!    as COPY text for a remote target that takes it); the stream iteration feeds every change
 //!    of a captured table to the reconciler, which drops the chunk's keys changed between LW
 //!    and HW, and at the HW the surviving rows are written to the target as `read` events (or
-//!    as one batch of row values, [`crate::sink::RowBatch`], or of COPY text,
-//!    [`crate::sink::CopyBatch`]), at that position of the stream, in the same target
+//!    as one batch of row values, [`crate::target::RowBatch`], or of COPY text,
+//!    [`crate::target::CopyBatch`]), at that position of the stream, in the same target
 //!    transaction as the backfill's progress (last key, counters, done). Row values and COPY
 //!    text are used only if the table and its target still have the chunk's shape then;
 //!    otherwise the chunk is read again.
@@ -92,7 +92,7 @@ use meta::{form_for, wanted_form};
 
 use crate::catalog::{backfills, chunks};
 use crate::error::{TideError, TideResult};
-use crate::sink::{Batch, CopyBatch, Event, Row, RowBatch, RowForm, Target};
+use crate::target::{Batch, CopyBatch, Event, Row, RowBatch, RowForm, Target};
 use read_ahead::Reader;
 use row_values::RowValues;
 

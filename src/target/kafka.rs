@@ -52,8 +52,10 @@ pub use server::{check_server_usage, kafka_server_options, WRAPPER};
 
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
-use crate::sink::options::{KafkaOptions, Options};
-use crate::sink::{Change, CommitPoint, Event, Kind, Row, RowForm, SchemaEvent, Tableless, Target};
+use crate::target::options::{KafkaOptions, Options};
+use crate::target::{
+    Change, CommitPoint, Event, Kind, Row, RowForm, SchemaEvent, Tableless, Target,
+};
 use client::{ClientSettings, KafkaFailure, KafkaSink, Msg, Work};
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::spi::SpiClient;
@@ -739,7 +741,7 @@ impl Target for KafkaTarget {
             }
             Change::Schema(ev) => self.schema(at, ev)?,
             Change::Resync(marks) => self.resync(at, marks)?,
-            Change::Chunk(b) => return Err(crate::sink::refused_batch(&b)),
+            Change::Chunk(b) => return Err(crate::target::refused_batch(&b)),
         }
         Ok(None)
     }
@@ -872,7 +874,7 @@ impl KafkaTarget {
     /// A resync's events: op `resync`, the phase in `resync`, on every partition of each
     /// table's topic (at its place in each: a start before the partition's re-read rows, an end
     /// after them), as the pseudo transaction `at`.
-    fn resync(&mut self, at: At, marks: &[crate::sink::ResyncMark]) -> TideResult<()> {
+    fn resync(&mut self, at: At, marks: &[crate::target::ResyncMark]) -> TideResult<()> {
         for (i, m) in marks.iter().enumerate() {
             let says = Says {
                 resync: Some(&m.payload),

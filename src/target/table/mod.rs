@@ -53,7 +53,7 @@
 //!   `CommitPoint::Early`), each together with the applied position (`<schema>.tide_applied`).
 //!   A reader of the target never sees half of a source transaction, across tables too. A
 //!   streamed transaction written while it runs (`worker::stream_apply`) has a remote
-//!   transaction of its own, on a connection of its own ([`crate::sink::RemoteTarget::open_stream`]), committed
+//!   transaction of its own, on a connection of its own ([`crate::target::RemoteTarget::open_stream`]), committed
 //!   with the applied position at the source's commit, after the batch before it.
 //! - Schema changes: at a schema event ([`Change::Schema`], the position of the `ALTER TABLE`)
 //!   a renamed column is renamed, a dropped column dropped (not a key column: that pauses), a
@@ -66,9 +66,9 @@
 
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
-use crate::sink::options::{Options, ReplicationRole, SchemaPolicy};
-use crate::sink::remote::{remote_access, watch_remote_options, RemoteAccess, RemoteSink};
-use crate::sink::{
+use crate::target::options::{Options, ReplicationRole, SchemaPolicy};
+use crate::target::remote::{remote_access, watch_remote_options, RemoteAccess, RemoteSink};
+use crate::target::{
     Batch, Change, CommitPoint, Event, Kind, Row, RowBatch, RowForm, SchemaEvent, Target,
 };
 use pgrx::spi::SpiClient;
@@ -98,7 +98,7 @@ pub const KIND_LOCAL: Kind = Kind {
     resync_marks: false,
 };
 
-/// A table target in another PostgreSQL ([`crate::sink::RemoteTarget`]).
+/// A table target in another PostgreSQL ([`crate::target::RemoteTarget`]).
 pub const KIND_REMOTE: Kind = Kind {
     remote: true,
     local_tables: false,
@@ -190,7 +190,7 @@ pub struct TableTarget<B: Backend> {
     /// Source relations whose shape was checked against their target since the last reset.
     checked: HashSet<u32>,
     planner: Planner,
-    /// A streamed transaction's target ([`crate::sink::RemoteTarget::open_stream`]): a change that needs DDL at the
+    /// A streamed transaction's target ([`crate::target::RemoteTarget::open_stream`]): a change that needs DDL at the
     /// target is refused (the transaction is then applied at its commit, by the main target).
     streamed: bool,
 }
@@ -225,7 +225,7 @@ pub fn for_pipeline(p: &PipelineRow) -> TideResult<Box<dyn Target>> {
 
 /// How a `postgres` pipeline connects now: its server's and the owner's user mapping's options,
 /// through the rules of [`remote_access`]. Foreign servers, user mappings and roles are watched
-/// from then on ([`crate::sink::remote::take_options_changed`]): watching starts before the
+/// from then on ([`crate::target::remote::take_options_changed`]): watching starts before the
 /// options are read, so no later change is missed.
 fn pipeline_access(p: &PipelineRow, opts: &Options) -> TideResult<RemoteAccess> {
     let server = opts.server().ok_or_else(|| {
@@ -236,9 +236,11 @@ fn pipeline_access(p: &PipelineRow, opts: &Options) -> TideResult<RemoteAccess> 
     Ok(match opts.replication_role() {
         // Set for the remote session when it starts: a remote user that may not set it cannot
         // connect (42501, see `remote_err`).
-        ReplicationRole::Replica => {
-            crate::sink::remote::with_session_setting(access, "session_replication_role", "replica")
-        }
+        ReplicationRole::Replica => crate::target::remote::with_session_setting(
+            access,
+            "session_replication_role",
+            "replica",
+        ),
         ReplicationRole::Origin => access,
     })
 }

@@ -26,7 +26,7 @@
 //!   aborted first when possible, else by the next producer's `init_transactions`), so a batch is
 //!   never half-retried inside librdkafka behind the worker's back. A producer fenced by a newer
 //!   one of the same `transactional.id` fails with [`KafkaFailure::fenced`].
-//! - The main thread waits as every sink thread's is waited for (`crate::sink::wait`: slices,
+//! - The main thread waits as every sink thread's is waited for (`crate::target::wait`: slices,
 //!   the postmaster and interrupts between them; [`KafkaSink::call`]), bounded by its timeout. A
 //!   termination request (SIGTERM: shutdown, `drop_pipeline`) that arrives while a commit is
 //!   being acknowledged is held for up to [`COMMIT_GRACE`], so a clean shutdown records the
@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crate::sink::wait::Waited;
+use crate::target::wait::Waited;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
@@ -978,7 +978,7 @@ impl KafkaSink {
         self.wait_for(seq, timeout, graceful)
     }
 
-    /// Wait for the reply to request `seq` (see [`crate::sink::wait::reply`]).
+    /// Wait for the reply to request `seq` (see [`crate::target::wait::reply`]).
     fn wait_for(
         &mut self,
         seq: u64,
@@ -991,7 +991,7 @@ impl KafkaSink {
             ));
         };
         let shared = Arc::clone(&self.shared);
-        let waited = crate::sink::wait::reply(
+        let waited = crate::target::wait::reply(
             rx,
             timeout,
             graceful.then_some(COMMIT_GRACE),

@@ -6,7 +6,7 @@ use crate::catalog::outbox::{self, Rows};
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::TideError;
 use crate::error::TideResult;
-use crate::sink::{
+use crate::target::{
     refused_batch, Change, CommitPoint, Event, Kind, Row, RowForm, SchemaEvent, Tableless, Target,
 };
 use pgrx::spi::SpiClient;
@@ -36,22 +36,22 @@ pub const KIND: Kind = Kind {
 const FLUSH_ROWS: usize = 1000;
 
 /// Buffers outbox rows and writes them in bulk, [`FLUSH_ROWS`] at a time.
-pub struct OutboxSink {
+pub struct OutboxTarget {
     pipeline: String,
     rows: Rows,
 }
 
-impl OutboxSink {
+impl OutboxTarget {
     /// An empty buffer for a pipeline.
     pub fn new(pipeline: &str) -> Self {
-        OutboxSink {
+        OutboxTarget {
             pipeline: pipeline.to_string(),
             rows: Rows::default(),
         }
     }
 }
 
-impl Target for OutboxSink {
+impl Target for OutboxTarget {
     /// JSON; backfilled rows come parsed (`jsonb` bytes) from the chunk's reader.
     fn row_form(&mut self, _relid: u32, chunk: Option<&[(String, String)]>) -> TideResult<RowForm> {
         Ok(if chunk.is_some() {
@@ -112,7 +112,7 @@ impl Target for OutboxSink {
     }
 }
 
-impl OutboxSink {
+impl OutboxTarget {
     /// Buffer one event (flushes every [`FLUSH_ROWS`]).
     fn push(&mut self, c: &mut SpiClient<'_>, t: At, ev: Event) -> TideResult<()> {
         let unchanged = (!ev.unchanged.is_empty()).then_some(ev.unchanged);

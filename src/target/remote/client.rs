@@ -2,7 +2,7 @@
 //! timeouts, abandoning a request, and the interruptible wait for a reply.
 
 use super::*;
-use crate::sink::wait::Waited;
+use crate::target::wait::Waited;
 
 /// What a request asks the sink thread to do.
 pub(super) enum Work {
@@ -487,14 +487,14 @@ pub(super) fn abandon(ctl: &mut Control, seq: u64) {
 }
 
 /// Wait up to `wait` for the reply to `seq`; `None` on timeout. A vanished sink thread
-/// yields an error reply. The wait is `sink::wait`'s: an interrupt abandons the request first;
+/// yields an error reply. The wait is `target::wait`'s: an interrupt abandons the request first;
 /// a zero `wait` (called with the control lock held) never looks at interrupts.
 pub(super) fn receive(
     worker: &Worker,
     seq: u64,
     wait: Duration,
 ) -> Option<Result<Vec<Rows>, RemoteError>> {
-    let waited = crate::sink::wait::reply(
+    let waited = crate::target::wait::reply(
         &worker.replies,
         wait,
         None,

@@ -8,8 +8,8 @@
 //! (42501, [`crate::security::require_server_usage`]).
 
 use crate::error::{TideError, TideResult};
-use crate::sink::options::{check_property, Place};
 use crate::sql;
+use crate::target::options::{check_property, Place};
 
 /// The foreign-data wrapper of kafka targets.
 pub const WRAPPER: &str = "tide_kafka";

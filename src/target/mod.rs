@@ -12,7 +12,7 @@
 //! PostgreSQL is also a [`RemoteTarget`] (swept, streamed, leased), found with [`as_remote`].
 //! The worker holds a `Box<dyn Target>` and knows no target's type; what the SQL API and the
 //! worker must know of a kind of target before there is one is its module's [`Kind`]
-//! ([`kind`]): no code outside `sink` tells kinds apart. [`options`] types each kind's options;
+//! ([`kind`]): no code outside `target` tells kinds apart. [`options`] types each kind's options;
 //! [`wait`] is how the worker waits for a sink thread. Targets depend on `tide_core::model` and
 //! `tide_core::change` (the stream model) and never on the worker.
 //!
@@ -242,7 +242,7 @@ pub fn as_remote(t: &mut dyn Target) -> Option<&mut dyn RemoteTarget> {
 /// The target of a pipeline.
 pub fn for_pipeline(p: &PipelineRow) -> TideResult<Box<dyn Target>> {
     match p.target {
-        TargetKind::Outbox => Ok(Box::new(outbox::OutboxSink::new(&p.name))),
+        TargetKind::Outbox => Ok(Box::new(outbox::OutboxTarget::new(&p.name))),
         TargetKind::Table | TargetKind::Postgres => table::for_pipeline(p),
         TargetKind::Kafka => kafka::for_pipeline(p),
     }

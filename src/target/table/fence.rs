@@ -49,11 +49,11 @@
 //!
 //! What is not fenced: tables in the source database (outbox, `table` targets) belong to that
 //! database and move with it; a kafka target is fenced by Kafka itself (its transactional id,
-//! `sink::kafka::client`), with no lease (README, Limitations).
+//! `target::kafka::client`), with no lease (README, Limitations).
 
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
-use crate::sink::remote::{RemoteSink, RemoteStatement, RemoteStep};
+use crate::target::remote::{RemoteSink, RemoteStatement, RemoteStep};
 use pgrx::pg_sys;
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use std::time::{Duration, Instant};

@@ -62,7 +62,7 @@ impl VerifyFailure {
     }
 
     /// The error for this failure, with a hint.
-    pub(in crate::sink::remote) fn error(&self, tls: &TlsOptions) -> RemoteError {
+    pub(in crate::target::remote) fn error(&self, tls: &TlsOptions) -> RemoteError {
         let reason = &self.reason;
         let cert = format!(
             "the server certificate (CN \"{}\", issued by CN \"{}\")",
@@ -138,7 +138,7 @@ impl VerifyFailure {
 
 /// The error for a failed TLS handshake that is not a verification failure: permanent unless
 /// the connection broke underneath (then a retry may do).
-pub(in crate::sink::remote) fn handshake_error(
+pub(in crate::target::remote) fn handshake_error(
     e: &postgres::Error,
     tls: &TlsOptions,
 ) -> RemoteError {

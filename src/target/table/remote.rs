@@ -12,16 +12,16 @@
 //! commits a write there), so a
 //! reader of the target never sees half of a source transaction and a replay after a crash is
 //! skipped; every wait for the remote is bounded by [`REMOTE_TIMEOUT`] and checks interrupts
-//! (see `sink::remote`); a failed commit forgets the cached applied position, so it is read
+//! (see `target::remote`); a failed commit forgets the cached applied position, so it is read
 //! again before anything is replayed.
 
 use super::fence::Fence;
 use super::{Backend, TableTarget};
 use crate::catalog::pipelines::PipelineRow;
 use crate::error::{TideError, TideResult};
-use crate::sink::remote::{Part, RemoteSink, RemoteStatement, RemoteStep};
-use crate::sink::CommitPoint;
-use crate::sink::{RemoteTarget, Target};
+use crate::target::remote::{Part, RemoteSink, RemoteStatement, RemoteStep};
+use crate::target::CommitPoint;
+use crate::target::{RemoteTarget, Target};
 use pgrx::spi::SpiClient;
 use std::time::Duration;
 use tide_core::applied::KnownApplied;
@@ -143,7 +143,7 @@ impl Remote {
     }
 
     /// A backend of its own, on a connection of its own, for one streamed transaction written
-    /// while it runs ([`crate::sink::RemoteTarget::open_stream`]).
+    /// while it runs ([`crate::target::RemoteTarget::open_stream`]).
     pub(super) fn fork(&self) -> TideResult<Remote> {
         let sink = self.sink.as_ref().ok_or_else(no_connection)?;
         let mut r = Remote::new(
@@ -173,12 +173,12 @@ impl Remote {
     }
 
     /// After a foreign server, user mapping or role changed (watched from when the connection
-    /// was first made: `sink::table::pipeline_access`): go on when what the connection uses is
+    /// was first made: `target::table::pipeline_access`): go on when what the connection uses is
     /// unchanged and still allowed; connect again when it changed (`Ok(true)`: nothing cached
     /// about the remote holds any more); or close the connection and refuse (the error, e.g.
     /// "password is required"), checking again at the next attempt.
     fn check_access(&mut self, p: &PipelineRow) -> TideResult<bool> {
-        if crate::sink::remote::take_options_changed() {
+        if crate::target::remote::take_options_changed() {
             self.recheck = true;
         }
         if !self.recheck {
@@ -477,8 +477,8 @@ impl Backend for Remote {
 
 /// A remote failure as the pipeline's error: transient ones (the target unreachable) are
 /// retried by the worker with back-off, the others wait for the user.
-pub fn remote_err(e: crate::sink::remote::RemoteError) -> TideError {
-    if let Some(refused) = crate::sink::remote::refusal_error(&e) {
+pub fn remote_err(e: crate::target::remote::RemoteError) -> TideError {
+    if let Some(refused) = crate::target::remote::refusal_error(&e) {
         return refused;
     }
     if e.sqlstate.as_deref() == Some("42501") && e.message.contains("session_replication_role") {

@@ -146,7 +146,7 @@ pub enum RemoteStep {
     },
     /// A statement that must return a row, or the transaction is rolled back with the error
     /// [`FENCED`] (non-transient): the check that the writer still owns the target, in the same
-    /// remote transaction as the data it guards (`sink::table::fence`). Its rows are returned.
+    /// remote transaction as the data it guards (`target::table::fence`). Its rows are returned.
     Fence(RemoteStatement),
 }
 
