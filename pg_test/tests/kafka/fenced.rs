@@ -5,6 +5,12 @@
 //! produced after the fence is visible to a `read_committed` consumer. `tide.resume_pipeline`
 //! fences the other producer in turn (its own transaction then fails), and every change arrives
 //! exactly once.
+//!
+//! Then a transaction in doubt on the position topic (a record of it written, neither committed
+//! nor aborted; here another producer's, held open by the test) holds the position read of a
+//! restarted worker: it does not read around it (an older position, and a batch sent twice if
+//! the transaction then commits, issue 47) but reports it and waits, and streams once it is
+//! decided.
 
 use crate::broker::*;
 use pg_test::*;
@@ -12,6 +18,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::ClientConfig;
 use std::collections::HashMap;
 use std::time::Duration;
+use std::time::Instant;
 
 #[test]
 fn kafka_second_writer_fences_the_pipeline() {
@@ -133,4 +140,80 @@ fn kafka_second_writer_fences_the_pipeline() {
         recs.len(),
         "nothing of the fenced writer is visible"
     );
+
+    in_doubt_position_holds_the_read(&c, &b, &recs);
+}
+
+/// A transaction of another producer left open on the position topic (a position record of the
+/// pipeline's current position in it, flushed, not committed): the worker restarted by a kill -9
+/// reports it and streams nothing while it is open; once it commits, the change made meanwhile
+/// arrives once.
+fn in_doubt_position_holds_the_read(c: &Cluster, b: &Broker, before: &[Rec]) {
+    let topic = "fp.public.f";
+    let applied: String =
+        c.query_scalar("SELECT applied_lsn::text FROM tide.pipelines WHERE name = 'fp'");
+    let doubt: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", b.addr())
+        .set("transactional.id", "pg_test-in-doubt")
+        .create()
+        .expect("the in-doubt producer");
+    doubt
+        .init_transactions(Duration::from_secs(30))
+        .expect("init_transactions");
+    doubt.begin_transaction().expect("begin_transaction");
+    let value = format!("{{\"pipeline\":\"fp\",\"applied_lsn\":\"{applied}\"}}");
+    doubt
+        .send(
+            BaseRecord::<str, str>::to("fp.pg_tide.position")
+                .partition(0)
+                .key("fp")
+                .payload(&value),
+        )
+        .map_err(|(e, _)| e)
+        .expect("the in-doubt position record");
+    doubt
+        .flush(Duration::from_secs(30))
+        .expect("the in-doubt record written");
+    let pid = worker_pid(c, "fp").expect("the worker runs");
+    kill9_and_wait_restart(c, pid, Duration::from_secs(60));
+    c.execute("UPDATE f SET v = 4 WHERE k = 1");
+    let mut last = String::new();
+    c.wait_until(
+        "the restarted worker reports the transaction in doubt",
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        || {
+            last = c.try_query_scalar::<String>(
+                "SELECT coalesce(last_error, '') FROM tide.pipelines WHERE name = 'fp'",
+            )?;
+            Ok(last.contains("neither committed nor aborted"))
+        },
+    );
+    eprintln!("kafka in doubt: {last}");
+    let started = Instant::now();
+    let fours = |recs: &[Rec]| {
+        recs.iter()
+            .filter(|r| {
+                r.value
+                    .as_ref()
+                    .is_some_and(|v| v["after"]["v"].as_i64() == Some(4))
+            })
+            .count()
+    };
+    assert_eq!(
+        fours(&consume_as(&b.addr(), &[topic], "read_uncommitted")),
+        0,
+        "nothing is sent while the position is in doubt"
+    );
+    doubt
+        .commit_transaction(Duration::from_secs(30))
+        .expect("commit the in-doubt transaction");
+    wait_pipeline(c, "fp", 180);
+    let recs = consume(&b.addr(), &[topic]);
+    eprintln!(
+        "kafka in doubt: streams again {:.1?} after the decision",
+        started.elapsed()
+    );
+    assert_eq!(fours(&recs), 1, "the change made meanwhile arrives once");
+    assert_eq!(recs.len(), before.len() + 1, "nothing else is sent again");
 }

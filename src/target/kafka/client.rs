@@ -16,8 +16,10 @@
 //!   brings the pipeline to together or neither. The producer is initialised
 //!   (`init_transactions`, which completes or aborts whatever an earlier producer of the same
 //!   `transactional.id` left open, and fences that producer) before [`Work::ReadPosition`] reads
-//!   the position back with `isolation.level = read_committed`: the position read is the last
-//!   committed one, never one a zombie's transaction may still commit after it was read.
+//!   the position back with `isolation.level = read_committed`, and only once the position
+//!   topic's last stable offset reached the end its log had then (no record of an undecided
+//!   transaction before it; else the read fails and is retried): the position read is the last
+//!   committed one, never one a transaction may still commit, or abort, after it was read.
 //! - At-least-once (`transactional` false): [`Work::Commit`] answers `Ok` only once the broker
 //!   acknowledged every message produced since the previous commit and then the position record
 //!   that follows them: the position topic never names a transaction the broker does not hold
@@ -698,25 +700,38 @@ impl State {
         props.push(("enable.auto.commit".into(), "false".into()));
         props.push(("enable.auto.offset.store".into(), "false".into()));
         props.push(("enable.partition.eof".into(), "true".into()));
+        let mut uncommitted = props.clone();
+        uncommitted.push(("isolation.level".into(), "read_uncommitted".into()));
         props.push(("isolation.level".into(), "read_committed".into()));
         let consumer: BaseConsumer = config(&props)
             .create()
             .map_err(|e| KafkaFailure::from_kafka("cannot create the Kafka consumer", &e))?;
         let deadline = Instant::now() + REQUEST_TIMEOUT;
+        // The end of the log (read_uncommitted: every record written, in a transaction decided
+        // or not) once the producer is initialised: no transaction of this pipeline is open then,
+        // so the read_committed end (the last stable offset) must reach it before the position is
+        // read. Below it lies a transaction not decided on this partition (seen after a broker
+        // restart: the batch acknowledged as committed last had its position record there, and
+        // a read_committed read stopped before it): reading around it returns an older position,
+        // the batch is sent again, and it is there twice if that transaction then commits, or
+        // missing if it aborts while the catalog skips it (issue 47). The read waits for it to be
+        // decided, and fails (the worker retries) while it is not.
+        let probe: BaseConsumer = config(&uncommitted)
+            .create()
+            .map_err(|e| KafkaFailure::from_kafka("cannot create the Kafka consumer", &e))?;
+        let (_, written) = watermarks(&probe, &topic, deadline)?;
+        drop(probe);
         let (low, high) = loop {
-            match consumer.fetch_watermarks(&topic, 0, REQUEST_TIMEOUT) {
-                Ok(w) => break w,
-                Err(e) if Instant::now() < deadline => {
-                    let _ = e;
-                    thread::sleep(Duration::from_millis(200));
-                }
-                Err(e) => {
-                    return Err(KafkaFailure::from_kafka(
-                        &format!("cannot read the offsets of topic {topic}"),
-                        &e,
-                    ))
-                }
+            let (low, stable) = watermarks(&consumer, &topic, deadline)?;
+            if stable >= written {
+                break (low, stable);
             }
+            if Instant::now() >= deadline {
+                return Err(KafkaFailure::transient(format!(
+                    "topic {topic} holds a transaction that is neither committed nor aborted (its last stable offset {stable} stays below its end {written}): the pipeline's position is not read until it is decided"
+                )));
+            }
+            thread::sleep(Duration::from_millis(100));
         };
         let mut end = high;
         while end > low {
@@ -774,6 +789,27 @@ impl State {
             .fetch_metadata(None, REQUEST_TIMEOUT)
             .map_err(|e| KafkaFailure::from_kafka("cannot read the cluster's metadata", &e))?;
         Ok(None)
+    }
+}
+
+/// The low and high watermarks of partition 0 of `topic` as `consumer` sees them (its
+/// `isolation.level`: read_committed ends at the last stable offset), retried until `deadline`.
+fn watermarks(
+    consumer: &BaseConsumer,
+    topic: &str,
+    deadline: Instant,
+) -> Result<(i64, i64), KafkaFailure> {
+    loop {
+        match consumer.fetch_watermarks(topic, 0, REQUEST_TIMEOUT) {
+            Ok(w) => return Ok(w),
+            Err(_) if Instant::now() < deadline => thread::sleep(Duration::from_millis(200)),
+            Err(e) => {
+                return Err(KafkaFailure::from_kafka(
+                    &format!("cannot read the offsets of topic {topic}"),
+                    &e,
+                ))
+            }
+        }
     }
 }
 
