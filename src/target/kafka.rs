@@ -27,8 +27,8 @@
 //!   `init_transactions` settled whatever an earlier producer of the pipeline left open, and only
 //!   once the position topic's last stable offset reached its end: a transaction still undecided
 //!   there fails the read, which is retried) and the worker skips every source transaction at or
-//!   below it: nothing is committed twice, nothing is skipped. A second writer of the pipeline (same `transactional.id`) fences this one: the
-//!   pipeline pauses with 55006 ([`kafka_err`]).
+//!   below it: nothing is committed twice, nothing is skipped. A second writer of the pipeline
+//!   (same `transactional.id`) fences this one: the pipeline pauses with 55006 ([`kafka_err`]).
 //! - At least once (`delivery` `at-least-once`, for brokers without transactions):
 //!   [`Target::commit`] waits until the broker acknowledged every message of the batch, then
 //!   writes the position record and waits for that too; after a crash what is sent twice is at
