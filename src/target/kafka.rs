@@ -265,7 +265,7 @@ pub fn kafka_err(e: KafkaFailure) -> TideError {
             PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE,
             format!("kafka target: {}", e.message),
         )
-        .hint("The broker is unreachable or slow; the worker retries with back-off, and the slot keeps the WAL meanwhile (unless max_slot_wal_keep_size invalidates it first: see slot_warning and safe_wal_size in tide.pipelines). Check the server's brokers option and the broker.");
+        .hint(e.hint.unwrap_or("The broker is unreachable or slow; the worker retries with back-off, and the slot keeps the WAL meanwhile (unless max_slot_wal_keep_size invalidates it first: see slot_warning and safe_wal_size in tide.pipelines). Check the server's brokers option and the broker."));
     }
     TideError::new(
         PgSqlErrorCode::ERRCODE_FDW_ERROR,

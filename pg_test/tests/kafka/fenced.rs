@@ -184,12 +184,17 @@ fn in_doubt_position_holds_the_read(c: &Cluster, b: &Broker, before: &[Rec]) {
         Duration::from_millis(200),
         || {
             last = c.try_query_scalar::<String>(
-                "SELECT coalesce(last_error, '') FROM tide.pipelines WHERE name = 'fp'",
+                "SELECT coalesce(last_error, '') || ' | remedy: ' || coalesce(remedy, '') FROM tide.pipelines WHERE name = 'fp'",
             )?;
             Ok(last.contains("neither committed nor aborted"))
         },
     );
     eprintln!("kafka in doubt: {last}");
+    // Its own remedy, not the one of an unreachable broker.
+    assert!(
+        last.contains("find-hanging") && !last.contains("unreachable"),
+        "the remedy of a transaction in doubt: {last}"
+    );
     let started = Instant::now();
     let fours = |recs: &[Rec]| {
         recs.iter()

@@ -104,7 +104,13 @@ pub struct KafkaFailure {
     /// A newer producer of the same `transactional.id` fenced this one: another writer of the
     /// pipeline runs.
     pub fenced: bool,
+    /// What to do, when this failure has advice of its own (else its class's).
+    pub hint: Option<&'static str>,
 }
+
+/// The hint of a position read that found a transaction neither committed nor aborted on the
+/// position topic.
+pub const UNDECIDED_HINT: &str = "The position topic holds a transaction the broker has not yet committed or aborted (seen after a broker restart); the worker reads the pipeline's position only once it is decided, and retries with back-off meanwhile: nothing is sent. If it stays, find it with kafka-transactions.sh --bootstrap-server <broker> find-hanging --broker-id <id> and abort it with kafka-transactions.sh abort.";
 
 impl KafkaFailure {
     fn transient(message: impl Into<String>) -> Self {
@@ -113,6 +119,7 @@ impl KafkaFailure {
             transient: true,
             config: false,
             fenced: false,
+            hint: None,
         }
     }
     fn from_kafka(context: &str, e: &KafkaError) -> Self {
@@ -166,6 +173,7 @@ impl KafkaFailure {
             transient: transient && !config,
             config,
             fenced: false,
+            hint: None,
         }
     }
 }
@@ -727,9 +735,12 @@ impl State {
                 break (low, stable);
             }
             if Instant::now() >= deadline {
-                return Err(KafkaFailure::transient(format!(
-                    "topic {topic} holds a transaction that is neither committed nor aborted (its last stable offset {stable} stays below its end {written}): the pipeline's position is not read until it is decided"
-                )));
+                return Err(KafkaFailure {
+                    hint: Some(UNDECIDED_HINT),
+                    ..KafkaFailure::transient(format!(
+                        "topic {topic} holds a transaction that is neither committed nor aborted (its last stable offset {stable} stays below its end {written}): the pipeline's position is not read until it is decided"
+                    ))
+                });
             }
             thread::sleep(Duration::from_millis(100));
         };
@@ -908,6 +919,7 @@ fn sink_thread(
                 transient: false,
                 config: false,
                 fenced: false,
+                hint: None,
             })
         });
         let _ = replies.send(Reply { seq, result });
