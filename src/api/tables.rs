@@ -241,7 +241,10 @@ pub(super) fn column_list(
 /// only the rows it passes, by the stream and by every backfill (see `row_filter`); with
 /// `columns`, only those columns (the target has only them, every event carries only them);
 /// with `masks`, those columns masked (see `api::masks`).
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the arguments are the SQL function's, named and defaulted in SQL"
+)]
 #[pg_extern]
 pub(super) fn add_table(
     pipeline: Option<&str>,
