@@ -93,7 +93,8 @@ pub(crate) fn resolve_pipeline(relid: pg_sys::Oid, pipeline: Option<&str>) -> Ti
                     "pipeline \"{p}\" does not capture {qualified}"
                 ))
                 .hint(format!(
-                    "Add it first: SELECT tide.add_table('{p}', '{qualified}')."
+                    "Add it first: SELECT tide.add_table('{p}', {}).",
+                    tide_core::plan::quote_literal(&qualified)
                 )));
             }
             Ok(p.to_string())
@@ -294,7 +295,7 @@ fn start_backfill_core(
             stored.join(", "),
             now.join(", ")
         ))
-        .hint(format!("Remove and re-add the table so pg_tide learns the new key: SELECT tide.remove_table('{pipeline}', '{qualified}'); SELECT tide.add_table('{pipeline}', '{qualified}').")));
+        .hint(format!("Remove and re-add the table so pg_tide learns the new key: SELECT tide.remove_table('{pipeline}', {q}); SELECT tide.add_table('{pipeline}', {q}).", q = tide_core::plan::quote_literal(&qualified))));
     }
     // A table without a key is copied whole at one point of the stream (worker::backfill::keyless): a
     // condition (part of the table) or a repair's listed keys cannot be. After the copy, the

@@ -82,7 +82,7 @@ impl ChunkQuery {
         for k in &job.b.key_columns {
             let Some((_, ty)) = meta.columns.iter().find(|(c, _)| &c.name == k) else {
                 return Err(TideError::prerequisite(format!("key column \"{k}\" of {relation} no longer exists"))
-                    .hint(format!("Remove and re-add the table: SELECT tide.remove_table('{pipeline}', '{relation}'); SELECT tide.add_table('{pipeline}', '{relation}').")));
+                    .hint(format!("Remove and re-add the table: SELECT tide.remove_table('{pipeline}', {r}); SELECT tide.add_table('{pipeline}', {r}).", r = tide_core::plan::quote_literal(relation))));
             };
             key_types.push(ty.clone());
         }
